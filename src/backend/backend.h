@@ -1,0 +1,94 @@
+// The backend interface: what a device must implement so that every model runs on it.
+// Model code never sees this; it calls the op API in backend/ops.h, which validates shapes, allocates the
+// output on the input's device and calls the device's Backend. Backend methods receive tensors already
+// validated; outputs are contiguous and freshly allocated unless a method says otherwise.
+// Compute dtype: inputs are f32 on the CPU backend; the CUDA backend also takes bf16/f16 and accumulates in f32.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace atelier {
+
+enum class UnaryOp { kIdentity, kSilu, kGelu, kGeluTanh, kQuickGelu, kRelu, kSigmoid, kTanh, kExp, kSqrt, kRsqrt, kSquare, kNeg };
+enum class BinaryOp { kAdd, kSub, kMul, kDiv, kMax, kMin };
+
+struct Conv2dParams {
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;
+  int dilation_h = 1, dilation_w = 1;
+  int groups = 1;
+};
+
+struct GemmParams {
+  bool trans_a = false;  // a is [.., K, M] when true
+  bool trans_b = false;  // b is [.., N, K] when true (linear weights)
+  float alpha = 1.0f;
+  float beta = 0.0f;     // out = alpha * a@b + beta * out (+ bias); beta != 0 reads out (residual fusion)
+  UnaryOp epilogue = UnaryOp::kIdentity;  // applied after bias
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+
+  // --- memory -------------------------------------------------------------------------------------
+  virtual std::shared_ptr<Buffer> allocate(size_t bytes) = 0;
+  // Copies between this device and the host (either direction); both tensors contiguous, same bytes.
+  virtual void copy_between_devices(Tensor& dst, const Tensor& src) = 0;
+  virtual void synchronize() {}
+  // Bytes held by the allocator (live + cached), for metrics and leak tests.
+  virtual size_t bytes_reserved() const { return 0; }
+  virtual void release_cached() {}
+
+  // --- data movement ------------------------------------------------------------------------------
+  // dst[i] = cast(src[i]) over dst's shape; both may be strided (a zero stride broadcasts), dtypes may differ.
+  virtual void copy(Tensor& dst, const Tensor& src) = 0;
+  virtual void fill(Tensor& dst, float value) = 0;
+  // out[n, :] = table[ids[n], :]; ids i32 or i64 [N]; table [V, D]; out [N, D].
+  virtual void embedding(Tensor& out, const Tensor& ids, const Tensor& table) = 0;
+
+  // --- elementwise --------------------------------------------------------------------------------
+  virtual void unary(Tensor& out, const Tensor& x, UnaryOp op) = 0;
+  // a and b are broadcast views (zero strides) with out's shape.
+  virtual void binary(Tensor& out, const Tensor& a, const Tensor& b, BinaryOp op) = 0;
+  // out = sum_i coeffs[s, i] * inputs[i] per sample s along dim 0 (coeffs [S, n], or [1, n] for all samples).
+  // Samplers, CFG combine and img2img noising are all this one fused op.
+  virtual void lincomb(Tensor& out, const std::vector<Tensor>& inputs, const std::vector<float>& coeffs, int coeff_rows) = 0;
+  // x [.., 2H] -> out [.., H] = x[.., :H] * act(x[.., H:]) (GEGLU with kGelu).
+  virtual void glu(Tensor& out, const Tensor& x, UnaryOp act) = 0;
+  // Softmax over the last dim, in place allowed (out may alias x).
+  virtual void softmax(Tensor& out, const Tensor& x) = 0;
+
+  // --- linear algebra -----------------------------------------------------------------------------
+  // a [B, M, K] (or [B, K, M]), b [B, K, N] (or [B, N, K]) with B broadcast when a or b has batch 1;
+  // out [B, M, N]; bias [N] optional (undefined Tensor = none).
+  virtual void gemm(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmParams& p) = 0;
+  // x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] optional -> out [N, O, Ho, Wo].
+  virtual void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) = 0;
+
+  // --- normalisation ------------------------------------------------------------------------------
+  // x [N, C, *] normalised over (C/groups, *) per group; gamma/beta [C] optional; act fused after the affine.
+  virtual void group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) = 0;
+  // Over the last dim D; gamma/beta [D] optional.
+  virtual void layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) = 0;
+  virtual void rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) = 0;
+
+  // --- attention ----------------------------------------------------------------------------------
+  // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] with H % Hk == 0 (grouped-query attention);
+  // mask optional, additive f32, broadcastable to [B, H, Sq, Sk] (zero strides allowed); out [B, H, Sq, Dv].
+  // q/k/v may be strided views (e.g. heads split out of a fused projection) with a unit last-dim stride.
+  virtual void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) = 0;
+};
+
+// The backend that owns `dev`; throws atelier::Error when that device is unavailable.
+Backend& backend_for(Device dev);
+// Registry used by backends at start-up (the CPU backend is always present).
+void register_backend(Device::Kind kind, int index, Backend* backend);
+bool backend_available(Device dev);
+
+}  // namespace atelier

@@ -1,0 +1,71 @@
+#include "backend/cpu/cpu_allocator.h"
+
+#include <cstdlib>
+#include <new>
+
+namespace atelier {
+
+CpuAllocator::~CpuAllocator() { release_cached(); }
+
+size_t CpuAllocator::round_size(size_t bytes) {
+  // Small blocks round to 256 B, larger to 1/8 of their power of two, so reuse is likely and waste small.
+  if (bytes <= 256) return 256;
+  size_t p = 1;
+  while (p < bytes) p <<= 1;
+  const size_t step = std::max<size_t>(p / 8, 256);
+  return (bytes + step - 1) / step * step;
+}
+
+std::shared_ptr<Buffer> CpuAllocator::allocate(size_t bytes) {
+  const size_t size = round_size(bytes);
+  void* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(size);
+    if (it != free_.end()) {
+      p = it->second;
+      free_.erase(it);
+      cached_ -= size;
+    }
+    in_use_ += size;
+  }
+  if (!p) {
+    p = std::aligned_alloc(kAlignment, size);
+    if (!p) {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_use_ -= size;
+      throw std::bad_alloc();
+    }
+  }
+  return std::make_shared<Buffer>(p, bytes, Device::cpu(), [this, size](void* q) { give_back(q, size); });
+}
+
+void CpuAllocator::give_back(void* p, size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_use_ -= size;
+  if (cached_ + size > kMaxCachedBytes) {
+    std::free(p);
+    return;
+  }
+  free_.emplace(size, p);
+  cached_ += size;
+}
+
+size_t CpuAllocator::bytes_reserved() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_ + in_use_;
+}
+
+size_t CpuAllocator::bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_use_;
+}
+
+void CpuAllocator::release_cached() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [size, p] : free_) std::free(p);
+  free_.clear();
+  cached_ = 0;
+}
+
+}  // namespace atelier

@@ -1,0 +1,33 @@
+// Host memory pool for activations: freed blocks are kept in size classes and reused, so a denoising loop
+// that allocates the same shapes every step touches the system allocator only in its first step.
+#pragma once
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace atelier {
+
+class CpuAllocator {
+ public:
+  static constexpr size_t kAlignment = 64;           // cache line / AVX-512 width
+  static constexpr size_t kMaxCachedBytes = size_t(8) << 30;
+  ~CpuAllocator();
+  std::shared_ptr<Buffer> allocate(size_t bytes);
+  size_t bytes_reserved() const;
+  size_t bytes_in_use() const;
+  void release_cached();
+
+ private:
+  static size_t round_size(size_t bytes);
+  void give_back(void* p, size_t size);
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> free_;  // size class -> blocks
+  size_t cached_ = 0;
+  size_t in_use_ = 0;
+};
+
+}  // namespace atelier

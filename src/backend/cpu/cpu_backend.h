@@ -1,0 +1,45 @@
+// The CPU backend: f32 compute, OpenBLAS for GEMM (and convolution through im2col), OpenMP for the rest.
+// Each op family lives in its own file (cpu_copy.cc, cpu_elementwise.cc, cpu_gemm.cc, cpu_conv.cc,
+// cpu_norm.cc, cpu_attention.cc).
+#pragma once
+#include "backend/backend.h"
+#include "backend/cpu/cpu_allocator.h"
+
+namespace atelier {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::cpu(); }
+  std::string name() const override { return "cpu"; }
+
+  std::shared_ptr<Buffer> allocate(size_t bytes) override { return alloc_.allocate(bytes); }
+  void copy_between_devices(Tensor& dst, const Tensor& src) override;
+  size_t bytes_reserved() const override { return alloc_.bytes_reserved(); }
+  void release_cached() override { alloc_.release_cached(); }
+
+  void copy(Tensor& dst, const Tensor& src) override;
+  void fill(Tensor& dst, float value) override;
+  void embedding(Tensor& out, const Tensor& ids, const Tensor& table) override;
+
+  void unary(Tensor& out, const Tensor& x, UnaryOp op) override;
+  void binary(Tensor& out, const Tensor& a, const Tensor& b, BinaryOp op) override;
+  void lincomb(Tensor& out, const std::vector<Tensor>& inputs, const std::vector<float>& coeffs, int coeff_rows) override;
+  void glu(Tensor& out, const Tensor& x, UnaryOp act) override;
+  void softmax(Tensor& out, const Tensor& x) override;
+
+  void gemm(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmParams& p) override;
+  void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) override;
+
+  void group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) override;
+  void layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) override;
+  void rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) override;
+
+  void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) override;
+
+ private:
+  CpuAllocator alloc_;
+};
+
+CpuBackend& cpu_backend();
+
+}  // namespace atelier

@@ -1,0 +1,76 @@
+// The op API that model code is written against. Every function validates its inputs (shape, dtype,
+// device), allocates the output on the inputs' device and calls that device's Backend. Model code never
+// asks which backend it runs on. Shapes are given next to each function; "..." is any number of leading dims.
+#pragma once
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace atelier::ops {
+
+// --- layout ---------------------------------------------------------------------------------------
+Tensor contiguous(const Tensor& x);                 // packed copy unless already contiguous
+Tensor clone(const Tensor& x);                      // always a packed copy
+Tensor cast(const Tensor& x, DType dtype);          // packed copy in another dtype
+Tensor to_device(const Tensor& x, Device dev);
+// [...] views -> one tensor; all inputs equal but along `dim`.
+Tensor concat(const std::vector<Tensor>& xs, int dim);
+// Views: `n` equal parts along `dim` (size must divide).
+std::vector<Tensor> chunk(const Tensor& x, int n, int dim);
+// x [N, C, H, W] -> [N, C, H*f, W*f], nearest neighbour (torch's interpolate(mode="nearest")).
+Tensor upsample_nearest2d(const Tensor& x, int factor);
+// x [N, C, H, W] -> [N, C, H+top+bottom, W+left+right], constant padding.
+Tensor pad2d(const Tensor& x, int left, int right, int top, int bottom, float value = 0.0f);
+// ids [N] (i32/i64), table [V, D] -> [N, D]
+Tensor embedding(const Tensor& ids, const Tensor& table);
+
+// --- elementwise ----------------------------------------------------------------------------------
+Tensor unary(const Tensor& x, UnaryOp op);
+inline Tensor silu(const Tensor& x) { return unary(x, UnaryOp::kSilu); }
+inline Tensor gelu(const Tensor& x) { return unary(x, UnaryOp::kGelu); }
+inline Tensor gelu_tanh(const Tensor& x) { return unary(x, UnaryOp::kGeluTanh); }
+inline Tensor quick_gelu(const Tensor& x) { return unary(x, UnaryOp::kQuickGelu); }
+// numpy-style broadcasting of a and b.
+Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op);
+inline Tensor add(const Tensor& a, const Tensor& b) { return binary(a, b, BinaryOp::kAdd); }
+inline Tensor sub(const Tensor& a, const Tensor& b) { return binary(a, b, BinaryOp::kSub); }
+inline Tensor mul(const Tensor& a, const Tensor& b) { return binary(a, b, BinaryOp::kMul); }
+inline Tensor div(const Tensor& a, const Tensor& b) { return binary(a, b, BinaryOp::kDiv); }
+// alpha * x + beta
+Tensor affine(const Tensor& x, float alpha, float beta = 0.0f);
+// sum_i c[i] * xs[i]; all xs the same shape.
+Tensor lincomb(const std::vector<Tensor>& xs, const std::vector<float>& coeffs);
+// Per-sample coefficients: xs [S, ...], coeffs row-major [S, xs.size()].
+Tensor lincomb_per_sample(const std::vector<Tensor>& xs, const std::vector<float>& coeffs);
+// x [..., 2H] -> [..., H] = first half * act(second half)  (GEGLU: act = kGelu)
+Tensor glu(const Tensor& x, UnaryOp act);
+// softmax over the last dim
+Tensor softmax(const Tensor& x);
+
+// --- linear algebra -------------------------------------------------------------------------------
+// x [..., in], w [out, in], b [out] (optional) -> [..., out]; act fused after the bias.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = {}, UnaryOp act = UnaryOp::kIdentity);
+// Same plus a residual of the output's shape: x @ w^T + b + residual (fused epilogue).
+Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual);
+// a [B, M, K] or [M, K], b [B, K, N] or [K, N] (transposes as flagged) -> [B, M, N]; batch 1 broadcasts.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false, float alpha = 1.0f);
+// x [N, C, H, W], w [O, C/g, kh, kw], b [O] optional -> [N, O, Ho, Wo]
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p);
+
+// --- normalisation --------------------------------------------------------------------------------
+// x [N, C, *]: statistics per (sample, group); gamma/beta [C]; act fused (GroupNorm+SiLU).
+Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor& beta, float eps,
+                  UnaryOp act = UnaryOp::kIdentity);
+// x [..., D]
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps);
+Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps);
+
+// --- attention ------------------------------------------------------------------------------------
+// q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv]; H % Hk == 0; mask additive, broadcastable to
+// [B, H, Sq, Sk] (undefined = none); scale 0 means 1/sqrt(D). -> [B, H, Sq, Dv]
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {}, float scale = 0.0f);
+// Convenience for [B, S, H*D] sequences: splits heads, attends, merges -> [B, Sq, H*Dv].
+Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads = 0,
+                            const Tensor& mask = {});
+
+}  // namespace atelier::ops

@@ -1,0 +1,2 @@
+#include <cstdio>
+int main() { std::puts("atelier: CLI under construction"); return 0; }

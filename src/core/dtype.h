@@ -1,0 +1,39 @@
+// Element types and the exact float16/bfloat16 <-> float32 conversions (round to nearest even), as torch does.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace atelier {
+
+enum class DType : uint8_t { F32, F16, BF16, I32, I64, U8, F64, BOOL, I8, I16, F8E4M3 };
+
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: case DType::I16: return 2;
+    case DType::I64: case DType::F64: return 8;
+    case DType::U8: case DType::BOOL: case DType::I8: case DType::F8E4M3: return 1;
+  }
+  return 0;
+}
+
+std::string_view dtype_name(DType t);  // "f32", "f16", ...
+
+inline float bits_to_float(uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; }
+inline uint32_t float_to_bits(float f) { uint32_t b; std::memcpy(&b, &f, 4); return b; }
+
+inline float bf16_to_float(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
+inline uint16_t float_to_bf16(float f) {
+  uint32_t b = float_to_bits(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return uint16_t((b >> 16) | 0x40);  // quiet NaN
+  b += 0x7fffu + ((b >> 16) & 1u);                                         // round to nearest even
+  return uint16_t(b >> 16);
+}
+
+float f16_to_float(uint16_t h);
+uint16_t float_to_f16(float f);
+
+}  // namespace atelier

@@ -1,0 +1,41 @@
+// Helpers shared by the tests: where the reference fixtures are, golden tensors, and error measures.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace atelier::test {
+
+// ../shared/fixtures beside the checkout, or $ATELIER_FIXTURES; nullopt when the folder is absent.
+std::optional<std::filesystem::path> fixtures_root();
+// fixtures_root()/name when it exists.
+std::optional<std::filesystem::path> fixture(const std::string& name);
+
+// Golden tensor `key` of fixture `name` (e.g. "sd15-tiny", "unet.out.t999") as a host f32 tensor.
+Tensor golden(const std::string& name, const std::string& key);
+
+// ||a - b|| / ||b||
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b);
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
+
+}  // namespace atelier::test
+
+// Skips the current test with a printed reason when fixture `name` is absent (never passes silently).
+#define ATELIER_REQUIRE_FIXTURE(var, name)                                                            \
+  auto var##_opt = ::atelier::test::fixture(name);                                                 \
+  if (!var##_opt) GTEST_SKIP() << "fixture '" << name << "' not found (looked in ../shared/fixtures and $ATELIER_FIXTURES)"; \
+  const std::filesystem::path var = *var##_opt
+
+#define EXPECT_REL_L2_LE(actual, expected, tol)                                                 \
+  do {                                                                                            \
+    const auto _a = (actual);                                                                     \
+    const auto _b = (expected);                                                                   \
+    ASSERT_EQ(_a.size(), _b.size());                                                              \
+    const double _r = ::atelier::test::rel_l2(_a, _b);                                            \
+    EXPECT_LE(_r, tol) << "rel L2 " << _r << ", max abs " << ::atelier::test::max_abs_diff(_a, _b); \
+  } while (0)
