@@ -14,8 +14,9 @@ namespace {
 constexpr int64_t kParallelElems = 1 << 15;
 
 struct Moments {
-  double mean;
-  double rstd;  // 1 / sqrt(var + eps)
+  float center;     // the mean rounded to f32: x - center is exact for x near the mean (Sterbenz)
+  double residual;  // mean - center, the rounding that the f32 center lost
+  double rstd;      // 1 / sqrt(var + eps)
 };
 
 // Mean and inverse standard deviation of x[0..n) (biased variance).
@@ -46,17 +47,20 @@ Moments moments(const float* x, int64_t n, float eps) {
   }
   // The deviations from the rounded first-pass mean refine it: mean = meanf + corr / n, and
   // sum((x - mean)^2) = sum((x - meanf)^2) - n * (mean - meanf)^2.
-  if (n == 0) return {0.0, 1.0 / std::sqrt(double(eps))};
+  if (n == 0) return {0.0f, 0.0, 1.0 / std::sqrt(double(eps))};
   const double refined = double(meanf) + corr / double(n);
   double var = (sq - corr * corr / double(n)) / double(n);
   if (var < 0.0) var = 0.0;
-  return {refined, 1.0 / std::sqrt(var + double(eps))};
+  const float center = float(refined);
+  return {center, refined - double(center), 1.0 / std::sqrt(var + double(eps))};
 }
 
 }  // namespace
 
 // x [N, C, S] contiguous (S = product of the trailing dims); stats per (n, group of C/groups channels).
-// y = x * scale[c] + shift[c] with scale = rstd * gamma[c], shift = beta[c] - mean * scale, then act.
+// y = (x - center) * scale[c] + shift[c] with scale = rstd * gamma[c] and shift = beta[c] - residual * scale,
+// which is (x - mean) / sqrt(var + eps) * gamma + beta without the cancellation of x * scale - mean * scale
+// when the mean is large against the spread.
 void CpuBackend::group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) {
   const int64_t n = x.size(0), c = x.size(1);
   const int64_t s = c ? x.numel() / (n * c) : 0;
@@ -73,10 +77,11 @@ void CpuBackend::group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, c
     for (int64_t ci = 0; ci < cg; ++ci) {
       const float gain = g ? g[c0 + ci] : 1.0f;
       const float scale = float(m.rstd * gain);
-      const float shift = float((b ? b[c0 + ci] : 0.0f) - m.mean * m.rstd * gain);
+      const float shift = float((b ? b[c0 + ci] : 0.0f) - m.residual * m.rstd * gain);
       const float* xr = xp + base + ci * s;
       float* o = op + base + ci * s;
-      for (int64_t i = 0; i < s; ++i) o[i] = xr[i] * scale + shift;
+      const float center = m.center;
+      for (int64_t i = 0; i < s; ++i) o[i] = (xr[i] - center) * scale + shift;
       if (act != UnaryOp::kIdentity) cpu::unary_span(o, o, s, act);
     }
   }
@@ -95,9 +100,9 @@ void CpuBackend::layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, c
     const float* xr = xp + r * d;
     float* o = op + r * d;
     const Moments m = moments(xr, d, eps);
-    const float mean = float(m.mean), rstd = float(m.rstd);
+    const float center = m.center, rstd = float(m.rstd), lost = float(m.residual * m.rstd);
     for (int64_t j = 0; j < d; ++j) {
-      const float y = (xr[j] - mean) * rstd;
+      const float y = (xr[j] - center) * rstd - lost;
       o[j] = y * (g ? g[j] : 1.0f) + (b ? b[j] : 0.0f);
     }
   }
