@@ -73,11 +73,9 @@ void CpuBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const 
             for (int64_t j = 0; j < sk; ++j) row[j] += mr[j];
           }
         }
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < sk; ++j) mx = std::max(mx, row[j]);
+        float mx = cpu::max_span(row, sk);
         if (mx == -INFINITY) mx = 0.0f;  // fully masked row: NaN output, as torch gives
-        for (int64_t j = 0; j < sk; ++j) row[j] -= mx;
-        sums[r] = cpu::exp_span_sum(row, sk);
+        sums[r] = cpu::exp_span_sum(row, sk, mx);
       }
       // Normalisation is applied to the [rows, Dv] result instead of the [rows, Sk] probabilities.
       float* ot = op + (bh * sq + q0) * dv;

@@ -12,7 +12,11 @@
 // Both builds then behave identically and there is one thread pool. Splitting a product across threads
 // repacks B (or A) once per thread, which costs O(K*N) against O(M*N*K/threads) of arithmetic.
 #include <cblas.h>
+#include <dlfcn.h>
 #include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include <algorithm>
 #include <mutex>
@@ -28,9 +32,35 @@ namespace {
 // Smallest row/column block a thread gets when a product is split.
 constexpr int64_t kMinSplitBlock = 16;
 
+// OpenBLAS 0.3.21 (Debian 12) does not know CPUs newer than its release (e.g. Emerald Rapids, family 6
+// model 0xCF) and falls back to its "Prescott" SSE3 kernels: sgemm then runs about 7x slower than with
+// its AVX-512 kernels. Unless the user chose a core with OPENBLAS_CORETYPE, re-run the library's dynamic
+// core selection with the best table this CPU supports, through the entry points a DYNAMIC_ARCH build
+// exports. Must run before the first BLAS call (work buffers are sized lazily on first use).
+void select_blas_core() {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  if (std::strcmp(openblas_get_corename(), "Prescott") != 0) return;  // detected properly (or a real old CPU)
+  const char* core = nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    core = "SkylakeX";
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    core = "Haswell";
+  if (core == nullptr) return;
+  using Fn = void (*)();
+  auto quit = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_quit"));
+  auto init = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_init"));
+  if (quit == nullptr || init == nullptr) return;  // not a DYNAMIC_ARCH build: nothing to re-select
+  setenv("OPENBLAS_CORETYPE", core, 0);
+  quit();
+  init();
+  unsetenv("OPENBLAS_CORETYPE");
+}
+
 void init_blas_threading() {
   static std::once_flag once;
   std::call_once(once, [] {
+    select_blas_core();
     if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
   });
 }

@@ -6,6 +6,14 @@
 
 #include "backend/backend.h"
 
+// Compiles a loop-heavy function for AVX-512, AVX2+FMA and the baseline, picked at load time (the
+// library is built for baseline x86-64 unless ATELIER_NATIVE is on).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ATELIER_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ATELIER_SIMD_CLONES
+#endif
+
 namespace atelier::cpu {
 
 // torch's formulas, in f32. gelu is the exact erf form; gelu_tanh the tanh approximation.
@@ -35,9 +43,11 @@ inline float unary_scalar(float x, UnaryOp op) {
 // out[i] = op(x[i]) for i < n (out may equal x). Vectorised where the build allows.
 void unary_span(float* out, const float* x, int64_t n, UnaryOp op);
 
-// exp over a span, in place: the softmax kernel (inputs <= 0 after max subtraction).
-// Returns the sum of the results (accumulated in double).
-double exp_span_sum(float* x, int64_t n);
+// x[i] = exp(x[i] - shift) in place; returns the sum of the results. The softmax kernel.
+double exp_span_sum(float* x, int64_t n, float shift);
+
+// max of x[0..n) (-inf for n == 0).
+float max_span(const float* x, int64_t n);
 
 // C[M, N] = alpha * op(A) @ op(B) + beta * C, row-major, single-threaded: callers split work across
 // OpenMP threads themselves (see cpu_gemm.cc for why OpenBLAS never threads on its own here).
