@@ -169,8 +169,8 @@ TEST(ClipTextConfig, DetectsFromShapesInBothFiles) {
 }
 
 TEST(ClipTextConfig, DetectsHeadsFromHiddenSize) {
-  // CLIP-L (768 -> 12 heads) and OpenCLIP-H (1024 -> 16) shapes, in a file of zero-sized... small tensors:
-  // only shapes matter, so the tensors are tiny stand-ins with the real leading dims.
+  // CLIP-L (768 -> 12 heads) and OpenCLIP-H (1024 -> 16): detect reads only shapes, so a file holding just
+  // the tensors it inspects (zeros, with the real sizes where they matter) stands in for the checkpoint.
   for (const auto& [hidden, heads, openclip] : {std::tuple{768, 12, false}, std::tuple{1024, 16, true}}) {
     TempFile tmp("heads");
     std::vector<std::pair<std::string, Tensor>> t;
