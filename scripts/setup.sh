@@ -4,7 +4,7 @@
 set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
-  libopenblas-dev libomp-dev
+  libopenblas-dev
   libcpp-httplib-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libpng-dev libjpeg62-turbo-dev libwebp-dev
   libsentencepiece-dev libhiredis-dev

@@ -1,2 +1,24 @@
+// atelier: the command-line entry point. Thin: parses flags into requests and calls the library.
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
-int main() { std::puts("atelier: CLI under construction"); return 0; }
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Atelier: text-to-image engine (Stable Diffusion 1.x/2.x; CPU, CUDA)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("atelier ") + ATELIER_VERSION);
+  atelier::cli::GenerateOptions gen;
+  atelier::cli::add_generate_command(app, gen);
+  atelier::cli::InfoOptions info;
+  atelier::cli::add_info_command(app, info);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (app.got_subcommand("generate")) return atelier::cli::run_generate(gen);
+  if (app.got_subcommand("info")) return atelier::cli::run_info(info);
+  return 2;
+}

@@ -1,0 +1,28 @@
+// Sub-commands of the `atelier` binary. Each returns the process exit code (0 ok, 1 failure, 2 bad usage).
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "pipeline/request.h"
+
+namespace atelier::cli {
+
+struct GenerateOptions {
+  std::string model;
+  std::string tokenizer;
+  std::string output = "atelier.png";
+  std::string rng = "cuda";
+  GenerateRequest request;
+};
+void add_generate_command(CLI::App& app, GenerateOptions& o);
+int run_generate(const GenerateOptions& o);
+
+struct InfoOptions {
+  std::string model;
+  bool json = false;
+};
+void add_info_command(CLI::App& app, InfoOptions& o);
+int run_info(const InfoOptions& o);
+
+}  // namespace atelier::cli

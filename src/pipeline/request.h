@@ -1,0 +1,49 @@
+// A generation request: every setting a user can give, validated once at the boundary (CLI, HTTP) with
+// messages that say what is supported. Defaults follow A1111/diffusers.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+
+namespace atelier {
+
+constexpr int kLatentFactor = 8;          // SD/FLUX VAEs downsample by 8
+constexpr int kMaxImageSide = 4096;
+constexpr int kMaxSteps = 1000;
+constexpr int kMaxBatch = 64;
+
+enum class RngSource { kCpu, kCuda };
+
+struct GenerateRequest {
+  std::string prompt;
+  std::string negative_prompt;
+  int width = 0;    // 0 = the model's default size
+  int height = 0;
+  int steps = 20;
+  float cfg_scale = 7.0f;
+  std::string sampler = "euler_a";
+  std::string schedule = "default";    // default | karras | exponential
+  int64_t seed = -1;                    // -1 = random
+  RngSource rng = RngSource::kCuda;     // A1111's default: torch's CUDA generator (Philox), reproduced on any device
+  int clip_skip = 1;                    // A1111 numbering: 1 = last layer
+  std::string prediction;               // "" = detected, or "epsilon" / "v"
+  std::string init_image;               // path (CLI) — img2img when set
+  float strength = 0.75f;
+  int batch_size = 1;
+  int batch_count = 1;
+  bool emphasis = false;                // A1111 (word:1.2) syntax; off = brackets are literal, as diffusers
+  std::string device = "cpu";
+
+  // Checks every field; `model_default_size` fills width/height when 0.
+  Status validate() const;
+  nlohmann::json to_json() const;
+};
+
+Expected<RngSource> parse_rng(const std::string& s);
+std::string rng_name(RngSource r);
+
+}  // namespace atelier
