@@ -371,8 +371,10 @@ namespace {
 
 // A packed host copy of `t` with its own dtype (the writer stores bytes as they are).
 Tensor packed_host(const Tensor& t) {
-  Tensor host = t.device().is_cpu() ? t : (t.is_contiguous() ? t.to(Device::cpu()) : Tensor());
-  if (!host.defined()) ATELIER_CHECK(false, "write_safetensors: non-contiguous device tensor; make it contiguous first");
+  if (!t.device().is_cpu() && !t.is_contiguous())
+    throw Error(invalid_argument("write_safetensors: non-contiguous " + t.device().str() +
+                                 " tensor; call ops::contiguous first"));
+  const Tensor host = t.to(Device::cpu());
   if (host.is_contiguous()) return host;
   Tensor packed = Tensor::empty(host.shape(), host.dtype(), Device::cpu());
   // Strided gather, element by element, in row-major order (the writer is not on a hot path).
