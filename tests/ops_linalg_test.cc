@@ -101,6 +101,21 @@ TEST(OpsMatmul, TransposesAndBatchBroadcasting) {
     ref.insert(ref.end(), c.begin(), c.end());
   }
   EXPECT_OPS_CLOSE(ops::matmul(a3, b), ref);
+  // Transposed views are read in place with the transpose flag flipped: (b^T)^T @ ... and a^T given as a view.
+  Tensor bt = test::strided_copy(b);  // [k, n] view of a [n, k] matrix
+  EXPECT_OPS_CLOSE(ops::matmul(a, bt), ref_mm(to_double(a), to_double(b), m, k, n));
+  Tensor at_view = random_tensor({k, m}, 6).transpose(0, 1);  // [m, k] view
+  EXPECT_OPS_CLOSE(ops::matmul(at_view, b), ref_mm(to_double(at_view), to_double(b), m, k, n));
+  EXPECT_OPS_CLOSE(ops::matmul(at_view, bt, false, false, 1.0f), ref_mm(to_double(at_view), to_double(bt), m, k, n));
+  Tensor q = random_tensor({2, 5, 8}, 7), kk = random_tensor({2, 9, 8}, 8);
+  std::vector<double> qk;
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<double> qv = to_double(q.select(0, i)), kv = to_double(kk.select(0, i));
+    const std::vector<double> c = ref_mm(qv, transpose2(kv, 9, 8), 5, 8, 9);
+    qk.insert(qk.end(), c.begin(), c.end());
+  }
+  EXPECT_OPS_CLOSE(ops::matmul(q, kk.transpose(1, 2)), qk);  // q @ k^T with k^T as a view
+  EXPECT_OPS_CLOSE(ops::matmul(q, kk, false, true), qk);
 }
 
 // Direct convolution in double: x [N, C, H, W], w [O, C/g, kh, kw].

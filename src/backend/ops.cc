@@ -85,6 +85,18 @@ bool blas_friendly(const Tensor& m) {
   return cs == 1 && (rs >= cols || rows == 1);
 }
 
+// m [B, R, C] as a GEMM operand that BLAS reads in place: as is, or, when it is a transposed view of a
+// row-major matrix (unit stride on R), the underlying matrix with *trans flipped; otherwise packed.
+Tensor blas_operand(const Tensor& m, bool* trans) {
+  if (blas_friendly(m)) return m;
+  Tensor t = m.transpose(1, 2);
+  if (blas_friendly(t)) {
+    *trans = !*trans;
+    return t;
+  }
+  return contiguous(m);
+}
+
 // x [B, S, H*D] with unit last stride -> [B, H, S, D] view (no copy).
 Tensor split_heads(const Tensor& x, int64_t heads, const std::string& op) {
   require(x.dim() == 3, op, "expects [B, S, H*D] inputs, got " + shape_str(x.shape()));
@@ -340,10 +352,9 @@ Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp ac
   Shape shape = x.shape();
   shape.back() = w.size(0);
   Tensor a = rows_view(x);
-  Tensor wm = blas_friendly(w) ? w : contiguous(w);
-  Tensor bm = wm.unsqueeze(0);  // [1, N, K]
   GemmParams p;
-  p.trans_b = true;
+  p.trans_b = true;  // w [out, in] is b^T
+  Tensor bm = blas_operand(w.unsqueeze(0), &p.trans_b);
   p.epilogue = act;
   Tensor out;
   if (residual.defined()) {
@@ -376,17 +387,18 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, floa
   require_same_device(a, b, op);
   require((a.dim() == 2 || a.dim() == 3) && (b.dim() == 2 || b.dim() == 3), op,
           "expects [B, M, K] or [M, K] operands, got " + shape_str(a.shape()) + " and " + shape_str(b.shape()));
+  const bool ta0 = trans_a, tb0 = trans_b;
   Tensor a3 = a.dim() == 2 ? a.unsqueeze(0) : a;
   Tensor b3 = b.dim() == 2 ? b.unsqueeze(0) : b;
-  if (!blas_friendly(a3)) a3 = contiguous(a3);
-  if (!blas_friendly(b3)) b3 = contiguous(b3);
+  a3 = blas_operand(a3, &trans_a);
+  b3 = blas_operand(b3, &trans_b);
   const int64_t ba = a3.size(0), bb = b3.size(0);
   require(ba == bb || ba == 1 || bb == 1, op, "batch sizes " + std::to_string(ba) + " and " + std::to_string(bb) + " do not broadcast");
   const int64_t m = trans_a ? a3.size(2) : a3.size(1);
   const int64_t ka = trans_a ? a3.size(1) : a3.size(2);
   const int64_t kb = trans_b ? b3.size(2) : b3.size(1);
   const int64_t n = trans_b ? b3.size(1) : b3.size(2);
-  require(ka == kb, op, "inner dims differ: " + shape_str(a.shape()) + (trans_a ? "^T" : "") + " @ " + shape_str(b.shape()) + (trans_b ? "^T" : ""));
+  require(ka == kb, op, "inner dims differ: " + shape_str(a.shape()) + (ta0 ? "^T" : "") + " @ " + shape_str(b.shape()) + (tb0 ? "^T" : ""));
   const int64_t batch = std::max(ba, bb);
   Tensor out = empty_like_shape(a, {batch, m, n});
   GemmParams p;
