@@ -82,6 +82,34 @@ void BM_AddBroadcast_64x64x320(benchmark::State& state) {
 }
 BENCHMARK(BM_AddBroadcast_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+void BM_Upsample2x_64x64x320(benchmark::State& state) {
+  set_threads(state);
+  Tensor x = random_tensor({1, 320, 64, 64}, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::upsample_nearest2d(x, 2));
+}
+BENCHMARK(BM_Upsample2x_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_ConcatChannels_64x64x640(benchmark::State& state) {
+  set_threads(state);
+  Tensor a = random_tensor({1, 320, 64, 64}, 1), b = random_tensor({1, 320, 64, 64}, 2);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::concat({a, b}, 1));
+}
+BENCHMARK(BM_ConcatChannels_64x64x640)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_TransposeToTokens_64x64x320(benchmark::State& state) {
+  set_threads(state);
+  Tensor x = random_tensor({1, 320, 4096}, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::contiguous(x.transpose(1, 2)));
+}
+BENCHMARK(BM_TransposeToTokens_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Pad2d_64x64x320(benchmark::State& state) {
+  set_threads(state);
+  Tensor x = random_tensor({1, 320, 64, 64}, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::pad2d(x, 0, 1, 0, 1));
+}
+BENCHMARK(BM_Pad2d_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 }  // namespace
 }  // namespace atelier
 
