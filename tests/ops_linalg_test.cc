@@ -1,8 +1,11 @@
 // Op API tests, part 2: matrix products, convolution, normalisation and attention against naive
 // double-precision references (odd sizes, broadcasting, strided views, masks, GQA, groups, strides).
+#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/ops.h"
 #include "ops_test_util.h"
@@ -343,6 +346,15 @@ TEST(OpsAttention, PermutedViewsAndMultiHead) {
       for (int64_t i = 0; i < s; ++i)
         for (int64_t p = 0; p < d; ++p) merged[((bi * s + i) * h + hi) * d + p] = r4[((bi * h + hi) * s + i) * d + p];
   EXPECT_OPS_CLOSE(gqa, merged);
+}
+
+TEST(OpsBlas, UsesVectorKernelsOnThisCpu) {
+  // OpenBLAS 0.3.21 falls back to its SSE3 "Prescott" kernels on CPUs newer than it; the backend re-selects.
+  ops::matmul(random_tensor({4, 4}, 1), random_tensor({4, 4}, 2));
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) GTEST_SKIP() << "OPENBLAS_CORETYPE set by the user";
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "CPU without AVX2";
+  EXPECT_STRNE(openblas_get_corename(), "Prescott");
+  EXPECT_EQ(openblas_get_parallel() == 1 ? openblas_get_num_threads() : 1, 1) << "OpenBLAS must not thread on its own";
 }
 
 }  // namespace

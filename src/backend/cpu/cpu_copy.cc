@@ -3,11 +3,17 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
 
 namespace atelier {
 
 CpuBackend& cpu_backend() {
-  static CpuBackend* b = new CpuBackend();  // never destroyed: tensors may outlive static destruction order
+  // Never destroyed: tensors may outlive static destruction order. BLAS is set up here, on one thread,
+  // before any product can run.
+  static CpuBackend* b = [] {
+    cpu::init_blas();
+    return new CpuBackend();
+  }();
   return *b;
 }
 
