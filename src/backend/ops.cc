@@ -76,8 +76,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const std::string& op) {
   return out;
 }
 
-// A matrix BLAS can read in place: unit stride on one of the last two dims, the other a valid leading
-// dimension. Batch dims are collapsed into one by the callers; otherwise a packed copy is made.
+// [.., R, C] readable in place by a row-major BLAS: unit column stride and a row stride that is a valid
+// leading dimension (>= C; any for a single row). The batch dim may have any stride, 0 included.
 bool blas_friendly(const Tensor& m) {
   if (m.dim() < 2) return m.is_contiguous();
   const int64_t rows = m.size(-2), cols = m.size(-1);
@@ -497,6 +497,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   require(k.size(0) == b && v.size(0) == b, op, "batch sizes differ");
   require(k.size(3) == d, op, "q and k head dims differ: " + shape_str(q.shape()) + " vs " + shape_str(k.shape()));
   require(v.size(1) == hk && v.size(2) == sk, op, "k " + shape_str(k.shape()) + " and v " + shape_str(v.shape()) + " differ in heads or length");
+  require(sk > 0, op, "empty key sequence (Sk = 0): softmax over nothing is undefined");
   require(hk >= 1 && h % hk == 0, op, "query heads " + std::to_string(h) + " not a multiple of kv heads " + std::to_string(hk));
   // The backend reads rows of the last dim in place: unit inner stride, row stride a valid leading dim.
   auto unit_last = [](const Tensor& t) {
