@@ -111,6 +111,14 @@ void BM_Pad2d_64x64x320(benchmark::State& state) {
 }
 BENCHMARK(BM_Pad2d_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// The UNet transformer's residual: tokens [B, HW, C] viewed back as NCHW plus the NCHW input.
+void BM_AddPermuted_64x64x320(benchmark::State& state) {
+  set_threads(state);
+  Tensor seq = random_tensor({1, 64, 64, 320}, 1), x = random_tensor({1, 320, 64, 64}, 2);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::add(seq.permute({0, 3, 1, 2}), x));
+}
+BENCHMARK(BM_AddPermuted_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // The threading-policy comparison behind cpu_gemm.cc: a conv-sized product followed by an OpenMP
 // normalisation, (a) as the backend runs it (single-threaded OpenBLAS tiles inside one OpenMP team) and
 // (b) with OpenBLAS threading the product itself through its own pthreads pool.
