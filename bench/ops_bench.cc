@@ -2,6 +2,7 @@
 // channels, 4096 tokens, 8 heads of 40). The benchmark argument is the OpenMP thread count.
 //   ./build/bench/ops_bench --benchmark_filter=Conv
 #include <benchmark/benchmark.h>
+#include <cblas.h>
 #include <omp.h>
 
 #include <random>
@@ -81,6 +82,70 @@ void BM_AddBroadcast_64x64x320(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ops::add(x, b));
 }
 BENCHMARK(BM_AddBroadcast_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Upsample2x_64x64x320(benchmark::State& state) {
+  set_threads(state);
+  Tensor x = random_tensor({1, 320, 64, 64}, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::upsample_nearest2d(x, 2));
+}
+BENCHMARK(BM_Upsample2x_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_ConcatChannels_64x64x640(benchmark::State& state) {
+  set_threads(state);
+  Tensor a = random_tensor({1, 320, 64, 64}, 1), b = random_tensor({1, 320, 64, 64}, 2);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::concat({a, b}, 1));
+}
+BENCHMARK(BM_ConcatChannels_64x64x640)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_TransposeToTokens_64x64x320(benchmark::State& state) {
+  set_threads(state);
+  Tensor x = random_tensor({1, 320, 4096}, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::contiguous(x.transpose(1, 2)));
+}
+BENCHMARK(BM_TransposeToTokens_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Pad2d_64x64x320(benchmark::State& state) {
+  set_threads(state);
+  Tensor x = random_tensor({1, 320, 64, 64}, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::pad2d(x, 0, 1, 0, 1));
+}
+BENCHMARK(BM_Pad2d_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The UNet transformer's residual: tokens [B, HW, C] viewed back as NCHW plus the NCHW input.
+void BM_AddPermuted_64x64x320(benchmark::State& state) {
+  set_threads(state);
+  Tensor seq = random_tensor({1, 64, 64, 320}, 1), x = random_tensor({1, 320, 64, 64}, 2);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::add(seq.permute({0, 3, 1, 2}), x));
+}
+BENCHMARK(BM_AddPermuted_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The threading-policy comparison behind cpu_gemm.cc: a conv-sized product followed by an OpenMP
+// normalisation, (a) as the backend runs it (single-threaded OpenBLAS tiles inside one OpenMP team) and
+// (b) with OpenBLAS threading the product itself through its own pthreads pool.
+void BM_GemmThenNorm_OpenMpTiles(benchmark::State& state) {
+  set_threads(state);
+  Tensor a = random_tensor({320, 2880}, 1), b = random_tensor({2880, 4096}, 2);
+  for (auto _ : state) {
+    Tensor c = ops::matmul(a, b);
+    benchmark::DoNotOptimize(ops::group_norm(c.reshape({1, 320, 4096}), 32, Tensor(), Tensor(), 1e-5f, UnaryOp::kSilu));
+  }
+}
+BENCHMARK(BM_GemmThenNorm_OpenMpTiles)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_GemmThenNorm_OpenBlasThreads(benchmark::State& state) {
+  set_threads(state);
+  Tensor a = random_tensor({320, 2880}, 1), b = random_tensor({2880, 4096}, 2);
+  Tensor c = Tensor::empty({320, 4096});
+  ops::matmul(a, b);  // backend set-up first (core selection), then hand OpenBLAS the threads
+  openblas_set_num_threads(int(state.range(0)));
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 320, 4096, 2880, 1.0f, a.data<float>(), 2880, b.data<float>(), 4096,
+                0.0f, c.data<float>(), 4096);
+    benchmark::DoNotOptimize(ops::group_norm(c.reshape({1, 320, 4096}), 32, Tensor(), Tensor(), 1e-5f, UnaryOp::kSilu));
+  }
+  openblas_set_num_threads(1);
+}
+BENCHMARK(BM_GemmThenNorm_OpenBlasThreads)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace atelier

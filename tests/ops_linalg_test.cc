@@ -1,8 +1,11 @@
 // Op API tests, part 2: matrix products, convolution, normalisation and attention against naive
 // double-precision references (odd sizes, broadcasting, strided views, masks, GQA, groups, strides).
+#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/ops.h"
 #include "ops_test_util.h"
@@ -101,6 +104,21 @@ TEST(OpsMatmul, TransposesAndBatchBroadcasting) {
     ref.insert(ref.end(), c.begin(), c.end());
   }
   EXPECT_OPS_CLOSE(ops::matmul(a3, b), ref);
+  // Transposed views are read in place with the transpose flag flipped: (b^T)^T @ ... and a^T given as a view.
+  Tensor bt = test::strided_copy(b);  // [k, n] view of a [n, k] matrix
+  EXPECT_OPS_CLOSE(ops::matmul(a, bt), ref_mm(to_double(a), to_double(b), m, k, n));
+  Tensor at_view = random_tensor({k, m}, 6).transpose(0, 1);  // [m, k] view
+  EXPECT_OPS_CLOSE(ops::matmul(at_view, b), ref_mm(to_double(at_view), to_double(b), m, k, n));
+  EXPECT_OPS_CLOSE(ops::matmul(at_view, bt, false, false, 1.0f), ref_mm(to_double(at_view), to_double(bt), m, k, n));
+  Tensor q = random_tensor({2, 5, 8}, 7), kk = random_tensor({2, 9, 8}, 8);
+  std::vector<double> qk;
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<double> qv = to_double(q.select(0, i)), kv = to_double(kk.select(0, i));
+    const std::vector<double> c = ref_mm(qv, transpose2(kv, 9, 8), 5, 8, 9);
+    qk.insert(qk.end(), c.begin(), c.end());
+  }
+  EXPECT_OPS_CLOSE(ops::matmul(q, kk.transpose(1, 2)), qk);  // q @ k^T with k^T as a view
+  EXPECT_OPS_CLOSE(ops::matmul(q, kk, false, true), qk);
 }
 
 // Direct convolution in double: x [N, C, H, W], w [O, C/g, kh, kw].
@@ -328,6 +346,15 @@ TEST(OpsAttention, PermutedViewsAndMultiHead) {
       for (int64_t i = 0; i < s; ++i)
         for (int64_t p = 0; p < d; ++p) merged[((bi * s + i) * h + hi) * d + p] = r4[((bi * h + hi) * s + i) * d + p];
   EXPECT_OPS_CLOSE(gqa, merged);
+}
+
+TEST(OpsBlas, UsesVectorKernelsOnThisCpu) {
+  // OpenBLAS 0.3.21 falls back to its SSE3 "Prescott" kernels on CPUs newer than it; the backend re-selects.
+  ops::matmul(random_tensor({4, 4}, 1), random_tensor({4, 4}, 2));
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) GTEST_SKIP() << "OPENBLAS_CORETYPE set by the user";
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "CPU without AVX2";
+  EXPECT_STRNE(openblas_get_corename(), "Prescott");
+  EXPECT_EQ(openblas_get_parallel() == 1 ? openblas_get_num_threads() : 1, 1) << "OpenBLAS must not thread on its own";
 }
 
 }  // namespace
