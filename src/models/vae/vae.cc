@@ -15,7 +15,7 @@ Tensor to_f32(const Tensor& x) { return x.dtype() == DType::F32 ? x : ops::cast(
 
 }  // namespace
 
-Status Vae::bind(ParamSource& source) {
+Status Vae::bind(VaeParamSource& source) {
   const int L = config_.latent_channels;
   encoder_.bind(source, config_);
   decoder_.bind(source, config_);
@@ -31,7 +31,7 @@ Expected<Vae> Vae::load(const WeightStore& store, VaeLayout layout, const VaeCon
   vae.device_ = device;
   vae.dtype_ = dtype;
   WeightLoader loader(store, device, dtype, vae_key_map(layout, config.num_levels()), vae_key_prefix(layout));
-  LoaderParamSource source(loader);
+  VaeLoaderParamSource source(loader);
   ATELIER_RETURN_IF_ERROR(catch_status([&] { return vae.bind(source); }));
   if (Status st = loader.finish(); !st)
     return Status(st.code(), "VAE (" + std::string(vae_layout_name(layout)) + " layout): " + st.message());
@@ -43,7 +43,7 @@ Expected<Vae> Vae::random(const VaeConfig& config, uint64_t seed, Device device)
   Vae vae;
   vae.config_ = config;
   vae.device_ = device;
-  RandomParamSource source(seed, device);
+  VaeRandomParamSource source(seed, device);
   ATELIER_RETURN_IF_ERROR(catch_status([&] { return vae.bind(source); }));
   return vae;
 }

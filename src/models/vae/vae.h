@@ -60,7 +60,7 @@ class Vae {
 
  private:
   Vae() = default;
-  Status bind(ParamSource& source);
+  Status bind(VaeParamSource& source);
   // Input checks shared by the entry points; throws Error(invalid_argument).
   Tensor prepare_latents(const Tensor& z) const;
   Tensor decode_prepared(const Tensor& z) const;  // z already checked and in the compute dtype

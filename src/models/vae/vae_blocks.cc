@@ -14,14 +14,14 @@ std::string idx(const std::string& key, const char* part, size_t i) { return key
 
 // --- random parameters ---------------------------------------------------------------------------
 
-Tensor RandomParamSource::uniform(const Shape& shape, float bound) {
+Tensor VaeRandomParamSource::uniform(const Shape& shape, float bound) {
   std::uniform_real_distribution<float> dist(-bound, bound);
   std::vector<float> v(size_t(numel_of(shape)));
   for (float& x : v) x = dist(rng_);
   return Tensor::from_vector(v, shape).to(device_);
 }
 
-void RandomParamSource::conv(Conv2d& c, const std::string&, int64_t in, int64_t out, int k, int stride, int pad) {
+void VaeRandomParamSource::conv(Conv2d& c, const std::string&, int64_t in, int64_t out, int k, int stride, int pad) {
   const float bound = 1.0f / std::sqrt(float(in * k * k));
   c.weight = uniform({out, in, k, k}, bound);
   c.bias = uniform({out}, bound);
@@ -29,13 +29,13 @@ void RandomParamSource::conv(Conv2d& c, const std::string&, int64_t in, int64_t 
   c.params.pad_h = c.params.pad_w = pad < 0 ? k / 2 : pad;
 }
 
-void RandomParamSource::linear(Linear& l, const std::string&, int64_t in, int64_t out) {
+void VaeRandomParamSource::linear(Linear& l, const std::string&, int64_t in, int64_t out) {
   const float bound = 1.0f / std::sqrt(float(in));
   l.weight = uniform({out, in}, bound);
   l.bias = uniform({out}, bound);
 }
 
-void RandomParamSource::group_norm(GroupNorm& n, const std::string&, int64_t channels, int groups, float eps) {
+void VaeRandomParamSource::group_norm(GroupNorm& n, const std::string&, int64_t channels, int groups, float eps) {
   n.weight = Tensor::full({channels}, 1.0f, device_);
   n.bias = Tensor::full({channels}, 0.0f, device_);
   n.groups = groups;
@@ -44,7 +44,7 @@ void RandomParamSource::group_norm(GroupNorm& n, const std::string&, int64_t cha
 
 // --- resnet --------------------------------------------------------------------------------------
 
-void VaeResnet::bind(ParamSource& p, const std::string& key, int64_t in, int64_t out, int groups) {
+void VaeResnet::bind(VaeParamSource& p, const std::string& key, int64_t in, int64_t out, int groups) {
   p.group_norm(norm1, key + ".norm1", in, groups, kNormEps);
   p.conv(conv1, key + ".conv1", in, out, 3);
   p.group_norm(norm2, key + ".norm2", out, groups, kNormEps);
@@ -61,7 +61,7 @@ Tensor VaeResnet::operator()(const Tensor& x) const {
 
 // --- attention -----------------------------------------------------------------------------------
 
-void VaeAttention::bind(ParamSource& p, const std::string& key, int64_t channels, int groups) {
+void VaeAttention::bind(VaeParamSource& p, const std::string& key, int64_t channels, int groups) {
   p.group_norm(norm, key + ".group_norm", channels, groups, kNormEps);
   Linear q, k, v;
   p.linear(q, key + ".to_q", channels, channels);
@@ -89,7 +89,7 @@ Tensor VaeAttention::operator()(const Tensor& x) const {
 
 // --- mid block and levels ------------------------------------------------------------------------
 
-void VaeMidBlock::bind(ParamSource& p, const std::string& key, int64_t channels, int groups, bool add_attention) {
+void VaeMidBlock::bind(VaeParamSource& p, const std::string& key, int64_t channels, int groups, bool add_attention) {
   resnet0.bind(p, key + ".resnets.0", channels, channels, groups);
   if (add_attention) {
     attention.emplace();
@@ -115,7 +115,7 @@ Tensor VaeLevel::operator()(const Tensor& x) const {
 
 // --- encoder / decoder ---------------------------------------------------------------------------
 
-void VaeEncoder::bind(ParamSource& p, const VaeConfig& c) {
+void VaeEncoder::bind(VaeParamSource& p, const VaeConfig& c) {
   const auto& ch = c.block_out_channels;
   const int g = c.norm_num_groups;
   p.conv(conv_in, "encoder.conv_in", c.in_channels, ch[0], 3);
@@ -145,7 +145,7 @@ Tensor VaeEncoder::operator()(const Tensor& x) const {
   return conv_out(norm_out(h, UnaryOp::kSilu));
 }
 
-void VaeDecoder::bind(ParamSource& p, const VaeConfig& c) {
+void VaeDecoder::bind(VaeParamSource& p, const VaeConfig& c) {
   const std::vector<int> rev(c.block_out_channels.rbegin(), c.block_out_channels.rend());
   const int g = c.norm_num_groups;
   p.conv(conv_in, "decoder.conv_in", c.latent_channels, rev[0], 3);

@@ -1,6 +1,6 @@
 // The KL autoencoder's building blocks (diffusers' ResnetBlock2D, Downsample2D, Upsample2D, the mid
 // block's single-head spatial attention) and its Encoder / Decoder. Parameters are bound from a
-// ParamSource: a checkpoint (through a WeightLoader and the layout's key map) or a seeded random
+// VaeParamSource: a checkpoint (through a WeightLoader and the layout's key map) or a seeded random
 // initialiser (benchmarks and tests without weights), so both build the exact same structure.
 #pragma once
 #include <cstdint>
@@ -17,9 +17,9 @@
 namespace atelier {
 
 // Where parameters come from. Keys are canonical (diffusers) names relative to the VAE.
-class ParamSource {
+class VaeParamSource {
  public:
-  virtual ~ParamSource() = default;
+  virtual ~VaeParamSource() = default;
   // Square k x k conv, in -> out channels; pad -1 = k/2.
   virtual void conv(Conv2d& c, const std::string& key, int64_t in, int64_t out, int k, int stride = 1, int pad = -1) = 0;
   virtual void linear(Linear& l, const std::string& key, int64_t in, int64_t out) = 0;
@@ -27,9 +27,9 @@ class ParamSource {
 };
 
 // Binds from a checkpoint; problems accumulate in the loader (see WeightLoader::finish).
-class LoaderParamSource final : public ParamSource {
+class VaeLoaderParamSource final : public VaeParamSource {
  public:
-  explicit LoaderParamSource(WeightLoader& loader) : loader_(loader) {}
+  explicit VaeLoaderParamSource(WeightLoader& loader) : loader_(loader) {}
   void conv(Conv2d& c, const std::string& key, int64_t in, int64_t out, int k, int stride, int pad) override {
     loader_.conv(c, key, in, out, k, stride, pad);
   }
@@ -44,9 +44,9 @@ class LoaderParamSource final : public ParamSource {
 
 // PyTorch's default initialisation shape (uniform in +-1/sqrt(fan_in) for weights and biases, unit
 // GroupNorm affine), drawn from a seeded engine: deterministic random models of any size.
-class RandomParamSource final : public ParamSource {
+class VaeRandomParamSource final : public VaeParamSource {
  public:
-  RandomParamSource(uint64_t seed, Device device) : rng_(seed), device_(device) {}
+  VaeRandomParamSource(uint64_t seed, Device device) : rng_(seed), device_(device) {}
   void conv(Conv2d& c, const std::string& key, int64_t in, int64_t out, int k, int stride, int pad) override;
   void linear(Linear& l, const std::string& key, int64_t in, int64_t out) override;
   void group_norm(GroupNorm& n, const std::string& key, int64_t channels, int groups, float eps) override;
@@ -63,7 +63,7 @@ struct VaeResnet {
   GroupNorm norm1, norm2;
   Conv2d conv1, conv2;
   Conv2d conv_shortcut;  // weight undefined when in == out
-  void bind(ParamSource& p, const std::string& key, int64_t in, int64_t out, int groups);
+  void bind(VaeParamSource& p, const std::string& key, int64_t in, int64_t out, int groups);
   // x [B, in, H, W] -> [B, out, H, W]
   Tensor operator()(const Tensor& x) const;
 };
@@ -74,7 +74,7 @@ struct VaeAttention {
   GroupNorm norm;
   Linear qkv;       // [3C, C] (to_q; to_k; to_v stacked)
   Linear proj_out;  // to_out.0
-  void bind(ParamSource& p, const std::string& key, int64_t channels, int groups);
+  void bind(VaeParamSource& p, const std::string& key, int64_t channels, int groups);
   // x [B, C, H, W] -> [B, C, H, W]
   Tensor operator()(const Tensor& x) const;
 };
@@ -83,7 +83,7 @@ struct VaeAttention {
 struct VaeMidBlock {
   VaeResnet resnet0, resnet1;
   std::optional<VaeAttention> attention;
-  void bind(ParamSource& p, const std::string& key, int64_t channels, int groups, bool add_attention);
+  void bind(VaeParamSource& p, const std::string& key, int64_t channels, int groups, bool add_attention);
   // x [B, C, H, W] -> same
   Tensor operator()(const Tensor& x) const;
 };
@@ -103,7 +103,7 @@ struct VaeEncoder {
   std::vector<VaeLevel> down;
   VaeMidBlock mid;
   GroupNorm norm_out;
-  void bind(ParamSource& p, const VaeConfig& c);
+  void bind(VaeParamSource& p, const VaeConfig& c);
   Tensor operator()(const Tensor& x) const;
 };
 
@@ -113,7 +113,7 @@ struct VaeDecoder {
   VaeMidBlock mid;
   std::vector<VaeLevel> up;  // diffusers order: up[0] is the lowest resolution
   GroupNorm norm_out;
-  void bind(ParamSource& p, const VaeConfig& c);
+  void bind(VaeParamSource& p, const VaeConfig& c);
   Tensor operator()(const Tensor& z) const;
 };
 
