@@ -7,6 +7,7 @@
 
 #include <random>
 
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/ops.h"
 
 namespace atelier {
@@ -46,6 +47,30 @@ void BM_Attention_4096x40(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * heads * s * s * d, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_Attention_4096x40)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The portable GEMM path that CPUs without AVX-512 take.
+void BM_Attention_4096x40_GemmPath(benchmark::State& state) {
+  cpu::set_fused_attention(false);
+  BM_Attention_4096x40(state);
+  cpu::set_fused_attention(true);
+}
+BENCHMARK(BM_Attention_4096x40_GemmPath)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Cross-attention shape: 4096 queries over 77 text tokens.
+void BM_CrossAttention_4096x77(benchmark::State& state) {
+  set_threads(state);
+  Tensor q = random_tensor({2, 8, 4096, 40}, 1), k = random_tensor({2, 8, 77, 40}, 2), v = random_tensor({2, 8, 77, 40}, 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::attention(q, k, v));
+}
+BENCHMARK(BM_CrossAttention_4096x77)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// SD 2.x / FLUX-like head width.
+void BM_Attention_1024x64(benchmark::State& state) {
+  set_threads(state);
+  Tensor q = random_tensor({1, 10, 1024, 64}, 1), k = random_tensor({1, 10, 1024, 64}, 2), v = random_tensor({1, 10, 1024, 64}, 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::attention(q, k, v));
+}
+BENCHMARK(BM_Attention_1024x64)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Linear_4096x320x1280_Gelu(benchmark::State& state) {
   set_threads(state);
