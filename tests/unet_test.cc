@@ -220,6 +220,63 @@ TEST(UnetDetect, Sd2FamilyUsesHeadsOf64AndFallsBackTo8) {
   EXPECT_EQ(detected->num_attention_heads, (std::vector<int>{8, 1, 1, 1}));  // 32 is not a multiple of 64
 }
 
+// A config unlike the fixture's (SD 2 style: linear projections, heads of 64, uneven depths and layer
+// counts, no attention at the top of the up path) written as a weight file in `layout` (zeros), then
+// detected back: the detection and the key map must agree with the parameters the model asks for.
+UNetConfig unusual_config(bool linear_projection) {
+  UNetConfig c = sd15_unet_config();
+  c.block_out_channels = {64, 128, 128};
+  c.down_block_types = {UNetConfig::kCrossAttnDown, UNetConfig::kCrossAttnDown, UNetConfig::kDown};
+  c.up_block_types = {UNetConfig::kUp, UNetConfig::kCrossAttnUp, UNetConfig::kUp};
+  c.layers_per_block = {1, 2, 1};
+  c.transformer_layers_per_block = {2, 3, 1};
+  c.reverse_transformer_layers_per_block = {1, 3, 2};
+  c.num_attention_heads = {1, 2, 2};
+  c.cross_attention_dim.assign(3, 48);
+  c.only_cross_attention.assign(3, false);
+  c.use_linear_projection = linear_projection;
+  c.time_embed_dim = 96;
+  c.in_channels = 5;
+  c.out_channels = 3;
+  return c;
+}
+
+fs::path write_zero_weights(const UNetConfig& c, UNetLayout layout, const std::string& name) {
+  auto params = UNet::parameter_shapes(c);
+  EXPECT_TRUE(params.has_value()) << params.status().message();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto [key, shape] : *params) {
+    const bool proj = key.find(".proj_in.") != std::string::npos || key.find(".proj_out.") != std::string::npos;
+    if (proj && !c.use_linear_projection && shape.size() == 2) shape = {shape[0], shape[1], 1, 1};
+    if (layout == UNetLayout::kCompVis) key = std::string(kCompVisUNetPrefix) + compvis_unet_key(c, key).value();
+    tensors.emplace_back(key, Tensor::zeros(shape));
+  }
+  const fs::path p = fs::temp_directory_path() / ("atelier_unet_" + name + "_" + std::to_string(::getpid()) + ".safetensors");
+  EXPECT_TRUE(write_safetensors(p.string(), tensors).is_ok());
+  return p;
+}
+
+TEST(UnetDetect, RoundTripsUnusualConfigsThroughBothLayouts) {
+  for (bool linear : {true, false}) {
+    for (UNetLayout layout : {UNetLayout::kDiffusers, UNetLayout::kCompVis}) {
+      const UNetConfig c = unusual_config(linear);
+      const fs::path p = write_zero_weights(c, layout, "roundtrip");
+      const WeightStore store = open_store(p);
+      auto detected = detect_unet_config(store, layout, UNetFamily::kSD2);
+      ASSERT_TRUE(detected.has_value()) << detected.status().message();
+      std::string list;
+      for (const auto& d : unet_config_differences(*detected, c)) list += "\n  " + d;
+      EXPECT_TRUE(list.empty()) << "linear=" << linear << " layout=" << int(layout) << list;
+      auto u = UNet::load(store, layout, *detected);
+      ASSERT_TRUE(u.has_value()) << u.status().message();
+      auto out = u->forward(Tensor::zeros({1, 5, 7, 5}), Tensor::from_vector({3}, {1}), Tensor::zeros({1, 4, 48}));
+      ASSERT_TRUE(out.has_value()) << out.status().message();
+      EXPECT_EQ(out->shape(), (Shape{1, 3, 7, 5}));
+      fs::remove(p);
+    }
+  }
+}
+
 TEST(UnetDetect, ReportsAStoreWithoutUnet) {
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
   auto r = detect_unet_config(open_store(Fixture{dir}.single_file()), UNetLayout::kDiffusers, UNetFamily::kSD1);

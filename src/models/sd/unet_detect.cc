@@ -145,13 +145,15 @@ Status detect_fields(const Probe& probe, UNetFamily family, UNetConfig& c) {
     c.transformer_layers_per_block[i] = a.present ? a.depth : (i == n - 1 && mid_depth ? mid_depth : 1);
     c.only_cross_attention[i] = a.present && a.only_cross;
     if (a.present && any_attention && any_attention->linear_proj != a.linear_proj)
-      return unsupported("UNet mixes linear and convolutional proj_in across levels; not supported");
+      return unsupported("UNet mixes linear and convolutional proj_in across blocks; not supported");
     if (a.present && !any_attention) any_attention = a;
     if (a.present) c.cross_attention_dim[i] = int(a.cross_dim);
   }
   if (c.has_mid_block()) {
-    ATELIER_ASSIGN_OR_RETURN(Shape mid_k2, probe.required("mid_block.attentions.0.transformer_blocks.0.attn2.to_k.weight", 2));
-    if (!any_attention) any_attention = LevelAttention{true, mid_depth, mid_k2[1], probe.shape("mid_block.attentions.0.proj_in.weight")->size() == 2, false};
+    ATELIER_ASSIGN_OR_RETURN(LevelAttention mid, read_attention(probe, "mid_block.attentions.0", c.block_out_channels[n - 1]));
+    if (any_attention && any_attention->linear_proj != mid.linear_proj)
+      return unsupported("UNet mixes linear and convolutional proj_in across blocks; not supported");
+    if (!any_attention) any_attention = mid;
   }
   if (any_attention) {
     c.use_linear_projection = any_attention->linear_proj;
