@@ -1,0 +1,68 @@
+// Internal helpers shared by the CPU op files: the scalar activation formulas (torch's), in-place
+// activation over a span, and the single-threaded GEMM that every parallel CPU kernel is built from.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "backend/backend.h"
+
+// Compiles a loop-heavy function for AVX-512, AVX2+FMA and the baseline, picked at load time (the
+// library is built for baseline x86-64 unless ATELIER_NATIVE is on).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ATELIER_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ATELIER_SIMD_CLONES
+#endif
+
+namespace atelier::cpu {
+
+// torch's formulas, in f32. gelu is the exact erf form; gelu_tanh the tanh approximation.
+inline float unary_scalar(float x, UnaryOp op) {
+  constexpr float kSqrtHalf = 0.70710678118654752440f;
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  constexpr float kGeluTanhCoeff = 0.044715f;
+  constexpr float kQuickGeluAlpha = 1.702f;
+  switch (op) {
+    case UnaryOp::kIdentity: return x;
+    case UnaryOp::kSilu: return x / (1.0f + std::exp(-x));
+    case UnaryOp::kGelu: return 0.5f * x * (1.0f + std::erf(x * kSqrtHalf));
+    case UnaryOp::kGeluTanh: return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kGeluTanhCoeff * x * x * x)));
+    case UnaryOp::kQuickGelu: return x / (1.0f + std::exp(-kQuickGeluAlpha * x));
+    case UnaryOp::kRelu: return x > 0.0f ? x : 0.0f;
+    case UnaryOp::kSigmoid: return 1.0f / (1.0f + std::exp(-x));
+    case UnaryOp::kTanh: return std::tanh(x);
+    case UnaryOp::kExp: return std::exp(x);
+    case UnaryOp::kSqrt: return std::sqrt(x);
+    case UnaryOp::kRsqrt: return 1.0f / std::sqrt(x);
+    case UnaryOp::kSquare: return x * x;
+    case UnaryOp::kNeg: return -x;
+  }
+  return x;
+}
+
+// out[i] = op(x[i]) for i < n (out may equal x). Vectorised where the build allows.
+void unary_span(float* out, const float* x, int64_t n, UnaryOp op);
+
+// x[i] = exp(x[i] - shift) in place; returns the sum of the results. The softmax kernel.
+double exp_span_sum(float* x, int64_t n, float shift);
+
+// max of x[0..n) (-inf for n == 0).
+float max_span(const float* x, int64_t n);
+
+// C[M, N] = alpha * op(A) @ op(B) + beta * C, row-major, single-threaded: callers split work across
+// OpenMP threads themselves (see cpu_gemm.cc for why OpenBLAS never threads on its own here).
+void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Same product parallelised over the OpenMP team by splitting the larger of M and N into row/column
+// blocks. Safe to call from outside a parallel region only.
+void sgemm_parallel(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Below this many multiply-adds a product is not worth a parallel region.
+constexpr double kMinParallelMacs = 1 << 18;
+
+// Number of threads an OpenMP parallel region will use here.
+int max_threads();
+
+}  // namespace atelier::cpu

@@ -1,0 +1,521 @@
+// The op API front end: validates shapes, dtypes and devices (throwing atelier::Error with an
+// invalid-argument Status that says what is supported), allocates outputs on the inputs' device, builds
+// the views the backends expect (broadcast strides, split heads) and calls that device's Backend.
+#include "backend/ops.h"
+
+#include <cmath>
+#include <string>
+
+namespace atelier::ops {
+namespace {
+
+[[noreturn]] void fail(const std::string& op, const std::string& msg) {
+  throw Error(invalid_argument(op + ": " + msg));
+}
+
+void require(bool cond, const std::string& op, const std::string& msg) {
+  if (!cond) fail(op, msg);
+}
+
+Backend& backend_of(const Tensor& x) { return backend_for(x.device()); }
+
+void require_defined(const Tensor& x, const std::string& op, const char* what) {
+  require(x.defined(), op, std::string(what) + " is an undefined tensor");
+}
+
+void require_f32(const Tensor& x, const std::string& op, const char* what) {
+  require_defined(x, op, what);
+  if (x.device().is_cpu())
+    require(x.dtype() == DType::F32, op,
+            std::string(what) + " has dtype " + std::string(dtype_name(x.dtype())) +
+                "; the CPU backend computes in f32 (use ops::cast first)");
+  else
+    require(x.dtype() == DType::F32 || x.dtype() == DType::F16 || x.dtype() == DType::BF16, op,
+            std::string(what) + " has dtype " + std::string(dtype_name(x.dtype())) + "; supported are f32, f16, bf16");
+}
+
+void require_same_device(const Tensor& a, const Tensor& b, const std::string& op) {
+  require(a.device() == b.device(), op, "inputs on different devices (" + a.device().str() + " and " + b.device().str() + ")");
+}
+
+int normalize_dim(int dim, int64_t rank, const std::string& op) {
+  const int d = dim < 0 ? dim + int(rank) : dim;
+  require(d >= 0 && d < rank, op, "dim " + std::to_string(dim) + " out of range for rank " + std::to_string(rank));
+  return d;
+}
+
+Tensor empty_like_shape(const Tensor& x, const Shape& shape) { return Tensor::empty(shape, x.dtype(), x.device()); }
+
+// Contiguous unless the optional tensor is undefined.
+Tensor contiguous_opt(const Tensor& x) { return x.defined() ? contiguous(x) : x; }
+
+// x (any rank <= shape's) viewed with `shape` by numpy broadcasting: missing leading dims and size-1 dims
+// get stride 0.
+Tensor broadcast_to(const Tensor& x, const Shape& shape, const std::string& op) {
+  const int64_t r = int64_t(shape.size()), xr = x.dim();
+  require(xr <= r, op, "cannot broadcast " + shape_str(x.shape()) + " to " + shape_str(shape));
+  Shape strides(r, 0);
+  for (int64_t i = 0; i < xr; ++i) {
+    const int64_t d = r - xr + i;
+    const int64_t xs = x.shape()[i];
+    require(xs == shape[d] || xs == 1, op, "cannot broadcast " + shape_str(x.shape()) + " to " + shape_str(shape));
+    strides[d] = xs == 1 ? 0 : x.strides()[i];
+  }
+  return Tensor(x.buffer(), shape, strides, x.dtype(), x.offset());
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const std::string& op) {
+  const size_t r = std::max(a.size(), b.size());
+  Shape out(r);
+  for (size_t i = 0; i < r; ++i) {
+    const int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    const int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    require(da == db || da == 1 || db == 1, op, "shapes " + shape_str(a) + " and " + shape_str(b) + " do not broadcast");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+// A matrix BLAS can read in place: unit stride on one of the last two dims, the other a valid leading
+// dimension. Batch dims are collapsed into one by the callers; otherwise a packed copy is made.
+bool blas_friendly(const Tensor& m) {
+  if (m.dim() < 2) return m.is_contiguous();
+  const int64_t rows = m.size(-2), cols = m.size(-1);
+  const int64_t rs = m.strides()[m.dim() - 2], cs = m.strides()[m.dim() - 1];
+  return cs == 1 && (rs >= cols || rows == 1);
+}
+
+// x [B, S, H*D] with unit last stride -> [B, H, S, D] view (no copy).
+Tensor split_heads(const Tensor& x, int64_t heads, const std::string& op) {
+  require(x.dim() == 3, op, "expects [B, S, H*D] inputs, got " + shape_str(x.shape()));
+  const int64_t c = x.size(2);
+  require(heads > 0 && c % heads == 0, op, "channels " + std::to_string(c) + " not divisible by " + std::to_string(heads) + " heads");
+  Tensor y = x.strides()[2] == 1 ? x : contiguous(x);
+  const int64_t d = c / heads;
+  const Shape shape{y.size(0), heads, y.size(1), d};
+  const Shape strides{y.strides()[0], d, y.strides()[1], 1};
+  return Tensor(y.buffer(), shape, strides, y.dtype(), y.offset());
+}
+
+}  // namespace
+
+// --- layout ---------------------------------------------------------------------------------------
+
+Tensor contiguous(const Tensor& x) {
+  require_defined(x, "contiguous", "x");
+  if (x.is_contiguous()) return x;
+  return clone(x);
+}
+
+Tensor clone(const Tensor& x) {
+  require_defined(x, "clone", "x");
+  Tensor out = empty_like_shape(x, x.shape());
+  backend_of(x).copy(out, x);
+  return out;
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  require_defined(x, "cast", "x");
+  Tensor out = Tensor::empty(x.shape(), dtype, x.device());
+  backend_of(x).copy(out, x);
+  return out;
+}
+
+Tensor to_device(const Tensor& x, Device dev) {
+  require_defined(x, "to_device", "x");
+  if (x.device() == dev) return x;
+  return contiguous(x).to(dev);
+}
+
+Tensor concat(const std::vector<Tensor>& xs, int dim) {
+  require(!xs.empty(), "concat", "no inputs");
+  const Tensor& first = xs[0];
+  require_defined(first, "concat", "xs[0]");
+  const int d = normalize_dim(dim, first.dim(), "concat");
+  Shape shape = first.shape();
+  int64_t total = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = xs[i];
+    require_defined(x, "concat", "an input");
+    require_same_device(first, x, "concat");
+    require(x.dtype() == first.dtype(), "concat", "inputs have different dtypes");
+    require(x.dim() == first.dim(), "concat", "inputs have different ranks: " + shape_str(first.shape()) + " and " + shape_str(x.shape()));
+    for (int64_t k = 0; k < x.dim(); ++k)
+      require(k == d || x.shape()[k] == shape[k], "concat",
+              "shapes " + shape_str(first.shape()) + " and " + shape_str(x.shape()) + " differ outside dim " + std::to_string(d));
+    total += x.shape()[d];
+  }
+  shape[d] = total;
+  Tensor out = empty_like_shape(first, shape);
+  int64_t at = 0;
+  for (const Tensor& x : xs) {
+    Tensor part = out.narrow(d, at, x.shape()[d]);
+    if (x.numel() > 0) backend_of(x).copy(part, x);
+    at += x.shape()[d];
+  }
+  return out;
+}
+
+std::vector<Tensor> chunk(const Tensor& x, int n, int dim) {
+  require_defined(x, "chunk", "x");
+  const int d = normalize_dim(dim, x.dim(), "chunk");
+  require(n > 0 && x.shape()[d] % n == 0, "chunk",
+          "size " + std::to_string(x.shape()[d]) + " of dim " + std::to_string(d) + " is not divisible into " + std::to_string(n) + " parts");
+  const int64_t len = x.shape()[d] / n;
+  std::vector<Tensor> parts;
+  parts.reserve(n);
+  for (int i = 0; i < n; ++i) parts.push_back(x.narrow(d, i * len, len));
+  return parts;
+}
+
+// x [N, C, H, W] -> [N, C, H*f, W*f]: out[.., y, x] = in[.., y/f, x/f], which is torch's nearest mode
+// (source index floor(dst * (1/f))). One strided copy: out seen as [N, C, H, f, W, f], the input
+// broadcast over the two f dims.
+Tensor upsample_nearest2d(const Tensor& x, int factor) {
+  require_defined(x, "upsample_nearest2d", "x");
+  require(x.dim() == 4, "upsample_nearest2d", "expects x [N, C, H, W], got " + shape_str(x.shape()));
+  require(factor >= 1, "upsample_nearest2d", "factor must be a positive integer, got " + std::to_string(factor));
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), f = factor;
+  Tensor out = empty_like_shape(x, {n, c, h * f, w * f});
+  const int64_t wo = w * f;
+  Tensor dst(out.buffer(), {n, c, h, f, w, f}, {c * h * f * wo, h * f * wo, f * wo, wo, f, 1}, out.dtype(), out.offset());
+  const Shape& s = x.strides();
+  Tensor src(x.buffer(), {n, c, h, f, w, f}, {s[0], s[1], s[2], 0, s[3], 0}, x.dtype(), x.offset());
+  backend_of(x).copy(dst, src);
+  return out;
+}
+
+Tensor pad2d(const Tensor& x, int left, int right, int top, int bottom, float value) {
+  require_defined(x, "pad2d", "x");
+  require(x.dim() == 4, "pad2d", "expects x [N, C, H, W], got " + shape_str(x.shape()));
+  require(left >= 0 && right >= 0 && top >= 0 && bottom >= 0, "pad2d", "negative padding is not supported");
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  Tensor out = empty_like_shape(x, {n, c, h + top + bottom, w + left + right});
+  Backend& be = backend_of(x);
+  be.fill(out, value);
+  Tensor inner = out.narrow(2, top, h).narrow(3, left, w);
+  if (x.numel() > 0) be.copy(inner, x);
+  return out;
+}
+
+Tensor embedding(const Tensor& ids, const Tensor& table) {
+  const std::string op = "embedding";
+  require_defined(ids, op, "ids");
+  require_f32(table, op, "table");
+  require_same_device(ids, table, op);
+  require(ids.dtype() == DType::I32 || ids.dtype() == DType::I64, op,
+          "ids must be i32 or i64, got " + std::string(dtype_name(ids.dtype())));
+  require(table.dim() == 2, op, "table must be [V, D], got " + shape_str(table.shape()));
+  Tensor flat_ids = contiguous(ids);
+  Tensor t = contiguous(table);
+  Tensor out = Tensor::empty({flat_ids.numel(), t.size(1)}, t.dtype(), t.device());
+  Tensor ids1 = flat_ids.reshape({flat_ids.numel()});
+  backend_of(t).embedding(out, ids1, t);
+  Shape shape = ids.shape();
+  shape.push_back(t.size(1));
+  return out.reshape(shape);
+}
+
+// --- elementwise ----------------------------------------------------------------------------------
+
+Tensor unary(const Tensor& x, UnaryOp op) {
+  require_f32(x, "unary", "x");
+  Tensor xc = contiguous(x);
+  Tensor out = empty_like_shape(xc, xc.shape());
+  backend_of(x).unary(out, xc, op);
+  return out;
+}
+
+Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op) {
+  require_f32(a, "binary", "a");
+  require_f32(b, "binary", "b");
+  require_same_device(a, b, "binary");
+  require(a.dtype() == b.dtype(), "binary", "a and b have different dtypes");
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), "binary");
+  Tensor out = empty_like_shape(a, shape);
+  backend_of(a).binary(out, broadcast_to(a, shape, "binary"), broadcast_to(b, shape, "binary"), op);
+  return out;
+}
+
+Tensor affine(const Tensor& x, float alpha, float beta) {
+  require_f32(x, "affine", "x");
+  Tensor xc = contiguous(x);
+  Tensor out = empty_like_shape(xc, xc.shape());
+  backend_of(x).lincomb(out, {xc}, {alpha}, 1);
+  if (beta == 0.0f) return out;
+  // The offset is a second (rare) pass: a broadcast scalar through binary keeps the backend contract small.
+  Tensor b = Tensor::full({1}, beta, x.device());
+  if (b.dtype() != x.dtype()) b = cast(b, x.dtype());
+  Tensor shifted = empty_like_shape(xc, xc.shape());
+  backend_of(x).binary(shifted, out, broadcast_to(b, xc.shape(), "affine"), BinaryOp::kAdd);
+  return shifted;
+}
+
+namespace {
+Tensor lincomb_impl(const std::vector<Tensor>& xs, const std::vector<float>& coeffs, bool per_sample, const std::string& op) {
+  require(!xs.empty(), op, "no inputs");
+  std::vector<Tensor> inputs;
+  inputs.reserve(xs.size());
+  for (const Tensor& x : xs) {
+    require_f32(x, op, "an input");
+    require_same_device(xs[0], x, op);
+    require(x.shape() == xs[0].shape(), op, "inputs differ in shape: " + shape_str(xs[0].shape()) + " and " + shape_str(x.shape()));
+    require(x.dtype() == xs[0].dtype(), op, "inputs differ in dtype");
+    inputs.push_back(contiguous(x));
+  }
+  int rows = 1;
+  if (per_sample) {
+    require(xs[0].dim() >= 1, op, "per-sample coefficients need inputs with a sample dim");
+    rows = int(xs[0].size(0));
+  }
+  require(coeffs.size() == size_t(rows) * xs.size(), op,
+          std::to_string(coeffs.size()) + " coefficients for " + std::to_string(rows) + " sample rows x " + std::to_string(xs.size()) + " inputs");
+  Tensor out = empty_like_shape(inputs[0], inputs[0].shape());
+  backend_of(out).lincomb(out, inputs, coeffs, rows);
+  return out;
+}
+}  // namespace
+
+Tensor lincomb(const std::vector<Tensor>& xs, const std::vector<float>& coeffs) {
+  return lincomb_impl(xs, coeffs, false, "lincomb");
+}
+
+Tensor lincomb_per_sample(const std::vector<Tensor>& xs, const std::vector<float>& coeffs) {
+  return lincomb_impl(xs, coeffs, true, "lincomb_per_sample");
+}
+
+Tensor glu(const Tensor& x, UnaryOp act) {
+  require_f32(x, "glu", "x");
+  require(x.dim() >= 1 && x.size(-1) % 2 == 0, "glu", "last dim must be even, got " + shape_str(x.shape()));
+  Tensor xc = contiguous(x);
+  Shape shape = xc.shape();
+  shape.back() /= 2;
+  Tensor out = empty_like_shape(xc, shape);
+  backend_of(x).glu(out, xc, act);
+  return out;
+}
+
+Tensor softmax(const Tensor& x) {
+  require_f32(x, "softmax", "x");
+  require(x.dim() >= 1, "softmax", "needs at least one dim");
+  Tensor xc = contiguous(x);
+  Tensor out = empty_like_shape(xc, xc.shape());
+  backend_of(x).softmax(out, xc);
+  return out;
+}
+
+// --- linear algebra -------------------------------------------------------------------------------
+
+namespace {
+// x [..., in] -> [1, M, in]: a view when the leading dims collapse into one row index with a unit inner
+// stride (e.g. a narrow of the last dim of a contiguous tensor), else a packed copy.
+Tensor rows_view(const Tensor& x) {
+  const int64_t k = x.size(-1);
+  const int64_t m = k ? x.numel() / k : 0;
+  if (x.is_contiguous()) return x.reshape({1, m, k});
+  if (x.dim() >= 2 && x.strides().back() == 1) {
+    const int64_t rs = x.strides()[x.dim() - 2];
+    bool collapses = rs >= k;
+    int64_t expect = rs;
+    for (int64_t d = x.dim() - 2; d >= 0 && collapses; --d) {
+      if (x.shape()[d] != 1 && x.strides()[d] != expect) collapses = false;
+      expect *= x.shape()[d];
+    }
+    if (collapses) return Tensor(x.buffer(), {1, m, k}, {m * rs, rs, 1}, x.dtype(), x.offset());
+  }
+  return contiguous(x).reshape({1, m, k});
+}
+
+Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act, const Tensor& residual, const std::string& op) {
+  require_f32(x, op, "x");
+  require_f32(w, op, "w");
+  require_same_device(x, w, op);
+  require(w.dim() == 2, op, "w must be [out, in], got " + shape_str(w.shape()));
+  require(x.dim() >= 1 && x.size(-1) == w.size(1), op,
+          "x " + shape_str(x.shape()) + " does not match w " + shape_str(w.shape()) + " (x [..., in], w [out, in])");
+  if (b.defined()) {
+    require_f32(b, op, "b");
+    require(b.dim() == 1 && b.size(0) == w.size(0), op, "bias must be [" + std::to_string(w.size(0)) + "], got " + shape_str(b.shape()));
+  }
+  Shape shape = x.shape();
+  shape.back() = w.size(0);
+  Tensor a = rows_view(x);
+  Tensor wm = blas_friendly(w) ? w : contiguous(w);
+  Tensor bm = wm.unsqueeze(0);  // [1, N, K]
+  GemmParams p;
+  p.trans_b = true;
+  p.epilogue = act;
+  Tensor out;
+  if (residual.defined()) {
+    require_f32(residual, op, "residual");
+    require(residual.shape() == shape, op, "residual " + shape_str(residual.shape()) + " must have the output's shape " + shape_str(shape));
+    out = clone(residual);  // gemm accumulates onto it (beta = 1)
+    p.beta = 1.0f;
+  } else {
+    out = empty_like_shape(x, shape);
+  }
+  Tensor out3 = out.reshape({1, a.size(1), w.size(0)});
+  backend_of(x).gemm(out3, a, bm, contiguous_opt(b), p);
+  return out;
+}
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act) {
+  return linear_impl(x, w, b, act, Tensor(), "linear");
+}
+
+Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual) {
+  require_defined(residual, "linear_residual", "residual");
+  return linear_impl(x, w, b, UnaryOp::kIdentity, residual, "linear_residual");
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, float alpha) {
+  const std::string op = "matmul";
+  require_f32(a, op, "a");
+  require_f32(b, op, "b");
+  require_same_device(a, b, op);
+  require((a.dim() == 2 || a.dim() == 3) && (b.dim() == 2 || b.dim() == 3), op,
+          "expects [B, M, K] or [M, K] operands, got " + shape_str(a.shape()) + " and " + shape_str(b.shape()));
+  Tensor a3 = a.dim() == 2 ? a.unsqueeze(0) : a;
+  Tensor b3 = b.dim() == 2 ? b.unsqueeze(0) : b;
+  if (!blas_friendly(a3)) a3 = contiguous(a3);
+  if (!blas_friendly(b3)) b3 = contiguous(b3);
+  const int64_t ba = a3.size(0), bb = b3.size(0);
+  require(ba == bb || ba == 1 || bb == 1, op, "batch sizes " + std::to_string(ba) + " and " + std::to_string(bb) + " do not broadcast");
+  const int64_t m = trans_a ? a3.size(2) : a3.size(1);
+  const int64_t ka = trans_a ? a3.size(1) : a3.size(2);
+  const int64_t kb = trans_b ? b3.size(2) : b3.size(1);
+  const int64_t n = trans_b ? b3.size(1) : b3.size(2);
+  require(ka == kb, op, "inner dims differ: " + shape_str(a.shape()) + (trans_a ? "^T" : "") + " @ " + shape_str(b.shape()) + (trans_b ? "^T" : ""));
+  const int64_t batch = std::max(ba, bb);
+  Tensor out = empty_like_shape(a, {batch, m, n});
+  GemmParams p;
+  p.trans_a = trans_a;
+  p.trans_b = trans_b;
+  p.alpha = alpha;
+  backend_of(a).gemm(out, a3, b3, Tensor(), p);
+  if (a.dim() == 2 && b.dim() == 2) return out.reshape({m, n});
+  return out;
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p) {
+  const std::string op = "conv2d";
+  require_f32(x, op, "x");
+  require_f32(w, op, "w");
+  require_same_device(x, w, op);
+  require(x.dim() == 4, op, "x must be [N, C, H, W], got " + shape_str(x.shape()));
+  require(w.dim() == 4, op, "w must be [O, C/groups, kh, kw], got " + shape_str(w.shape()));
+  require(p.groups >= 1 && p.stride_h >= 1 && p.stride_w >= 1 && p.dilation_h >= 1 && p.dilation_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0,
+          op, "groups, strides and dilations must be >= 1 and paddings >= 0");
+  const int64_t c = x.size(1), o = w.size(0), g = p.groups;
+  require(c % g == 0 && o % g == 0, op, "channels " + std::to_string(c) + " in / " + std::to_string(o) + " out not divisible by groups " + std::to_string(g));
+  require(w.size(1) == c / g, op, "w " + shape_str(w.shape()) + " does not match x " + shape_str(x.shape()) + " with groups " + std::to_string(g));
+  if (b.defined()) {
+    require_f32(b, op, "b");
+    require(b.dim() == 1 && b.size(0) == o, op, "bias must be [" + std::to_string(o) + "], got " + shape_str(b.shape()));
+  }
+  const int64_t ekh = int64_t(p.dilation_h) * (w.size(2) - 1) + 1, ekw = int64_t(p.dilation_w) * (w.size(3) - 1) + 1;
+  const int64_t hp = x.size(2) + 2 * p.pad_h, wp = x.size(3) + 2 * p.pad_w;
+  require(hp >= ekh && wp >= ekw, op, "kernel " + shape_str(w.shape()) + " larger than the padded input " + shape_str(x.shape()));
+  const int64_t ho = (hp - ekh) / p.stride_h + 1, wo = (wp - ekw) / p.stride_w + 1;
+  Tensor out = empty_like_shape(x, {x.size(0), o, ho, wo});
+  backend_of(x).conv2d(out, contiguous(x), contiguous(w), contiguous_opt(b), p);
+  return out;
+}
+
+// --- normalisation --------------------------------------------------------------------------------
+
+namespace {
+void require_affine(const Tensor& t, int64_t size, const std::string& op, const char* what) {
+  if (!t.defined()) return;
+  require_f32(t, op, what);
+  require(t.numel() == size, op, std::string(what) + " must have " + std::to_string(size) + " elements, got " + shape_str(t.shape()));
+}
+}  // namespace
+
+Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor& beta, float eps, UnaryOp act) {
+  const std::string op = "group_norm";
+  require_f32(x, op, "x");
+  require(x.dim() >= 2, op, "x must be [N, C, *], got " + shape_str(x.shape()));
+  require(groups >= 1 && x.size(1) % groups == 0, op, "channels " + std::to_string(x.size(1)) + " not divisible by groups " + std::to_string(groups));
+  require_affine(gamma, x.size(1), op, "gamma");
+  require_affine(beta, x.size(1), op, "beta");
+  Tensor xc = contiguous(x);
+  Tensor out = empty_like_shape(xc, xc.shape());
+  backend_of(x).group_norm(out, xc, contiguous_opt(gamma), contiguous_opt(beta), groups, eps, act);
+  return out;
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
+  const std::string op = "layer_norm";
+  require_f32(x, op, "x");
+  require(x.dim() >= 1, op, "x needs at least one dim");
+  require_affine(gamma, x.size(-1), op, "gamma");
+  require_affine(beta, x.size(-1), op, "beta");
+  Tensor xc = contiguous(x);
+  Tensor out = empty_like_shape(xc, xc.shape());
+  backend_of(x).layer_norm(out, xc, contiguous_opt(gamma), contiguous_opt(beta), eps);
+  return out;
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
+  const std::string op = "rms_norm";
+  require_f32(x, op, "x");
+  require(x.dim() >= 1, op, "x needs at least one dim");
+  require_affine(gamma, x.size(-1), op, "gamma");
+  Tensor xc = contiguous(x);
+  Tensor out = empty_like_shape(xc, xc.shape());
+  backend_of(x).rms_norm(out, xc, contiguous_opt(gamma), eps);
+  return out;
+}
+
+// --- attention ------------------------------------------------------------------------------------
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {
+  const std::string op = "attention";
+  require_f32(q, op, "q");
+  require_f32(k, op, "k");
+  require_f32(v, op, "v");
+  require_same_device(q, k, op);
+  require_same_device(q, v, op);
+  require(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
+          "expects q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv], got " + shape_str(q.shape()) + ", " + shape_str(k.shape()) + ", " + shape_str(v.shape()));
+  const int64_t b = q.size(0), h = q.size(1), sq = q.size(2), d = q.size(3);
+  const int64_t hk = k.size(1), sk = k.size(2), dv = v.size(3);
+  require(k.size(0) == b && v.size(0) == b, op, "batch sizes differ");
+  require(k.size(3) == d, op, "q and k head dims differ: " + shape_str(q.shape()) + " vs " + shape_str(k.shape()));
+  require(v.size(1) == hk && v.size(2) == sk, op, "k " + shape_str(k.shape()) + " and v " + shape_str(v.shape()) + " differ in heads or length");
+  require(hk >= 1 && h % hk == 0, op, "query heads " + std::to_string(h) + " not a multiple of kv heads " + std::to_string(hk));
+  // The backend reads rows of the last dim in place: unit inner stride, row stride a valid leading dim.
+  auto unit_last = [](const Tensor& t) {
+    const bool ok = t.strides()[3] == 1 && (t.strides()[2] >= t.size(3) || t.size(2) == 1);
+    return ok ? t : contiguous(t);
+  };
+  Tensor mask4;
+  if (mask.defined()) {
+    require_f32(mask, op, "mask");
+    require_same_device(q, mask, op);
+    mask4 = broadcast_to(mask, {b, h, sq, sk}, op);
+    if (mask4.strides()[3] != 1 && mask4.strides()[3] != 0) mask4 = broadcast_to(contiguous(mask), {b, h, sq, sk}, op);
+  }
+  if (scale == 0.0f) scale = float(1.0 / std::sqrt(double(d)));
+  Tensor out = empty_like_shape(q, {b, h, sq, dv});
+  backend_of(q).attention(out, unit_last(q), unit_last(k), unit_last(v), mask4, scale);
+  return out;
+}
+
+Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads, const Tensor& mask) {
+  const std::string op = "multi_head_attention";
+  require_f32(q, op, "q");
+  require_f32(k, op, "k");
+  require_f32(v, op, "v");
+  if (kv_heads == 0) kv_heads = heads;
+  Tensor qh = split_heads(q, heads, op);
+  Tensor kh = split_heads(k, kv_heads, op);
+  Tensor vh = split_heads(v, kv_heads, op);
+  Tensor o = attention(qh, kh, vh, mask);                  // [B, H, Sq, Dv]
+  Tensor merged = contiguous(o.permute({0, 2, 1, 3}));      // [B, Sq, H, Dv]
+  return merged.reshape({q.size(0), q.size(1), heads * vh.size(3)});
+}
+
+}  // namespace atelier::ops
