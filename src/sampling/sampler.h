@@ -94,6 +94,9 @@ struct ModelCall {
   int index = 0;           // absolute index into timesteps()
   float timestep = 0.0f;   // what the model gets (fractional for Euler-type samplers)
   float input_scale = 1.0f;  // c_in: model input = sample * input_scale (scale_model_input)
+  // diffusers divides instead: model input = sample / input_divisor, bit-exact with its float32 rounding
+  // (input_scale = 1 / input_divisor; the product differs from the quotient by at most an ulp).
+  float input_divisor = 1.0f;
 };
 
 // img2img noising at the first planned timestep: noisy = x0 * image + noise * noise_tensor (add_noise).

@@ -42,11 +42,9 @@ std::string lower_trimmed(std::string_view s) {
   return out;
 }
 
-std::string lower(std::string_view s) { return lower_trimmed(s); }
-
 const NameEntry* find_base(const std::string& name) {
   for (const auto& e : kNames) {
-    if (name == e.ours || name == lower(e.a1111)) return &e;
+    if (name == e.ours || name == lower_trimmed(e.a1111)) return &e;
   }
   // "euler_ancestral" and "euler ancestral" are common spellings of the same sampler.
   if (name == "euler_ancestral" || name == "euler ancestral") return &kNames[1];

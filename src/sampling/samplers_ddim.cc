@@ -24,7 +24,7 @@ class AlphaSampler : public Sampler {
   // set_alpha_to_one: the "previous" alpha-bar before timestep 0.
   float final_alpha_bar() const { return config_.set_alpha_to_one ? 1.0f : train_.alphas_cumprod.front(); }
 
-  ModelCall make_call(int i) const override { return {i, timesteps_[size_t(i)], 1.0f}; }
+  ModelCall make_call(int i) const override { return {i, timesteps_[size_t(i)], 1.0f, 1.0f}; }
   NoiseRule make_noise_rule(int i) const override {
     const float a = alpha_bar(int(timesteps_[size_t(i)]));
     return {std::sqrt(a), std::sqrt(1.0f - a)};

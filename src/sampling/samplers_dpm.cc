@@ -64,7 +64,7 @@ class DPMSolverSampler final : public Sampler {
   }
 
  protected:
-  ModelCall make_call(int i) const override { return {i, timesteps_[size_t(i)], 1.0f}; }
+  ModelCall make_call(int i) const override { return {i, timesteps_[size_t(i)], 1.0f, 1.0f}; }
 
   NoiseRule make_noise_rule(int i) const override {
     // add_noise in float32: alpha_t = 1 / (sigma^2 + 1) ** 0.5, sigma_t = sigma * alpha_t.

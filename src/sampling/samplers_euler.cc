@@ -7,8 +7,11 @@
 namespace atelier::sampling::detail {
 namespace {
 
-// 1 / sqrt(sigma^2 + 1), the (sigma**2 + 1) ** 0.5 evaluated in float32 as torch does.
-float input_scale_for(float sigma) { return float(1.0 / double(std::sqrt(sigma * sigma + 1.0f))); }
+// scale_model_input: sample / (sigma**2 + 1) ** 0.5, the divisor evaluated in float32 as torch does.
+ModelCall sigma_call(int index, float timestep, float sigma) {
+  const float divisor = std::sqrt(sigma * sigma + 1.0f);
+  return {index, timestep, float(1.0 / double(divisor)), divisor};
+}
 
 // set_timesteps shared by the three classes (Heun has no final_sigmas_type / sigma_min / sigma_max and
 // ends on 0). Returns timesteps (float32 values in double) and sigmas without the final entry.
@@ -68,7 +71,7 @@ class EulerSampler final : public SigmaSampler {
   }
 
  protected:
-  ModelCall make_call(int i) const override { return {i, timesteps_[size_t(i)], input_scale_for(sigmas_[size_t(i)])}; }
+  ModelCall make_call(int i) const override { return sigma_call(i, timesteps_[size_t(i)], sigmas_[size_t(i)]); }
 
   // s_churn = 0 (the pipeline's default), so sigma_hat = sigma and no noise is drawn.
   StepUpdate make_update(int i) const override {
@@ -97,7 +100,7 @@ class EulerAncestralSampler final : public SigmaSampler {
   }
 
  protected:
-  ModelCall make_call(int i) const override { return {i, timesteps_[size_t(i)], input_scale_for(sigmas_[size_t(i)])}; }
+  ModelCall make_call(int i) const override { return sigma_call(i, timesteps_[size_t(i)], sigmas_[size_t(i)]); }
 
   StepUpdate make_update(int i) const override {
     const float from = sigmas_[size_t(i)], to = sigmas_[size_t(i) + 1];
@@ -141,7 +144,7 @@ class HeunSampler final : public SigmaSampler {
   }
 
  protected:
-  ModelCall make_call(int i) const override { return {i, timesteps_[size_t(i)], input_scale_for(sigmas_[size_t(i)])}; }
+  ModelCall make_call(int i) const override { return sigma_call(i, timesteps_[size_t(i)], sigmas_[size_t(i)]); }
 
   StepUpdate make_update(int i) const override {
     // begin_index is t_start * 2, so first-order calls are the even ones.

@@ -1,7 +1,11 @@
 #include "sampling/schedule.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 
 namespace atelier::sampling {
 namespace {
@@ -9,6 +13,19 @@ namespace {
 constexpr double kMaxBeta = 0.999;       // betas_for_alpha_bar's cap
 constexpr double kKarrasRho = 7.0;       // "7.0 is the value used in the paper"
 constexpr double kMinSigmaForLog = 1e-10;
+// numpy's float32 log kernel: log(x) = e * ln2 + P(y) / Q(y), y = m - 1 with the mantissa m in
+// (sqrt(1/2), sqrt(2)], P and Q degree-5 minimax polynomials evaluated with FMAs.
+constexpr float kLogP[6] = {0.0f, 9.999999999999998702752e-01f, 2.112677543073053063722e+00f,
+                            1.480000633576506585156e+00f, 3.808837741388407920751e-01f,
+                            2.589979117907922693523e-02f};
+constexpr float kLogQ[6] = {1.0f, 2.612677543073109236779e+00f, 2.453006071784736363091e+00f,
+                            9.864942958519418960339e-01f, 1.546476374983906719538e-01f,
+                            5.875095403124574342950e-03f};
+constexpr float kLn2f = 0.693147180559945309417232121458176568f;
+constexpr float kSqrtHalff = 0.707106781186547524400844362104849039f;
+constexpr uint32_t kTwoPow100Bits = 0x71800000u;  // denormals are scaled by 2^100 first
+constexpr float kDenormalShift = 100.0f;
+
 constexpr float kZeroSnrAlphaBar = 1.0f / 16777216.0f;  // 2**-24, diffusers' stand-in for alpha_bar = 0
 
 // betas_for_alpha_bar: python float64 loop, stored as float32.
@@ -102,6 +119,36 @@ std::vector<double> np_arange(double start, double stop, double step) {
   return out;
 }
 
+float numpy_log_f32(float x) {
+  if (std::isnan(x) || (std::isinf(x) && x > 0)) return x;
+  if (x < 0) return -std::numeric_limits<float>::quiet_NaN();
+  if (x == 0) return -std::numeric_limits<float>::infinity();
+  float shift = 0.0f;
+  if (x < FLT_MIN) {
+    float scale;
+    std::memcpy(&scale, &kTwoPow100Bits, sizeof scale);
+    x *= scale;
+    shift = kDenormalShift;
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  float e = float(int(bits >> 23) - 126) - shift;  // x = m * 2^e with m in [0.5, 1)
+  const uint32_t mbits = (bits & 0x007FFFFFu) | 0x3F000000u;
+  float m;
+  std::memcpy(&m, &mbits, sizeof m);
+  if (m <= kSqrtHalff) {
+    m = m + m;
+    e = e - 1.0f;
+  }
+  const float y = m - 1.0f;
+  float num = kLogP[5], den = kLogQ[5];
+  for (int k = 4; k >= 0; --k) {
+    num = std::fma(num, y, kLogP[k]);
+    den = std::fma(den, y, kLogQ[k]);
+  }
+  return std::fma(e, kLn2f, num / den);
+}
+
 double np_round(double x) {
   // Round half to even, independent of the current floating-point rounding mode.
   const double r = std::round(x);
@@ -137,7 +184,7 @@ Expected<TrainSchedule> make_train_schedule(const SchedulerConfig& c) {
   for (int i = 0; i < n; ++i) {
     const float a = ts.alphas_cumprod[i];
     ts.sigmas[i] = std::sqrt((1.0f - a) / a);
-    ts.log_sigmas[i] = float(std::log(double(ts.sigmas[i])));
+    ts.log_sigmas[i] = numpy_log_f32(ts.sigmas[i]);
   }
   return ts;
 }

@@ -18,6 +18,9 @@ std::vector<double> np_linspace(double start, double end, int n, bool endpoint =
 std::vector<double> np_arange(double start, double stop, double step);
 // np.round: round half to even.
 double np_round(double x);
+// np.log on a float32 array as numpy computes it on x86-64 (its AVX2/AVX512F kernel: a rational
+// approximation that is not correctly rounded; diffusers' log-sigma tables come from it).
+float numpy_log_f32(float x);
 
 // The training schedule: betas and alphas_cumprod as diffusers' __init__ builds them (float32), including
 // rescale_betas_zero_snr (whose last alphas_cumprod entry becomes 2^-24).

@@ -10,9 +10,9 @@ namespace {
 using nlohmann::json;
 
 // Bare Python-json words are replaced by these strings before parsing, then turned back into floats.
-constexpr const char* kNegInfToken = "\x01atelier:-Infinity";
-constexpr const char* kPosInfToken = "\x01atelier:Infinity";
-constexpr const char* kNanToken = "\x01atelier:NaN";
+constexpr const char* kNegInfToken = "@@atelier:-Infinity@@";
+constexpr const char* kPosInfToken = "@@atelier:Infinity@@";
+constexpr const char* kNanToken = "@@atelier:NaN@@";
 
 // The __init__ signatures of diffusers 0.40's scheduler classes (parameter name -> default).
 json euler_defaults() {
