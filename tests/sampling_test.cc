@@ -820,6 +820,7 @@ TEST(SamplingReference, StepsMatchALiteralTranscriptionOfDiffusers) {
   variants.push_back({"ddim", {{"clip_sample", true}, {"clip_sample_range", 1.5}, {"timestep_spacing", "trailing"}}});
   variants.push_back({"heun", {{"clip_sample", true}, {"timestep_spacing", "leading"}}});
   variants.push_back({"lcm", {{"clip_sample", true}, {"original_inference_steps", 40}}});
+  variants.push_back({"lcm", {{"timestep_scaling", 0.05}}});  // makes c_skip matter
   variants.push_back({"euler", {{"timestep_spacing", "trailing"}, {"final_sigmas_type", "sigma_min"}}});
   variants.push_back({"euler_a", {{"timestep_spacing", "leading"}}});
   double worst = 0;
