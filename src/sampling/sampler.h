@@ -2,22 +2,41 @@
 // as a linear combination of tensors so that a batch of samples at DIFFERENT steps of DIFFERENT samplers is
 // advanced with one fused ops::lincomb_per_sample per output (see sampling/stepper.h).
 //
-// What a pipeline does for one sample (mirrors diffusers' StableDiffusionPipeline / Img2ImgPipeline):
+// The call sequence a pipeline follows for one sample, mirroring diffusers' StableDiffusionPipeline and
+// StableDiffusionImg2ImgPipeline (gen = the pipeline's torch-compatible generator, latent shape [1, 4, h, w]):
 //
-//   auto s = make_sampler(model_scheduler_json, "DPM++ 2M Karras", steps);   // set_timesteps(steps)
-//   s->set_noise_source(fn);   // euler_a, dpmpp_2m_sde, lcm draw randn(sample shape) from it during sampling
-//   txt2img:  x = initial_noise * s->init_noise_sigma();                      // prepare_latents
-//   img2img:  s->set_strength(strength);                                      // get_timesteps + set_begin_index
-//             NoiseRule r = s->noise_rule();  x = r.x0 * image_latents + r.noise * noise;   // scheduler.add_noise
-//   while (!s->done()) {
-//     ModelCall call = s->next_call();
-//     model_in = x * call.input_scale;          // scheduler.scale_model_input (duplicate it for CFG)
-//     eps = unet(model_in, call.timestep, ...); // then combine cond/uncond: CFG is not the sampler's business
-//     x = apply_step({s}, x, eps);              // scheduler.step (stepper.h); or x = s->step(x, eps)
-//   }
+//   auto s = make_sampler(model_scheduler_json, "DPM++ 2M Karras", steps).value();  // from_config + set_timesteps
+//   s->set_noise_source([&](const Shape& shape) { return randn(gen, shape); });     // same generator as below
+//   txt2img (prepare_latents):
+//     x = randn(gen, latent shape) * s->init_noise_sigma();
+//   img2img (get_timesteps, prepare_latents):
+//     s->set_strength(strength);                       // before any call; begin_index = t_start * order
+//     z = vae.encode(image).latent_dist.sample(gen) * scaling_factor;   // draws from gen first
+//     noise = randn(gen, latent shape);                                 // then the add_noise draw
+//     NoiseRule r = s->noise_rule();   x = r.x0 * z + r.noise * noise;   // scheduler.add_noise at timesteps[begin]
+//   denoising loop:
+//     while (!s->done()) {
+//       ModelCall c = s->next_call();
+//       in = x / c.input_divisor;                      // scale_model_input (or x * c.input_scale)
+//       out = unet(cat([in, in]), c.timestep, ...);    // CFG batch; the timestep is a float (fractional for
+//       eps = uncond + g * (cond - uncond);            //   Euler-type plans, whole numbers for DDIM/DPM/LCM)
+//       x = s->step(x, eps);                           // scheduler.step; draws from gen where diffusers does
+//     }
+//     image = vae.decode(x / scaling_factor)
 //
-// One "call" is one model evaluation: Heun makes two per step, exactly as diffusers' HeunDiscreteScheduler
-// iterates a doubled timestep list with one scheduler.step per model call.
+// Batched (the server): x and the model outputs are [S, ...] with row s belonging to samplers[s];
+// scale_model_inputs() and model_timesteps() give the model's inputs, apply_step() replaces scheduler.step.
+//
+// Noise drawn during sampling, in diffusers' order (one draw of the sample's shape per model call):
+//   euler_a: every call, the last included (its coefficient is 0 there); dpmpp_2m_sde: every call, the last
+//   included (DPMSolverMultistepScheduler draws plain randn, no Brownian tree); lcm: every call but the last;
+//   euler (s_churn 0), heun, ddim (eta 0), dpmpp_2m: never.
+// A diffusers batch of B images sharing one generator draws [B, ...] at once; to reproduce it with one
+// sampler per image, the pipeline draws the batch and hands each sampler its row (or runs one sampler on
+// the whole [B, ...] tensor with step(), which passes the full shape to the noise source).
+//
+// One "call" is one model evaluation: Heun makes two per step (its last step only one), exactly as
+// diffusers' HeunDiscreteScheduler iterates a doubled timestep list with one scheduler.step per model call.
 #pragma once
 #include <array>
 #include <cstdint>
