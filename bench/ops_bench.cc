@@ -7,6 +7,7 @@
 
 #include <random>
 
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/ops.h"
 
 namespace atelier {
@@ -46,6 +47,30 @@ void BM_Attention_4096x40(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * heads * s * s * d, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_Attention_4096x40)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The portable GEMM path that CPUs without AVX-512 take.
+void BM_Attention_4096x40_GemmPath(benchmark::State& state) {
+  cpu::set_fused_attention(false);
+  BM_Attention_4096x40(state);
+  cpu::set_fused_attention(true);
+}
+BENCHMARK(BM_Attention_4096x40_GemmPath)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Cross-attention shape: 4096 queries over 77 text tokens.
+void BM_CrossAttention_4096x77(benchmark::State& state) {
+  set_threads(state);
+  Tensor q = random_tensor({2, 8, 4096, 40}, 1), k = random_tensor({2, 8, 77, 40}, 2), v = random_tensor({2, 8, 77, 40}, 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::attention(q, k, v));
+}
+BENCHMARK(BM_CrossAttention_4096x77)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// SD 2.x / FLUX-like head width.
+void BM_Attention_1024x64(benchmark::State& state) {
+  set_threads(state);
+  Tensor q = random_tensor({1, 10, 1024, 64}, 1), k = random_tensor({1, 10, 1024, 64}, 2), v = random_tensor({1, 10, 1024, 64}, 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::attention(q, k, v));
+}
+BENCHMARK(BM_Attention_1024x64)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Linear_4096x320x1280_Gelu(benchmark::State& state) {
   set_threads(state);
@@ -110,6 +135,54 @@ void BM_Pad2d_64x64x320(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ops::pad2d(x, 0, 1, 0, 1));
 }
 BENCHMARK(BM_Pad2d_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// FLUX-like head width 128 (2 heads of 4096 tokens), both paths, and the 64-wide shape on the GEMM path.
+void BM_Attention_4096x128(benchmark::State& state) {
+  set_threads(state);
+  Tensor q = random_tensor({1, 2, 4096, 128}, 1), k = random_tensor({1, 2, 4096, 128}, 2), v = random_tensor({1, 2, 4096, 128}, 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::attention(q, k, v));
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * 2 * 4096 * 4096 * 128, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_Attention_4096x128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Attention_4096x128_GemmPath(benchmark::State& state) {
+  cpu::set_fused_attention(false);
+  BM_Attention_4096x128(state);
+  cpu::set_fused_attention(true);
+}
+BENCHMARK(BM_Attention_4096x128_GemmPath)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Attention_1024x64_GemmPath(benchmark::State& state) {
+  cpu::set_fused_attention(false);
+  BM_Attention_1024x64(state);
+  cpu::set_fused_attention(true);
+}
+BENCHMARK(BM_Attention_1024x64_GemmPath)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// VAE decoder shapes at 512 px: the last level's conv3x3 (128 channels at 512x512) and the mid-block's
+// single-head attention over 64x64 = 4096 tokens of 512 channels.
+void BM_VaeConv3x3_512x512x128(benchmark::State& state) {
+  set_threads(state);
+  Tensor x = random_tensor({1, 128, 512, 512}, 1), w = random_tensor({128, 128, 3, 3}, 2, 0.02f), b = random_tensor({128}, 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::conv2d(x, w, b, {1, 1, 1, 1, 1, 1, 1}));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 128 * 128 * 9 * 512 * 512, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_VaeConv3x3_512x512x128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_VaeAttention_4096x512(benchmark::State& state) {
+  set_threads(state);
+  Tensor q = random_tensor({1, 1, 4096, 512}, 1), k = random_tensor({1, 1, 4096, 512}, 2), v = random_tensor({1, 1, 4096, 512}, 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::attention(q, k, v));
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * 4096 * 4096 * 512, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_VaeAttention_4096x512)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_VaeAttention_4096x512_GemmPath(benchmark::State& state) {
+  cpu::set_fused_attention(false);
+  BM_VaeAttention_4096x512(state);
+  cpu::set_fused_attention(true);
+}
+BENCHMARK(BM_VaeAttention_4096x512_GemmPath)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The UNet transformer's residual: tokens [B, HW, C] viewed back as NCHW plus the NCHW input.
 void BM_AddPermuted_64x64x320(benchmark::State& state) {

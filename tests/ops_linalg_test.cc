@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/ops.h"
 #include "ops_test_util.h"
 
@@ -275,10 +276,22 @@ std::vector<double> ref_attention(const Tensor& q, const Tensor& k, const Tensor
   return out;
 }
 
-TEST(OpsAttention, OddLengthsGqaAndValueWidth) {
+// Every attention test runs twice: through the fused AVX-512 kernel (where the CPU has it) and through
+// the portable GEMM path.
+class OpsAttention : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { cpu::set_fused_attention(GetParam()); }
+  void TearDown() override { cpu::set_fused_attention(true); }
+};
+INSTANTIATE_TEST_SUITE_P(OpsPaths, OpsAttention, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "Fused" : "Gemm"; });
+
+TEST_P(OpsAttention, OddLengthsGqaAndValueWidth) {
   struct Case { int64_t b, h, hk, sq, sk, d, dv; };
   for (const Case& c : {Case{1, 1, 1, 1, 1, 1, 1}, Case{2, 4, 4, 77, 77, 8, 8}, Case{1, 8, 2, 129, 7, 40, 40},
-                        Case{2, 3, 1, 5, 300, 16, 24}, Case{1, 2, 2, 1000, 1100, 8, 8}}) {
+                        Case{2, 3, 1, 5, 300, 16, 24}, Case{1, 2, 2, 1000, 1100, 8, 8},
+                        Case{1, 2, 1, 19, 600, 96, 90}, Case{1, 1, 1, 33, 513, 64, 64}, Case{1, 1, 1, 17, 256, 40, 48},
+                        Case{1, 1, 1, 9, 70, 128, 100}}) {
     Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 1), k = random_tensor({c.b, c.hk, c.sk, c.d}, 2),
            v = random_tensor({c.b, c.hk, c.sk, c.dv}, 3);
     const double scale = 1.0 / std::sqrt(double(c.d));
@@ -287,7 +300,7 @@ TEST(OpsAttention, OddLengthsGqaAndValueWidth) {
   }
 }
 
-TEST(OpsAttention, BroadcastMasks) {
+TEST_P(OpsAttention, BroadcastMasks) {
   const int64_t b = 2, h = 3, sq = 9, sk = 11, d = 8;
   Tensor q = random_tensor({b, h, sq, d}, 1), k = random_tensor({b, h, sk, d}, 2), v = random_tensor({b, h, sk, d}, 3);
   const double scale = 1.0 / std::sqrt(double(d));
@@ -319,7 +332,25 @@ TEST(OpsAttention, BroadcastMasks) {
   }
 }
 
-TEST(OpsAttention, PermutedViewsAndMultiHead) {
+TEST_P(OpsAttention, LeadingMaskedKeysAndFullyMaskedRow) {
+  // Rows 0-3 see -inf over their first 400 keys (whole key chunks of the fused kernel masked before any
+  // finite score), row 4 sees -inf everywhere: torch gives NaN there, and so must we.
+  const int64_t sq = 5, sk = 700, d = 8;
+  Tensor q = random_tensor({1, 1, sq, d}, 1), k = random_tensor({1, 1, sk, d}, 2), v = random_tensor({1, 1, sk, d}, 3);
+  std::vector<float> mv(size_t(sq * sk), 0.0f);
+  for (int64_t i = 0; i < sq; ++i)
+    for (int64_t j = 0; j < sk; ++j)
+      if (j < 400 || i == 4) mv[i * sk + j] = -INFINITY;
+  Tensor mask = Tensor::from_vector(mv, {sq, sk});
+  std::vector<double> full(mv.begin(), mv.end());
+  const std::vector<double> ref = ref_attention(q, k, v, &full, 1.0 / std::sqrt(double(d)));
+  const std::vector<float> out = ops::attention(q, k, v, mask).to_vector();
+  EXPECT_LE(test::rel_l2(std::vector<float>(out.begin(), out.begin() + 4 * d), test::to_float(std::vector<double>(ref.begin(), ref.begin() + 4 * d))),
+            test::kOpsTol);
+  for (int64_t c = 0; c < d; ++c) EXPECT_TRUE(std::isnan(out[4 * d + c]));
+}
+
+TEST_P(OpsAttention, PermutedViewsAndMultiHead) {
   // q/k/v as [B, S, H, D] permuted to [B, H, S, D]: strided views with unit last stride.
   const int64_t b = 2, s = 33, h = 4, d = 10, sk = 17;
   Tensor qs = random_tensor({b, s, h, d}, 1), ks = random_tensor({b, sk, h, d}, 2), vs = random_tensor({b, sk, h, d}, 3);

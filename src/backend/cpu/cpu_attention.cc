@@ -1,6 +1,7 @@
-// Scaled dot-product attention on the CPU: per (batch, head, block of queries) two GEMMs around a
-// row softmax. Only one block of the score matrix exists per thread at a time, so memory stays bounded
-// for long sequences (SD at 1024 px attends over 16k tokens).
+// Scaled dot-product attention on the CPU. AVX-512 CPUs take the fused kernel (cpu_attention_fused.cc);
+// this file is the portable path: per (batch, head, block of queries) two GEMMs around a row softmax.
+// Only one block of the score matrix exists per thread at a time, so memory stays bounded for long
+// sequences (SD at 1024 px attends over 16k tokens).
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -31,6 +32,7 @@ void CpuBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const 
   const int64_t group = h / hk;
   if (out.numel() == 0) return;
   ATELIER_CHECK(sk > 0, "attention over an empty key sequence");
+  if (cpu::attention_fused(out, q, k, v, mask, scale)) return;
 
   const int threads = cpu::max_threads();
   int64_t bq = std::clamp(kScoreBudgetFloats / sk, kMinQueryBlock, kMaxQueryBlock);
