@@ -6,6 +6,7 @@
 #include <cmath>
 #include <memory>
 
+#include "core/trace.h"
 #include "models/sd/unet.h"
 
 namespace atelier {
@@ -40,6 +41,7 @@ void run_step(benchmark::State& state, const UNetConfig& config, int64_t latent)
   const Tensor x = wave({kBatch, config.in_channels, latent, latent}, 0.37f);
   const Tensor ctx = wave({kBatch, kTokens, config.cross_attention_dim[0]}, 0.11f);
   const Tensor t = Tensor::from_vector({999.0f, 500.0f}, {kBatch});
+  const uint64_t flops0 = trace::thread_flops();
   for (auto _ : state) {
     auto out = unet->forward(x, t, ctx);
     if (!out) {
@@ -49,6 +51,8 @@ void run_step(benchmark::State& state, const UNetConfig& config, int64_t latent)
     benchmark::DoNotOptimize(out->raw());
   }
   state.counters["latent"] = double(latent);
+  // The engine's FLOP count (core/trace.h) as a rate over the iterations' wall time.
+  state.counters["FLOP/s"] = benchmark::Counter(double(trace::thread_flops() - flops0), benchmark::Counter::kIsRate);
 }
 
 void BM_UnetStepSd15Tiny(benchmark::State& state) { run_step(state, tiny_config(), 16); }

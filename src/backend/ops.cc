@@ -6,8 +6,15 @@
 #include <cmath>
 #include <string>
 
+#include "core/trace.h"
+
 namespace atelier::ops {
 namespace {
+
+using trace::Category;
+
+// FLOPs as torch's FlopCounterMode counts them: 2 per multiply-add (see core/trace.h).
+uint64_t gemm_flops(int64_t batch, int64_t m, int64_t n, int64_t k) { return 2 * uint64_t(batch) * uint64_t(m) * uint64_t(n) * uint64_t(k); }
 
 [[noreturn]] void fail(const std::string& op, const std::string& msg) {
   throw Error(invalid_argument(op + ": " + msg));
@@ -113,6 +120,7 @@ Tensor split_heads(const Tensor& x, int64_t heads, const std::string& op) {
 
 // --- layout ---------------------------------------------------------------------------------------
 
+// No range of its own: most calls return x unchanged, and a copy shows up as the clone it makes.
 Tensor contiguous(const Tensor& x) {
   require_defined(x, "contiguous", "x");
   if (x.is_contiguous()) return x;
@@ -120,6 +128,7 @@ Tensor contiguous(const Tensor& x) {
 }
 
 Tensor clone(const Tensor& x) {
+  trace::Scope range("clone", Category::kOp);
   require_defined(x, "clone", "x");
   Tensor out = empty_like_shape(x, x.shape());
   backend_of(x).copy(out, x);
@@ -127,6 +136,7 @@ Tensor clone(const Tensor& x) {
 }
 
 Tensor cast(const Tensor& x, DType dtype) {
+  trace::Scope range("cast", Category::kOp);
   require_defined(x, "cast", "x");
   Tensor out = Tensor::empty(x.shape(), dtype, x.device());
   backend_of(x).copy(out, x);
@@ -134,12 +144,14 @@ Tensor cast(const Tensor& x, DType dtype) {
 }
 
 Tensor to_device(const Tensor& x, Device dev) {
+  trace::Scope range("to_device", Category::kOp);
   require_defined(x, "to_device", "x");
   if (x.device() == dev) return x;
   return contiguous(x).to(dev);
 }
 
 Tensor concat(const std::vector<Tensor>& xs, int dim) {
+  trace::Scope range("concat", Category::kOp);
   require(!xs.empty(), "concat", "no inputs");
   const Tensor& first = xs[0];
   require_defined(first, "concat", "xs[0]");
@@ -169,6 +181,7 @@ Tensor concat(const std::vector<Tensor>& xs, int dim) {
 }
 
 std::vector<Tensor> chunk(const Tensor& x, int n, int dim) {
+  trace::Scope range("chunk", Category::kOp);
   require_defined(x, "chunk", "x");
   const int d = normalize_dim(dim, x.dim(), "chunk");
   require(n > 0 && x.shape()[d] % n == 0, "chunk",
@@ -184,6 +197,7 @@ std::vector<Tensor> chunk(const Tensor& x, int n, int dim) {
 // (source index floor(dst * (1/f))). One strided copy: out seen as [N, C, H, f, W, f], the input
 // broadcast over the two f dims.
 Tensor upsample_nearest2d(const Tensor& x, int factor) {
+  trace::Scope range("upsample_nearest2d", Category::kOp);
   require_defined(x, "upsample_nearest2d", "x");
   require(x.dim() == 4, "upsample_nearest2d", "expects x [N, C, H, W], got " + shape_str(x.shape()));
   require(factor >= 1, "upsample_nearest2d", "factor must be a positive integer, got " + std::to_string(factor));
@@ -198,6 +212,7 @@ Tensor upsample_nearest2d(const Tensor& x, int factor) {
 }
 
 Tensor pad2d(const Tensor& x, int left, int right, int top, int bottom, float value) {
+  trace::Scope range("pad2d", Category::kOp);
   require_defined(x, "pad2d", "x");
   require(x.dim() == 4, "pad2d", "expects x [N, C, H, W], got " + shape_str(x.shape()));
   require(left >= 0 && right >= 0 && top >= 0 && bottom >= 0, "pad2d", "negative padding is not supported");
@@ -211,6 +226,7 @@ Tensor pad2d(const Tensor& x, int left, int right, int top, int bottom, float va
 }
 
 Tensor embedding(const Tensor& ids, const Tensor& table) {
+  trace::Scope range("embedding", Category::kOp);
   const std::string op = "embedding";
   require_defined(ids, op, "ids");
   require_f32(table, op, "table");
@@ -231,6 +247,7 @@ Tensor embedding(const Tensor& ids, const Tensor& table) {
 // --- elementwise ----------------------------------------------------------------------------------
 
 Tensor unary(const Tensor& x, UnaryOp op) {
+  trace::Scope range("unary", Category::kOp);
   require_f32(x, "unary", "x");
   Tensor xc = contiguous(x);
   Tensor out = empty_like_shape(xc, xc.shape());
@@ -239,6 +256,7 @@ Tensor unary(const Tensor& x, UnaryOp op) {
 }
 
 Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op) {
+  trace::Scope range("binary", Category::kOp);
   require_f32(a, "binary", "a");
   require_f32(b, "binary", "b");
   require_same_device(a, b, "binary");
@@ -250,6 +268,7 @@ Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op) {
 }
 
 Tensor affine(const Tensor& x, float alpha, float beta) {
+  trace::Scope range("affine", Category::kOp);
   require_f32(x, "affine", "x");
   Tensor xc = contiguous(x);
   Tensor out = empty_like_shape(xc, xc.shape());
@@ -289,14 +308,17 @@ Tensor lincomb_impl(const std::vector<Tensor>& xs, const std::vector<float>& coe
 }  // namespace
 
 Tensor lincomb(const std::vector<Tensor>& xs, const std::vector<float>& coeffs) {
+  trace::Scope range("lincomb", Category::kOp);
   return lincomb_impl(xs, coeffs, false, "lincomb");
 }
 
 Tensor lincomb_per_sample(const std::vector<Tensor>& xs, const std::vector<float>& coeffs) {
+  trace::Scope range("lincomb_per_sample", Category::kOp);
   return lincomb_impl(xs, coeffs, true, "lincomb_per_sample");
 }
 
 Tensor glu(const Tensor& x, UnaryOp act) {
+  trace::Scope range("glu", Category::kOp);
   require_f32(x, "glu", "x");
   require(x.dim() >= 1 && x.size(-1) % 2 == 0, "glu", "last dim must be even, got " + shape_str(x.shape()));
   Tensor xc = contiguous(x);
@@ -308,6 +330,7 @@ Tensor glu(const Tensor& x, UnaryOp act) {
 }
 
 Tensor softmax(const Tensor& x) {
+  trace::Scope range("softmax", Category::kOp);
   require_f32(x, "softmax", "x");
   require(x.dim() >= 1, "softmax", "needs at least one dim");
   Tensor xc = contiguous(x);
@@ -366,21 +389,27 @@ Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp ac
     out = empty_like_shape(x, shape);
   }
   Tensor out3 = out.reshape({1, a.size(1), w.size(0)});
+  trace::count_flops(gemm_flops(1, a.size(1), w.size(0), w.size(1)));
   backend_of(x).gemm(out3, a, bm, contiguous_opt(b), p);
   return out;
 }
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act) {
+  trace::Scope range("linear", Category::kOp);
+  if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w.shape()) + "^T");
   return linear_impl(x, w, b, act, Tensor(), "linear");
 }
 
 Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual) {
+  trace::Scope range("linear_residual", Category::kOp);
+  if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w.shape()) + "^T");
   require_defined(residual, "linear_residual", "residual");
   return linear_impl(x, w, b, UnaryOp::kIdentity, residual, "linear_residual");
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, float alpha) {
+  trace::Scope range("matmul", Category::kOp);
   const std::string op = "matmul";
   require_f32(a, op, "a");
   require_f32(b, op, "b");
@@ -405,12 +434,15 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, floa
   p.trans_a = trans_a;
   p.trans_b = trans_b;
   p.alpha = alpha;
+  trace::count_flops(gemm_flops(batch, m, n, ka));
+  if (range.active()) range.set_detail(shape_str(a.shape()) + (ta0 ? "^T" : "") + " x " + shape_str(b.shape()) + (tb0 ? "^T" : ""));
   backend_of(a).gemm(out, a3, b3, Tensor(), p);
   if (a.dim() == 2 && b.dim() == 2) return out.reshape({m, n});
   return out;
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p) {
+  trace::Scope range("conv2d", Category::kOp);
   const std::string op = "conv2d";
   require_f32(x, op, "x");
   require_f32(w, op, "w");
@@ -431,6 +463,9 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dPar
   require(hp >= ekh && wp >= ekw, op, "kernel " + shape_str(w.shape()) + " larger than the padded input " + shape_str(x.shape()));
   const int64_t ho = (hp - ekh) / p.stride_h + 1, wo = (wp - ekw) / p.stride_w + 1;
   Tensor out = empty_like_shape(x, {x.size(0), o, ho, wo});
+  // Every output element is a dot product over (C/g) * kh * kw inputs.
+  trace::count_flops(gemm_flops(x.size(0), o * ho, wo, (c / g) * w.size(2) * w.size(3)));
+  if (range.active()) range.set_detail(shape_str(x.shape()) + " * " + shape_str(w.shape()) + " -> " + shape_str(out.shape()));
   backend_of(x).conv2d(out, contiguous(x), contiguous(w), contiguous_opt(b), p);
   return out;
 }
@@ -446,6 +481,7 @@ void require_affine(const Tensor& t, int64_t size, const std::string& op, const 
 }  // namespace
 
 Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor& beta, float eps, UnaryOp act) {
+  trace::Scope range("group_norm", Category::kOp);
   const std::string op = "group_norm";
   require_f32(x, op, "x");
   require(x.dim() >= 2, op, "x must be [N, C, *], got " + shape_str(x.shape()));
@@ -459,6 +495,7 @@ Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
+  trace::Scope range("layer_norm", Category::kOp);
   const std::string op = "layer_norm";
   require_f32(x, op, "x");
   require(x.dim() >= 1, op, "x needs at least one dim");
@@ -471,6 +508,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
+  trace::Scope range("rms_norm", Category::kOp);
   const std::string op = "rms_norm";
   require_f32(x, op, "x");
   require(x.dim() >= 1, op, "x needs at least one dim");
@@ -484,6 +522,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
 // --- attention ------------------------------------------------------------------------------------
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {
+  trace::Scope range("attention", Category::kOp);
   const std::string op = "attention";
   require_f32(q, op, "q");
   require_f32(k, op, "k");
@@ -513,11 +552,15 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   }
   if (scale == 0.0f) scale = float(1.0 / std::sqrt(double(d)));
   Tensor out = empty_like_shape(q, {b, h, sq, dv});
+  // Q K^T and P V, as torch counts scaled_dot_product_attention; the softmax is not counted.
+  trace::count_flops(gemm_flops(b * h, sq, sk, d) + gemm_flops(b * h, sq, dv, sk));
+  if (range.active()) range.set_detail("q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape()));
   backend_of(q).attention(out, unit_last(q), unit_last(k), unit_last(v), mask4, scale);
   return out;
 }
 
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads, const Tensor& mask) {
+  trace::Scope range("multi_head_attention", Category::kOp);
   const std::string op = "multi_head_attention";
   require_f32(q, op, "q");
   require_f32(k, op, "k");

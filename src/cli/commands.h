@@ -2,9 +2,12 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <memory>
 #include <string>
 
+#include "core/trace.h"
 #include "pipeline/request.h"
+#include "pipeline/sd_bench.h"
 
 namespace atelier::cli {
 
@@ -12,6 +15,7 @@ struct GenerateOptions {
   std::string model;
   std::string tokenizer;
   std::string output = "atelier.png";
+  std::string trace;  // Chrome/Perfetto trace JSON of the run, when set
   GenerateRequest request;
 };
 void add_generate_command(CLI::App& app, GenerateOptions& o);
@@ -24,5 +28,27 @@ struct InfoOptions {
 };
 void add_info_command(CLI::App& app, InfoOptions& o);
 int run_info(const InfoOptions& o);
+
+struct BenchCliOptions {
+  BenchOptions bench;
+  bool json = false;
+  std::string trace;
+};
+void add_bench_command(CLI::App& app, BenchCliOptions& o);
+int run_bench(const BenchCliOptions& o);
+
+// Records every trace range of the process while alive and writes them as Chrome trace JSON to `path`
+// (nothing when empty). write() reports where it went or why not.
+class TraceFile {
+ public:
+  explicit TraceFile(std::string path);
+  // Synchronizes `dev`, resolves device times and writes the file; returns false (message printed) on error.
+  bool write(Device dev);
+
+ private:
+  std::string path_;
+  std::unique_ptr<trace::Recorder> recorder_;
+  std::unique_ptr<trace::GlobalAttach> attach_;
+};
 
 }  // namespace atelier::cli

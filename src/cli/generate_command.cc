@@ -36,6 +36,7 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_flag("--emphasis", r.emphasis, "Read A1111 (word:1.2) / [word] emphasis (default: literal, as diffusers)");
   c->add_option("--device", r.device, "cpu, cuda, cuda:N")->capture_default_str();
   c->add_option("--output", o.output, "Output PNG path; several images get -N suffixes")->capture_default_str();
+  c->add_option("--trace", o.trace, "Write a Chrome/Perfetto trace (JSON) of every stage and op to this file");
 }
 
 namespace {
@@ -59,6 +60,7 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "error: %s\n", dev.status().message().c_str());
     return 2;
   }
+  TraceFile trace_file(o.trace);
   SdLoadOptions lo;
   lo.tokenizer_dir = o.tokenizer;
   lo.prediction = o.request.prediction;
@@ -82,6 +84,7 @@ int run_generate(const GenerateOptions& o) {
   for (size_t i = 0; i < res->images.size(); ++i) {
     const GeneratedImage& g = res->images[i];
     const std::string path = output_path(o.output, i, res->images.size());
+    trace::Scope png_range("png_write", trace::Category::kStage, int64_t(i));
     if (Status st = write_png(path, g.image, {{"parameters", g.infotext}}); !st.is_ok()) {
       std::fprintf(stderr, "error: %s\n", st.message().c_str());
       return 1;
@@ -90,6 +93,7 @@ int run_generate(const GenerateOptions& o) {
     std::ofstream(sidecar) << g.info.dump(2) << "\n";
     std::printf("%s (seed %lld)\n", path.c_str(), static_cast<long long>(g.seed));
   }
+  if (!trace_file.write(*dev)) return 1;
   const StageTimes& t = res->times;
   std::fprintf(stderr, "text %.3f s, denoise %.3f s (%.1f ms/call), vae %.3f s, total %.3f s\n", t.text_encode_s,
                t.denoise_s, t.call_ms.empty() ? 0.0 : t.denoise_s * 1e3 / double(t.call_ms.size()), t.vae_s, t.total_s);

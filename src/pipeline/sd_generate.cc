@@ -1,5 +1,4 @@
 // SdPipeline::generate: a whole request (batch_count batches of batch_size images) through the stages.
-#include <chrono>
 #include <random>
 
 #include "backend/ops.h"
@@ -11,8 +10,7 @@
 namespace atelier {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+using trace::Category;
 
 constexpr uint32_t kMaxRandomSeed = 0xffffffffu;  // A1111 draws random seeds below 2^32
 
@@ -78,21 +76,21 @@ InfotextParams infotext_params(const SdModel& m, const Plan& p, int64_t seed) {
 }  // namespace
 
 Expected<GenerateResult> SdPipeline::generate(const GenerateRequest& request, const ProgressCallback& progress) const {
-  const auto t_start = Clock::now();
+  // This request's StageTimes come from its own ranges, recorded on this thread.
+  trace::Recorder stages(trace::kPipelineCategories);
+  trace::ThreadAttach attach(stages);
+  trace::Scope total(stage::kGenerate, Category::kStage);
   GenerateResult result;
   Status st = catch_status([&]() -> Status {
     const SdModel& m = *model_;
     const Device dev = m.unet->device();
     ATELIER_ASSIGN_OR_RETURN(Plan p, make_plan(m, request));
     const GenerateRequest& r = p.req;
-    StageTimes& times = result.times;
-    auto t0 = Clock::now();
     ATELIER_ASSIGN_OR_RETURN(Tensor cond1, encode_prompt(r.prompt, r.clip_skip, r.emphasis));
     Tensor uncond1;
     if (r.cfg_scale > 1.0f) {
       ATELIER_ASSIGN_OR_RETURN(uncond1, encode_prompt(r.negative_prompt, r.clip_skip, r.emphasis));
     }
-    times.text_encode_s = since(t0);
     const int f = m.vae->config().downscale_factor();
     const Shape latent_shape = {1, m.unet->config().in_channels, r.height / f, r.width / f};
     nlohmann::json overrides = {{"prediction_type", m.prediction == Prediction::kV ? "v_prediction" : "epsilon"}};
@@ -105,7 +103,6 @@ Expected<GenerateResult> SdPipeline::generate(const GenerateRequest& request, co
       std::vector<std::shared_ptr<NoiseGenerator>> gens;
       std::vector<Tensor> rows;
       std::vector<int64_t> seeds;
-      t0 = Clock::now();
       for (int i = 0; i < bs; ++i) {
         const int64_t seed = r.seed + int64_t(batch) * bs + i;  // A1111: consecutive seeds per image
         seeds.push_back(seed);
@@ -125,16 +122,13 @@ Expected<GenerateResult> SdPipeline::generate(const GenerateRequest& request, co
         samplers.push_back(s.get());
         owned.push_back(std::move(s));
       }
-      if (p.init_image.defined()) times.vae_s += since(t0);
-      t0 = Clock::now();
       Tensor x = ops::concat(rows, 0);
-      ATELIER_ASSIGN_OR_RETURN(x, denoise(samplers, x, cond, uncond, r.cfg_scale, batch, progress, &times));
-      times.denoise_s += since(t0);
-      t0 = Clock::now();
+      {
+        trace::Scope denoise_range(stage::kDenoise, Category::kStage, batch);
+        ATELIER_ASSIGN_OR_RETURN(x, denoise(samplers, x, cond, uncond, r.cfg_scale, batch, progress, nullptr));
+      }
       const Tensor images = decode(x);
-      backend_for(dev).synchronize();
-      times.vae_s += since(t0);
-      t0 = Clock::now();
+      trace::Scope encode_range(stage::kImageEncode, Category::kStage, batch);
       for (int i = 0; i < bs; ++i) {
         GeneratedImage g;
         g.seed = seeds[size_t(i)];
@@ -148,12 +142,12 @@ Expected<GenerateResult> SdPipeline::generate(const GenerateRequest& request, co
                   {"device", dev.str()}, {"infotext", g.infotext}};
         result.images.push_back(std::move(g));
       }
-      times.image_encode_s += since(t0);
     }
     return Status::ok();
   });
   if (!st.is_ok()) return st;
-  result.times.total_s = since(t_start);
+  total.finish();
+  result.times = StageTimes::from_events(stages.events());
   for (auto& g : result.images) g.info["timings"] = result.times.to_json();
   return result;
 }

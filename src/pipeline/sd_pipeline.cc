@@ -1,8 +1,8 @@
 #include "pipeline/sd_pipeline.h"
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "backend/ops.h"
@@ -15,8 +15,7 @@
 namespace atelier {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+using trace::Category;
 
 constexpr uint32_t kRandomSeedRange = 0xffffffffu;  // A1111 draws random seeds below 2^32
 
@@ -43,6 +42,17 @@ nlohmann::json StageTimes::to_json() const {
           {"mean_call_ms", mean_call}};
 }
 
+StageTimes StageTimes::from_events(const std::vector<trace::Event>& events) {
+  StageTimes t;
+  t.text_encode_s = trace::total_seconds(events, stage::kTextEncode);
+  t.denoise_s = trace::total_seconds(events, stage::kDenoise);
+  t.vae_s = trace::total_seconds(events, stage::kVaeDecode) + trace::total_seconds(events, stage::kVaeEncode);
+  t.image_encode_s = trace::total_seconds(events, stage::kImageEncode);
+  t.total_s = trace::total_seconds(events, stage::kGenerate);
+  for (const trace::Event* e : trace::named(events, stage::kModelCall)) t.call_ms.push_back(e->seconds() * 1e3);
+  return t;
+}
+
 std::string a1111_sampler_name(const std::string& sampler) {
   static const std::pair<const char*, const char*> kNames[] = {
       {"euler", "Euler"}, {"euler_a", "Euler a"}, {"heun", "Heun"}, {"ddim", "DDIM"},
@@ -61,6 +71,7 @@ std::string a1111_schedule_name(const std::string& schedule) {
 Expected<Tensor> SdPipeline::encode_prompt(const std::string& text, int clip_skip, bool emphasis) const {
   const SdModel& m = *model_;
   const Device dev = m.unet->device();
+  trace::Scope range(stage::kTextEncode, Category::kStage);
   if (clip_skip > m.text_encoder->max_clip_skip())
     return invalid_argument("clip skip " + std::to_string(clip_skip) + " is more than this text encoder allows (" +
                             std::to_string(m.text_encoder->max_clip_skip()) + ")");
@@ -82,8 +93,12 @@ Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samp
   const Tensor context = use_cfg ? ops::concat({uncond, cond}, 0) : cond;
   const int total = samplers.front()->calls_remaining();
   std::span<sampling::Sampler* const> span(samplers.data(), samplers.size());
+  // call_ms for `times` comes from this loop's own model_call ranges.
+  trace::Recorder calls(trace::bit(Category::kCall));
+  std::optional<trace::ThreadAttach> attach;
+  if (times) attach.emplace(calls);
   for (int call = 0; !samplers.front()->done(); ++call) {
-    const auto t0 = Clock::now();
+    trace::Scope call_range(stage::kModelCall, Category::kCall, call);
     Tensor x_in = sampling::scale_model_inputs(span, x);
     std::vector<float> ts = sampling::model_timesteps(span);
     if (use_cfg) {
@@ -91,7 +106,8 @@ Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samp
       ts.insert(ts.end(), ts.begin(), ts.end());
     }
     const Tensor t = Tensor::from_vector(ts, {int64_t(ts.size())}).to(x.device());
-    ATELIER_ASSIGN_OR_RETURN(Tensor out, unet.forward(x_in, t, context));
+    ATELIER_ASSIGN_OR_RETURN(Tensor out, unet.forward(x_in, t, context));  // opens the stage::kUnet range
+    trace::Scope step_range(stage::kSamplerStep, Category::kCall, call);
     Tensor eps = out;
     if (use_cfg) {  // noise_uncond + g * (noise_text - noise_uncond), in diffusers' order of operations
       const Tensor u = out.narrow(0, 0, batch), c = out.narrow(0, batch, batch);
@@ -100,28 +116,37 @@ Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samp
     Tensor denoised;
     x = sampling::apply_step(span, x, eps, progress ? &denoised : nullptr);
     backend_for(x.device()).synchronize();
-    if (times) times->call_ms.push_back(seconds_since(t0) * 1e3);
+    step_range.finish();
+    call_range.finish();
     if (progress && !progress({batch_index, call + 1, total, &x, denoised.defined() ? &denoised : nullptr}))
       return cancelled("generation cancelled");
   }
+  if (times)
+    for (const trace::Event* e : trace::named(calls.events(), stage::kModelCall)) times->call_ms.push_back(e->seconds() * 1e3);
   return x;
 }
 
 Tensor SdPipeline::decode(const Tensor& latents) const {
+  trace::Scope range(stage::kVaeDecode, Category::kStage);
   Tensor img = model_->vae->latents_to_image(latents);
   img = ops::affine(img, 0.5f, 0.5f);  // (image / 2 + 0.5).clamp(0, 1)
   img = ops::binary(img, Tensor::full({1}, 0.0f, img.device()), BinaryOp::kMax);
-  return ops::binary(img, Tensor::full({1}, 1.0f, img.device()), BinaryOp::kMin);
+  img = ops::binary(img, Tensor::full({1}, 1.0f, img.device()), BinaryOp::kMin);
+  backend_for(img.device()).synchronize();  // the range measures the work, not its launch
+  return img;
 }
 
 Tensor SdPipeline::encode_image(const Tensor& image01, NoiseGenerator& gen) const {
+  trace::Scope range(stage::kVaeEncode, Category::kStage);
   const Vae& vae = *model_->vae;
   const Device dev = model_->unet->device();
   const Tensor x = ops::affine(image01.to(dev), 2.0f, -1.0f);  // diffusers' normalize: 2 * x - 1
   const int f = vae.config().downscale_factor();
   const Shape lat = {x.size(0), vae.config().latent_channels, x.size(2) / f, x.size(3) / f};
   const Tensor noise = randn_tensor(gen, lat).to(dev);  // latent_dist.sample(generator) draws first
-  return vae.image_to_latents(x, noise);
+  Tensor latents = vae.image_to_latents(x, noise);
+  backend_for(dev).synchronize();
+  return latents;
 }
 
 }  // namespace atelier

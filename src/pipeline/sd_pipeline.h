@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/rng.h"
+#include "core/trace.h"
 #include "io/image.h"
 #include "pipeline/request.h"
 #include "pipeline/sd_model.h"
@@ -30,10 +31,26 @@ struct StepProgress {
 // Called after every model call; returning false cancels the request.
 using ProgressCallback = std::function<bool(const StepProgress&)>;
 
+// Names of the trace ranges (core/trace.h) the pipeline opens; StageTimes and `atelier bench` read them.
+namespace stage {
+inline constexpr const char* kGenerate = "generate";          // a whole request (category stage)
+inline constexpr const char* kTextEncode = "text_encode";     // one prompt through tokenizer + CLIP (stage)
+inline constexpr const char* kDenoise = "denoise";            // one batch's sampling loop (stage)
+inline constexpr const char* kModelCall = "model_call";       // UNet + CFG combine + sampler update (call)
+inline constexpr const char* kUnet = "unet";                  // one UNet forward (call; UNet::forward opens it)
+inline constexpr const char* kSamplerStep = "sampler_step";   // CFG combine + sampler update (call)
+inline constexpr const char* kVaeDecode = "vae_decode";       // latents -> pixels, one batch (stage)
+inline constexpr const char* kVaeEncode = "vae_encode";       // img2img init image -> latents (stage)
+inline constexpr const char* kImageEncode = "image_encode";   // tensors -> images + infotext (stage)
+}  // namespace stage
+
+// Wall times of a request, read from the trace events of its ranges (never measured separately).
 struct StageTimes {
   double text_encode_s = 0, denoise_s = 0, vae_s = 0, image_encode_s = 0, total_s = 0;
   std::vector<double> call_ms;  // wall time of each model call (UNet batch + sampler update)
   nlohmann::json to_json() const;
+  // Sums the pipeline ranges (stage:: names) of `events`: vae_s is VAE decode + encode.
+  static StageTimes from_events(const std::vector<trace::Event>& events);
 };
 
 struct GeneratedImage {
@@ -61,6 +78,7 @@ class SdPipeline {
   Expected<Tensor> encode_prompt(const std::string& text, int clip_skip, bool emphasis) const;
   // Runs every sampler to the end. x [B, C, h, w] initial latents (row b belongs to samplers[b]);
   // cond/uncond [B, 77, D]; cfg_scale <= 1 skips the unconditional rows (diffusers' rule).
+  // Opens the trace ranges model_call / unet / sampler_step per call; `times` (optional) gets call_ms.
   Expected<Tensor> denoise(const std::vector<sampling::Sampler*>& samplers, Tensor x, const Tensor& cond,
                            const Tensor& uncond, float cfg_scale, int batch_index,
                            const ProgressCallback& progress, StageTimes* times) const;

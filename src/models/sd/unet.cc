@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/trace.h"
 #include "models/common/weights.h"
 #include "models/sd/unet_keymap_compvis.h"
 
@@ -234,6 +235,9 @@ Status UNet::check_inputs(const Tensor& x, const Tensor& timesteps, const Tensor
 
 Expected<Tensor> UNet::forward(const Tensor& x, const Tensor& timesteps, const Tensor& context) const {
   ATELIER_RETURN_IF_ERROR(check_inputs(x, timesteps, context));
+  // Every UNet call is one trace range wherever it is called from (pipeline, batcher, bench); the pipeline
+  // names it stage::kUnet.
+  trace::Scope range("unet", trace::Category::kCall);
   Tensor out;
   ATELIER_RETURN_IF_ERROR(catch_status([&] {
     out = run(x, timesteps, context);

@@ -1,0 +1,32 @@
+// TraceFile: the --trace FILE option of generate and bench.
+#include <cstdio>
+
+#include "backend/backend.h"
+#include "cli/commands.h"
+
+namespace atelier::cli {
+
+TraceFile::TraceFile(std::string path) : path_(std::move(path)) {
+  if (path_.empty()) return;
+  recorder_ = std::make_unique<trace::Recorder>(trace::kAllCategories);
+  attach_ = std::make_unique<trace::GlobalAttach>(*recorder_);
+}
+
+bool TraceFile::write(Device dev) {
+  if (!recorder_) return true;
+  attach_.reset();
+  const Status st = catch_status([&] {
+    backend_for(dev).synchronize();
+    recorder_->resolve_device_times();
+    return recorder_->write_chrome_json(path_);
+  });
+  if (!st.is_ok()) {
+    std::fprintf(stderr, "error: %s\n", st.message().c_str());
+    return false;
+  }
+  std::fprintf(stderr, "trace: %zu events written to %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
+               recorder_->events().size(), path_.c_str());
+  return true;
+}
+
+}  // namespace atelier::cli

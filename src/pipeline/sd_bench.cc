@@ -1,0 +1,240 @@
+// run_sd_bench: load (or build) the model, warm up, then one traced generation whose ranges give the figures.
+#include "pipeline/sd_bench.h"
+
+#include <algorithm>
+#include <memory>
+
+#include <omp.h>
+
+#include "backend/ops.h"
+#include "core/rng.h"
+#include "core/trace.h"
+#include "pipeline/builtin_models.h"
+#include "pipeline/request.h"
+#include "pipeline/sd_pipeline.h"
+#include "sampling/sampler.h"
+
+namespace atelier {
+namespace {
+
+using trace::Category;
+
+constexpr const char* kLoadRange = "load_model";
+constexpr const char* kWarmupRange = "warmup";
+constexpr const char* kRunRange = "bench_run";  // the timed generation, text encode to decoded pixels
+constexpr double kPercent = 100.0;
+
+struct Loaded {
+  std::shared_ptr<SdModel> model;
+  std::string label, kind;
+  int64_t context_tokens = 77;
+};
+
+Expected<Loaded> load_model(const BenchOptions& o, Device dev) {
+  trace::Scope range(kLoadRange, Category::kStage);
+  Loaded l;
+  if (!o.config.empty()) {
+    ATELIER_ASSIGN_OR_RETURN(BuiltinSdConfig c, builtin_sd_config(o.config));
+    ATELIER_ASSIGN_OR_RETURN(l.model, make_random_sd_model(c, dev, o.seed));
+    l.label = "builtin:" + c.name;
+    l.kind = "random weights";
+    l.context_tokens = c.context_tokens;
+    return l;
+  }
+  SdLoadOptions lo;
+  lo.tokenizer_dir = o.tokenizer;
+  lo.device = dev;
+  lo.compute_hash = false;  // hashing a 2-4 GB file is not what a benchmark measures
+  ATELIER_ASSIGN_OR_RETURN(l.model, load_sd_model(o.model, lo));
+  l.label = o.model;
+  l.kind = "checkpoint";
+  return l;
+}
+
+// The conditioning rows: through the text encoder when the model has one, else seeded noise of CLIP's shape.
+// -> {cond [B, S, D], uncond [B, S, D] or undefined without CFG}
+Expected<std::pair<Tensor, Tensor>> conditioning(const SdPipeline& pipe, const Loaded& l, const BenchOptions& o,
+                                                 Device dev) {
+  const SdModel& m = *l.model;
+  Tensor cond1, uncond1;
+  const bool cfg = o.cfg_scale > 1.0f;
+  if (m.text_encoder && m.tokenizer) {
+    ATELIER_ASSIGN_OR_RETURN(cond1, pipe.encode_prompt(o.prompt, 1, false));
+    if (cfg) {
+      ATELIER_ASSIGN_OR_RETURN(uncond1, pipe.encode_prompt("", 1, false));
+    }
+  } else {
+    auto gen = make_generator(RngKind::kCpu, o.seed);
+    const Shape shape = {1, l.context_tokens, m.unet->config().cross_attention_dim[0]};
+    cond1 = randn_tensor(*gen, shape).to(dev);
+    if (cfg) uncond1 = randn_tensor(*gen, shape).to(dev);
+  }
+  auto rows = [&](const Tensor& t) { return t.defined() ? ops::concat(std::vector<Tensor>(size_t(o.batch), t), 0) : t; };
+  return std::make_pair(rows(cond1), rows(uncond1));
+}
+
+struct Samplers {
+  std::vector<std::unique_ptr<sampling::Sampler>> owned;
+  std::vector<sampling::Sampler*> ptrs;
+  std::vector<std::shared_ptr<NoiseGenerator>> gens;
+};
+
+// One sampler per image, as generate() makes them; initial latents [B, C, h, w] into *x.
+Expected<Samplers> make_samplers(const SdModel& m, const BenchOptions& o, const Shape& latent1, Device dev, Tensor* x) {
+  Samplers s;
+  const nlohmann::json overrides = {{"prediction_type", m.prediction == Prediction::kV ? "v_prediction" : "epsilon"}};
+  std::vector<Tensor> rows;
+  for (int i = 0; i < o.batch; ++i) {
+    auto gen = std::shared_ptr<NoiseGenerator>(make_generator(RngKind::kCpu, o.seed + uint64_t(i)));
+    ATELIER_ASSIGN_OR_RETURN(auto smp, sampling::make_sampler(m.scheduler_config, o.sampler, o.steps, overrides));
+    smp->set_noise_source([gen, dev](const Shape& shape) { return randn_tensor(*gen, shape).to(dev); });
+    rows.push_back(ops::affine(randn_tensor(*gen, latent1).to(dev), smp->init_noise_sigma()));
+    s.ptrs.push_back(smp.get());
+    s.owned.push_back(std::move(smp));
+    s.gens.push_back(gen);
+  }
+  *x = ops::concat(rows, 0);
+  return s;
+}
+
+// Untimed UNet calls on the CFG batch's shapes (and one VAE decode), so the timed run finds the allocator's
+// caches and lazily built state ready.
+Status warm_up(const SdPipeline& pipe, const BenchOptions& o, const Tensor& x, const Tensor& context) {
+  if (o.warmup <= 0) return Status::ok();
+  trace::Scope range(kWarmupRange, Category::kStage);
+  const UNet& unet = *pipe.model().unet;
+  const Tensor x_in = context.size(0) == x.size(0) ? x : ops::concat({x, x}, 0);
+  const Tensor t = Tensor::full({x_in.size(0)}, 500.0f).to(x.device());
+  for (int i = 0; i < o.warmup; ++i) {
+    ATELIER_ASSIGN_OR_RETURN(Tensor out, unet.forward(x_in, t, context));
+    backend_for(x.device()).synchronize();
+  }
+  (void)pipe.decode(x);
+  return Status::ok();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Fills the measured figures of `r` from the timed run's events.
+void summarize(const std::vector<trace::Event>& ev, bool has_text_encoder, BenchReport& r) {
+  for (const trace::Event* e : trace::named(ev, stage::kUnet)) {
+    r.unet_ms.push_back(e->busy_seconds() * 1e3);  // device time where resolved: host time measures launches there
+    r.unet_flops = std::max(r.unet_flops, e->flops);  // the same every call; max guards a partial range
+  }
+  r.model_calls = int(trace::named(ev, stage::kModelCall).size());
+  r.unet_ms_min = r.unet_ms.empty() ? 0 : *std::min_element(r.unet_ms.begin(), r.unet_ms.end());
+  for (double v : r.unet_ms) r.unet_ms_mean += v / double(r.unet_ms.size());
+  r.unet_ms_median = median(r.unet_ms);
+  if (has_text_encoder) r.text_encode_s = trace::total_seconds(ev, stage::kTextEncode);
+  r.denoise_s = trace::total_seconds(ev, stage::kDenoise);
+  r.vae_decode_s = trace::total_seconds(ev, stage::kVaeDecode);
+  for (const trace::Event* e : trace::named(ev, stage::kVaeDecode)) r.vae_decode_flops += e->flops;
+  r.total_s = trace::total_seconds(ev, kRunRange);
+  r.it_per_s = r.denoise_s > 0 ? r.model_calls / r.denoise_s : 0;
+  r.s_per_image = r.total_s / r.batch;
+  r.images_per_min = r.s_per_image > 0 ? 60.0 / r.s_per_image : 0;
+  r.unet_tflops = r.unet_ms_mean > 0 ? double(r.unet_flops) / (r.unet_ms_mean * 1e-3) / 1e12 : 0;
+  r.vae_decode_tflops = r.vae_decode_s > 0 ? double(r.vae_decode_flops) / r.vae_decode_s / 1e12 : 0;
+  if (r.ceiling && r.ceiling->tflops > 0) r.pct_of_ceiling = kPercent * r.unet_tflops / r.ceiling->tflops;
+  for (const trace::Event* e : trace::named(ev, stage::kDenoise)) {
+    const int64_t from = e->start_ns, to = e->start_ns + e->dur_ns;
+    const double wall = e->seconds();
+    if (wall <= 0) continue;
+    r.op_time_pct = kPercent * trace::op_busy_seconds(ev, from, to) / wall;
+    if (r.device != "cpu" && trace::has_device_times(ev, from, to)) r.gpu_busy_pct = r.op_time_pct;
+  }
+}
+
+// The timed generation: conditioning, initial latents, denoise loop, VAE decode; events into `rec`.
+Status timed_run(const SdPipeline& pipe, const Loaded& l, const BenchOptions& o, Device dev, const Shape& latent1,
+                 BenchReport& r) {
+  Backend& be = backend_for(dev);
+  auto sample_memory = [&] { r.peak_bytes_reserved = std::max(r.peak_bytes_reserved, be.bytes_reserved()); };
+  trace::Scope run(kRunRange, Category::kStage);
+  ATELIER_ASSIGN_OR_RETURN(auto ctx, conditioning(pipe, l, o, dev));
+  sample_memory();
+  Tensor x;
+  ATELIER_ASSIGN_OR_RETURN(Samplers s, make_samplers(*l.model, o, latent1, dev, &x));
+  {
+    trace::Scope denoise(stage::kDenoise, Category::kStage);
+    auto progress = [&](const StepProgress&) {
+      sample_memory();
+      return true;
+    };
+    ATELIER_ASSIGN_OR_RETURN(x, pipe.denoise(s.ptrs, x, ctx.first, ctx.second, o.cfg_scale, 0, progress, nullptr));
+  }
+  const Tensor images = pipe.decode(x);
+  sample_memory();
+  return Status::ok();
+}
+
+}  // namespace
+
+Status BenchOptions::validate() const {
+  if (!model.empty() && !config.empty()) return invalid_argument("give either --model or --config, not both");
+  if (model.empty() && config.empty() && !ceiling)
+    return invalid_argument("give a model (--model PATH), a built-in configuration (--config sd15|sd21) or --ceiling");
+  if (width < 0 || height < 0 || width % kLatentFactor || height % kLatentFactor || width > kMaxGenerateSide || height > kMaxGenerateSide)
+    return invalid_argument("width and height must be multiples of 8 up to " + std::to_string(kMaxGenerateSide) + " (0 = the model's size)");
+  if (batch < 1 || batch > kMaxBatch) return invalid_argument("batch must be 1.." + std::to_string(kMaxBatch));
+  if (steps < 1 || steps > kMaxSteps) return invalid_argument("steps must be 1.." + std::to_string(kMaxSteps));
+  if (warmup < 0) return invalid_argument("warmup must be >= 0");
+  return Status::ok();
+}
+
+Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
+  ATELIER_RETURN_IF_ERROR(o.validate());
+  ATELIER_ASSIGN_OR_RETURN(Device dev, Device::parse(o.device));
+  if (!backend_available(dev)) return unsupported("device " + dev.str() + " is not available in this build or on this machine");
+  BenchReport r;
+  r.device = dev.str();
+  r.backend = backend_for(dev).name();
+  r.host_threads = omp_get_max_threads();
+  if (o.ceiling) {
+    ATELIER_ASSIGN_OR_RETURN(r.ceiling, measure_gemm_ceiling(dev, default_compute_dtype(dev)));
+  }
+  if (o.model.empty() && o.config.empty()) return r;
+  Status st = catch_status([&]() -> Status {
+    trace::Recorder rec(trace::kAllCategories);
+    trace::ThreadAttach attach(rec);
+    ATELIER_ASSIGN_OR_RETURN(Loaded l, load_model(o, dev));
+    const SdModel& m = *l.model;
+    SdPipeline pipe(l.model);
+    r.model = l.label;
+    r.model_kind = l.kind;
+    r.width = o.width ? o.width : m.default_size;
+    r.height = o.height ? o.height : m.default_size;
+    r.batch = o.batch;
+    r.unet_batch = o.cfg_scale > 1.0f ? 2 * o.batch : o.batch;
+    r.steps = o.steps;
+    r.warmup = o.warmup;
+    r.cfg_scale = o.cfg_scale;
+    r.sampler = o.sampler;
+    r.load_s = trace::total_seconds(rec.events(), kLoadRange);
+    const int f = m.vae->config().downscale_factor();
+    const Shape latent1 = {1, m.unet->config().in_channels, r.height / f, r.width / f};
+    {
+      ATELIER_ASSIGN_OR_RETURN(auto ctx, conditioning(pipe, l, o, dev));
+      const Tensor context = ctx.second.defined() ? ops::concat({ctx.second, ctx.first}, 0) : ctx.first;
+      Tensor x;
+      ATELIER_ASSIGN_OR_RETURN(Samplers s, make_samplers(m, o, latent1, dev, &x));
+      ATELIER_RETURN_IF_ERROR(warm_up(pipe, o, x, context));
+    }
+    rec.clear();  // the figures are the timed run's alone
+    ATELIER_RETURN_IF_ERROR(timed_run(pipe, l, o, dev, latent1, r));
+    backend_for(dev).synchronize();
+    rec.resolve_device_times();
+    summarize(rec.events(), m.text_encoder.has_value(), r);
+    r.ran = true;
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  return r;
+}
+
+}  // namespace atelier

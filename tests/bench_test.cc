@@ -1,0 +1,212 @@
+// `atelier bench` and `--trace`: the JSON report's fields on the sd15-tiny fixture, the GEMM ceiling, the
+// built-in configurations, and the trace of a generation (every stage present, StageTimes equal to it).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "pipeline/builtin_models.h"
+#include "pipeline/sd_bench.h"
+#include "pipeline/sd_pipeline.h"
+#include "test_util.h"
+
+namespace atelier {
+namespace {
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;  // stdout only
+  std::string err;  // stderr
+};
+
+CliRun run_cli(const std::string& args) {
+  const fs::path err = fs::temp_directory_path() / ("atelier_bench_test_err_" + std::to_string(::getpid()));
+  const std::string cmd = std::string(ATELIER_BINARY) + " " + args + " 2>'" + err.string() + "'";
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream f(err);
+  r.err.assign(std::istreambuf_iterator<char>(f), {});
+  fs::remove(err);
+  return r;
+}
+
+std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+
+fs::path temp_file(const std::string& name) {
+  return fs::temp_directory_path() / ("atelier_bench_test_" + std::to_string(::getpid()) + "_" + name);
+}
+
+TEST(Bench, JsonOnTinyFixtureHasEveryField) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  const auto r = run_cli("bench --model " + q(dir / "model") + " --width 64 --height 64 --steps 3 --warmup 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"model", "device", "backend", "width", "height", "batch", "unet_batch", "steps", "unet_ms",
+                        "it_per_s", "s_per_image", "images_per_min", "stages_s", "unet_flops_per_call",
+                        "unet_tflops_per_s", "vae_decode_flops", "gemm_ceiling", "pct_of_ceiling", "gpu_busy_pct",
+                        "op_time_pct", "nvml_util_pct", "peak_bytes_reserved"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["device"], "cpu");
+  EXPECT_EQ(j["unet_batch"], 2);  // CFG doubles the batch
+  EXPECT_EQ(j["model_calls"], 3);
+  EXPECT_EQ(j["unet_ms"]["calls"], 3);
+  EXPECT_GT(j["unet_ms"]["mean"].get<double>(), 0.0);
+  EXPECT_LE(j["unet_ms"]["min"].get<double>(), j["unet_ms"]["mean"].get<double>());
+  EXPECT_GT(j["it_per_s"].get<double>(), 0.0);
+  const double s_per_image = j["s_per_image"].get<double>();
+  EXPECT_NEAR(j["images_per_min"].get<double>(), 60.0 / s_per_image, 1e-9);
+  EXPECT_GE(s_per_image, j["stages_s"]["denoise"].get<double>() + j["stages_s"]["vae_decode"].get<double>());
+  EXPECT_TRUE(j["stages_s"]["text_encode"].is_number());  // the fixture has a text encoder
+  EXPECT_GT(j["unet_flops_per_call"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["vae_decode_flops"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(j["gpu_busy_pct"].is_null());  // no device timer on the CPU
+  EXPECT_TRUE(j["pct_of_ceiling"].is_null());  // not asked for
+  const double op_pct = j["op_time_pct"].get<double>();
+  EXPECT_GT(op_pct, 0.0);
+  EXPECT_LE(op_pct, 100.0 + 1e-6);
+  EXPECT_GT(j["peak_bytes_reserved"].get<uint64_t>(), 0u);
+}
+
+TEST(Bench, FlopsPerCallAreTheSumOfTheUnetsOps) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  SdLoadOptions lo;
+  lo.compute_hash = false;
+  auto model = load_sd_model((dir / "model").string(), lo);
+  ASSERT_TRUE(model) << model.status().message();
+  SdPipeline pipe(*model);
+  GenerateRequest req;
+  req.prompt = "a cube";
+  req.width = req.height = 64;
+  req.steps = 2;
+  req.seed = 1;
+  trace::Recorder rec;
+  Expected<GenerateResult> res = Status(ErrorCode::kInternal, "not run");
+  {
+    trace::GlobalAttach g(rec);
+    res = pipe.generate(req);
+  }
+  ASSERT_TRUE(res) << res.status().message();
+  const auto ev = rec.events();
+  const auto unet = trace::named(ev, stage::kUnet);
+  ASSERT_EQ(unet.size(), 2u);
+  EXPECT_GT(unet[0]->flops, 0u);
+  EXPECT_EQ(unet[0]->flops, unet[1]->flops);
+  uint64_t op_flops = 0;  // depth-0 ops inside the first UNet range
+  for (const trace::Event& e : ev)
+    if (e.category == trace::Category::kOp && e.depth == 0 && e.start_ns >= unet[0]->start_ns &&
+        e.start_ns + e.dur_ns <= unet[0]->start_ns + unet[0]->dur_ns)
+      op_flops += e.flops;
+  EXPECT_EQ(op_flops, unet[0]->flops);
+  // StageTimes are the same numbers as the trace's ranges, not a second measurement.
+  const auto calls = trace::named(ev, stage::kModelCall);
+  ASSERT_EQ(res->times.call_ms.size(), calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) EXPECT_DOUBLE_EQ(res->times.call_ms[i], calls[i]->seconds() * 1e3);
+  EXPECT_DOUBLE_EQ(res->times.total_s, trace::total_seconds(ev, stage::kGenerate));
+  EXPECT_DOUBLE_EQ(res->times.vae_s, trace::total_seconds(ev, stage::kVaeDecode));
+  EXPECT_GT(res->times.text_encode_s, 0.0);
+}
+
+TEST(Bench, CeilingIsTheEngineCountOfABigGemm) {
+  auto c = measure_gemm_ceiling(Device::cpu(), DType::F32, 256, 2);
+  ASSERT_TRUE(c) << c.status().message();
+  EXPECT_EQ(c->flops, 2ull * 256 * 256 * 256);
+  EXPECT_GT(c->tflops, 0.0);
+  EXPECT_NEAR(c->tflops, double(c->flops) / c->best_s / 1e12, 1e-12);
+  EXPECT_EQ(default_ceiling_size(Device::cpu()), 2048);
+  EXPECT_EQ(default_ceiling_size(Device::cuda(0)), 8192);
+}
+
+TEST(Bench, CeilingAloneFromTheCli) {
+  const auto r = run_cli("bench --ceiling --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j["gemm_ceiling"].is_object());
+  EXPECT_EQ(j["gemm_ceiling"]["flops"].get<uint64_t>(), 2ull * 2048 * 2048 * 2048);
+  EXPECT_GT(j["gemm_ceiling"]["tflops_per_s"].get<double>(), 0.0);
+  EXPECT_FALSE(j.contains("unet_ms"));
+}
+
+TEST(Bench, RejectsBadOptionsWithAMessage) {
+  BenchOptions o;
+  EXPECT_NE(run_sd_bench(o).status().message().find("--config sd15|sd21"), std::string::npos);
+  o.model = "x";
+  o.config = "sd15";
+  EXPECT_NE(run_sd_bench(o).status().message().find("not both"), std::string::npos);
+  o.model.clear();
+  o.config = "sdxl";
+  EXPECT_NE(run_sd_bench(o).status().message().find("known: sd15, sd21"), std::string::npos);
+  o.config = "sd15";
+  o.width = 100;
+  EXPECT_NE(run_sd_bench(o).status().message().find("multiples of 8"), std::string::npos);
+  const auto r = run_cli("bench --config sd15 --device cuda:7");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("cuda:7"), std::string::npos) << r.err;
+}
+
+TEST(Bench, BuiltinConfigsAreThePublishedArchitectures) {
+  auto count = [](const UNetConfig& c) {
+    int64_t n = 0;
+    const auto shapes = UNet::parameter_shapes(c);
+    for (const auto& [key, shape] : shapes.value()) n += numel_of(shape);
+    return n;
+  };
+  auto sd15 = builtin_sd_config("sd15");
+  ASSERT_TRUE(sd15);
+  EXPECT_EQ(count(sd15->unet), 859520964);  // SD 1.5's UNet, as diffusers counts it
+  EXPECT_EQ(sd15->default_size, 512);
+  auto sd21 = builtin_sd_config("sd21");
+  ASSERT_TRUE(sd21);
+  EXPECT_EQ(count(sd21->unet), 865910724);  // SD 2.1's UNet
+  EXPECT_EQ(sd21->unet.num_attention_heads, (std::vector<int>{5, 10, 20, 20}));
+  for (int l = 0; l < sd21->unet.levels(); ++l) EXPECT_EQ(sd21->unet.head_dim(l), 64);
+  EXPECT_EQ(sd21->unet.cross_attention_dim, (std::vector<int>{1024, 1024, 1024, 1024}));
+  EXPECT_TRUE(sd21->unet.use_linear_projection);
+  EXPECT_EQ(sd21->prediction, Prediction::kV);
+  EXPECT_EQ(sd21->default_size, 768);
+}
+
+TEST(Bench, GenerateTraceHasEveryStage) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  const fs::path out = temp_file("img.png");
+  const fs::path trace_path = temp_file("trace.json");
+  const auto r = run_cli("generate --model " + q(dir / "model") + " --prompt 'a red circle' --width 64 --height 64"
+                         " --steps 2 --seed 3 --output " + q(out) + " --trace " + q(trace_path));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream f(trace_path);
+  ASSERT_TRUE(f) << "no trace file";
+  const auto j = nlohmann::json::parse(f);
+  std::multiset<std::string> names;
+  std::set<std::string> op_names;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    names.insert(e["name"].get<std::string>());
+    if (e["cat"] == "op") op_names.insert(e["name"].get<std::string>());
+  }
+  for (const char* s : {"generate", "text_encode", "denoise", "vae_decode", "image_encode", "png_write"})
+    EXPECT_GE(names.count(s), 1u) << s;
+  EXPECT_EQ(names.count("text_encode"), 2u);  // prompt and negative prompt
+  EXPECT_EQ(names.count("model_call"), 2u);
+  EXPECT_EQ(names.count("unet"), 2u);
+  EXPECT_EQ(names.count("sampler_step"), 2u);
+  for (const char* op : {"conv2d", "linear", "attention", "group_norm"}) EXPECT_TRUE(op_names.count(op)) << op;
+  fs::remove(out);
+  fs::remove(fs::path(out).replace_extension(".json"));
+  fs::remove(trace_path);
+}
+
+}  // namespace
+}  // namespace atelier
