@@ -28,7 +28,7 @@ done
 fixtures=${ATELIER_FIXTURES:-$root/../shared/fixtures}
 driver=$build_dir/tests/atelier_perf_unet_step
 tag_file=$build_dir/perf_build_tag.txt
-export COUNTED_FUNCTION=atelier_perf_unet_call
+COUNTED_FUNCTION=atelier_perf_unet_call
 
 skip() { echo "perf_check: SKIPPED: $*"; exit 77; }
 command -v valgrind >/dev/null || skip "valgrind is not installed (scripts/setup.sh installs it)"
@@ -36,16 +36,22 @@ command -v valgrind >/dev/null || skip "valgrind is not installed (scripts/setup
 [[ -d $fixtures/sd15-tiny/model/unet ]] || skip "fixture sd15-tiny not found under $fixtures (set ATELIER_FIXTURES)"
 build_tag=$(cat "$tag_file" 2>/dev/null || echo unknown)
 
-# One callgrind run -> the instruction count (Ir) of the counted function, inclusive.
+# One callgrind run -> the instruction count (Ir) of the counted function, inclusive. The driver gets a fixed
+# environment and fixed file descriptors: glibc malloc's paths in the counted call depend on the heap the
+# process start left behind, and that moved by ~50k instructions with whether this script's output was a
+# pipe or a file.
 count_once() {
-  local out
+  local out err
   out=$(mktemp "${TMPDIR:-/tmp}/atelier_perf.XXXXXX")
-  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Haswell \
-    valgrind --tool=callgrind --collect-atstart=no --toggle-collect=$COUNTED_FUNCTION \
-    --callgrind-out-file="$out" -q "$driver" "$fixtures/sd15-tiny/model" >/dev/null
+  err=$(mktemp "${TMPDIR:-/tmp}/atelier_perf_err.XXXXXX")
+  if ! env -i PATH="$PATH" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Haswell \
+      valgrind --tool=callgrind --collect-atstart=no --toggle-collect=$COUNTED_FUNCTION \
+      --callgrind-out-file="$out" -q "$driver" "$fixtures/sd15-tiny/model" </dev/null >/dev/null 2>"$err"; then
+    cat "$err" >&2
+  fi
   # "summary:" (or "totals:") holds the collected events; Ir is the first.
   awk '/^(summary|totals):/ {print $2; exit}' "$out"
-  rm -f "$out"
+  rm -f "$out" "$err"
 }
 
 counts=()
