@@ -44,7 +44,8 @@ Expected<Loaded> load_model(const BenchOptions& o, Device dev) {
   SdLoadOptions lo;
   lo.tokenizer_dir = o.tokenizer;
   lo.device = dev;
-  lo.compute_hash = false;  // hashing a 2-4 GB file is not what a benchmark measures
+  lo.compute_hash = false;      // hashing a 2-4 GB file is not what a benchmark measures
+  lo.require_tokenizer = false;  // a single file without one is benchmarked on random conditioning
   ATELIER_ASSIGN_OR_RETURN(l.model, load_sd_model(o.model, lo));
   l.label = o.model;
   l.kind = "checkpoint";
