@@ -44,8 +44,6 @@ inline Tensor strided_copy(const Tensor& x) {
 
 }  // namespace atelier::test
 
-#define EXPECT_OPS_CLOSE(actual, expected)                                           \
-  do {                                                                                \
-    const double _e = ::atelier::test::rel_err((actual), (expected));                 \
-    EXPECT_LE(_e, ::atelier::test::kOpsTol) << "rel L2 " << _e;                       \
-  } while (0)
+// Streams like EXPECT_LE: EXPECT_OPS_CLOSE(out, ref) << "context"; prints the rel L2 on failure.
+#define EXPECT_OPS_CLOSE(actual, expected) \
+  EXPECT_LE(::atelier::test::rel_err((actual), (expected)), ::atelier::test::kOpsTol)

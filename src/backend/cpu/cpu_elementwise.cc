@@ -4,20 +4,58 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_vecmath.h"
 
 namespace atelier {
 namespace cpu {
 
 // Elementwise loops below this many elements stay on one thread.
 constexpr int64_t kParallelElems = 1 << 15;
+// exp overflows f32 above this; vm::exp saturates there, the kExp op returns inf as torch does.
+constexpr float kExpOverflow = 88.72283935546875f;
 
+ATELIER_SIMD_CLONES
 void unary_span(float* out, const float* x, int64_t n, UnaryOp op) {
+  constexpr float kSqrtHalf = 0.70710678118654752440f;
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  constexpr float kGeluTanhCoeff = 0.044715f;
+  constexpr float kQuickGeluAlpha = 1.702f;
   switch (op) {
     case UnaryOp::kIdentity:
       if (out != x) std::copy(x, x + n, out);
       return;
+    case UnaryOp::kSilu:
+      for (int64_t i = 0; i < n; ++i) out[i] = x[i] / (1.0f + vm::exp(-x[i]));
+      return;
+    case UnaryOp::kGelu:
+      for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * x[i] * (1.0f + vm::erf(x[i] * kSqrtHalf));
+      return;
+    case UnaryOp::kGeluTanh:
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = x[i];
+        out[i] = 0.5f * v * (1.0f + vm::tanh(kSqrt2OverPi * (v + kGeluTanhCoeff * v * v * v)));
+      }
+      return;
+    case UnaryOp::kQuickGelu:
+      for (int64_t i = 0; i < n; ++i) out[i] = x[i] / (1.0f + vm::exp(-kQuickGeluAlpha * x[i]));
+      return;
     case UnaryOp::kRelu:
       for (int64_t i = 0; i < n; ++i) out[i] = x[i] > 0.0f ? x[i] : 0.0f;
+      return;
+    case UnaryOp::kSigmoid:
+      for (int64_t i = 0; i < n; ++i) out[i] = vm::sigmoid(x[i]);
+      return;
+    case UnaryOp::kTanh:
+      for (int64_t i = 0; i < n; ++i) out[i] = vm::tanh(x[i]);
+      return;
+    case UnaryOp::kExp:
+      for (int64_t i = 0; i < n; ++i) out[i] = x[i] > kExpOverflow ? INFINITY : vm::exp(x[i]);
+      return;
+    case UnaryOp::kSqrt:
+      for (int64_t i = 0; i < n; ++i) out[i] = std::sqrt(x[i]);
+      return;
+    case UnaryOp::kRsqrt:
+      for (int64_t i = 0; i < n; ++i) out[i] = 1.0f / std::sqrt(x[i]);
       return;
     case UnaryOp::kSquare:
       for (int64_t i = 0; i < n; ++i) out[i] = x[i] * x[i];
@@ -25,19 +63,27 @@ void unary_span(float* out, const float* x, int64_t n, UnaryOp op) {
     case UnaryOp::kNeg:
       for (int64_t i = 0; i < n; ++i) out[i] = -x[i];
       return;
-    default:
-      for (int64_t i = 0; i < n; ++i) out[i] = unary_scalar(x[i], op);
-      return;
   }
 }
 
-double exp_span_sum(float* x, int64_t n) {
-  double sum = 0.0;
+ATELIER_SIMD_CLONES
+double exp_span_sum(float* x, int64_t n, float shift) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i]);
-    sum += x[i];
+    const float e = vm::exp(x[i] - shift);
+    x[i] = e;
+    sum += e;
   }
   return sum;
+}
+
+ATELIER_SIMD_CLONES
+float max_span(const float* x, int64_t n) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
 }
 
 }  // namespace cpu
@@ -218,11 +264,10 @@ void CpuBackend::softmax(Tensor& out, const Tensor& x) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = xp + r * d;
     float* o = op + r * d;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < d; ++j) mx = std::max(mx, xr[j]);
+    float mx = cpu::max_span(xr, d);
     if (mx == -INFINITY) mx = 0.0f;  // fully masked row: all exps are 0 and the row becomes NaN, as in torch
-    for (int64_t j = 0; j < d; ++j) o[j] = xr[j] - mx;
-    const double sum = cpu::exp_span_sum(o, d);
+    if (o != xr) std::copy(xr, xr + d, o);
+    const double sum = cpu::exp_span_sum(o, d, mx);
     const float inv = float(1.0 / sum);
     for (int64_t j = 0; j < d; ++j) o[j] *= inv;
   }

@@ -6,6 +6,14 @@
 
 #include "backend/backend.h"
 
+// Compiles a loop-heavy function for AVX-512, AVX2+FMA and the baseline, picked at load time (the
+// library is built for baseline x86-64 unless ATELIER_NATIVE is on).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ATELIER_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ATELIER_SIMD_CLONES
+#endif
+
 namespace atelier::cpu {
 
 // torch's formulas, in f32. gelu is the exact erf form; gelu_tanh the tanh approximation.
@@ -35,19 +43,27 @@ inline float unary_scalar(float x, UnaryOp op) {
 // out[i] = op(x[i]) for i < n (out may equal x). Vectorised where the build allows.
 void unary_span(float* out, const float* x, int64_t n, UnaryOp op);
 
-// exp over a span, in place: the softmax kernel (inputs <= 0 after max subtraction).
-// Returns the sum of the results (accumulated in double).
-double exp_span_sum(float* x, int64_t n);
+// x[i] = exp(x[i] - shift) in place; returns the sum of the results. The softmax kernel.
+double exp_span_sum(float* x, int64_t n, float shift);
+
+// max of x[0..n) (-inf for n == 0).
+float max_span(const float* x, int64_t n);
+
+// One-time OpenBLAS set-up (core selection, single-threaded mode); called when the CPU backend is
+// created and again (cheaply) before each product.
+void init_blas();
 
 // C[M, N] = alpha * op(A) @ op(B) + beta * C, row-major, single-threaded: callers split work across
 // OpenMP threads themselves (see cpu_gemm.cc for why OpenBLAS never threads on its own here).
 void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// Same product parallelised over the OpenMP team by splitting the larger of M and N into row/column
-// blocks. Safe to call from outside a parallel region only.
-void sgemm_parallel(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// Fused (flash-style) attention with AVX-512 kernels (cpu_attention_fused.cc), same contract as
+// Backend::attention. Returns false, doing nothing, where the CPU lacks AVX-512, the heads are wider than
+// it pays off for (the GEMM path is faster there), or it is switched off.
+bool attention_fused(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
+// Switches the fused path on or off (tests compare it with the GEMM path).
+void set_fused_attention(bool enabled);
 
 // Below this many multiply-adds a product is not worth a parallel region.
 constexpr double kMinParallelMacs = 1 << 18;

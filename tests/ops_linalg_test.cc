@@ -1,0 +1,392 @@
+// Op API tests, part 2: matrix products, convolution, normalisation and attention against naive
+// double-precision references (odd sizes, broadcasting, strided views, masks, GQA, groups, strides).
+#include <cblas.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/ops.h"
+#include "ops_test_util.h"
+
+namespace atelier {
+namespace {
+
+using test::random_tensor;
+using test::to_double;
+
+// [M, K] (row-major) @ [K, N] in double.
+std::vector<double> ref_mm(const std::vector<double>& a, const std::vector<double>& b, int64_t m, int64_t k, int64_t n) {
+  std::vector<double> c(size_t(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t p = 0; p < k; ++p)
+      for (int64_t j = 0; j < n; ++j) c[i * n + j] += a[i * k + p] * b[p * n + j];
+  return c;
+}
+
+std::vector<double> transpose2(const std::vector<double>& x, int64_t rows, int64_t cols) {
+  std::vector<double> t(x.size());
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) t[j * rows + i] = x[i * cols + j];
+  return t;
+}
+
+double silu(double x) { return x / (1.0 + std::exp(-x)); }
+
+TEST(OpsLinear, OddSizesBiasActivationAndResidual) {
+  for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {3, 7, 5}, {77, 129, 33}, {2, 320, 1280}, {300, 64, 96}}) {
+    Tensor x = random_tensor({m, k}, 1), w = random_tensor({n, k}, 2, 0.1f), b = random_tensor({n}, 3);
+    const std::vector<double> y = ref_mm(to_double(x), transpose2(to_double(w), n, k), m, k, n);
+    std::vector<double> yb = y, ya = y;
+    const std::vector<double> bv = to_double(b);
+    for (int64_t i = 0; i < m * n; ++i) {
+      yb[i] += bv[i % n];
+      ya[i] = silu(yb[i]);
+    }
+    EXPECT_OPS_CLOSE(ops::linear(x, w), y) << m << "x" << k << "x" << n;
+    EXPECT_OPS_CLOSE(ops::linear(x, w, b), yb);
+    EXPECT_OPS_CLOSE(ops::linear(x, w, b, UnaryOp::kSilu), ya);
+    Tensor r = random_tensor({m, n}, 4);
+    std::vector<double> yr = yb;
+    const std::vector<double> rv = to_double(r);
+    for (int64_t i = 0; i < m * n; ++i) yr[i] += rv[i];
+    EXPECT_OPS_CLOSE(ops::linear_residual(x, w, b, r), yr);
+    EXPECT_OPS_CLOSE(r, rv);  // the residual input is left untouched
+  }
+}
+
+TEST(OpsLinear, LeadingDimsAndStridedInput) {
+  // x a narrow of the last dim of [2, 5, 48] (rows 48 apart): read in place; a permuted x is packed.
+  Tensor big = random_tensor({2, 5, 48}, 1);
+  Tensor x = big.narrow(2, 16, 16);
+  Tensor w = random_tensor({8, 16}, 2);
+  const std::vector<double> ref = ref_mm(to_double(x), transpose2(to_double(w), 8, 16), 10, 16, 8);
+  Tensor out = ops::linear(x, w);
+  EXPECT_EQ(out.shape(), (Shape{2, 5, 8}));
+  EXPECT_OPS_CLOSE(out, ref);
+  Tensor xp = random_tensor({5, 2, 16}, 3).permute({1, 0, 2});
+  EXPECT_OPS_CLOSE(ops::linear(xp, w), ref_mm(to_double(xp), transpose2(to_double(w), 8, 16), 10, 16, 8));
+  // A transposed weight view (unit stride on the wrong dim) is packed first.
+  Tensor wt = test::strided_copy(w);
+  EXPECT_OPS_CLOSE(ops::linear(x, wt), ref);
+}
+
+TEST(OpsMatmul, TransposesAndBatchBroadcasting) {
+  const int64_t m = 13, k = 29, n = 7;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (auto [ba, bb] : {std::pair<int64_t, int64_t>{3, 3}, {1, 3}, {3, 1}}) {
+        Tensor a = random_tensor(ta ? Shape{ba, k, m} : Shape{ba, m, k}, 1);
+        Tensor b = random_tensor(tb ? Shape{bb, n, k} : Shape{bb, k, n}, 2);
+        const std::vector<double> av = to_double(a), bv = to_double(b);
+        std::vector<double> ref;
+        for (int64_t i = 0; i < std::max(ba, bb); ++i) {
+          std::vector<double> ai(av.begin() + (ba == 1 ? 0 : i) * m * k, av.begin() + ((ba == 1 ? 0 : i) + 1) * m * k);
+          std::vector<double> bi(bv.begin() + (bb == 1 ? 0 : i) * k * n, bv.begin() + ((bb == 1 ? 0 : i) + 1) * k * n);
+          if (ta) ai = transpose2(ai, k, m);
+          if (tb) bi = transpose2(bi, n, k);
+          const std::vector<double> c = ref_mm(ai, bi, m, k, n);
+          for (double v : c) ref.push_back(0.5 * v);
+        }
+        Tensor out = ops::matmul(a, b, ta, tb, 0.5f);
+        EXPECT_EQ(out.shape(), (Shape{std::max(ba, bb), m, n}));
+        EXPECT_OPS_CLOSE(out, ref) << ta << tb << " " << ba << "," << bb;
+      }
+  // 2-D operands and a permuted (strided) batch operand.
+  Tensor a = random_tensor({m, k}, 3), b = random_tensor({k, n}, 4);
+  EXPECT_OPS_CLOSE(ops::matmul(a, b), ref_mm(to_double(a), to_double(b), m, k, n));
+  Tensor a3 = random_tensor({m, 2, k}, 5).permute({1, 0, 2});  // [2, m, k] with row stride 2k
+  const std::vector<double> av = to_double(a3);
+  std::vector<double> ref;
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<double> c = ref_mm(std::vector<double>(av.begin() + i * m * k, av.begin() + (i + 1) * m * k), to_double(b), m, k, n);
+    ref.insert(ref.end(), c.begin(), c.end());
+  }
+  EXPECT_OPS_CLOSE(ops::matmul(a3, b), ref);
+  // Transposed views are read in place with the transpose flag flipped: (b^T)^T @ ... and a^T given as a view.
+  Tensor bt = test::strided_copy(b);  // [k, n] view of a [n, k] matrix
+  EXPECT_OPS_CLOSE(ops::matmul(a, bt), ref_mm(to_double(a), to_double(b), m, k, n));
+  Tensor at_view = random_tensor({k, m}, 6).transpose(0, 1);  // [m, k] view
+  EXPECT_OPS_CLOSE(ops::matmul(at_view, b), ref_mm(to_double(at_view), to_double(b), m, k, n));
+  EXPECT_OPS_CLOSE(ops::matmul(at_view, bt, false, false, 1.0f), ref_mm(to_double(at_view), to_double(bt), m, k, n));
+  Tensor q = random_tensor({2, 5, 8}, 7), kk = random_tensor({2, 9, 8}, 8);
+  std::vector<double> qk;
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<double> qv = to_double(q.select(0, i)), kv = to_double(kk.select(0, i));
+    const std::vector<double> c = ref_mm(qv, transpose2(kv, 9, 8), 5, 8, 9);
+    qk.insert(qk.end(), c.begin(), c.end());
+  }
+  EXPECT_OPS_CLOSE(ops::matmul(q, kk.transpose(1, 2)), qk);  // q @ k^T with k^T as a view
+  EXPECT_OPS_CLOSE(ops::matmul(q, kk, false, true), qk);
+}
+
+// Direct convolution in double: x [N, C, H, W], w [O, C/g, kh, kw].
+std::vector<double> ref_conv(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, Shape* out_shape) {
+  const std::vector<double> xv = to_double(x), wv = to_double(w);
+  const std::vector<double> bv = b.defined() ? to_double(b) : std::vector<double>();
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3);
+  const int64_t o = w.size(0), cg = w.size(1), kh = w.size(2), kw = w.size(3);
+  const int64_t og = o / p.groups;
+  const int64_t ho = (h + 2 * p.pad_h - p.dilation_h * (kh - 1) - 1) / p.stride_h + 1;
+  const int64_t wo = (wd + 2 * p.pad_w - p.dilation_w * (kw - 1) - 1) / p.stride_w + 1;
+  *out_shape = {n, o, ho, wo};
+  std::vector<double> out(size_t(n * o * ho * wo));
+  for (int64_t ni = 0; ni < n; ++ni)
+    for (int64_t oc = 0; oc < o; ++oc)
+      for (int64_t y = 0; y < ho; ++y)
+        for (int64_t xx = 0; xx < wo; ++xx) {
+          double acc = bv.empty() ? 0.0 : bv[oc];
+          const int64_t g = oc / og;
+          for (int64_t ci = 0; ci < cg; ++ci)
+            for (int64_t i = 0; i < kh; ++i)
+              for (int64_t j = 0; j < kw; ++j) {
+                const int64_t iy = y * p.stride_h - p.pad_h + i * p.dilation_h, ix = xx * p.stride_w - p.pad_w + j * p.dilation_w;
+                if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
+                acc += xv[((ni * c + g * cg + ci) * h + iy) * wd + ix] * wv[((oc * cg + ci) * kh + i) * kw + j];
+              }
+          out[((ni * o + oc) * ho + y) * wo + xx] = acc;
+        }
+  return out;
+}
+
+struct ConvCase {
+  Shape x, w;
+  Conv2dParams p;
+  bool bias;
+};
+
+TEST(OpsConv2d, PaddingStridesGroupsDilationAndPointwise) {
+  const std::vector<ConvCase> cases = {
+      {{1, 3, 7, 9}, {5, 3, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, true},
+      {{2, 8, 17, 13}, {6, 8, 3, 3}, {2, 2, 1, 1, 1, 1, 1}, true},    // stride 2 with padding (SD downsample)
+      {{2, 8, 16, 16}, {8, 8, 3, 3}, {2, 2, 0, 0, 1, 1, 1}, false},   // stride 2 without padding (VAE, after pad2d)
+      {{1, 8, 9, 9}, {12, 2, 3, 3}, {1, 1, 1, 1, 1, 1, 4}, true},     // groups
+      {{1, 4, 11, 10}, {4, 1, 3, 3}, {1, 1, 2, 2, 2, 2, 4}, true},    // depthwise, dilated
+      {{2, 33, 7, 5}, {17, 33, 1, 1}, {}, true},                      // pointwise
+      {{1, 6, 5, 5}, {4, 3, 1, 1}, {1, 1, 0, 0, 1, 1, 2}, false},                        // pointwise, grouped
+      {{1, 2, 6, 5}, {3, 2, 2, 3}, {1, 2, 0, 1, 1, 1, 1}, true},      // asymmetric kernel and strides
+      {{1, 32, 40, 36}, {64, 32, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, true}, // several pixel blocks per thread
+      {{1, 4, 3, 3}, {8, 4, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, true},
+  };
+  uint32_t seed = 1;
+  for (const ConvCase& cc : cases) {
+    Tensor x = random_tensor(cc.x, seed++), w = random_tensor(cc.w, seed++, 0.2f);
+    Tensor b = cc.bias ? random_tensor({cc.w[0]}, seed++) : Tensor();
+    Shape os;
+    const std::vector<double> ref = ref_conv(x, w, b, cc.p, &os);
+    Tensor out = ops::conv2d(x, w, b, cc.p);
+    EXPECT_EQ(out.shape(), os) << shape_str(cc.x) << " * " << shape_str(cc.w);
+    EXPECT_OPS_CLOSE(out, ref) << shape_str(cc.x) << " * " << shape_str(cc.w);
+  }
+  // A strided input is packed by the front end.
+  Tensor x = test::strided_copy(random_tensor({1, 3, 6, 8}, 99)), w = random_tensor({2, 3, 3, 3}, 98);
+  Shape os;
+  EXPECT_OPS_CLOSE(ops::conv2d(x, w, Tensor(), {1, 1, 1, 1, 1, 1, 1}), ref_conv(x, w, Tensor(), {1, 1, 1, 1, 1, 1, 1}, &os));
+}
+
+// Per (sample, group) normalisation in double.
+std::vector<double> ref_group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor& beta, double eps, bool silu_act) {
+  std::vector<double> xv = to_double(x);
+  const int64_t n = x.size(0), c = x.size(1), s = x.numel() / (n * c), per = c / groups * s;
+  const std::vector<double> g = gamma.defined() ? to_double(gamma) : std::vector<double>(c, 1.0);
+  const std::vector<double> b = beta.defined() ? to_double(beta) : std::vector<double>(c, 0.0);
+  for (int64_t item = 0; item < n * groups; ++item) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < per; ++i) mean += xv[item * per + i];
+    mean /= double(per);
+    for (int64_t i = 0; i < per; ++i) var += (xv[item * per + i] - mean) * (xv[item * per + i] - mean);
+    var /= double(per);
+    for (int64_t i = 0; i < per; ++i) {
+      const int64_t ch = (item % groups) * (c / groups) + i / s;
+      double y = (xv[item * per + i] - mean) / std::sqrt(var + eps) * g[ch] + b[ch];
+      xv[item * per + i] = silu_act ? silu(y) : y;
+    }
+  }
+  return xv;
+}
+
+TEST(OpsNorm, GroupNormWithAffineAndSilu) {
+  Tensor x = random_tensor({2, 64, 9, 7}, 1, 2.0f, 0.5f);
+  Tensor g = random_tensor({64}, 2), b = random_tensor({64}, 3);
+  EXPECT_OPS_CLOSE(ops::group_norm(x, 32, g, b, 1e-5f), ref_group_norm(x, 32, g, b, 1e-5, false));
+  EXPECT_OPS_CLOSE(ops::group_norm(x, 32, g, b, 1e-6f, UnaryOp::kSilu), ref_group_norm(x, 32, g, b, 1e-6, true));
+  EXPECT_OPS_CLOSE(ops::group_norm(x, 1, Tensor(), Tensor(), 1e-5f), ref_group_norm(x, 1, Tensor(), Tensor(), 1e-5, false));
+  // [N, C, L] sequences, strided input.
+  Tensor s = test::strided_copy(random_tensor({3, 6, 129}, 4));
+  EXPECT_OPS_CLOSE(ops::group_norm(s, 3, Tensor(), Tensor(), 1e-5f), ref_group_norm(s, 3, Tensor(), Tensor(), 1e-5, false));
+}
+
+TEST(OpsNorm, GroupNormLargeOffsetAndLongRows) {
+  // Mean far from zero relative to the spread, over 64k-element groups: naive f32 statistics fail here.
+  Tensor x = random_tensor({1, 4, 128, 128}, 5, 0.01f, 100.0f);
+  EXPECT_OPS_CLOSE(ops::group_norm(x, 2, Tensor(), Tensor(), 1e-6f), ref_group_norm(x, 2, Tensor(), Tensor(), 1e-6, false));
+}
+
+std::vector<double> ref_layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, bool rms) {
+  std::vector<double> xv = to_double(x);
+  const int64_t d = x.size(-1);
+  const std::vector<double> g = gamma.defined() ? to_double(gamma) : std::vector<double>(d, 1.0);
+  const std::vector<double> b = beta.defined() ? to_double(beta) : std::vector<double>(d, 0.0);
+  for (size_t r = 0; r < xv.size() / d; ++r) {
+    double mean = 0, var = 0;
+    for (int64_t j = 0; j < d; ++j) mean += xv[r * d + j];
+    mean = rms ? 0.0 : mean / double(d);
+    for (int64_t j = 0; j < d; ++j) var += (xv[r * d + j] - mean) * (xv[r * d + j] - mean);
+    var /= double(d);
+    for (int64_t j = 0; j < d; ++j) xv[r * d + j] = (xv[r * d + j] - mean) / std::sqrt(var + eps) * g[j] + (rms ? 0.0 : b[j]);
+  }
+  return xv;
+}
+
+TEST(OpsNorm, LayerNormAndRmsNorm) {
+  for (int64_t d : {1, 7, 320, 1281}) {
+    Tensor x = random_tensor({3, 77, d}, uint32_t(d), 3.0f, 1.0f);
+    Tensor g = random_tensor({d}, 2), b = random_tensor({d}, 3);
+    if (d > 1) EXPECT_OPS_CLOSE(ops::layer_norm(x, g, b, 1e-5f), ref_layer_norm(x, g, b, 1e-5, false)) << d;
+    EXPECT_OPS_CLOSE(ops::layer_norm(x, Tensor(), Tensor(), 1e-6f), ref_layer_norm(x, Tensor(), Tensor(), 1e-6, false)) << d;
+    EXPECT_OPS_CLOSE(ops::rms_norm(x, g, 1e-6f), ref_layer_norm(x, g, Tensor(), 1e-6, true)) << d;
+  }
+  Tensor xs = random_tensor({5, 2, 64}, 9).permute({1, 0, 2});
+  EXPECT_OPS_CLOSE(ops::layer_norm(xs, Tensor(), Tensor(), 1e-5f), ref_layer_norm(xs, Tensor(), Tensor(), 1e-5, false));
+}
+
+// softmax(q k^T * scale + mask) v per (b, h) in double; mask given as logical [B, H, Sq, Sk] values.
+std::vector<double> ref_attention(const Tensor& q, const Tensor& k, const Tensor& v, const std::vector<double>* mask, double scale) {
+  const std::vector<double> qv = to_double(q), kv = to_double(k), vv = to_double(v);
+  const int64_t b = q.size(0), h = q.size(1), sq = q.size(2), d = q.size(3), hk = k.size(1), sk = k.size(2), dv = v.size(3);
+  std::vector<double> out(static_cast<size_t>(b * h * sq * dv), 0.0), s(static_cast<size_t>(sk));
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t hi = 0; hi < h; ++hi) {
+      const int64_t kh = hi / (h / hk);
+      for (int64_t i = 0; i < sq; ++i) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < sk; ++j) {
+          double acc = 0;
+          for (int64_t p = 0; p < d; ++p) acc += qv[((bi * h + hi) * sq + i) * d + p] * kv[((bi * hk + kh) * sk + j) * d + p];
+          s[j] = acc * scale + (mask ? (*mask)[((bi * h + hi) * sq + i) * sk + j] : 0.0);
+          mx = std::max(mx, s[j]);
+        }
+        for (int64_t j = 0; j < sk; ++j) sum += (s[j] = std::exp(s[j] - mx));
+        for (int64_t j = 0; j < sk; ++j)
+          for (int64_t p = 0; p < dv; ++p) out[((bi * h + hi) * sq + i) * dv + p] += s[j] / sum * vv[((bi * hk + kh) * sk + j) * dv + p];
+      }
+    }
+  return out;
+}
+
+// Every attention test runs twice: through the fused AVX-512 kernel (where the CPU has it) and through
+// the portable GEMM path.
+class OpsAttention : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { cpu::set_fused_attention(GetParam()); }
+  void TearDown() override { cpu::set_fused_attention(true); }
+};
+INSTANTIATE_TEST_SUITE_P(OpsPaths, OpsAttention, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "Fused" : "Gemm"; });
+
+TEST_P(OpsAttention, OddLengthsGqaAndValueWidth) {
+  struct Case { int64_t b, h, hk, sq, sk, d, dv; };
+  for (const Case& c : {Case{1, 1, 1, 1, 1, 1, 1}, Case{2, 4, 4, 77, 77, 8, 8}, Case{1, 8, 2, 129, 7, 40, 40},
+                        Case{2, 3, 1, 5, 300, 16, 24}, Case{1, 2, 2, 1000, 1100, 8, 8},
+                        Case{1, 2, 1, 19, 600, 96, 90}, Case{1, 1, 1, 33, 513, 64, 64}, Case{1, 1, 1, 17, 256, 40, 48},
+                        Case{1, 1, 1, 9, 70, 128, 100}}) {
+    Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 1), k = random_tensor({c.b, c.hk, c.sk, c.d}, 2),
+           v = random_tensor({c.b, c.hk, c.sk, c.dv}, 3);
+    const double scale = 1.0 / std::sqrt(double(c.d));
+    EXPECT_OPS_CLOSE(ops::attention(q, k, v), ref_attention(q, k, v, nullptr, scale)) << c.sq << "x" << c.sk << " h" << c.h << "/" << c.hk;
+    EXPECT_OPS_CLOSE(ops::attention(q, k, v, Tensor(), 0.3f), ref_attention(q, k, v, nullptr, 0.3));
+  }
+}
+
+TEST_P(OpsAttention, BroadcastMasks) {
+  const int64_t b = 2, h = 3, sq = 9, sk = 11, d = 8;
+  Tensor q = random_tensor({b, h, sq, d}, 1), k = random_tensor({b, h, sk, d}, 2), v = random_tensor({b, h, sk, d}, 3);
+  const double scale = 1.0 / std::sqrt(double(d));
+  // [Sq, Sk] causal-style mask with -inf, [B, 1, 1, Sk] padding mask, and a full [B, H, Sq, Sk] mask.
+  std::vector<float> causal(size_t(sq * sk));
+  for (int64_t i = 0; i < sq; ++i)
+    for (int64_t j = 0; j < sk; ++j) causal[i * sk + j] = j > i + 2 ? -INFINITY : 0.0f;
+  std::vector<float> pad(size_t(b * sk), 0.0f);
+  for (int64_t j = 7; j < sk; ++j) pad[sk + j] = -10000.0f;
+  const std::vector<std::pair<Tensor, Shape>> masks = {
+      {Tensor::from_vector(causal, {sq, sk}), {sq, sk}},
+      {Tensor::from_vector(pad, {b, 1, 1, sk}), {b, 1, 1, sk}},
+      {random_tensor({b, h, sq, sk}, 4), {b, h, sq, sk}},
+      {random_tensor({b, h, sq, 1}, 5), {b, h, sq, 1}}};
+  for (const auto& [mask, shape] : masks) {
+    // Logical full mask for the reference.
+    std::vector<double> full(size_t(b * h * sq * sk));
+    const std::vector<float> mv = mask.to_vector();
+    Shape ms(4, 1);
+    for (size_t i = 0; i < shape.size(); ++i) ms[4 - shape.size() + i] = shape[i];
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t hi = 0; hi < h; ++hi)
+        for (int64_t i = 0; i < sq; ++i)
+          for (int64_t j = 0; j < sk; ++j) {
+            const int64_t idx = (((ms[0] == 1 ? 0 : bi) * ms[1] + (ms[1] == 1 ? 0 : hi)) * ms[2] + (ms[2] == 1 ? 0 : i)) * ms[3] + (ms[3] == 1 ? 0 : j);
+            full[((bi * h + hi) * sq + i) * sk + j] = mv[idx];
+          }
+    EXPECT_OPS_CLOSE(ops::attention(q, k, v, mask), ref_attention(q, k, v, &full, scale)) << shape_str(shape);
+  }
+}
+
+TEST_P(OpsAttention, LeadingMaskedKeysAndFullyMaskedRow) {
+  // Rows 0-3 see -inf over their first 400 keys (whole key chunks of the fused kernel masked before any
+  // finite score), row 4 sees -inf everywhere: torch gives NaN there, and so must we.
+  const int64_t sq = 5, sk = 700, d = 8;
+  Tensor q = random_tensor({1, 1, sq, d}, 1), k = random_tensor({1, 1, sk, d}, 2), v = random_tensor({1, 1, sk, d}, 3);
+  std::vector<float> mv(size_t(sq * sk), 0.0f);
+  for (int64_t i = 0; i < sq; ++i)
+    for (int64_t j = 0; j < sk; ++j)
+      if (j < 400 || i == 4) mv[i * sk + j] = -INFINITY;
+  Tensor mask = Tensor::from_vector(mv, {sq, sk});
+  std::vector<double> full(mv.begin(), mv.end());
+  const std::vector<double> ref = ref_attention(q, k, v, &full, 1.0 / std::sqrt(double(d)));
+  const std::vector<float> out = ops::attention(q, k, v, mask).to_vector();
+  EXPECT_LE(test::rel_l2(std::vector<float>(out.begin(), out.begin() + 4 * d), test::to_float(std::vector<double>(ref.begin(), ref.begin() + 4 * d))),
+            test::kOpsTol);
+  for (int64_t c = 0; c < d; ++c) EXPECT_TRUE(std::isnan(out[4 * d + c]));
+}
+
+TEST_P(OpsAttention, PermutedViewsAndMultiHead) {
+  // q/k/v as [B, S, H, D] permuted to [B, H, S, D]: strided views with unit last stride.
+  const int64_t b = 2, s = 33, h = 4, d = 10, sk = 17;
+  Tensor qs = random_tensor({b, s, h, d}, 1), ks = random_tensor({b, sk, h, d}, 2), vs = random_tensor({b, sk, h, d}, 3);
+  Tensor q = qs.permute({0, 2, 1, 3}), k = ks.permute({0, 2, 1, 3}), v = vs.permute({0, 2, 1, 3});
+  const std::vector<double> ref = ref_attention(q, k, v, nullptr, 1.0 / std::sqrt(double(d)));
+  EXPECT_OPS_CLOSE(ops::attention(q, k, v), ref);
+  // multi_head_attention on [B, S, H*D] gives the same numbers, heads merged back: [B, S, H*D].
+  Tensor out = ops::multi_head_attention(qs.reshape({b, s, h * d}), ks.reshape({b, sk, h * d}), vs.reshape({b, sk, h * d}), int(h));
+  ASSERT_EQ(out.shape(), (Shape{b, s, h * d}));
+  Tensor merged_ref = ops::contiguous(ops::attention(q, k, v).permute({0, 2, 1, 3})).reshape({b, s, h * d});
+  EXPECT_OPS_CLOSE(out, to_double(merged_ref));
+  // Fused QKV projection chunked along the last dim (non-contiguous rows) with GQA (kv_heads 2).
+  Tensor qkv = random_tensor({b, s, h * d + 2 * 2 * d}, 4);
+  Tensor qv = qkv.narrow(2, 0, h * d), kv = qkv.narrow(2, h * d, 2 * d), vv = qkv.narrow(2, h * d + 2 * d, 2 * d);
+  Tensor gqa = ops::multi_head_attention(qv, kv, vv, int(h), 2);
+  Tensor qh = ops::contiguous(qv).reshape({b, s, h, d}).permute({0, 2, 1, 3});
+  Tensor kh = ops::contiguous(kv).reshape({b, s, 2, d}).permute({0, 2, 1, 3});
+  Tensor vh = ops::contiguous(vv).reshape({b, s, 2, d}).permute({0, 2, 1, 3});
+  const std::vector<double> r4 = ref_attention(qh, kh, vh, nullptr, 1.0 / std::sqrt(double(d)));
+  // Reference is [B, H, S, D]; merge heads.
+  std::vector<double> merged(r4.size());
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t hi = 0; hi < h; ++hi)
+      for (int64_t i = 0; i < s; ++i)
+        for (int64_t p = 0; p < d; ++p) merged[((bi * s + i) * h + hi) * d + p] = r4[((bi * h + hi) * s + i) * d + p];
+  EXPECT_OPS_CLOSE(gqa, merged);
+}
+
+TEST(OpsBlas, UsesVectorKernelsOnThisCpu) {
+  // OpenBLAS 0.3.21 falls back to its SSE3 "Prescott" kernels on CPUs newer than it; the backend re-selects.
+  ops::matmul(random_tensor({4, 4}, 1), random_tensor({4, 4}, 2));
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) GTEST_SKIP() << "OPENBLAS_CORETYPE set by the user";
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "CPU without AVX2";
+  EXPECT_STRNE(openblas_get_corename(), "Prescott");
+  EXPECT_EQ(openblas_get_parallel() == 1 ? openblas_get_num_threads() : 1, 1) << "OpenBLAS must not thread on its own";
+}
+
+}  // namespace
+}  // namespace atelier

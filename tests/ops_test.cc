@@ -1,0 +1,372 @@
+// Op API tests, part 1: layout ops, elementwise ops, validation and memory. Every op is compared with a
+// naive double-precision reference written here, on random inputs with odd sizes and strided views.
+// Part 2 (linear algebra, convolution, normalisation, attention) is in ops_linalg_test.cc.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "backend/ops.h"
+#include "core/dtype.h"
+#include "ops_test_util.h"
+
+namespace atelier {
+namespace {
+
+using test::random_tensor;
+using test::to_double;
+
+double ref_unary(double x, UnaryOp op) {
+  switch (op) {
+    case UnaryOp::kIdentity: return x;
+    case UnaryOp::kSilu: return x / (1.0 + std::exp(-x));
+    case UnaryOp::kGelu: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case UnaryOp::kGeluTanh: return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    case UnaryOp::kQuickGelu: return x / (1.0 + std::exp(-1.702 * x));
+    case UnaryOp::kRelu: return x > 0 ? x : 0.0;
+    case UnaryOp::kSigmoid: return 1.0 / (1.0 + std::exp(-x));
+    case UnaryOp::kTanh: return std::tanh(x);
+    case UnaryOp::kExp: return std::exp(x);
+    case UnaryOp::kSqrt: return std::sqrt(x);
+    case UnaryOp::kRsqrt: return 1.0 / std::sqrt(x);
+    case UnaryOp::kSquare: return x * x;
+    case UnaryOp::kNeg: return -x;
+  }
+  return x;
+}
+
+const UnaryOp kAllUnary[] = {UnaryOp::kIdentity, UnaryOp::kSilu, UnaryOp::kGelu, UnaryOp::kGeluTanh, UnaryOp::kQuickGelu,
+                             UnaryOp::kRelu, UnaryOp::kSigmoid, UnaryOp::kTanh, UnaryOp::kExp, UnaryOp::kSqrt,
+                             UnaryOp::kRsqrt, UnaryOp::kSquare, UnaryOp::kNeg};
+
+bool positive_domain(UnaryOp op) { return op == UnaryOp::kSqrt || op == UnaryOp::kRsqrt; }
+
+TEST(OpsUnary, AllOpsMatchDoubleReference) {
+  for (int64_t n : {1, 7, 129, 100003}) {
+    for (UnaryOp op : kAllUnary) {
+      Tensor x = positive_domain(op) ? random_tensor({n}, 11, 0.5f, 3.0f) : random_tensor({n}, 11, 3.0f);
+      const std::vector<double> xv = to_double(x);
+      const std::vector<float> out = ops::unary(x, op).to_vector();
+      // Per element: f32 rounding of the result, plus an absolute floor where the formula cancels
+      // (1 + erf(x) for very negative x computes a tiny difference of two numbers near 1, in torch too).
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = ref_unary(xv[i], op);
+        ASSERT_NEAR(out[i], want, 2e-6 * std::abs(want) + 1e-6) << "op " << int(op) << " x " << xv[i];
+      }
+    }
+  }
+}
+
+TEST(OpsUnary, StridedInputAndExtremes) {
+  Tensor x = test::strided_copy(random_tensor({13, 17}, 3, 4.0f));
+  std::vector<double> ref = to_double(x);
+  for (double& v : ref) v = ref_unary(v, UnaryOp::kGelu);
+  EXPECT_OPS_CLOSE(ops::gelu(x), ref);
+  // Large magnitudes must not produce NaN (silu of -100 is -0, of 100 is 100).
+  Tensor big = Tensor::from_vector({-100.0f, 100.0f, -30.0f, 0.0f}, {4});
+  const std::vector<float> s = ops::silu(big).to_vector();
+  EXPECT_EQ(s[1], 100.0f);
+  EXPECT_NEAR(s[0], 0.0f, 1e-30);
+  EXPECT_FALSE(std::isnan(s[2]));
+}
+
+double ref_binary(double a, double b, BinaryOp op) {
+  switch (op) {
+    case BinaryOp::kAdd: return a + b;
+    case BinaryOp::kSub: return a - b;
+    case BinaryOp::kMul: return a * b;
+    case BinaryOp::kDiv: return a / b;
+    case BinaryOp::kMax: return std::max(a, b);
+    case BinaryOp::kMin: return std::min(a, b);
+  }
+  return 0;
+}
+
+// Reference numpy broadcasting over logical (row-major) values.
+std::vector<double> ref_broadcast(const Tensor& a, const Tensor& b, BinaryOp op, Shape* out_shape) {
+  const std::vector<double> av = to_double(a), bv = to_double(b);
+  const size_t r = std::max(a.dim(), b.dim());
+  Shape as(r, 1), bs(r, 1), os(r);
+  for (int64_t i = 0; i < a.dim(); ++i) as[r - a.dim() + i] = a.shape()[i];
+  for (int64_t i = 0; i < b.dim(); ++i) bs[r - b.dim() + i] = b.shape()[i];
+  for (size_t i = 0; i < r; ++i) os[i] = std::max(as[i], bs[i]);
+  *out_shape = os;
+  std::vector<double> out(size_t(numel_of(os)));
+  for (int64_t flat = 0; flat < int64_t(out.size()); ++flat) {
+    int64_t rem = flat, ai = 0, bi = 0, amul = 1, bmul = 1;
+    for (int64_t d = int64_t(r) - 1; d >= 0; --d) {
+      const int64_t idx = rem % os[d];
+      rem /= os[d];
+      ai += (as[d] == 1 ? 0 : idx) * amul;
+      bi += (bs[d] == 1 ? 0 : idx) * bmul;
+      amul *= as[d];
+      bmul *= bs[d];
+    }
+    out[flat] = ref_binary(av[ai], bv[bi], op);
+  }
+  return out;
+}
+
+TEST(OpsBinary, BroadcastingCases) {
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{7}, {7}}, {{2, 3, 4}, {4}}, {{2, 1, 4}, {3, 1}}, {{5, 7, 9}, {5, 1, 1}}, {{1}, {3, 129}},
+      {{2, 320, 9, 11}, {1, 320, 1, 1}}, {{2, 77, 33}, {2, 1, 33}}, {{4, 1}, {1, 5}}, {{2, 64, 300}, {2, 64, 300}}};
+  const BinaryOp all[] = {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kDiv, BinaryOp::kMax, BinaryOp::kMin};
+  uint32_t seed = 1;
+  for (const auto& [sa, sb] : cases) {
+    for (BinaryOp op : all) {
+      Tensor a = random_tensor(sa, seed++), b = random_tensor(sb, seed++, 1.0f, op == BinaryOp::kDiv ? 4.0f : 0.0f);
+      Shape os;
+      const std::vector<double> ref = ref_broadcast(a, b, op, &os);
+      Tensor out = ops::binary(a, b, op);
+      EXPECT_EQ(out.shape(), os);
+      EXPECT_OPS_CLOSE(out, ref) << shape_str(sa) << " op " << int(op) << " " << shape_str(sb);
+    }
+  }
+}
+
+TEST(OpsBinary, StridedAndPermutedViews) {
+  Tensor a = random_tensor({3, 5, 7}, 5).permute({2, 0, 1});  // [7, 3, 5] strided
+  Tensor b = test::strided_copy(random_tensor({3, 5}, 6));    // [3, 5] strided
+  Shape os;
+  const std::vector<double> ref = ref_broadcast(a, b, BinaryOp::kMul, &os);
+  EXPECT_OPS_CLOSE(ops::mul(a, b), ref);
+  Tensor n = random_tensor({4, 10}, 7).narrow(1, 3, 5);
+  Tensor m = random_tensor({4, 1}, 8);
+  EXPECT_OPS_CLOSE(ops::sub(n, m), ref_broadcast(n, m, BinaryOp::kSub, &os));
+}
+
+TEST(OpsBinary, NanPropagatesThroughMaxMin) {
+  Tensor a = Tensor::from_vector({NAN, 1.0f, 2.0f}, {3});
+  Tensor b = Tensor::from_vector({0.0f, NAN, 1.0f}, {3});
+  for (BinaryOp op : {BinaryOp::kMax, BinaryOp::kMin}) {
+    const std::vector<float> r = ops::binary(a, b, op).to_vector();
+    EXPECT_TRUE(std::isnan(r[0]) && std::isnan(r[1]));
+  }
+}
+
+TEST(OpsLincomb, SharedAndPerSampleCoefficients) {
+  const Shape shape{3, 4, 7, 129};
+  std::vector<Tensor> xs = {random_tensor(shape, 1), random_tensor(shape, 2), test::strided_copy(random_tensor(shape, 3))};
+  const std::vector<float> c = {0.5f, -1.25f, 3.0f};
+  std::vector<std::vector<double>> xv;
+  for (const Tensor& x : xs) xv.push_back(to_double(x));
+  std::vector<double> ref(xv[0].size());
+  for (size_t j = 0; j < ref.size(); ++j) ref[j] = c[0] * xv[0][j] + c[1] * xv[1][j] + c[2] * xv[2][j];
+  EXPECT_OPS_CLOSE(ops::lincomb(xs, c), ref);
+
+  const std::vector<float> cs = {1, 2, 3, -1, 0.5f, 0.25f, 0, 0, 7};  // [3 samples, 3 inputs]
+  const size_t per = ref.size() / 3;
+  for (size_t j = 0; j < ref.size(); ++j) {
+    const size_t s = j / per;
+    ref[j] = cs[s * 3] * xv[0][j] + cs[s * 3 + 1] * xv[1][j] + cs[s * 3 + 2] * xv[2][j];
+  }
+  EXPECT_OPS_CLOSE(ops::lincomb_per_sample(xs, cs), ref);
+  EXPECT_THROW(ops::lincomb_per_sample(xs, c), Error);  // 3 coefficients for 3 samples x 3 inputs
+}
+
+TEST(OpsAffine, ScaleAndShift) {
+  Tensor x = random_tensor({5, 33}, 9);
+  std::vector<double> ref = to_double(x);
+  for (double& v : ref) v = 0.18215 * v + 0.5;
+  EXPECT_OPS_CLOSE(ops::affine(x, 0.18215f, 0.5f), ref);
+  std::vector<double> ref2 = to_double(x);
+  for (double& v : ref2) v *= -2.0;
+  EXPECT_OPS_CLOSE(ops::affine(x, -2.0f), ref2);
+}
+
+TEST(OpsGlu, GegluAndOddWidth) {
+  for (int64_t h : {1, 7, 640}) {
+    Tensor x = random_tensor({2, 5, 2 * h}, uint32_t(h));
+    const std::vector<double> xv = to_double(x);
+    std::vector<double> ref;
+    for (int64_t r = 0; r < 10; ++r)
+      for (int64_t j = 0; j < h; ++j) ref.push_back(xv[r * 2 * h + j] * ref_unary(xv[r * 2 * h + h + j], UnaryOp::kGelu));
+    Tensor out = ops::glu(x, UnaryOp::kGelu);
+    EXPECT_EQ(out.shape(), (Shape{2, 5, h}));
+    EXPECT_OPS_CLOSE(out, ref);
+  }
+}
+
+std::vector<double> ref_softmax(const std::vector<double>& x, int64_t d) {
+  std::vector<double> out(x.size());
+  for (size_t r = 0; r < x.size() / d; ++r) {
+    double mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < d; ++j) mx = std::max(mx, x[r * d + j]);
+    for (int64_t j = 0; j < d; ++j) sum += std::exp(x[r * d + j] - mx);
+    for (int64_t j = 0; j < d; ++j) out[r * d + j] = std::exp(x[r * d + j] - mx) / sum;
+  }
+  return out;
+}
+
+TEST(OpsSoftmax, RowsWithLargeValuesAndMaskedEntries) {
+  for (int64_t d : {1, 3, 77, 4099}) {
+    Tensor x = random_tensor({3, 5, d}, uint32_t(d), 30.0f);  // large logits: max subtraction matters
+    EXPECT_OPS_CLOSE(ops::softmax(x), ref_softmax(to_double(x), d)) << d;
+  }
+  Tensor m = Tensor::from_vector({1.0f, -INFINITY, 2.0f, -INFINITY}, {1, 4});
+  const std::vector<float> r = ops::softmax(m).to_vector();
+  EXPECT_EQ(r[1], 0.0f);
+  EXPECT_NEAR(r[0] + r[2], 1.0f, 1e-6);
+}
+
+// --- layout ---------------------------------------------------------------------------------------
+
+TEST(OpsLayout, ConcatAlongEachDim) {
+  Tensor a = random_tensor({2, 3, 4}, 1), b = test::strided_copy(random_tensor({2, 3, 4}, 2));
+  for (int dim = 0; dim < 3; ++dim) {
+    Shape sb = {2, 3, 4};
+    sb[dim] = 5;
+    Tensor c = random_tensor(sb, 3);
+    Tensor out = ops::concat({a, c, b}, dim);
+    // Reference: the element at index i along dim comes from the input owning that range.
+    const std::vector<float> av = a.to_vector(), bv = b.to_vector(), cv = c.to_vector(), ov = out.to_vector();
+    Shape os = out.shape();
+    for (int64_t flat = 0; flat < out.numel(); ++flat) {
+      int64_t idx[3], rem = flat;
+      for (int d = 2; d >= 0; --d) { idx[d] = rem % os[d]; rem /= os[d]; }
+      // Segments along dim: a [0, la), c [la, la + 5), b [la + 5, 2 la + 5).
+      const int64_t la = a.shape()[dim];
+      const std::vector<float>* src = &av;
+      Shape ss = {2, 3, 4};
+      if (idx[dim] >= la + 5) {
+        src = &bv;
+        idx[dim] -= la + 5;
+      } else if (idx[dim] >= la) {
+        src = &cv;
+        ss = sb;
+        idx[dim] -= la;
+      }
+      const int64_t si = (idx[0] * ss[1] + idx[1]) * ss[2] + idx[2];
+      ASSERT_EQ(ov[flat], (*src)[si]) << "dim " << dim << " flat " << flat;
+    }
+  }
+  EXPECT_THROW(ops::concat({a, random_tensor({2, 4, 4}, 4)}, 2), Error);
+}
+
+TEST(OpsLayout, ChunkGivesViews) {
+  Tensor x = random_tensor({2, 6, 5}, 1);
+  std::vector<Tensor> parts = ops::chunk(x, 3, 1);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[1].shape(), (Shape{2, 2, 5}));
+  EXPECT_EQ(parts[2].to_vector(), x.narrow(1, 4, 2).to_vector());
+  EXPECT_EQ(parts[0].buffer(), x.buffer());
+  EXPECT_THROW(ops::chunk(x, 4, 1), Error);
+  EXPECT_EQ(ops::chunk(x, 5, -1)[4].to_vector(), x.narrow(2, 4, 1).to_vector());
+}
+
+TEST(OpsLayout, UpsampleNearestMatchesTorchIndexing) {
+  for (int f : {1, 2, 3}) {
+    Tensor x = test::strided_copy(random_tensor({2, 3, 5, 7}, 1));
+    Tensor out = ops::upsample_nearest2d(x, f);
+    ASSERT_EQ(out.shape(), (Shape{2, 3, 5 * f, 7 * f}));
+    const std::vector<float> xv = x.to_vector(), ov = out.to_vector();
+    for (int64_t nc = 0; nc < 6; ++nc)
+      for (int64_t y = 0; y < 5 * f; ++y)
+        for (int64_t xx = 0; xx < 7 * f; ++xx)  // torch: src = floor(dst * (1 / f))
+          ASSERT_EQ(ov[(nc * 5 * f + y) * 7 * f + xx], xv[(nc * 5 + int64_t(std::floor(y * (1.0 / f)))) * 7 + int64_t(std::floor(xx * (1.0 / f)))]);
+  }
+}
+
+TEST(OpsLayout, AsymmetricPad2d) {
+  Tensor x = random_tensor({1, 2, 3, 4}, 1);
+  Tensor out = ops::pad2d(x, 0, 1, 2, 0, -7.0f);  // left 0, right 1, top 2, bottom 0 (the VAE's downsample pad is (0,1,0,1))
+  ASSERT_EQ(out.shape(), (Shape{1, 2, 5, 5}));
+  const std::vector<float> xv = x.to_vector(), ov = out.to_vector();
+  for (int64_t c = 0; c < 2; ++c)
+    for (int64_t y = 0; y < 5; ++y)
+      for (int64_t xx = 0; xx < 5; ++xx) {
+        const bool inside = y >= 2 && xx < 4;
+        const float want = inside ? xv[(c * 3 + y - 2) * 4 + xx] : -7.0f;
+        ASSERT_EQ(ov[(c * 5 + y) * 5 + xx], want);
+      }
+  EXPECT_THROW(ops::pad2d(x, -1, 0, 0, 0), Error);
+}
+
+TEST(OpsLayout, EmbeddingGathersRows) {
+  Tensor table = random_tensor({10, 6}, 1);
+  std::vector<int32_t> ids = {3, 0, 9, 3};
+  Tensor idt = Tensor::empty({2, 2}, DType::I32);
+  std::copy(ids.begin(), ids.end(), idt.data<int32_t>());
+  Tensor out = ops::embedding(idt, table);
+  ASSERT_EQ(out.shape(), (Shape{2, 2, 6}));
+  const std::vector<float> tv = table.to_vector(), ov = out.to_vector();
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 6; ++j) ASSERT_EQ(ov[i * 6 + j], tv[ids[i] * 6 + j]);
+  Tensor bad = Tensor::empty({1}, DType::I64);
+  bad.data<int64_t>()[0] = 10;
+  EXPECT_THROW(ops::embedding(bad, table), Error);
+}
+
+TEST(OpsLayout, CastsRoundTripHalfTypes) {
+  Tensor x = random_tensor({3, 77}, 1, 10.0f);
+  const std::vector<float> xv = x.to_vector();
+  for (DType t : {DType::F16, DType::BF16}) {
+    Tensor h = ops::cast(test::strided_copy(x), t);
+    ASSERT_EQ(h.dtype(), t);
+    Tensor back = ops::cast(h, DType::F32);
+    const std::vector<float> bv = back.to_vector();
+    for (size_t i = 0; i < xv.size(); ++i) {
+      const float want = t == DType::F16 ? f16_to_float(float_to_f16(xv[i])) : bf16_to_float(float_to_bf16(xv[i]));
+      ASSERT_EQ(bv[i], want) << i;
+    }
+  }
+  EXPECT_THROW(ops::gelu(ops::cast(x, DType::F16)), Error);  // the CPU backend computes in f32 only
+}
+
+TEST(OpsLayout, ContiguousCloneAndToDevice) {
+  Tensor x = random_tensor({4, 6}, 1);
+  EXPECT_EQ(ops::contiguous(x).buffer(), x.buffer());
+  EXPECT_NE(ops::clone(x).buffer(), x.buffer());
+  Tensor t = ops::contiguous(x.transpose(0, 1));
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.to_vector(), x.transpose(0, 1).to_vector());
+  EXPECT_EQ(ops::to_device(x, Device::cpu()).buffer(), x.buffer());
+}
+
+// --- validation and memory ------------------------------------------------------------------------
+
+TEST(OpsValidation, BadShapesGiveInvalidArgumentWithAMessage) {
+  Tensor a = random_tensor({2, 3}, 1), b = random_tensor({4, 5}, 2);
+  try {
+    ops::matmul(a, b);
+    FAIL() << "matmul of [2,3] @ [4,5] should throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("matmul"), std::string::npos);
+  }
+  EXPECT_THROW(ops::add(a, b), Error);
+  EXPECT_THROW(ops::linear(a, b), Error);
+  EXPECT_THROW(ops::conv2d(a, b, Tensor(), {}), Error);
+  EXPECT_THROW(ops::group_norm(random_tensor({1, 6, 2}, 3), 4, Tensor(), Tensor(), 1e-5f), Error);
+  EXPECT_THROW(ops::attention(random_tensor({1, 3, 4, 8}, 1), random_tensor({1, 2, 4, 8}, 2), random_tensor({1, 2, 4, 8}, 3)), Error);
+  EXPECT_THROW(ops::unary(Tensor(), UnaryOp::kSilu), Error);
+  const Status st = catch_status([&] { ops::softmax(Tensor()); return Status::ok(); });
+  EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(OpsMemory, RepeatedOpsKeepReservedBytesFlat) {
+  Backend& be = backend_for(Device::cpu());
+  Tensor x = random_tensor({2, 32, 16, 16}, 1);
+  Tensor w = random_tensor({32, 32, 3, 3}, 2, 0.05f);
+  Tensor lw = random_tensor({32, 32}, 3, 0.1f);
+  auto step = [&] {
+    Tensor h = ops::group_norm(x, 8, Tensor(), Tensor(), 1e-5f, UnaryOp::kSilu);
+    h = ops::conv2d(h, w, Tensor(), {1, 1, 1, 1});
+    Tensor s = ops::contiguous(h.reshape({2, 32, 256}).transpose(1, 2));
+    s = ops::linear(s, lw);
+    s = ops::multi_head_attention(s, s, s, 4);
+    s = ops::layer_norm(s, Tensor(), Tensor(), 1e-5f);
+    Tensor u = ops::upsample_nearest2d(h, 2);
+    u = ops::pad2d(u, 0, 1, 0, 1);
+    return ops::add(ops::lincomb({x, x}, {0.5f, 0.5f}), h);
+  };
+  step();
+  step();
+  const size_t after_warmup = be.bytes_reserved();
+  for (int i = 0; i < 10; ++i) step();
+  EXPECT_EQ(be.bytes_reserved(), after_warmup);
+}
+
+}  // namespace
+}  // namespace atelier
