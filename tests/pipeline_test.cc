@@ -41,6 +41,7 @@ struct RunCase {
   std::string name;
   bool single_file;
 };
+void PrintTo(const RunCase& c, std::ostream* os) { *os << c.name << (c.single_file ? " (single file)" : " (diffusers)"); }
 
 class SdRun : public ::testing::TestWithParam<RunCase> {};
 
