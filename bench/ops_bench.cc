@@ -35,6 +35,13 @@ void BM_Conv3x3_64x64x320(benchmark::State& state) {
 }
 BENCHMARK(BM_Conv3x3_64x64x320)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+void BM_Conv3x3_64x64x320_Im2col(benchmark::State& state) {
+  cpu::set_winograd_conv(false);
+  BM_Conv3x3_64x64x320(state);
+  cpu::set_winograd_conv(true);
+}
+BENCHMARK(BM_Conv3x3_64x64x320_Im2col)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 void BM_Conv1x1_64x64x320(benchmark::State& state) {
   set_threads(state);
   Tensor x = random_tensor({1, 320, 64, 64}, 1), w = random_tensor({320, 320, 1, 1}, 2, 0.02f), b = random_tensor({320}, 3);
@@ -172,6 +179,13 @@ void BM_VaeConv3x3_512x512x128(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 128 * 128 * 9 * 512 * 512, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_VaeConv3x3_512x512x128)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_VaeConv3x3_512x512x128_Im2col(benchmark::State& state) {
+  cpu::set_winograd_conv(false);
+  BM_VaeConv3x3_512x512x128(state);
+  cpu::set_winograd_conv(true);
+}
+BENCHMARK(BM_VaeConv3x3_512x512x128_Im2col)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_VaeAttention_4096x512(benchmark::State& state) {
   set_threads(state);
