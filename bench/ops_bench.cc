@@ -42,6 +42,27 @@ void BM_Conv3x3_64x64x320_Im2col(benchmark::State& state) {
 }
 BENCHMARK(BM_Conv3x3_64x64x320_Im2col)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// The other SD 1.5 UNet levels (batch 2 for classifier-free guidance): Winograd against im2col.
+void ConvLevel(benchmark::State& state, int64_t size, int64_t channels, bool winograd) {
+  set_threads(state);
+  cpu::set_winograd_conv(winograd);
+  Tensor x = random_tensor({2, channels, size, size}, 1), w = random_tensor({channels, channels, 3, 3}, 2, 0.02f);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::conv2d(x, w, Tensor(), {1, 1, 1, 1, 1, 1, 1}));
+  cpu::set_winograd_conv(true);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 2 * channels * channels * 9 * size * size, benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
+}
+BENCHMARK_CAPTURE(ConvLevel, w32x32x640, 32, 640, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, i32x32x640, 32, 640, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, w16x16x1280, 16, 1280, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, i16x16x1280, 16, 1280, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, w8x8x1280, 8, 1280, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, i8x8x1280, 8, 1280, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, w12x12x640, 12, 640, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, i12x12x640, 12, 640, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, w64x64x320b2, 64, 320, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, i64x64x320b2, 64, 320, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 void BM_Conv1x1_64x64x320(benchmark::State& state) {
   set_threads(state);
   Tensor x = random_tensor({1, 320, 64, 64}, 1), w = random_tensor({320, 320, 1, 1}, 2, 0.02f), b = random_tensor({320}, 3);
