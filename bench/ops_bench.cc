@@ -1,6 +1,8 @@
 // CPU op benchmarks at Stable Diffusion 1.5 shapes (first UNet level at 512 px: 64x64 latents, 320
-// channels, 4096 tokens, 8 heads of 40). The benchmark argument is the OpenMP thread count.
-//   ./build/bench/ops_bench --benchmark_filter=Conv
+// channels, 4096 tokens, 8 heads of 40) and a few others (other UNet levels, VAE, wider heads). The
+// benchmark argument is the OpenMP thread count (0: the default). *_Im2col / *_GemmPath variants run the
+// portable paths that the Winograd convolution and the fused attention replace.
+//   ./build/bench/ops_bench --benchmark_filter='Conv3x3|Attention_4096x40'
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
