@@ -197,3 +197,27 @@ TEST(SdGenerate, SingleFileWithoutTokenizerSaysWhatToPass) {
 
 }  // namespace
 }  // namespace atelier
+
+namespace atelier {
+namespace {
+
+// A1111 emphasis is opt-in: without brackets it changes nothing; "(word:1.5)" changes the conditioning,
+// and with emphasis off the brackets are literal text (different tokens again).
+TEST(SdGenerate, EmphasisIsOptInAndChangesOnlyWeightedPrompts) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  auto model = load(dir, false);
+  ASSERT_TRUE(model);
+  SdPipeline pipe(model);
+  auto plain = pipe.encode_prompt("a red circle", 1, false);
+  auto plain_emph = pipe.encode_prompt("a red circle", 1, true);
+  ASSERT_TRUE(plain && plain_emph);
+  EXPECT_LE(test::rel_l2(plain_emph->to_vector(), plain->to_vector()), 1e-7);
+  auto weighted = pipe.encode_prompt("a (red:1.5) circle", 1, true);
+  auto literal = pipe.encode_prompt("a (red:1.5) circle", 1, false);
+  ASSERT_TRUE(weighted && literal);
+  EXPECT_GT(test::rel_l2(weighted->to_vector(), plain->to_vector()), 1e-3);
+  EXPECT_GT(test::rel_l2(literal->to_vector(), weighted->to_vector()), 1e-3);
+}
+
+}  // namespace
+}  // namespace atelier
