@@ -2,10 +2,12 @@
 // channels, 4096 tokens, 8 heads of 40). The benchmark argument is the OpenMP thread count.
 //   ./build/bench/ops_bench --benchmark_filter=Conv
 #include <benchmark/benchmark.h>
+#include <cblas.h>
 #include <omp.h>
 
 #include <random>
 
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/ops.h"
 
 namespace atelier {
@@ -46,6 +48,30 @@ void BM_Attention_4096x40(benchmark::State& state) {
 }
 BENCHMARK(BM_Attention_4096x40)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// The portable GEMM path that CPUs without AVX-512 take.
+void BM_Attention_4096x40_GemmPath(benchmark::State& state) {
+  cpu::set_fused_attention(false);
+  BM_Attention_4096x40(state);
+  cpu::set_fused_attention(true);
+}
+BENCHMARK(BM_Attention_4096x40_GemmPath)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Cross-attention shape: 4096 queries over 77 text tokens.
+void BM_CrossAttention_4096x77(benchmark::State& state) {
+  set_threads(state);
+  Tensor q = random_tensor({2, 8, 4096, 40}, 1), k = random_tensor({2, 8, 77, 40}, 2), v = random_tensor({2, 8, 77, 40}, 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::attention(q, k, v));
+}
+BENCHMARK(BM_CrossAttention_4096x77)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// SD 2.x / FLUX-like head width.
+void BM_Attention_1024x64(benchmark::State& state) {
+  set_threads(state);
+  Tensor q = random_tensor({1, 10, 1024, 64}, 1), k = random_tensor({1, 10, 1024, 64}, 2), v = random_tensor({1, 10, 1024, 64}, 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::attention(q, k, v));
+}
+BENCHMARK(BM_Attention_1024x64)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 void BM_Linear_4096x320x1280_Gelu(benchmark::State& state) {
   set_threads(state);
   Tensor x = random_tensor({1, 4096, 320}, 1), w = random_tensor({1280, 320}, 2, 0.05f), b = random_tensor({1280}, 3);
@@ -81,6 +107,118 @@ void BM_AddBroadcast_64x64x320(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ops::add(x, b));
 }
 BENCHMARK(BM_AddBroadcast_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Upsample2x_64x64x320(benchmark::State& state) {
+  set_threads(state);
+  Tensor x = random_tensor({1, 320, 64, 64}, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::upsample_nearest2d(x, 2));
+}
+BENCHMARK(BM_Upsample2x_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_ConcatChannels_64x64x640(benchmark::State& state) {
+  set_threads(state);
+  Tensor a = random_tensor({1, 320, 64, 64}, 1), b = random_tensor({1, 320, 64, 64}, 2);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::concat({a, b}, 1));
+}
+BENCHMARK(BM_ConcatChannels_64x64x640)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_TransposeToTokens_64x64x320(benchmark::State& state) {
+  set_threads(state);
+  Tensor x = random_tensor({1, 320, 4096}, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::contiguous(x.transpose(1, 2)));
+}
+BENCHMARK(BM_TransposeToTokens_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Pad2d_64x64x320(benchmark::State& state) {
+  set_threads(state);
+  Tensor x = random_tensor({1, 320, 64, 64}, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::pad2d(x, 0, 1, 0, 1));
+}
+BENCHMARK(BM_Pad2d_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// FLUX-like head width 128 (2 heads of 4096 tokens), both paths, and the 64-wide shape on the GEMM path.
+void BM_Attention_4096x128(benchmark::State& state) {
+  set_threads(state);
+  Tensor q = random_tensor({1, 2, 4096, 128}, 1), k = random_tensor({1, 2, 4096, 128}, 2), v = random_tensor({1, 2, 4096, 128}, 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::attention(q, k, v));
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * 2 * 4096 * 4096 * 128, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_Attention_4096x128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Attention_4096x128_GemmPath(benchmark::State& state) {
+  cpu::set_fused_attention(false);
+  BM_Attention_4096x128(state);
+  cpu::set_fused_attention(true);
+}
+BENCHMARK(BM_Attention_4096x128_GemmPath)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Attention_1024x64_GemmPath(benchmark::State& state) {
+  cpu::set_fused_attention(false);
+  BM_Attention_1024x64(state);
+  cpu::set_fused_attention(true);
+}
+BENCHMARK(BM_Attention_1024x64_GemmPath)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// VAE decoder shapes at 512 px: the last level's conv3x3 (128 channels at 512x512) and the mid-block's
+// single-head attention over 64x64 = 4096 tokens of 512 channels.
+void BM_VaeConv3x3_512x512x128(benchmark::State& state) {
+  set_threads(state);
+  Tensor x = random_tensor({1, 128, 512, 512}, 1), w = random_tensor({128, 128, 3, 3}, 2, 0.02f), b = random_tensor({128}, 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::conv2d(x, w, b, {1, 1, 1, 1, 1, 1, 1}));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 128 * 128 * 9 * 512 * 512, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_VaeConv3x3_512x512x128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_VaeAttention_4096x512(benchmark::State& state) {
+  set_threads(state);
+  Tensor q = random_tensor({1, 1, 4096, 512}, 1), k = random_tensor({1, 1, 4096, 512}, 2), v = random_tensor({1, 1, 4096, 512}, 3);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::attention(q, k, v));
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * 4096 * 4096 * 512, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_VaeAttention_4096x512)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_VaeAttention_4096x512_GemmPath(benchmark::State& state) {
+  cpu::set_fused_attention(false);
+  BM_VaeAttention_4096x512(state);
+  cpu::set_fused_attention(true);
+}
+BENCHMARK(BM_VaeAttention_4096x512_GemmPath)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The UNet transformer's residual: tokens [B, HW, C] viewed back as NCHW plus the NCHW input.
+void BM_AddPermuted_64x64x320(benchmark::State& state) {
+  set_threads(state);
+  Tensor seq = random_tensor({1, 64, 64, 320}, 1), x = random_tensor({1, 320, 64, 64}, 2);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::add(seq.permute({0, 3, 1, 2}), x));
+}
+BENCHMARK(BM_AddPermuted_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The threading-policy comparison behind cpu_gemm.cc: a conv-sized product followed by an OpenMP
+// normalisation, (a) as the backend runs it (single-threaded OpenBLAS tiles inside one OpenMP team) and
+// (b) with OpenBLAS threading the product itself through its own pthreads pool.
+void BM_GemmThenNorm_OpenMpTiles(benchmark::State& state) {
+  set_threads(state);
+  Tensor a = random_tensor({320, 2880}, 1), b = random_tensor({2880, 4096}, 2);
+  for (auto _ : state) {
+    Tensor c = ops::matmul(a, b);
+    benchmark::DoNotOptimize(ops::group_norm(c.reshape({1, 320, 4096}), 32, Tensor(), Tensor(), 1e-5f, UnaryOp::kSilu));
+  }
+}
+BENCHMARK(BM_GemmThenNorm_OpenMpTiles)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_GemmThenNorm_OpenBlasThreads(benchmark::State& state) {
+  set_threads(state);
+  Tensor a = random_tensor({320, 2880}, 1), b = random_tensor({2880, 4096}, 2);
+  Tensor c = Tensor::empty({320, 4096});
+  ops::matmul(a, b);  // backend set-up first (core selection), then hand OpenBLAS the threads
+  openblas_set_num_threads(int(state.range(0)));
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 320, 4096, 2880, 1.0f, a.data<float>(), 2880, b.data<float>(), 4096,
+                0.0f, c.data<float>(), 4096);
+    benchmark::DoNotOptimize(ops::group_norm(c.reshape({1, 320, 4096}), 32, Tensor(), Tensor(), 1e-5f, UnaryOp::kSilu));
+  }
+  openblas_set_num_threads(1);
+}
+BENCHMARK(BM_GemmThenNorm_OpenBlasThreads)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace atelier

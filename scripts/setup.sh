@@ -2,6 +2,9 @@
 # Installs the Debian 12 packages Atelier builds and tests with. Idempotent: packages already present are
 # skipped, and apt-get runs only when something is missing.
 set -euo pipefail
+# libopenblas-dev is Debian's pthreads OpenBLAS, kept on purpose: the CPU backend runs OpenBLAS single-threaded
+# inside its own OpenMP tiles (src/backend/cpu/cpu_gemm.cc says why and what was measured), so the OpenMP
+# variant (libopenblas0-openmp) would bring nothing, and switching variants would relink every build here.
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev

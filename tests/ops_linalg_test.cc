@@ -1,9 +1,13 @@
 // Op API tests, part 2: matrix products, convolution, normalisation and attention against naive
 // double-precision references (odd sizes, broadcasting, strided views, masks, GQA, groups, strides).
+#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/ops.h"
 #include "ops_test_util.h"
 
@@ -101,6 +105,21 @@ TEST(OpsMatmul, TransposesAndBatchBroadcasting) {
     ref.insert(ref.end(), c.begin(), c.end());
   }
   EXPECT_OPS_CLOSE(ops::matmul(a3, b), ref);
+  // Transposed views are read in place with the transpose flag flipped: (b^T)^T @ ... and a^T given as a view.
+  Tensor bt = test::strided_copy(b);  // [k, n] view of a [n, k] matrix
+  EXPECT_OPS_CLOSE(ops::matmul(a, bt), ref_mm(to_double(a), to_double(b), m, k, n));
+  Tensor at_view = random_tensor({k, m}, 6).transpose(0, 1);  // [m, k] view
+  EXPECT_OPS_CLOSE(ops::matmul(at_view, b), ref_mm(to_double(at_view), to_double(b), m, k, n));
+  EXPECT_OPS_CLOSE(ops::matmul(at_view, bt, false, false, 1.0f), ref_mm(to_double(at_view), to_double(bt), m, k, n));
+  Tensor q = random_tensor({2, 5, 8}, 7), kk = random_tensor({2, 9, 8}, 8);
+  std::vector<double> qk;
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<double> qv = to_double(q.select(0, i)), kv = to_double(kk.select(0, i));
+    const std::vector<double> c = ref_mm(qv, transpose2(kv, 9, 8), 5, 8, 9);
+    qk.insert(qk.end(), c.begin(), c.end());
+  }
+  EXPECT_OPS_CLOSE(ops::matmul(q, kk.transpose(1, 2)), qk);  // q @ k^T with k^T as a view
+  EXPECT_OPS_CLOSE(ops::matmul(q, kk, false, true), qk);
 }
 
 // Direct convolution in double: x [N, C, H, W], w [O, C/g, kh, kw].
@@ -257,10 +276,22 @@ std::vector<double> ref_attention(const Tensor& q, const Tensor& k, const Tensor
   return out;
 }
 
-TEST(OpsAttention, OddLengthsGqaAndValueWidth) {
+// Every attention test runs twice: through the fused AVX-512 kernel (where the CPU has it) and through
+// the portable GEMM path.
+class OpsAttention : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { cpu::set_fused_attention(GetParam()); }
+  void TearDown() override { cpu::set_fused_attention(true); }
+};
+INSTANTIATE_TEST_SUITE_P(OpsPaths, OpsAttention, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "Fused" : "Gemm"; });
+
+TEST_P(OpsAttention, OddLengthsGqaAndValueWidth) {
   struct Case { int64_t b, h, hk, sq, sk, d, dv; };
   for (const Case& c : {Case{1, 1, 1, 1, 1, 1, 1}, Case{2, 4, 4, 77, 77, 8, 8}, Case{1, 8, 2, 129, 7, 40, 40},
-                        Case{2, 3, 1, 5, 300, 16, 24}, Case{1, 2, 2, 1000, 1100, 8, 8}}) {
+                        Case{2, 3, 1, 5, 300, 16, 24}, Case{1, 2, 2, 1000, 1100, 8, 8},
+                        Case{1, 2, 1, 19, 600, 96, 90}, Case{1, 1, 1, 33, 513, 64, 64}, Case{1, 1, 1, 17, 256, 40, 48},
+                        Case{1, 1, 1, 9, 70, 128, 100}}) {
     Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 1), k = random_tensor({c.b, c.hk, c.sk, c.d}, 2),
            v = random_tensor({c.b, c.hk, c.sk, c.dv}, 3);
     const double scale = 1.0 / std::sqrt(double(c.d));
@@ -269,7 +300,7 @@ TEST(OpsAttention, OddLengthsGqaAndValueWidth) {
   }
 }
 
-TEST(OpsAttention, BroadcastMasks) {
+TEST_P(OpsAttention, BroadcastMasks) {
   const int64_t b = 2, h = 3, sq = 9, sk = 11, d = 8;
   Tensor q = random_tensor({b, h, sq, d}, 1), k = random_tensor({b, h, sk, d}, 2), v = random_tensor({b, h, sk, d}, 3);
   const double scale = 1.0 / std::sqrt(double(d));
@@ -301,7 +332,25 @@ TEST(OpsAttention, BroadcastMasks) {
   }
 }
 
-TEST(OpsAttention, PermutedViewsAndMultiHead) {
+TEST_P(OpsAttention, LeadingMaskedKeysAndFullyMaskedRow) {
+  // Rows 0-3 see -inf over their first 400 keys (whole key chunks of the fused kernel masked before any
+  // finite score), row 4 sees -inf everywhere: torch gives NaN there, and so must we.
+  const int64_t sq = 5, sk = 700, d = 8;
+  Tensor q = random_tensor({1, 1, sq, d}, 1), k = random_tensor({1, 1, sk, d}, 2), v = random_tensor({1, 1, sk, d}, 3);
+  std::vector<float> mv(size_t(sq * sk), 0.0f);
+  for (int64_t i = 0; i < sq; ++i)
+    for (int64_t j = 0; j < sk; ++j)
+      if (j < 400 || i == 4) mv[i * sk + j] = -INFINITY;
+  Tensor mask = Tensor::from_vector(mv, {sq, sk});
+  std::vector<double> full(mv.begin(), mv.end());
+  const std::vector<double> ref = ref_attention(q, k, v, &full, 1.0 / std::sqrt(double(d)));
+  const std::vector<float> out = ops::attention(q, k, v, mask).to_vector();
+  EXPECT_LE(test::rel_l2(std::vector<float>(out.begin(), out.begin() + 4 * d), test::to_float(std::vector<double>(ref.begin(), ref.begin() + 4 * d))),
+            test::kOpsTol);
+  for (int64_t c = 0; c < d; ++c) EXPECT_TRUE(std::isnan(out[4 * d + c]));
+}
+
+TEST_P(OpsAttention, PermutedViewsAndMultiHead) {
   // q/k/v as [B, S, H, D] permuted to [B, H, S, D]: strided views with unit last stride.
   const int64_t b = 2, s = 33, h = 4, d = 10, sk = 17;
   Tensor qs = random_tensor({b, s, h, d}, 1), ks = random_tensor({b, sk, h, d}, 2), vs = random_tensor({b, sk, h, d}, 3);
@@ -328,6 +377,15 @@ TEST(OpsAttention, PermutedViewsAndMultiHead) {
       for (int64_t i = 0; i < s; ++i)
         for (int64_t p = 0; p < d; ++p) merged[((bi * s + i) * h + hi) * d + p] = r4[((bi * h + hi) * s + i) * d + p];
   EXPECT_OPS_CLOSE(gqa, merged);
+}
+
+TEST(OpsBlas, UsesVectorKernelsOnThisCpu) {
+  // OpenBLAS 0.3.21 falls back to its SSE3 "Prescott" kernels on CPUs newer than it; the backend re-selects.
+  ops::matmul(random_tensor({4, 4}, 1), random_tensor({4, 4}, 2));
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) GTEST_SKIP() << "OPENBLAS_CORETYPE set by the user";
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "CPU without AVX2";
+  EXPECT_STRNE(openblas_get_corename(), "Prescott");
+  EXPECT_EQ(openblas_get_parallel() == 1 ? openblas_get_num_threads() : 1, 1) << "OpenBLAS must not thread on its own";
 }
 
 }  // namespace

@@ -76,13 +76,25 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const std::string& op) {
   return out;
 }
 
-// A matrix BLAS can read in place: unit stride on one of the last two dims, the other a valid leading
-// dimension. Batch dims are collapsed into one by the callers; otherwise a packed copy is made.
+// [.., R, C] readable in place by a row-major BLAS: unit column stride and a row stride that is a valid
+// leading dimension (>= C; any for a single row). The batch dim may have any stride, 0 included.
 bool blas_friendly(const Tensor& m) {
   if (m.dim() < 2) return m.is_contiguous();
   const int64_t rows = m.size(-2), cols = m.size(-1);
   const int64_t rs = m.strides()[m.dim() - 2], cs = m.strides()[m.dim() - 1];
   return cs == 1 && (rs >= cols || rows == 1);
+}
+
+// m [B, R, C] as a GEMM operand that BLAS reads in place: as is, or, when it is a transposed view of a
+// row-major matrix (unit stride on R), the underlying matrix with *trans flipped; otherwise packed.
+Tensor blas_operand(const Tensor& m, bool* trans) {
+  if (blas_friendly(m)) return m;
+  Tensor t = m.transpose(1, 2);
+  if (blas_friendly(t)) {
+    *trans = !*trans;
+    return t;
+  }
+  return contiguous(m);
 }
 
 // x [B, S, H*D] with unit last stride -> [B, H, S, D] view (no copy).
@@ -340,10 +352,9 @@ Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp ac
   Shape shape = x.shape();
   shape.back() = w.size(0);
   Tensor a = rows_view(x);
-  Tensor wm = blas_friendly(w) ? w : contiguous(w);
-  Tensor bm = wm.unsqueeze(0);  // [1, N, K]
   GemmParams p;
-  p.trans_b = true;
+  p.trans_b = true;  // w [out, in] is b^T
+  Tensor bm = blas_operand(w.unsqueeze(0), &p.trans_b);
   p.epilogue = act;
   Tensor out;
   if (residual.defined()) {
@@ -376,17 +387,18 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, floa
   require_same_device(a, b, op);
   require((a.dim() == 2 || a.dim() == 3) && (b.dim() == 2 || b.dim() == 3), op,
           "expects [B, M, K] or [M, K] operands, got " + shape_str(a.shape()) + " and " + shape_str(b.shape()));
+  const bool ta0 = trans_a, tb0 = trans_b;
   Tensor a3 = a.dim() == 2 ? a.unsqueeze(0) : a;
   Tensor b3 = b.dim() == 2 ? b.unsqueeze(0) : b;
-  if (!blas_friendly(a3)) a3 = contiguous(a3);
-  if (!blas_friendly(b3)) b3 = contiguous(b3);
+  a3 = blas_operand(a3, &trans_a);
+  b3 = blas_operand(b3, &trans_b);
   const int64_t ba = a3.size(0), bb = b3.size(0);
   require(ba == bb || ba == 1 || bb == 1, op, "batch sizes " + std::to_string(ba) + " and " + std::to_string(bb) + " do not broadcast");
   const int64_t m = trans_a ? a3.size(2) : a3.size(1);
   const int64_t ka = trans_a ? a3.size(1) : a3.size(2);
   const int64_t kb = trans_b ? b3.size(2) : b3.size(1);
   const int64_t n = trans_b ? b3.size(1) : b3.size(2);
-  require(ka == kb, op, "inner dims differ: " + shape_str(a.shape()) + (trans_a ? "^T" : "") + " @ " + shape_str(b.shape()) + (trans_b ? "^T" : ""));
+  require(ka == kb, op, "inner dims differ: " + shape_str(a.shape()) + (ta0 ? "^T" : "") + " @ " + shape_str(b.shape()) + (tb0 ? "^T" : ""));
   const int64_t batch = std::max(ba, bb);
   Tensor out = empty_like_shape(a, {batch, m, n});
   GemmParams p;
@@ -485,6 +497,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   require(k.size(0) == b && v.size(0) == b, op, "batch sizes differ");
   require(k.size(3) == d, op, "q and k head dims differ: " + shape_str(q.shape()) + " vs " + shape_str(k.shape()));
   require(v.size(1) == hk && v.size(2) == sk, op, "k " + shape_str(k.shape()) + " and v " + shape_str(v.shape()) + " differ in heads or length");
+  require(sk > 0, op, "empty key sequence (Sk = 0): softmax over nothing is undefined");
   require(hk >= 1 && h % hk == 0, op, "query heads " + std::to_string(h) + " not a multiple of kv heads " + std::to_string(hk));
   // The backend reads rows of the last dim in place: unit inner stride, row stride a valid leading dim.
   auto unit_last = [](const Tensor& t) {

@@ -44,7 +44,8 @@ const char* image_format_name(ImageFormat f);
 Status validate_image(const Image& img);
 
 // Decodes PNG (any bit depth/colour type: palette and <8-bit expand, 16-bit is reduced to 8), JPEG (gray,
-// RGB, CMYK) or WebP. Channels follow the file: 1/2 for gray(+alpha), 3/4 for colour(+alpha).
+// RGB, CMYK -> RGB) or WebP (still images). Channels follow the file: 1/2 for gray(+alpha), 3/4 for
+// colour(+alpha); WebP always decodes to 3 or 4 (the format has no gray mode).
 Expected<Image> read_image(const std::string& path);
 Expected<Image> decode_image(std::string_view bytes, const std::string& label = "<memory>");
 

@@ -185,8 +185,10 @@ Status parse_entry(const std::string& label, const std::string& name, const json
   const json& shape = entry["shape"];
   if (!shape.is_array()) return corrupt(where + "shape must be an array");
   info->shape.clear();
-  uint64_t numel = 1;
-  bool numel_overflow = false;
+  // The product of the dimensions, with zeros counted as 1, must fit in int64: that bounds both numel and
+  // the strides Tensor computes (an empty tensor of shape [0, 2^62, 2^62] is still rejected).
+  uint64_t span = 1;
+  bool overflow = false;
   bool has_zero_dim = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     uint64_t d = 0;
@@ -197,18 +199,14 @@ Status parse_entry(const std::string& label, const std::string& name, const json
       return corrupt(where + "shape entry " + std::to_string(i) + " (" + std::to_string(d) + ") is too large");
     info->shape.push_back(int64_t(d));
     if (d == 0) has_zero_dim = true;
-    if (d != 0 && numel > std::numeric_limits<uint64_t>::max() / d) numel_overflow = true;
-    numel *= d;  // may wrap; only used when numel_overflow stays false
-  }
-  // A zero dimension makes the tensor empty however large the other dimensions are.
-  if (has_zero_dim) {
-    numel_overflow = false;
-    numel = 0;
+    const uint64_t f = std::max<uint64_t>(d, 1);
+    if (span > uint64_t(std::numeric_limits<int64_t>::max()) / f) overflow = true;
+    else span *= f;
   }
   const uint64_t elem = dtype_size(info->dtype);
-  if (numel_overflow || numel > std::numeric_limits<uint64_t>::max() / elem ||
-      numel > uint64_t(std::numeric_limits<int64_t>::max()))
+  if (overflow || span > uint64_t(std::numeric_limits<int64_t>::max()) / elem)
     return corrupt(where + "shape " + shape.dump() + " overflows the addressable size");
+  const uint64_t numel = has_zero_dim ? 0 : span;
 
   const json& off = entry["data_offsets"];
   uint64_t begin = 0, end = 0;
@@ -373,8 +371,10 @@ namespace {
 
 // A packed host copy of `t` with its own dtype (the writer stores bytes as they are).
 Tensor packed_host(const Tensor& t) {
-  Tensor host = t.device().is_cpu() ? t : (t.is_contiguous() ? t.to(Device::cpu()) : Tensor());
-  if (!host.defined()) ATELIER_CHECK(false, "write_safetensors: non-contiguous device tensor; make it contiguous first");
+  if (!t.device().is_cpu() && !t.is_contiguous())
+    throw Error(invalid_argument("write_safetensors: non-contiguous " + t.device().str() +
+                                 " tensor; call ops::contiguous first"));
+  const Tensor host = t.to(Device::cpu());
   if (host.is_contiguous()) return host;
   Tensor packed = Tensor::empty(host.shape(), host.dtype(), Device::cpu());
   // Strided gather, element by element, in row-major order (the writer is not on a hot path).

@@ -1,12 +1,19 @@
 // Data movement on the CPU: strided copies with dtype conversion, fill, embedding gathers.
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
 
 namespace atelier {
 
 CpuBackend& cpu_backend() {
-  static CpuBackend* b = new CpuBackend();  // never destroyed: tensors may outlive static destruction order
+  // Never destroyed: tensors may outlive static destruction order. BLAS is set up here, on one thread,
+  // before any product can run.
+  static CpuBackend* b = [] {
+    cpu::init_blas();
+    return new CpuBackend();
+  }();
   return *b;
 }
 
@@ -58,6 +65,64 @@ void CpuBackend::copy_between_devices(Tensor& dst, const Tensor& src) {
   std::memcpy(dst.raw(), src.raw(), src.nbytes());
 }
 
+namespace {
+
+// Shape and strides of a copy with size-1 dims dropped and adjacent dims merged wherever both operands
+// allow it, padded to at least 2 dims: the last two form the 2-D kernel, the rest are outer iterations.
+struct CopyPlan {
+  Shape shape, ds, ss;
+};
+
+CopyPlan plan_copy(const Tensor& dst, const Tensor& src) {
+  CopyPlan p;
+  for (int64_t d = 0; d < dst.dim(); ++d) {
+    const int64_t n = dst.shape()[d];
+    if (n == 1) continue;
+    const int64_t a = dst.strides()[d], b = src.strides()[d];
+    if (!p.shape.empty() && p.ds.back() == a * n && p.ss.back() == b * n) {
+      p.shape.back() *= n;
+      p.ds.back() = a;
+      p.ss.back() = b;
+    } else {
+      p.shape.push_back(n);
+      p.ds.push_back(a);
+      p.ss.push_back(b);
+    }
+  }
+  while (p.shape.size() < 2) {
+    p.shape.insert(p.shape.begin(), 1);
+    p.ds.insert(p.ds.begin(), 0);
+    p.ss.insert(p.ss.begin(), 0);
+  }
+  return p;
+}
+
+// Side of the square tiles a transposing copy walks, so both sides stay in cache.
+constexpr int64_t kTransposeTile = 32;
+constexpr int64_t kParallelCopyElems = 1 << 15;
+
+// d[r * drs + c * dcs] = s[r * srs + c * scs] over [rows, cols], f32.
+void copy2d_f32(float* d, int64_t drs, int64_t dcs, const float* s, int64_t srs, int64_t scs, int64_t rows, int64_t cols) {
+  if (dcs == 1 && scs == 1) {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(d + r * drs, s + r * srs, size_t(cols) * sizeof(float));
+  } else if (dcs == 1 && scs == 0) {
+    for (int64_t r = 0; r < rows; ++r) std::fill(d + r * drs, d + r * drs + cols, s[r * srs]);
+  } else if (dcs == 1 && srs == 1) {  // transpose: read columns of the source in tiles
+    for (int64_t r0 = 0; r0 < rows; r0 += kTransposeTile)
+      for (int64_t c0 = 0; c0 < cols; c0 += kTransposeTile) {
+        const int64_t r1 = std::min(rows, r0 + kTransposeTile), c1 = std::min(cols, c0 + kTransposeTile);
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t c = c0; c < c1; ++c) d[r * drs + c] = s[r + c * scs];
+      }
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) d[r * drs + c * dcs] = s[r * srs + c * scs];
+  }
+}
+
+}  // namespace
+
+// dst[i] = cast(src[i]) over dst's shape; any strides (zero strides broadcast the source).
 void CpuBackend::copy(Tensor& dst, const Tensor& src) {
   ATELIER_CHECK(dst.shape() == src.shape(), "copy: shape " + shape_str(src.shape()) + " to " + shape_str(dst.shape()));
   const int64_t n = dst.numel();
@@ -66,26 +131,34 @@ void CpuBackend::copy(Tensor& dst, const Tensor& src) {
     std::memcpy(dst.raw(), src.raw(), dst.nbytes());
     return;
   }
-  const Shape& shape = dst.shape();
-  const int64_t inner = shape.empty() ? 1 : shape.back();
-  const int64_t outer = n / inner;
-  const int64_t ds = shape.empty() ? 1 : dst.strides().back();
-  const int64_t ss = shape.empty() ? 1 : src.strides().back();
+  const CopyPlan p = plan_copy(dst, src);
+  const int64_t r = int64_t(p.shape.size());
+  const int64_t rows = p.shape[r - 2], cols = p.shape[r - 1];
+  const Shape outer_shape(p.shape.begin(), p.shape.end() - 2);
+  const Shape outer_ds(p.ds.begin(), p.ds.end() - 2), outer_ss(p.ss.begin(), p.ss.end() - 2);
+  const int64_t outer = numel_of(outer_shape);
+  // Work items: outer slices, each cut into row blocks so that a single large slice still spreads.
+  const int64_t row_block = std::max<int64_t>(1, std::min(rows, kParallelCopyElems / std::max<int64_t>(cols, 1)));
+  const int64_t blocks = (rows + row_block - 1) / row_block;
   const size_t dsz = dtype_size(dst.dtype()), ssz = dtype_size(src.dtype());
   char* dbase = static_cast<char*>(dst.raw());
   const char* sbase = static_cast<const char*>(src.raw());
   const bool f32_both = dst.dtype() == DType::F32 && src.dtype() == DType::F32;
-#pragma omp parallel for schedule(static) if (n > 32768)
-  for (int64_t o = 0; o < outer; ++o) {
-    const int64_t doff = offset_of(o * inner, shape, dst.strides());
-    const int64_t soff = offset_of(o * inner, shape, src.strides());
+  const DType dt = dst.dtype(), st = src.dtype();
+#pragma omp parallel for schedule(static) if (n > kParallelCopyElems && outer * blocks > 1)
+  for (int64_t it = 0; it < outer * blocks; ++it) {
+    const int64_t o = it / blocks, r0 = (it % blocks) * row_block, nr = std::min(row_block, rows - r0);
+    const int64_t doff = offset_of(o, outer_shape, outer_ds) + r0 * p.ds[r - 2];
+    const int64_t soff = offset_of(o, outer_shape, outer_ss) + r0 * p.ss[r - 2];
     if (f32_both) {
-      float* d = reinterpret_cast<float*>(dbase) + doff;
-      const float* s = reinterpret_cast<const float*>(sbase) + soff;
-      for (int64_t i = 0; i < inner; ++i) d[i * ds] = s[i * ss];
+      copy2d_f32(reinterpret_cast<float*>(dbase) + doff, p.ds[r - 2], p.ds[r - 1], reinterpret_cast<const float*>(sbase) + soff,
+                 p.ss[r - 2], p.ss[r - 1], nr, cols);
     } else {
-      for (int64_t i = 0; i < inner; ++i)
-        store_float(dbase + (doff + i * ds) * dsz, dst.dtype(), load_as_float(sbase + (soff + i * ss) * ssz, src.dtype()));
+      for (int64_t i = 0; i < nr; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          const int64_t de = doff + i * p.ds[r - 2] + j * p.ds[r - 1], se = soff + i * p.ss[r - 2] + j * p.ss[r - 1];
+          store_float(dbase + de * dsz, dt, load_as_float(sbase + se * ssz, st));
+        }
     }
   }
 }

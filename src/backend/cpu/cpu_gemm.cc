@@ -10,7 +10,11 @@
 //  - OpenMP build (== 2): OpenBLAS already runs single-threaded inside our parallel regions, and we must
 //    not call openblas_set_num_threads (it would also change the OpenMP team size).
 // Both builds then behave identically and there is one thread pool. Splitting a product across threads
-// repacks B (or A) once per thread, which costs O(K*N) against O(M*N*K/threads) of arithmetic.
+// repacks B (or A) once per thread, which costs O(K*N) against O(M*N*K/threads) of arithmetic. Measured
+// (bench/ops_bench.cc, BM_GemmThenNorm_*: a 320x2880 @ 2880x4096 product then GroupNorm+SiLU, pinned to
+// 2 cores): OpenMP tiles 37.8 ms, OpenBLAS's own 2 threads 38.5 ms. Equal speed, so the simpler single
+// pool wins; it is also the only safe choice when ops run inside an OpenMP region. This is also why
+// scripts/setup.sh keeps Debian's default (pthreads) libopenblas: either build works the same here.
 #include <cblas.h>
 #include <dlfcn.h>
 #include <omp.h>
@@ -29,8 +33,6 @@ namespace atelier {
 namespace cpu {
 namespace {
 
-// Smallest row/column block a thread gets when a product is split.
-constexpr int64_t kMinSplitBlock = 16;
 
 // OpenBLAS 0.3.21 (Debian 12) does not know CPUs newer than its release (e.g. Emerald Rapids, family 6
 // model 0xCF) and falls back to its "Prescott" SSE3 kernels: sgemm then runs about 7x slower than with
@@ -57,7 +59,9 @@ void select_blas_core() {
   unsetenv("OPENBLAS_CORETYPE");
 }
 
-void init_blas_threading() {
+}  // namespace
+
+void init_blas() {
   static std::once_flag once;
   std::call_once(once, [] {
     select_blas_core();
@@ -65,14 +69,12 @@ void init_blas_threading() {
   });
 }
 
-}  // namespace
-
 int max_threads() { return omp_get_max_threads(); }
 
 void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
-  init_blas_threading();
+  init_blas();
   if (k <= 0) {  // BLAS would scale C by beta; do it here so that an empty K is well defined
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
@@ -86,32 +88,12 @@ void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
               alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
-void sgemm_parallel(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const int threads = max_threads();
-  const bool split_m = m >= n;
-  const int64_t total = split_m ? m : n;
-  const int64_t parts = std::min<int64_t>(threads, std::max<int64_t>(1, total / kMinSplitBlock));
-  if (parts <= 1 || double(m) * n * k < kMinParallelMacs) {
-    sgemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
-  }
-#pragma omp parallel for schedule(static) num_threads(int(parts))
-  for (int64_t p = 0; p < parts; ++p) {
-    const int64_t r0 = total * p / parts, r1 = total * (p + 1) / parts;
-    if (split_m) {
-      const float* ap = trans_a ? a + r0 : a + r0 * lda;
-      sgemm_serial(trans_a, trans_b, r1 - r0, n, k, alpha, ap, lda, b, ldb, beta, c + r0 * ldc, ldc);
-    } else {
-      const float* bp = trans_b ? b + r0 * ldb : b + r0;
-      sgemm_serial(trans_a, trans_b, m, r1 - r0, k, alpha, a, lda, bp, ldb, beta, c + r0, ldc);
-    }
-  }
-}
-
 }  // namespace cpu
 
 namespace {
+
+// Smallest row/column block a thread gets when a product is split.
+constexpr int64_t kMinSplitBlock = 16;
 
 // One rectangular piece of one batch entry of a gemm call.
 struct GemmTile {
@@ -150,7 +132,7 @@ void CpuBackend::gemm(Tensor& out, const Tensor& a, const Tensor& b, const Tenso
   const int64_t extent = split_m ? m : n;
   int64_t per_batch = 1;
   if (batch < threads && macs * batch >= cpu::kMinParallelMacs)
-    per_batch = std::min<int64_t>((threads + batch - 1) / batch, std::max<int64_t>(1, extent / 16));
+    per_batch = std::min<int64_t>((threads + batch - 1) / batch, std::max<int64_t>(1, extent / kMinSplitBlock));
   std::vector<GemmTile> tiles;
   tiles.reserve(size_t(batch * per_batch));
   for (int64_t i = 0; i < batch; ++i)

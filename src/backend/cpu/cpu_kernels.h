@@ -49,15 +49,21 @@ double exp_span_sum(float* x, int64_t n, float shift);
 // max of x[0..n) (-inf for n == 0).
 float max_span(const float* x, int64_t n);
 
+// One-time OpenBLAS set-up (core selection, single-threaded mode); called when the CPU backend is
+// created and again (cheaply) before each product.
+void init_blas();
+
 // C[M, N] = alpha * op(A) @ op(B) + beta * C, row-major, single-threaded: callers split work across
 // OpenMP threads themselves (see cpu_gemm.cc for why OpenBLAS never threads on its own here).
 void sgemm_serial(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// Same product parallelised over the OpenMP team by splitting the larger of M and N into row/column
-// blocks. Safe to call from outside a parallel region only.
-void sgemm_parallel(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// Fused (flash-style) attention with AVX-512 kernels (cpu_attention_fused.cc), same contract as
+// Backend::attention. Returns false, doing nothing, where the CPU lacks AVX-512, the heads are wider than
+// it pays off for (the GEMM path is faster there), or it is switched off.
+bool attention_fused(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
+// Switches the fused path on or off (tests compare it with the GEMM path).
+void set_fused_attention(bool enabled);
 
 // Below this many multiply-adds a product is not worth a parallel region.
 constexpr double kMinParallelMacs = 1 << 18;

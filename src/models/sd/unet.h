@@ -1,0 +1,68 @@
+// The Stable Diffusion 1.x/2.x UNet (diffusers' UNet2DConditionModel in its SD variants): timestep
+// embedding and time MLP, conv_in, down levels (resnets + cross-attention transformers + downsamplers),
+// mid block, up levels with skip connections and upsamplers, conv_norm_out + SiLU + conv_out.
+//
+// Weights load from diffusers folders or CompVis single files (see unet_keymap_compvis.h); the forward pass
+// takes one timestep per sample, so a server can batch samples that are at different denoising steps.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "models/sd/unet_blocks.h"
+#include "models/sd/unet_config.h"
+
+namespace atelier {
+
+class WeightStore;
+
+class UNet {
+ public:
+  // Binds every parameter of `config` to `store` (keys in `layout`; a CompVis file's tensors may carry the
+  // "model.diffusion_model." prefix or not), checking each shape; all missing or mis-shaped tensors are
+  // reported in one error that names their keys as the file spells them.
+  static Expected<UNet> load(const WeightStore& store, UNetLayout layout, const UNetConfig& config,
+                             Device device = Device::cpu(), DType dtype = DType::F32);
+  // Deterministic random weights of the right shapes for `config` (each tensor seeded from `seed` and its
+  // name; fan-in scaled so activations stay in range), for benchmarks without a download.
+  static Expected<UNet> random(const UNetConfig& config, uint64_t seed, Device device = Device::cpu());
+  // Canonical (diffusers) name and shape of every parameter of a UNet with `config`, in build order.
+  static Expected<std::vector<std::pair<std::string, Shape>>> parameter_shapes(const UNetConfig& config);
+
+  // x [B, in_channels, h, w] (any h, w >= 1), timesteps [B] f32 (one per sample; [1] is shared by all),
+  // context [B, S, cross_attention_dim] -> noise prediction [B, out_channels, h, w] f32.
+  Expected<Tensor> forward(const Tensor& x, const Tensor& timesteps, const Tensor& context) const;
+
+  const UNetConfig& config() const { return config_; }
+  Device device() const { return device_; }
+  DType dtype() const { return dtype_; }
+
+ private:
+  UNet(UNetConfig config, Device device, DType dtype)
+      : config_(std::move(config)), device_(device), dtype_(dtype) {}
+  void build(const ParamSource& p);
+  Status check_inputs(const Tensor& x, const Tensor& timesteps, const Tensor& context) const;
+  // Same shapes as forward; inputs already checked.
+  Tensor run(const Tensor& x, const Tensor& timesteps, const Tensor& context) const;
+
+  UNetConfig config_;
+  Device device_;
+  DType dtype_;
+  Linear time_linear_1_, time_linear_2_;
+  Conv2d conv_in_;
+  std::vector<DownBlock> down_;
+  MidBlock mid_;
+  std::vector<UpBlock> up_;
+  GroupNorm norm_out_;
+  Conv2d conv_out_;
+};
+
+// diffusers' sinusoidal timestep features (get_timestep_embedding with max_period 10000), in f32 as torch
+// computes them: freq_i = exp(-ln(10000) * i / (dim/2 - freq_shift)); [sin(t freq), cos(t freq)] (swapped
+// when flip_sin_to_cos; zero-padded for odd dim). timesteps: one per sample -> host [B, dim] f32.
+Tensor timestep_embedding(const std::vector<float>& timesteps, int dim, bool flip_sin_to_cos, float freq_shift);
+
+}  // namespace atelier

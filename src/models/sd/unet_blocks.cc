@@ -1,0 +1,187 @@
+#include "models/sd/unet_blocks.h"
+
+namespace atelier {
+namespace {
+
+constexpr float kTransformerNormEps = 1e-6f;  // Transformer2DModel's GroupNorm (fixed in diffusers)
+constexpr float kLayerNormEps = 1e-5f;        // BasicTransformerBlock's LayerNorms
+constexpr int kFeedForwardMult = 4;           // GEGLU inner width = 4 * dim
+
+}  // namespace
+
+// --- ParamSource ------------------------------------------------------------------------------------
+
+ParamSource ParamSource::scope(const std::string& name) const {
+  ParamSource p = *this;
+  p.scope_ = scope_.empty() ? name : scope_ + "." + name;
+  return p;
+}
+
+void ParamSource::tensor(Tensor& field, const std::string& key, const Shape& shape) const {
+  (*fill_)(field, scope_.empty() ? key : scope_ + "." + key, shape);
+}
+
+void ParamSource::linear(Linear& l, const std::string& key, int64_t in, int64_t out, bool bias) const {
+  tensor(l.weight, key + ".weight", {out, in});
+  if (bias) tensor(l.bias, key + ".bias", {out});
+}
+
+void ParamSource::conv(Conv2d& c, const std::string& key, int64_t in, int64_t out, int k, int stride, int pad) const {
+  tensor(c.weight, key + ".weight", {out, in, k, k});
+  tensor(c.bias, key + ".bias", {out});
+  c.params.stride_h = c.params.stride_w = stride;
+  c.params.pad_h = c.params.pad_w = pad < 0 ? k / 2 : pad;
+}
+
+void ParamSource::group_norm(GroupNorm& n, const std::string& key, int64_t channels, int groups, float eps) const {
+  tensor(n.weight, key + ".weight", {channels});
+  tensor(n.bias, key + ".bias", {channels});
+  n.groups = groups;
+  n.eps = eps;
+}
+
+void ParamSource::layer_norm(LayerNorm& n, const std::string& key, int64_t dim, float eps) const {
+  tensor(n.weight, key + ".weight", {dim});
+  tensor(n.bias, key + ".bias", {dim});
+  n.eps = eps;
+}
+
+// --- ResnetBlock --------------------------------------------------------------------------------------
+
+void ResnetBlock::build(const ParamSource& p, int64_t in, int64_t out, int64_t temb, int groups, float eps) {
+  p.group_norm(norm1, "norm1", in, groups, eps);
+  p.conv(conv1, "conv1", in, out, 3);
+  p.linear(time_emb_proj, "time_emb_proj", temb, out);
+  p.group_norm(norm2, "norm2", out, groups, eps);
+  p.conv(conv2, "conv2", out, out, 3);
+  if (in != out) p.conv(conv_shortcut, "conv_shortcut", in, out, 1);
+}
+
+Tensor ResnetBlock::forward(const Tensor& x, const Tensor& temb_act) const {
+  const int64_t batch = x.size(0);
+  Tensor h = conv1(norm1(x, UnaryOp::kSilu));
+  const Tensor t = time_emb_proj(temb_act);  // [B, out]: one time bias per sample and channel
+  h = ops::add(h, t.reshape({batch, t.size(1), 1, 1}));
+  h = conv2(norm2(h, UnaryOp::kSilu));
+  Tensor out = ops::add(conv_shortcut.weight.defined() ? conv_shortcut(x) : x, h);
+  // diffusers divides by output_scale_factor; only SD variants with a factor other than 1 pay for it.
+  if (output_scale != 1.0f) out = ops::div(out, Tensor::full({1}, output_scale, out.device()));
+  return out;
+}
+
+// --- Attention ----------------------------------------------------------------------------------------
+
+void Attention::build(const ParamSource& p, int64_t dim, int64_t kv_dim, int num_heads) {
+  p.linear(to_q, "to_q", dim, dim, /*bias=*/false);
+  p.linear(to_k, "to_k", kv_dim, dim, /*bias=*/false);
+  p.linear(to_v, "to_v", kv_dim, dim, /*bias=*/false);
+  p.linear(to_out, "to_out.0", dim, dim);
+  heads = num_heads;
+}
+
+Tensor Attention::attend(const Tensor& x, const Tensor& kv) const {
+  const Tensor& src = kv.defined() ? kv : x;
+  return ops::multi_head_attention(to_q(x), to_k(src), to_v(src), heads);
+}
+
+// --- TransformerBlock ---------------------------------------------------------------------------------
+
+void TransformerBlock::build(const ParamSource& p, int64_t dim, int64_t cross_dim, int heads, bool only_cross) {
+  only_cross_attention = only_cross;
+  p.layer_norm(norm1, "norm1", dim, kLayerNormEps);
+  attn1.build(p.scope("attn1"), dim, only_cross ? cross_dim : dim, heads);
+  p.layer_norm(norm2, "norm2", dim, kLayerNormEps);
+  attn2.build(p.scope("attn2"), dim, cross_dim, heads);
+  p.layer_norm(norm3, "norm3", dim, kLayerNormEps);
+  const int64_t inner = kFeedForwardMult * dim;
+  p.linear(ff_in, "ff.net.0.proj", dim, 2 * inner);
+  p.linear(ff_out, "ff.net.2", inner, dim);
+}
+
+Tensor TransformerBlock::forward(const Tensor& x, const Tensor& context) const {
+  Tensor h = x;
+  Tensor a = attn1.attend(norm1(h), only_cross_attention ? context : Tensor());
+  h = ops::linear_residual(a, attn1.to_out.weight, attn1.to_out.bias, h);
+  a = attn2.attend(norm2(h), context);
+  h = ops::linear_residual(a, attn2.to_out.weight, attn2.to_out.bias, h);
+  const Tensor g = ops::glu(ff_in(norm3(h)), UnaryOp::kGelu);  // GEGLU: value * gelu(gate)
+  return ops::linear_residual(g, ff_out.weight, ff_out.bias, h);
+}
+
+// --- Transformer2D ------------------------------------------------------------------------------------
+
+void Transformer2D::build(const ParamSource& p, int64_t channels, int64_t cross_dim, int heads, int depth,
+                          int groups, bool only_cross) {
+  p.group_norm(norm, "norm", channels, groups, kTransformerNormEps);
+  p.linear(proj_in, "proj_in", channels, channels);
+  blocks.resize(depth);
+  for (int d = 0; d < depth; ++d)
+    blocks[d].build(p.scope("transformer_blocks." + std::to_string(d)), channels, cross_dim, heads, only_cross);
+  p.linear(proj_out, "proj_out", channels, channels);
+}
+
+Tensor Transformer2D::forward(const Tensor& x, const Tensor& context) const {
+  const int64_t b = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  // [B, C, H, W] -> [B, H*W, C]: one token per pixel.
+  Tensor seq = ops::contiguous(norm(x).permute({0, 2, 3, 1})).reshape({b, h * w, c});
+  seq = proj_in(seq);
+  for (const auto& blk : blocks) seq = blk.forward(seq, context);
+  seq = proj_out(seq);
+  return ops::add(seq.reshape({b, h, w, c}).permute({0, 3, 1, 2}), x);
+}
+
+// --- Down / mid / up blocks ---------------------------------------------------------------------------
+
+Tensor DownBlock::forward(const Tensor& x, const Tensor& temb_act, const Tensor& context,
+                          std::vector<Tensor>& skips) const {
+  Tensor h = x;
+  for (size_t j = 0; j < resnets.size(); ++j) {
+    h = resnets[j].forward(h, temb_act);
+    if (!attentions.empty()) h = attentions[j].forward(h, context);
+    skips.push_back(h);
+  }
+  if (downsampler.weight.defined()) {
+    if (pad_before_downsample) h = ops::pad2d(h, 0, 1, 0, 1);
+    h = downsampler(h);
+    skips.push_back(h);
+  }
+  return h;
+}
+
+Tensor MidBlock::forward(const Tensor& x, const Tensor& temb_act, const Tensor& context) const {
+  Tensor h = resnets[0].forward(x, temb_act);
+  for (size_t j = 0; j < attentions.size(); ++j) {
+    h = attentions[j].forward(h, context);
+    h = resnets[j + 1].forward(h, temb_act);
+  }
+  return h;
+}
+
+Tensor UpBlock::forward(const Tensor& x, const Tensor& temb_act, const Tensor& context,
+                        std::vector<Tensor>& skips) const {
+  Tensor h = x;
+  for (size_t j = 0; j < resnets.size(); ++j) {
+    ATELIER_CHECK(!skips.empty(), "UNet up block ran out of skip connections");
+    h = ops::concat({h, skips.back()}, 1);
+    skips.pop_back();
+    h = resnets[j].forward(h, temb_act);
+    if (!attentions.empty()) h = attentions[j].forward(h, context);
+  }
+  if (upsampler.weight.defined()) {
+    ATELIER_CHECK(!skips.empty(), "UNet upsampler has no skip connection to take its size from");
+    h = upsampler(upsample_nearest_to(h, skips.back().size(2), skips.back().size(3)));
+  }
+  return h;
+}
+
+Tensor upsample_nearest_to(const Tensor& x, int64_t height, int64_t width) {
+  Tensor up = ops::upsample_nearest2d(x, 2);
+  if (up.size(2) == height && up.size(3) == width) return up;
+  // torch picks source row floor(i * h / H); for H = 2h - 1 that is floor(i / 2), i.e. 2x then crop.
+  ATELIER_CHECK(height <= up.size(2) && height >= up.size(2) - 1 && width <= up.size(3) && width >= up.size(3) - 1,
+                "upsample target " + std::to_string(height) + "x" + std::to_string(width) + " is not 2x or 2x-1 of " +
+                    shape_str(x.shape()));
+  return ops::contiguous(up.narrow(2, 0, height).narrow(3, 0, width));
+}
+
+}  // namespace atelier
