@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -143,12 +144,22 @@ TEST(CudaOps, Conv2dCudnnWhenItLoads) {
   const std::string name = test::cuda_be().conv_impl_name();
   if (name.rfind("cudnn", 0) != 0) GTEST_SKIP() << "cuDNN not used on this machine: " << name;
   test::cuda_be().set_conv_impl(cuda::ConvImpl::kCudnn);  // throws rather than falling back
-  for (const ConvCase& c : kConvCases) {
+  for (size_t i = 0; i < std::size(kConvCases); ++i) {
+    const ConvCase& c = kConvCases[i];
     const Tensor x = random_tensor(c.x, 34), w = random_tensor(c.w, 35, 0.2f), b = random_tensor({c.w[0]}, 36);
     const Conv2dParams p = c.p;
     const auto fn = [p](const std::vector<Tensor>& in) { return ops::conv2d(in[0], in[1], in[2], p); };
-    EXPECT_PARITY("conv2d cudnn " + shape_str(c.x) + " * " + shape_str(c.w), fn, std::vector<Tensor>({x, w, b}), DType::F32);
-    EXPECT_PARITY("conv2d cudnn " + shape_str(c.x) + " * " + shape_str(c.w), fn, std::vector<Tensor>({x, w, b}), DType::BF16);
+    const std::string what = "conv2d cudnn " + shape_str(c.x) + " * " + shape_str(c.w);
+    for (DType dt : {DType::F32, DType::BF16}) {
+      try {
+        EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b}), dt);
+      } catch (const Error& e) {
+        // SD's own convolutions (the first three cases) must run on cuDNN; for the others cuDNN may
+        // decline (the auto path then takes im2col, tested above).
+        if (i < 3 || std::string(e.what()).find("no algorithm") == std::string::npos) ADD_FAILURE() << what << ": " << e.what();
+        else std::printf("[ conv     ] cuDNN declines %s in %s: %s\n", what.c_str(), std::string(dtype_name(dt)).c_str(), e.what());
+      }
+    }
   }
 }
 

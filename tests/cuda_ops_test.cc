@@ -207,7 +207,9 @@ TEST(CudaOps, UnaryMatchesCpu) {
       const auto fn = [op](const std::vector<Tensor>& in) { return ops::unary(in[0], op); };
       const std::string what = "unary op " + std::to_string(int(op)) + " n " + std::to_string(n);
       EXPECT_PARITY(what, fn, {x}, DType::F32, 2e-6);
-      for (DType dt : kLowp) EXPECT_PARITY(what, fn, {x}, dt);
+      // exp of the 3-sigma inputs would overflow f16 (max 65504): a narrower range for the 16-bit runs.
+      const Tensor xl = op == UnaryOp::kExp ? random_tensor({n}, 11, 1.5f) : x;
+      for (DType dt : kLowp) EXPECT_PARITY(what, fn, {xl}, dt);
     }
   }
   // Strided input (made contiguous by the op API) and extremes.

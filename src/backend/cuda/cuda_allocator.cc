@@ -36,20 +36,21 @@ size_t DeviceAllocator::round_size(size_t bytes) {
 void* DeviceAllocator::malloc_or_retry(size_t size) {
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, size);
-  if (err == cudaErrorMemoryAllocation) {
+  if (err != cudaSuccess) {
     cudaGetLastError();  // clear the error before retrying
     release_cached();
     err = cudaMalloc(&p, size);
   }
-  if (err == cudaErrorMemoryAllocation) {
-    cudaGetLastError();
-    size_t free_b = 0, total_b = 0;
-    cudaMemGetInfo(&free_b, &total_b);
+  if (err == cudaSuccess) return p;
+  cudaGetLastError();
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  // cudaMalloc reports requests beyond the device's size as invalid values on some drivers: out of memory too.
+  if (err == cudaErrorMemoryAllocation || size > total_b)
     throw Error(Status(ErrorCode::kResourceExhausted,
                        "CUDA out of memory on cuda:" + std::to_string(device_) + ": asked for " + std::to_string(size >> 20) +
                            " MiB with " + std::to_string(bytes_in_use() >> 20) + " MiB in use by this process and " +
                            std::to_string(free_b >> 20) + " of " + std::to_string(total_b >> 20) + " MiB free on the device"));
-  }
   ATELIER_CUDA_OK(err);
   return p;
 }

@@ -237,7 +237,10 @@ ConvEngine::Plan* ConvEngine::plan_for(const ConvShape& s, const Conv2dParams& p
   for (int i = 0; i < found; ++i) {
     const cudnnConvolutionFwdAlgoPerf_t& r = perf[size_t(i)];
     if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxConvWorkspace) continue;
-    if (strict_f32 && (r.mathType != CUDNN_FMA_MATH || !is_gemm_family(r.algo))) continue;
+    const bool tensor_ops = r.mathType == CUDNN_TENSOR_OP_MATH || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    if (strict_f32 && (tensor_ops || !is_gemm_family(r.algo))) continue;
+    // The descriptor runs with the math type the algorithm was rated with (strict f32 keeps FMA only).
+    if (!strict_f32 && a.cudnnSetConvolutionMathType(plan->conv, r.mathType) != CUDNN_STATUS_SUCCESS) continue;
     size_t ws = 0;
     if (a.cudnnGetConvolutionForwardWorkspaceSize(handle, plan->x, plan->w, plan->conv, plan->y, r.algo, &ws) != CUDNN_STATUS_SUCCESS)
       continue;

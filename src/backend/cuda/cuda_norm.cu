@@ -1,9 +1,12 @@
 // Normalisations on the GPU: GroupNorm (+ fused activation), LayerNorm, RMSNorm. torch's formulas (biased
-// variance, eps inside the square root). Statistics are two-pass in f32 (mean, then squared deviations from
-// it), which keeps the variance accurate when the mean is large against the spread.
+// variance, eps inside the square root). Statistics in f32, two passes: the mean, then deviations from it.
+// The second pass also sums the deviations themselves, which measures the rounding of the first-pass mean
+// (its f32 sum loses digits when the mean is large against the spread): the refined mean is mean + sum(d)/n
+// and the variance sum(d^2)/n - (sum(d)/n)^2. x - mean is exact for x near the mean (Sterbenz), so
+// normalising as ((x - mean) - correction) * rstd keeps f32 results at the CPU backend's accuracy.
 //
 // GroupNorm spreads each group over several blocks, since SD has only batch * 32 groups: blocks compute
-// (mean, M2) of a chunk, one small kernel merges the chunks of a group (Chan's formula, in double), and the
+// the moments of a chunk, one small kernel merges the chunks of a group (Chan's formula, in double), and the
 // apply kernel normalises. LayerNorm and RMSNorm take one block per row.
 #include <algorithm>
 
@@ -20,11 +23,15 @@ constexpr int64_t kGroupChunk = 4096;     // elements per statistics block, at l
 constexpr int64_t kMaxGroupChunks = 256;  // chunks per group, at most (bounds the merge loop)
 
 struct ChunkStats {
-  float mean, m2;
+  float mean;  // first-pass mean (f32)
+  float dev;   // sum of deviations from it
+  float sq;    // sum of squared deviations from it
 };
 
 struct GroupStats {
-  float mean, rstd;
+  float center;    // the group mean rounded to f32
+  float residual;  // mean - center
+  float rstd;
 };
 
 struct NormAffine {
@@ -43,13 +50,15 @@ __global__ void group_chunk_stats_kernel(ChunkStats* stats, const T* x, int64_t 
   float s = 0.0f;
   for (int64_t i = threadIdx.x; i < len; i += blockDim.x) s += to_f32(xp[i]);
   const float mean = block_sum(s, scratch) / float(len);
-  float q = 0.0f;
+  float dev = 0.0f, sq = 0.0f;
   for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
     const float d = to_f32(xp[i]) - mean;
-    q += d * d;
+    dev += d;
+    sq += d * d;
   }
-  const float m2 = block_sum(q, scratch);
-  if (threadIdx.x == 0) stats[group * gridDim.x + k] = {mean, m2};
+  dev = block_sum(dev, scratch);
+  sq = block_sum(sq, scratch);
+  if (threadIdx.x == 0) stats[group * gridDim.x + k] = {mean, dev, sq};
 }
 
 // One thread per group: merges its chunks (Chan et al.'s pairwise update, in double).
@@ -61,17 +70,21 @@ __global__ void group_merge_kernel(GroupStats* out, const ChunkStats* stats, int
   for (int64_t k = 0; k < chunks; ++k) {
     const ChunkStats c = stats[g * chunks + k];
     const double nb = double(min(chunk, count - k * chunk));
-    const double delta = double(c.mean) - mean;
+    const double mb = double(c.mean) + double(c.dev) / nb;                       // refined chunk mean
+    const double m2b = fmax(double(c.sq) - double(c.dev) * double(c.dev) / nb, 0.0);  // about the refined mean
+    const double delta = mb - mean;
     const double total = n + nb;
     mean += delta * nb / total;
-    m2 += double(c.m2) + delta * delta * n * nb / total;
+    m2 += m2b + delta * delta * n * nb / total;
     n = total;
   }
   const double var = m2 / double(count);
-  out[g] = {float(mean), float(1.0 / sqrt(var + double(eps)))};
+  const float center = float(mean);
+  out[g] = {center, float(mean - double(center)), float(1.0 / sqrt(var + double(eps)))};
 }
 
-// y = act((x - mean) * rstd * gamma[c] + beta[c]); group blockIdx.y, its chunk blockIdx.x; S elements per channel.
+// y = act(((x - center) - residual) * rstd * gamma[c] + beta[c]); group blockIdx.y, its chunk blockIdx.x;
+// `spatial` elements per channel.
 template <typename T>
 __global__ void group_apply_kernel(T* y, const T* x, const GroupStats* stats, NormAffine aff, int64_t count, int64_t chunk,
                                    int64_t spatial, int64_t channels_per_group, int64_t groups, UnaryOp act) {
@@ -85,7 +98,7 @@ __global__ void group_apply_kernel(T* y, const T* x, const GroupStats* stats, No
     const int64_t c = c0 + within / uint32_t(spatial);
     const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, c) : 1.0f;
     const float b = aff.beta ? load_any(aff.beta, aff.beta_dtype, c) : 0.0f;
-    const float v = (to_f32(x[base + i]) - st.mean) * st.rstd * g + b;
+    const float v = ((to_f32(x[base + i]) - st.center) - st.residual) * st.rstd * g + b;
     y[base + i] = from_f32<T>(apply_unary(v, act));
   }
 }
@@ -99,16 +112,19 @@ __global__ void layer_norm_kernel(T* y, const T* x, NormAffine aff, int64_t d, f
   float s = 0.0f;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) s += to_f32(xr[j]);
   const float mean = block_sum(s, scratch) / float(d);
-  float q = 0.0f;
+  float dev = 0.0f, sq = 0.0f;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
     const float v = to_f32(xr[j]) - mean;
-    q += v * v;
+    dev += v;
+    sq += v * v;
   }
-  const float rstd = 1.0f / sqrtf(block_sum(q, scratch) / float(d) + eps);
+  const float corr = block_sum(dev, scratch) / float(d);
+  const float var = fmaxf(block_sum(sq, scratch) / float(d) - corr * corr, 0.0f);
+  const float rstd = 1.0f / sqrtf(var + eps);
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
     const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, j) : 1.0f;
     const float b = aff.beta ? load_any(aff.beta, aff.beta_dtype, j) : 0.0f;
-    yr[j] = from_f32<T>((to_f32(xr[j]) - mean) * rstd * g + b);
+    yr[j] = from_f32<T>(((to_f32(xr[j]) - mean) - corr) * rstd * g + b);
   }
 }
 
