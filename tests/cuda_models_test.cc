@@ -1,9 +1,9 @@
 // End-to-end models on cuda:0 against the sd15-tiny goldens (computed in f32 by diffusers/transformers):
-// the CLIP text encoder and the UNet, in f32 (rel L2 <= 1e-4) and bf16 (rel L2 <= 2e-2; weights and
+// the CLIP text encoder, the UNet and the VAE, in f32 (rel L2 <= 1e-4) and bf16 (rel L2 <= 2e-2; weights and
 // activations in bf16, f32 accumulation). Skips with the reason when there is no GPU or no fixture.
 //
-// The UNet lives on branch `unet` until it is merged: this test compiles against its API (models/sd/unet.h)
-// when that header is in the tree, and otherwise reports itself skipped.
+// The UNet and VAE tests compile against models/sd/unet.h and models/vae/vae.h when those headers are in the
+// tree (they came from branches unet and vae), and otherwise report themselves skipped.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -13,6 +13,12 @@
 #include "models/clip/clip_text_model.h"
 #include "models/common/weights.h"
 #include "test_util.h"
+
+#if __has_include("models/vae/vae.h")
+#include "models/vae/vae.h"
+#include "models/vae/vae_config.h"
+#define ATELIER_TEST_HAVE_VAE 1
+#endif
 
 #if __has_include("models/sd/unet.h")
 #include "models/sd/unet.h"
@@ -34,7 +40,7 @@ void expect_close_to_golden(const Tensor& out, const std::string& key, const std
   const Tensor want = test::golden("sd15-tiny", key);
   ASSERT_EQ(out.shape(), want.shape()) << what;
   ASSERT_EQ(out.device(), Device::cuda(0)) << what;
-  const std::vector<float> got = out.to_vector(), ref = want.to_vector();
+  const std::vector<float> got = ops::contiguous(out).to_vector(), ref = want.to_vector();
   const double rel = test::rel_l2(got, ref);
   std::printf("[ figures  ] %s (%s) vs %s: rel L2 %.3g, max abs %.3g\n", what.c_str(), std::string(dtype_name(dt)).c_str(),
               key.c_str(), rel, test::max_abs_diff(got, ref));
@@ -81,6 +87,26 @@ TEST(CudaModels, Sd15TinyUnetMatchesGolden) {
       ASSERT_TRUE(out.has_value()) << out.status().message();
       expect_close_to_golden(*out, "unet.out.t" + std::to_string(t), "UNet t=" + std::to_string(t), dt);
     }
+  }
+#endif
+}
+
+TEST(CudaModels, Sd15TinyVaeMatchesGolden) {
+  ATELIER_REQUIRE_CUDA();
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+#ifndef ATELIER_TEST_HAVE_VAE
+  GTEST_SKIP() << "models/vae/vae.h is not in this tree";
+#else
+  auto store = WeightStore::open({(dir / "model/vae/diffusion_pytorch_model.safetensors").string()});
+  ASSERT_TRUE(store.has_value()) << store.status().message();
+  auto config = VaeConfig::from_file((dir / "model/vae/config.json").string());
+  ASSERT_TRUE(config.has_value()) << config.status().message();
+  for (DType dt : {DType::F32, DType::BF16}) {
+    auto vae = Vae::load(*store, VaeLayout::kDiffusers, *config, Device::cuda(0), dt);
+    ASSERT_TRUE(vae.has_value()) << vae.status().message();
+    expect_close_to_golden(vae->decode(test::golden("sd15-tiny", "vae.decode.in")), "vae.decode.out", "VAE decode", dt);
+    const VaeMoments m = vae->encode(test::golden("sd15-tiny", "vae.encode.in"));
+    expect_close_to_golden(m.mean, "vae.encode.mean", "VAE encode mean", dt);
   }
 #endif
 }
