@@ -21,7 +21,11 @@ Tensor random_tensor(const Shape& shape, uint32_t seed, float scale = 1.0f) {
   return Tensor::from_vector(v, shape);
 }
 
-void set_threads(benchmark::State& state) { omp_set_num_threads(int(state.range(0))); }
+// Argument 0 keeps the OpenMP default (OMP_NUM_THREADS, else every core): for scaling runs on big machines.
+void set_threads(benchmark::State& state) {
+  static const int default_threads = omp_get_max_threads();
+  omp_set_num_threads(state.range(0) > 0 ? int(state.range(0)) : default_threads);
+}
 
 void BM_Conv3x3_64x64x320(benchmark::State& state) {
   set_threads(state);
@@ -29,7 +33,7 @@ void BM_Conv3x3_64x64x320(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ops::conv2d(x, w, b, {1, 1, 1, 1, 1, 1, 1}));
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 320 * 320 * 9 * 64 * 64, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_Conv3x3_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Conv3x3_64x64x320)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Conv1x1_64x64x320(benchmark::State& state) {
   set_threads(state);
@@ -46,7 +50,7 @@ void BM_Attention_4096x40(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ops::attention(q, k, v));
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * heads * s * s * d, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_Attention_4096x40)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Attention_4096x40)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The portable GEMM path that CPUs without AVX-512 take.
 void BM_Attention_4096x40_GemmPath(benchmark::State& state) {
@@ -78,7 +82,7 @@ void BM_Linear_4096x320x1280_Gelu(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ops::linear(x, w, b, UnaryOp::kGelu));
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 4096 * 320 * 1280, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_Linear_4096x320x1280_Gelu)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Linear_4096x320x1280_Gelu)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_GroupNormSilu_64x64x320(benchmark::State& state) {
   set_threads(state);
@@ -167,7 +171,7 @@ void BM_VaeConv3x3_512x512x128(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ops::conv2d(x, w, b, {1, 1, 1, 1, 1, 1, 1}));
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 128 * 128 * 9 * 512 * 512, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_VaeConv3x3_512x512x128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VaeConv3x3_512x512x128)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_VaeAttention_4096x512(benchmark::State& state) {
   set_threads(state);

@@ -12,7 +12,6 @@ struct GenerateOptions {
   std::string model;
   std::string tokenizer;
   std::string output = "atelier.png";
-  std::string rng = "cuda";
   GenerateRequest request;
 };
 void add_generate_command(CLI::App& app, GenerateOptions& o);
@@ -20,6 +19,7 @@ int run_generate(const GenerateOptions& o);
 
 struct InfoOptions {
   std::string model;
+  std::string tokenizer;
   bool json = false;
 };
 void add_info_command(CLI::App& app, InfoOptions& o);

@@ -1,7 +1,99 @@
+// `atelier generate`: one request from flags, images written as PNG (with A1111 infotext) + JSON sidecars.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
 #include "cli/commands.h"
+#include "io/image.h"
+#include "pipeline/sd_pipeline.h"
+
 namespace atelier::cli {
-void add_generate_command(CLI::App& app, GenerateOptions& o) { app.add_subcommand("generate", "Generate images"); }
-int run_generate(const GenerateOptions& o) { std::fprintf(stderr, "generate: pipeline not wired yet\n"); return 1; }
-void add_info_command(CLI::App& app, InfoOptions& o) { app.add_subcommand("info", "Describe a model"); }
-int run_info(const InfoOptions& o) { return 1; }
+namespace fs = std::filesystem;
+
+void add_generate_command(CLI::App& app, GenerateOptions& o) {
+  CLI::App* c = app.add_subcommand("generate", "Generate images from a prompt (txt2img) or an init image (img2img)");
+  GenerateRequest& r = o.request;
+  c->add_option("--model", o.model, "Diffusers folder or single-file .safetensors checkpoint")->required();
+  c->add_option("--tokenizer", o.tokenizer, "Folder with the CLIP tokenizer (vocab.json, merges.txt) when the model has none");
+  c->add_option("--prompt", r.prompt, "What to draw");
+  c->add_option("--negative-prompt", r.negative_prompt, "What to avoid");
+  c->add_option("--width", r.width, "Image width, a multiple of 8 (default: the model's size)");
+  c->add_option("--height", r.height, "Image height, a multiple of 8 (default: the model's size)");
+  c->add_option("--steps", r.steps, "Sampling steps")->capture_default_str();
+  c->add_option("--cfg-scale", r.cfg_scale, "Classifier-free guidance scale (<= 1 disables it)")->capture_default_str();
+  c->add_option("--sampler", r.sampler,
+                "euler, euler_a, heun, ddim, dpmpp_2m, dpmpp_2m_sde, lcm (or A1111 names: \"Euler a\", \"DPM++ 2M Karras\")")
+      ->capture_default_str();
+  c->add_option("--schedule", r.schedule, "default, karras, exponential")->capture_default_str();
+  c->add_option("--seed", r.seed, "Seed (-1: random)")->capture_default_str();
+  c->add_option("--rng", r.rng, "cpu (torch CPU generator) or cuda (torch CUDA generator, A1111's default)")->capture_default_str();
+  c->add_option("--clip-skip", r.clip_skip, "A1111 clip skip (1 = last layer)")->capture_default_str();
+  c->add_option("--prediction", r.prediction, "Override the detected prediction type: epsilon or v");
+  c->add_option("--init-image", r.init_image, "img2img: the starting image (PNG, JPEG, WebP)");
+  c->add_option("--strength", r.strength, "img2img denoising strength in (0, 1]")->capture_default_str();
+  c->add_option("--batch-size", r.batch_size, "Images per batch")->capture_default_str();
+  c->add_option("--batch-count", r.batch_count, "Batches, one after another")->capture_default_str();
+  c->add_flag("--emphasis", r.emphasis, "Read A1111 (word:1.2) / [word] emphasis (default: literal, as diffusers)");
+  c->add_option("--device", r.device, "cpu, cuda, cuda:N")->capture_default_str();
+  c->add_option("--output", o.output, "Output PNG path; several images get -N suffixes")->capture_default_str();
+}
+
+namespace {
+
+std::string output_path(const std::string& base, size_t index, size_t count) {
+  if (count == 1) return base;
+  fs::path p(base);
+  const std::string ext = p.has_extension() ? p.extension().string() : ".png";
+  return (p.parent_path() / (p.stem().string() + "-" + std::to_string(index) + ext)).string();
+}
+
+}  // namespace
+
+int run_generate(const GenerateOptions& o) {
+  if (Status st = o.request.validate(); !st.is_ok()) {
+    std::fprintf(stderr, "error: %s\n", st.message().c_str());
+    return 2;
+  }
+  auto dev = Device::parse(o.request.device);
+  if (!dev) {
+    std::fprintf(stderr, "error: %s\n", dev.status().message().c_str());
+    return 2;
+  }
+  SdLoadOptions lo;
+  lo.tokenizer_dir = o.tokenizer;
+  lo.prediction = o.request.prediction;
+  lo.device = *dev;
+  auto model = load_sd_model(o.model, lo);
+  if (!model) {
+    std::fprintf(stderr, "error: %s\n", model.status().message().c_str());
+    return 1;
+  }
+  SdPipeline pipe(*model);
+  auto progress = [](const StepProgress& p) {
+    std::fprintf(stderr, "\rbatch %d: step %d/%d", p.batch_index + 1, p.call, p.total_calls);
+    if (p.call == p.total_calls) std::fputc('\n', stderr);
+    return true;
+  };
+  auto res = pipe.generate(o.request, progress);
+  if (!res) {
+    std::fprintf(stderr, "\nerror: %s\n", res.status().message().c_str());
+    return 1;
+  }
+  for (size_t i = 0; i < res->images.size(); ++i) {
+    const GeneratedImage& g = res->images[i];
+    const std::string path = output_path(o.output, i, res->images.size());
+    if (Status st = write_png(path, g.image, {{"parameters", g.infotext}}); !st.is_ok()) {
+      std::fprintf(stderr, "error: %s\n", st.message().c_str());
+      return 1;
+    }
+    const std::string sidecar = (fs::path(path).replace_extension(".json")).string();
+    std::ofstream(sidecar) << g.info.dump(2) << "\n";
+    std::printf("%s (seed %lld)\n", path.c_str(), static_cast<long long>(g.seed));
+  }
+  const StageTimes& t = res->times;
+  std::fprintf(stderr, "text %.3f s, denoise %.3f s (%.1f ms/call), vae %.3f s, total %.3f s\n", t.text_encode_s,
+               t.denoise_s, t.call_ms.empty() ? 0.0 : t.denoise_s * 1e3 / double(t.call_ms.size()), t.vae_s, t.total_s);
+  return 0;
+}
+
 }  // namespace atelier::cli

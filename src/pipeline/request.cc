@@ -4,21 +4,13 @@
 
 namespace atelier {
 
-Expected<RngSource> parse_rng(const std::string& s) {
-  if (s == "cpu") return RngSource::kCpu;
-  if (s == "cuda" || s == "gpu") return RngSource::kCuda;
-  return invalid_argument("unknown rng '" + s + "': supported are cpu (torch CPU generator, mt19937) and cuda (torch CUDA generator, Philox)");
-}
-
-std::string rng_name(RngSource r) { return r == RngSource::kCpu ? "cpu" : "cuda"; }
-
 Status GenerateRequest::validate() const {
   auto side = [](const char* name, int v) -> Status {
     if (v == 0) return Status::ok();
-    if (v < kLatentFactor || v > kMaxImageSide || v % kLatentFactor != 0)
+    if (v < kLatentFactor || v > kMaxGenerateSide || v % kLatentFactor != 0)
       return invalid_argument(std::string(name) + " " + std::to_string(v) + " is not supported: it must be a multiple of " +
                               std::to_string(kLatentFactor) + " between " + std::to_string(kLatentFactor) + " and " +
-                              std::to_string(kMaxImageSide));
+                              std::to_string(kMaxGenerateSide));
     return Status::ok();
   };
   ATELIER_RETURN_IF_ERROR(side("width", width));
@@ -31,6 +23,8 @@ Status GenerateRequest::validate() const {
     return invalid_argument("unknown schedule '" + schedule + "': supported are default, karras, exponential");
   if (seed < -1 || seed > int64_t(0xffffffffffffLL))
     return invalid_argument("seed must be -1 (random) or from 0 to 2^48-1");
+  if (rng != "cpu" && rng != "cuda")
+    return invalid_argument("unknown rng '" + rng + "': supported are cpu (torch CPU generator, mt19937) and cuda (torch CUDA generator, Philox)");
   if (clip_skip < 1 || clip_skip > 12) return invalid_argument("clip skip must be from 1 to 12");
   if (!prediction.empty() && prediction != "epsilon" && prediction != "v")
     return invalid_argument("unknown prediction '" + prediction + "': supported are epsilon and v");
@@ -45,7 +39,7 @@ Status GenerateRequest::validate() const {
 nlohmann::json GenerateRequest::to_json() const {
   nlohmann::json j = {{"prompt", prompt}, {"negative_prompt", negative_prompt}, {"width", width}, {"height", height},
                       {"steps", steps}, {"cfg_scale", cfg_scale}, {"sampler", sampler}, {"schedule", schedule},
-                      {"seed", seed}, {"rng", rng_name(rng)}, {"clip_skip", clip_skip},
+                      {"seed", seed}, {"rng", rng}, {"clip_skip", clip_skip},
                       {"batch_size", batch_size}, {"batch_count", batch_count}, {"emphasis", emphasis},
                       {"device", device}};
   if (!prediction.empty()) j["prediction"] = prediction;

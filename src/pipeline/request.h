@@ -12,11 +12,9 @@
 namespace atelier {
 
 constexpr int kLatentFactor = 8;          // SD/FLUX VAEs downsample by 8
-constexpr int kMaxImageSide = 4096;
+constexpr int kMaxGenerateSide = 4096;
 constexpr int kMaxSteps = 1000;
 constexpr int kMaxBatch = 64;
-
-enum class RngSource { kCpu, kCuda };
 
 struct GenerateRequest {
   std::string prompt;
@@ -28,7 +26,7 @@ struct GenerateRequest {
   std::string sampler = "euler_a";
   std::string schedule = "default";    // default | karras | exponential
   int64_t seed = -1;                    // -1 = random
-  RngSource rng = RngSource::kCuda;     // A1111's default: torch's CUDA generator (Philox), reproduced on any device
+  std::string rng = "cuda";             // "cpu" | "cuda"; A1111's default: torch's CUDA generator (Philox), reproduced on any device
   int clip_skip = 1;                    // A1111 numbering: 1 = last layer
   std::string prediction;               // "" = detected, or "epsilon" / "v"
   std::string init_image;               // path (CLI) — img2img when set
@@ -42,8 +40,5 @@ struct GenerateRequest {
   Status validate() const;
   nlohmann::json to_json() const;
 };
-
-Expected<RngSource> parse_rng(const std::string& s);
-std::string rng_name(RngSource r);
 
 }  // namespace atelier

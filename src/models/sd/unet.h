@@ -4,6 +4,8 @@
 //
 // Weights load from diffusers folders or CompVis single files (see unet_keymap_compvis.h); the forward pass
 // takes one timestep per sample, so a server can batch samples that are at different denoising steps.
+// config.upcast_attention (SD 2.1-v) asks for attention in f32; on the CPU everything is f32 already, so
+// it only matters to a backend that computes in bf16/f16.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,0 +1,127 @@
+#include "pipeline/sd_pipeline.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "backend/ops.h"
+#include "io/infotext.h"
+#include "pipeline/image_resize.h"
+#include "sampling/sampler_names.h"
+#include "sampling/stepper.h"
+#include "tokenizers/prompt_weights.h"
+
+namespace atelier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+constexpr uint32_t kRandomSeedRange = 0xffffffffu;  // A1111 draws random seeds below 2^32
+
+Tensor ids_tensor(const std::vector<int32_t>& ids, Device dev) {
+  Tensor t = Tensor::empty({1, int64_t(ids.size())}, DType::I32);
+  std::memcpy(t.raw(), ids.data(), ids.size() * sizeof(int32_t));
+  return t.to(dev);
+}
+
+// [1, ...] repeated n times along dim 0.
+Tensor repeat_rows(const Tensor& x, int n) {
+  if (n == 1) return x;
+  return ops::concat(std::vector<Tensor>(size_t(n), x), 0);
+}
+
+}  // namespace
+
+nlohmann::json StageTimes::to_json() const {
+  double mean_call = 0;
+  for (double c : call_ms) mean_call += c;
+  if (!call_ms.empty()) mean_call /= double(call_ms.size());
+  return {{"text_encode_s", text_encode_s}, {"denoise_s", denoise_s}, {"vae_s", vae_s},
+          {"image_encode_s", image_encode_s}, {"total_s", total_s}, {"model_calls", call_ms.size()},
+          {"mean_call_ms", mean_call}};
+}
+
+std::string a1111_sampler_name(const std::string& sampler) {
+  static const std::pair<const char*, const char*> kNames[] = {
+      {"euler", "Euler"}, {"euler_a", "Euler a"}, {"heun", "Heun"}, {"ddim", "DDIM"},
+      {"dpmpp_2m", "DPM++ 2M"}, {"dpmpp_2m_sde", "DPM++ 2M SDE"}, {"lcm", "LCM"}};
+  for (auto& [ours, theirs] : kNames)
+    if (sampler == ours) return theirs;
+  return sampler;
+}
+
+std::string a1111_schedule_name(const std::string& schedule) {
+  if (schedule == "karras") return "Karras";
+  if (schedule == "exponential") return "Exponential";
+  return "Automatic";
+}
+
+Expected<Tensor> SdPipeline::encode_prompt(const std::string& text, int clip_skip, bool emphasis) const {
+  const SdModel& m = *model_;
+  const Device dev = m.unet->device();
+  if (clip_skip > m.text_encoder->max_clip_skip())
+    return invalid_argument("clip skip " + std::to_string(clip_skip) + " is more than this text encoder allows (" +
+                            std::to_string(m.text_encoder->max_clip_skip()) + ")");
+  if (!emphasis) return m.text_encoder->forward(ids_tensor(m.tokenizer->encode(text), dev), clip_skip);
+  ATELIER_ASSIGN_OR_RETURN(auto chunks, parse_prompt_attention(text));
+  WeightedTokens wt = encode_weighted(*m.tokenizer, chunks);
+  ATELIER_ASSIGN_OR_RETURN(Tensor hidden, m.text_encoder->forward(ids_tensor(wt.ids, dev), clip_skip));
+  Tensor weights = Tensor::from_vector(wt.weights, {1, int64_t(wt.weights.size())}).to(dev);
+  return apply_emphasis(hidden, weights);
+}
+
+Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samplers, Tensor x, const Tensor& cond,
+                                     const Tensor& uncond, float cfg_scale, int batch_index,
+                                     const ProgressCallback& progress, StageTimes* times) const {
+  const UNet& unet = *model_->unet;
+  const int64_t batch = x.size(0);
+  ATELIER_CHECK(int64_t(samplers.size()) == batch, "denoise: one sampler per latent row");
+  const bool use_cfg = cfg_scale > 1.0f;  // diffusers: do_classifier_free_guidance = guidance_scale > 1
+  const Tensor context = use_cfg ? ops::concat({uncond, cond}, 0) : cond;
+  const int total = samplers.front()->calls_remaining();
+  std::span<sampling::Sampler* const> span(samplers.data(), samplers.size());
+  for (int call = 0; !samplers.front()->done(); ++call) {
+    const auto t0 = Clock::now();
+    Tensor x_in = sampling::scale_model_inputs(span, x);
+    std::vector<float> ts = sampling::model_timesteps(span);
+    if (use_cfg) {
+      x_in = ops::concat({x_in, x_in}, 0);
+      ts.insert(ts.end(), ts.begin(), ts.end());
+    }
+    const Tensor t = Tensor::from_vector(ts, {int64_t(ts.size())}).to(x.device());
+    ATELIER_ASSIGN_OR_RETURN(Tensor out, unet.forward(x_in, t, context));
+    Tensor eps = out;
+    if (use_cfg) {  // noise_uncond + g * (noise_text - noise_uncond), in diffusers' order of operations
+      const Tensor u = out.narrow(0, 0, batch), c = out.narrow(0, batch, batch);
+      eps = ops::add(u, ops::affine(ops::sub(c, u), cfg_scale));
+    }
+    Tensor denoised;
+    x = sampling::apply_step(span, x, eps, progress ? &denoised : nullptr);
+    backend_for(x.device()).synchronize();
+    if (times) times->call_ms.push_back(seconds_since(t0) * 1e3);
+    if (progress && !progress({batch_index, call + 1, total, &x, denoised.defined() ? &denoised : nullptr}))
+      return cancelled("generation cancelled");
+  }
+  return x;
+}
+
+Tensor SdPipeline::decode(const Tensor& latents) const {
+  Tensor img = model_->vae->latents_to_image(latents);
+  img = ops::affine(img, 0.5f, 0.5f);  // (image / 2 + 0.5).clamp(0, 1)
+  img = ops::binary(img, Tensor::full({1}, 0.0f, img.device()), BinaryOp::kMax);
+  return ops::binary(img, Tensor::full({1}, 1.0f, img.device()), BinaryOp::kMin);
+}
+
+Tensor SdPipeline::encode_image(const Tensor& image01, NoiseGenerator& gen) const {
+  const Vae& vae = *model_->vae;
+  const Device dev = model_->unet->device();
+  const Tensor x = ops::affine(image01.to(dev), 2.0f, -1.0f);  // diffusers' normalize: 2 * x - 1
+  const int f = vae.config().downscale_factor();
+  const Shape lat = {x.size(0), vae.config().latent_channels, x.size(2) / f, x.size(3) / f};
+  const Tensor noise = randn_tensor(gen, lat).to(dev);  // latent_dist.sample(generator) draws first
+  return vae.image_to_latents(x, noise);
+}
+
+}  // namespace atelier

@@ -1,0 +1,80 @@
+// Stable Diffusion txt2img / img2img with diffusers' semantics:
+//   tokens -> CLIP -> (uncond, cond) rows; latents = noise * init_noise_sigma (txt2img) or the VAE-encoded
+//   init image noised to the first planned timestep (img2img); per model call: scale, UNet on the CFG batch,
+//   uncond + g * (cond - uncond), sampler update; VAE decode; pixels = round(255 * clamp(x / 2 + 0.5)).
+// Every sample has its own sampler (and RNG stream), so the stages below also serve a batcher that mixes
+// samples at different steps.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "io/image.h"
+#include "pipeline/request.h"
+#include "pipeline/sd_model.h"
+#include "sampling/sampler.h"
+
+namespace atelier {
+
+struct StepProgress {
+  int batch_index = 0;    // which batch of the request (0 .. batch_count-1)
+  int call = 0;           // model calls done in this batch
+  int total_calls = 0;
+  const Tensor* latents = nullptr;   // the samples after this call [B, C, h, w]
+  const Tensor* denoised = nullptr;  // current x0 estimate [B, C, h, w] (for previews), may be null
+};
+// Called after every model call; returning false cancels the request.
+using ProgressCallback = std::function<bool(const StepProgress&)>;
+
+struct StageTimes {
+  double text_encode_s = 0, denoise_s = 0, vae_s = 0, image_encode_s = 0, total_s = 0;
+  std::vector<double> call_ms;  // wall time of each model call (UNet batch + sampler update)
+  nlohmann::json to_json() const;
+};
+
+struct GeneratedImage {
+  Image image;
+  int64_t seed = 0;
+  std::string infotext;  // A1111 "parameters"
+  nlohmann::json info;   // everything about this image (sidecar JSON)
+};
+
+struct GenerateResult {
+  std::vector<GeneratedImage> images;
+  StageTimes times;
+};
+
+class SdPipeline {
+ public:
+  explicit SdPipeline(std::shared_ptr<SdModel> model) : model_(std::move(model)) {}
+  const SdModel& model() const { return *model_; }
+
+  // Validates `request` (sizes, sampler, steps, ...) and runs it; errors are values.
+  Expected<GenerateResult> generate(const GenerateRequest& request, const ProgressCallback& progress = {}) const;
+
+  // --- stages -------------------------------------------------------------------------------------
+  // text -> [1, 77, D] conditioning (clip_skip in A1111 numbering; emphasis = A1111 (word:1.2) weights).
+  Expected<Tensor> encode_prompt(const std::string& text, int clip_skip, bool emphasis) const;
+  // Runs every sampler to the end. x [B, C, h, w] initial latents (row b belongs to samplers[b]);
+  // cond/uncond [B, 77, D]; cfg_scale <= 1 skips the unconditional rows (diffusers' rule).
+  Expected<Tensor> denoise(const std::vector<sampling::Sampler*>& samplers, Tensor x, const Tensor& cond,
+                           const Tensor& uncond, float cfg_scale, int batch_index,
+                           const ProgressCallback& progress, StageTimes* times) const;
+  // latents [B, C, h, w] (scaled, as the denoiser sees them) -> images [B, 3, H, W] in [0, 1]
+  Tensor decode(const Tensor& latents) const;
+  // image [1, 3, H, W] in [0, 1] + a generator (draws the VAE sample noise) -> scaled latents [1, C, h, w]
+  Tensor encode_image(const Tensor& image01, NoiseGenerator& gen) const;
+
+ private:
+  std::shared_ptr<SdModel> model_;
+};
+
+// A1111 names for infotext: "Euler a", "DPM++ 2M", ...; schedule "Karras" / "Exponential" / "Automatic".
+std::string a1111_sampler_name(const std::string& sampler);
+std::string a1111_schedule_name(const std::string& schedule);
+
+}  // namespace atelier

@@ -1,0 +1,136 @@
+// The `atelier` binary end to end: generate writes a PNG with infotext and a JSON sidecar; bad input gets a
+// clear message and a nonzero exit, never a crash.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "io/image.h"
+#include "test_util.h"
+
+namespace atelier {
+namespace {
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int exit_code = -1;
+  bool crashed = false;
+  std::string output;  // stdout + stderr
+};
+
+RunResult run_cli(const std::string& args) {
+  const std::string cmd = std::string(ATELIER_BINARY) + " " + args + " 2>&1";
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(p);
+  r.crashed = WIFSIGNALED(status);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("atelier_cli_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+
+TEST(Cli, GenerateWritesPngWithInfotextAndSidecar) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  const fs::path out = temp_dir("gen") / "img.png";
+  const auto r = run_cli("generate --model " + q(dir / "model") +
+                         " --prompt 'a red circle' --negative-prompt blurry --width 64 --height 64 --steps 2"
+                         " --seed 7 --sampler 'DPM++ 2M Karras' --output " + q(out));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream f(out, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto img = decode_image(ss.str());
+  ASSERT_TRUE(img) << img.status().message();
+  EXPECT_EQ(img->width, 64);
+  auto info = read_infotext(ss.str());
+  ASSERT_TRUE(info) << info.status().message();
+  EXPECT_NE(info->find("a red circle\nNegative prompt: blurry\nSteps: 2, Sampler: DPM++ 2M, Schedule type: Karras"),
+            std::string::npos) << *info;
+  EXPECT_NE(info->find("Seed: 7"), std::string::npos);
+  std::ifstream side(fs::path(out).replace_extension(".json"));
+  const auto j = nlohmann::json::parse(side);
+  EXPECT_EQ(j["settings"]["seed"], 7);
+  EXPECT_TRUE(j.contains("timings"));
+}
+
+TEST(Cli, BatchWritesOneFilePerImageWithConsecutiveSeeds) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  const fs::path d = temp_dir("batch");
+  const auto r = run_cli("generate --model " + q(dir / "model") + " --width 32 --height 32 --steps 1 --seed 100"
+                         " --batch-size 2 --batch-count 2 --output " + q(d / "b.png"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(fs::exists(d / ("b-" + std::to_string(i) + ".png"))) << i;
+  std::ifstream side(d / "b-3.json");
+  EXPECT_EQ(nlohmann::json::parse(side)["settings"]["seed"], 103);
+}
+
+TEST(Cli, InfoDescribesBothLayouts) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  auto r = run_cli("info " + q(dir / "model"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("SD 1.x"), std::string::npos) << r.output;
+  r = run_cli("info --json " + q(dir / "sd15-tiny.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["family"], "SD 1.x");
+  EXPECT_EQ(j["layout"], "single-file (CompVis)");
+  EXPECT_GT(j["unet"]["parameters"].get<int64_t>(), 0);
+}
+
+struct BadCase {
+  const char* name;
+  std::string args;      // after "generate --model MODEL"
+  std::string expected;  // part of the message
+};
+
+TEST(Cli, BadInputGetsAClearMessageAndNonzeroExit) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  const fs::path d = temp_dir("bad");
+  // A truncated copy of a real checkpoint and a file that is not safetensors at all.
+  {
+    std::ifstream in(dir / "sd15-tiny.safetensors", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    std::ofstream(d / "truncated.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() / 3);
+    std::ofstream(d / "garbage.safetensors", std::ios::binary) << "this is not a checkpoint";
+  }
+  const std::string model = " --model " + q(dir / "model");
+  const std::vector<BadCase> cases = {
+      {"missing model", " --model " + q(d / "nope.safetensors"), "does not exist"},
+      {"truncated file", " --model " + q(d / "truncated.safetensors"), "truncated.safetensors"},
+      {"garbage file", " --model " + q(d / "garbage.safetensors"), "garbage.safetensors"},
+      {"unknown sampler", model + " --sampler warp", "euler"},
+      {"size not multiple of 8", model + " --width 100", "multiple of 8"},
+      {"negative steps", model + " --steps -5", "steps"},
+      {"unknown schedule", model + " --schedule lunar", "karras"},
+      {"unknown device", model + " --device tpu", "cuda:N"},
+      {"unknown rng", model + " --rng quantum", "cpu"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_cli("generate" + c.args + " --output " + q(d / "x.png"));
+    EXPECT_FALSE(r.crashed) << c.name << ": " << r.output;
+    EXPECT_NE(r.exit_code, 0) << c.name << ": " << r.output;
+    EXPECT_NE(r.output.find(c.expected), std::string::npos) << c.name << ": " << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace atelier
