@@ -15,7 +15,7 @@ BUILD_DIR=${BUILD_DIR:-$root/build}
 FIXTURES=${ATELIER_FIXTURES:-$root/../shared/fixtures}
 DEVICEPACK=${DEVICEPACK:-$root/../shared/tools/devicepack}
 
-cmake --build "$BUILD_DIR" --target atelier_gpu_tests cuda_ops_bench
+cmake --build "$BUILD_DIR" --target atelier_gpu_tests cuda_ops_bench atelier unet_step_bench
 
 # devicepack writes .devicepack/ at the top of the git checkout it runs in: give it a scratch one.
 work=$(mktemp -d)
@@ -24,12 +24,14 @@ git -C "$work" init -q
 stage=$work/stage
 mkdir -p "$stage/bin/tests" "$stage/bin/bench" "$stage/fixtures/sd15-tiny/model"
 cp "$BUILD_DIR/tests/atelier_gpu_tests" "$stage/bin/tests/"
-cp "$BUILD_DIR/bench/cuda_ops_bench" "$stage/bin/bench/"
+cp "$BUILD_DIR/bench/cuda_ops_bench" "$BUILD_DIR/bench/unet_step_bench" "$stage/bin/bench/"
+cp "$BUILD_DIR/atelier" "$stage/bin/"
 # Only the files the GPU tests open (the whole fixture folder would not fit the 64 MiB a call may carry).
 src="$FIXTURES/sd15-tiny"
 if [[ -d $src ]]; then
   cp "$src/golden.safetensors" "$src/case.json" "$stage/fixtures/sd15-tiny/"
-  cp -r "$src/model/unet" "$src/model/text_encoder" "$src/model/vae" "$stage/fixtures/sd15-tiny/model/"
+  cp -r "$src/model/unet" "$src/model/text_encoder" "$src/model/vae" "$src/model/tokenizer" "$src/model/scheduler" \
+    "$src/model/model_index.json" "$stage/fixtures/sd15-tiny/model/"
 else
   echo "gpu_pack: $src not found: the model tests will report themselves skipped" >&2
 fi

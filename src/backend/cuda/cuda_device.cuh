@@ -44,7 +44,8 @@ __device__ __forceinline__ float apply_unary(float x, UnaryOp op) {
   switch (op) {
     case UnaryOp::kIdentity: return x;
     case UnaryOp::kSilu: return x / (1.0f + expf(-x));
-    case UnaryOp::kGelu: return 0.5f * x * (1.0f + erff(x * kSqrtHalf));
+    // erfc(-y) == 1 + erf(y) without the cancellation that loses all digits for x << 0.
+    case UnaryOp::kGelu: return 0.5f * x * erfcf(-x * kSqrtHalf);
     case UnaryOp::kGeluTanh: return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluTanhCoeff * x * x * x)));
     case UnaryOp::kQuickGelu: return x / (1.0f + expf(-kQuickGeluAlpha * x));
     case UnaryOp::kRelu: return x > 0.0f ? x : 0.0f;
