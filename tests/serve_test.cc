@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "pipeline/sd_pipeline.h"
@@ -428,6 +429,47 @@ TEST(ServeModels, ModelDirLoadsOnDemandAndEvictsLeastRecentlyUsed) {
   auto bad = post_json(*c, "/v1/jobs", {{"model", "gamma"}}, &status);
   EXPECT_EQ(status, 400);
   EXPECT_NE(bad["error"]["message"].get<std::string>().find("alpha, beta"), std::string::npos);
+  s.reset();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace atelier::serve
+
+namespace atelier::serve {
+namespace {
+
+TEST(ServeOutput, OutputDirKeepsEveryImageWithItsSidecar) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("atelier_serve_out_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ServeOptions o = test::tiny_options();
+  o.output_dir = (dir / "images").string();  // created by the server
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  int status = 0;
+  const auto created = post_json(*c, "/v1/jobs",
+                                 {{"prompt", "x"}, {"width", 32}, {"height", 32}, {"steps", 1}, {"seed", 4},
+                                  {"batch_size", 2}, {"output_format", "webp"}},
+                                 &status);
+  ASSERT_EQ(status, 202);
+  const auto job = test::wait_job(*c, created["id"]);
+  ASSERT_EQ(job["images"].size(), 2u);
+  for (const auto& img : job["images"]) {
+    const fs::path path = img["path"].get<std::string>();
+    EXPECT_EQ(path.parent_path(), dir / "images");
+    EXPECT_EQ(path.extension(), ".webp");
+    EXPECT_TRUE(fs::exists(path));
+    std::ifstream side(fs::path(path).replace_extension(".json"));
+    ASSERT_TRUE(side.good());
+    const auto info = nlohmann::json::parse(side);
+    EXPECT_EQ(info["infotext"], img["infotext"]);
+    EXPECT_EQ(info["settings"]["seed"], img["seed"]);
+    EXPECT_EQ(img["format"], "webp");
+    EXPECT_EQ(decode_b64_image(img["data"]).width, 32);
+  }
   s.reset();
   fs::remove_all(dir);
 }

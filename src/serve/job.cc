@@ -193,6 +193,13 @@ std::string Job::preview_b64() const {
 
 double Job::age_s() const { return seconds_between(created_, Clock::now()); }
 
+size_t Job::result_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const JobImage& i : images_) n += i.data_b64.size() + i.infotext.size();
+  return n;
+}
+
 std::optional<double> Job::finished_age_s() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!finished_at_) return std::nullopt;

@@ -91,6 +91,7 @@ class Job {
   std::string preview_b64() const;  // latest preview JPEG, base64 (empty when none)
   double age_s() const;
   std::optional<double> finished_age_s() const;  // seconds since the terminal transition
+  size_t result_bytes() const;  // bytes of the encoded images held
 
   // The GET /v1/jobs/{id} document; images included when `with_images`.
   nlohmann::json to_json(bool with_images, int queue_position) const;

@@ -46,14 +46,18 @@ void JobStore::sweep() {
 }
 
 void JobStore::sweep_locked() {
-  size_t finished = 0;
-  for (const auto& [id, job] : jobs_) finished += job->finished();
+  size_t finished = 0, bytes = 0;
+  for (const auto& [id, job] : jobs_) {
+    finished += job->finished();
+    bytes += job->result_bytes();
+  }
   std::deque<std::string> kept;
-  for (const std::string& id : order_) {
+  for (const std::string& id : order_) {  // oldest first
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
     const auto age = it->second->finished_age_s();
-    if (age && (finished > max_finished_ || *age > retention_s_)) {
+    if (age && (finished > max_finished_ || bytes > max_result_bytes_ || *age > retention_s_)) {
+      bytes -= it->second->result_bytes();
       jobs_.erase(it);
       --finished;
       continue;

@@ -1,6 +1,6 @@
 // Every job the server knows by id: unfinished ones, and finished ones kept for polling until they expire
-// (older than the retention time, or beyond the retained count, oldest first), so memory stays bounded
-// however many requests pass through.
+// (older than the retention time, or beyond the retained count or result bytes, oldest first), so memory
+// stays bounded however many requests pass through.
 #pragma once
 #include <deque>
 #include <mutex>
@@ -15,7 +15,8 @@ namespace atelier::serve {
 
 class JobStore {
  public:
-  JobStore(size_t max_finished, double retention_s) : max_finished_(max_finished), retention_s_(retention_s) {}
+  JobStore(size_t max_finished, double retention_s, size_t max_result_bytes)
+      : max_finished_(max_finished), retention_s_(retention_s), max_result_bytes_(max_result_bytes) {}
 
   std::string new_id();  // 32 random hex digits
   void add(JobPtr job);
@@ -31,6 +32,7 @@ class JobStore {
 
   const size_t max_finished_;
   const double retention_s_;
+  const size_t max_result_bytes_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, JobPtr> jobs_;
   std::deque<std::string> order_;  // ids in submission order, for sweeping

@@ -54,7 +54,9 @@ int64_t ServeRequest::pixels() const {
 }
 
 double ServeRequest::work() const {
-  const double calls = gen.sampler.rfind("heun", 0) == 0 || gen.sampler.rfind("Heun", 0) == 0 ? 2.0 * gen.steps : gen.steps;
+  const auto spec = sampling::parse_sampler(gen.sampler);
+  const bool two_calls = spec && spec->kind == sampling::SamplerKind::kHeun;  // Heun evaluates the model twice per step
+  const double calls = two_calls ? 2.0 * gen.steps : gen.steps;
   const double strength = init_image ? double(gen.strength) : 1.0;
   return calls * strength * double(images()) * double(pixels());
 }

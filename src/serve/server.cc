@@ -48,7 +48,7 @@ struct Server::Impl {
   bool started = false, stopped = false, done = false;
 
   Impl(ServeOptions o, ModelRegistry r)
-      : options(std::move(o)), registry(std::move(r)), store(options.max_finished_jobs, options.job_retention_s) {}
+      : options(std::move(o)), registry(std::move(r)), store(options.max_finished_jobs, options.job_retention_s, options.max_result_mb << 20) {}
 
   void configure_http();
   void add_collectors();

@@ -37,6 +37,7 @@ struct ServeOptions {
   size_t max_models_per_device = 2;
   size_t model_memory_mb = 0;            // per device; 0 = no budget
   size_t max_finished_jobs = 1000;       // results kept for polling
+  size_t max_result_mb = 256;            // ... and at most this many MiB of encoded images
   double job_retention_s = 3600;
   int probe_interval_ms = 1000;
   bool test_hooks = false;               // enables POST /v1/admin/fail-device (tests only)
