@@ -290,6 +290,7 @@ TEST_F(ServeApi, MalformedRequestsAre400AndHarmless) {
       {"/v1/jobs", "{\"init_image\": \"" + huge_png + "\"}", "init_image"},
       {"/v1/jobs", R"({"init_image": "data:image/png,xyz"})", "init_image"},
       {"/v1/jobs", R"({"timeout_s": -1})", "timeout_s"},
+      {"/v1/jobs", R"x({"prompt": "(cat:1.2.3)", "emphasis": true})x", "prompt: prompt emphasis weight"},
       {"/sdapi/v1/txt2img", R"({"sampler_name": 3})", "sampler_name"},
       {"/sdapi/v1/txt2img", R"({"scheduler": "Beta"})", "scheduler"},
       {"/sdapi/v1/txt2img", R"({"override_settings": []})", "override_settings"},

@@ -57,8 +57,9 @@ void Scheduler::dispatch() {
   for (;;) {
     const JobPtr head = queue_->front();
     if (!head) return;
-    if (head->finished()) {  // cancelled or expired while waiting
+    if (head->finished() || head->cancel_requested()) {  // cancelled or expired while waiting (or re-queued)
       queue_->remove(head->id());
+      head->cancel(head->cancel_reason());
       continue;
     }
     Worker* w = pool_.pick();
