@@ -5,6 +5,7 @@
 #include <string>
 
 #include "pipeline/request.h"
+#include "serve/server.h"
 
 namespace atelier::cli {
 
@@ -24,5 +25,8 @@ struct InfoOptions {
 };
 void add_info_command(CLI::App& app, InfoOptions& o);
 int run_info(const InfoOptions& o);
+
+void add_serve_command(CLI::App& app, serve::ServeOptions& o);
+int run_serve(const serve::ServeOptions& o);
 
 }  // namespace atelier::cli
