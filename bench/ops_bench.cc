@@ -1,6 +1,8 @@
 // CPU op benchmarks at Stable Diffusion 1.5 shapes (first UNet level at 512 px: 64x64 latents, 320
-// channels, 4096 tokens, 8 heads of 40). The benchmark argument is the OpenMP thread count.
-//   ./build/bench/ops_bench --benchmark_filter=Conv
+// channels, 4096 tokens, 8 heads of 40) and a few others (other UNet levels, VAE, wider heads). The
+// benchmark argument is the OpenMP thread count (0: the default). *_Im2col / *_GemmPath variants run the
+// portable paths that the Winograd convolution and the fused attention replace.
+//   ./build/bench/ops_bench --benchmark_filter='Conv3x3|Attention_4096x40'
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
@@ -21,7 +23,11 @@ Tensor random_tensor(const Shape& shape, uint32_t seed, float scale = 1.0f) {
   return Tensor::from_vector(v, shape);
 }
 
-void set_threads(benchmark::State& state) { omp_set_num_threads(int(state.range(0))); }
+// Argument 0 keeps the OpenMP default (OMP_NUM_THREADS, else every core): for scaling runs on big machines.
+void set_threads(benchmark::State& state) {
+  static const int default_threads = omp_get_max_threads();
+  omp_set_num_threads(state.range(0) > 0 ? int(state.range(0)) : default_threads);
+}
 
 void BM_Conv3x3_64x64x320(benchmark::State& state) {
   set_threads(state);
@@ -29,7 +35,35 @@ void BM_Conv3x3_64x64x320(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ops::conv2d(x, w, b, {1, 1, 1, 1, 1, 1, 1}));
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 320 * 320 * 9 * 64 * 64, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_Conv3x3_64x64x320)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Conv3x3_64x64x320)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Conv3x3_64x64x320_Im2col(benchmark::State& state) {
+  cpu::set_winograd_conv(false);
+  BM_Conv3x3_64x64x320(state);
+  cpu::set_winograd_conv(true);
+}
+BENCHMARK(BM_Conv3x3_64x64x320_Im2col)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The other SD 1.5 UNet levels (batch 2 for classifier-free guidance): Winograd against im2col.
+void ConvLevel(benchmark::State& state, int64_t size, int64_t channels, bool winograd) {
+  set_threads(state);
+  cpu::set_winograd_conv(winograd);
+  Tensor x = random_tensor({2, channels, size, size}, 1), w = random_tensor({channels, channels, 3, 3}, 2, 0.02f);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::conv2d(x, w, Tensor(), {1, 1, 1, 1, 1, 1, 1}));
+  cpu::set_winograd_conv(true);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 2 * channels * channels * 9 * size * size, benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
+}
+BENCHMARK_CAPTURE(ConvLevel, w32x32x640, 32, 640, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, i32x32x640, 32, 640, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, w16x16x1280, 16, 1280, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, i16x16x1280, 16, 1280, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, w8x8x1280, 8, 1280, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, i8x8x1280, 8, 1280, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, w12x12x640, 12, 640, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, i12x12x640, 12, 640, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, w64x64x320b2, 64, 320, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(ConvLevel, i64x64x320b2, 64, 320, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Conv1x1_64x64x320(benchmark::State& state) {
   set_threads(state);
@@ -46,7 +80,7 @@ void BM_Attention_4096x40(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ops::attention(q, k, v));
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * heads * s * s * d, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_Attention_4096x40)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Attention_4096x40)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The portable GEMM path that CPUs without AVX-512 take.
 void BM_Attention_4096x40_GemmPath(benchmark::State& state) {
@@ -78,7 +112,7 @@ void BM_Linear_4096x320x1280_Gelu(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ops::linear(x, w, b, UnaryOp::kGelu));
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 4096 * 320 * 1280, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_Linear_4096x320x1280_Gelu)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Linear_4096x320x1280_Gelu)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_GroupNormSilu_64x64x320(benchmark::State& state) {
   set_threads(state);
@@ -167,7 +201,14 @@ void BM_VaeConv3x3_512x512x128(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ops::conv2d(x, w, b, {1, 1, 1, 1, 1, 1, 1}));
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * 128 * 128 * 9 * 512 * 512, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_VaeConv3x3_512x512x128)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VaeConv3x3_512x512x128)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_VaeConv3x3_512x512x128_Im2col(benchmark::State& state) {
+  cpu::set_winograd_conv(false);
+  BM_VaeConv3x3_512x512x128(state);
+  cpu::set_winograd_conv(true);
+}
+BENCHMARK(BM_VaeConv3x3_512x512x128_Im2col)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_VaeAttention_4096x512(benchmark::State& state) {
   set_threads(state);

@@ -186,6 +186,32 @@ TEST(OpsConv2d, PaddingStridesGroupsDilationAndPointwise) {
   EXPECT_OPS_CLOSE(ops::conv2d(x, w, Tensor(), {1, 1, 1, 1, 1, 1, 1}), ref_conv(x, w, Tensor(), {1, 1, 1, 1, 1, 1, 1}, &os));
 }
 
+// 3x3 stride-1 convolutions big enough for the Winograd path, run through it and through im2col.
+TEST(OpsConv2d, WinogradAndIm2colAgreeWithReference) {
+  const std::vector<ConvCase> cases = {
+      {{1, 16, 17, 19}, {24, 16, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, true},   // odd output: partial tiles
+      {{2, 8, 33, 31}, {8, 8, 3, 3}, {1, 1, 0, 0, 1, 1, 1}, false},     // no padding
+      {{1, 12, 20, 20}, {9, 12, 3, 3}, {1, 1, 2, 2, 1, 1, 1}, true},    // padding 2
+      {{1, 64, 24, 24}, {32, 64, 3, 3}, {1, 1, 1, 0, 1, 1, 1}, true},   // asymmetric padding
+      {{2, 32, 64, 64}, {40, 32, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, true},   // several tasks per image
+  };
+  uint32_t seed = 50;
+  for (bool winograd : {true, false}) {
+    cpu::set_winograd_conv(winograd);
+    for (const ConvCase& cc : cases) {
+      Tensor x = random_tensor(cc.x, seed), w = random_tensor(cc.w, seed + 1, 0.2f);
+      Tensor b = cc.bias ? random_tensor({cc.w[0]}, seed + 2) : Tensor();
+      Shape os;
+      const std::vector<double> ref = ref_conv(x, w, b, cc.p, &os);
+      Tensor out = ops::conv2d(x, w, b, cc.p);
+      EXPECT_EQ(out.shape(), os);
+      EXPECT_OPS_CLOSE(out, ref) << (winograd ? "winograd " : "im2col ") << shape_str(cc.x) << " * " << shape_str(cc.w);
+      seed += 3;
+    }
+  }
+  cpu::set_winograd_conv(true);
+}
+
 // Per (sample, group) normalisation in double.
 std::vector<double> ref_group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor& beta, double eps, bool silu_act) {
   std::vector<double> xv = to_double(x);

@@ -41,6 +41,7 @@ struct RunCase {
   std::string name;
   bool single_file;
 };
+void PrintTo(const RunCase& c, std::ostream* os) { *os << c.name << (c.single_file ? " (single file)" : " (diffusers)"); }
 
 class SdRun : public ::testing::TestWithParam<RunCase> {};
 
@@ -192,6 +193,30 @@ TEST(SdGenerate, SingleFileWithoutTokenizerSaysWhatToPass) {
   auto m = load_sd_model((dir / "sd15-tiny.safetensors").string(), o);
   ASSERT_FALSE(m.has_value());
   EXPECT_NE(m.status().message().find("--tokenizer"), std::string::npos) << m.status().message();
+}
+
+}  // namespace
+}  // namespace atelier
+
+namespace atelier {
+namespace {
+
+// A1111 emphasis is opt-in: without brackets it changes nothing; "(word:1.5)" changes the conditioning,
+// and with emphasis off the brackets are literal text (different tokens again).
+TEST(SdGenerate, EmphasisIsOptInAndChangesOnlyWeightedPrompts) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  auto model = load(dir, false);
+  ASSERT_TRUE(model);
+  SdPipeline pipe(model);
+  auto plain = pipe.encode_prompt("a red circle", 1, false);
+  auto plain_emph = pipe.encode_prompt("a red circle", 1, true);
+  ASSERT_TRUE(plain && plain_emph);
+  EXPECT_LE(test::rel_l2(plain_emph->to_vector(), plain->to_vector()), 1e-7);
+  auto weighted = pipe.encode_prompt("a (red:1.5) circle", 1, true);
+  auto literal = pipe.encode_prompt("a (red:1.5) circle", 1, false);
+  ASSERT_TRUE(weighted && literal);
+  EXPECT_GT(test::rel_l2(weighted->to_vector(), plain->to_vector()), 1e-3);
+  EXPECT_GT(test::rel_l2(literal->to_vector(), weighted->to_vector()), 1e-3);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "core/trace.h"
 #include "pipeline/request.h"
 #include "pipeline/sd_bench.h"
+#include "serve/server.h"
 
 namespace atelier::cli {
 
@@ -50,5 +51,7 @@ class TraceFile {
   std::unique_ptr<trace::Recorder> recorder_;
   std::unique_ptr<trace::GlobalAttach> attach_;
 };
+void add_serve_command(CLI::App& app, serve::ServeOptions& o);
+int run_serve(const serve::ServeOptions& o);
 
 }  // namespace atelier::cli

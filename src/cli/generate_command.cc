@@ -1,4 +1,6 @@
 // `atelier generate`: one request from flags, images written as PNG (with A1111 infotext) + JSON sidecars.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -71,7 +73,9 @@ int run_generate(const GenerateOptions& o) {
     return 1;
   }
   SdPipeline pipe(*model);
-  auto progress = [](const StepProgress& p) {
+  const bool tty = isatty(fileno(stderr));  // a progress line only where someone watches it
+  auto progress = [tty](const StepProgress& p) {
+    if (!tty) return true;
     std::fprintf(stderr, "\rbatch %d: step %d/%d", p.batch_index + 1, p.call, p.total_calls);
     if (p.call == p.total_calls) std::fputc('\n', stderr);
     return true;

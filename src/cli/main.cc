@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   atelier::cli::add_info_command(app, info);
   atelier::cli::BenchCliOptions bench;
   atelier::cli::add_bench_command(app, bench);
+  atelier::serve::ServeOptions serve;
+  atelier::cli::add_serve_command(app, serve);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -23,5 +25,6 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("generate")) return atelier::cli::run_generate(gen);
   if (app.got_subcommand("info")) return atelier::cli::run_info(info);
   if (app.got_subcommand("bench")) return atelier::cli::run_bench(bench);
+  if (app.got_subcommand("serve")) return atelier::cli::run_serve(serve);
   return 2;
 }

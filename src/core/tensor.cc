@@ -172,12 +172,15 @@ std::vector<float> Tensor::to_vector() const {
 
 Tensor Tensor::to(Device dev) const {
   if (device() == dev) return *this;
-  Backend& src = backend_for(device());
-  Backend& dst = backend_for(dev);
-  Backend& mover = dev.is_cpu() ? src : dst;  // the accelerator's backend knows how to move bytes
-  ATELIER_CHECK(is_contiguous(), "to(device) needs a contiguous tensor");
+  Backend& from = backend_for(device());
+  Backend& mover = dev.is_cpu() ? from : backend_for(dev);  // the accelerator's backend moves the bytes
+  Tensor packed = *this;
+  if (!is_contiguous()) {  // pack on the source device first: device copies move whole buffers
+    packed = Tensor::empty(shape_, dtype_, device());
+    from.copy(packed, *this);
+  }
   Tensor out = Tensor::empty(shape_, dtype_, dev);
-  mover.copy_between_devices(out, *this);
+  mover.copy_between_devices(out, packed);
   return out;
 }
 

@@ -21,43 +21,8 @@ std::string trim_float(double v) {
   return s;
 }
 
-struct Plan {
-  GenerateRequest req;             // with width/height and seed resolved
-  sampling::SamplerSpec spec;
-  std::string sampler_name;        // canonical (ours)
-  std::string schedule_name;
-  RngKind rng = RngKind::kCuda;
-  Tensor init_image;               // [1, 3, H, W] in [0, 1] for img2img
-};
-
-Expected<Plan> make_plan(const SdModel& m, const GenerateRequest& r) {
-  ATELIER_RETURN_IF_ERROR(r.validate());
-  Plan p{r, {}, {}, {}, {}, {}};
-  ATELIER_ASSIGN_OR_RETURN(auto spec, sampling::parse_sampler(r.sampler));
-  ATELIER_ASSIGN_OR_RETURN(auto sched, sampling::parse_schedule(r.schedule));
-  ATELIER_ASSIGN_OR_RETURN(p.spec, sampling::with_schedule(spec, sched));
-  p.sampler_name = std::string(sampling::sampler_name(p.spec.kind));
-  p.schedule_name = std::string(sampling::schedule_name(p.spec.schedule));
-  ATELIER_ASSIGN_OR_RETURN(p.rng, parse_rng_kind(r.rng));
-  if (!r.init_image.empty()) {
-    ATELIER_ASSIGN_OR_RETURN(Image img, read_image(r.init_image));
-    if (p.req.width == 0) p.req.width = img.width / kLatentFactor * kLatentFactor;
-    if (p.req.height == 0) p.req.height = img.height / kLatentFactor * kLatentFactor;
-    if (p.req.width < kLatentFactor || p.req.height < kLatentFactor)
-      return invalid_argument("init image " + r.init_image + " is smaller than 8x8");
-    p.init_image = tensor_from_image(resize_image(img, p.req.width, p.req.height));
-  }
-  if (p.req.width == 0) p.req.width = m.default_size;
-  if (p.req.height == 0) p.req.height = m.default_size;
-  if (p.req.seed < 0) p.req.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
-  if (p.req.clip_skip > m.text_encoder->max_clip_skip())
-    return invalid_argument("clip skip " + std::to_string(p.req.clip_skip) + " is not supported by this model (at most " +
-                            std::to_string(m.text_encoder->max_clip_skip()) + ")");
-  return p;
-}
-
-InfotextParams infotext_params(const SdModel& m, const Plan& p, int64_t seed) {
-  const GenerateRequest& r = p.req;
+InfotextParams infotext_params(const SdModel& m, const GenerationPlan& p, int64_t seed) {
+  const GenerateRequest& r = p.request;
   InfotextParams kv = {{"Steps", std::to_string(r.steps)},
                        {"Sampler", a1111_sampler_name(p.sampler_name)},
                        {"Schedule type", a1111_schedule_name(p.schedule_name)},
@@ -75,6 +40,80 @@ InfotextParams infotext_params(const SdModel& m, const Plan& p, int64_t seed) {
 
 }  // namespace
 
+Expected<GenerationPlan> SdPipeline::plan(const GenerateRequest& r, const Image* init_image) const {
+  const SdModel& m = *model_;
+  ATELIER_RETURN_IF_ERROR(r.validate());
+  GenerationPlan p;
+  p.request = r;
+  ATELIER_ASSIGN_OR_RETURN(auto spec, sampling::parse_sampler(r.sampler));
+  ATELIER_ASSIGN_OR_RETURN(auto sched, sampling::parse_schedule(r.schedule));
+  ATELIER_ASSIGN_OR_RETURN(p.spec, sampling::with_schedule(spec, sched));
+  p.sampler_name = std::string(sampling::sampler_name(p.spec.kind));
+  p.schedule_name = std::string(sampling::schedule_name(p.spec.schedule));
+  ATELIER_ASSIGN_OR_RETURN(p.rng, parse_rng_kind(r.rng));
+  if (init_image || !r.init_image.empty()) {
+    Image loaded;
+    if (!init_image) {
+      ATELIER_ASSIGN_OR_RETURN(loaded, read_image(r.init_image));
+      init_image = &loaded;
+    }
+    const std::string label = r.init_image.empty() ? "init image" : "init image " + r.init_image;
+    if (p.request.width == 0) p.request.width = init_image->width / kLatentFactor * kLatentFactor;
+    if (p.request.height == 0) p.request.height = init_image->height / kLatentFactor * kLatentFactor;
+    if (p.request.width < kLatentFactor || p.request.height < kLatentFactor)
+      return invalid_argument(label + " is smaller than 8x8");
+    p.init_image = tensor_from_image(resize_image(*init_image, p.request.width, p.request.height));
+  }
+  if (p.request.width == 0) p.request.width = m.default_size;
+  if (p.request.height == 0) p.request.height = m.default_size;
+  if (p.request.seed < 0) p.request.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
+  if (p.request.clip_skip > m.text_encoder->max_clip_skip())
+    return invalid_argument("clip skip " + std::to_string(p.request.clip_skip) + " is not supported by this model (at most " +
+                            std::to_string(m.text_encoder->max_clip_skip()) + ")");
+  return p;
+}
+
+Expected<PreparedSample> SdPipeline::prepare_sample(const GenerationPlan& p, int index) const {
+  const SdModel& m = *model_;
+  const Device dev = m.unet->device();
+  const GenerateRequest& r = p.request;
+  const int f = m.vae->config().downscale_factor();
+  const Shape latent_shape = {1, m.unet->config().in_channels, r.height / f, r.width / f};
+  const nlohmann::json overrides = {{"prediction_type", m.prediction == Prediction::kV ? "v_prediction" : "epsilon"}};
+  PreparedSample out;
+  out.seed = p.seed_of(index);
+  std::shared_ptr<NoiseGenerator> gen = make_generator(p.rng, uint64_t(out.seed));
+  ATELIER_ASSIGN_OR_RETURN(out.sampler, sampling::make_sampler(m.scheduler_config, p.spec, r.steps, overrides));
+  out.sampler->set_noise_source([gen, dev](const Shape& shape) { return randn_tensor(*gen, shape).to(dev); });
+  if (p.init_image.defined()) {  // img2img: VAE sample, then the noise, from the same generator
+    ATELIER_RETURN_IF_ERROR(out.sampler->set_strength(r.strength));
+    const Tensor lat = encode_image(p.init_image, *gen);
+    const Tensor noise = randn_tensor(*gen, latent_shape).to(dev);
+    const sampling::NoiseRule rule = out.sampler->noise_rule();
+    out.latents = ops::lincomb({lat, noise}, {rule.x0, rule.noise});
+  } else {
+    out.latents = ops::affine(randn_tensor(*gen, latent_shape).to(dev), out.sampler->init_noise_sigma());
+  }
+  out.generator = std::move(gen);
+  return out;
+}
+
+GeneratedImage SdPipeline::finish_image(const GenerationPlan& p, const Tensor& images01, int row, int64_t seed) const {
+  const SdModel& m = *model_;
+  const GenerateRequest& r = p.request;
+  GeneratedImage g;
+  g.seed = seed;
+  g.image = image_from_tensor(images01, row);
+  g.infotext = build_infotext(r.prompt, r.negative_prompt, infotext_params(m, p, seed));
+  GenerateRequest per_image = r;
+  per_image.seed = seed;
+  g.info = {{"settings", per_image.to_json()}, {"sampler", p.sampler_name}, {"schedule", p.schedule_name},
+            {"model", {{"name", m.name}, {"hash", m.hash}, {"path", m.path}, {"family", sd_family_name(m.family)},
+                       {"prediction", prediction_name(m.prediction)}}},
+            {"device", m.unet->device().str()}, {"infotext", g.infotext}};
+  return g;
+}
+
 Expected<GenerateResult> SdPipeline::generate(const GenerateRequest& request, const ProgressCallback& progress) const {
   // This request's StageTimes come from its own ranges, recorded on this thread.
   trace::Recorder stages(trace::kPipelineCategories);
@@ -82,45 +121,25 @@ Expected<GenerateResult> SdPipeline::generate(const GenerateRequest& request, co
   trace::Scope total(stage::kGenerate, Category::kStage);
   GenerateResult result;
   Status st = catch_status([&]() -> Status {
-    const SdModel& m = *model_;
-    const Device dev = m.unet->device();
-    ATELIER_ASSIGN_OR_RETURN(Plan p, make_plan(m, request));
-    const GenerateRequest& r = p.req;
+    ATELIER_ASSIGN_OR_RETURN(GenerationPlan p, plan(request));
+    const GenerateRequest& r = p.request;
     ATELIER_ASSIGN_OR_RETURN(Tensor cond1, encode_prompt(r.prompt, r.clip_skip, r.emphasis));
     Tensor uncond1;
-    if (r.cfg_scale > 1.0f) {
+    if (p.guided()) {
       ATELIER_ASSIGN_OR_RETURN(uncond1, encode_prompt(r.negative_prompt, r.clip_skip, r.emphasis));
     }
-    const int f = m.vae->config().downscale_factor();
-    const Shape latent_shape = {1, m.unet->config().in_channels, r.height / f, r.width / f};
-    nlohmann::json overrides = {{"prediction_type", m.prediction == Prediction::kV ? "v_prediction" : "epsilon"}};
     const int bs = r.batch_size;
     const Tensor cond = ops::concat(std::vector<Tensor>(size_t(bs), cond1), 0);
     const Tensor uncond = uncond1.defined() ? ops::concat(std::vector<Tensor>(size_t(bs), uncond1), 0) : Tensor();
     for (int batch = 0; batch < r.batch_count; ++batch) {
-      std::vector<std::unique_ptr<sampling::Sampler>> owned;
+      std::vector<PreparedSample> prepared;
       std::vector<sampling::Sampler*> samplers;
-      std::vector<std::shared_ptr<NoiseGenerator>> gens;
       std::vector<Tensor> rows;
-      std::vector<int64_t> seeds;
       for (int i = 0; i < bs; ++i) {
-        const int64_t seed = r.seed + int64_t(batch) * bs + i;  // A1111: consecutive seeds per image
-        seeds.push_back(seed);
-        std::shared_ptr<NoiseGenerator> gen = make_generator(p.rng, uint64_t(seed));
-        ATELIER_ASSIGN_OR_RETURN(auto s, sampling::make_sampler(m.scheduler_config, p.spec, r.steps, overrides));
-        s->set_noise_source([gen, dev](const Shape& shape) { return randn_tensor(*gen, shape).to(dev); });
-        if (p.init_image.defined()) {  // img2img: VAE sample, then the noise, from the same generator
-          ATELIER_RETURN_IF_ERROR(s->set_strength(r.strength));
-          const Tensor lat = encode_image(p.init_image, *gen);
-          const Tensor noise = randn_tensor(*gen, latent_shape).to(dev);
-          const sampling::NoiseRule rule = s->noise_rule();
-          rows.push_back(ops::lincomb({lat, noise}, {rule.x0, rule.noise}));
-        } else {
-          rows.push_back(ops::affine(randn_tensor(*gen, latent_shape).to(dev), s->init_noise_sigma()));
-        }
-        gens.push_back(gen);
-        samplers.push_back(s.get());
-        owned.push_back(std::move(s));
+        ATELIER_ASSIGN_OR_RETURN(PreparedSample s, prepare_sample(p, batch * bs + i));
+        samplers.push_back(s.sampler.get());
+        rows.push_back(s.latents);
+        prepared.push_back(std::move(s));
       }
       Tensor x = ops::concat(rows, 0);
       {
@@ -129,19 +148,7 @@ Expected<GenerateResult> SdPipeline::generate(const GenerateRequest& request, co
       }
       const Tensor images = decode(x);
       trace::Scope encode_range(stage::kImageEncode, Category::kStage, batch);
-      for (int i = 0; i < bs; ++i) {
-        GeneratedImage g;
-        g.seed = seeds[size_t(i)];
-        g.image = image_from_tensor(images, i);
-        g.infotext = build_infotext(r.prompt, r.negative_prompt, infotext_params(m, p, g.seed));
-        GenerateRequest per_image = r;
-        per_image.seed = g.seed;
-        g.info = {{"settings", per_image.to_json()}, {"sampler", p.sampler_name}, {"schedule", p.schedule_name},
-                  {"model", {{"name", m.name}, {"hash", m.hash}, {"path", m.path}, {"family", sd_family_name(m.family)},
-                             {"prediction", prediction_name(m.prediction)}}},
-                  {"device", dev.str()}, {"infotext", g.infotext}};
-        result.images.push_back(std::move(g));
-      }
+      for (int i = 0; i < bs; ++i) result.images.push_back(finish_image(p, images, i, prepared[size_t(i)].seed));
     }
     return Status::ok();
   });

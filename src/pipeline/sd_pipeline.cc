@@ -8,8 +8,8 @@
 #include "backend/ops.h"
 #include "io/infotext.h"
 #include "pipeline/image_resize.h"
+#include "pipeline/sd_batch.h"
 #include "sampling/sampler_names.h"
-#include "sampling/stepper.h"
 #include "tokenizers/prompt_weights.h"
 
 namespace atelier {
@@ -23,12 +23,6 @@ Tensor ids_tensor(const std::vector<int32_t>& ids, Device dev) {
   Tensor t = Tensor::empty({1, int64_t(ids.size())}, DType::I32);
   std::memcpy(t.raw(), ids.data(), ids.size() * sizeof(int32_t));
   return t.to(dev);
-}
-
-// [1, ...] repeated n times along dim 0.
-Tensor repeat_rows(const Tensor& x, int n) {
-  if (n == 1) return x;
-  return ops::concat(std::vector<Tensor>(size_t(n), x), 0);
 }
 
 }  // namespace
@@ -89,36 +83,34 @@ Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samp
   const UNet& unet = *model_->unet;
   const int64_t batch = x.size(0);
   ATELIER_CHECK(int64_t(samplers.size()) == batch, "denoise: one sampler per latent row");
-  const bool use_cfg = cfg_scale > 1.0f;  // diffusers: do_classifier_free_guidance = guidance_scale > 1
-  const Tensor context = use_cfg ? ops::concat({uncond, cond}, 0) : cond;
+  ATELIER_CHECK(cond.size(0) == batch && (cfg_scale <= 1.0f || uncond.size(0) == batch),
+                "denoise: one conditioning row per latent row");
+  // The request's samples as one batch of the step-level batcher (pipeline/sd_batch.h).
+  std::vector<DenoiseSample> samples(static_cast<size_t>(batch));
+  std::vector<DenoiseSample*> ptrs;
+  for (int64_t b = 0; b < batch; ++b) {
+    DenoiseSample& d = samples[size_t(b)];
+    d.sampler = samplers[size_t(b)];
+    d.x = x.narrow(0, b, 1);
+    d.cond = cond.narrow(0, b, 1);
+    if (cfg_scale > 1.0f) d.uncond = uncond.narrow(0, b, 1);
+    d.cfg_scale = cfg_scale;
+    ptrs.push_back(&d);
+  }
   const int total = samplers.front()->calls_remaining();
-  std::span<sampling::Sampler* const> span(samplers.data(), samplers.size());
   // call_ms for `times` comes from this loop's own model_call ranges.
   trace::Recorder calls(trace::bit(Category::kCall));
   std::optional<trace::ThreadAttach> attach;
   if (times) attach.emplace(calls);
   for (int call = 0; !samplers.front()->done(); ++call) {
+    // One model call: the UNet (its own stage::kUnet range) and the sampler update (stage::kSamplerStep),
+    // both opened inside denoise_batch_step, then the device synchronisation.
     trace::Scope call_range(stage::kModelCall, Category::kCall, call);
-    Tensor x_in = sampling::scale_model_inputs(span, x);
-    std::vector<float> ts = sampling::model_timesteps(span);
-    if (use_cfg) {
-      x_in = ops::concat({x_in, x_in}, 0);
-      ts.insert(ts.end(), ts.begin(), ts.end());
-    }
-    const Tensor t = Tensor::from_vector(ts, {int64_t(ts.size())}).to(x.device());
-    ATELIER_ASSIGN_OR_RETURN(Tensor out, unet.forward(x_in, t, context));  // opens the stage::kUnet range
-    trace::Scope step_range(stage::kSamplerStep, Category::kCall, call);
-    Tensor eps = out;
-    if (use_cfg) {  // noise_uncond + g * (noise_text - noise_uncond), in diffusers' order of operations
-      const Tensor u = out.narrow(0, 0, batch), c = out.narrow(0, batch, batch);
-      eps = ops::add(u, ops::affine(ops::sub(c, u), cfg_scale));
-    }
-    Tensor denoised;
-    x = sampling::apply_step(span, x, eps, progress ? &denoised : nullptr);
+    ATELIER_ASSIGN_OR_RETURN(BatchStepOutput step, denoise_batch_step(unet, ptrs, bool(progress)));
+    x = step.x;
     backend_for(x.device()).synchronize();
-    step_range.finish();
     call_range.finish();
-    if (progress && !progress({batch_index, call + 1, total, &x, denoised.defined() ? &denoised : nullptr}))
+    if (progress && !progress({batch_index, call + 1, total, &x, step.denoised.defined() ? &step.denoised : nullptr}))
       return cancelled("generation cancelled");
   }
   if (times)

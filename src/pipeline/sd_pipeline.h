@@ -14,6 +14,7 @@
 
 #include "core/rng.h"
 #include "core/trace.h"
+#include "pipeline/stage_names.h"
 #include "io/image.h"
 #include "pipeline/request.h"
 #include "pipeline/sd_model.h"
@@ -30,19 +31,6 @@ struct StepProgress {
 };
 // Called after every model call; returning false cancels the request.
 using ProgressCallback = std::function<bool(const StepProgress&)>;
-
-// Names of the trace ranges (core/trace.h) the pipeline opens; StageTimes and `atelier bench` read them.
-namespace stage {
-inline constexpr const char* kGenerate = "generate";          // a whole request (category stage)
-inline constexpr const char* kTextEncode = "text_encode";     // one prompt through tokenizer + CLIP (stage)
-inline constexpr const char* kDenoise = "denoise";            // one batch's sampling loop (stage)
-inline constexpr const char* kModelCall = "model_call";       // UNet + CFG combine + sampler update (call)
-inline constexpr const char* kUnet = "unet";                  // one UNet forward (call; UNet::forward opens it)
-inline constexpr const char* kSamplerStep = "sampler_step";   // CFG combine + sampler update (call)
-inline constexpr const char* kVaeDecode = "vae_decode";       // latents -> pixels, one batch (stage)
-inline constexpr const char* kVaeEncode = "vae_encode";       // img2img init image -> latents (stage)
-inline constexpr const char* kImageEncode = "image_encode";   // tensors -> images + infotext (stage)
-}  // namespace stage
 
 // Wall times of a request, read from the trace events of its ranges (never measured separately).
 struct StageTimes {
@@ -65,6 +53,29 @@ struct GenerateResult {
   StageTimes times;
 };
 
+// A validated request with everything resolved (size, seed, sampler, init image), ready to run.
+struct GenerationPlan {
+  GenerateRequest request;          // width/height and seed resolved
+  sampling::SamplerSpec spec;
+  std::string sampler_name;         // canonical (ours): "euler_a", ...
+  std::string schedule_name;        // "default" | "karras" | "exponential"
+  RngKind rng = RngKind::kCuda;
+  Tensor init_image;                // [1, 3, H, W] in [0, 1] for img2img; undefined for txt2img
+
+  int image_count() const { return request.batch_size * request.batch_count; }
+  // A1111: consecutive seeds, one per image across all batches.
+  int64_t seed_of(int image_index) const { return request.seed + image_index; }
+  bool guided() const { return request.cfg_scale > 1.0f; }
+};
+
+// One image of a plan, ready to denoise: its sampler (noise bound to its own generator) and its initial latents.
+struct PreparedSample {
+  std::unique_ptr<sampling::Sampler> sampler;
+  std::shared_ptr<NoiseGenerator> generator;
+  Tensor latents;  // [1, C, h, w]
+  int64_t seed = 0;
+};
+
 class SdPipeline {
  public:
   explicit SdPipeline(std::shared_ptr<SdModel> model) : model_(std::move(model)) {}
@@ -74,6 +85,14 @@ class SdPipeline {
   Expected<GenerateResult> generate(const GenerateRequest& request, const ProgressCallback& progress = {}) const;
 
   // --- stages -------------------------------------------------------------------------------------
+  // Validates `request` and resolves it for this model. img2img takes `init_image` when given (the server's
+  // decoded upload), else reads request.init_image (a path); the image is resized to the request's size.
+  Expected<GenerationPlan> plan(const GenerateRequest& request, const Image* init_image = nullptr) const;
+  // Image `index` of `plan` (0 .. image_count-1): sampler + generator seeded with seed_of(index), initial
+  // latents drawn from it (img2img: the VAE sample noise first, then the add_noise draw, as diffusers).
+  Expected<PreparedSample> prepare_sample(const GenerationPlan& plan, int index) const;
+  // images01 [B, 3, H, W] in [0, 1] (decode()), row `row` -> the image with its infotext and info.
+  GeneratedImage finish_image(const GenerationPlan& plan, const Tensor& images01, int row, int64_t seed) const;
   // text -> [1, 77, D] conditioning (clip_skip in A1111 numbering; emphasis = A1111 (word:1.2) weights).
   Expected<Tensor> encode_prompt(const std::string& text, int clip_skip, bool emphasis) const;
   // Runs every sampler to the end. x [B, C, h, w] initial latents (row b belongs to samplers[b]);

@@ -107,6 +107,9 @@ Tensor Sampler::step(const Tensor& x, const Tensor& model_output) {
 
 Expected<std::unique_ptr<Sampler>> make_sampler(const SchedulerConfig& config, int steps) {
   if (steps < 1) return invalid_argument("steps must be at least 1, got " + std::to_string(steps));
+  if (steps > kMaxSteps) {
+    return invalid_argument("steps must be at most " + std::to_string(kMaxSteps) + ", got " + std::to_string(steps));
+  }
   switch (config.kind) {
     case SamplerKind::kEuler:
     case SamplerKind::kEulerAncestral:

@@ -195,8 +195,12 @@ class Sampler {
   NoiseSource noise_;
 };
 
+// More steps than this are refused (diffusers has no limit; a server must not allocate without bound).
+inline constexpr int kMaxSteps = 10000;
+
 // Builds the sampler for `spec` with `config` resolved from the model's scheduler config (see
-// scheduler_config.h) and plans `steps` steps (diffusers' set_timesteps). steps < 1 is an error.
+// scheduler_config.h) and plans `steps` steps (diffusers' set_timesteps). steps outside [1, kMaxSteps] is
+// an error.
 Expected<std::unique_ptr<Sampler>> make_sampler(const SchedulerConfig& config, int steps);
 Expected<std::unique_ptr<Sampler>> make_sampler(const nlohmann::json& model_scheduler_config,
                                                 SamplerSpec spec, int steps,

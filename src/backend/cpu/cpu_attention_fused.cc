@@ -1,12 +1,11 @@
 // Fused ("flash") attention for AVX-512 CPUs. Per block of 16 query rows (two register-blocked groups of
 // 8) the keys are walked in chunks of 256: scores for the chunk come from a register-blocked kernel into
-// an L1 buffer, the softmax is updated
-// online (running max and sum per row, earlier output rescaled when the max grows), and P @ V accumulates
-// into an L1 output block. Nothing of size Sq x Sk exists, and no GEMM call repacks K or V per block:
-// K is packed once per head as 16-key tiles, V is read in place. CPUs without AVX-512 take the GEMM path
-// in cpu_attention.cc. Measured on SD 1.5's 4096-token self-attention (8 heads of 40, one Xeon core):
-// 224-300 ms against 380 ms for the GEMM path; chunks of 64/128/256 keys with 1, 2 or 4 row groups were
-// tried, 256 x 2 was the best or tied.
+// an L1 buffer, the softmax is updated online (running max and sum per row, earlier output rescaled when
+// the max grows), and P @ V accumulates into an L1 output block. Nothing of size Sq x Sk exists, and no
+// GEMM call repacks K or V per block: K is packed once per head as 16-key tiles, V is read in place.
+// CPUs without AVX-512, and wide heads (see kMaxFusedHeadDim), take the GEMM path in cpu_attention.cc.
+// Chunks of 64/128/256 keys with 1, 2 or 4 row groups were measured on SD 1.5's 4096-token
+// self-attention; 256 keys x 2 groups was the best or tied.
 #include <immintrin.h>
 
 #include <algorithm>

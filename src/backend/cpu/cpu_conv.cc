@@ -80,6 +80,7 @@ void CpuBackend::conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Ten
   g.kc = g.cg * g.kh * g.kw;
   const int64_t pixels = g.ho * g.wo;
   if (out.numel() == 0) return;
+  if (cpu::conv2d_winograd(out, x, w, bias, p)) return;
   const bool pointwise = g.kh == 1 && g.kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0;
 
   // Output-pixel blocks: small enough for the column budget, numerous enough to occupy every thread.

@@ -65,6 +65,12 @@ bool attention_fused(Tensor& out, const Tensor& q, const Tensor& k, const Tensor
 // Switches the fused path on or off (tests compare it with the GEMM path).
 void set_fused_attention(bool enabled);
 
+// 3x3 stride-1 ungrouped convolution by Winograd F(2x2, 3x3) (cpu_conv_winograd.cc), same contract as
+// Backend::conv2d. Returns false, doing nothing, for other shapes, small images or thin layers.
+bool conv2d_winograd(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
+// Switches the Winograd path on or off (tests compare it with im2col).
+void set_winograd_conv(bool enabled);
+
 // Below this many multiply-adds a product is not worth a parallel region.
 constexpr double kMinParallelMacs = 1 << 18;
 

@@ -1,5 +1,7 @@
 #include "models/sd/unet.h"
 
+#include "backend/ops.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -190,11 +192,12 @@ Expected<UNet> UNet::load(const WeightStore& store, UNetLayout layout, const UNe
   return unet;
 }
 
-Expected<UNet> UNet::random(const UNetConfig& config, uint64_t seed, Device device) {
+Expected<UNet> UNet::random(const UNetConfig& config, uint64_t seed, Device device, DType dtype) {
   ATELIER_RETURN_IF_ERROR(config.validate());
-  UNet unet(config, device, DType::F32);
+  UNet unet(config, device, dtype);
   ParamSource p([&](Tensor& field, const std::string& key, const Shape& shape) {
     Tensor t = random_parameter(key, shape, seed);
+    if (dtype != DType::F32) t = ops::cast(t, dtype);
     field = device.is_cpu() ? t : t.to(device);
   });
   ATELIER_RETURN_IF_ERROR(catch_status([&] {

@@ -4,6 +4,8 @@
 //
 // Weights load from diffusers folders or CompVis single files (see unet_keymap_compvis.h); the forward pass
 // takes one timestep per sample, so a server can batch samples that are at different denoising steps.
+// config.upcast_attention (SD 2.1-v) asks for attention in f32; on the CPU everything is f32 already, so
+// it only matters to a backend that computes in bf16/f16.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,7 +30,9 @@ class UNet {
                              Device device = Device::cpu(), DType dtype = DType::F32);
   // Deterministic random weights of the right shapes for `config` (each tensor seeded from `seed` and its
   // name; fan-in scaled so activations stay in range), for benchmarks without a download.
-  static Expected<UNet> random(const UNetConfig& config, uint64_t seed, Device device = Device::cpu());
+  // `dtype` is the compute dtype of the weights (f32 on the CPU; bf16/f16 on CUDA).
+  static Expected<UNet> random(const UNetConfig& config, uint64_t seed, Device device = Device::cpu(),
+                               DType dtype = DType::F32);
   // Canonical (diffusers) name and shape of every parameter of a UNet with `config`, in build order.
   static Expected<std::vector<std::pair<std::string, Shape>>> parameter_shapes(const UNetConfig& config);
 

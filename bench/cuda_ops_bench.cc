@@ -1,0 +1,175 @@
+// Micro-benchmarks of the CUDA backend's main kernels, timed with CUDA events on the backend's stream:
+// for each case, warm-up calls (plans, algorithm choice, allocator), then 20 timed calls; the median is
+// reported with the throughput it implies. Prints one table; exits 0 with a message when there is no GPU.
+//
+//   cuda_ops_bench [--iters N]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/ops.h"
+
+namespace atelier {
+namespace {
+
+constexpr int kWarmup = 3;
+
+struct Row {
+  std::string name;
+  double median_ms;
+  double amount;      // FLOPs or bytes per call
+  const char* unit;   // "TFLOP/s" or "GB/s"
+};
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// Median time of fn over `iters` calls, each bracketed by events on the backend's stream.
+double time_ms(cuda::CudaBackend& be, int iters, const std::function<void()>& fn) {
+  for (int i = 0; i < kWarmup; ++i) fn();
+  be.synchronize();
+  std::vector<cudaEvent_t> ev(size_t(2 * iters));
+  for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < iters; ++i) {
+    check(cudaEventRecord(ev[size_t(2 * i)], be.stream()), "cudaEventRecord");
+    fn();
+    check(cudaEventRecord(ev[size_t(2 * i + 1)], be.stream()), "cudaEventRecord");
+  }
+  be.synchronize();
+  std::vector<float> ms(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) check(cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(2 * i)], ev[size_t(2 * i + 1)]), "elapsed");
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+Tensor random_on(const Shape& shape, DType dt, Device dev, float scale = 1.0f) {
+  std::vector<float> v(size_t(numel_of(shape)));
+  uint32_t s = 12345;
+  for (float& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = scale * (float(s >> 8) / float(1 << 24) - 0.5f);
+  }
+  Tensor t = Tensor::from_vector(v, shape);
+  if (dt != DType::F32) t = ops::cast(t, dt);
+  return t.to(dev);
+}
+
+void print(const Row& r) {
+  const double rate = r.amount / (r.median_ms * 1e-3) / (std::strcmp(r.unit, "GB/s") == 0 ? 1e9 : 1e12);
+  std::printf("| %-52s | %10.3f | %9.1f %-7s |\n", r.name.c_str(), r.median_ms, rate, r.unit);
+}
+
+int run(int iters) {
+  if (!backend_available(Device::cuda(0))) {
+    try {
+      backend_for(Device::cuda(0));
+    } catch (const Error& e) {
+      std::printf("cuda_ops_bench: no usable CUDA device: %s\n", e.what());
+    }
+    return 0;
+  }
+  const Device dev = Device::cuda(0);
+  auto& be = static_cast<cuda::CudaBackend&>(backend_for(dev));
+  std::printf("device: %s, %d SMs; conv: %s; median of %d timed calls after %d warm-up calls\n\n", be.name().c_str(), be.sm_count(),
+              be.conv_impl_name().c_str(), iters, kWarmup);
+  std::printf("| %-52s | %10s | %17s |\n", "case", "median ms", "throughput");
+  std::printf("|%s|%s|%s|\n", std::string(54, '-').c_str(), std::string(12, '-').c_str(), std::string(19, '-').c_str());
+
+  {  // GEMM 8192^3
+    const int64_t n = 8192;
+    for (DType dt : {DType::BF16, DType::F16}) {
+      const Tensor a = random_on({n, n}, dt, dev), b = random_on({n, n}, dt, dev);
+      const double ms = time_ms(be, iters, [&] { ops::matmul(a, b); });
+      print({"matmul 8192^3 " + std::string(dtype_name(dt)), ms, 2.0 * n * n * n, "TFLOP/s"});
+    }
+    const Tensor a = random_on({n, n}, DType::F32, dev), b = random_on({n, n}, DType::F32, dev);
+    print({"matmul 8192^3 f32 (no TF32)", time_ms(be, iters, [&] { ops::matmul(a, b); }), 2.0 * n * n * n, "TFLOP/s"});
+    be.set_allow_tf32(true);
+    print({"matmul 8192^3 f32 TF32", time_ms(be, iters, [&] { ops::matmul(a, b); }), 2.0 * n * n * n, "TFLOP/s"});
+    be.set_allow_tf32(false);
+  }
+  {  // linear with bias (SD attention projection / FF sizes)
+    const Tensor x = random_on({2 * 4096, 320}, DType::BF16, dev), w = random_on({1280, 320}, DType::BF16, dev),
+                 b = random_on({1280}, DType::BF16, dev);
+    print({"linear 8192x320 -> 1280 +bias bf16", time_ms(be, iters, [&] { ops::linear(x, w, b); }), 2.0 * 8192 * 320 * 1280, "TFLOP/s"});
+  }
+  {  // device-to-device copy: bytes read + written
+    const int64_t elems = int64_t(1) << 29;  // 2 GiB of f32
+    const Tensor x = Tensor::empty({elems}, DType::F32, dev);
+    print({"device-to-device copy 2 GiB (read+write)", time_ms(be, iters, [&] { ops::clone(x); }), 2.0 * double(x.nbytes()), "GB/s"});
+    const Tensor h = Tensor::empty({elems / 2}, DType::BF16, dev);
+    print({"cast f32 -> bf16 512 Mi elements (read+write)", time_ms(be, iters, [&] { ops::cast(x.narrow(0, 0, elems / 2), DType::BF16); }),
+           double(elems / 2) * 6.0, "GB/s"});
+  }
+  {  // conv 3x3, 320 channels, 64x64, batch 2
+    const Conv2dParams p{1, 1, 1, 1, 1, 1, 1};
+    const double flops = 2.0 * 2 * 320 * 64 * 64 * 320 * 9;
+    for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+      const Tensor x = random_on({2, 320, 64, 64}, dt, dev), w = random_on({320, 320, 3, 3}, dt, dev, 0.05f), b = random_on({320}, dt, dev);
+      print({"conv3x3 2x320x64x64 -> 320 +bias " + std::string(dtype_name(dt)), time_ms(be, iters, [&] { ops::conv2d(x, w, b, p); }), flops,
+             "TFLOP/s"});
+    }
+    be.set_conv_impl(cuda::ConvImpl::kIm2col);
+    const Tensor x = random_on({2, 320, 64, 64}, DType::BF16, dev), w = random_on({320, 320, 3, 3}, DType::BF16, dev, 0.05f);
+    print({"conv3x3 2x320x64x64 -> 320 bf16, im2col path", time_ms(be, iters, [&] { ops::conv2d(x, w, Tensor(), p); }), flops, "TFLOP/s"});
+    be.set_conv_impl(cuda::ConvImpl::kAuto);
+  }
+  {  // attention: 4096 tokens, 8 heads, batch 2
+    for (int64_t d : {40, 64}) {
+      const double flops = 4.0 * 2 * 8 * 4096.0 * 4096.0 * double(d);
+      for (DType dt : {DType::BF16, DType::F16}) {
+        const Tensor q = random_on({2, 8, 4096, d}, dt, dev), k = random_on({2, 8, 4096, d}, dt, dev), v = random_on({2, 8, 4096, d}, dt, dev);
+        print({"attention flash 2x8x4096x4096 d" + std::to_string(d) + " " + std::string(dtype_name(dt)),
+               time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+      }
+      const Tensor q = random_on({2, 8, 4096, d}, DType::BF16, dev);
+      be.set_attention_impl(cuda::AttentionImpl::kGemm);
+      print({"attention gemm path 2x8x4096x4096 d" + std::to_string(d) + " bf16", time_ms(be, iters, [&] { ops::attention(q, q, q); }), flops,
+             "TFLOP/s"});
+      const Tensor qf = random_on({2, 8, 4096, d}, DType::F32, dev);
+      print({"attention gemm path 2x8x4096x4096 d" + std::to_string(d) + " f32", time_ms(be, iters, [&] { ops::attention(qf, qf, qf); }), flops,
+             "TFLOP/s"});
+      be.set_attention_impl(cuda::AttentionImpl::kAuto);
+    }
+  }
+  {  // memory-bound glue at SD sizes: bytes read + written
+    const Tensor x = random_on({2, 320, 64, 64}, DType::BF16, dev), g = random_on({320}, DType::BF16, dev);
+    const double bytes = 2.0 * double(x.nbytes());
+    print({"group_norm+silu 2x320x64x64 bf16", time_ms(be, iters, [&] { ops::group_norm(x, 32, g, g, 1e-5f, UnaryOp::kSilu); }), bytes, "GB/s"});
+    const Tensor t = random_on({2 * 4096, 320}, DType::BF16, dev);
+    print({"layer_norm 8192x320 bf16", time_ms(be, iters, [&] { ops::layer_norm(t, g, g, 1e-5f); }), 2.0 * double(t.nbytes()), "GB/s"});
+    print({"add 2x320x64x64 bf16", time_ms(be, iters, [&] { ops::add(x, x); }), 3.0 * double(x.nbytes()), "GB/s"});
+    const Tensor ff = random_on({2 * 4096, 2 * 1280}, DType::BF16, dev);
+    print({"glu (GEGLU) 8192x2560 bf16", time_ms(be, iters, [&] { ops::glu(ff, UnaryOp::kGelu); }), 1.5 * double(ff.nbytes()), "GB/s"});
+  }
+  be.synchronize();
+  return 0;
+}
+
+}  // namespace
+}  // namespace atelier
+
+int main(int argc, char** argv) {
+  int iters = 20;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--iters") == 0) iters = std::max(1, std::atoi(argv[i + 1]));
+  try {
+    return atelier::run(iters);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_ops_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Packs what one GPU run needs into DEST/.gpupack/ (about 30 MB): atelier-gpu.tar.gz with the GPU test binary
+# and the CUDA micro-benchmark (built first), the libraries they load (collected by ../shared/tools/devicepack)
+# and the sd15-tiny fixture files the GPU tests read; plus gpu_check.sh, which runs it all. DEST is the
+# checkout the device tool sends (default: this one); nothing else in it is touched (its own .devicepack
+# stays as it is). Then one device call runs everything:
+#   device run: carry [".gpupack"], command "bash .gpupack/gpu_check.sh", timeout_s 600
+#
+#   [BUILD_DIR=build] scripts/gpu_pack.sh [DEST]     (BUILD_DIR configured with -DATELIER_CUDA=ON)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+dest=$(cd "${1:-$root}" && pwd)
+BUILD_DIR=${BUILD_DIR:-$root/build}
+FIXTURES=${ATELIER_FIXTURES:-$root/../shared/fixtures}
+DEVICEPACK=${DEVICEPACK:-$root/../shared/tools/devicepack}
+
+cmake --build "$BUILD_DIR" --target atelier_gpu_tests cuda_ops_bench atelier unet_step_bench
+
+# devicepack writes .devicepack/ at the top of the git checkout it runs in: give it a scratch one.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+git -C "$work" init -q
+stage=$work/stage
+mkdir -p "$stage/bin/tests" "$stage/bin/bench" "$stage/fixtures/sd15-tiny/model"
+cp "$BUILD_DIR/tests/atelier_gpu_tests" "$stage/bin/tests/"
+cp "$BUILD_DIR/bench/cuda_ops_bench" "$BUILD_DIR/bench/unet_step_bench" "$stage/bin/bench/"
+cp "$BUILD_DIR/atelier" "$stage/bin/"
+# Only the files the GPU tests open (the whole fixture folder would not fit the 64 MiB a call may carry).
+src="$FIXTURES/sd15-tiny"
+if [[ -d $src ]]; then
+  cp "$src/golden.safetensors" "$src/case.json" "$stage/fixtures/sd15-tiny/"
+  cp -r "$src/model/unet" "$src/model/text_encoder" "$src/model/vae" "$src/model/tokenizer" "$src/model/scheduler" \
+    "$src/model/model_index.json" "$stage/fixtures/sd15-tiny/model/"
+else
+  echo "gpu_pack: $src not found: the model tests will report themselves skipped" >&2
+fi
+(cd "$work" && "$DEVICEPACK" --max-mb 400 "$stage/bin" "$stage/fixtures")
+
+mkdir -p "$dest/.gpupack"
+exclude=$(cd "$dest" && realpath -m "$(git rev-parse --git-path info/exclude)")
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpupack/' "$exclude" 2>/dev/null || echo '/.gpupack/' >> "$exclude"
+tar -C "$work" -czf "$dest/.gpupack/atelier-gpu.tar.gz" .devicepack
+cp "$root/scripts/gpu_check.sh" "$dest/.gpupack/gpu_check.sh"
+echo "gpu_pack: $(du -sm "$dest/.gpupack" | cut -f1) MiB in $dest/.gpupack"
+echo "  run on the GPU machine with: carry [\".gpupack\"], command \"bash .gpupack/gpu_check.sh\", timeout_s 600"

@@ -1,0 +1,164 @@
+#include "backend/cuda/cuda_allocator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/cuda_common.h"
+
+namespace atelier::cuda {
+
+namespace {
+constexpr size_t kSmallGranule = 256;         // cudaMalloc aligns to 256 B anyway
+constexpr size_t kLargeThreshold = size_t(1) << 20;
+constexpr size_t kLargeGranule = size_t(2) << 20;  // above 1 MiB: whole 2 MiB pages, as the driver maps them
+}  // namespace
+
+DeviceAllocator::~DeviceAllocator() {
+  // The backend is never destroyed (tensors may outlive static destruction); nothing to do if it is.
+}
+
+size_t DeviceAllocator::round_size(size_t bytes) {
+  if (bytes <= kSmallGranule) return kSmallGranule;
+  if (bytes <= kLargeThreshold) {
+    // Powers of two split into 8 steps: at most 12.5% waste, few distinct classes.
+    size_t p = kSmallGranule;
+    while (p < bytes) p <<= 1;
+    const size_t step = std::max(p / 8, kSmallGranule);
+    return (bytes + step - 1) / step * step;
+  }
+  size_t p = kLargeThreshold;
+  while (p < bytes) p <<= 1;
+  const size_t step = std::max(p / 8, kLargeGranule);
+  return (bytes + step - 1) / step * step;
+}
+
+void* DeviceAllocator::malloc_or_retry(size_t size) {
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, size);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the error before retrying
+    release_cached();
+    err = cudaMalloc(&p, size);
+  }
+  if (err == cudaSuccess) return p;
+  cudaGetLastError();
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  // cudaMalloc reports requests beyond the device's size as invalid values on some drivers: out of memory too.
+  if (err == cudaErrorMemoryAllocation || size > total_b)
+    throw Error(Status(ErrorCode::kResourceExhausted,
+                       "CUDA out of memory on cuda:" + std::to_string(device_) + ": asked for " + std::to_string(size >> 20) +
+                           " MiB with " + std::to_string(bytes_in_use() >> 20) + " MiB in use by this process and " +
+                           std::to_string(free_b >> 20) + " of " + std::to_string(total_b >> 20) + " MiB free on the device"));
+  ATELIER_CUDA_OK(err);
+  return p;
+}
+
+std::shared_ptr<Buffer> DeviceAllocator::allocate(size_t bytes) {
+  const size_t size = round_size(bytes);
+  void* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(size);
+    if (it != free_.end()) {
+      p = it->second;
+      free_.erase(it);
+      cached_ -= size;
+    }
+  }
+  if (!p) {
+    DeviceGuard guard(device_);
+    p = malloc_or_retry(size);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_use_ += size;
+  }
+  return std::make_shared<Buffer>(p, bytes, Device::cuda(device_), [this, size](void* q) { give_back(q, size); });
+}
+
+void DeviceAllocator::give_back(void* p, size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_use_ -= size;
+  free_.emplace(size, p);
+  cached_ += size;
+}
+
+size_t DeviceAllocator::bytes_reserved() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_ + in_use_;
+}
+
+size_t DeviceAllocator::bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_use_;
+}
+
+void DeviceAllocator::release_cached() {
+  DeviceGuard guard(device_);
+  // Blocks in the cache may still be read by work already enqueued (stream-ordered reuse): wait for it.
+  cudaStreamSynchronize(stream_);
+  std::multimap<size_t, void*> blocks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    blocks.swap(free_);
+    cached_ = 0;
+  }
+  for (auto& [size, p] : blocks) cudaFree(p);
+}
+
+// --- pinned staging ---------------------------------------------------------------------------------------
+
+PinnedStaging::~PinnedStaging() = default;  // lives as long as the process (see DeviceAllocator)
+
+void PinnedStaging::ensure() {
+  if (slots_[0]) return;
+  for (int i = 0; i < kSlots; ++i) {
+    ATELIER_CUDA_OK(cudaHostAlloc(&slots_[i], kSlotBytes, cudaHostAllocPortable));
+    ATELIER_CUDA_OK(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
+  }
+}
+
+void PinnedStaging::host_to_device(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceGuard guard(device_);
+  ensure();
+  for (size_t off = 0; off < bytes; off += kSlotBytes) {
+    const size_t len = std::min(kSlotBytes, bytes - off);
+    const int s = next_;
+    next_ = (next_ + 1) % kSlots;
+    ATELIER_CUDA_OK(cudaEventSynchronize(done_[s]));  // the slot's previous transfer has finished
+    std::memcpy(slots_[s], static_cast<const char*>(src) + off, len);
+    ATELIER_CUDA_OK(cudaMemcpyAsync(static_cast<char*>(dst) + off, slots_[s], len, cudaMemcpyHostToDevice, stream));
+    ATELIER_CUDA_OK(cudaEventRecord(done_[s], stream));
+  }
+}
+
+void PinnedStaging::device_to_host(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceGuard guard(device_);
+  ensure();
+  // Chunk i goes through slot (next_ + i) % kSlots; the host copy of chunk i - 1 overlaps chunk i's transfer.
+  const size_t chunks = (bytes + kSlotBytes - 1) / kSlotBytes;
+  auto slot_of = [&](size_t i) { return int((size_t(next_) + i) % kSlots); };
+  auto drain = [&](size_t i) {
+    const int s = slot_of(i);
+    const size_t off = i * kSlotBytes, len = std::min(kSlotBytes, bytes - off);
+    ATELIER_CUDA_OK(cudaEventSynchronize(done_[s]));
+    std::memcpy(static_cast<char*>(dst) + off, slots_[s], len);
+  };
+  for (size_t i = 0; i < chunks; ++i) {
+    const int s = slot_of(i);
+    const size_t off = i * kSlotBytes, len = std::min(kSlotBytes, bytes - off);
+    // A slot may still be the source of an earlier host->device transfer: the stream orders that before
+    // this device->host write, so no host wait is needed.
+    ATELIER_CUDA_OK(cudaMemcpyAsync(slots_[s], static_cast<const char*>(src) + off, len, cudaMemcpyDeviceToHost, stream));
+    ATELIER_CUDA_OK(cudaEventRecord(done_[s], stream));
+    if (i >= 1) drain(i - 1);
+  }
+  if (chunks) drain(chunks - 1);
+  next_ = slot_of(chunks);
+}
+
+}  // namespace atelier::cuda

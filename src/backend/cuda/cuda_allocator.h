@@ -1,0 +1,65 @@
+// Device memory pool of one GPU. All work of a device runs on its one stream, so a freed block may be handed
+// to the next allocation at once: anything that still reads it was enqueued earlier on the same stream and
+// runs first (stream-ordered reuse, no events). Blocks are kept in size classes (eighths of the next power of
+// two, at least 256 B below 1 MiB and 2 MiB above; see round_size), so the same shapes allocated every step
+// of a denoising loop never reach cudaMalloc after the first step. On cudaMalloc failure the cache is freed
+// and the allocation retried once before an out-of-memory error is thrown.
+//
+// Also: the pinned host staging ring that host<->device copies go through.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace atelier::cuda {
+
+class DeviceAllocator {
+ public:
+  DeviceAllocator(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  ~DeviceAllocator();
+  std::shared_ptr<Buffer> allocate(size_t bytes);
+  size_t bytes_reserved() const;
+  size_t bytes_in_use() const;
+  // Syncs the stream and returns every cached block to the driver.
+  void release_cached();
+  static size_t round_size(size_t bytes);
+
+ private:
+  void give_back(void* p, size_t size);
+  void* malloc_or_retry(size_t size);
+  int device_;
+  cudaStream_t stream_;
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> free_;  // size class -> blocks
+  size_t cached_ = 0;
+  size_t in_use_ = 0;
+};
+
+// Pinned host buffers for host<->device copies: host->device copies are staged through a ring of slots
+// (each guarded by an event, so the call returns without waiting for the transfer); device->host copies
+// through two slots, overlapping the transfer of one chunk with the host copy of the previous one.
+class PinnedStaging {
+ public:
+  static constexpr size_t kSlotBytes = size_t(8) << 20;
+  static constexpr int kSlots = 4;
+  explicit PinnedStaging(int device) : device_(device) {}
+  ~PinnedStaging();
+  void host_to_device(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+  void device_to_host(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+
+ private:
+  void ensure();
+  int device_;
+  std::mutex mu_;
+  void* slots_[kSlots] = {};
+  cudaEvent_t done_[kSlots] = {};
+  int next_ = 0;
+};
+
+}  // namespace atelier::cuda

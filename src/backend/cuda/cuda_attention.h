@@ -1,0 +1,28 @@
+// Shared by the two attention paths (cuda_attention.cu, cuda_attention_gemm.cu): the additive mask as the
+// kernels see it, a [B, H, Sq, Sk] broadcast view in any float dtype.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace atelier::cuda {
+
+struct AttentionMask {
+  const void* ptr = nullptr;  // null: no mask
+  DType dtype = DType::F32;
+  int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;  // element strides over [B, H, Sq, Sk]
+};
+
+inline AttentionMask attention_mask_of(const Tensor& mask) {
+  AttentionMask m;
+  if (!mask.defined()) return m;
+  m.ptr = mask.raw();
+  m.dtype = mask.dtype();
+  m.s0 = mask.strides()[0];
+  m.s1 = mask.strides()[1];
+  m.s2 = mask.strides()[2];
+  m.s3 = mask.strides()[3];
+  return m;
+}
+
+}  // namespace atelier::cuda

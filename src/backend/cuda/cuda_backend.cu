@@ -1,0 +1,165 @@
+// CUDA backend start-up and registration, the device's stream, host<->device and peer copies.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_conv.h"
+#include "backend/cuda/cuda_gemm.h"
+#include "backend/cuda/cuda_init.h"
+
+namespace atelier {
+namespace cuda {
+
+void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  std::string msg = std::string("CUDA error ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ") in " + what +
+                    " at " + (base ? base + 1 : file) + ":" + std::to_string(line);
+  if (err == cudaErrorMemoryAllocation) throw Error(Status(ErrorCode::kResourceExhausted, msg));
+  throw Error(Status(ErrorCode::kInternal, msg));
+}
+
+namespace {
+
+cudaStream_t make_stream(int index) {
+  DeviceGuard guard(index);
+  cudaStream_t s = nullptr;
+  // Non-blocking: never implicitly ordered with the legacy default stream that other libraries may use.
+  ATELIER_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
+    : index_(index),
+      name_("cuda:" + std::to_string(index) + " (" + prop.name + ")"),
+      sm_count_(prop.multiProcessorCount),
+      max_smem_optin_(prop.sharedMemPerBlockOptin),
+      stream_(make_stream(index)),
+      alloc_(index, stream_),
+      staging_(index),
+      allow_tf32_(env_flag("ATELIER_CUDA_TF32")) {}
+
+CudaBackend::~CudaBackend() = default;
+
+void CudaBackend::synchronize() {
+  DeviceGuard guard(index_);
+  ATELIER_CUDA_OK(cudaStreamSynchronize(stream_));
+}
+
+// dst and src contiguous with the same byte size; at least one of them on this device.
+void CudaBackend::copy_between_devices(Tensor& dst, const Tensor& src) {
+  ATELIER_CHECK(dst.nbytes() == src.nbytes(), "copy_between_devices: size mismatch");
+  const size_t bytes = src.nbytes();
+  if (bytes == 0) return;
+  const bool src_host = src.device().is_cpu(), dst_host = dst.device().is_cpu();
+  if (src_host && dst_host) {
+    std::memcpy(dst.raw(), src.raw(), bytes);
+  } else if (src_host) {
+    cuda_backend(dst.device().index).staging_.host_to_device(dst.raw(), src.raw(), bytes, cuda_backend(dst.device().index).stream_);
+  } else if (dst_host) {
+    CudaBackend& from = cuda_backend(src.device().index);
+    from.staging_.device_to_host(dst.raw(), src.raw(), bytes, from.stream_);
+  } else {
+    CudaBackend& from = cuda_backend(src.device().index);
+    CudaBackend& to = cuda_backend(dst.device().index);
+    DeviceGuard guard(to.index_);
+    if (&from == &to) {
+      ATELIER_CUDA_OK(cudaMemcpyAsync(dst.raw(), src.raw(), bytes, cudaMemcpyDeviceToDevice, to.stream_));
+    } else {
+      from.synchronize();  // the source is complete before the other device's stream reads it
+      ATELIER_CUDA_OK(cudaMemcpyPeerAsync(dst.raw(), to.index_, src.raw(), from.index_, bytes, to.stream_));
+    }
+  }
+}
+
+Tensor CudaBackend::as_dtype(const Tensor& like, DType dtype) {
+  if (!like.defined() || like.dtype() == dtype) return like;
+  Tensor t = Tensor::empty(like.shape(), dtype, device());
+  copy(t, like);
+  return t;
+}
+
+void CudaBackend::run_gemm(const GemmCall& call) {
+  {
+    std::lock_guard<std::mutex> lock(engines_mu_);
+    if (!gemm_) gemm_ = std::make_unique<GemmEngine>(index_, stream_, alloc_);
+  }
+  gemm_->run(call, allow_tf32_);
+}
+
+std::string CudaBackend::conv_impl_name() {
+  std::lock_guard<std::mutex> lock(engines_mu_);
+  if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
+  return conv_->available() ? "cudnn " + conv_->version() : "im2col+gemm (cuDNN not loaded: " + conv_->why_unavailable() + ")";
+}
+
+namespace {
+
+struct Registry {
+  std::string why;  // empty when at least one device started
+  int count = 0;
+  CudaBackend* backends[16] = {};
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+CudaBackend& cuda_backend(int index) {
+  // backend_for starts the backends and reports unavailable devices with the reason.
+  return static_cast<CudaBackend&>(backend_for(Device::cuda(index)));
+}
+
+}  // namespace cuda
+
+const std::string& init_cuda_backends() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cuda::Registry& r = cuda::registry();
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+      r.why = cudaGetErrorString(err);
+      cudaGetLastError();
+      return;
+    }
+    if (count == 0) {
+      r.why = "no CUDA device found";
+      return;
+    }
+    std::string errors;
+    for (int i = 0; i < count && i < 16; ++i) {
+      try {
+        cudaDeviceProp prop{};
+        ATELIER_CUDA_OK(cudaGetDeviceProperties(&prop, i));
+        if (prop.major < 8) {
+          errors += "cuda:" + std::to_string(i) + " has compute capability " + std::to_string(prop.major) + "." +
+                    std::to_string(prop.minor) + " (8.0 or newer is supported); ";
+          continue;
+        }
+        r.backends[i] = new cuda::CudaBackend(i, prop);  // never destroyed: tensors may outlive static destruction
+        register_backend(Device::Kind::kCUDA, i, r.backends[i]);
+        ++r.count;
+      } catch (const Error& e) {
+        errors += "cuda:" + std::to_string(i) + ": " + e.what() + "; ";
+      }
+    }
+    if (r.count == 0) r.why = errors.empty() ? "no usable CUDA device" : errors.substr(0, errors.size() - 2);
+  });
+  return cuda::registry().why;
+}
+
+}  // namespace atelier

@@ -1,0 +1,104 @@
+// The CUDA backend: one instance per visible GPU, registered lazily by init_cuda_backends() (cuda_init.h)
+// the first time a CUDA device is asked for. Every op is enqueued on the device's one stream without host
+// synchronisation; synchronize() waits for it. Storage dtypes are f32, bf16 and f16 with f32 compute.
+// Op families live in their own files: cuda_copy.cu, cuda_elementwise.cu, cuda_gemm.cu, cuda_conv.cu,
+// cuda_norm.cu, cuda_attention.cu (flash kernel) and cuda_attention_gemm.cu (the general path).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_allocator.h"
+
+namespace atelier::cuda {
+
+class GemmEngine;
+class ConvEngine;
+struct GemmCall;
+
+// Which convolution implementation to use (tests force each one; kAuto prefers cuDNN when it loads).
+enum class ConvImpl { kAuto, kCudnn, kIm2col };
+// Which attention implementation to use: the tensor-core flash kernel (bf16/f16, head dim a multiple of 8,
+// at most 256, equal q/v head dims), or the general path (two batched GEMMs around a masked softmax, any
+// dtype and head dims). kAuto takes the flash kernel whenever it applies.
+enum class AttentionImpl { kAuto, kFlash, kGemm };
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int index, const cudaDeviceProp& prop);
+  ~CudaBackend() override;
+  Device device() const override { return Device::cuda(index_); }
+  std::string name() const override { return name_; }
+
+  std::shared_ptr<Buffer> allocate(size_t bytes) override { return alloc_.allocate(bytes); }
+  void copy_between_devices(Tensor& dst, const Tensor& src) override;
+  void synchronize() override;
+  size_t bytes_reserved() const override { return alloc_.bytes_reserved(); }
+  void release_cached() override { alloc_.release_cached(); }
+
+  void copy(Tensor& dst, const Tensor& src) override;
+  void fill(Tensor& dst, float value) override;
+  void embedding(Tensor& out, const Tensor& ids, const Tensor& table) override;
+
+  void unary(Tensor& out, const Tensor& x, UnaryOp op) override;
+  void binary(Tensor& out, const Tensor& a, const Tensor& b, BinaryOp op) override;
+  void lincomb(Tensor& out, const std::vector<Tensor>& inputs, const std::vector<float>& coeffs, int coeff_rows) override;
+  void glu(Tensor& out, const Tensor& x, UnaryOp act) override;
+  void softmax(Tensor& out, const Tensor& x) override;
+
+  void gemm(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmParams& p) override;
+  void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) override;
+
+  void group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) override;
+  void layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) override;
+  void rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) override;
+
+  void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) override;
+
+  // --- CUDA-specific controls (benchmarks, tests) ---------------------------------------------------
+  cudaStream_t stream() const { return stream_; }
+  int index() const { return index_; }
+  int sm_count() const { return sm_count_; }
+  size_t bytes_in_use() const { return alloc_.bytes_in_use(); }
+  // f32 GEMMs may use TF32 tensor cores (about 10 bits of mantissa; off by default so that f32 results
+  // match the CPU backend to f32 rounding). Also from the environment: ATELIER_CUDA_TF32=1.
+  void set_allow_tf32(bool allow) { allow_tf32_ = allow; }
+  bool allow_tf32() const { return allow_tf32_; }
+  void set_conv_impl(ConvImpl impl) { conv_impl_ = impl; }
+  // "cudnn <version>" or "im2col+gemm (cuDNN not loaded: <why>)": what kAuto uses on this machine.
+  std::string conv_impl_name();
+  void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
+  // Enqueues one GEMM (used by conv2d's im2col path and the general attention path too).
+  void run_gemm(const GemmCall& call);
+
+ private:
+  // Attention through two batched GEMMs and a masked softmax, in chunks of queries (any dtype/head dims).
+  void attention_gemm(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
+  // The tensor-core flash kernel; returns false when the inputs are outside what it supports.
+  bool attention_flash(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
+  void conv2d_im2col(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
+  // A tensor of `like`'s shape in `dtype` (a cast copy, or `like` itself when it already has it).
+  Tensor as_dtype(const Tensor& like, DType dtype);
+
+  int index_;
+  std::string name_;
+  int sm_count_ = 0;
+  size_t max_smem_optin_ = 0;
+  cudaStream_t stream_ = nullptr;
+  DeviceAllocator alloc_;
+  PinnedStaging staging_;
+  std::unique_ptr<GemmEngine> gemm_;
+  std::unique_ptr<ConvEngine> conv_;
+  std::mutex engines_mu_;
+  bool allow_tf32_ = false;
+  ConvImpl conv_impl_ = ConvImpl::kAuto;
+  AttentionImpl attention_impl_ = AttentionImpl::kAuto;
+};
+
+// The backend of cuda:`index` (throws atelier::Error when that device is not available).
+CudaBackend& cuda_backend(int index);
+
+}  // namespace atelier::cuda

@@ -1,0 +1,47 @@
+// Host-side helpers shared by the CUDA backend's files: error checks that throw atelier::Error (ops never
+// abort), the current-device guard, and the size limits of the kernels' index structs.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/status.h"
+
+namespace atelier::cuda {
+
+// Throws atelier::Error naming the failed call and CUDA's message.
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
+
+}  // namespace atelier::cuda
+
+// Checks a cudaError_t; on failure throws atelier::Error (kInternal, or kResourceExhausted for OOM).
+#define ATELIER_CUDA_OK(expr)                                                             \
+  do {                                                                                    \
+    const cudaError_t _err = (expr);                                                      \
+    if (_err != cudaSuccess) ::atelier::cuda::throw_cuda_error(_err, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+// After a kernel launch: reports launch-configuration errors (no synchronisation).
+#define ATELIER_CUDA_LAUNCHED() ATELIER_CUDA_OK(cudaGetLastError())
+
+namespace atelier::cuda {
+
+// Makes `index` the calling thread's current device for the guard's lifetime (restores the previous one).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index) {
+    cudaGetDevice(&previous_);
+    if (previous_ != index) ATELIER_CUDA_OK(cudaSetDevice(index));
+    else previous_ = -1;
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace atelier::cuda

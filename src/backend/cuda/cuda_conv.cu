@@ -1,0 +1,348 @@
+// 2-D convolution on the GPU: cuDNN (loaded at run time, see cuda_conv.h), or im2col + cuBLASLt GEMM when
+// cuDNN is missing or rejects a case. Bias is added by a small kernel after either.
+#include "backend/cuda/cuda_conv.h"
+
+#include <cudnn.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_gemm.h"
+#include "backend/cuda/cuda_nvtx.h"
+
+namespace atelier::cuda {
+
+// --- cuDNN entry points -------------------------------------------------------------------------------------
+
+#define ATELIER_CUDNN_FUNCTIONS(X)                                                                     \
+  X(cudnnGetVersion) X(cudnnGetErrorString) X(cudnnCreate) X(cudnnSetStream) X(cudnnCreateTensorDescriptor) \
+  X(cudnnSetTensor4dDescriptor) X(cudnnDestroyTensorDescriptor) X(cudnnCreateFilterDescriptor)               \
+  X(cudnnSetFilter4dDescriptor) X(cudnnDestroyFilterDescriptor) X(cudnnCreateConvolutionDescriptor)           \
+  X(cudnnSetConvolution2dDescriptor) X(cudnnSetConvolutionGroupCount) X(cudnnSetConvolutionMathType)        \
+  X(cudnnDestroyConvolutionDescriptor) X(cudnnGetConvolutionForwardAlgorithm_v7)                             \
+  X(cudnnGetConvolutionForwardAlgorithmMaxCount) X(cudnnFindConvolutionForwardAlgorithmEx)                   \
+  X(cudnnGetConvolutionForwardWorkspaceSize) X(cudnnConvolutionForward)
+
+struct CudnnApi {
+#define ATELIER_CUDNN_MEMBER(name) decltype(&::name) name = nullptr;
+  ATELIER_CUDNN_FUNCTIONS(ATELIER_CUDNN_MEMBER)
+#undef ATELIER_CUDNN_MEMBER
+};
+
+namespace {
+
+constexpr size_t kMaxConvWorkspace = size_t(1) << 30;   // algorithms needing more are skipped
+constexpr int64_t kIm2colBudgetBytes = int64_t(256) << 20;
+
+// Loads cuDNN once per process; null (with the reason) when it cannot be used.
+const CudnnApi* load_cudnn(std::string* why) {
+  static std::string reason;
+  static const CudnnApi* api = [&]() -> const CudnnApi* {
+    const char* off = std::getenv("ATELIER_CUDNN");
+    if (off && std::strcmp(off, "0") == 0) {
+      reason = "disabled by ATELIER_CUDNN=0";
+      return nullptr;
+    }
+    void* lib = nullptr;
+    if (const char* path = std::getenv("ATELIER_CUDNN_LIBRARY"); path && *path) lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    for (const char* name : {"libcudnn.so.9", "libcudnn.so"})
+      if (!lib) lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      reason = "libcudnn.so.9 not found on the library path (set LD_LIBRARY_PATH or ATELIER_CUDNN_LIBRARY)";
+      return nullptr;
+    }
+    auto* a = new CudnnApi();
+#define ATELIER_CUDNN_LOAD(name)                                            \
+  a->name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));         \
+  if (!a->name) {                                                           \
+    reason = std::string("cuDNN lacks ") + #name;                           \
+    return nullptr;                                                         \
+  }
+    ATELIER_CUDNN_FUNCTIONS(ATELIER_CUDNN_LOAD)
+#undef ATELIER_CUDNN_LOAD
+    const size_t v = a->cudnnGetVersion();
+    if (v / 10000 != CUDNN_MAJOR) {
+      reason = "cuDNN " + std::to_string(v) + " found; major version " + std::to_string(CUDNN_MAJOR) + " is needed";
+      return nullptr;
+    }
+    return a;
+  }();
+  if (!api && why) *why = reason;
+  return api;
+}
+
+cudnnDataType_t cudnn_type(DType t) {
+  switch (t) {
+    case DType::BF16: return CUDNN_DATA_BFLOAT16;
+    case DType::F16: return CUDNN_DATA_HALF;
+    default: return CUDNN_DATA_FLOAT;
+  }
+}
+
+bool is_gemm_family(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+}
+
+// --- kernels --------------------------------------------------------------------------------------------------
+
+// y[n, o, p] += bias[o] over y [N, O, P] (grid.y walks the N*O planes).
+template <typename T>
+__global__ void channel_bias_kernel(T* y, const void* bias, DType bias_dtype, int64_t planes, int64_t o_count, int64_t p_count) {
+  for (int64_t plane = blockIdx.y; plane < planes; plane += gridDim.y) {
+    const float b = load_any(bias, bias_dtype, plane % o_count);
+    T* row = y + plane * p_count;
+    for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < p_count; p += int64_t(gridDim.x) * blockDim.x)
+      row[p] = from_f32<T>(to_f32(row[p]) + b);
+  }
+}
+
+struct Im2colGeometry {
+  int64_t c, h, w;          // input planes of one sample
+  int64_t kh, kw, wo;       // kernel, output width
+  int64_t cg, groups, kc;   // channels per group, groups, rows per group's column matrix (cg * kh * kw)
+  int sh, sw, ph, pw, dh, dw;
+};
+
+// col [groups, kc, width] for output pixels [p0, p0 + width) of one sample x [C, H, W] (zero padding).
+template <typename T>
+__global__ void im2col_kernel(T* col, const T* x, Im2colGeometry g, int64_t p0, int64_t width) {
+  const int64_t total = g.groups * g.kc * width;
+  for (int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const int64_t j = i % width;
+    const int64_t row = i / width;  // group * kc + kc-index
+    const int64_t gi = row / g.kc, r = row % g.kc;
+    const int64_t ci = r / (g.kh * g.kw), kk = r % (g.kh * g.kw);
+    const int64_t ki = kk / g.kw, kj = kk % g.kw;
+    const int64_t p = p0 + j, oy = p / g.wo, ox = p % g.wo;
+    const int64_t iy = oy * g.sh - g.ph + ki * g.dh, ix = ox * g.sw - g.pw + kj * g.dw;
+    const bool inside = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
+    col[i] = inside ? x[((gi * g.cg + ci) * g.h + iy) * g.w + ix] : from_f32<T>(0.0f);
+  }
+}
+
+template <typename Fn>
+void dispatch_conv_dtype(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::F32: fn(float{}); return;
+    case DType::BF16: fn(__nv_bfloat16{}); return;
+    case DType::F16: fn(__half{}); return;
+    default: throw Error(unsupported("conv2d: dtype " + std::string(dtype_name(t)) + " is not supported on CUDA (f32, bf16, f16 are)"));
+  }
+}
+
+void launch_channel_bias(void* y, DType dt, const Tensor& bias, int64_t n, int64_t o, int64_t p, cudaStream_t s) {
+  const int64_t planes = n * o;
+  const dim3 grid(unsigned(std::min<int64_t>((p + kThreads - 1) / kThreads, 1024)), unsigned(std::min<int64_t>(planes, 65535)));
+  dispatch_conv_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    channel_bias_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<T*>(y), bias.raw(), bias.dtype(), planes, o, p);
+  });
+  ATELIER_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+// --- ConvEngine ------------------------------------------------------------------------------------------------
+
+struct ConvEngine::Plan {
+  const CudnnApi* api = nullptr;
+  bool valid = false;
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnConvolutionFwdAlgo_t algo{};
+  size_t workspace = 0;
+  ~Plan() {
+    if (!api) return;
+    if (x) api->cudnnDestroyTensorDescriptor(x);
+    if (y) api->cudnnDestroyTensorDescriptor(y);
+    if (w) api->cudnnDestroyFilterDescriptor(w);
+    if (conv) api->cudnnDestroyConvolutionDescriptor(conv);
+  }
+};
+
+ConvEngine::ConvEngine(int device, cudaStream_t stream) : device_(device), stream_(stream) {
+  const CudnnApi* api = load_cudnn(&why_);
+  if (!api) return;
+  DeviceGuard guard(device_);
+  cudnnHandle_t h = nullptr;
+  const cudnnStatus_t st = api->cudnnCreate(&h);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    why_ = std::string("cudnnCreate failed: ") + api->cudnnGetErrorString(st);
+    return;
+  }
+  api->cudnnSetStream(h, stream_);
+  handle_ = h;
+  api_ = api;
+  const size_t v = api->cudnnGetVersion();
+  version_ = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+ConvEngine::~ConvEngine() { plans_.clear(); }  // the handle lives as long as the process
+
+ConvEngine::Plan* ConvEngine::plan_for(const ConvShape& s, const Conv2dParams& p, DType dtype, bool strict_f32, void* y,
+                                       const void* x, const void* w, DeviceAllocator& alloc) {
+  const Key key{int64_t(dtype), strict_f32, s.n, s.c, s.h, s.w, s.o, s.kh, s.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
+                p.dilation_h, p.dilation_w, p.groups, 0, 0, 0, 0};
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second->valid ? it->second.get() : nullptr;
+  auto owned = std::make_unique<Plan>();
+  Plan* plan = owned.get();
+  plans_.emplace(key, std::move(owned));
+  plan->api = api_;
+  const CudnnApi& a = *api_;
+  const auto handle = static_cast<cudnnHandle_t>(handle_);
+  // The legacy API takes int dims and tensors below 2^31 elements.
+  for (int64_t v : {s.n * s.c * s.h * s.w, s.n * s.o * s.ho * s.wo, s.o * (s.c / p.groups) * s.kh * s.kw})
+    if (v >= INT_MAX) return nullptr;
+  const cudnnDataType_t dt = cudnn_type(dtype);
+  if (a.cudnnCreateTensorDescriptor(&plan->x) || a.cudnnCreateTensorDescriptor(&plan->y) ||
+      a.cudnnCreateFilterDescriptor(&plan->w) || a.cudnnCreateConvolutionDescriptor(&plan->conv))
+    return nullptr;
+  if (a.cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, dt, int(s.n), int(s.c), int(s.h), int(s.w)) ||
+      a.cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, dt, int(s.n), int(s.o), int(s.ho), int(s.wo)) ||
+      a.cudnnSetFilter4dDescriptor(plan->w, dt, CUDNN_TENSOR_NCHW, int(s.o), int(s.c / p.groups), int(s.kh), int(s.kw)) ||
+      a.cudnnSetConvolution2dDescriptor(plan->conv, p.pad_h, p.pad_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w,
+                                        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT) ||
+      a.cudnnSetConvolutionGroupCount(plan->conv, p.groups))
+    return nullptr;
+  // f32 without TF32: FMA-only kernels. f32 with TF32 allowed: cuDNN's default. 16-bit: tensor cores.
+  const cudnnMathType_t math = dtype != DType::F32 ? CUDNN_TENSOR_OP_MATH : strict_f32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+  if (a.cudnnSetConvolutionMathType(plan->conv, math)) return nullptr;
+
+  int max_algos = 0;
+  a.cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_algos);
+  max_algos = std::max(max_algos, 1);
+  std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(max_algos));
+  int found = 0;
+  const char* find = std::getenv("ATELIER_CUDNN_FIND");
+  cudnnStatus_t st;
+  if (find && std::strcmp(find, "1") == 0) {
+    // Times every algorithm once on the real buffers (the output is overwritten by the real call after).
+    std::shared_ptr<Buffer> ws = alloc.allocate(kMaxConvWorkspace / 4);
+    st = a.cudnnFindConvolutionForwardAlgorithmEx(handle, plan->x, x, plan->w, w, plan->conv, plan->y, y, max_algos, &found,
+                                                  perf.data(), ws->data(), ws->bytes());
+  } else {
+    st = a.cudnnGetConvolutionForwardAlgorithm_v7(handle, plan->x, plan->w, plan->conv, plan->y, max_algos, &found, perf.data());
+  }
+  if (st != CUDNN_STATUS_SUCCESS) return nullptr;
+  for (int i = 0; i < found; ++i) {
+    const cudnnConvolutionFwdAlgoPerf_t& r = perf[size_t(i)];
+    if (r.status != CUDNN_STATUS_SUCCESS || r.memory > kMaxConvWorkspace) continue;
+    const bool tensor_ops = r.mathType == CUDNN_TENSOR_OP_MATH || r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    if (strict_f32 && (tensor_ops || !is_gemm_family(r.algo))) continue;
+    // The descriptor runs with the math type the algorithm was rated with (strict f32 keeps FMA only).
+    if (!strict_f32 && a.cudnnSetConvolutionMathType(plan->conv, r.mathType) != CUDNN_STATUS_SUCCESS) continue;
+    size_t ws = 0;
+    if (a.cudnnGetConvolutionForwardWorkspaceSize(handle, plan->x, plan->w, plan->conv, plan->y, r.algo, &ws) != CUDNN_STATUS_SUCCESS)
+      continue;
+    plan->algo = r.algo;
+    plan->workspace = ws;
+    plan->valid = true;
+    return plan;
+  }
+  return nullptr;
+}
+
+bool ConvEngine::forward(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p,
+                         bool strict_f32, DeviceAllocator& alloc) {
+  if (!api_) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceGuard guard(device_);
+  Plan* plan = plan_for(s, p, dtype, strict_f32, y, x, w, alloc);
+  if (!plan) return false;
+  std::shared_ptr<Buffer> ws = plan->workspace ? alloc.allocate(plan->workspace) : nullptr;
+  const float alpha = 1.0f, beta = 0.0f;
+  const cudnnStatus_t st =
+      api_->cudnnConvolutionForward(static_cast<cudnnHandle_t>(handle_), &alpha, plan->x, x, plan->w, w, plan->conv, plan->algo,
+                                    ws ? ws->data() : nullptr, plan->workspace, &beta, plan->y, y);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    plan->valid = false;  // never again for this shape
+    return false;
+  }
+  return true;
+}
+
+// --- the backend op ---------------------------------------------------------------------------------------------
+
+// x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] optional, all contiguous -> out [N, O, Ho, Wo].
+// x and w in out's dtype (cast otherwise).
+void CudaBackend::conv2d(Tensor& out, const Tensor& x_in, const Tensor& w_in, const Tensor& bias, const Conv2dParams& p) {
+  if (out.numel() == 0) return;
+  NvtxRange range("conv2d");
+  DeviceGuard guard(index_);
+  const DType dt = out.dtype();
+  const Tensor x = as_dtype(x_in, dt), w = as_dtype(w_in, dt);
+  const ConvShape s{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), out.size(2), out.size(3)};
+  bool done = false;
+  if (conv_impl_ != ConvImpl::kIm2col) {
+    {
+      std::lock_guard<std::mutex> lock(engines_mu_);
+      if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
+    }
+    done = conv_->forward(out.raw(), x.raw(), w.raw(), dt, s, p, !allow_tf32_, alloc_);
+    if (!done && conv_impl_ == ConvImpl::kCudnn)
+      throw Error(unsupported("conv2d: cuDNN was asked for but " +
+                              (conv_->available() ? std::string("has no algorithm for this case") : conv_->why_unavailable())));
+  }
+  if (!done) {
+    conv2d_im2col(out, x, w, Tensor(), p);
+  }
+  if (bias.defined()) launch_channel_bias(out.raw(), dt, bias, s.n, s.o, s.ho * s.wo, stream_);
+}
+
+// The general path: per sample, blocks of output pixels are unfolded into a column matrix [groups, kc, width]
+// and multiplied by the weights [groups, og, kc] in one batched GEMM straight into the output planes. A 1x1
+// stride-1 unpadded convolution multiplies the input planes directly. Bias is the caller's.
+void CudaBackend::conv2d_im2col(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
+  const DType dt = out.dtype();
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3);
+  const int64_t o = w.size(0), kh = w.size(2), kw = w.size(3), ho = out.size(2), wo = out.size(3);
+  const int64_t groups = p.groups, cg = c / groups, og = o / groups, kc = cg * kh * kw, pixels = ho * wo;
+  const size_t elem = dtype_size(dt);
+  const bool pointwise = kh == 1 && kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0;
+  const int64_t width_budget = std::max<int64_t>(1, kIm2colBudgetBytes / int64_t(elem) / std::max<int64_t>(groups * kc, 1));
+  const int64_t block = pointwise ? pixels : std::min(pixels, width_budget);
+  std::shared_ptr<Buffer> col = pointwise ? nullptr : alloc_.allocate(size_t(groups * kc * block) * elem);
+  const Im2colGeometry g{c, h, wd, kh, kw, wo, cg, groups, kc, p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w};
+  for (int64_t ni = 0; ni < n; ++ni) {
+    const char* xs = static_cast<const char*>(x.raw()) + size_t(ni * c * h * wd) * elem;
+    char* ys = static_cast<char*>(out.raw()) + size_t(ni * o * pixels) * elem;
+    for (int64_t p0 = 0; p0 < pixels; p0 += block) {
+      const int64_t width = std::min(block, pixels - p0);
+      GemmCall call;
+      call.m = og;
+      call.n = width;
+      call.k = kc;
+      call.batch = groups;
+      call.a = {w.raw(), dt, kc, og * kc, false};
+      if (pointwise) {
+        call.b = {xs, dt, pixels, cg * pixels, false};
+      } else {
+        dispatch_conv_dtype(dt, [&](auto tag) {
+          using T = decltype(tag);
+          im2col_kernel<T><<<grid_for(groups * kc * width), kThreads, 0, stream_>>>(static_cast<T*>(col->data()),
+                                                                                   reinterpret_cast<const T*>(xs), g, p0, width);
+        });
+        ATELIER_CUDA_LAUNCHED();
+        call.b = {col->data(), dt, width, kc * width, false};
+      }
+      call.c = ys + size_t(p0) * elem;
+      call.c_dtype = dt;
+      call.ldc = pixels;
+      call.c_batch_stride = og * pixels;
+      run_gemm(call);
+    }
+  }
+  if (bias.defined()) launch_channel_bias(out.raw(), dt, bias, n, o, pixels, stream_);
+}
+
+}  // namespace atelier::cuda

@@ -1,0 +1,56 @@
+// Convolution through cuDNN's legacy descriptor API (NCHW), loaded at run time with dlopen: a machine
+// without cuDNN (or with another major version) still runs every model through the im2col + GEMM path
+// (CudaBackend::conv2d_im2col), and the binary has no link-time dependency on cuDNN.
+// Search order: $ATELIER_CUDNN_LIBRARY, then libcudnn.so.9 on the loader's path; ATELIER_CUDNN=0 disables it.
+// Algorithms come from cuDNN's heuristics (cudnnGetConvolutionForwardAlgorithm_v7), or from timing them
+// once per shape (cudnnFindConvolutionForwardAlgorithmEx) when ATELIER_CUDNN_FIND=1. In strict f32 mode
+// (no TF32) only FMA-math GEMM-family algorithms are taken, whose results match the CPU to f32 rounding.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_allocator.h"
+
+namespace atelier::cuda {
+
+struct CudnnApi;
+
+// Shapes of one convolution: x [n, c, h, w], w [o, c/groups, kh, kw], y [n, o, ho, wo].
+struct ConvShape {
+  int64_t n, c, h, w, o, kh, kw, ho, wo;
+};
+
+class ConvEngine {
+ public:
+  ConvEngine(int device, cudaStream_t stream);
+  ~ConvEngine();
+  bool available() const { return api_ != nullptr; }
+  std::string version() const { return version_; }
+  const std::string& why_unavailable() const { return why_; }
+  // Enqueues y = conv(x, w) (no bias). Returns false when cuDNN has no algorithm for the case, so that the
+  // caller takes another path; throws on a failed launch.
+  bool forward(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p, bool strict_f32,
+               DeviceAllocator& alloc);
+
+ private:
+  struct Plan;
+  using Key = std::array<int64_t, 20>;
+  Plan* plan_for(const ConvShape& s, const Conv2dParams& p, DType dtype, bool strict_f32, void* y, const void* x, const void* w,
+                 DeviceAllocator& alloc);
+
+  int device_;
+  cudaStream_t stream_;
+  const CudnnApi* api_ = nullptr;
+  void* handle_ = nullptr;  // cudnnHandle_t
+  std::string version_, why_;
+  std::mutex mu_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace atelier::cuda

@@ -1,0 +1,242 @@
+// Data movement on the GPU: strided copies with dtype conversion (up to kMaxDims dims after merging),
+// fill, embedding gathers.
+#include <cstring>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_nvtx.h"
+
+namespace atelier::cuda {
+namespace {
+
+// --- element conversions for any dtype (the CPU backend's load_as_float / store_float) ----------------
+
+__device__ float load_as_float(const char* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::F32: return reinterpret_cast<const float*>(base)[i];
+    case DType::F16: return __half2float(reinterpret_cast<const __half*>(base)[i]);
+    case DType::BF16: return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(base)[i]);
+    case DType::F64: return float(reinterpret_cast<const double*>(base)[i]);
+    case DType::I32: return float(reinterpret_cast<const int32_t*>(base)[i]);
+    case DType::I64: return float(reinterpret_cast<const int64_t*>(base)[i]);
+    case DType::I16: return float(reinterpret_cast<const int16_t*>(base)[i]);
+    case DType::I8: return float(reinterpret_cast<const int8_t*>(base)[i]);
+    case DType::U8: case DType::BOOL: return float(reinterpret_cast<const uint8_t*>(base)[i]);
+    default: return 0.0f;  // rejected on the host (supported_copy_dtype)
+  }
+}
+
+__device__ void store_float(char* base, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::F32: reinterpret_cast<float*>(base)[i] = v; return;
+    case DType::F16: reinterpret_cast<__half*>(base)[i] = __float2half_rn(v); return;
+    case DType::BF16: reinterpret_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v); return;
+    case DType::F64: reinterpret_cast<double*>(base)[i] = double(v); return;
+    case DType::I32: reinterpret_cast<int32_t*>(base)[i] = int32_t(v); return;
+    case DType::I64: reinterpret_cast<int64_t*>(base)[i] = int64_t(v); return;
+    case DType::I16: reinterpret_cast<int16_t*>(base)[i] = int16_t(v); return;
+    case DType::I8: reinterpret_cast<int8_t*>(base)[i] = int8_t(v); return;
+    case DType::U8: case DType::BOOL: reinterpret_cast<uint8_t*>(base)[i] = uint8_t(v); return;
+    default: return;
+  }
+}
+
+bool supported_copy_dtype(DType t) { return t != DType::F8E4M3; }
+
+// --- kernels ----------------------------------------------------------------------------------------------
+
+// Same dtype: elements moved as raw bits of their size (exact for every dtype, NaN payloads included).
+template <typename Bits, typename Index>
+__global__ void copy_bits_kernel(Bits* dst, const Bits* src, StridedLayout<2> l, Index n) {
+  const Index step = Index(gridDim.x) * blockDim.x;
+  for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t off[2];
+    strided_offsets(l, i, off);
+    dst[off[0]] = src[off[1]];
+  }
+}
+
+// Float dtypes (f32/bf16/f16) converted through f32 with round-to-nearest-even.
+template <typename D, typename S, typename Index>
+__global__ void copy_cast_kernel(D* dst, const S* src, StridedLayout<2> l, Index n) {
+  const Index step = Index(gridDim.x) * blockDim.x;
+  for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t off[2];
+    strided_offsets(l, i, off);
+    dst[off[0]] = from_f32<D>(to_f32(src[off[1]]));
+  }
+}
+
+// Any other dtype pair, through f32 as the CPU backend does.
+template <typename Index>
+__global__ void copy_generic_kernel(char* dst, DType dt, const char* src, DType st, StridedLayout<2> l, Index n) {
+  const Index step = Index(gridDim.x) * blockDim.x;
+  for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t off[2];
+    strided_offsets(l, i, off);
+    store_float(dst, dt, off[0], load_as_float(src, st, off[1]));
+  }
+}
+
+template <typename Bits, typename Index>
+__global__ void fill_kernel(Bits* dst, Bits value, StridedLayout<1> l, Index n) {
+  const Index step = Index(gridDim.x) * blockDim.x;
+  for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t off[1];
+    strided_offsets(l, i, off);
+    dst[off[0]] = value;
+  }
+}
+
+// out[r, c] = table[ids[r], c]; an id outside [0, V) gives a NaN row (it cannot be reported without a sync).
+template <typename T, typename Id>
+__global__ void embedding_kernel(T* out, const Id* ids, const T* table, int64_t n, int64_t v, int64_t d) {
+  const int64_t total = n * d;
+  for (int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const int64_t r = i / d, c = i % d;
+    const int64_t id = int64_t(ids[r]);
+    out[i] = (id >= 0 && id < v) ? table[id * d + c] : from_f32<T>(NAN);
+  }
+}
+
+template <typename Bits>
+void launch_copy_bits(void* dst, const void* src, const StridedLayout<2>& l, int64_t n, cudaStream_t s) {
+  if (fits_u32(n))
+    copy_bits_kernel<Bits, uint32_t><<<grid_for(n), kThreads, 0, s>>>(static_cast<Bits*>(dst), static_cast<const Bits*>(src), l, uint32_t(n));
+  else
+    copy_bits_kernel<Bits, uint64_t><<<grid_for(n), kThreads, 0, s>>>(static_cast<Bits*>(dst), static_cast<const Bits*>(src), l, uint64_t(n));
+}
+
+template <typename D, typename S>
+void launch_copy_cast(void* dst, const void* src, const StridedLayout<2>& l, int64_t n, cudaStream_t s) {
+  if (fits_u32(n))
+    copy_cast_kernel<D, S, uint32_t><<<grid_for(n), kThreads, 0, s>>>(static_cast<D*>(dst), static_cast<const S*>(src), l, uint32_t(n));
+  else
+    copy_cast_kernel<D, S, uint64_t><<<grid_for(n), kThreads, 0, s>>>(static_cast<D*>(dst), static_cast<const S*>(src), l, uint64_t(n));
+}
+
+template <typename D>
+bool launch_copy_float_src(void* dst, const void* src, DType st, const StridedLayout<2>& l, int64_t n, cudaStream_t s) {
+  switch (st) {
+    case DType::F32: launch_copy_cast<D, float>(dst, src, l, n, s); return true;
+    case DType::BF16: launch_copy_cast<D, __nv_bfloat16>(dst, src, l, n, s); return true;
+    case DType::F16: launch_copy_cast<D, __half>(dst, src, l, n, s); return true;
+    default: return false;
+  }
+}
+
+// Float-to-float conversions through the typed kernel; false for other pairs.
+bool launch_copy_float(void* dst, DType dt, const void* src, DType st, const StridedLayout<2>& l, int64_t n, cudaStream_t s) {
+  switch (dt) {
+    case DType::F32: return launch_copy_float_src<float>(dst, src, st, l, n, s);
+    case DType::BF16: return launch_copy_float_src<__nv_bfloat16>(dst, src, st, l, n, s);
+    case DType::F16: return launch_copy_float_src<__half>(dst, src, st, l, n, s);
+    default: return false;
+  }
+}
+
+template <typename Bits>
+void launch_fill(void* dst, Bits value, const StridedLayout<1>& l, int64_t n, cudaStream_t s) {
+  if (fits_u32(n))
+    fill_kernel<Bits, uint32_t><<<grid_for(n), kThreads, 0, s>>>(static_cast<Bits*>(dst), value, l, uint32_t(n));
+  else
+    fill_kernel<Bits, uint64_t><<<grid_for(n), kThreads, 0, s>>>(static_cast<Bits*>(dst), value, l, uint64_t(n));
+}
+
+// The bit pattern of `value` in dtype t (the CPU backend's store_float), widened to 64 bits.
+uint64_t fill_bits(DType t, float value) {
+  switch (t) {
+    case DType::F32: return float_to_bits(value);
+    case DType::BF16: return float_to_bf16(value);
+    case DType::F16: return float_to_f16(value);
+    case DType::F64: { double d = value; uint64_t b; std::memcpy(&b, &d, 8); return b; }
+    case DType::I32: return uint32_t(int32_t(value));
+    case DType::I64: return uint64_t(int64_t(value));
+    case DType::I16: return uint16_t(int16_t(value));
+    case DType::I8: return uint8_t(int8_t(value));
+    case DType::U8: case DType::BOOL: return uint8_t(value);
+    default: throw Error(unsupported("fill: dtype " + std::string(dtype_name(t)) + " is not supported on CUDA"));
+  }
+}
+
+}  // namespace
+
+// dst[i] = cast(src[i]) over dst's shape; both strided (src may broadcast with zero strides).
+void CudaBackend::copy(Tensor& dst, const Tensor& src) {
+  ATELIER_CHECK(dst.shape() == src.shape(), "copy: shape " + shape_str(src.shape()) + " to " + shape_str(dst.shape()));
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  ATELIER_CHECK(!src.device().is_cpu() && !dst.device().is_cpu(), "CUDA copy: both tensors must be on the GPU");
+  if (!supported_copy_dtype(src.dtype()) || !supported_copy_dtype(dst.dtype()))
+    throw Error(unsupported("copy: f8e4m3 is not supported by the CUDA backend"));
+  NvtxRange range("copy");
+  DeviceGuard guard(index_);
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    ATELIER_CUDA_OK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
+  const StridedLayout<2> l = collapse<2>(dst.shape(), {&dst.strides(), &src.strides()});
+  if (dst.dtype() == src.dtype()) {
+    switch (dtype_size(dst.dtype())) {
+      case 1: launch_copy_bits<uint8_t>(dst.raw(), src.raw(), l, n, stream_); break;
+      case 2: launch_copy_bits<uint16_t>(dst.raw(), src.raw(), l, n, stream_); break;
+      case 4: launch_copy_bits<uint32_t>(dst.raw(), src.raw(), l, n, stream_); break;
+      default: launch_copy_bits<uint64_t>(dst.raw(), src.raw(), l, n, stream_); break;
+    }
+  } else if (!launch_copy_float(dst.raw(), dst.dtype(), src.raw(), src.dtype(), l, n, stream_)) {
+    auto* d = static_cast<char*>(dst.raw());
+    const auto* s = static_cast<const char*>(src.raw());
+    if (fits_u32(n))
+      copy_generic_kernel<uint32_t><<<grid_for(n), kThreads, 0, stream_>>>(d, dst.dtype(), s, src.dtype(), l, uint32_t(n));
+    else
+      copy_generic_kernel<uint64_t><<<grid_for(n), kThreads, 0, stream_>>>(d, dst.dtype(), s, src.dtype(), l, uint64_t(n));
+  }
+  ATELIER_CUDA_LAUNCHED();
+}
+
+void CudaBackend::fill(Tensor& dst, float value) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  NvtxRange range("fill");
+  DeviceGuard guard(index_);
+  const uint64_t bits = fill_bits(dst.dtype(), value);
+  if (bits == 0 && dst.is_contiguous()) {
+    ATELIER_CUDA_OK(cudaMemsetAsync(dst.raw(), 0, dst.nbytes(), stream_));
+    return;
+  }
+  const StridedLayout<1> l = collapse<1>(dst.shape(), {&dst.strides()});
+  switch (dtype_size(dst.dtype())) {
+    case 1: launch_fill<uint8_t>(dst.raw(), uint8_t(bits), l, n, stream_); break;
+    case 2: launch_fill<uint16_t>(dst.raw(), uint16_t(bits), l, n, stream_); break;
+    case 4: launch_fill<uint32_t>(dst.raw(), uint32_t(bits), l, n, stream_); break;
+    default: launch_fill<uint64_t>(dst.raw(), bits, l, n, stream_); break;
+  }
+  ATELIER_CUDA_LAUNCHED();
+}
+
+// ids [N] (i32/i64) contiguous, table [V, D] contiguous, out [N, D] in the table's dtype.
+void CudaBackend::embedding(Tensor& out, const Tensor& ids, const Tensor& table) {
+  const int64_t n = ids.numel(), v = table.size(0), d = table.size(1);
+  if (n == 0 || d == 0) return;
+  ATELIER_CHECK(out.dtype() == table.dtype() && ids.is_contiguous() && table.is_contiguous(), "embedding: layout");
+  NvtxRange range("embedding");
+  DeviceGuard guard(index_);
+  const unsigned blocks = grid_for(n * d);
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    if (ids.dtype() == DType::I64)
+      embedding_kernel<T, int64_t><<<blocks, kThreads, 0, stream_>>>(out.data<T>(), ids.data<int64_t>(), table.data<T>(), n, v, d);
+    else
+      embedding_kernel<T, int32_t><<<blocks, kThreads, 0, stream_>>>(out.data<T>(), ids.data<int32_t>(), table.data<T>(), n, v, d);
+  };
+  switch (table.dtype()) {
+    case DType::F32: launch(float{}); break;
+    case DType::BF16: launch(__nv_bfloat16{}); break;
+    case DType::F16: launch(__half{}); break;
+    default: throw Error(unsupported("embedding: table dtype " + std::string(dtype_name(table.dtype())) + " on CUDA"));
+  }
+  ATELIER_CUDA_LAUNCHED();
+}
+
+}  // namespace atelier::cuda

@@ -1,0 +1,142 @@
+// Device-side helpers shared by the CUDA kernels: element conversions (f32 compute for f16/bf16 storage,
+// round to nearest even as torch does), the activation formulas (the CPU backend's, in f32 with CUDA's
+// precise libm: no fast-math, so f32 results agree with the CPU to rounding), runtime-typed loads for small
+// auxiliary tensors, strided index arithmetic, and block reductions.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_strided.h"
+
+namespace atelier::cuda {
+
+// --- conversions ----------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
+// Reads element i of a small tensor whose dtype is only known at run time (gamma, beta, bias, masks):
+// the branch is uniform across the grid, so it costs a few instructions, not divergence.
+__device__ __forceinline__ float load_any(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::F16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// --- activations (torch's formulas; the CPU backend's unary_scalar) ------------------------------------
+
+__device__ __forceinline__ float apply_unary(float x, UnaryOp op) {
+  constexpr float kSqrtHalf = 0.70710678118654752440f;
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  constexpr float kGeluTanhCoeff = 0.044715f;
+  constexpr float kQuickGeluAlpha = 1.702f;
+  switch (op) {
+    case UnaryOp::kIdentity: return x;
+    case UnaryOp::kSilu: return x / (1.0f + expf(-x));
+    // erfc(-y) == 1 + erf(y) without the cancellation that loses all digits for x << 0.
+    case UnaryOp::kGelu: return 0.5f * x * erfcf(-x * kSqrtHalf);
+    case UnaryOp::kGeluTanh: return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluTanhCoeff * x * x * x)));
+    case UnaryOp::kQuickGelu: return x / (1.0f + expf(-kQuickGeluAlpha * x));
+    case UnaryOp::kRelu: return x > 0.0f ? x : 0.0f;
+    case UnaryOp::kSigmoid: return 1.0f / (1.0f + expf(-x));
+    case UnaryOp::kTanh: return tanhf(x);
+    case UnaryOp::kExp: return expf(x);
+    case UnaryOp::kSqrt: return sqrtf(x);
+    case UnaryOp::kRsqrt: return 1.0f / sqrtf(x);
+    case UnaryOp::kSquare: return x * x;
+    case UnaryOp::kNeg: return -x;
+  }
+  return x;
+}
+
+// --- strided indexing -----------------------------------------------------------------------------------
+
+// Element offsets of every operand for logical flat index `flat` over the collapsed shape, in one pass of
+// divisions. 32-bit division when the whole index space fits (the common case; 64-bit division is several
+// times slower).
+template <int N, typename Index>
+__device__ __forceinline__ void strided_offsets(const StridedLayout<N>& l, Index flat, int64_t (&off)[N]) {
+#pragma unroll
+  for (int o = 0; o < N; ++o) off[o] = 0;
+#pragma unroll
+  for (int d = kMaxDims - 1; d >= 0; --d) {
+    if (d < l.rank) {
+      const Index size = Index(l.shape[d]);
+      const Index i = flat % size;
+      flat /= size;
+#pragma unroll
+      for (int o = 0; o < N; ++o) off[o] += int64_t(i) * l.stride[o][d];
+    }
+  }
+}
+
+// --- reductions -----------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 32 floats of shared memory; the call begins and ends with a barrier so it can be reused.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < warps ? scratch[lane] : 0.0f;
+  t = warp_sum(t);
+  return t;
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < warps ? scratch[lane] : -INFINITY;
+  t = warp_max(t);
+  return t;
+}
+
+// Grid-stride loop bounds helper: total threads in the grid.
+__device__ __forceinline__ int64_t grid_threads() { return int64_t(gridDim.x) * blockDim.x; }
+__device__ __forceinline__ int64_t global_thread() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+
+}  // namespace atelier::cuda
+
+namespace atelier::cuda {
+
+constexpr int kThreads = 256;  // default block size of the elementwise kernels
+
+// Blocks for a grid-stride loop over n items (capped: each thread then takes several items).
+inline unsigned grid_for(int64_t n, int threads = kThreads) {
+  constexpr int64_t kMaxBlocks = int64_t(1) << 20;
+  const int64_t b = (n + threads - 1) / threads;
+  return unsigned(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
+}
+
+// Index type of a grid-stride loop over n items: 32-bit when i + grid size cannot overflow it.
+inline bool fits_u32(int64_t n) { return n < (int64_t(1) << 31); }
+
+}  // namespace atelier::cuda

@@ -1,0 +1,298 @@
+// cuBLASLt products (see cuda_gemm.h) and the backend's gemm op.
+#include "backend/cuda/cuda_gemm.h"
+
+#include <algorithm>
+#include <climits>
+#include <numeric>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_nvtx.h"
+
+namespace atelier::cuda {
+namespace {
+
+constexpr int kHeuristicCandidates = 8;
+
+void blas_ok(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(internal_error(std::string("cuBLAS error ") + cublasGetStatusString(st) + " in " + what));
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: throw Error(unsupported("gemm: dtype " + std::string(dtype_name(t)) + " is not supported on CUDA (f32, bf16, f16 are)"));
+  }
+}
+
+// Largest power of two (at most 256) that divides the address and the byte strides of an operand:
+// what cuBLASLt's MIN_ALIGNMENT preferences need so that it never picks a kernel the operand cannot feed.
+uint32_t alignment_of(const void* p, int64_t ld, int64_t batch_stride, DType t) {
+  const uint64_t elem = dtype_size(t);
+  uint64_t v = reinterpret_cast<uintptr_t>(p) | 256u;
+  if (ld) v |= uint64_t(ld) * elem;
+  if (batch_stride) v |= uint64_t(batch_stride) * elem;
+  return uint32_t(v & (~v + 1));  // lowest set bit
+}
+
+// A column-major view of a row-major operand (see cuda_gemm.h: C^T = op(B)^T op(A)^T).
+struct CmLayout {
+  uint64_t rows, cols;
+  int64_t ld;
+};
+
+CmLayout cm_layout(bool trans, int64_t rows_if_n, int64_t cols_if_n, int64_t ld) {
+  CmLayout l{uint64_t(trans ? cols_if_n : rows_if_n), uint64_t(trans ? rows_if_n : cols_if_n), ld};
+  // A single column may carry any stride in a view; cuBLAS insists on ld >= rows.
+  if (l.cols <= 1) l.ld = std::max<int64_t>(l.ld, int64_t(std::max<uint64_t>(l.rows, 1)));
+  return l;
+}
+
+// --- the fallback epilogue kernel ------------------------------------------------------------------------
+
+template <typename T>
+__global__ void gemm_epilogue_kernel(T* c, int64_t m, int64_t n, int64_t ldc, int64_t batch, int64_t batch_stride,
+                                     const T* bias, UnaryOp act, bool beta_only, float beta) {
+  const int64_t total = batch * m * n;
+  for (int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const int64_t j = i % n, r = (i / n) % m, bi = i / (n * m);
+    T* p = c + bi * batch_stride + r * ldc + j;
+    float v = beta_only ? (beta == 0.0f ? 0.0f : beta * to_f32(*p)) : to_f32(*p);
+    if (bias) v += to_f32(bias[j]);
+    *p = from_f32<T>(apply_unary(v, act));
+  }
+}
+
+}  // namespace
+
+void launch_gemm_epilogue(void* c, DType dtype, int64_t m, int64_t n, int64_t ldc, int64_t batch, int64_t batch_stride,
+                          const void* bias, UnaryOp act, bool beta_only, float beta, cudaStream_t stream) {
+  const int64_t total = batch * m * n;
+  if (total == 0) return;
+  const unsigned blocks = grid_for(total);
+  switch (dtype) {
+    case DType::F32:
+      gemm_epilogue_kernel<float><<<blocks, kThreads, 0, stream>>>(static_cast<float*>(c), m, n, ldc, batch, batch_stride,
+                                                                  static_cast<const float*>(bias), act, beta_only, beta);
+      break;
+    case DType::BF16:
+      gemm_epilogue_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(c), m, n, ldc, batch, batch_stride,
+                                                                          static_cast<const __nv_bfloat16*>(bias), act, beta_only, beta);
+      break;
+    case DType::F16:
+      gemm_epilogue_kernel<__half><<<blocks, kThreads, 0, stream>>>(static_cast<__half*>(c), m, n, ldc, batch, batch_stride,
+                                                                   static_cast<const __half*>(bias), act, beta_only, beta);
+      break;
+    default: throw Error(unsupported("gemm epilogue: dtype " + std::string(dtype_name(dtype))));
+  }
+  ATELIER_CUDA_LAUNCHED();
+}
+
+// --- GemmEngine ----------------------------------------------------------------------------------------------
+
+struct GemmEngine::Plan {
+  bool valid = false;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+GemmEngine::GemmEngine(int device, cudaStream_t stream, DeviceAllocator& alloc) : device_(device), stream_(stream) {
+  DeviceGuard guard(device_);
+  blas_ok(cublasLtCreate(&lt_), "cublasLtCreate");
+  blas_ok(cublasCreate(&blas_), "cublasCreate");
+  blas_ok(cublasSetStream(blas_, stream_), "cublasSetStream");
+  workspace_ = alloc.allocate(kWorkspaceBytes);
+  blas_ok(cublasSetWorkspace(blas_, workspace_->data(), kWorkspaceBytes), "cublasSetWorkspace");
+}
+
+GemmEngine::~GemmEngine() {
+  plans_.clear();
+  if (blas_) cublasDestroy(blas_);
+  if (lt_) cublasLtDestroy(lt_);
+}
+
+GemmEngine::Plan* GemmEngine::plan_for(const GemmCall& call, bool allow_tf32, int epilogue) {
+  const bool tf32 = allow_tf32 && call.a.dtype == DType::F32;
+  const int64_t cm_m = call.n, cm_n = call.m;
+  const CmLayout la = cm_layout(call.b.trans, cm_m, call.k, call.b.ld);
+  const CmLayout lb = cm_layout(call.a.trans, call.k, cm_n, call.a.ld);
+  const CmLayout lc = cm_layout(false, cm_m, cm_n, call.ldc);
+  const uint32_t al_a = alignment_of(call.b.ptr, la.ld, call.b.batch_stride, call.b.dtype);
+  const uint32_t al_b = alignment_of(call.a.ptr, lb.ld, call.a.batch_stride, call.a.dtype);
+  const uint32_t al_c = alignment_of(call.c, lc.ld, call.c_batch_stride, call.c_dtype);
+  const Key key{int64_t(call.a.dtype), int64_t(call.c_dtype), tf32, cm_m, cm_n, call.k, call.batch, la.ld, lb.ld, lc.ld,
+                call.b.batch_stride, call.a.batch_stride, call.c_batch_stride, call.b.trans, call.a.trans, epilogue,
+                al_a, al_b, al_c, 0};
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second->valid ? it->second.get() : nullptr;
+
+  auto plan = std::make_unique<Plan>();
+  Plan* p = plan.get();
+  plans_.emplace(key, std::move(plan));
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  if (cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return nullptr;
+  const cublasOperation_t op_a = call.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = call.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasLtEpilogue_t epi = cublasLtEpilogue_t(epilogue);
+  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a));
+  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b));
+  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+  auto make_layout = [&](cublasLtMatrixLayout_t* l, DType t, const CmLayout& cm, int64_t stride) {
+    if (cublasLtMatrixLayoutCreate(l, cuda_type(t), cm.rows, cm.cols, cm.ld) != CUBLAS_STATUS_SUCCESS) return false;
+    if (call.batch > 1) {
+      const int32_t count = int32_t(call.batch);
+      cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count));
+      cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride));
+    }
+    return true;
+  };
+  if (!make_layout(&p->a, call.b.dtype, la, call.b.batch_stride) || !make_layout(&p->b, call.a.dtype, lb, call.a.batch_stride) ||
+      !make_layout(&p->c, call.c_dtype, lc, call.c_batch_stride))
+    return nullptr;
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return nullptr;
+  const uint64_t ws = kWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c));
+  cublasLtMatmulHeuristicResult_t results[kHeuristicCandidates] = {};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->c, p->c, pref, kHeuristicCandidates, results, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) return nullptr;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= kWorkspaceBytes) {
+      p->algo = results[i].algo;
+      p->workspace = results[i].workspaceSize;
+      p->valid = true;
+      return p;
+    }
+  }
+  return nullptr;
+}
+
+// cuBLASLt with the fused epilogue where it has one; false when no algorithm fits (the caller falls back).
+bool GemmEngine::run_lt(const GemmCall& call, bool allow_tf32) {
+  const bool bias_fusable = call.bias && (reinterpret_cast<uintptr_t>(call.bias) & 15u) == 0;
+  const bool relu = call.act == UnaryOp::kRelu;
+  // cuBLASLt's GELU epilogue is the tanh approximation; used for 16-bit outputs only, so that f32 results
+  // keep the CPU backend's exact formula.
+  const bool gelu = call.act == UnaryOp::kGeluTanh && call.c_dtype != DType::F32;
+  int epi = CUBLASLT_EPILOGUE_DEFAULT;
+  if (relu) epi = bias_fusable ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+  else if (gelu) epi = bias_fusable ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+  else if (bias_fusable) epi = CUBLASLT_EPILOGUE_BIAS;
+  bool bias_done = bias_fusable, act_done = relu || gelu;
+  // Activation epilogues need the bias fused too (else bias would come after the activation).
+  if (act_done && call.bias && !bias_fusable) {
+    epi = CUBLASLT_EPILOGUE_DEFAULT;
+    act_done = false;
+  }
+  Plan* p = plan_for(call, allow_tf32, epi);
+  if (!p && epi != CUBLASLT_EPILOGUE_DEFAULT) {
+    epi = CUBLASLT_EPILOGUE_DEFAULT;
+    bias_done = act_done = false;
+    p = plan_for(call, allow_tf32, epi);
+  }
+  if (!p) return false;
+  if (bias_done) {
+    const void* bias = call.bias;
+    cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  }
+  const cublasStatus_t st = cublasLtMatmul(lt_, p->desc, &call.alpha, call.b.ptr, p->a, call.a.ptr, p->b, &call.beta, call.c, p->c,
+                                           call.c, p->c, &p->algo, workspace_->data(), p->workspace, stream_);
+  if (st != CUBLAS_STATUS_SUCCESS) return false;
+  const bool need_bias = call.bias && !bias_done;
+  const bool need_act = call.act != UnaryOp::kIdentity && !act_done;
+  if (need_bias || need_act)
+    launch_gemm_epilogue(call.c, call.c_dtype, call.m, call.n, call.ldc, call.batch, call.c_batch_stride,
+                         need_bias ? call.bias : nullptr, need_act ? call.act : UnaryOp::kIdentity, false, 0.0f, stream_);
+  return true;
+}
+
+void GemmEngine::run_classic(const GemmCall& call, bool allow_tf32) {
+  const int64_t cm_m = call.n, cm_n = call.m;
+  const CmLayout la = cm_layout(call.b.trans, cm_m, call.k, call.b.ld);
+  const CmLayout lb = cm_layout(call.a.trans, call.k, cm_n, call.a.ld);
+  const CmLayout lc = cm_layout(false, cm_m, cm_n, call.ldc);
+  for (int64_t v : {cm_m, cm_n, call.k, la.ld, lb.ld, lc.ld, call.batch})
+    if (v > INT_MAX) throw Error(unsupported("gemm: dimension " + std::to_string(v) + " exceeds what cuBLAS takes"));
+  const bool tf32 = allow_tf32 && call.a.dtype == DType::F32;
+  blas_ok(cublasGemmStridedBatchedEx(blas_, call.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N, call.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                     int(cm_m), int(cm_n), int(call.k), &call.alpha, call.b.ptr, cuda_type(call.b.dtype), int(la.ld),
+                                     call.b.batch_stride, call.a.ptr, cuda_type(call.a.dtype), int(lb.ld), call.a.batch_stride,
+                                     &call.beta, call.c, cuda_type(call.c_dtype), int(lc.ld), call.c_batch_stride, int(call.batch),
+                                     tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx");
+  if (call.bias || call.act != UnaryOp::kIdentity)
+    launch_gemm_epilogue(call.c, call.c_dtype, call.m, call.n, call.ldc, call.batch, call.c_batch_stride, call.bias, call.act,
+                         false, 0.0f, stream_);
+}
+
+void GemmEngine::run(const GemmCall& call, bool allow_tf32) {
+  if (call.m == 0 || call.n == 0 || call.batch == 0) return;
+  ATELIER_CHECK(call.a.dtype == call.b.dtype, "gemm: A and B must share a dtype");
+  DeviceGuard guard(device_);
+  if (call.k == 0) {  // no products: C = act(beta * C + bias), as BLAS defines an empty sum
+    launch_gemm_epilogue(call.c, call.c_dtype, call.m, call.n, call.ldc, call.batch, call.c_batch_stride, call.bias, call.act,
+                         true, call.beta, stream_);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);  // plans (and the bias pointer set on a cached descriptor) are shared
+  if (!run_lt(call, allow_tf32)) run_classic(call, allow_tf32);
+}
+
+// --- the backend op ---------------------------------------------------------------------------------------------
+
+namespace {
+int64_t leading_dim(const Tensor& t) {
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  return rows == 1 ? std::max<int64_t>(cols, 1) : t.strides()[t.dim() - 2];
+}
+}  // namespace
+
+// out [B, M, N] = act(alpha * op(a) @ op(b) + beta * out + bias); a [Ba, M, K] / [Ba, K, M] (trans_a),
+// b [Bb, K, N] / [Bb, N, K] (trans_b), Ba/Bb equal to B or 1; unit last strides; out contiguous.
+// Operands in another dtype than out are cast to out's dtype first.
+void CudaBackend::gemm(Tensor& out, const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in, const GemmParams& p) {
+  ATELIER_CHECK(out.is_contiguous() && out.dim() == 3, "gemm: out must be contiguous [B, M, N]");
+  NvtxRange range("gemm");
+  const DType dt = out.dtype();
+  const Tensor a = as_dtype(a_in, dt), b = as_dtype(b_in, dt), bias = as_dtype(bias_in, dt);
+  ATELIER_CHECK(a.strides()[2] == 1 || a.size(2) == 1, "gemm: a needs a unit last stride");
+  ATELIER_CHECK(b.strides()[2] == 1 || b.size(2) == 1, "gemm: b needs a unit last stride");
+  GemmCall c;
+  c.batch = out.size(0);
+  c.m = out.size(1);
+  c.n = out.size(2);
+  c.k = p.trans_a ? a.size(1) : a.size(2);
+  c.a = {a.raw(), dt, leading_dim(a), a.size(0) == 1 ? 0 : a.strides()[0], p.trans_a};
+  c.b = {b.raw(), dt, leading_dim(b), b.size(0) == 1 ? 0 : b.strides()[0], p.trans_b};
+  c.c = out.raw();
+  c.c_dtype = dt;
+  c.ldc = c.n;
+  c.c_batch_stride = c.m * c.n;
+  c.alpha = p.alpha;
+  c.beta = p.beta;
+  c.bias = bias.defined() ? bias.raw() : nullptr;
+  c.act = p.epilogue;
+  run_gemm(c);
+}
+
+}  // namespace atelier::cuda

@@ -1,0 +1,76 @@
+// Matrix products on the GPU through cuBLASLt: row-major operands mapped onto cuBLAS's column-major
+// convention, bias and (where cuBLASLt offers it) activation fused into the epilogue, alpha/beta for the
+// residual, strided batches (a zero batch stride broadcasts an operand). Plans (descriptors + the heuristic's
+// algorithm) are cached per shape; when cuBLASLt has no algorithm for a case (odd alignments), the classic
+// cublasGemmStridedBatchedEx runs instead and a small kernel applies bias and activation.
+#pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <array>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_allocator.h"
+
+namespace atelier::cuda {
+
+// One operand of a row-major product: element (r, c) of the stored matrix is ptr[r * ld + c]; `trans` uses
+// it transposed. Batch entry i starts batch_stride elements further (0: the same matrix for every entry).
+struct GemmOperand {
+  const void* ptr = nullptr;
+  DType dtype = DType::F32;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+  bool trans = false;
+};
+
+// C[i] (m x n, row-major, ldc) = act(alpha * op(A[i]) @ op(B[i]) + beta * C[i] + bias) for i < batch.
+// A and B share a dtype; C may be f32 with 16-bit A/B. bias [n] has C's dtype (or is null).
+struct GemmCall {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  GemmOperand a, b;
+  void* c = nullptr;
+  DType c_dtype = DType::F32;
+  int64_t ldc = 0;
+  int64_t c_batch_stride = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const void* bias = nullptr;
+  UnaryOp act = UnaryOp::kIdentity;
+};
+
+class GemmEngine {
+ public:
+  static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
+  GemmEngine(int device, cudaStream_t stream, DeviceAllocator& alloc);
+  ~GemmEngine();
+  // Enqueues the product on the stream. allow_tf32 applies to f32 operands only.
+  void run(const GemmCall& call, bool allow_tf32);
+
+ private:
+  struct Plan;
+  using Key = std::array<int64_t, 20>;
+  // The cached plan for `call` with cuBLASLt epilogue `epilogue` (null when cuBLASLt has no algorithm).
+  Plan* plan_for(const GemmCall& call, bool allow_tf32, int epilogue);
+  bool run_lt(const GemmCall& call, bool allow_tf32);
+  void run_classic(const GemmCall& call, bool allow_tf32);
+
+  int device_;
+  cudaStream_t stream_;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::shared_ptr<Buffer> workspace_;
+  std::mutex mu_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+// act(scale(C) + bias) in place over a strided batch of row-major matrices: the epilogue for products whose
+// activation cuBLASLt does not fuse, and the whole result when k == 0 (beta_only: C = beta * C first).
+void launch_gemm_epilogue(void* c, DType dtype, int64_t m, int64_t n, int64_t ldc, int64_t batch, int64_t batch_stride,
+                          const void* bias, UnaryOp act, bool beta_only, float beta, cudaStream_t stream);
+
+}  // namespace atelier::cuda

@@ -1,0 +1,237 @@
+// Normalisations on the GPU: GroupNorm (+ fused activation), LayerNorm, RMSNorm. torch's formulas (biased
+// variance, eps inside the square root). Statistics in f32, two passes: the mean, then deviations from it.
+// The second pass also sums the deviations themselves, which measures the rounding of the first-pass mean
+// (its f32 sum loses digits when the mean is large against the spread): the refined mean is mean + sum(d)/n
+// and the variance sum(d^2)/n - (sum(d)/n)^2. x - mean is exact for x near the mean (Sterbenz), so
+// normalising as ((x - mean) - correction) * rstd keeps f32 results at the CPU backend's accuracy.
+//
+// GroupNorm spreads each group over several blocks, since SD has only batch * 32 groups: blocks compute
+// the moments of a chunk, one small kernel merges the chunks of a group (Chan's formula, in double), and the
+// apply kernel normalises. LayerNorm and RMSNorm take one block per row.
+#include <algorithm>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_nvtx.h"
+
+namespace atelier::cuda {
+namespace {
+
+constexpr int kNormThreads = 256;
+constexpr int64_t kGroupChunk = 4096;     // elements per statistics block, at least
+constexpr int64_t kMaxGroupChunks = 256;  // chunks per group, at most (bounds the merge loop)
+
+struct ChunkStats {
+  float mean;  // first-pass mean (f32)
+  float dev;   // sum of deviations from it
+  float sq;    // sum of squared deviations from it
+};
+
+struct GroupStats {
+  float center;    // the group mean rounded to f32
+  float residual;  // mean - center
+  float rstd;
+};
+
+struct NormAffine {
+  const void* gamma = nullptr;
+  const void* beta = nullptr;
+  DType gamma_dtype = DType::F32, beta_dtype = DType::F32;
+};
+
+// Chunk k of group blockIdx.y covers elements [k * chunk, min(count, (k + 1) * chunk)) of that group.
+template <typename T>
+__global__ void group_chunk_stats_kernel(ChunkStats* stats, const T* x, int64_t count, int64_t chunk) {
+  __shared__ float scratch[32];
+  const int64_t group = blockIdx.y, k = blockIdx.x;
+  const int64_t start = k * chunk, len = min(chunk, count - start);
+  const T* xp = x + group * count + start;
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) s += to_f32(xp[i]);
+  const float mean = block_sum(s, scratch) / float(len);
+  float dev = 0.0f, sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+    const float d = to_f32(xp[i]) - mean;
+    dev += d;
+    sq += d * d;
+  }
+  dev = block_sum(dev, scratch);
+  sq = block_sum(sq, scratch);
+  if (threadIdx.x == 0) stats[group * gridDim.x + k] = {mean, dev, sq};
+}
+
+// One thread per group: merges its chunks (Chan et al.'s pairwise update, in double).
+__global__ void group_merge_kernel(GroupStats* out, const ChunkStats* stats, int64_t groups, int64_t chunks, int64_t count,
+                                   int64_t chunk, float eps) {
+  const int64_t g = global_thread();
+  if (g >= groups) return;
+  double n = 0.0, mean = 0.0, m2 = 0.0;
+  for (int64_t k = 0; k < chunks; ++k) {
+    const ChunkStats c = stats[g * chunks + k];
+    const double nb = double(min(chunk, count - k * chunk));
+    const double mb = double(c.mean) + double(c.dev) / nb;                       // refined chunk mean
+    const double m2b = fmax(double(c.sq) - double(c.dev) * double(c.dev) / nb, 0.0);  // about the refined mean
+    const double delta = mb - mean;
+    const double total = n + nb;
+    mean += delta * nb / total;
+    m2 += m2b + delta * delta * n * nb / total;
+    n = total;
+  }
+  const double var = m2 / double(count);
+  const float center = float(mean);
+  out[g] = {center, float(mean - double(center)), float(1.0 / sqrt(var + double(eps)))};
+}
+
+// y = act(((x - center) - residual) * rstd * gamma[c] + beta[c]); group blockIdx.y, its chunk blockIdx.x;
+// `spatial` elements per channel.
+template <typename T>
+__global__ void group_apply_kernel(T* y, const T* x, const GroupStats* stats, NormAffine aff, int64_t count, int64_t chunk,
+                                   int64_t spatial, int64_t channels_per_group, int64_t groups, UnaryOp act) {
+  const int64_t group = blockIdx.y, k = blockIdx.x;
+  const GroupStats st = stats[group];
+  const int64_t start = k * chunk, len = min(chunk, count - start);
+  const int64_t c0 = (group % groups) * channels_per_group;
+  const int64_t base = group * count + start;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+    const uint32_t within = uint32_t(start + i);  // count < 2^31 (checked on the host)
+    const int64_t c = c0 + within / uint32_t(spatial);
+    const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, c) : 1.0f;
+    const float b = aff.beta ? load_any(aff.beta, aff.beta_dtype, c) : 0.0f;
+    const float v = ((to_f32(x[base + i]) - st.center) - st.residual) * st.rstd * g + b;
+    y[base + i] = from_f32<T>(apply_unary(v, act));
+  }
+}
+
+// One block per row of d elements.
+template <typename T>
+__global__ void layer_norm_kernel(T* y, const T* x, NormAffine aff, int64_t d, float eps) {
+  __shared__ float scratch[32];
+  const T* xr = x + int64_t(blockIdx.x) * d;
+  T* yr = y + int64_t(blockIdx.x) * d;
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) s += to_f32(xr[j]);
+  const float mean = block_sum(s, scratch) / float(d);
+  float dev = 0.0f, sq = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float v = to_f32(xr[j]) - mean;
+    dev += v;
+    sq += v * v;
+  }
+  const float corr = block_sum(dev, scratch) / float(d);
+  const float var = fmaxf(block_sum(sq, scratch) / float(d) - corr * corr, 0.0f);
+  const float rstd = 1.0f / sqrtf(var + eps);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, j) : 1.0f;
+    const float b = aff.beta ? load_any(aff.beta, aff.beta_dtype, j) : 0.0f;
+    yr[j] = from_f32<T>(((to_f32(xr[j]) - mean) - corr) * rstd * g + b);
+  }
+}
+
+template <typename T>
+__global__ void rms_norm_kernel(T* y, const T* x, NormAffine aff, int64_t d, float eps) {
+  __shared__ float scratch[32];
+  const T* xr = x + int64_t(blockIdx.x) * d;
+  T* yr = y + int64_t(blockIdx.x) * d;
+  float q = 0.0f;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float v = to_f32(xr[j]);
+    q += v * v;
+  }
+  const float rstd = 1.0f / sqrtf(block_sum(q, scratch) / float(d) + eps);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, j) : 1.0f;
+    yr[j] = from_f32<T>(to_f32(xr[j]) * rstd * g);
+  }
+}
+
+NormAffine affine_of(const Tensor& gamma, const Tensor& beta) {
+  NormAffine a;
+  if (gamma.defined()) {
+    a.gamma = gamma.raw();
+    a.gamma_dtype = gamma.dtype();
+  }
+  if (beta.defined()) {
+    a.beta = beta.raw();
+    a.beta_dtype = beta.dtype();
+  }
+  return a;
+}
+
+template <typename Fn>
+void dispatch_norm(DType t, const char* op, Fn&& fn) {
+  switch (t) {
+    case DType::F32: fn(float{}); return;
+    case DType::BF16: fn(__nv_bfloat16{}); return;
+    case DType::F16: fn(__half{}); return;
+    default: throw Error(unsupported(std::string(op) + ": dtype " + std::string(dtype_name(t)) + " is not supported on CUDA"));
+  }
+}
+
+int row_threads(int64_t d) { return d <= 256 ? 64 : d <= 1024 ? 128 : kNormThreads; }
+
+}  // namespace
+
+// x [N, C, S] contiguous (S = product of the trailing dims); statistics per (n, group of C/groups channels).
+void CudaBackend::group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) {
+  const int64_t n = x.size(0), c = x.size(1);
+  if (x.numel() == 0) return;
+  ATELIER_CHECK(x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype(), "group_norm: contiguous tensors of one dtype expected");
+  NvtxRange range("group_norm");
+  DeviceGuard guard(index_);
+  const int64_t spatial = x.numel() / (n * c);
+  const int64_t cg = c / groups;
+  const int64_t count = cg * spatial;  // elements per group
+  const int64_t total_groups = n * groups;
+  ATELIER_CHECK(count < (int64_t(1) << 31), "group_norm: groups of 2^31 elements or more are not supported");
+  ATELIER_CHECK(total_groups <= 65535, "group_norm: at most 65535 (sample, group) pairs per call");
+  int64_t chunk = std::max(kGroupChunk, (count + kMaxGroupChunks - 1) / kMaxGroupChunks);
+  const int64_t chunks = (count + chunk - 1) / chunk;
+  std::shared_ptr<Buffer> partial = alloc_.allocate(size_t(total_groups * chunks) * sizeof(ChunkStats));
+  std::shared_ptr<Buffer> final_stats = alloc_.allocate(size_t(total_groups) * sizeof(GroupStats));
+  auto* ps = static_cast<ChunkStats*>(partial->data());
+  auto* fs = static_cast<GroupStats*>(final_stats->data());
+  const dim3 grid{unsigned(chunks), unsigned(total_groups)};
+  const NormAffine aff = affine_of(gamma, beta);
+  dispatch_norm(x.dtype(), "group_norm", [&](auto tag) {
+    using T = decltype(tag);
+    group_chunk_stats_kernel<T><<<grid, kNormThreads, 0, stream_>>>(ps, x.data<T>(), count, chunk);
+    group_merge_kernel<<<unsigned((total_groups + 127) / 128), 128, 0, stream_>>>(fs, ps, total_groups, chunks, count, chunk, eps);
+    group_apply_kernel<T><<<grid, kNormThreads, 0, stream_>>>(out.data<T>(), x.data<T>(), fs, aff, count, chunk, spatial, cg, groups, act);
+  });
+  ATELIER_CUDA_LAUNCHED();
+}
+
+// x [R, D] contiguous, normalised per row.
+void CudaBackend::layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
+  const int64_t d = x.size(-1);
+  const int64_t rows = d ? x.numel() / d : 0;
+  if (rows == 0) return;
+  ATELIER_CHECK(x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype(), "layer_norm: contiguous tensors of one dtype expected");
+  ATELIER_CHECK(rows < (int64_t(1) << 31), "layer_norm: too many rows");
+  NvtxRange range("layer_norm");
+  DeviceGuard guard(index_);
+  dispatch_norm(x.dtype(), "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    layer_norm_kernel<T><<<unsigned(rows), row_threads(d), 0, stream_>>>(out.data<T>(), x.data<T>(), affine_of(gamma, beta), d, eps);
+  });
+  ATELIER_CUDA_LAUNCHED();
+}
+
+// x [R, D] contiguous: y = x / sqrt(mean(x^2) + eps) * gamma.
+void CudaBackend::rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) {
+  const int64_t d = x.size(-1);
+  const int64_t rows = d ? x.numel() / d : 0;
+  if (rows == 0) return;
+  ATELIER_CHECK(x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype(), "rms_norm: contiguous tensors of one dtype expected");
+  ATELIER_CHECK(rows < (int64_t(1) << 31), "rms_norm: too many rows");
+  NvtxRange range("rms_norm");
+  DeviceGuard guard(index_);
+  dispatch_norm(x.dtype(), "rms_norm", [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_kernel<T><<<unsigned(rows), row_threads(d), 0, stream_>>>(out.data<T>(), x.data<T>(), affine_of(gamma, Tensor()), d, eps);
+  });
+  ATELIER_CUDA_LAUNCHED();
+}
+
+}  // namespace atelier::cuda

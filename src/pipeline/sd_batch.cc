@@ -1,0 +1,114 @@
+#include "pipeline/sd_batch.h"
+
+#include <vector>
+
+#include "backend/ops.h"
+#include "core/trace.h"
+#include "pipeline/stage_names.h"
+#include "sampling/stepper.h"
+
+namespace atelier {
+namespace {
+
+// [1, ...] rows -> [S, ...]. Zero-copy when they are consecutive rows of one buffer, which is the steady
+// state of a batch whose membership did not change since the previous call; a concat otherwise.
+Tensor stack_rows(const std::vector<Tensor>& rows) {
+  const Tensor& first = rows.front();
+  const int64_t per = first.numel();
+  bool consecutive = first.is_contiguous();
+  for (size_t s = 1; s < rows.size() && consecutive; ++s) {
+    const Tensor& r = rows[s];
+    consecutive = r.buffer() == first.buffer() && r.is_contiguous() && r.shape() == first.shape() &&
+                  r.dtype() == first.dtype() && r.offset() == first.offset() + int64_t(s) * per;
+  }
+  if (rows.size() == 1) return first;
+  if (!consecutive) return ops::concat(rows, 0);
+  Shape shape = first.shape();
+  shape[0] = int64_t(rows.size());
+  return Tensor(first.buffer(), shape, first.dtype(), first.offset());
+}
+
+Status check_samples(const UNet& unet, std::span<DenoiseSample* const> samples) {
+  if (samples.empty()) return invalid_argument("denoise_batch_step: no samples");
+  const DenoiseSample& first = *samples.front();
+  for (const DenoiseSample* s : samples) {
+    if (!s->sampler || s->sampler->done()) return invalid_argument("denoise_batch_step: a sample has no call left");
+    if (!s->x.defined() || s->x.dim() != 4 || s->x.size(0) != 1)
+      return invalid_argument("denoise_batch_step: latents must be [1, C, h, w]");
+    if (!s->cond.defined() || (s->guided() && !s->uncond.defined()))
+      return invalid_argument("denoise_batch_step: a guided sample needs cond and uncond rows");
+    if (!batch_compatible(first, *s))
+      return invalid_argument("denoise_batch_step: samples of different latent or conditioning shapes (" +
+                              shape_str(first.x.shape()) + " vs " + shape_str(s->x.shape()) + ")");
+    if (!(s->x.device() == unet.device())) return invalid_argument("denoise_batch_step: latents on another device");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+bool batch_compatible(const DenoiseSample& a, const DenoiseSample& b) {
+  return a.x.shape() == b.x.shape() && a.cond.shape() == b.cond.shape() && a.x.dtype() == b.x.dtype();
+}
+
+Expected<BatchStepOutput> denoise_batch_step(const UNet& unet, std::span<DenoiseSample* const> samples,
+                                             bool want_denoised) {
+  ATELIER_RETURN_IF_ERROR(check_samples(unet, samples));
+  const int64_t S = int64_t(samples.size());
+  std::vector<sampling::Sampler*> samplers;
+  std::vector<Tensor> xs, contexts, uncond_ctx;
+  std::vector<int64_t> guided;  // indices of guided samples: their uncond rows follow the S cond rows
+  for (int64_t s = 0; s < S; ++s) {
+    DenoiseSample& d = *samples[size_t(s)];
+    samplers.push_back(d.sampler);
+    xs.push_back(d.x);
+    contexts.push_back(d.cond);
+    if (d.guided()) {
+      guided.push_back(s);
+      uncond_ctx.push_back(d.uncond);
+    }
+  }
+  std::span<sampling::Sampler* const> span(samplers.data(), samplers.size());
+  const Tensor x = stack_rows(xs);
+  const Tensor x_in = sampling::scale_model_inputs(span, x);
+  std::vector<float> ts = sampling::model_timesteps(span);
+  std::vector<Tensor> in_rows = {x_in};
+  for (int64_t g : guided) {
+    in_rows.push_back(x_in.narrow(0, g, 1));
+    ts.push_back(ts[size_t(g)]);
+  }
+  contexts.insert(contexts.end(), uncond_ctx.begin(), uncond_ctx.end());
+  const Tensor model_in = in_rows.size() == 1 ? x_in : ops::concat(in_rows, 0);
+  const Tensor context = stack_rows(contexts);
+  const Tensor t = Tensor::from_vector(ts, {int64_t(ts.size())}).to(x.device());
+  ATELIER_ASSIGN_OR_RETURN(const Tensor out, unet.forward(model_in, t, context));  // the stage::kUnet range
+  trace::Scope step_range(stage::kSamplerStep, trace::Category::kCall);          // CFG combine + sampler update
+
+  Tensor eps = out.narrow(0, 0, S);
+  if (!guided.empty()) {
+    // u row per sample: the uncond output for guided samples, the cond output itself otherwise, so that
+    // u + g * (c - u) is exactly c for unguided ones (c - c = 0) and diffusers' formula for guided ones.
+    std::vector<Tensor> u_rows;
+    std::vector<float> scales;
+    size_t next_guided = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      const bool g = next_guided < guided.size() && guided[next_guided] == s;
+      u_rows.push_back(g ? out.narrow(0, S + int64_t(next_guided), 1) : out.narrow(0, s, 1));
+      scales.push_back(g ? samples[size_t(s)]->cfg_scale : 1.0f);
+      if (g) ++next_guided;
+    }
+    const Tensor u = stack_rows(u_rows);
+    const Tensor g = Tensor::from_vector(scales, {S, 1, 1, 1}).to(x.device());
+    eps = ops::add(u, ops::mul(ops::sub(eps, u), g));
+  }
+  BatchStepOutput result;
+  result.x = sampling::apply_step(span, x, eps, want_denoised ? &result.denoised : nullptr);
+  for (int64_t s = 0; s < S; ++s) {
+    DenoiseSample& d = *samples[size_t(s)];
+    d.x = result.x.narrow(0, s, 1);
+    if (want_denoised) d.denoised = result.denoised.narrow(0, s, 1);
+  }
+  return result;
+}
+
+}  // namespace atelier

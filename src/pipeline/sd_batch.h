@@ -1,0 +1,51 @@
+// One denoising model call over a batch of samples that may belong to different requests, be at different
+// steps of different samplers and use different guidance scales: the unit of step-level (continuous)
+// batching. SdPipeline::denoise runs a whole request through it, and the server's device worker runs its
+// mixed batches through it, so there is one implementation of the denoising step.
+//
+// A step, for samples s = 0..S-1 (latents x_s [1, C, h, w], all on the UNet's device, same h and w):
+//   in_s   = x_s * c_in(s)                                  (scale_model_input, per sampler)
+//   UNet over the rows [in_0 .. in_{S-1}, in_g for every guided sample g] with the timestep of each
+//   sample's next call and the context rows [cond_0 .. cond_{S-1}, uncond_g ...]
+//   eps_s  = u_s + g_s * (c_s - u_s) for guided samples (diffusers' order of operations), c_s otherwise
+//   x_s    = the sampler's update of x_s with eps_s         (sampling::apply_step, one fused op per output)
+// A sample is "guided" when its cfg_scale > 1 (diffusers: do_classifier_free_guidance = guidance_scale > 1).
+#pragma once
+#include <span>
+#include <string>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "models/sd/unet.h"
+#include "sampling/sampler.h"
+
+namespace atelier {
+
+// One sample being denoised. The batch step reads and replaces `x` (and `denoised` when asked for).
+struct DenoiseSample {
+  sampling::Sampler* sampler = nullptr;  // not owned; its noise source must be set when it draws noise
+  Tensor x;                              // [1, C, h, w] current latents (scaled, as the UNet sees them)
+  Tensor cond;                           // [1, T, D] prompt conditioning
+  Tensor uncond;                         // [1, T, D] negative-prompt conditioning; may be undefined unless guided
+  float cfg_scale = 1.0f;
+  Tensor denoised;                       // [1, C, h, w] x0 estimate after the last step (when requested)
+
+  bool guided() const { return cfg_scale > 1.0f; }
+  bool done() const { return sampler->done(); }
+};
+
+struct BatchStepOutput {
+  Tensor x;         // [S, C, h, w] the samples after this call (row s = samples[s]; each sample's x is a view)
+  Tensor denoised;  // [S, C, h, w] x0 estimates, defined when requested
+};
+
+// Samples that may share one model call: same latent shape, same conditioning shape.
+bool batch_compatible(const DenoiseSample& a, const DenoiseSample& b);
+
+// One model call over `samples` (none done, all batch_compatible). Updates every sample's x (and denoised
+// when `want_denoised`) and advances its sampler. Errors (bad shapes) are values; a failing device throws
+// atelier::Error as the backend does, which the caller may treat as a device failure.
+Expected<BatchStepOutput> denoise_batch_step(const UNet& unet, std::span<DenoiseSample* const> samples,
+                                             bool want_denoised);
+
+}  // namespace atelier

@@ -1,0 +1,79 @@
+// Which models the server may run, by name, and each device worker's resident replicas.
+//
+// ModelRegistry: names from --model NAME=PATH (or a bare PATH, named after the folder/file) and from
+// --model-dir DIR (every sub-folder with a model_index.json, every *.safetensors file), in that order; the
+// first is the default. Nothing is loaded until a request needs it.
+// ModelCache: one per worker. Loads a model onto the worker's device on first use and evicts the least
+// recently used models that no running job holds when the memory budget or the model count is exceeded.
+#pragma once
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "pipeline/sd_model.h"
+
+namespace atelier::serve {
+
+struct ModelEntry {
+  std::string name;
+  std::string path;
+};
+
+class ModelRegistry {
+ public:
+  // `specs`: NAME=PATH or PATH; `model_dir` may be empty. Errors name a missing path or a duplicate name.
+  static Expected<ModelRegistry> create(const std::vector<std::string>& specs, const std::string& model_dir);
+
+  // By name, or by A1111 title ("name [hash]"); nullptr when unknown.
+  const ModelEntry* find(const std::string& name_or_title) const;
+  const ModelEntry* default_model() const { return entries_.empty() ? nullptr : &entries_.front(); }
+  const std::vector<ModelEntry>& entries() const { return entries_; }
+  // "a, b, c" for error messages.
+  std::string names() const;
+  // A1111 model hash (first 10 hex digits of the SHA-256), computed once on first request; "" on error.
+  std::string hash(const ModelEntry& e) const;
+
+ private:
+  std::vector<ModelEntry> entries_;
+  std::shared_ptr<std::mutex> hash_mu_ = std::make_shared<std::mutex>();  // shared: the registry is movable
+  mutable std::vector<std::pair<std::string, std::string>> hashes_;  // name -> hash
+};
+
+struct ModelCacheOptions {
+  Device device = Device::cpu();
+  std::string tokenizer_dir;      // for single-file checkpoints without a tokenizer
+  size_t budget_bytes = 0;        // 0 = no memory budget
+  size_t max_models = 2;          // resident models at most (0 = no limit)
+};
+
+class ModelCache {
+ public:
+  explicit ModelCache(ModelCacheOptions o) : options_(std::move(o)) {}
+  // The model on this device, loading it (and evicting) when needed. `load_s` receives the load time
+  // (0 when resident). Called from the worker thread only.
+  Expected<std::shared_ptr<SdModel>> acquire(const ModelEntry& entry, double* load_s);
+  void clear();  // after a device failure: replicas on a failed device are not trusted
+  size_t loaded() const;
+  size_t bytes() const;
+
+ private:
+  struct Slot {
+    std::string name;
+    std::shared_ptr<SdModel> model;
+    size_t bytes = 0;
+  };
+  void evict_for(size_t incoming_bytes);
+
+  ModelCacheOptions options_;
+  mutable std::mutex mu_;    // guards slots_ for the metrics readers
+  std::list<Slot> slots_;    // most recently used first
+};
+
+// Weight bytes of a loaded model (text encoder + UNet + VAE).
+size_t model_bytes(const SdModel& m);
+
+}  // namespace atelier::serve

@@ -1,0 +1,86 @@
+#include "serve/nvml.h"
+
+#include <dlfcn.h>
+
+namespace atelier::serve {
+namespace {
+
+// The subset of nvml.h used here (ABI-stable since NVML 5; the _v2 entry points since CUDA 5.5).
+using nvmlReturn_t = int;
+using nvmlDevice_t = struct nvmlDevice_st*;
+constexpr nvmlReturn_t kNvmlSuccess = 0;
+constexpr int kNvmlTemperatureGpu = 0;
+constexpr int kNvmlClockSm = 1;
+struct NvmlUtilization {
+  unsigned int gpu;
+  unsigned int memory;
+};
+struct NvmlMemory {
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+
+}  // namespace
+
+struct Nvml::Api {
+  void* lib = nullptr;
+  nvmlReturn_t (*init)() = nullptr;
+  nvmlReturn_t (*shutdown)() = nullptr;
+  nvmlReturn_t (*handle_by_index)(unsigned int, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*utilization)(nvmlDevice_t, NvmlUtilization*) = nullptr;
+  nvmlReturn_t (*memory)(nvmlDevice_t, NvmlMemory*) = nullptr;
+  nvmlReturn_t (*temperature)(nvmlDevice_t, int, unsigned int*) = nullptr;
+  nvmlReturn_t (*power)(nvmlDevice_t, unsigned int*) = nullptr;  // milliwatts
+  nvmlReturn_t (*clock)(nvmlDevice_t, int, unsigned int*) = nullptr;  // MHz
+};
+
+std::unique_ptr<Nvml> Nvml::open() {
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return nullptr;
+  auto api = std::make_unique<Api>();
+  api->lib = lib;
+  auto sym = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+    return fn != nullptr;
+  };
+  const bool ok = sym(api->init, "nvmlInit_v2") && sym(api->shutdown, "nvmlShutdown") &&
+                  sym(api->handle_by_index, "nvmlDeviceGetHandleByIndex_v2") &&
+                  sym(api->utilization, "nvmlDeviceGetUtilizationRates") && sym(api->memory, "nvmlDeviceGetMemoryInfo") &&
+                  sym(api->temperature, "nvmlDeviceGetTemperature") && sym(api->power, "nvmlDeviceGetPowerUsage") &&
+                  sym(api->clock, "nvmlDeviceGetClockInfo");
+  if (!ok || api->init() != kNvmlSuccess) {
+    dlclose(lib);
+    return nullptr;
+  }
+  return std::unique_ptr<Nvml>(new Nvml(std::move(api)));
+}
+
+Nvml::Nvml(std::unique_ptr<Api> api) : api_(std::move(api)) {}
+
+Nvml::~Nvml() {
+  if (api_ && api_->lib) {
+    api_->shutdown();
+    dlclose(api_->lib);
+  }
+}
+
+std::optional<GpuReading> Nvml::read(int index) const {
+  nvmlDevice_t dev = nullptr;
+  if (index < 0 || api_->handle_by_index(unsigned(index), &dev) != kNvmlSuccess) return std::nullopt;
+  GpuReading r;
+  NvmlUtilization u{};
+  if (api_->utilization(dev, &u) == kNvmlSuccess) r.utilization = u.gpu / 100.0;
+  NvmlMemory m{};
+  if (api_->memory(dev, &m) == kNvmlSuccess) {
+    r.memory_used = double(m.used);
+    r.memory_total = double(m.total);
+  }
+  unsigned int v = 0;
+  if (api_->temperature(dev, kNvmlTemperatureGpu, &v) == kNvmlSuccess) r.temperature_c = v;
+  if (api_->power(dev, &v) == kNvmlSuccess) r.power_w = v / 1000.0;
+  if (api_->clock(dev, kNvmlClockSm, &v) == kNvmlSuccess) r.sm_clock_hz = v * 1e6;
+  return r;
+}
+
+}  // namespace atelier::serve

@@ -1,0 +1,134 @@
+// The OpenAI images API: POST /v1/images/generations.
+//   {prompt, model, n, size "WxH" | "auto", response_format "b64_json", output_format png|jpeg|webp,
+//    stream, partial_images 0..3}  -> {created, data: [{b64_json, revised_prompt}], output_format, size}
+// With stream: true the answer is a server-sent-event stream: "image_generation.partial_image" events
+// (low-cost previews of the denoised latents, JPEG) while the job runs, then one
+// "image_generation.completed" event per image. Beyond OpenAI's fields, negative_prompt, steps, cfg_scale,
+// sampler, seed are accepted (Atelier extensions); quality, style, background, moderation and user are ignored.
+#include <httplib.h>
+
+#include "serve/http_util.h"
+#include "serve/server_context.h"
+
+namespace atelier::serve {
+namespace {
+
+constexpr int kMaxPartialImages = 3;  // OpenAI's limit
+constexpr auto kEventWait = std::chrono::milliseconds(1000);
+
+Status parse_size(const std::string& size, GenerateRequest& g) {
+  if (size.empty() || size == "auto") return Status::ok();  // the model's default size
+  const size_t x = size.find('x');
+  auto number = [](const std::string& s) -> int {
+    if (s.empty() || s.size() > 5 || s.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoi(s);
+  };
+  const int w = x == std::string::npos ? -1 : number(size.substr(0, x));
+  const int h = x == std::string::npos ? -1 : number(size.substr(x + 1));
+  if (w <= 0 || h <= 0)
+    return invalid_argument("size: expected \"WIDTHxHEIGHT\" (e.g. \"512x512\") or \"auto\", got \"" + size.substr(0, 32) + "\"");
+  g.width = w;
+  g.height = h;
+  return Status::ok();
+}
+
+Expected<ServeRequest> parse_openai(const nlohmann::json& body, const ServeLimits& limits, bool* stream) {
+  ServeRequest r;
+  r.api = ApiFamily::kOpenAI;
+  GenerateRequest& g = r.gen;
+  FieldReader f(body);
+  if (!f.has("prompt")) return invalid_argument("prompt: required");
+  ATELIER_RETURN_IF_ERROR(f.string("prompt", g.prompt, limits.max_prompt_bytes));
+  ATELIER_RETURN_IF_ERROR(f.string("negative_prompt", g.negative_prompt, limits.max_prompt_bytes));
+  ATELIER_RETURN_IF_ERROR(f.string("model", r.model, 256));
+  ATELIER_RETURN_IF_ERROR(f.integer("n", 1, limits.max_images, g.batch_size));
+  std::string size, response_format = "b64_json";
+  ATELIER_RETURN_IF_ERROR(f.string("size", size, 32));
+  ATELIER_RETURN_IF_ERROR(parse_size(size, g));
+  ATELIER_RETURN_IF_ERROR(f.string("response_format", response_format, 32));
+  if (response_format != "b64_json")
+    return unsupported("response_format: only \"b64_json\" is supported (this server does not host image URLs)");
+  ATELIER_RETURN_IF_ERROR(f.choice("output_format", {"png", "jpeg", "webp"}, r.output_format));
+  ATELIER_RETURN_IF_ERROR(f.boolean("stream", *stream));
+  ATELIER_RETURN_IF_ERROR(f.integer("partial_images", 0, kMaxPartialImages, r.partial_images));
+  ATELIER_RETURN_IF_ERROR(f.integer("steps", 1, limits.max_steps, g.steps));
+  ATELIER_RETURN_IF_ERROR(f.number("cfg_scale", 0.0, 100.0, g.cfg_scale));
+  ATELIER_RETURN_IF_ERROR(f.string("sampler", g.sampler, 64));
+  ATELIER_RETURN_IF_ERROR(f.integer("seed", int64_t(-1), int64_t(0xffffffffffffLL), g.seed));
+  if (!*stream) r.partial_images = 0;
+  return r;
+}
+
+std::string size_text(const JobImage& i) { return std::to_string(i.width) + "x" + std::to_string(i.height); }
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void respond(const Job& job, httplib::Response& res) {
+  if (job.state() != JobState::kDone) {
+    const Status err = job.error();
+    return send_error(res, err.code() == ErrorCode::kCancelled ? (job.state() == JobState::kCancelled ? 409 : 504) : 500,
+                      err.message());
+  }
+  nlohmann::json data = nlohmann::json::array();
+  const auto images = job.images();
+  for (const JobImage& i : images) data.push_back({{"b64_json", i.data_b64}, {"revised_prompt", job.request().gen.prompt}});
+  send_json(res, 200, {{"created", unix_now()}, {"data", data}, {"output_format", job.request().output_format},
+                       {"size", images.empty() ? "" : size_text(images.front())}});
+}
+
+// SSE: partial images from the job's preview events, then one completed event per image (or an error).
+void stream(ServerContext& ctx, const JobPtr& job, httplib::Response& res) {
+  res.set_header("Cache-Control", "no-cache");
+  auto cursor = std::make_shared<uint64_t>(0);
+  auto partial = std::make_shared<int>(0);
+  res.set_chunked_content_provider("text/event-stream", [&ctx, job, cursor, partial](size_t, httplib::DataSink& sink) {
+    bool terminal = false;
+    const auto events = job->events_after(*cursor, kEventWait, &terminal);
+    const std::string format = job->request().output_format;
+    auto send = [&](const std::string& type, const nlohmann::json& data) {
+      const std::string frame = sse_frame(0, type, data);
+      return sink.write(frame.data(), frame.size());
+    };
+    for (const JobEvent& e : events) {
+      *cursor = e.seq;
+      if (e.type == "preview" && e.data.contains("image")) {
+        if (!send("image_generation.partial_image",
+                  {{"type", "image_generation.partial_image"}, {"b64_json", e.data["image"]}, {"created_at", unix_now()},
+                   {"output_format", "jpeg"}, {"partial_image_index", (*partial)++}}))
+          return false;
+      } else if (e.type == "done") {
+        for (const JobImage& i : job->images())
+          if (!send("image_generation.completed", {{"type", "image_generation.completed"}, {"b64_json", i.data_b64},
+                                                   {"created_at", unix_now()}, {"size", size_text(i)},
+                                                   {"output_format", format}}))
+            return false;
+      } else if (e.type == "failed" || e.type == "cancelled") {
+        if (!send("error", {{"type", "error"}, {"error", {{"message", job->error().message()}}}})) return false;
+      }
+    }
+    if (terminal || ctx.stopping.load()) sink.done();
+    return true;
+  });
+}
+
+}  // namespace
+
+void add_openai_routes(httplib::Server& http, ServerContext& ctx) {
+  http.Post("/v1/images/generations", [&ctx](const httplib::Request& req, httplib::Response& res) {
+    auto body = json_body(req);
+    if (!body) return send_error(res, body.status());
+    bool streaming = false;
+    auto r = parse_openai(*body, ctx.options.limits, &streaming);
+    if (!r) return send_error(res, r.status());
+    auto job = ctx.submit(std::move(*r));
+    if (!job) return send_error(res, job.status(), ctx.retry_after_s());
+    if (streaming) return stream(ctx, *job, res);
+    if (!ctx.wait(*job)) return send_error(res, 503, "the server is shutting down");
+    ctx.store.erase((*job)->id());  // answered: the result is not kept for polling
+    respond(**job, res);
+  });
+}
+
+}  // namespace atelier::serve

@@ -1,0 +1,33 @@
+// A fixed pool of host threads for work that must not hold up a device worker: PNG/JPEG encoding, previews.
+// Tasks run in submission order on whichever thread is free; the destructor finishes queued tasks.
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace atelier::serve {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  void submit(std::function<void()> task);
+  size_t pending() const;
+
+ private:
+  void run();
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace atelier::serve

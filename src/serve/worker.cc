@@ -1,0 +1,428 @@
+#include "serve/worker.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "backend/ops.h"
+#include "pipeline/sd_batch.h"
+#include "pipeline/sd_pipeline.h"
+#include "serve/job_output.h"
+
+namespace atelier::serve {
+namespace {
+
+constexpr double kBusyWindowS = 10.0;  // the busy ratio covers about the last 10 seconds
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+// A job admitted on this worker: its model, plan, and one DenoiseSample per image.
+struct Worker::ActiveJob {
+  JobPtr job;
+  std::shared_ptr<SdModel> model;
+  std::shared_ptr<SdPipeline> pipe;
+  GenerationPlan plan;
+  std::vector<PreparedSample> prepared;  // owns the samplers and generators
+  std::vector<DenoiseSample> samples;
+  std::string group;                     // model + latent shape + conditioning shape: who may share a call
+  int total_calls = 0;                   // per image
+  int reported_step = 0;
+  int previews_sent = 0;
+
+  bool done() const {
+    return std::all_of(samples.begin(), samples.end(), [](const DenoiseSample& s) { return s.done(); });
+  }
+  int calls_done(const DenoiseSample& s) const { return s.sampler->call_index() - s.sampler->begin_index(); }
+  int min_calls_done() const {
+    int m = total_calls;
+    for (const auto& s : samples) m = std::min(m, calls_done(s));
+    return m;
+  }
+  double remaining_work() const {
+    double w = 0;
+    for (const auto& s : samples) w += double(s.sampler->calls_remaining()) * double(s.x.size(2) * s.x.size(3) * 64);
+    return w;
+  }
+  // Whether the call that brings the job to `step` should produce a preview.
+  bool wants_preview(int step) const {
+    const ServeRequest& r = job->request();
+    if (r.preview) return true;
+    if (r.partial_images <= 0 || step >= total_calls || previews_sent >= r.partial_images) return false;
+    const int stride = std::max(1, total_calls / (r.partial_images + 1));
+    return step % stride == 0;
+  }
+};
+
+Worker::Worker(int index, WorkerOptions options, const ModelRegistry& registry, MetricsRegistry& metrics,
+               ThreadPool& host_pool, WorkerHooks hooks)
+    : index_(index),
+      options_(std::move(options)),
+      registry_(registry),
+      metrics_(metrics),
+      host_pool_(host_pool),
+      hooks_(std::move(hooks)),
+      models_(options_.models) {
+  busy_marks_.push_back({Clock::now(), 0.0});
+}
+
+Worker::~Worker() { stop("the server is shutting down"); }
+
+std::string Worker::label() const { return device().str() + "#" + std::to_string(index_); }
+
+Labels Worker::device_labels() const { return {{"device", device().str()}, {"worker", std::to_string(index_)}}; }
+
+void Worker::start() { thread_ = std::thread([this] { loop(); }); }
+
+void Worker::stop(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    stop_reason_ = reason;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Worker::assign(JobPtr job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    load_ += job->request().images();
+    outstanding_ = outstanding_.load() + job->request().work();
+    inbox_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+}
+
+void Worker::inject_failure(int failing_probes) {
+  failing_probes_ = failing_probes;
+  fail_next_call_ = true;
+  cv_.notify_all();
+}
+
+void Worker::update_load() {
+  int load = 0;
+  double work = 0;
+  for (const auto& aj : active_) {
+    for (const auto& s : aj->samples) load += !s.done();
+    work += aj->remaining_work();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& j : inbox_) {
+    load += j->request().images();
+    work += j->request().work();
+  }
+  load_ = load;
+  outstanding_ = work;
+}
+
+void Worker::add_busy(double seconds) {
+  std::lock_guard<std::mutex> lock(busy_mu_);
+  busy_total_s_ += seconds;
+}
+
+bool Worker::wait_for_work() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!healthy_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(options_.probe_interval_ms), [&] { return stopping_; });
+    return !stopping_;
+  }
+  if (active_.empty()) {
+    cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
+    if (stopping_) return false;
+    // Dynamic batching: an idle worker that just got work waits briefly for more to share its first call.
+    if (options_.batch_window_ms > 0)
+      cv_.wait_for(lock, std::chrono::milliseconds(options_.batch_window_ms),
+                   [&] { return stopping_ || load_.load() >= options_.max_batch; });
+  }
+  return !stopping_;
+}
+
+void Worker::loop() {
+  // CPU workers share the machine's cores: each computes with its own share (ICVs are per thread), so that
+  // several workers do not oversubscribe the cores and stall each other's OpenMP barriers.
+  if (device().is_cpu() && options_.cpu_threads > 0) omp_set_num_threads(options_.cpu_threads);
+  while (wait_for_work()) {
+    if (!healthy_) {
+      probe();
+      continue;
+    }
+    std::deque<JobPtr> incoming;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      incoming.swap(inbox_);
+    }
+    // Admission and the model call run under one guard: an exception from the engine is a device failure.
+    try {
+      while (!incoming.empty()) {
+        const JobPtr job = incoming.front();
+        admit(job);
+        incoming.pop_front();
+      }
+      drop_cancelled();
+      if (!active_.empty()) run_call();
+    } catch (const std::bad_alloc&) {  // out of host memory: the jobs at hand fail, the device stays
+      for (const JobPtr& j : incoming) j->fail(Status(ErrorCode::kResourceExhausted, "out of memory"));
+      for (const auto& aj : active_) aj->job->fail(Status(ErrorCode::kResourceExhausted, "out of memory"));
+      active_.clear();
+      update_load();
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);  // jobs not yet admitted go back with the rest, in order
+        for (auto it = incoming.rbegin(); it != incoming.rend(); ++it) inbox_.push_front(*it);
+      }
+      fail_device(internal_error(std::string("device ") + label() + " failed: " + e.what()));
+    }
+  }
+  // Stopping: whatever is still held fails with the reason.
+  std::lock_guard<std::mutex> lock(mu_);
+  const Status why = internal_error(stop_reason_);
+  for (const auto& aj : active_) aj->job->fail(why);
+  for (const auto& j : inbox_) j->fail(why);
+  active_.clear();
+  inbox_.clear();
+  load_ = 0;
+  outstanding_ = 0;
+}
+
+void Worker::admit(const JobPtr& job) {
+  const auto t_admit = Clock::now();
+  if (job->cancel_requested()) {
+    job->cancel(job->cancel_reason());
+    return;
+  }
+  if (Clock::now() > job->deadline()) {
+    job->fail(Status(ErrorCode::kCancelled, "timed out before it could start"));
+    return;
+  }
+  if (const auto wait = job->mark_running(label())) metrics_.observe(metric::kQueueWait, {}, *wait);
+  const ServeRequest& r = job->request();
+  auto fail = [&](const Status& st) { job->fail(st); };
+  const ModelEntry* entry = registry_.find(r.model);
+  if (!entry) return fail(not_found("unknown model '" + r.model + "'; available: " + registry_.names()));
+  double load_s = 0;
+  auto model = models_.acquire(*entry, &load_s);
+  if (!model) return fail(model.status());
+  if (load_s > 0) metrics_.observe(metric::kStage, {{"stage", "model_load"}}, load_s);
+
+  auto aj = std::make_unique<ActiveJob>();
+  aj->job = job;
+  aj->model = *model;
+  aj->pipe = std::make_shared<SdPipeline>(*model);
+  auto plan = aj->pipe->plan(r.gen, r.init_image ? &*r.init_image : nullptr);
+  if (!plan) return fail(plan.status());
+  aj->plan = std::move(*plan);
+  const GenerateRequest& g = aj->plan.request;
+  auto t0 = Clock::now();
+  auto cond = aj->pipe->encode_prompt(g.prompt, g.clip_skip, g.emphasis);
+  if (!cond) return fail(cond.status());
+  Tensor uncond;
+  if (aj->plan.guided()) {
+    auto u = aj->pipe->encode_prompt(g.negative_prompt, g.clip_skip, g.emphasis);
+    if (!u) return fail(u.status());
+    uncond = *u;
+  }
+  metrics_.observe(metric::kStage, {{"stage", "text_encode"}}, since(t0));
+  t0 = Clock::now();
+  for (int i = 0; i < aj->plan.image_count(); ++i) {
+    auto s = aj->pipe->prepare_sample(aj->plan, i);
+    if (!s) return fail(s.status());
+    aj->prepared.push_back(std::move(*s));
+  }
+  if (aj->plan.init_image.defined()) metrics_.observe(metric::kStage, {{"stage", "init_encode"}}, since(t0));
+  for (PreparedSample& p : aj->prepared) {
+    DenoiseSample d;
+    d.sampler = p.sampler.get();
+    d.x = p.latents;
+    d.cond = *cond;
+    d.uncond = uncond;
+    d.cfg_scale = g.cfg_scale;
+    aj->samples.push_back(std::move(d));
+  }
+  aj->total_calls = aj->samples.front().sampler->calls_remaining();
+  aj->group = entry->name + "|" + shape_str(aj->samples.front().x.shape()) + "|" + shape_str(cond->shape());
+  ++admissions_;
+  add_busy(since(t_admit));
+  job->set_progress(0, aj->total_calls);
+  active_.push_back(std::move(aj));
+}
+
+void Worker::drop_cancelled() {
+  bool freed = false;
+  for (auto it = active_.begin(); it != active_.end();) {
+    Job& j = *(*it)->job;
+    if (j.cancel_requested()) {
+      j.cancel(j.cancel_reason());
+    } else if (Clock::now() > j.deadline()) {
+      j.fail(Status(ErrorCode::kCancelled, "timed out after " + std::to_string(int(j.age_s())) + " s"));
+    } else {
+      ++it;
+      continue;
+    }
+    it = active_.erase(it);  // its samples leave the batch at this step boundary
+    freed = true;
+  }
+  if (freed) {
+    update_load();
+    if (hooks_.capacity_freed) hooks_.capacity_freed();
+  }
+}
+
+void Worker::run_call() {
+  // Groups in admission order; the one after the last served takes this call (round robin).
+  std::vector<std::string> groups;
+  for (const auto& aj : active_)
+    if (!aj->done() && std::find(groups.begin(), groups.end(), aj->group) == groups.end()) groups.push_back(aj->group);
+  if (groups.empty()) return;
+  const auto last = std::find(groups.begin(), groups.end(), last_group_);
+  last_group_ = groups[last == groups.end() ? 0 : size_t(last - groups.begin() + 1) % groups.size()];
+
+  std::vector<DenoiseSample*> batch;
+  std::vector<ActiveJob*> in_call;
+  bool want_denoised = false;
+  const size_t max_batch = size_t(std::max(1, options_.max_batch));
+  for (const auto& aj : active_) {
+    if (aj->group != last_group_ || batch.size() >= max_batch) continue;
+    const size_t before = batch.size();
+    for (DenoiseSample& s : aj->samples)
+      if (!s.done() && batch.size() < max_batch) batch.push_back(&s);
+    if (batch.size() > before) {
+      in_call.push_back(aj.get());
+      want_denoised |= aj->wants_preview(aj->min_calls_done() + 1);
+    }
+  }
+  if (fail_next_call_.exchange(false)) throw Error("injected device failure (test hook)");
+
+  const auto t0 = Clock::now();
+  auto out = denoise_batch_step(*in_call.front()->model->unet, batch, want_denoised);
+  backend_for(device()).synchronize();
+  const double dt = since(t0);
+  add_busy(dt);
+  if (!out) {  // not a device problem: the request could not be batched (shape error) — fail those jobs
+    for (ActiveJob* aj : in_call)
+      aj->job->fail(out.status());
+    active_.remove_if([&](const auto& aj) { return std::find(in_call.begin(), in_call.end(), aj.get()) != in_call.end(); });
+    update_load();
+    return;
+  }
+  metrics_.observe(metric::kStage, {{"stage", "model_call"}}, dt);
+  metrics_.observe(metric::kBatchSize, {}, double(batch.size()));
+  metrics_.inc(metric::kSteps, {}, double(batch.size()));
+  metrics_.inc(metric::kModelCalls, {{"device", device().str()}});
+
+  for (ActiveJob* aj : in_call) {
+    const int step = aj->min_calls_done();
+    if (step == aj->reported_step) continue;
+    if (aj->wants_preview(step) && aj->samples.front().denoised.defined()) {
+      const Tensor lat = aj->samples.front().denoised.to(Device::cpu());
+      const JobPtr job = aj->job;
+      host_pool_.submit([job, lat, step] { publish_preview(job, lat, step); });
+      ++aj->previews_sent;
+    }
+    aj->reported_step = step;
+    aj->job->set_progress(step, aj->total_calls);
+  }
+  bool retired = false;
+  for (auto it = active_.begin(); it != active_.end();) {
+    if (!(*it)->done()) {
+      ++it;
+      continue;
+    }
+    retire(**it);
+    it = active_.erase(it);
+    retired = true;
+  }
+  update_load();
+  if (retired && hooks_.capacity_freed) hooks_.capacity_freed();
+}
+
+void Worker::retire(ActiveJob& aj) {
+  const auto t0 = Clock::now();
+  std::vector<Tensor> rows;
+  std::vector<int64_t> seeds;
+  for (size_t i = 0; i < aj.samples.size(); ++i) {
+    rows.push_back(aj.samples[i].x);
+    seeds.push_back(aj.prepared[i].seed);
+  }
+  const Tensor latents = rows.size() == 1 ? rows.front() : ops::concat(rows, 0);
+  const Tensor images01 = aj.pipe->decode(latents).to(Device::cpu());
+  backend_for(device()).synchronize();
+  std::vector<GeneratedImage> images;
+  for (size_t i = 0; i < seeds.size(); ++i) images.push_back(aj.pipe->finish_image(aj.plan, images01, int(i), seeds[i]));
+  const double dt = since(t0);
+  add_busy(dt);
+  metrics_.observe(metric::kStage, {{"stage", "vae_decode"}}, dt);
+  // Encoding, base64 and saving happen on the host pool: the next model call does not wait for them.
+  host_pool_.submit([job = aj.job, images = std::move(images), dir = options_.output_dir, &metrics = metrics_] {
+    complete_job(job, images, dir, metrics);
+  });
+}
+
+void Worker::fail_device(const Status& why) {
+  healthy_ = false;
+  ++failures_;
+  metrics_.inc(metric::kDeviceFailures, device_labels());
+  std::vector<JobPtr> jobs;
+  for (const auto& aj : active_) jobs.push_back(aj->job);
+  active_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& j : inbox_) jobs.push_back(j);
+    inbox_.clear();
+  }
+  models_.clear();  // replicas on a failed device are not trusted; they reload after recovery
+  update_load();
+  if (hooks_.device_failed) hooks_.device_failed(index_, std::move(jobs), why);
+}
+
+void Worker::probe() {
+  if (failing_probes_.load() > 0) {
+    --failing_probes_;
+    return;
+  }
+  bool ok = false;
+  try {
+    const Tensor a = Tensor::full({16}, 1.0f, device());
+    const Tensor b = ops::add(a, a);
+    backend_for(device()).synchronize();
+    ok = b.to_vector().at(0) == 2.0f;
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  if (!ok) return;
+  healthy_ = true;
+  if (hooks_.capacity_freed) hooks_.capacity_freed();
+}
+
+nlohmann::json Worker::status() const {
+  double busy;
+  {
+    std::lock_guard<std::mutex> lock(busy_mu_);
+    busy = busy_total_s_;
+  }
+  return {{"index", index_},      {"device", device().str()}, {"healthy", healthy()},
+          {"load", load()},       {"max_batch", options_.max_batch}, {"outstanding_work", outstanding_work()},
+          {"models_loaded", models_.loaded()}, {"failures", failures_.load()}, {"busy_seconds", busy}};
+}
+
+void Worker::collect(MetricsRegistry& m) {
+  const Labels l = device_labels();
+  m.set(metric::kDeviceHealthy, l, healthy() ? 1 : 0);
+  m.set(metric::kDeviceActive, l, load());
+  m.set(metric::kDeviceOutstanding, l, outstanding_work());
+  m.set(metric::kModelsLoaded, l, double(models_.loaded()));
+  std::lock_guard<std::mutex> lock(busy_mu_);
+  const auto now = Clock::now();
+  m.set(metric::kDeviceBusySeconds, l, busy_total_s_);
+  // Ratio over the window: keep marks of the last kBusyWindowS seconds (at least one older mark).
+  busy_marks_.push_back({now, busy_total_s_});
+  while (busy_marks_.size() > 2 && std::chrono::duration<double>(now - busy_marks_[1].first).count() > kBusyWindowS)
+    busy_marks_.pop_front();
+  const auto& [t_old, b_old] = busy_marks_.front();
+  const double span = std::chrono::duration<double>(now - t_old).count();
+  m.set(metric::kDeviceBusy, l, span > 0 ? std::min(1.0, (busy_total_s_ - b_old) / span) : 0.0);
+}
+
+}  // namespace atelier::serve

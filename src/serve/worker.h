@@ -1,0 +1,126 @@
+// A device worker: one thread that owns one device's model replicas and runs the step-level batching loop.
+//
+// Each iteration of the loop is ONE denoising model call (pipeline/sd_batch.h) over the active samples that
+// share a model and a latent size (groups take turns, oldest samples first, at most max_batch per call).
+// Between calls, at the step boundary, the worker admits the jobs the scheduler assigned to it (text
+// encoding, initial latents), drops cancelled and timed-out jobs, and retires finished ones: their latents
+// are decoded on the worker and their images encoded on the host pool, so the next call never waits on
+// PNG encoding or on a client.
+//
+// A failure of the device (an exception from the engine, e.g. a CUDA error, or the test hook) marks the
+// worker unhealthy and hands every job it holds back to the scheduler, which re-queues them at the front;
+// the worker then probes its device every probe interval and returns to service when a probe passes.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "serve/job.h"
+#include "serve/metrics.h"
+#include "serve/model_registry.h"
+#include "serve/thread_pool.h"
+
+namespace atelier::serve {
+
+struct WorkerOptions {
+  int max_batch = 8;            // samples in one model call
+  int batch_window_ms = 0;      // an idle worker waits this long for more work before its first call
+  int probe_interval_ms = 1000; // an unhealthy worker probes its device this often
+  int cpu_threads = 0;          // CPU workers: OpenMP threads of this worker (0 = the library's default)
+  ModelCacheOptions models;     // device, tokenizer, budget
+  std::string output_dir;       // save every image (PNG + JSON sidecar) here when set
+};
+
+// How a worker reports to the scheduler. Called from the worker thread, never under the worker's lock.
+struct WorkerHooks {
+  std::function<void()> capacity_freed;  // samples left the worker: assign more
+  // The device failed; `jobs` (admission order) must be re-queued or failed. `why` says what failed.
+  std::function<void(int worker, std::vector<JobPtr> jobs, const Status& why)> device_failed;
+};
+
+class Worker {
+ public:
+  Worker(int index, WorkerOptions options, const ModelRegistry& registry, MetricsRegistry& metrics,
+         ThreadPool& host_pool, WorkerHooks hooks);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  void start();
+  // Stops the loop; jobs still held are failed with `reason`.
+  void stop(const std::string& reason);
+
+  int index() const { return index_; }
+  Device device() const { return options_.models.device; }
+  std::string label() const;  // "cpu#0", "cuda:1#2": device and worker index
+
+  // --- the scheduler's view --------------------------------------------------------------------------
+  void assign(JobPtr job);
+  int load() const { return load_.load(); }                 // images assigned and not yet finished
+  double outstanding_work() const { return outstanding_.load(); }
+  int max_batch() const { return options_.max_batch; }
+  bool healthy() const { return healthy_.load(); }
+
+  // Test hook: the next model call fails as a device error, then `failing_probes` probes fail too.
+  void inject_failure(int failing_probes);
+
+  nlohmann::json status() const;
+  void collect(MetricsRegistry& m);
+
+ private:
+  struct ActiveJob;
+  void loop();
+  bool wait_for_work();
+  void admit(const JobPtr& job);
+  void run_call();
+  void retire(ActiveJob& aj);
+  void drop_cancelled();
+  void fail_device(const Status& why);
+  void probe();
+  void update_load();
+  void add_busy(double seconds);
+  Labels device_labels() const;
+
+  const int index_;
+  const WorkerOptions options_;
+  const ModelRegistry& registry_;
+  MetricsRegistry& metrics_;
+  ThreadPool& host_pool_;
+  const WorkerHooks hooks_;
+  ModelCache models_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<JobPtr> inbox_;
+  bool stopping_ = false;
+  std::string stop_reason_;
+  std::thread thread_;
+
+  std::atomic<bool> healthy_{true};
+  std::atomic<int> load_{0};
+  std::atomic<double> outstanding_{0};
+  std::atomic<bool> fail_next_call_{false};
+  std::atomic<int> failing_probes_{0};
+  std::atomic<int64_t> failures_{0};
+
+  // Worker-thread state.
+  std::list<std::unique_ptr<ActiveJob>> active_;
+  std::string last_group_;
+  uint64_t admissions_ = 0;
+
+  // Busy accounting for the busy ratio (guarded by busy_mu_).
+  mutable std::mutex busy_mu_;
+  double busy_total_s_ = 0;
+  std::deque<std::pair<Clock::time_point, double>> busy_marks_;  // (time, busy_total_s) for the window
+};
+
+}  // namespace atelier::serve

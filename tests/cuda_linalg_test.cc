@@ -1,0 +1,301 @@
+// CUDA backend, part 2: GEMM (cuBLASLt epilogues, batching, transposes), convolution (cuDNN and the im2col
+// path), normalisations and attention (the flash kernel and the GEMM path), each against the CPU backend in
+// f32 and bf16/f16 (criteria in cuda_test_util.h). Skips with the reason when cuda:0 is not usable.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/ops.h"
+#include "cuda_test_util.h"
+#include "ops_test_util.h"
+
+namespace atelier {
+namespace {
+
+using test::cuda0;
+using test::random_tensor;
+using test::to_gpu;
+
+const DType kLowp[] = {DType::BF16, DType::F16};
+
+// Restores the backend's implementation switches when a test ends.
+struct ImplGuard {
+  ~ImplGuard() {
+    if (!backend_available(cuda0())) return;
+    test::cuda_be().set_conv_impl(cuda::ConvImpl::kAuto);
+    test::cuda_be().set_attention_impl(cuda::AttentionImpl::kAuto);
+    test::cuda_be().set_allow_tf32(false);
+  }
+};
+
+// --- GEMM --------------------------------------------------------------------------------------------------
+
+TEST(CudaOps, LinearWithEpiloguesMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  struct Case { int64_t m, k, n; };
+  const Case cases[] = {{1, 1, 1}, {7, 13, 5}, {77, 768, 3072}, {4096, 320, 320}, {33, 40, 1}, {2, 1280, 1280}};
+  const UnaryOp acts[] = {UnaryOp::kIdentity, UnaryOp::kSilu, UnaryOp::kGelu, UnaryOp::kGeluTanh, UnaryOp::kRelu, UnaryOp::kQuickGelu};
+  for (const Case& c : cases) {
+    const Tensor x = random_tensor({c.m, c.k}, 1), w = random_tensor({c.n, c.k}, 2, 1.0f / std::sqrt(float(c.k))),
+                 b = random_tensor({c.n}, 3);
+    for (UnaryOp act : acts) {
+      const auto fn = [act](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1], in[2], act); };
+      const std::string what = "linear " + std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n) +
+                               " act " + std::to_string(int(act));
+      EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b}), DType::F32);
+      for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b}), dt);
+    }
+    const auto no_bias = [](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1]); };
+    EXPECT_PARITY("linear no bias", no_bias, std::vector<Tensor>({x, w}), DType::F32);
+    const Tensor r = random_tensor({c.m, c.n}, 4);
+    const auto resid = [](const std::vector<Tensor>& in) { return ops::linear_residual(in[0], in[1], in[2], in[3]); };
+    EXPECT_PARITY("linear_residual", resid, std::vector<Tensor>({x, w, b, r}), DType::F32);
+    EXPECT_PARITY("linear_residual", resid, std::vector<Tensor>({x, w, b, r}), DType::BF16);
+  }
+  // A narrowed input (rows with a stride larger than the row: read in place) and a 3-D batch.
+  const Tensor wide = random_tensor({2, 9, 64}, 5), w = random_tensor({24, 40}, 6), b = random_tensor({24}, 7);
+  const auto narrowed = [](const std::vector<Tensor>& in) { return ops::linear(in[0].narrow(2, 8, 40), in[1], in[2]); };
+  EXPECT_PARITY("linear on a narrowed view", narrowed, std::vector<Tensor>({wide, w, b}), DType::F32);
+  EXPECT_PARITY("linear on a narrowed view", narrowed, std::vector<Tensor>({wide, w, b}), DType::BF16);
+}
+
+TEST(CudaOps, MatmulBatchesAndTransposesMatchCpu) {
+  ATELIER_REQUIRE_CUDA();
+  struct Case { Shape a, b; bool ta, tb; float alpha; };
+  const Case cases[] = {
+      {{3, 17, 9}, {3, 9, 5}, false, false, 1.0f},   {{3, 9, 17}, {3, 9, 5}, true, false, 0.5f},
+      {{3, 17, 9}, {3, 5, 9}, false, true, 2.0f},    {{1, 9, 17}, {4, 5, 9}, true, true, 1.0f},
+      {{4, 17, 9}, {1, 9, 5}, false, false, -1.0f},  {{16, 77, 64}, {16, 77, 64}, false, true, 0.125f},
+      {{17, 9}, {9, 5}, false, false, 1.0f},         {{2, 1, 40}, {2, 40, 1}, false, false, 1.0f},
+      {{8, 128, 256}, {8, 256, 128}, false, false, 1.0f}};
+  for (const Case& c : cases) {
+    const auto fn = [c](const std::vector<Tensor>& in) { return ops::matmul(in[0], in[1], c.ta, c.tb, c.alpha); };
+    const std::string what = "matmul " + shape_str(c.a) + (c.ta ? "^T" : "") + " @ " + shape_str(c.b) + (c.tb ? "^T" : "");
+    const std::vector<Tensor> in = {random_tensor(c.a, 11), random_tensor(c.b, 12)};
+    EXPECT_PARITY(what, fn, in, DType::F32);
+    for (DType dt : kLowp) EXPECT_PARITY(what, fn, in, dt);
+  }
+  // Strided operands (a transposed view is read as the other layout or packed first).
+  const auto strided = [](const std::vector<Tensor>& in) { return ops::matmul(in[0].transpose(1, 2), in[1]); };
+  EXPECT_PARITY("matmul transposed view", strided, std::vector<Tensor>({random_tensor({2, 9, 17}, 13), random_tensor({2, 9, 5}, 14)}),
+                DType::F32);
+  // K = 0: an empty sum is zero.
+  const Tensor z = ops::matmul(to_gpu(Tensor::zeros({3, 0})), to_gpu(Tensor::zeros({0, 4})));
+  EXPECT_EQ(z.to_vector(), std::vector<float>(12, 0.0f));
+}
+
+TEST(CudaOps, Tf32IsOptIn) {
+  ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
+  const Tensor a = random_tensor({256, 512}, 21), b = random_tensor({512, 256}, 22);
+  const auto fn = [](const std::vector<Tensor>& in) { return ops::matmul(in[0], in[1]); };
+  EXPECT_PARITY("matmul f32 strict", fn, std::vector<Tensor>({a, b}), DType::F32);
+  test::cuda_be().set_allow_tf32(true);
+  // TF32 keeps 10 mantissa bits: errors near 1e-4 are expected and allowed here only.
+  EXPECT_PARITY("matmul f32 with TF32", fn, std::vector<Tensor>({a, b}), DType::F32, 5e-3);
+}
+
+// --- convolution ---------------------------------------------------------------------------------------------
+
+struct ConvCase {
+  Shape x, w;
+  Conv2dParams p;
+  bool bias;
+};
+
+const ConvCase kConvCases[] = {
+    {{2, 5, 9, 11}, {7, 5, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, true},     // 3x3 same
+    {{1, 4, 16, 15}, {8, 4, 3, 3}, {2, 2, 1, 1, 1, 1, 1}, true},    // stride 2 (SD downsampler)
+    {{2, 32, 8, 8}, {16, 32, 1, 1}, {1, 1, 0, 0, 1, 1, 1}, true},   // 1x1 (shortcut)
+    {{1, 6, 10, 10}, {4, 3, 3, 3}, {1, 1, 1, 1, 1, 1, 2}, false},   // groups
+    {{1, 8, 12, 12}, {8, 1, 3, 3}, {1, 1, 2, 2, 2, 2, 8}, true},    // depthwise, dilation 2
+    {{1, 3, 7, 13}, {5, 3, 2, 4}, {1, 2, 0, 1, 1, 1, 1}, true},     // rectangular kernel
+    {{2, 64, 32, 32}, {64, 64, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, true}, // a UNet-sized layer
+};
+
+TEST(CudaOps, Conv2dMatchesCpuThroughBothPaths) {
+  ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
+  std::printf("[ conv     ] auto path: %s\n", test::cuda_be().conv_impl_name().c_str());
+  for (cuda::ConvImpl impl : {cuda::ConvImpl::kAuto, cuda::ConvImpl::kIm2col}) {
+    test::cuda_be().set_conv_impl(impl);
+    const std::string path = impl == cuda::ConvImpl::kIm2col ? "im2col" : "auto";
+    for (const ConvCase& c : kConvCases) {
+      const int64_t fan_in = c.w[1] * c.w[2] * c.w[3];
+      const Tensor x = random_tensor(c.x, 31), w = random_tensor(c.w, 32, 1.0f / std::sqrt(float(fan_in)));
+      const Tensor b = c.bias ? random_tensor({c.w[0]}, 33) : Tensor();
+      const Conv2dParams p = c.p;
+      const auto fn = [p](const std::vector<Tensor>& in) { return ops::conv2d(in[0], in[1], in[2], p); };
+      const std::string what = "conv2d " + path + " " + shape_str(c.x) + " * " + shape_str(c.w);
+      EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b}), DType::F32);
+      for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b}), dt);
+    }
+  }
+}
+
+TEST(CudaOps, Conv2dCudnnWhenItLoads) {
+  ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
+  const std::string name = test::cuda_be().conv_impl_name();
+  if (name.rfind("cudnn", 0) != 0) GTEST_SKIP() << "cuDNN not used on this machine: " << name;
+  test::cuda_be().set_conv_impl(cuda::ConvImpl::kCudnn);  // throws rather than falling back
+  for (size_t i = 0; i < std::size(kConvCases); ++i) {
+    const ConvCase& c = kConvCases[i];
+    const Tensor x = random_tensor(c.x, 34), w = random_tensor(c.w, 35, 0.2f), b = random_tensor({c.w[0]}, 36);
+    const Conv2dParams p = c.p;
+    const auto fn = [p](const std::vector<Tensor>& in) { return ops::conv2d(in[0], in[1], in[2], p); };
+    const std::string what = "conv2d cudnn " + shape_str(c.x) + " * " + shape_str(c.w);
+    for (DType dt : {DType::F32, DType::BF16}) {
+      try {
+        EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b}), dt);
+      } catch (const Error& e) {
+        // SD's own convolutions (the first three cases) must run on cuDNN; for the others cuDNN may
+        // decline (the auto path then takes im2col, tested above).
+        if (i < 3 || std::string(e.what()).find("no algorithm") == std::string::npos) ADD_FAILURE() << what << ": " << e.what();
+        else std::printf("[ conv     ] cuDNN declines %s in %s: %s\n", what.c_str(), std::string(dtype_name(dt)).c_str(), e.what());
+      }
+    }
+  }
+}
+
+// --- normalisation -------------------------------------------------------------------------------------------
+
+TEST(CudaOps, GroupNormMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  struct Case { Shape x; int groups; float offset; };
+  // The [1, 4, 300, 300] case spreads each group over 44 statistics blocks; offset 100 checks that the
+  // variance does not cancel when the mean is large against the spread.
+  const Case cases[] = {{{2, 32, 5, 7}, 8, 0.0f}, {{1, 64, 64, 64}, 32, 0.0f}, {{1, 4, 300, 300}, 2, 0.0f},
+                        {{2, 6, 11}, 3, 100.0f}, {{3, 7}, 7, 0.0f}};
+  for (const Case& c : cases) {
+    const Tensor x = random_tensor(c.x, 41, 1.0f, c.offset), g = random_tensor({c.x[1]}, 42), b = random_tensor({c.x[1]}, 43);
+    for (UnaryOp act : {UnaryOp::kIdentity, UnaryOp::kSilu}) {
+      const int groups = c.groups;
+      const auto fn = [groups, act](const std::vector<Tensor>& in) { return ops::group_norm(in[0], groups, in[1], in[2], 1e-5f, act); };
+      const std::string what = "group_norm " + shape_str(c.x) + " groups " + std::to_string(groups) + " act " + std::to_string(int(act));
+      EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b}), DType::F32);
+      for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b}), dt);
+    }
+    const int groups = c.groups;
+    EXPECT_PARITY("group_norm no affine", [groups](const std::vector<Tensor>& in) { return ops::group_norm(in[0], groups, Tensor(), Tensor(), 1e-6f); },
+                  {x}, DType::F32);
+  }
+}
+
+TEST(CudaOps, LayerNormAndRmsNormMatchCpu) {
+  ATELIER_REQUIRE_CUDA();
+  for (const Shape& s : {Shape{7, 13}, Shape{3, 77, 768}, Shape{2, 5000}, Shape{4096, 320}, Shape{1, 1}}) {
+    const int64_t d = s.back();
+    for (float offset : {0.0f, 50.0f}) {
+      const Tensor x = random_tensor(s, 51, 1.0f, offset), g = random_tensor({d}, 52), b = random_tensor({d}, 53);
+      const auto ln = [](const std::vector<Tensor>& in) { return ops::layer_norm(in[0], in[1], in[2], 1e-5f); };
+      const auto rms = [](const std::vector<Tensor>& in) { return ops::rms_norm(in[0], in[1], 1e-6f); };
+      const std::string sfx = shape_str(s) + " offset " + std::to_string(int(offset));
+      EXPECT_PARITY("layer_norm " + sfx, ln, std::vector<Tensor>({x, g, b}), DType::F32);
+      EXPECT_PARITY("rms_norm " + sfx, rms, std::vector<Tensor>({x, g}), DType::F32);
+      for (DType dt : kLowp) {
+        EXPECT_PARITY("layer_norm " + sfx, ln, std::vector<Tensor>({x, g, b}), dt);
+        EXPECT_PARITY("rms_norm " + sfx, rms, std::vector<Tensor>({x, g}), dt);
+      }
+    }
+    EXPECT_PARITY("layer_norm no affine " + shape_str(s), [](const std::vector<Tensor>& in) { return ops::layer_norm(in[0], Tensor(), Tensor(), 1e-5f); },
+                  {random_tensor(s, 54)}, DType::F32);
+  }
+}
+
+// --- attention ------------------------------------------------------------------------------------------------
+
+struct AttnCase {
+  int64_t b, h, hk, sq, sk, d, dv;
+};
+
+// SD's head dims (40, 64, 80, 160), CLIP's 77 tokens, GQA/MQA, odd lengths, the widest flash head (256).
+const AttnCase kFlashCases[] = {{2, 8, 8, 77, 77, 64, 64},    {1, 2, 2, 33, 47, 40, 40},  {2, 4, 2, 129, 65, 80, 80},
+                                {1, 2, 1, 64, 64, 160, 160},  {1, 1, 1, 5, 300, 8, 8},    {1, 1, 1, 70, 70, 256, 256},
+                                {1, 3, 3, 200, 9, 48, 48},    {1, 2, 2, 1024, 1024, 40, 40}, {1, 2, 2, 1, 4096, 128, 128}};
+
+Tensor attn_mask(const std::string& kind, const AttnCase& c) {
+  if (kind == "none") return Tensor();
+  if (kind == "additive") return random_tensor({c.sq, c.sk}, 61, 2.0f);  // broadcast over batch and heads
+  if (kind == "causal") {
+    // Bottom-right aligned when there are more keys than queries; key 0 always visible (no fully masked row).
+    const int64_t shift = std::max<int64_t>(0, c.sk - c.sq);
+    std::vector<float> m(size_t(c.sq * c.sk));
+    for (int64_t i = 0; i < c.sq; ++i)
+      for (int64_t j = 0; j < c.sk; ++j) m[size_t(i * c.sk + j)] = j <= i + shift ? 0.0f : -INFINITY;
+    return Tensor::from_vector(m, {1, 1, c.sq, c.sk});
+  }
+  // Key padding per batch entry: [B, 1, 1, Sk], the last keys of entry 0 masked.
+  std::vector<float> m(size_t(c.b * c.sk), 0.0f);
+  for (int64_t j = c.sk / 2 + 1; j < c.sk; ++j) m[size_t(j)] = -INFINITY;
+  return Tensor::from_vector(m, {c.b, 1, 1, c.sk});
+}
+
+void check_attention(const AttnCase& c, const std::string& mask_kind, DType dt, const std::string& path) {
+  const Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 71), k = random_tensor({c.b, c.hk, c.sk, c.d}, 72),
+               v = random_tensor({c.b, c.hk, c.sk, c.dv}, 73);
+  const Tensor mask = attn_mask(mask_kind, c);
+  const auto fn = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], in[3]); };
+  char what[160];
+  std::snprintf(what, sizeof(what), "attention %s b%lld h%lld/%lld q%lld k%lld d%lld/%lld mask %s", path.c_str(), (long long)c.b,
+                (long long)c.h, (long long)c.hk, (long long)c.sq, (long long)c.sk, (long long)c.d, (long long)c.dv, mask_kind.c_str());
+  EXPECT_PARITY(std::string(what), fn, std::vector<Tensor>({q, k, v, mask}), dt);
+}
+
+TEST(CudaOps, FlashAttentionMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
+  test::cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);  // fails instead of falling back
+  for (const AttnCase& c : kFlashCases)
+    for (const char* mask : {"none", "additive", "causal", "padding"})
+      for (DType dt : kLowp) check_attention(c, mask, dt, "flash");
+}
+
+TEST(CudaOps, GemmAttentionMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
+  test::cuda_be().set_attention_impl(cuda::AttentionImpl::kGemm);
+  const AttnCase odd[] = {{1, 2, 2, 9, 11, 12, 12}, {2, 2, 1, 17, 5, 64, 32}, {1, 4, 2, 31, 31, 7, 3}};
+  for (const char* mask : {"none", "additive", "causal", "padding"}) {
+    for (const AttnCase& c : kFlashCases) check_attention(c, mask, DType::F32, "gemm");
+    for (const AttnCase& c : odd) {
+      check_attention(c, mask, DType::F32, "gemm");
+      check_attention(c, mask, DType::BF16, "gemm");
+    }
+    check_attention(kFlashCases[2], mask, DType::BF16, "gemm");
+  }
+}
+
+TEST(CudaOps, AttentionAutoPathAndStridedHeads) {
+  ATELIER_REQUIRE_CUDA();
+  // multi_head_attention splits heads out of [B, S, H*D] rows as strided views (no copy), also from one
+  // fused QKV projection.
+  const Tensor qkv = random_tensor({2, 77, 3 * 320}, 81);
+  const auto fn = [](const std::vector<Tensor>& in) {
+    const std::vector<Tensor> parts = ops::chunk(in[0], 3, 2);
+    return ops::multi_head_attention(parts[0], parts[1], parts[2], 8);
+  };
+  EXPECT_PARITY("multi_head_attention fused qkv (auto)", fn, {qkv}, DType::F32);
+  for (DType dt : kLowp) EXPECT_PARITY("multi_head_attention fused qkv (auto)", fn, {qkv}, dt);
+  const Tensor x = random_tensor({2, 256, 320}, 82), ctx = random_tensor({2, 77, 768}, 83), wk = random_tensor({320, 768}, 84, 0.03f);
+  const auto cross = [](const std::vector<Tensor>& in) {
+    const Tensor k = ops::linear(in[1], in[2]);
+    return ops::multi_head_attention(in[0], k, k, 5);  // head dim 64, 5 heads
+  };
+  EXPECT_PARITY("cross attention (auto)", cross, std::vector<Tensor>({x, ctx, wk}), DType::F32);
+  EXPECT_PARITY("cross attention (auto)", cross, std::vector<Tensor>({x, ctx, wk}), DType::BF16);
+  // A fully masked row gives NaN on every path, as torch does.
+  const Tensor q = to_gpu(random_tensor({1, 1, 2, 8}, 85), DType::BF16), kv = to_gpu(random_tensor({1, 1, 3, 8}, 86), DType::BF16);
+  const Tensor m = to_gpu(Tensor::from_vector({0, 0, 0, -INFINITY, -INFINITY, -INFINITY}, {1, 1, 2, 3}));
+  const std::vector<float> out = ops::attention(q, kv, kv, m).to_vector();
+  EXPECT_FALSE(std::isnan(out[0]));
+  EXPECT_TRUE(std::isnan(out[8]));
+}
+
+}  // namespace
+}  // namespace atelier

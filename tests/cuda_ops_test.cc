@@ -1,0 +1,322 @@
+// CUDA backend, part 1: registration, memory, data movement and elementwise ops, each compared with the CPU
+// backend (the reference implementation) on random inputs with odd sizes and strided views, in f32 and in
+// bf16/f16 (criteria in cuda_test_util.h). Every test skips with the reason when cuda:0 is not usable.
+// Part 2 (GEMM, convolution, normalisation, attention) is cuda_linalg_test.cc.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/ops.h"
+#include "cuda_test_util.h"
+#include "ops_test_util.h"
+
+namespace atelier {
+namespace {
+
+using test::check_parity;
+using test::cuda0;
+using test::random_tensor;
+using test::to_gpu;
+
+const DType kLowp[] = {DType::BF16, DType::F16};
+
+// --- registration ------------------------------------------------------------------------------------------
+
+TEST(CudaOps, RegistrationReportsWhyADeviceIsMissing) {
+  // Runs everywhere: without a GPU it checks the error message, then reports itself skipped.
+  const std::string why = test::cuda_unavailable_reason();
+  if (!why.empty()) {
+    EXPECT_NE(why.find("device cuda:0 is not available: "), std::string::npos) << why;
+    EXPECT_FALSE(backend_available(Device::cuda(0)));
+    GTEST_SKIP() << "no usable CUDA device: " << why;
+  }
+  Backend& be = backend_for(cuda0());
+  EXPECT_EQ(be.device(), cuda0());
+  EXPECT_NE(be.name().find("cuda:0"), std::string::npos) << be.name();
+  std::printf("[ device   ] %s, %d SMs, conv: %s\n", be.name().c_str(), test::cuda_be().sm_count(), test::cuda_be().conv_impl_name().c_str());
+  EXPECT_FALSE(backend_available(Device::cuda(15)));
+  try {
+    backend_for(Device::cuda(15));
+    ADD_FAILURE() << "cuda:15 should not exist";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device cuda:15 is not available"), std::string::npos) << e.what();
+    EXPECT_EQ(e.status().code(), ErrorCode::kUnsupported);
+  }
+}
+
+// --- memory ------------------------------------------------------------------------------------------------
+
+TEST(CudaOps, HostDeviceRoundTripIsExact) {
+  ATELIER_REQUIRE_CUDA();
+  // Sizes around the 8 MiB staging slots and past the 4-slot ring.
+  for (int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(1000), int64_t(3) << 20, int64_t(9) << 20}) {
+    const Tensor x = random_tensor({n}, uint32_t(n + 1));
+    const Tensor g = x.to(cuda0());
+    EXPECT_EQ(g.device(), cuda0());
+    const Tensor back = g.to(Device::cpu());
+    ASSERT_EQ(back.numel(), n);
+    EXPECT_EQ(std::memcmp(back.raw(), x.raw(), x.nbytes()), 0) << "n " << n;
+    const Tensor dd = ops::clone(g);  // device-to-device
+    EXPECT_EQ(dd.to_vector(), x.to_vector()) << "n " << n;
+  }
+  // Integer and 16-bit payloads move as bytes.
+  Tensor ids = Tensor::empty({5}, DType::I64);
+  const int64_t vals[5] = {0, -1, (int64_t(1) << 40) + 3, 123456789012345, 7};
+  std::memcpy(ids.raw(), vals, sizeof(vals));
+  const Tensor ids_back = ids.to(cuda0()).to(Device::cpu());
+  EXPECT_EQ(std::memcmp(ids_back.raw(), vals, sizeof(vals)), 0);
+  const Tensor h = ops::cast(random_tensor({4097}, 5), DType::BF16);
+  const Tensor h_back = h.to(cuda0()).to(Device::cpu());
+  EXPECT_EQ(std::memcmp(h_back.raw(), h.raw(), h.nbytes()), 0);
+}
+
+TEST(CudaOps, AllocatorReusesBlocksAndReleasesThem) {
+  ATELIER_REQUIRE_CUDA();
+  Backend& be = backend_for(cuda0());
+  // Warm the engines (their workspaces stay allocated), then measure from a clean cache.
+  const Tensor x = to_gpu(random_tensor({2, 16, 9, 9}, 1));
+  const Tensor w = to_gpu(random_tensor({8, 16, 3, 3}, 2));
+  auto work = [&] {
+    Tensor y = ops::conv2d(x, w, Tensor(), Conv2dParams{1, 1, 1, 1});
+    Tensor z = ops::linear(y.reshape({2 * 8, 81}), to_gpu(random_tensor({33, 81}, 3)));
+    Tensor a = ops::attention(z.reshape({2, 2, 4, 33}), z.reshape({2, 2, 4, 33}), z.reshape({2, 2, 4, 33}));
+    return ops::add(ops::group_norm(y, 4, Tensor(), Tensor(), 1e-5f).reshape({2, 8, 81}).narrow(2, 0, 33),
+                    a.reshape({2, 8, 33})).to_vector();
+  };
+  const std::vector<float> first = work();
+  be.synchronize();
+  be.release_cached();
+  const size_t base = be.bytes_reserved();
+  const std::vector<float> second = work();
+  const size_t after_one = be.bytes_reserved();
+  EXPECT_GT(after_one, base);
+  for (int i = 0; i < 5; ++i) EXPECT_LE(test::rel_l2(work(), first), 1e-6);
+  EXPECT_EQ(be.bytes_reserved(), after_one) << "the same shapes must reuse cached blocks";
+  be.release_cached();
+  EXPECT_EQ(be.bytes_reserved(), base) << "everything allocated by the ops was returned (no leak)";
+  EXPECT_LE(test::rel_l2(second, first), 1e-6);
+}
+
+TEST(CudaOps, OutOfMemoryIsAnErrorNotACrash) {
+  ATELIER_REQUIRE_CUDA();
+  try {
+    Tensor huge = Tensor::empty({int64_t(1) << 50}, DType::F32, cuda0());  // 4 PiB
+    ADD_FAILURE() << "a 4 PiB allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status().code(), ErrorCode::kResourceExhausted) << e.what();
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+  }
+  // The device still works afterwards.
+  const Tensor x = random_tensor({100}, 9);
+  EXPECT_EQ(ops::clone(x.to(cuda0())).to_vector(), x.to_vector());
+}
+
+// --- data movement -----------------------------------------------------------------------------------------
+
+TEST(CudaOps, StridedCopiesAndCastsMatchTheCpu) {
+  ATELIER_REQUIRE_CUDA();
+  const Tensor x = random_tensor({3, 4, 5, 6}, 21);
+  const Tensor g = to_gpu(x);
+  // Permutations, narrows and broadcasts: exact in f32.
+  const std::vector<std::vector<int>> perms = {{0, 2, 1, 3}, {3, 2, 1, 0}, {1, 3, 0, 2}};
+  for (const auto& perm : perms) EXPECT_EQ(ops::contiguous(g.permute(perm)).to_vector(), ops::contiguous(x.permute(perm)).to_vector());
+  EXPECT_EQ(ops::contiguous(g.narrow(3, 1, 4).narrow(1, 1, 2)).to_vector(), ops::contiguous(x.narrow(3, 1, 4).narrow(1, 1, 2)).to_vector());
+  EXPECT_EQ(ops::upsample_nearest2d(g, 3).to_vector(), ops::upsample_nearest2d(x, 3).to_vector());
+  EXPECT_EQ(ops::pad2d(g, 1, 2, 3, 0, -7.5f).to_vector(), ops::pad2d(x, 1, 2, 3, 0, -7.5f).to_vector());
+  EXPECT_EQ(ops::concat({g, g.narrow(1, 0, 1), g}, 1).to_vector(), ops::concat({x, x.narrow(1, 0, 1), x}, 1).to_vector());
+  const auto parts_g = ops::chunk(g, 3, 3), parts_x = ops::chunk(x, 3, 3);
+  EXPECT_EQ(ops::contiguous(parts_g[1]).to_vector(), ops::contiguous(parts_x[1]).to_vector());
+  // Casts round to nearest even on both backends: bit-identical.
+  for (DType dt : kLowp) {
+    const Tensor cpu_cast = ops::cast(x.permute({0, 3, 2, 1}), dt);
+    const Tensor gpu_cast = ops::cast(g.permute({0, 3, 2, 1}), dt).to(Device::cpu());
+    EXPECT_EQ(std::memcmp(cpu_cast.raw(), gpu_cast.raw(), cpu_cast.nbytes()), 0) << dtype_name(dt);
+    // 16-bit -> f32 -> other 16-bit, strided.
+    const Tensor back = ops::cast(ops::cast(ops::cast(g, dt).transpose(1, 2), DType::F32), DType::F16);
+    const Tensor back_cpu = ops::cast(ops::cast(ops::cast(x, dt).transpose(1, 2), DType::F32), DType::F16);
+    EXPECT_EQ(back.to_vector(), back_cpu.to_vector()) << dtype_name(dt);
+  }
+  // Integers: same-dtype copies move bits (values beyond 2^24 survive); int -> float converts.
+  Tensor ids = Tensor::empty({2, 3}, DType::I64);
+  const int64_t vals[6] = {1, (int64_t(1) << 40) + 1, -5, 3, 4, 99};
+  std::memcpy(ids.raw(), vals, sizeof(vals));
+  const Tensor idt = ops::contiguous(ids.to(cuda0()).transpose(0, 1)).to(Device::cpu());
+  const int64_t* it = idt.data<int64_t>();
+  EXPECT_EQ(it[0], vals[0]);
+  EXPECT_EQ(it[2], vals[1]);
+  EXPECT_EQ(it[5], vals[5]);
+  EXPECT_EQ(ops::cast(ids.to(cuda0()).narrow(1, 0, 1), DType::F32).to_vector(), (std::vector<float>{1.0f, 3.0f}));
+  const Tensor as_i32 = ops::cast(to_gpu(Tensor::from_vector({1.7f, -2.2f, 40000.0f}, {3})), DType::I32).to(Device::cpu());
+  EXPECT_EQ(as_i32.data<int32_t>()[0], 1);
+  EXPECT_EQ(as_i32.data<int32_t>()[1], -2);
+  EXPECT_EQ(as_i32.data<int32_t>()[2], 40000);
+  // A 7-dim view that cannot be merged still copies; 9 unmergeable dims are refused with a message.
+  const Tensor x7 = random_tensor({2, 3, 2, 3, 2, 3, 2}, 4);
+  const std::vector<int> p7 = {6, 4, 2, 0, 1, 3, 5};
+  EXPECT_EQ(ops::contiguous(to_gpu(x7).permute(p7)).to_vector(), ops::contiguous(x7.permute(p7)).to_vector());
+  const Tensor x9 = to_gpu(random_tensor({2, 2, 2, 2, 2, 2, 2, 2, 2}, 5));
+  EXPECT_THROW(ops::contiguous(x9.permute({8, 7, 6, 5, 4, 3, 2, 1, 0})), Error);
+}
+
+TEST(CudaOps, FillAndZeros) {
+  ATELIER_REQUIRE_CUDA();
+  EXPECT_EQ(Tensor::full({3, 7}, 2.5f, cuda0()).to_vector(), std::vector<float>(21, 2.5f));
+  EXPECT_EQ(Tensor::zeros({1000}, DType::BF16, cuda0()).to_vector(), std::vector<float>(1000, 0.0f));
+  Tensor t = Tensor::zeros({4, 6}, DType::F16, cuda0());
+  Tensor view = t.narrow(1, 2, 3);
+  backend_for(cuda0()).fill(view, -1.25f);  // strided fill
+  const std::vector<float> v = t.to_vector();
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 6; ++c) EXPECT_EQ(v[r * 6 + c], (c >= 2 && c < 5) ? -1.25f : 0.0f);
+}
+
+TEST(CudaOps, EmbeddingGathersRows) {
+  ATELIER_REQUIRE_CUDA();
+  const Tensor table = random_tensor({50, 19}, 7);
+  for (DType id_t : {DType::I32, DType::I64}) {
+    Tensor ids = Tensor::empty({2, 5}, id_t);
+    const int64_t v[10] = {0, 49, 3, 3, 17, 8, 1, 0, 22, 49};
+    for (int i = 0; i < 10; ++i) {
+      if (id_t == DType::I64) ids.data<int64_t>()[i] = v[i];
+      else ids.data<int32_t>()[i] = int32_t(v[i]);
+    }
+    const std::vector<float> want = ops::embedding(ids, table).to_vector();
+    EXPECT_EQ(ops::embedding(ids.to(cuda0()), to_gpu(table)).to_vector(), want);
+    // A bf16 table gathers the bf16 values exactly.
+    const Tensor t16 = to_gpu(table, DType::BF16);
+    EXPECT_EQ(ops::embedding(ids.to(cuda0()), t16).to_vector(), ops::embedding(ids, test::rounded(table, DType::BF16)).to_vector());
+  }
+}
+
+// --- elementwise -------------------------------------------------------------------------------------------
+
+const UnaryOp kAllUnary[] = {UnaryOp::kIdentity, UnaryOp::kSilu, UnaryOp::kGelu, UnaryOp::kGeluTanh, UnaryOp::kQuickGelu,
+                             UnaryOp::kRelu, UnaryOp::kSigmoid, UnaryOp::kTanh, UnaryOp::kExp, UnaryOp::kSqrt,
+                             UnaryOp::kRsqrt, UnaryOp::kSquare, UnaryOp::kNeg};
+
+bool positive_domain(UnaryOp op) { return op == UnaryOp::kSqrt || op == UnaryOp::kRsqrt; }
+
+TEST(CudaOps, UnaryMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  for (int64_t n : {1, 7, 1029, 100003}) {
+    for (UnaryOp op : kAllUnary) {
+      const Tensor x = positive_domain(op) ? random_tensor({n}, 11, 0.5f, 3.0f) : random_tensor({n}, 11, 3.0f);
+      const auto fn = [op](const std::vector<Tensor>& in) { return ops::unary(in[0], op); };
+      const std::string what = "unary op " + std::to_string(int(op)) + " n " + std::to_string(n);
+      EXPECT_PARITY(what, fn, {x}, DType::F32, 2e-6);
+      // exp of the 3-sigma inputs would overflow f16 (max 65504): a narrower range for the 16-bit runs.
+      const Tensor xl = op == UnaryOp::kExp ? random_tensor({n}, 11, 1.5f) : x;
+      for (DType dt : kLowp) EXPECT_PARITY(what, fn, {xl}, dt);
+    }
+  }
+  // Strided input (made contiguous by the op API) and extremes.
+  const Tensor xs = test::strided_copy(random_tensor({13, 17}, 3, 4.0f));
+  EXPECT_PARITY("gelu strided", [](const std::vector<Tensor>& in) { return ops::gelu(in[0]); }, {xs}, DType::F32, 2e-6);
+  const std::vector<float> s = ops::silu(to_gpu(Tensor::from_vector({-100.0f, 100.0f, -30.0f, 0.0f}, {4}))).to_vector();
+  EXPECT_EQ(s[1], 100.0f);
+  EXPECT_NEAR(s[0], 0.0f, 1e-30);
+  EXPECT_FALSE(std::isnan(s[2]));
+}
+
+TEST(CudaOps, BinaryBroadcastMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  const std::vector<std::pair<Shape, Shape>> shapes = {
+      {{3, 5, 7}, {3, 5, 7}}, {{2, 3, 4, 5}, {3, 1, 5}}, {{1}, {13, 17}}, {{4, 1, 6}, {1, 5, 1}}, {{2, 320, 9, 9}, {2, 320, 1, 1}},
+      {{100003}, {100003}}, {{1, 77, 768}, {77, 768}}};
+  const BinaryOp all[] = {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kDiv, BinaryOp::kMax, BinaryOp::kMin};
+  for (const auto& [sa, sb] : shapes) {
+    const Tensor a = random_tensor(sa, 31), b = random_tensor(sb, 32, 1.0f, 0.25f);
+    for (BinaryOp op : all) {
+      const auto fn = [op](const std::vector<Tensor>& in) { return ops::binary(in[0], in[1], op); };
+      const std::string what = "binary op " + std::to_string(int(op)) + " " + shape_str(sa) + " x " + shape_str(sb);
+      EXPECT_PARITY(what, fn, std::vector<Tensor>({a, b}), DType::F32, 1e-7);  // one correctly rounded operation
+      EXPECT_PARITY(what, fn, std::vector<Tensor>({a, b}), DType::BF16);
+    }
+  }
+  // Strided operands.
+  const Tensor a = test::strided_copy(random_tensor({6, 10}, 41)), b = random_tensor({6, 20}, 42).narrow(1, 3, 10);
+  EXPECT_PARITY("binary strided", [](const std::vector<Tensor>& in) { return ops::mul(in[0], in[1]); },
+                std::vector<Tensor>({a, b}), DType::F32, 1e-7);
+}
+
+TEST(CudaOps, LincombAndAffineMatchCpu) {
+  ATELIER_REQUIRE_CUDA();
+  for (int n_in : {1, 3, 8, 11}) {  // more than 8 inputs accumulate over several launches
+    std::vector<Tensor> xs;
+    std::vector<float> c;
+    for (int i = 0; i < n_in; ++i) {
+      xs.push_back(random_tensor({4, 3, 33, 17}, uint32_t(50 + i)));
+      c.push_back(0.37f * float(i + 1) * (i % 2 ? -1.0f : 1.0f));
+    }
+    const auto fn = [c](const std::vector<Tensor>& in) { return ops::lincomb(in, c); };
+    EXPECT_PARITY("lincomb " + std::to_string(n_in) + " inputs", fn, xs, DType::F32, 1e-6);
+    EXPECT_PARITY("lincomb " + std::to_string(n_in) + " inputs", fn, xs, DType::BF16);
+    std::vector<float> per;
+    for (int s = 0; s < 4; ++s)
+      for (int i = 0; i < n_in; ++i) per.push_back(float(s + 1) * 0.1f - float(i) * 0.2f);
+    const auto fn_ps = [per](const std::vector<Tensor>& in) { return ops::lincomb_per_sample(in, per); };
+    EXPECT_PARITY("lincomb per sample " + std::to_string(n_in) + " inputs", fn_ps, xs, DType::F32, 1e-6);
+  }
+  // 100 samples x 3 inputs = 300 coefficients: more than one launch's argument table.
+  std::vector<Tensor> xs = {random_tensor({100, 5, 7}, 61), random_tensor({100, 5, 7}, 62), random_tensor({100, 5, 7}, 63)};
+  std::vector<float> per(300);
+  for (size_t i = 0; i < per.size(); ++i) per[i] = std::sin(float(i));
+  EXPECT_PARITY("lincomb 100 samples", [per](const std::vector<Tensor>& in) { return ops::lincomb_per_sample(in, per); }, xs, DType::F32, 1e-6);
+  EXPECT_PARITY("affine", [](const std::vector<Tensor>& in) { return ops::affine(in[0], 2.0f, -1.0f); },
+                {random_tensor({3, 1001}, 64)}, DType::F32, 1e-7);
+  EXPECT_PARITY("affine", [](const std::vector<Tensor>& in) { return ops::affine(in[0], 0.5f, 0.25f); },
+                {random_tensor({3, 1001}, 64)}, DType::BF16);
+}
+
+TEST(CudaOps, GluMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  for (const Shape& s : {Shape{7, 2}, Shape{2, 77, 2 * 1280}, Shape{3, 5, 2 * 13}}) {
+    for (UnaryOp act : {UnaryOp::kGelu, UnaryOp::kSilu, UnaryOp::kGeluTanh}) {
+      const auto fn = [act](const std::vector<Tensor>& in) { return ops::glu(in[0], act); };
+      EXPECT_PARITY("glu " + shape_str(s) + " act " + std::to_string(int(act)), fn, {random_tensor(s, 71, 2.0f)}, DType::F32, 2e-6);
+      EXPECT_PARITY("glu " + shape_str(s) + " act " + std::to_string(int(act)), fn, {random_tensor(s, 71, 2.0f)}, DType::BF16);
+    }
+  }
+}
+
+TEST(CudaOps, SoftmaxMatchesCpuAndMasksLikeTorch) {
+  ATELIER_REQUIRE_CUDA();
+  const auto fn = [](const std::vector<Tensor>& in) { return ops::softmax(in[0]); };
+  for (const Shape& s : {Shape{7, 1}, Shape{5, 77}, Shape{3, 4099}, Shape{2, 20000}, Shape{2, 3, 129}}) {
+    EXPECT_PARITY("softmax " + shape_str(s), fn, {random_tensor(s, 81, 4.0f)}, DType::F32, 2e-6);
+    for (DType dt : kLowp) EXPECT_PARITY("softmax " + shape_str(s), fn, {random_tensor(s, 81, 4.0f)}, dt);
+  }
+  // -inf entries get probability 0; a fully masked row is NaN (torch's result).
+  std::vector<float> v = {1.0f, -INFINITY, 2.0f, -INFINITY, -INFINITY, -INFINITY};
+  const std::vector<float> out = ops::softmax(to_gpu(Tensor::from_vector(v, {2, 3}))).to_vector();
+  EXPECT_EQ(out[1], 0.0f);
+  EXPECT_NEAR(out[0] + out[2], 1.0f, 1e-6);
+  EXPECT_TRUE(std::isnan(out[3]) && std::isnan(out[4]) && std::isnan(out[5]));
+}
+
+TEST(CudaOps, LongChainsOfAsyncOpsStayOrdered) {
+  ATELIER_REQUIRE_CUDA();
+  // Hundreds of ops without a host synchronisation: stream order and stream-ordered block reuse must hold.
+  Tensor c = random_tensor({3, 257}, 91);
+  Tensor g = to_gpu(c);
+  for (int i = 0; i < 300; ++i) {
+    c = ops::add(ops::affine(ops::silu(c), 0.9f), ops::softmax(c));
+    g = ops::add(ops::affine(ops::silu(g), 0.9f), ops::softmax(g));
+  }
+  EXPECT_LE(test::rel_l2(g.to_vector(), c.to_vector()), 1e-5);
+}
+
+TEST(CudaOps, CopiesBetweenTwoGpus) {
+  ATELIER_REQUIRE_CUDA();
+  if (!backend_available(Device::cuda(1))) GTEST_SKIP() << "only one CUDA device";
+  const Tensor x = random_tensor({1000, 77}, 95);
+  const Tensor on1 = x.to(cuda0()).to(Device::cuda(1));
+  EXPECT_EQ(on1.device(), Device::cuda(1));
+  EXPECT_EQ(ops::silu(on1).to(cuda0()).to_vector(), ops::silu(x.to(cuda0())).to_vector());
+}
+
+}  // namespace
+}  // namespace atelier

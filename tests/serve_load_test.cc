@@ -1,0 +1,243 @@
+// The server under load, through its real port: concurrent clients of all three API families are each
+// answered exactly once with a valid image while their samples share model calls (batch sizes > 1 in
+// /metrics); a full queue answers 429 with Retry-After; queued and running jobs can be cancelled; 500
+// requests leave the resident memory flat.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "serve/metrics.h"
+#include "serve_test_util.h"
+
+namespace atelier::serve {
+namespace {
+
+using test::decode_b64_image;
+using test::parse;
+using test::post_json;
+using test::RunningServer;
+
+constexpr int kClients = 16;
+
+nlohmann::json job(int64_t seed, int steps, int side) {
+  return {{"prompt", "a red circle"}, {"width", side}, {"height", side}, {"steps", steps}, {"seed", seed}};
+}
+
+// The seed written in a PNG's infotext, -1 when absent.
+int64_t infotext_seed(const std::string& b64) {
+  auto bytes = base64_decode(b64, "image", 1 << 24);
+  if (!bytes) return -1;
+  auto text = read_infotext(*bytes);
+  if (!text) return -1;
+  const size_t at = text->find("Seed: ");
+  return at == std::string::npos ? -1 : std::stoll(text->substr(at + 6));
+}
+
+TEST(ServeLoad, SixteenConcurrentClientsAnsweredOnceWithBatching) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  ServeOptions o = test::tiny_options();
+  o.max_batch = 16;
+  o.batch_window_ms = 50;
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  std::mutex mu;
+  std::vector<int64_t> seeds_seen;
+  std::atomic<int> answers{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      auto c = s->client();
+      const int64_t seed = 1000 + i;
+      int status = 0;
+      std::vector<std::string> images;
+      if (i % 3 == 0) {  // A1111, synchronous
+        auto r = post_json(*c, "/sdapi/v1/txt2img", job(seed, 2, 32), &status);
+        EXPECT_EQ(status, 200) << r.dump().substr(0, 200);
+        for (const auto& img : r.value("images", nlohmann::json::array())) images.push_back(img);
+      } else if (i % 3 == 1) {  // native: submit, then poll
+        auto r = post_json(*c, "/v1/jobs", job(seed, 2, 32), &status);
+        EXPECT_EQ(status, 202);
+        const auto done = test::wait_job(*c, r.value("id", ""));
+        EXPECT_EQ(done.value("state", ""), "done");
+        for (const auto& img : done.value("images", nlohmann::json::array())) images.push_back(img["data"]);
+      } else {  // OpenAI
+        auto r = post_json(*c, "/v1/images/generations",
+                           {{"prompt", "a red circle"}, {"size", "32x32"}, {"steps", 2}, {"seed", seed}}, &status);
+        EXPECT_EQ(status, 200);
+        for (const auto& d : r.value("data", nlohmann::json::array())) images.push_back(d["b64_json"]);
+      }
+      ++answers;
+      ASSERT_EQ(images.size(), 1u) << "client " << i;
+      const Image img = decode_b64_image(images[0]);
+      EXPECT_EQ(img.width, 32);
+      std::lock_guard<std::mutex> lock(mu);
+      seeds_seen.push_back(infotext_seed(images[0]));
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(answers.load(), kClients);
+  std::set<int64_t> unique(seeds_seen.begin(), seeds_seen.end());
+  EXPECT_EQ(unique.size(), size_t(kClients));
+  for (int i = 0; i < kClients; ++i) EXPECT_TRUE(unique.count(1000 + i)) << "seed " << 1000 + i;
+
+  auto m = s->client()->Get("/metrics");
+  ASSERT_TRUE(m);
+  const double calls = test::prom_value(m->body, "atelier_batch_size_count");
+  const double singles = test::prom_value(m->body, "atelier_batch_size_bucket{le=\"1\"}");
+  const double samples = test::prom_value(m->body, "atelier_batch_size_sum");
+  std::printf("[serve] %d clients: %.0f model calls for %.0f sample-steps (%.0f calls of one sample), mean batch %.2f\n",
+              kClients, calls, samples, singles, samples / calls);
+  EXPECT_GT(calls - singles, 0) << "no model call had more than one sample";
+  EXPECT_EQ(samples, kClients * 2.0);  // every sample's 2 steps, each counted once
+  EXPECT_EQ(test::prom_value(m->body, "atelier_jobs_total{state=\"done\"}"), kClients);
+  EXPECT_EQ(test::prom_value(m->body, "atelier_images_total"), kClients);
+}
+
+TEST(ServeLoad, FullQueueAnswers429WithRetryAfter) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  ServeOptions o = test::tiny_options();
+  o.max_batch = 1;
+  o.max_queue = 2;
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  std::vector<std::string> accepted;
+  int rejected = 0;
+  for (int i = 0; i < 8; ++i) {
+    auto r = c->Post("/v1/jobs", job(i, 20, 64).dump(), "application/json");
+    ASSERT_TRUE(r);
+    if (r->status == 202) {
+      accepted.push_back(parse(r->body)["id"]);
+    } else {
+      EXPECT_EQ(r->status, 429) << r->body;
+      EXPECT_GE(std::atoi(r->get_header_value("Retry-After").c_str()), 1);
+      EXPECT_NE(parse(r->body)["error"]["message"].get<std::string>().find("queue is full"), std::string::npos);
+      ++rejected;
+    }
+  }
+  EXPECT_GE(rejected, 4) << "one running + two queued, the rest refused";
+  EXPECT_LE(accepted.size(), 4u);
+  for (const auto& id : accepted) EXPECT_EQ(test::wait_job(*c, id)["state"], "done");
+  auto m = c->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(test::prom_value(m->body, "atelier_jobs_total{state=\"rejected\"}"), rejected);
+  EXPECT_GE(test::prom_value(m->body, "atelier_http_requests_total{endpoint=\"POST /v1/jobs\",status=\"429\"}"), rejected);
+}
+
+TEST(ServeLoad, CancelsQueuedAndRunningJobs) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  ServeOptions o = test::tiny_options();
+  o.max_batch = 1;
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  int status = 0;
+  const std::string running = post_json(*c, "/v1/jobs", job(1, 150, 64), &status)["id"];
+  ASSERT_EQ(status, 202);
+  const std::string queued = post_json(*c, "/v1/jobs", job(2, 150, 64), &status)["id"];
+  ASSERT_EQ(status, 202);
+  // The queued one: cancelled at once, never started.
+  auto q = parse(c->Get(("/v1/jobs/" + queued).c_str())->body);
+  EXPECT_EQ(q["state"], "queued");
+  EXPECT_EQ(q["queue_position"], 0);
+  auto del = c->Delete(("/v1/jobs/" + queued).c_str());
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 202);
+  EXPECT_EQ(parse(del->body)["state"], "cancelled");
+  // The running one: leaves its batch at the next step boundary.
+  for (int i = 0; i < 500 && parse(c->Get(("/v1/jobs/" + running).c_str())->body)["step"] < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  del = c->Delete(("/v1/jobs/" + running).c_str());
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 202);
+  const auto r = test::wait_job(*c, running, 10);
+  EXPECT_EQ(r["state"], "cancelled");
+  EXPECT_LT(r["step"].get<int>(), 150);
+  std::string events;
+  c->Get(("/v1/jobs/" + running + "/events").c_str(), [&](const char* d, size_t n) {
+    events.append(d, n);
+    return true;
+  });
+  EXPECT_NE(events.find("event: cancelled"), std::string::npos);
+  EXPECT_EQ(parse(c->Get(("/v1/jobs/" + queued).c_str())->body)["attempts"], 0);
+  // The worker is free again.
+  const std::string next = post_json(*c, "/v1/jobs", job(3, 1, 32), &status)["id"];
+  EXPECT_EQ(test::wait_job(*c, next, 10)["state"], "done");
+  auto m = c->Get("/metrics");
+  EXPECT_EQ(test::prom_value(m->body, "atelier_jobs_total{state=\"cancelled\"}"), 2);
+}
+
+TEST(ServeLoad, A1111InterruptStopsTheRunningJob) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  auto s = RunningServer::start(test::tiny_options());
+  ASSERT_TRUE(s);
+  nlohmann::json answer;
+  int status = 0;
+  std::thread client([&] {
+    auto c = s->client();
+    answer = post_json(*c, "/sdapi/v1/txt2img", job(5, 150, 64), &status);
+  });
+  auto c = s->client();
+  nlohmann::json p;
+  for (int i = 0; i < 500; ++i) {
+    p = parse(c->Get("/sdapi/v1/progress")->body);
+    if (p["state"]["sampling_step"].get<int>() >= 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GT(p["progress"].get<double>(), 0.0);
+  EXPECT_EQ(p["state"]["sampling_steps"], 150);
+  auto r = c->Post("/sdapi/v1/interrupt", "", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(parse(r->body)["interrupted"], 1);
+  client.join();
+  EXPECT_EQ(status, 200);
+  EXPECT_TRUE(answer["images"].empty());
+  EXPECT_EQ(parse(answer["info"].get<std::string>())["interrupted"], true);
+}
+
+TEST(ServeLoad, FiveHundredRequestsKeepResidentMemoryFlat) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  constexpr int kRequests = 500, kWarmup = 100, kThreads = 8;
+  constexpr double kMaxGrowthMiB = 16;
+  ServeOptions o = test::tiny_options();
+  o.max_finished_jobs = 32;  // native results are kept for polling; bounded
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  std::atomic<int> next{0}, ok{0};
+  double rss_after_warmup = 0;
+  std::mutex mu;
+  auto run = [&] {
+    auto c = s->client();
+    for (int i; (i = next++) < kRequests;) {
+      int status = 0;
+      if (i % 2) {
+        auto r = post_json(*c, "/sdapi/v1/txt2img", job(i, 1, 32), &status);
+        ok += status == 200 && r["images"].size() == 1;
+      } else {
+        auto r = post_json(*c, "/v1/jobs", job(i, 1, 32), &status);
+        ok += status == 202 && test::wait_job(*c, r["id"])["state"] == "done";
+      }
+      if (i == kWarmup) {
+        std::lock_guard<std::mutex> lock(mu);
+        rss_after_warmup = resident_bytes();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(run);
+  for (auto& t : threads) t.join();
+  const double rss_end = resident_bytes();
+  EXPECT_EQ(ok.load(), kRequests);
+  const double growth = (rss_end - rss_after_warmup) / (1 << 20);
+  std::printf("[serve] resident memory after %d requests %.1f MiB, after %d %.1f MiB (growth %.2f MiB)\n", kWarmup,
+              rss_after_warmup / (1 << 20), kRequests, rss_end / (1 << 20), growth);
+  EXPECT_LT(growth, kMaxGrowthMiB);
+  auto st = parse(s->client()->Get("/v1/stats")->body);
+  EXPECT_LE(st["jobs_stored"].get<int>(), 32 + kThreads);
+}
+
+}  // namespace
+}  // namespace atelier::serve
