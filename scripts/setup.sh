@@ -13,6 +13,7 @@ PACKAGES=(
   libsentencepiece-dev libhiredis-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   valgrind
+  chromium chromium-driver python3-selenium  # the web UI test (tests/ui/web_ui_test.py)
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -25,7 +25,7 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-bool is_public_path(const std::string& path) { return path == "/healthz" || path == "/readyz"; }
+bool is_public_path(const std::string& path) { return path == "/healthz" || path == "/readyz" || is_web_ui_path(path); }
 
 }  // namespace
 
@@ -112,6 +112,7 @@ void Server::Impl::configure_http() {
   add_native_routes(http, *ctx);
   add_a1111_routes(http, *ctx);
   add_openai_routes(http, *ctx);
+  add_web_routes(http, *ctx);
 }
 
 void Server::Impl::add_collectors() {

@@ -44,5 +44,7 @@ void add_native_routes(httplib::Server& http, ServerContext& ctx);
 void add_a1111_routes(httplib::Server& http, ServerContext& ctx);
 void add_openai_routes(httplib::Server& http, ServerContext& ctx);
 void add_ops_routes(httplib::Server& http, ServerContext& ctx);
+void add_web_routes(httplib::Server& http, ServerContext& ctx);  // the web UI (routes_web.cc)
+bool is_web_ui_path(const std::string& path);                   // `/` and `/ui/...`: public
 
 }  // namespace atelier::serve

@@ -1,0 +1,209 @@
+// Jobs: submit the form's request to POST /v1/jobs, then show each job as a card — queue position, a progress
+// bar that moves with every step event, the live preview, an ETA and a cancel button — until it ends; done
+// jobs' images go to the gallery.
+'use strict';
+(function (A) {
+  const QUEUE_POLL_MS = 1000;    // queue position refresh while a job waits
+  const FALLBACK_POLL_MS = 1000; // polling when the event stream broke before the end
+  const MAX_FINISHED_CARDS = 6;  // finished jobs kept visible above the gallery
+  const TERMINAL = ['done', 'failed', 'cancelled'];
+
+  function el(tag, cls, text) {
+    const node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  // One job on the page: its card and what it has seen of the job so far.
+  class JobView {
+    constructor(id, params, queuePosition) {
+      this.id = id;
+      this.params = params;
+      this.firstStep = null;  // {step, t} of the first step event: the ETA's reference
+      this.finished = false;
+      this.card = this.build();
+      this.setState('queued');
+      this.setQueued(queuePosition);
+    }
+
+    build() {
+      const li = el('li', 'job');
+      li.dataset.jobId = this.id;
+      const title = el('p', 'job-title', this.params.prompt || '(no prompt)');
+      this.status = el('p', 'job-status');
+      this.status.setAttribute('aria-live', 'polite');
+      this.bar = el('progress', 'job-progress');
+      this.bar.max = 1;
+      this.bar.value = 0;
+      const barId = 'progress-' + this.id;
+      this.bar.id = barId;
+      const barLabel = el('label', 'visually-hidden', 'Progress of job ' + this.id.slice(0, 8));
+      barLabel.htmlFor = barId;
+      this.eta = el('span', 'job-eta muted');
+      this.preview = el('img', 'job-preview');
+      this.preview.alt = 'live preview of the image being generated';
+      this.preview.hidden = true;
+      this.cancelBtn = el('button', 'job-cancel', 'Cancel');
+      this.cancelBtn.type = 'button';
+      this.cancelBtn.setAttribute('aria-label', 'Cancel job ' + this.id.slice(0, 8));
+      this.cancelBtn.addEventListener('click', () => this.cancel());
+      const row = el('div', 'job-row');
+      row.append(barLabel, this.bar, this.eta, this.cancelBtn);
+      li.append(this.preview, title, this.status, row);
+      return li;
+    }
+
+    setState(state) {
+      this.card.dataset.state = state;
+      if (TERMINAL.includes(state)) {
+        this.finished = true;
+        this.cancelBtn.hidden = true;
+        this.eta.textContent = '';
+      }
+    }
+
+    setQueued(position) {
+      if (this.card.dataset.state !== 'queued') return;
+      this.status.textContent = position > 0 ? 'Queued: ' + position + ' job(s) ahead' : 'Queued: next in line';
+    }
+
+    onEvent(type, d) {
+      if (this.finished) return;
+      switch (type) {
+        case 'queued':  // the event carries no position: the 202 answer and the polling give it
+          if (d.queue_position !== undefined) this.setQueued(d.queue_position);
+          return;
+        case 'started':
+          this.setState('running');
+          this.status.textContent = 'Running on ' + (d.device || 'a device') + (d.attempt > 1 ? ' (attempt ' + d.attempt + ')' : '');
+          return;
+        case 'step': return this.onStep(d);
+        case 'preview':
+          this.preview.src = 'data:image/jpeg;base64,' + d.image;
+          this.preview.hidden = false;
+          return;
+        case 'requeued':
+          this.setState('queued');
+          this.status.textContent = 'Its device failed: it runs again on another one';
+          return;
+        case 'done':
+          this.finished = true;  // the result is fetched once, whether the stream or the polling saw the end
+          return this.fetchResult();
+        case 'failed':
+          this.setState('failed');
+          this.status.textContent = 'Failed: ' + (d.error || 'unknown error');
+          return;
+        case 'cancelled':
+          this.setState('cancelled');
+          this.status.textContent = 'Cancelled' + (d.reason ? ' (' + d.reason + ')' : '');
+          return;
+      }
+    }
+
+    onStep(d) {
+      if (this.card.dataset.state !== 'running') this.setState('running');
+      const total = d.total_steps || 1;
+      this.bar.value = d.progress !== undefined ? d.progress : d.step / total;
+      this.status.textContent = 'Step ' + d.step + ' of ' + total;
+      const now = performance.now();
+      if (!this.firstStep) this.firstStep = {step: d.step, t: now};
+      const done = d.step - this.firstStep.step;
+      if (done > 0) {
+        const perStep = (now - this.firstStep.t) / done;
+        const left = Math.max(0, Math.round(((total - d.step) * perStep) / 1000));
+        this.eta.textContent = 'about ' + left + ' s left';
+      }
+    }
+
+    async fetchResult() {
+      try {
+        const job = await A.request('GET', '/v1/jobs/' + this.id);
+        this.finish(job);
+      } catch (err) {
+        A.showError(err);
+        this.setState('failed');
+        this.status.textContent = 'Finished, but the result could not be fetched: ' + err.message;
+      }
+    }
+
+    // job: the GET /v1/jobs/{id} document of a finished job.
+    finish(job) {
+      if (job.state !== 'done') return this.onEvent(job.state, {error: job.error, reason: job.error});
+      this.bar.value = 1;
+      this.setState('done');
+      const n = (job.images || []).length;
+      this.status.textContent = 'Done: ' + n + ' image' + (n === 1 ? '' : 's') +
+                                (job.elapsed_s ? ' in ' + job.elapsed_s.toFixed(1) + ' s' : '');
+      if (n) A.form.setLastSeed(job.images[0].seed);
+      A.gallery.addJob(job, this.params);
+    }
+
+    async cancel() {
+      this.cancelBtn.disabled = true;
+      this.status.textContent = 'Cancelling…';
+      try {
+        await A.request('DELETE', '/v1/jobs/' + this.id);
+      } catch (err) {
+        this.cancelBtn.disabled = false;
+        A.showError(err);
+      }
+    }
+
+    // Follows the event stream; if it breaks before the job ends, polls instead.
+    async follow() {
+      const poller = setInterval(() => this.pollQueuePosition(), QUEUE_POLL_MS);
+      try {
+        await A.followEvents('/v1/jobs/' + this.id + '/events', (type, d) => this.onEvent(type, d));
+      } catch (err) {
+        if (!this.finished) A.showError(err);
+      } finally {
+        clearInterval(poller);
+      }
+      while (!this.finished) {
+        await new Promise((r) => setTimeout(r, FALLBACK_POLL_MS));
+        try {
+          const job = await A.request('GET', '/v1/jobs/' + this.id + '?images=0');
+          if (TERMINAL.includes(job.state)) await this.fetchResult();
+          else if (job.state === 'queued') this.setQueued(job.queue_position || 0);
+          else this.onStep({step: job.step, total_steps: job.total_steps, progress: job.progress});
+        } catch (err) {
+          A.showError(err);
+          if (err.status === 404) {  // the server forgot the job (restarted, or kept it too long)
+            this.setState('failed');
+            this.status.textContent = 'The server no longer knows this job.';
+          }
+        }
+      }
+    }
+
+    async pollQueuePosition() {
+      if (this.card.dataset.state !== 'queued') return;
+      try {
+        const job = await A.request('GET', '/v1/jobs/' + this.id + '?images=0');
+        if (job.state === 'queued') this.setQueued(job.queue_position || 0);
+      } catch (err) { /* the event stream reports failures */ }
+    }
+  }
+
+  function trimFinished() {
+    const list = document.getElementById('jobs');
+    const finished = Array.from(list.children).filter((c) => TERMINAL.includes(c.dataset.state));
+    for (const c of finished.slice(MAX_FINISHED_CARDS)) c.remove();
+    document.getElementById('jobs-empty').hidden = list.children.length > 0;
+  }
+
+  // Submits one job; throws ApiError when the server refuses it (shown by the caller).
+  async function submit(body) {
+    const answer = await A.request('POST', '/v1/jobs', body);
+    const params = Object.assign({}, body);
+    const view = new JobView(answer.id, params, answer.queue_position || 0);
+    const list = document.getElementById('jobs');
+    list.insertBefore(view.card, list.firstChild);
+    trimFinished();
+    view.follow().finally(trimFinished);
+    return view;
+  }
+
+  A.jobs = {submit: submit};
+})(window.Atelier = window.Atelier || {});

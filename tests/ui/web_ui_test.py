@@ -1,0 +1,349 @@
+#!/usr/bin/python3
+"""End-to-end test of the web UI: a real headless Chromium (Debian's chromium + chromium-driver, driven by
+python3-selenium) against a real `atelier serve` with the sd15-tiny model.
+
+Checks: the page loads with every control labelled; an image generated through the form (Ctrl+Enter) appears
+in the gallery with a PNG that carries its parameters; the progress bar takes intermediate values with a live
+preview and an ETA; a running job is cancelled from its card; "Reuse" fills the form with a gallery entry's
+parameters; a 400 (width 100), a 429 (full queue) and a 401 (API key) show readable messages; the dashboard
+says it has no GPU metrics on a CPU worker; the layout fits 375 px; a stopped server shows "Server
+unreachable". Screenshots of each check go to --artifacts.
+
+Run by ctest (label `ui`); exits 77 (SKIP_RETURN_CODE) with the reason when chromium, chromedriver,
+selenium or the fixture is missing, 1 when a check fails.
+"""
+import argparse
+import base64
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+SKIP = 77
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WAIT_S = 60  # upper bound for anything the tiny model does on a loaded 2-core machine
+
+
+def skip(reason):
+    print("SKIPPED: " + reason, flush=True)
+    sys.exit(SKIP)
+
+
+try:
+    from selenium import webdriver
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+except ImportError as e:  # checked before anything else: the test cannot run at all
+    skip("python3-selenium is not installed for /usr/bin/python3 (%s); scripts/setup.sh installs it" % e)
+
+
+class AtelierServer:
+    """`atelier serve` on a free port; `url` once it prints its listening line."""
+
+    def __init__(self, binary, model, extra_args=()):
+        args = [binary, "serve", "--model", "tiny=" + model, "--port", "0", "--cpu-threads", "1"] + list(extra_args)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.url = None
+        self.log = []
+        found = threading.Event()
+
+        def read():
+            for line in self.proc.stdout:
+                self.log.append(line)
+                if line.startswith("listening on ") and not found.is_set():
+                    self.url = line.split("listening on ", 1)[1].strip()
+                    found.set()
+            found.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not found.wait(WAIT_S) or not self.url:
+            self.stop()
+            raise RuntimeError("atelier serve did not start: " + "".join(self.log)[-2000:])
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class UiTest:
+    def __init__(self, driver, artifacts):
+        self.d = driver
+        self.artifacts = artifacts
+        self.failures = []
+
+    # --- helpers ---
+    def shot(self, name):
+        self.d.save_screenshot(os.path.join(self.artifacts, name + ".png"))
+
+    def wait(self, what, cond, timeout=WAIT_S):
+        try:
+            return WebDriverWait(self.d, timeout, poll_frequency=0.05).until(lambda d: cond())
+        except Exception:
+            raise AssertionError("timed out after %d s waiting for %s" % (timeout, what))
+
+    def js(self, script, *args):
+        return self.d.execute_script(script, *args)
+
+    def el(self, css):
+        return self.d.find_element(By.CSS_SELECTOR, css)
+
+    def set_value(self, element_id, value):
+        e = self.el("#" + element_id)
+        e.clear()
+        if value != "":
+            e.send_keys(str(value))
+        self.js("arguments[0].dispatchEvent(new Event('change', {bubbles: true}))", e)
+
+    def alert_text(self):
+        return self.js("const a = document.getElementById('alert'); return a.hidden ? '' : document.getElementById('alert-text').textContent.trim();")
+
+    def wait_alert(self, *needles):
+        def has():
+            t = self.alert_text().lower()
+            return all(n.lower() in t for n in needles)
+        try:
+            self.wait("an alert saying " + repr(needles), has, 30)
+        except AssertionError:
+            raise AssertionError("no alert with %r; alert is %r" % (needles, self.alert_text()))
+        return self.alert_text()
+
+    def form_for_job(self, prompt, steps, seed=None, preview=True):
+        self.set_value("prompt", prompt)
+        self.set_value("steps", steps)
+        self.set_value("width", "")
+        self.set_value("height", "")
+        Select(self.el("#seed-mode")).select_by_value("fixed" if seed is not None else "random")
+        if seed is not None:
+            self.set_value("seed", seed)
+        if self.el("#preview").is_selected() != preview:
+            self.el("#preview").click()
+
+    def newest_job_id(self):
+        return self.wait("a job card", lambda: self.js(
+            "const j = document.querySelector('#jobs .job'); return j ? j.dataset.jobId : null;"))
+
+    def job_state(self, job_id):
+        return self.js("const j = document.querySelector('.job[data-job-id=\"' + arguments[0] + '\"]');"
+                       "return j ? j.dataset.state : null;", job_id)
+
+    def wait_job_state(self, job_id, states, timeout=WAIT_S):
+        self.wait("job %s to be %s" % (job_id[:8], states), lambda: self.job_state(job_id) in states, timeout)
+
+    def run(self, name, check):
+        print("--- " + name, flush=True)
+        try:
+            check()
+            print("    ok", flush=True)
+        except Exception as e:
+            self.failures.append(name)
+            print("    FAILED: %s" % e, flush=True)
+            traceback.print_exc()
+        finally:
+            try:
+                self.shot(name)
+            except WebDriverException:
+                pass
+
+    # --- checks ---
+    def check_page_loads(self, url):
+        self.d.get(url)
+        self.wait("the model list", lambda: self.js("return document.querySelector('#model option[value=\"tiny\"]') !== null"))
+        self.wait("the sampler list", lambda: self.js("return document.querySelectorAll('#sampler option').length > 3"))
+        assert self.alert_text() == "", "unexpected alert: " + self.alert_text()
+        unlabelled = self.js("""
+            return Array.from(document.querySelectorAll('input, select, textarea'))
+              .filter((e) => !e.labels || e.labels.length === 0).map((e) => e.id || e.outerHTML.slice(0, 60));""")
+        assert not unlabelled, "controls without a <label>: %s" % unlabelled
+
+    def check_generate(self):
+        self.form_for_job("a red cube", 4, seed=1234)
+        self.el("#prompt").send_keys(Keys.CONTROL, Keys.ENTER)  # the keyboard path
+        item = ".gallery-item[data-seed='1234'] img"
+        self.wait("the image in the gallery", lambda: self.js(
+            "const i = document.querySelector(arguments[0]); return i !== null && i.complete && i.naturalWidth > 0;", item))
+        href = self.el(".gallery-item[data-seed='1234'] a.download").get_attribute("href")
+        prefix = "data:image/png;base64,"
+        assert href.startswith(prefix), "download link is not a PNG: " + href[:40]
+        png = base64.b64decode(href[len(prefix):])
+        assert png[:8] == b"\x89PNG\r\n\x1a\n", "download bytes are not a PNG"
+        assert b"parameters" in png and b"a red cube" in png, "the PNG lacks its A1111 parameters infotext"
+        width = self.js("return document.querySelector(arguments[0]).naturalWidth", item)
+        assert width == 128, "expected the tiny model's 128 px image, got %s" % width
+
+    def check_progress(self):
+        # Records every value the progress bar and ETA take, as the page sets them.
+        self.js("""
+            window.__progress = []; window.__eta = []; window.__previews = 0;
+            new MutationObserver(() => {
+              const j = document.querySelector('#jobs .job');
+              if (!j) return;
+              const v = j.querySelector('progress').value, last = window.__progress[window.__progress.length - 1];
+              if (v !== last) window.__progress.push(v);
+              const eta = j.querySelector('.job-eta').textContent;
+              if (eta) window.__eta.push(eta);
+              if ((j.querySelector('.job-preview').src || '').startsWith('data:image/jpeg')) window.__previews++;
+            }).observe(document.getElementById('jobs'), {subtree: true, attributes: true, childList: true, characterData: true});""")
+        self.form_for_job("progress please", 40, seed=7)
+        self.el("#generate-btn").click()
+        job = self.newest_job_id()
+        self.wait("a progress value between 0 and 1", lambda: self.js(
+            "return window.__progress.some((v) => v > 0 && v < 1)"))
+        self.shot("progress_running")
+        self.wait_job_state(job, ["done"])
+        values = self.js("return window.__progress")
+        intermediate = sorted({v for v in values if 0 < v < 1})
+        print("    progress values seen: %d intermediate (%s ...)" % (len(intermediate), intermediate[:5]))
+        assert len(intermediate) >= 2, "the progress bar took fewer than two intermediate values: %s" % values
+        assert values == sorted(values), "the progress bar went backwards: %s" % values
+        assert self.js("return window.__eta.some((t) => /\\d+ s left/.test(t))"), "no ETA was shown"
+        assert self.js("return window.__previews") > 0, "no live preview was shown"
+
+    def check_cancel(self):
+        self.form_for_job("cancel me", 150)
+        self.el("#generate-btn").click()
+        job = self.newest_job_id()
+        self.wait_job_state(job, ["running"])
+        self.el(".job[data-job-id='%s'] .job-cancel" % job).click()
+        self.wait_job_state(job, ["cancelled"])
+        status = self.el(".job[data-job-id='%s'] .job-status" % job).text
+        assert "Cancelled" in status, "status after cancel: " + status
+
+    def check_reuse(self):
+        self.form_for_job("something else", 9)
+        self.set_value("cfg_scale", 3)
+        self.el(".gallery-item[data-seed='1234'] button.reuse").click()
+        got = {k: self.el("#" + k).get_attribute("value") for k in ("prompt", "steps", "seed", "cfg_scale", "sampler")}
+        got["seed-mode"] = Select(self.el("#seed-mode")).first_selected_option.get_attribute("value")
+        want = {"prompt": "a red cube", "steps": "4", "seed": "1234", "cfg_scale": "7", "seed-mode": "fixed"}
+        for k, v in want.items():
+            assert got[k] == v, "after Reuse, %s is %r, expected %r (form: %s)" % (k, got[k], v, got)
+
+    def check_bad_request(self):
+        self.form_for_job("bad size", 4)
+        self.set_value("width", 100)
+        self.el("#generate-btn").click()
+        text = self.wait_alert("rejected", "width")
+        print("    alert: " + text)
+        self.set_value("width", "")
+
+    def check_dashboard(self):
+        self.d.execute_script("document.getElementById('dashboard').scrollIntoView()")
+        self.wait("the CPU notice", lambda: self.el("#gpu-none").is_displayed())
+        assert self.el("#gpu-none").text == "no GPU metrics (CPU worker)"
+        self.wait("batch-size figures", lambda: "mean" in self.el("#stat-batch").text)
+        self.wait("a worker tile", lambda: len(self.d.find_elements(By.CSS_SELECTOR, "#workers .tile")) == 1)
+        ipm = float(self.el("#stat-ipm").text)
+        assert ipm > 0, "images/min is %s after generating images" % ipm
+
+    def check_queue_full(self):
+        self.form_for_job("fill the queue", 150)
+        # Three submissions at once: one runs (--max-batch 1), one waits (--max-queue 1), the third is refused.
+        self.js("for (let i = 0; i < 3; ++i) document.getElementById('generate-btn').click();")
+        text = self.wait_alert("queue is full", "try again in")
+        print("    alert: " + text)
+        self.shot("queue_full_alert")
+        for button in self.d.find_elements(By.CSS_SELECTOR, ".job-cancel"):
+            if button.is_displayed():
+                button.click()
+        self.wait("every job to end", lambda: self.js(
+            "return Array.from(document.querySelectorAll('.job')).every((j) => ['done','failed','cancelled'].includes(j.dataset.state))"))
+
+    def check_phone_layout(self, url):
+        self.d.set_window_size(375, 812)
+        self.d.get(url)
+        self.wait("the model list", lambda: self.js("return document.querySelector('#model option') !== null"))
+        overflow = self.js("return document.documentElement.scrollWidth")
+        assert overflow <= 375, "the page is %d px wide at a 375 px viewport (horizontal scrolling)" % overflow
+        assert self.el("#generate-btn").is_displayed()
+        self.d.set_window_size(1280, 1000)
+
+    def check_api_key(self, url):
+        self.d.get(url)
+        self.wait_alert("API key")
+        self.el(".key summary").click()
+        self.set_value("api-key", "s3cret")
+        self.el("#key-save").click()
+        self.wait("the model list after the key", lambda: self.js(
+            "return document.querySelector('#model option[value=\"tiny\"]') !== null"))
+
+    def check_server_down(self, server):
+        server.stop()
+        self.el("#generate-btn").click()
+        text = self.wait_alert("server unreachable")
+        print("    alert: " + text)
+        assert self.el("#gen-form").is_displayed(), "the form is gone after the server stopped"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--atelier", required=True, help="the atelier binary")
+    ap.add_argument("--fixtures", default="", help="fixtures root ($ATELIER_FIXTURES wins)")
+    ap.add_argument("--artifacts", required=True, help="folder for the screenshots")
+    args = ap.parse_args()
+
+    for path, what in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        if not os.access(path, os.X_OK):
+            skip("%s not found (%s); scripts/setup.sh installs it" % (path, what))
+    fixtures = os.environ.get("ATELIER_FIXTURES") or args.fixtures
+    model = os.path.join(fixtures, "sd15-tiny", "model")
+    if not os.path.isdir(model):
+        skip("fixture 'sd15-tiny' not found (looked in %r; set $ATELIER_FIXTURES)" % fixtures)
+    if not os.access(args.atelier, os.X_OK):
+        print("the atelier binary %r is missing" % args.atelier)
+        return 1
+    shutil.rmtree(args.artifacts, ignore_errors=True)
+    os.makedirs(args.artifacts, exist_ok=True)
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+        options.add_argument(a)
+    try:
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    except WebDriverException as e:
+        skip("headless chromium could not start: %s" % str(e).splitlines()[0])
+
+    # One CPU worker that takes one job at a time and a queue of one: a third concurrent job gets a 429.
+    server = AtelierServer(args.atelier, model, ["--max-batch", "1", "--max-queue", "1"])
+    keyed = None
+    t = UiTest(driver, args.artifacts)
+    try:
+        t.run("page_loads", lambda: t.check_page_loads(server.url))
+        t.run("generate", t.check_generate)
+        t.run("progress", t.check_progress)
+        t.run("dashboard", t.check_dashboard)  # soon after the images: images/min is over the last minute
+        t.run("cancel", t.check_cancel)
+        t.run("reuse", t.check_reuse)
+        t.run("bad_request", t.check_bad_request)
+        t.run("queue_full", t.check_queue_full)
+        t.run("phone_layout", lambda: t.check_phone_layout(server.url))
+        keyed = AtelierServer(args.atelier, model, ["--api-key", "s3cret"])
+        t.run("api_key", lambda: t.check_api_key(keyed.url))
+        t.run("server_down", lambda: t.check_server_down(keyed))
+    finally:
+        driver.quit()
+        server.stop()
+        if keyed:
+            keyed.stop()
+    print("screenshots: " + args.artifacts)
+    if t.failures:
+        print("FAILED checks: " + ", ".join(t.failures))
+        return 1
+    print("all web UI checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
