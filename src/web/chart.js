@@ -6,6 +6,7 @@
   const LINE = '#2f6fdf';
   const FILL = 'rgba(47, 111, 223, 0.15)';
   const GRID = 'rgba(127, 127, 127, 0.35)';
+  const LABEL = '#808080';
 
   function fitCanvas(canvas) {
     const dpr = window.devicePixelRatio || 1;
@@ -66,12 +67,15 @@
     const slot = w / bars.length;
     ctx.font = (10 * dpr) + 'px sans-serif';
     ctx.textAlign = 'center';
+    // Labels only where they fit, else every other one (and so on), so that they never overlap.
+    const widest = Math.max(...bars.map((b) => ctx.measureText(b.label).width));
+    const every = Math.max(1, Math.ceil((widest + 4 * dpr) / slot));
     bars.forEach((b, i) => {
       const bh = (b.value / top) * (h - labelH - 2 * dpr);
       ctx.fillStyle = LINE;
       ctx.fillRect(i * slot + slot * 0.15, h - labelH - bh, slot * 0.7, bh);
-      ctx.fillStyle = GRID;
-      ctx.fillText(b.label, i * slot + slot / 2, h - 2 * dpr);
+      ctx.fillStyle = LABEL;
+      if (i % every === 0) ctx.fillText(b.label, i * slot + slot / 2, h - 2 * dpr);
     });
   }
 

@@ -10,6 +10,7 @@
   const TEXT_FIELDS = ['prompt', 'negative_prompt'];
   const NUMBER_FIELDS = ['width', 'height', 'steps', 'cfg_scale', 'batch_size', 'batch_count', 'clip_skip'];
   const SELECT_FIELDS = ['model', 'sampler', 'schedule'];
+  const DEFAULT_SAMPLER = 'euler_a';  // the server's (and A1111's) default, preselected on a first visit
 
   const $ = (id) => document.getElementById(id);
   let initImage = null;  // data URL of the start image, or null
@@ -40,6 +41,7 @@
     // Ours (the alias) is what /v1/jobs reads; A1111's name is what people know.
     fillSelect($('sampler'), samplers.map((s) => ({value: (s.aliases && s.aliases[0]) || s.name, label: s.name})));
     fillSelect($('schedule'), schedulers.map((s) => ({value: s.name === 'automatic' ? 'default' : s.name, label: s.label})));
+    if (!localStorage.getItem(SETTINGS_STORAGE)) setSelect('sampler', DEFAULT_SAMPLER);
     restore();
     updateGuidanceLabel();
   }

@@ -267,6 +267,9 @@ class UiTest:
         overflow = self.js("return document.documentElement.scrollWidth")
         assert overflow <= 375, "the page is %d px wide at a 375 px viewport (horizontal scrolling)" % overflow
         assert self.el("#generate-btn").is_displayed()
+        self.shot("phone_layout_375px")
+        self.d.execute_script("document.getElementById('gallery-section').scrollIntoView()")
+        self.shot("phone_layout_375px_gallery")
         self.d.set_window_size(1280, 1000)
 
     def check_api_key(self, url):
