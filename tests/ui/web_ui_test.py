@@ -130,9 +130,14 @@ class UiTest:
         if self.el("#preview").is_selected() != preview:
             self.el("#preview").click()
 
-    def newest_job_id(self):
-        return self.wait("a job card", lambda: self.js(
-            "const j = document.querySelector('#jobs .job'); return j ? j.dataset.jobId : null;"))
+    def job_ids(self):
+        return self.js("return Array.from(document.querySelectorAll('#jobs .job')).map((j) => j.dataset.jobId)")
+
+    def submit_job(self):
+        """Clicks Generate; returns the id of the job card that appears for it."""
+        before = set(self.job_ids())
+        self.el("#generate-btn").click()
+        return self.wait("a new job card", lambda: next((i for i in self.job_ids() if i not in before), None))
 
     def job_state(self, job_id):
         return self.js("const j = document.querySelector('.job[data-job-id=\"' + arguments[0] + '\"]');"
@@ -186,8 +191,9 @@ class UiTest:
         # Records every value the progress bar and ETA take, as the page sets them.
         self.js("""
             window.__progress = []; window.__eta = []; window.__previews = 0;
-            new MutationObserver(() => {
-              const j = document.querySelector('#jobs .job');
+            const before = new Set(Array.from(document.querySelectorAll('#jobs .job')).map((j) => j.dataset.jobId));
+            new MutationObserver(() => {  // the card of the job submitted next
+              const j = Array.from(document.querySelectorAll('#jobs .job')).find((c) => !before.has(c.dataset.jobId));
               if (!j) return;
               const v = j.querySelector('progress').value, last = window.__progress[window.__progress.length - 1];
               if (v !== last) window.__progress.push(v);
@@ -196,8 +202,7 @@ class UiTest:
               if ((j.querySelector('.job-preview').src || '').startsWith('data:image/jpeg')) window.__previews++;
             }).observe(document.getElementById('jobs'), {subtree: true, attributes: true, childList: true, characterData: true});""")
         self.form_for_job("progress please", 40, seed=7)
-        self.el("#generate-btn").click()
-        job = self.newest_job_id()
+        job = self.submit_job()
         self.wait("a progress value between 0 and 1", lambda: self.js(
             "return window.__progress.some((v) => v > 0 && v < 1)"))
         self.shot("progress_running")
@@ -212,8 +217,7 @@ class UiTest:
 
     def check_cancel(self):
         self.form_for_job("cancel me", 150)
-        self.el("#generate-btn").click()
-        job = self.newest_job_id()
+        job = self.submit_job()
         self.wait_job_state(job, ["running"])
         self.el(".job[data-job-id='%s'] .job-cancel" % job).click()
         self.wait_job_state(job, ["cancelled"])
@@ -261,8 +265,12 @@ class UiTest:
             "return Array.from(document.querySelectorAll('.job')).every((j) => ['done','failed','cancelled'].includes(j.dataset.state))"))
 
     def check_phone_layout(self, url):
-        self.d.set_window_size(375, 812)
+        # A phone's viewport through DevTools (a headless window cannot be made narrower than ~500 px).
+        self.d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                               {"width": 375, "height": 812, "deviceScaleFactor": 2, "mobile": True})
         self.d.get(url)
+        width = self.js("return window.innerWidth")
+        assert width == 375, "the emulated viewport is %s px wide, not 375" % width
         self.wait("the model list", lambda: self.js("return document.querySelector('#model option') !== null"))
         overflow = self.js("return document.documentElement.scrollWidth")
         assert overflow <= 375, "the page is %d px wide at a 375 px viewport (horizontal scrolling)" % overflow
@@ -270,11 +278,11 @@ class UiTest:
         self.shot("phone_layout_375px")
         self.d.execute_script("document.getElementById('gallery-section').scrollIntoView()")
         self.shot("phone_layout_375px_gallery")
-        self.d.set_window_size(1280, 1000)
+        self.d.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
     def check_api_key(self, url):
         self.d.get(url)
-        self.wait_alert("API key")
+        self.wait_alert("needs an API key", 'enter it under "API key"')
         self.el(".key summary").click()
         self.set_value("api-key", "s3cret")
         self.el("#key-save").click()
