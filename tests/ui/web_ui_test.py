@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 import traceback
+import urllib.error
+import urllib.request
 
 SKIP = 77
 CHROMIUM = "/usr/bin/chromium"
@@ -289,6 +291,29 @@ class UiTest:
         self.wait("the model list after the key", lambda: self.js(
             "return document.querySelector('#model option[value=\"tiny\"]') !== null"))
 
+    def check_http(self, url):
+        """The files themselves (no browser): public under --api-key, ETag + 304, JSON 404s; the API is not public."""
+        def get(path, headers=None):
+            try:
+                with urllib.request.urlopen(urllib.request.Request(url + path, headers=headers or {}), timeout=10) as r:
+                    return r.status, dict(r.headers), r.read()
+            except urllib.error.HTTPError as e:
+                return e.code, dict(e.headers), e.read()
+        status, headers, body = get("/")
+        assert status == 200 and b'<form id="gen-form"' in body, "GET / -> %s" % status
+        assert headers.get("Content-Type", "").startswith("text/html"), headers
+        for name in ("app.css", "api.js", "chart.js", "form.js", "gallery.js", "jobs.js", "dashboard.js", "app.js"):
+            status, headers, _ = get("/ui/" + name)
+            assert status == 200, "GET /ui/%s -> %s" % (name, status)
+            etag = headers.get("ETag")
+            assert etag, "no ETag on /ui/" + name
+            again, _, body = get("/ui/" + name, {"If-None-Match": etag})
+            assert again == 304 and not body, "If-None-Match on /ui/%s -> %s" % (name, again)
+        status, _, body = get("/ui/nope.js")
+        assert status == 404 and b"nope.js" in body, "GET /ui/nope.js -> %s %r" % (status, body[:100])
+        status, _, _ = get("/v1/models")
+        assert status == 401, "GET /v1/models without the key -> %s (the API must stay protected)" % status
+
     def check_server_down(self, server):
         server.stop()
         self.el("#generate-btn").click()
@@ -341,6 +366,7 @@ def main():
         t.run("queue_full", t.check_queue_full)
         t.run("phone_layout", lambda: t.check_phone_layout(server.url))
         keyed = AtelierServer(args.atelier, model, ["--api-key", "s3cret"])
+        t.run("http_files", lambda: t.check_http(keyed.url))
         t.run("api_key", lambda: t.check_api_key(keyed.url))
         t.run("server_down", lambda: t.check_server_down(keyed))
     finally:
