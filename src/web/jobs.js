@@ -4,9 +4,14 @@
 'use strict';
 (function (A) {
   const QUEUE_POLL_MS = 1000;    // queue position refresh while a job waits
-  const FALLBACK_POLL_MS = 1000; // polling when the event stream broke before the end
+  const FALLBACK_POLL_MS = 500;  // polling when a job has no event stream (or it broke before the end)
+  // A browser opens at most 6 HTTP/1.1 connections to one server and an event stream holds one for the whole
+  // job: past this many, jobs are polled, so that submissions and the dashboard never wait for a free one.
+  // (A setting rather than a constant so that the UI test can exercise the polling path.)
+  const options = {maxStreams: 3};
   const MAX_FINISHED_CARDS = 6;  // finished jobs kept visible above the gallery
   const TERMINAL = ['done', 'failed', 'cancelled'];
+  const NARROW_SCREEN = '(max-width: 760px)';  // app.css's one-column layout
 
   function el(tag, cls, text) {
     const node = document.createElement(tag);
@@ -150,15 +155,20 @@
       }
     }
 
-    // Follows the event stream; if it breaks before the job ends, polls instead.
+    // Follows the event stream (when fewer than options.maxStreams are open); without one, or when it breaks
+    // before the job ends, polls instead.
     async follow() {
-      const poller = setInterval(() => this.pollQueuePosition(), QUEUE_POLL_MS);
-      try {
-        await A.followEvents('/v1/jobs/' + this.id + '/events', (type, d) => this.onEvent(type, d));
-      } catch (err) {
-        if (!this.finished) A.showError(err);
-      } finally {
-        clearInterval(poller);
+      if (openStreams < options.maxStreams) {
+        ++openStreams;
+        const poller = setInterval(() => this.pollQueuePosition(), QUEUE_POLL_MS);
+        try {
+          await A.followEvents('/v1/jobs/' + this.id + '/events', (type, d) => this.onEvent(type, d));
+        } catch (err) {
+          if (!this.finished) A.showError(err);
+        } finally {
+          clearInterval(poller);
+          --openStreams;
+        }
       }
       while (!this.finished) {
         await new Promise((r) => setTimeout(r, FALLBACK_POLL_MS));
@@ -166,7 +176,7 @@
           const job = await A.request('GET', '/v1/jobs/' + this.id + '?images=0');
           if (TERMINAL.includes(job.state)) await this.fetchResult();
           else if (job.state === 'queued') this.setQueued(job.queue_position || 0);
-          else this.onStep({step: job.step, total_steps: job.total_steps, progress: job.progress});
+          else if (job.total_steps) this.onStep({step: job.step, total_steps: job.total_steps, progress: job.progress});
         } catch (err) {
           A.showError(err);
           if (err.status === 404) {  // the server forgot the job (restarted, or kept it too long)
@@ -186,6 +196,8 @@
     }
   }
 
+  let openStreams = 0;
+
   function trimFinished() {
     const list = document.getElementById('jobs');
     const finished = Array.from(list.children).filter((c) => TERMINAL.includes(c.dataset.state));
@@ -201,9 +213,11 @@
     const list = document.getElementById('jobs');
     list.insertBefore(view.card, list.firstChild);
     trimFinished();
+    // On a phone the jobs are below the long form: bring the new card into view.
+    if (window.matchMedia(NARROW_SCREEN).matches) view.card.scrollIntoView({behavior: 'smooth', block: 'nearest'});
     view.follow().finally(trimFinished);
     return view;
   }
 
-  A.jobs = {submit: submit};
+  A.jobs = {submit: submit, options: options};
 })(window.Atelier = window.Atelier || {});

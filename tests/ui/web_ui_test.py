@@ -236,6 +236,27 @@ class UiTest:
         for k, v in want.items():
             assert got[k] == v, "after Reuse, %s is %r, expected %r (form: %s)" % (k, got[k], v, got)
 
+    def check_img2img(self):
+        href = self.el(".gallery-item[data-seed='1234'] a.download").get_attribute("href")
+        start = os.path.abspath(os.path.join(self.artifacts, "img2img_start.png"))
+        with open(start, "wb") as f:
+            f.write(base64.b64decode(href.split(",", 1)[1]))
+        self.form_for_job("img2img", 8, seed=99)
+        self.set_value("strength", 0.5)
+        self.el("#init_image").send_keys(start)
+        self.wait("the start image preview", lambda: self.el("#init-preview").is_displayed())
+        self.js("Atelier.jobs.options.maxStreams = 0")  # this job is polled: the path past 3 concurrent jobs
+        try:
+            job = self.submit_job()
+            self.wait_job_state(job, ["done", "failed", "cancelled"])
+        finally:
+            self.js("Atelier.jobs.options.maxStreams = 3")
+        assert self.job_state(job) == "done", "img2img job: " + self.el(".job[data-job-id='%s'] .job-status" % job).text
+        self.wait("the img2img result in the gallery", lambda: self.d.find_elements(
+            By.CSS_SELECTOR, ".gallery-item[data-job-id='%s']" % job))
+        self.el("#init-clear").click()
+        assert not self.el("#init-preview").is_displayed(), "the start image was not removed"
+
     def check_bad_request(self):
         self.form_for_job("bad size", 4)
         self.set_value("width", 100)
@@ -252,6 +273,19 @@ class UiTest:
         self.wait("a worker tile", lambda: len(self.d.find_elements(By.CSS_SELECTOR, "#workers .tile")) == 1)
         ipm = float(self.el("#stat-ipm").text)
         assert ipm > 0, "images/min is %s after generating images" % ipm
+        # A GPU server's figures (NVML gauges per device), fed to the same rendering code.
+        gib = 1 << 30
+        gauge = lambda v: {"series": [{"labels": {"device": "cuda:0"}, "value": v}]}
+        fake = {"queue": {"depth": 2, "capacity": 64}, "workers": [], "metrics": {
+            "atelier_gpu_utilization_ratio": gauge(0.87), "atelier_gpu_memory_used_bytes": gauge(30 * gib),
+            "atelier_gpu_memory_total_bytes": gauge(141 * gib), "atelier_gpu_temperature_celsius": gauge(61),
+            "atelier_gpu_power_watts": gauge(455)}}
+        texts = self.js("Atelier.dashboard.render(arguments[0]);"
+                        "return [document.getElementById('gpu-none').hidden,"
+                        " Array.from(document.querySelectorAll('#gpus [data-device=\"cuda:0\"] .tile-value')).map((e) => e.textContent)];", fake)
+        self.shot("dashboard_gpu")
+        assert texts[0], "the 'no GPU metrics' notice is shown next to GPU figures"
+        assert texts[1] == ["87 %", "30.0 / 141 GiB", "61 °C", "455 W"], "GPU tiles: %s" % texts[1]
 
     def check_queue_full(self):
         self.form_for_job("fill the queue", 150)
@@ -259,6 +293,9 @@ class UiTest:
         self.js("for (let i = 0; i < 3; ++i) document.getElementById('generate-btn').click();")
         text = self.wait_alert("queue is full", "try again in")
         print("    alert: " + text)
+        self.wait("a job card showing its queue position", lambda: self.js(
+            "return Array.from(document.querySelectorAll('.job[data-state=\"queued\"] .job-status'))"
+            ".some((s) => /^Queued: (next in line|\\d+ job)/.test(s.textContent))"))
         self.shot("queue_full_alert")
         for button in self.d.find_elements(By.CSS_SELECTOR, ".job-cancel"):
             if button.is_displayed():
@@ -273,6 +310,10 @@ class UiTest:
         self.d.get(url)
         width = self.js("return window.innerWidth")
         assert width == 375, "the emulated viewport is %s px wide, not 375" % width
+        # The reload kept the last settings and the gallery.
+        assert self.el("#prompt").get_attribute("value") == "fill the queue", "the last prompt was not remembered"
+        assert self.el("#steps").get_attribute("value") == "150", "the last steps were not remembered"
+        self.wait("the stored gallery", lambda: len(self.d.find_elements(By.CSS_SELECTOR, ".gallery-item")) >= 3)
         self.wait("the model list", lambda: self.js("return document.querySelector('#model option') !== null"))
         overflow = self.js("return document.documentElement.scrollWidth")
         assert overflow <= 375, "the page is %d px wide at a 375 px viewport (horizontal scrolling)" % overflow
@@ -362,6 +403,7 @@ def main():
         t.run("dashboard", t.check_dashboard)  # soon after the images: images/min is over the last minute
         t.run("cancel", t.check_cancel)
         t.run("reuse", t.check_reuse)
+        t.run("img2img", t.check_img2img)
         t.run("bad_request", t.check_bad_request)
         t.run("queue_full", t.check_queue_full)
         t.run("phone_layout", lambda: t.check_phone_layout(server.url))
