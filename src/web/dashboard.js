@@ -36,7 +36,8 @@
     while (imageCounts.length > 2 && now - imageCounts[1].t > RATE_WINDOW_MS) imageCounts.shift();
     const first = imageCounts[0];
     const minutes = (now - first.t) / 60000;
-    return minutes > 0 ? (total - first.count) / minutes : 0;
+    // A counter only grows; a drop means the server restarted: no rate until the window refills.
+    return minutes > 0 ? Math.max(0, (total - first.count) / minutes) : 0;
   }
 
   // The histogram's buckets are cumulative and keyed by upper bound (as text): back to per-bucket counts.

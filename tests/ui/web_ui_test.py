@@ -109,7 +109,8 @@ class UiTest:
         self.js("arguments[0].dispatchEvent(new Event('change', {bubbles: true}))", e)
 
     def alert_text(self):
-        return self.js("const a = document.getElementById('alert'); return a.hidden ? '' : document.getElementById('alert-text').textContent.trim();")
+        return self.js("return document.getElementById('alert').hidden ? ''"
+                       " : document.getElementById('alert-text').textContent.trim();")
 
     def wait_alert(self, *needles):
         def has():
@@ -282,7 +283,8 @@ class UiTest:
             "atelier_gpu_power_watts": gauge(455)}}
         texts = self.js("Atelier.dashboard.render(arguments[0]);"
                         "return [document.getElementById('gpu-none').hidden,"
-                        " Array.from(document.querySelectorAll('#gpus [data-device=\"cuda:0\"] .tile-value')).map((e) => e.textContent)];", fake)
+                        " Array.from(document.querySelectorAll('#gpus [data-device=\"cuda:0\"] .tile-value'))"
+                        "   .map((e) => e.textContent)];", fake)
         self.shot("dashboard_gpu")
         assert texts[0], "the 'no GPU metrics' notice is shown next to GPU figures"
         assert texts[1] == ["87 %", "30.0 / 141 GiB", "61 °C", "455 W"], "GPU tiles: %s" % texts[1]
@@ -301,7 +303,8 @@ class UiTest:
             if button.is_displayed():
                 button.click()
         self.wait("every job to end", lambda: self.js(
-            "return Array.from(document.querySelectorAll('.job')).every((j) => ['done','failed','cancelled'].includes(j.dataset.state))"))
+            "return Array.from(document.querySelectorAll('.job'))"
+            "  .every((j) => ['done', 'failed', 'cancelled'].includes(j.dataset.state))"))
 
     def check_phone_layout(self, url):
         # A phone's viewport through DevTools (a headless window cannot be made narrower than ~500 px).
