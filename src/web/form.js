@@ -183,8 +183,8 @@
 
   function init() {
     $('size-preset').addEventListener('change', onPresetChange);
-    $('width').addEventListener('input', syncPreset);
-    $('height').addEventListener('input', syncPreset);
+    for (const id of ['width', 'height'])
+      for (const type of ['input', 'change']) $(id).addEventListener(type, syncPreset);
     $('seed-mode').addEventListener('change', syncSeedMode);
     $('model').addEventListener('change', updateGuidanceLabel);
     $('gen-form').addEventListener('change', save);

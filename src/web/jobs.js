@@ -11,6 +11,7 @@
   const options = {maxStreams: 3};
   const MAX_FINISHED_CARDS = 6;  // finished jobs kept visible above the gallery
   const TERMINAL = ['done', 'failed', 'cancelled'];
+  const MIN_ETA_SPAN_MS = 100;  // the step rate behind the ETA is measured over at least this long
   const NARROW_SCREEN = '(max-width: 760px)';  // app.css's one-column layout
 
   function el(tag, cls, text) {
@@ -55,7 +56,9 @@
       this.cancelBtn.addEventListener('click', () => this.cancel());
       const row = el('div', 'job-row');
       row.append(barLabel, this.bar, this.eta, this.cancelBtn);
-      li.append(this.preview, title, this.status, row);
+      const thumb = el('div', 'job-thumb');  // holds the preview's place before the first one arrives
+      thumb.appendChild(this.preview);
+      li.append(thumb, title, this.status, row);
       return li;
     }
 
@@ -114,7 +117,8 @@
       const now = performance.now();
       if (!this.firstStep) this.firstStep = {step: d.step, t: now};
       const done = d.step - this.firstStep.step;
-      if (done > 0) {
+      // Events that arrive in one network chunk are handled within a millisecond: no rate from those.
+      if (done > 0 && now - this.firstStep.t >= MIN_ETA_SPAN_MS) {
         const perStep = (now - this.firstStep.t) / done;
         const left = Math.max(0, Math.round(((total - d.step) * perStep) / 1000));
         this.eta.textContent = 'about ' + left + ' s left';
@@ -140,7 +144,12 @@
       const n = (job.images || []).length;
       this.status.textContent = 'Done: ' + n + ' image' + (n === 1 ? '' : 's') +
                                 (job.elapsed_s ? ' in ' + job.elapsed_s.toFixed(1) + ' s' : '');
-      if (n) A.form.setLastSeed(job.images[0].seed);
+      if (n) {
+        A.form.setLastSeed(job.images[0].seed);
+        const first = job.images[0];
+        this.preview.src = 'data:image/' + (first.format || 'png') + ';base64,' + first.data;  // the result itself
+        this.preview.hidden = false;
+      }
       A.gallery.addJob(job, this.params);
     }
 

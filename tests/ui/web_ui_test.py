@@ -204,7 +204,7 @@ class UiTest:
               if (eta) window.__eta.push(eta);
               if ((j.querySelector('.job-preview').src || '').startsWith('data:image/jpeg')) window.__previews++;
             }).observe(document.getElementById('jobs'), {subtree: true, attributes: true, childList: true, characterData: true});""")
-        self.form_for_job("progress please", 40, seed=7)
+        self.form_for_job("progress please", 60, seed=7)
         job = self.submit_job()
         self.wait("a progress value between 0 and 1", lambda: self.js(
             "return window.__progress.some((v) => v > 0 && v < 1)"))
