@@ -122,8 +122,11 @@ int run(int iters) {
       print({"conv3x3 2x320x64x64 -> 320 +bias " + std::string(dtype_name(dt)), time_ms(be, iters, [&] { ops::conv2d(x, w, b, p); }), flops,
              "TFLOP/s"});
     }
+    const Tensor x = random_on({2, 320, 64, 64}, DType::BF16, dev), w = random_on({320, 320, 3, 3}, DType::BF16, dev, 0.05f),
+                 b = random_on({320}, DType::BF16, dev);
+    be.set_conv_impl(cuda::ConvImpl::kCudnnNchw);
+    print({"conv3x3 2x320x64x64 -> 320 +bias bf16, cuDNN NCHW", time_ms(be, iters, [&] { ops::conv2d(x, w, b, p); }), flops, "TFLOP/s"});
     be.set_conv_impl(cuda::ConvImpl::kIm2col);
-    const Tensor x = random_on({2, 320, 64, 64}, DType::BF16, dev), w = random_on({320, 320, 3, 3}, DType::BF16, dev, 0.05f);
     print({"conv3x3 2x320x64x64 -> 320 bf16, im2col path", time_ms(be, iters, [&] { ops::conv2d(x, w, Tensor(), p); }), flops, "TFLOP/s"});
     be.set_conv_impl(cuda::ConvImpl::kAuto);
   }

@@ -42,6 +42,6 @@ exclude=$(cd "$dest" && realpath -m "$(git rev-parse --git-path info/exclude)")
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpupack/' "$exclude" 2>/dev/null || echo '/.gpupack/' >> "$exclude"
 tar -C "$work" -czf "$dest/.gpupack/atelier-gpu.tar.gz" .devicepack
-cp "$root/scripts/gpu_check.sh" "$dest/.gpupack/gpu_check.sh"
+cp "$root/scripts/gpu_check.sh" "$root/scripts/gpu_bench.sh" "$dest/.gpupack/"
 echo "gpu_pack: $(du -sm "$dest/.gpupack" | cut -f1) MiB in $dest/.gpupack"
 echo "  run on the GPU machine with: carry [\".gpupack\"], command \"bash .gpupack/gpu_check.sh\", timeout_s 600"

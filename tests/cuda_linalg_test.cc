@@ -122,9 +122,10 @@ TEST(CudaOps, Conv2dMatchesCpuThroughBothPaths) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
   std::printf("[ conv     ] auto path: %s\n", test::cuda_be().conv_impl_name().c_str());
-  for (cuda::ConvImpl impl : {cuda::ConvImpl::kAuto, cuda::ConvImpl::kIm2col}) {
+  // auto: cuDNN channels-last for bf16/f16 (transposes around the call), NCHW for f32 and groups.
+  for (cuda::ConvImpl impl : {cuda::ConvImpl::kAuto, cuda::ConvImpl::kCudnnNchw, cuda::ConvImpl::kIm2col}) {
     test::cuda_be().set_conv_impl(impl);
-    const std::string path = impl == cuda::ConvImpl::kIm2col ? "im2col" : "auto";
+    const std::string path = impl == cuda::ConvImpl::kIm2col ? "im2col" : impl == cuda::ConvImpl::kCudnnNchw ? "cudnn-nchw" : "auto";
     for (const ConvCase& c : kConvCases) {
       const int64_t fan_in = c.w[1] * c.w[2] * c.w[3];
       const Tensor x = random_tensor(c.x, 31), w = random_tensor(c.w, 32, 1.0f / std::sqrt(float(fan_in)));

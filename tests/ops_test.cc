@@ -15,29 +15,12 @@ namespace {
 
 using test::random_tensor;
 using test::to_double;
+using test::ref_unary;
 
-double ref_unary(double x, UnaryOp op) {
-  switch (op) {
-    case UnaryOp::kIdentity: return x;
-    case UnaryOp::kSilu: return x / (1.0 + std::exp(-x));
-    case UnaryOp::kGelu: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
-    case UnaryOp::kGeluTanh: return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-    case UnaryOp::kQuickGelu: return x / (1.0 + std::exp(-1.702 * x));
-    case UnaryOp::kRelu: return x > 0 ? x : 0.0;
-    case UnaryOp::kSigmoid: return 1.0 / (1.0 + std::exp(-x));
-    case UnaryOp::kTanh: return std::tanh(x);
-    case UnaryOp::kExp: return std::exp(x);
-    case UnaryOp::kSqrt: return std::sqrt(x);
-    case UnaryOp::kRsqrt: return 1.0 / std::sqrt(x);
-    case UnaryOp::kSquare: return x * x;
-    case UnaryOp::kNeg: return -x;
-  }
-  return x;
-}
 
 const UnaryOp kAllUnary[] = {UnaryOp::kIdentity, UnaryOp::kSilu, UnaryOp::kGelu, UnaryOp::kGeluTanh, UnaryOp::kQuickGelu,
                              UnaryOp::kRelu, UnaryOp::kSigmoid, UnaryOp::kTanh, UnaryOp::kExp, UnaryOp::kSqrt,
-                             UnaryOp::kRsqrt, UnaryOp::kSquare, UnaryOp::kNeg};
+                             UnaryOp::kRsqrt, UnaryOp::kSquare, UnaryOp::kNeg, UnaryOp::kSin, UnaryOp::kCos};
 
 bool positive_domain(UnaryOp op) { return op == UnaryOp::kSqrt || op == UnaryOp::kRsqrt; }
 

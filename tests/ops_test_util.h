@@ -22,6 +22,28 @@ inline Tensor random_tensor(const Shape& shape, uint32_t seed, float scale = 1.0
   return Tensor::from_vector(v, shape);
 }
 
+// torch's formula of each unary op, in double: the reference for the f32 results of both backends.
+inline double ref_unary(double x, UnaryOp op) {
+  switch (op) {
+    case UnaryOp::kIdentity: return x;
+    case UnaryOp::kSilu: return x / (1.0 + std::exp(-x));
+    case UnaryOp::kGelu: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case UnaryOp::kGeluTanh: return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    case UnaryOp::kQuickGelu: return x / (1.0 + std::exp(-1.702 * x));
+    case UnaryOp::kRelu: return x > 0 ? x : 0.0;
+    case UnaryOp::kSigmoid: return 1.0 / (1.0 + std::exp(-x));
+    case UnaryOp::kTanh: return std::tanh(x);
+    case UnaryOp::kExp: return std::exp(x);
+    case UnaryOp::kSqrt: return std::sqrt(x);
+    case UnaryOp::kRsqrt: return 1.0 / std::sqrt(x);
+    case UnaryOp::kSquare: return x * x;
+    case UnaryOp::kNeg: return -x;
+    case UnaryOp::kSin: return std::sin(x);
+    case UnaryOp::kCos: return std::cos(x);
+  }
+  return x;
+}
+
 inline std::vector<double> to_double(const Tensor& t) {
   const std::vector<float> f = t.to_vector();
   return std::vector<double>(f.begin(), f.end());

@@ -226,3 +226,37 @@ TEST(Trace, WriteToAnUnwritablePathIsAnError) {
 
 }  // namespace
 }  // namespace atelier
+
+namespace atelier {
+namespace {
+
+trace::Event device_event(trace::Category c, int64_t start_ns, int64_t dur_ns, double dev_start_us, double dev_dur_us,
+                          int depth = 0) {
+  trace::Event e;
+  e.category = c;
+  e.start_ns = start_ns;
+  e.dur_ns = dur_ns;
+  e.depth = depth;
+  e.device_start_us = dev_start_us;
+  e.device_dur_us = dev_dur_us;
+  return e;
+}
+
+// GPU busy %: the union of the top-level ops' device spans (overlaps count once); nested ops (depth > 0),
+// call ranges, ops without device times and ranges outside the window do not count.
+TEST(Trace, DeviceBusySecondsIsTheUnionOfTopLevelOps) {
+  using trace::Category;
+  std::vector<trace::Event> ev;
+  ev.push_back(device_event(Category::kCall, 100'000, 100'000, 0, 80));  // a call: its ops speak for it
+  ev.push_back(device_event(Category::kOp, 110'000, 10'000, 0, 30));
+  ev.push_back(device_event(Category::kOp, 130'000, 10'000, 20, 30));    // overlaps the first by 10 us
+  ev.push_back(device_event(Category::kOp, 131'000, 1'000, 25, 5, /*depth=*/1));
+  ev.push_back(device_event(Category::kOp, 300'000, 10'000, 100, 300));  // a graph replay
+  ev.push_back(device_event(Category::kOp, 320'000, 5'000, 390, 30));    // overlaps it by 10 us
+  ev.push_back(device_event(Category::kOp, 330'000, 5'000, -1, -1));     // not timed
+  ev.push_back(device_event(Category::kOp, 900'000, 5'000, 1000, 500));  // outside the window
+  EXPECT_NEAR(trace::device_busy_seconds(ev, 0, 500'000) * 1e6, 50 + 320, 1e-6);
+}
+
+}  // namespace
+}  // namespace atelier

@@ -4,15 +4,17 @@
 // validated; outputs are contiguous and freshly allocated unless a method says otherwise.
 // Compute dtype: inputs are f32 on the CPU backend; the CUDA backend also takes bf16/f16 and accumulates in f32.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/trace.h"
 
 namespace atelier {
 
-enum class UnaryOp { kIdentity, kSilu, kGelu, kGeluTanh, kQuickGelu, kRelu, kSigmoid, kTanh, kExp, kSqrt, kRsqrt, kSquare, kNeg };
+enum class UnaryOp { kIdentity, kSilu, kGelu, kGeluTanh, kQuickGelu, kRelu, kSigmoid, kTanh, kExp, kSqrt, kRsqrt, kSquare, kNeg, kSin, kCos };
 enum class BinaryOp { kAdd, kSub, kMul, kDiv, kMax, kMin };
 
 struct Conv2dParams {
@@ -30,6 +32,18 @@ struct GemmParams {
   UnaryOp epilogue = UnaryOp::kIdentity;  // applied after bias
 };
 
+// Device work recorded once and replayed many times (a CUDA graph): the same kernels on the same addresses.
+// The memory its intermediates were allocated in during recording stays reserved for it (a private pool)
+// until it is destroyed. Obtained from Backend::capture.
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  // Enqueues the recorded work again (asynchronously, on the device's queue).
+  virtual void replay() = 0;
+  // Device bytes held for the recording's intermediates.
+  virtual size_t pool_bytes() const = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -44,6 +58,20 @@ class Backend {
   // Bytes held by the allocator (live + cached), for metrics and leak tests.
   virtual size_t bytes_reserved() const { return 0; }
   virtual void release_cached() {}
+
+  // --- recorded execution -------------------------------------------------------------------------
+  // Records the device work that `fn` enqueues on this device instead of running it, and returns it for
+  // replay. `fn` must stay on the device: no copies from or to the host, no synchronisation. Devices that
+  // cannot record (the CPU) return nullptr without calling fn. Throws atelier::Error when recording fails;
+  // none of fn's work has run then.
+  virtual std::unique_ptr<CapturedWork> capture(const std::function<void()>& fn) {
+    (void)fn;
+    return nullptr;
+  }
+  virtual bool can_capture() const { return false; }
+  // A timer of this device's queue for traced ranges (trace::set_device_timer); nullptr when the device
+  // executes synchronously (the CPU: host times are device times).
+  virtual std::unique_ptr<trace::DeviceTimer> make_device_timer() { return nullptr; }
 
   // --- data movement ------------------------------------------------------------------------------
   // dst[i] = cast(src[i]) over dst's shape; both may be strided (a zero stride broadcasts), dtypes may differ.

@@ -38,6 +38,7 @@ int run_bench(const BenchCliOptions& o) {
     return 2;
   }
   TraceFile trace_file(o.trace);
+  trace_file.time_device(*dev);
   auto report = run_sd_bench(o.bench);
   if (!report) {
     std::fprintf(stderr, "error: %s\n", report.status().message().c_str());

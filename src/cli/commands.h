@@ -17,6 +17,7 @@ struct GenerateOptions {
   std::string tokenizer;
   std::string output = "atelier.png";
   std::string trace;  // Chrome/Perfetto trace JSON of the run, when set
+  std::string dtype = "auto";  // model compute dtype: auto (f32 on the CPU, bf16 on CUDA), f32, bf16, f16
   GenerateRequest request;
 };
 void add_generate_command(CLI::App& app, GenerateOptions& o);
@@ -43,6 +44,9 @@ int run_bench(const BenchCliOptions& o);
 class TraceFile {
  public:
   explicit TraceFile(std::string path);
+  ~TraceFile();
+  // When a file is wanted: installs `dev`'s device timer (CUDA events) so that the trace gets a device track.
+  void time_device(Device dev);
   // Synchronizes `dev`, resolves device times and writes the file; returns false (message printed) on error.
   bool write(Device dev);
 
@@ -50,6 +54,7 @@ class TraceFile {
   std::string path_;
   std::unique_ptr<trace::Recorder> recorder_;
   std::unique_ptr<trace::GlobalAttach> attach_;
+  std::unique_ptr<trace::DeviceTimer> timer_;
 };
 void add_serve_command(CLI::App& app, serve::ServeOptions& o);
 int run_serve(const serve::ServeOptions& o);

@@ -37,6 +37,9 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--batch-count", r.batch_count, "Batches, one after another")->capture_default_str();
   c->add_flag("--emphasis", r.emphasis, "Read A1111 (word:1.2) / [word] emphasis (default: literal, as diffusers)");
   c->add_option("--device", r.device, "cpu, cuda, cuda:N")->capture_default_str();
+  c->add_option("--dtype", o.dtype, "Model compute dtype: auto (CPU f32, CUDA bf16), f32, bf16, f16 (CUDA only)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}))
+      ->capture_default_str();
   c->add_option("--output", o.output, "Output PNG path; several images get -N suffixes")->capture_default_str();
   c->add_option("--trace", o.trace, "Write a Chrome/Perfetto trace (JSON) of every stage and op to this file");
 }
@@ -63,10 +66,12 @@ int run_generate(const GenerateOptions& o) {
     return 2;
   }
   TraceFile trace_file(o.trace);
+  trace_file.time_device(*dev);
   SdLoadOptions lo;
   lo.tokenizer_dir = o.tokenizer;
   lo.prediction = o.request.prediction;
   lo.device = *dev;
+  if (o.dtype != "auto") lo.dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
   auto model = load_sd_model(o.model, lo);
   if (!model) {
     std::fprintf(stderr, "error: %s\n", model.status().message().c_str());

@@ -12,6 +12,16 @@ TraceFile::TraceFile(std::string path) : path_(std::move(path)) {
   attach_ = std::make_unique<trace::GlobalAttach>(*recorder_);
 }
 
+void TraceFile::time_device(Device dev) {
+  if (!recorder_ || timer_ || trace::device_timer() || !backend_available(dev)) return;
+  timer_ = backend_for(dev).make_device_timer();
+  if (timer_) trace::set_device_timer(timer_.get());
+}
+
+TraceFile::~TraceFile() {
+  if (timer_) trace::set_device_timer(nullptr);
+}
+
 bool TraceFile::write(Device dev) {
   if (!recorder_) return true;
   attach_.reset();

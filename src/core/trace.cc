@@ -248,6 +248,21 @@ double op_busy_seconds(const std::vector<Event>& events, int64_t from_ns, int64_
   return s;
 }
 
+double device_busy_seconds(const std::vector<Event>& events, int64_t from_ns, int64_t to_ns) {
+  std::vector<std::pair<double, double>> spans;  // device [start, end) in us
+  for (const Event& e : events)
+    if (top_op_in(e, from_ns, to_ns) && e.device_dur_us >= 0)
+      spans.emplace_back(e.device_start_us, e.device_start_us + e.device_dur_us);
+  std::sort(spans.begin(), spans.end());
+  double busy_us = 0, end = -1e300;
+  for (const auto& [s, t] : spans) {
+    if (t <= end) continue;
+    busy_us += t - std::max(s, end);
+    end = t;
+  }
+  return busy_us * 1e-6;
+}
+
 bool has_device_times(const std::vector<Event>& events, int64_t from_ns, int64_t to_ns) {
   bool any = false;
   for (const Event& e : events) {

@@ -211,5 +211,9 @@ double total_seconds(const std::vector<Event>& events, std::string_view name);
 double op_busy_seconds(const std::vector<Event>& events, int64_t from_ns, int64_t to_ns);
 // Whether every depth-0 op event in the window has a resolved device duration.
 bool has_device_times(const std::vector<Event>& events, int64_t from_ns, int64_t to_ns);
+// Seconds the device was busy between host times from_ns and to_ns: the union of the device spans of the
+// top-level ops (depth 0) in that window; overlaps count once, ranges without device times are ignored. A
+// call replayed as a recorded graph is one top-level op range ("graph_replay", backend/graph_runner.h).
+double device_busy_seconds(const std::vector<Event>& events, int64_t from_ns, int64_t to_ns);
 
 }  // namespace atelier::trace

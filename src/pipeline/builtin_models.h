@@ -25,6 +25,7 @@ struct BuiltinSdConfig {
   UNetConfig unet;
   VaeConfig vae;
   int64_t context_tokens = 77;  // CLIP's sequence length
+  ClipTextConfig text_encoder;  // CLIP ViT-L/14 (sd15) or OpenCLIP ViT-H/14 up to its penultimate layer (sd21)
 };
 
 std::vector<std::string> builtin_sd_config_names();  // {"sd15", "sd21"}
@@ -34,8 +35,14 @@ Expected<BuiltinSdConfig> builtin_sd_config(const std::string& name);
 // The published SD 2.1 (768-v) UNet (diffusers' stabilityai/stable-diffusion-2-1 unet/config.json).
 UNetConfig sd21_unet_config();
 
-// An SdModel of `config` with random UNet and VAE weights (seeded) on `device`, SD's default scheduler
-// config and no tokenizer / text encoder. Allocates the full weights (SD 1.5: 3.4 GB in f32).
-Expected<std::shared_ptr<SdModel>> make_random_sd_model(const BuiltinSdConfig& config, Device device, uint64_t seed);
+// An SdModel of `config` with random UNet and VAE weights (seeded) on `device` in default_model_dtype(device),
+// SD's default scheduler config, and — when `tokenizer_dir` names a CLIP tokenizer folder (vocab.json +
+// merges.txt; the vocabulary is the published one) — a random text encoder of the real size, so that the
+// model serves prompts (`atelier serve --model sd15=builtin:sd15 --tokenizer DIR`). Without a tokenizer it has
+// no text encoder (the bench feeds seeded conditioning). Allocates the full weights (SD 1.5: 1.7 GB in bf16).
+Expected<std::shared_ptr<SdModel>> make_random_sd_model(const BuiltinSdConfig& config, Device device, uint64_t seed,
+                                                        const std::string& tokenizer_dir = "");
+// "builtin:sd15" -> "sd15"; "" when `path` does not name a built-in configuration.
+std::string builtin_name_of(const std::string& path);
 
 }  // namespace atelier

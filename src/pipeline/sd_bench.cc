@@ -147,7 +147,10 @@ void summarize(const std::vector<trace::Event>& ev, bool has_text_encoder, Bench
     const double wall = e->seconds();
     if (wall <= 0) continue;
     r.op_time_pct = kPercent * trace::op_busy_seconds(ev, from, to) / wall;
-    if (r.device != "cpu" && trace::has_device_times(ev, from, to)) r.gpu_busy_pct = r.op_time_pct;
+    if (r.device != "cpu") {
+      const double busy = trace::device_busy_seconds(ev, from, to);
+      if (busy > 0) r.gpu_busy_pct = kPercent * busy / wall;
+    }
   }
 }
 
@@ -203,6 +206,15 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
   Status st = catch_status([&]() -> Status {
     trace::Recorder rec(trace::kAllCategories);
     trace::ThreadAttach attach(rec);
+    // Device times for every range (CUDA events); removed before the timer dies, after the last resolve.
+    std::unique_ptr<trace::DeviceTimer> timer = trace::device_timer() ? nullptr : backend_for(dev).make_device_timer();
+    if (timer) trace::set_device_timer(timer.get());
+    struct Uninstall {
+      trace::DeviceTimer* t;
+      ~Uninstall() {
+        if (t) trace::set_device_timer(nullptr);
+      }
+    } uninstall{timer.get()};
     ATELIER_ASSIGN_OR_RETURN(Loaded l, load_model(o, dev));
     const SdModel& m = *l.model;
     SdPipeline pipe(l.model);

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "pipeline/builtin_models.h"
 #include "io/hash.h"
 #include "io/json_util.h"
 #include "models/sd/unet_config.h"
@@ -81,6 +82,11 @@ Expected<ClipTokenizer> load_tokenizer(const std::vector<std::string>& candidate
       "vocab.json and merges.txt, e.g. the tokenizer/ folder of any SD 1.x or 2.x diffusers repo)");
 }
 
+DType vae_dtype(const SdLoadOptions& o) {
+  const DType dt = o.dtype.value_or(default_model_dtype(o.device));
+  return dt == DType::F16 ? DType::F32 : dt;
+}
+
 Status load_diffusers(SdModel& m, const fs::path& root, const SdLoadOptions& o) {
   ATELIER_ASSIGN_OR_RETURN(auto index, read_json_file((root / "model_index.json").string()));
   (void)index;
@@ -89,21 +95,21 @@ Status load_diffusers(SdModel& m, const fs::path& root, const SdLoadOptions& o) 
   ATELIER_ASSIGN_OR_RETURN(auto te_files, component_files(root / "text_encoder", "model"));
   ATELIER_ASSIGN_OR_RETURN(auto te_store, WeightStore::open(te_files));
   ATELIER_ASSIGN_OR_RETURN(auto te_cfg, ClipTextConfig::from_file((root / "text_encoder" / "config.json").string()));
-  ATELIER_ASSIGN_OR_RETURN(auto te, ClipTextModel::load(te_store, ClipLayout::kTransformers, te_cfg, o.device, o.dtype));
+  ATELIER_ASSIGN_OR_RETURN(auto te, ClipTextModel::load(te_store, ClipLayout::kTransformers, te_cfg, o.device, o.dtype.value_or(default_model_dtype(o.device))));
   m.text_encoder_params = te_store.count_params();
   m.text_encoder.emplace(std::move(te));
   // UNet.
   ATELIER_ASSIGN_OR_RETURN(auto unet_files, component_files(root / "unet", "diffusion_pytorch_model"));
   ATELIER_ASSIGN_OR_RETURN(auto unet_store, WeightStore::open(unet_files));
   ATELIER_ASSIGN_OR_RETURN(auto unet_cfg, load_unet_config((root / "unet" / "config.json").string()));
-  ATELIER_ASSIGN_OR_RETURN(auto unet, UNet::load(unet_store, UNetLayout::kDiffusers, unet_cfg, o.device, o.dtype));
+  ATELIER_ASSIGN_OR_RETURN(auto unet, UNet::load(unet_store, UNetLayout::kDiffusers, unet_cfg, o.device, o.dtype.value_or(default_model_dtype(o.device))));
   m.unet_params = unet_store.count_params();
   m.unet.emplace(std::move(unet));
   // VAE.
   ATELIER_ASSIGN_OR_RETURN(auto vae_files, component_files(root / "vae", "diffusion_pytorch_model"));
   ATELIER_ASSIGN_OR_RETURN(auto vae_store, WeightStore::open(vae_files));
   ATELIER_ASSIGN_OR_RETURN(auto vae_cfg, VaeConfig::from_file((root / "vae" / "config.json").string()));
-  ATELIER_ASSIGN_OR_RETURN(auto vae, Vae::load(vae_store, VaeLayout::kDiffusers, vae_cfg, o.device, o.dtype));
+  ATELIER_ASSIGN_OR_RETURN(auto vae, Vae::load(vae_store, VaeLayout::kDiffusers, vae_cfg, o.device, vae_dtype(o)));
   m.vae_params = vae_store.count_params();
   m.vae.emplace(std::move(vae));
   // Scheduler, tokenizer, family.
@@ -143,18 +149,18 @@ Status load_single_file(SdModel& m, const fs::path& file, const SdLoadOptions& o
   for (const char* emb : {"embeddings.token_embedding.weight", "token_embedding.weight"})
     if (auto s = store.shape(te_prefix + emb); s && s->size() == 2) fallback_heads = int(std::max<int64_t>(1, (*s)[1] / kTinyClipHeadWidth));
   ATELIER_ASSIGN_OR_RETURN(auto te_cfg, ClipTextConfig::detect(store, te_prefix, fallback_heads));
-  ATELIER_ASSIGN_OR_RETURN(auto te, ClipTextModel::load(store, *clip_layout, te_cfg, o.device, o.dtype));
+  ATELIER_ASSIGN_OR_RETURN(auto te, ClipTextModel::load(store, *clip_layout, te_cfg, o.device, o.dtype.value_or(default_model_dtype(o.device))));
   m.text_encoder_params = store.count_params(te_prefix);
   m.text_encoder.emplace(std::move(te));
   // UNet.
   const UNetFamily ufam = m.family == SdFamily::kSD2 ? UNetFamily::kSD2 : UNetFamily::kSD1;
   ATELIER_ASSIGN_OR_RETURN(auto unet_cfg, detect_unet_config(store, UNetLayout::kCompVis, ufam));
-  ATELIER_ASSIGN_OR_RETURN(auto unet, UNet::load(store, UNetLayout::kCompVis, unet_cfg, o.device, o.dtype));
+  ATELIER_ASSIGN_OR_RETURN(auto unet, UNet::load(store, UNetLayout::kCompVis, unet_cfg, o.device, o.dtype.value_or(default_model_dtype(o.device))));
   m.unet_params = store.count_params("model.diffusion_model.");
   m.unet.emplace(std::move(unet));
   // VAE.
   ATELIER_ASSIGN_OR_RETURN(auto vae_cfg, detect_vae_config(store, VaeLayout::kCompVis));
-  ATELIER_ASSIGN_OR_RETURN(auto vae, Vae::load(store, VaeLayout::kCompVis, vae_cfg, o.device, o.dtype));
+  ATELIER_ASSIGN_OR_RETURN(auto vae, Vae::load(store, VaeLayout::kCompVis, vae_cfg, o.device, vae_dtype(o)));
   m.vae_params = store.count_params("first_stage_model.");
   m.vae.emplace(std::move(vae));
   // Prediction: SD 1.x is epsilon; SD 2.x ships both kinds, told apart by probing the UNet.
@@ -190,12 +196,21 @@ Expected<Prediction> parse_prediction(const std::string& s) {
 
 namespace atelier {
 
+DType default_model_dtype(Device device) { return device.is_cpu() ? DType::F32 : DType::BF16; }
+
 Expected<std::shared_ptr<SdModel>> load_sd_model(const std::string& path, const SdLoadOptions& options) {
   auto m = std::make_shared<SdModel>();
   const fs::path p(path);
   m->path = path;
   m->name = (fs::is_directory(p) ? p.filename() : p.stem()).string();
   if (m->name.empty()) m->name = p.parent_path().filename().string();
+  if (const std::string builtin = builtin_name_of(path); !builtin.empty()) {
+    // A built-in full-size configuration with random weights (benchmarks, server load tests).
+    ATELIER_ASSIGN_OR_RETURN(BuiltinSdConfig c, builtin_sd_config(builtin));
+    if (options.tokenizer_dir.empty())
+      return invalid_argument(path + " needs a CLIP tokenizer folder (--tokenizer DIR) to encode prompts");
+    return make_random_sd_model(c, options.device, 0, options.tokenizer_dir);
+  }
   Status st = catch_status([&]() -> Status {
     if (fs::is_directory(p)) {
       if (!fs::exists(p / "model_index.json"))

@@ -26,11 +26,16 @@ const char* sd_family_name(SdFamily f);
 const char* prediction_name(Prediction p);  // "epsilon" | "v"
 Expected<Prediction> parse_prediction(const std::string& s);  // "epsilon" | "v" | "v_prediction"
 
+// f32 on the CPU (its backend computes in f32), bf16 on CUDA (f32 accumulation; diffusers users run fp16/bf16).
+DType default_model_dtype(Device device);
+
 struct SdLoadOptions {
   std::string tokenizer_dir;   // where vocab.json + merges.txt are, when the model carries no tokenizer
   std::string prediction;      // "" = detect; "epsilon" | "v" overrides
   Device device = Device::cpu();
-  DType dtype = DType::F32;
+  // Compute dtype of the models; unset: default_model_dtype(device). The VAE runs in the same dtype except
+  // f16, where it runs in f32: SD's VAE overflows f16's range (diffusers' force_upcast); bf16 has f32's.
+  std::optional<DType> dtype;
   bool require_tokenizer = true;  // `atelier info` describes single files without one
   bool compute_hash = true;    // SHA-256 of the weights (A1111 "Model hash"); reads the whole file once
 };

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "pipeline/builtin_models.h"
 #include "io/hash.h"
 
 namespace atelier::serve {
@@ -17,6 +18,7 @@ std::string name_of(const fs::path& p) {
 }
 
 bool is_model_path(const fs::path& p) {
+  if (!builtin_name_of(p.string()).empty()) return true;  // checked when it loads
   std::error_code ec;
   if (fs::is_directory(p, ec)) return fs::exists(p / "model_index.json", ec);
   return fs::is_regular_file(p, ec) && p.extension() == ".safetensors";

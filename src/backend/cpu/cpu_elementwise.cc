@@ -63,6 +63,12 @@ void unary_span(float* out, const float* x, int64_t n, UnaryOp op) {
     case UnaryOp::kNeg:
       for (int64_t i = 0; i < n; ++i) out[i] = -x[i];
       return;
+    case UnaryOp::kSin:  // timestep features: libm's float sin, within an ulp of torch's
+      for (int64_t i = 0; i < n; ++i) out[i] = std::sin(x[i]);
+      return;
+    case UnaryOp::kCos:
+      for (int64_t i = 0; i < n; ++i) out[i] = std::cos(x[i]);
+      return;
   }
 }
 

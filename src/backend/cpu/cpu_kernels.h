@@ -36,6 +36,8 @@ inline float unary_scalar(float x, UnaryOp op) {
     case UnaryOp::kRsqrt: return 1.0f / std::sqrt(x);
     case UnaryOp::kSquare: return x * x;
     case UnaryOp::kNeg: return -x;
+    case UnaryOp::kSin: return std::sin(x);
+    case UnaryOp::kCos: return std::cos(x);
   }
   return x;
 }

@@ -58,18 +58,25 @@ void* DeviceAllocator::malloc_or_retry(size_t size) {
 std::shared_ptr<Buffer> DeviceAllocator::allocate(size_t bytes) {
   const size_t size = round_size(bytes);
   void* p = nullptr;
+  std::shared_ptr<Pool> pool;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(size);
-    if (it != free_.end()) {
+    pool = routing_;
+    auto& list = pool ? pool->free : free_;
+    auto it = list.find(size);
+    if (it != list.end()) {
       p = it->second;
-      free_.erase(it);
-      cached_ -= size;
+      list.erase(it);
+      (pool ? pool_free_ : cached_) -= size;
     }
   }
   if (!p) {
     DeviceGuard guard(device_);
     p = malloc_or_retry(size);
+    if (pool) {
+      std::lock_guard<std::mutex> lock(mu_);
+      adopt(pool.get(), p, size);
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -78,16 +85,58 @@ std::shared_ptr<Buffer> DeviceAllocator::allocate(size_t bytes) {
   return std::make_shared<Buffer>(p, bytes, Device::cuda(device_), [this, size](void* q) { give_back(q, size); });
 }
 
+void DeviceAllocator::adopt(Pool* pool, void* p, size_t size) {
+  pool->owned.emplace(p, size);
+  pool->bytes += size;
+  pool_of_[p] = pool;
+}
+
 void DeviceAllocator::give_back(void* p, size_t size) {
   std::lock_guard<std::mutex> lock(mu_);
   in_use_ -= size;
-  free_.emplace(size, p);
-  cached_ += size;
+  auto it = pool_of_.find(p);
+  Pool* pool = it != pool_of_.end() ? it->second : nullptr;
+  if (!pool && routing_) {  // freed while recording: the recording may read it, so the pool keeps it
+    pool = routing_.get();
+    adopt(pool, p, size);
+  }
+  if (pool) {
+    pool->free.emplace(size, p);
+    pool_free_ += size;
+  } else {
+    free_.emplace(size, p);
+    cached_ += size;
+  }
+}
+
+std::shared_ptr<DeviceAllocator::Pool> DeviceAllocator::open_pool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ATELIER_CHECK(!routing_, "a device memory pool is already open (one recording at a time per device)");
+  routing_ = std::make_shared<Pool>();
+  return routing_;
+}
+
+void DeviceAllocator::stop_routing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  routing_.reset();
+}
+
+void DeviceAllocator::close_pool(const std::shared_ptr<Pool>& pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (routing_ == pool) routing_.reset();
+  for (const auto& [p, size] : pool->owned) pool_of_.erase(p);
+  for (const auto& [size, p] : pool->free) {
+    free_.emplace(size, p);
+    cached_ += size;
+    pool_free_ -= size;
+  }
+  pool->free.clear();
+  pool->owned.clear();
 }
 
 size_t DeviceAllocator::bytes_reserved() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return cached_ + in_use_;
+  return cached_ + in_use_ + pool_free_;
 }
 
 size_t DeviceAllocator::bytes_in_use() const {
@@ -110,6 +159,17 @@ void DeviceAllocator::release_cached() {
 
 // --- pinned staging ---------------------------------------------------------------------------------------
 
+namespace {
+// Host copies cannot be part of a recorded graph (the host side would not run again on replay); refusing
+// them before anything is enqueued also keeps the slots' events out of the recording.
+void refuse_while_recording(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  ATELIER_CUDA_OK(cudaStreamIsCapturing(stream, &status));
+  if (status != cudaStreamCaptureStatusNone)
+    throw Error(Status(ErrorCode::kUnsupported, "a copy between host and device cannot be recorded into a CUDA graph"));
+}
+}  // namespace
+
 PinnedStaging::~PinnedStaging() = default;  // lives as long as the process (see DeviceAllocator)
 
 void PinnedStaging::ensure() {
@@ -121,6 +181,7 @@ void PinnedStaging::ensure() {
 }
 
 void PinnedStaging::host_to_device(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  refuse_while_recording(stream);
   std::lock_guard<std::mutex> lock(mu_);
   DeviceGuard guard(device_);
   ensure();
@@ -136,6 +197,7 @@ void PinnedStaging::host_to_device(void* dst, const void* src, size_t bytes, cud
 }
 
 void PinnedStaging::device_to_host(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  refuse_while_recording(stream);
   std::lock_guard<std::mutex> lock(mu_);
   DeviceGuard guard(device_);
   ensure();

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
@@ -30,15 +31,35 @@ class DeviceAllocator {
   void release_cached();
   static size_t round_size(size_t bytes);
 
+  // Private pools for recorded work (CUDA graphs). While a pool is open every allocation is taken from it
+  // (or from cudaMalloc, the block then belonging to it) and every freed block goes to it, also blocks
+  // allocated before it opened (the recording may read them). A recording's addresses are therefore never
+  // handed to other work while it lives: replays can overwrite them at any time. Closing a pool returns its
+  // free blocks to the shared cache, and its blocks still in use go there when they are freed. No host
+  // synchronisation is needed: all work of the device is ordered on its one stream.
+  struct Pool {
+    std::multimap<size_t, void*> free;  // size class -> blocks
+    std::unordered_map<void*, size_t> owned;
+    size_t bytes = 0;                   // sum of owned block sizes
+  };
+  std::shared_ptr<Pool> open_pool();
+  void stop_routing();  // allocations and frees go to the shared cache again; the pool keeps its blocks
+  void close_pool(const std::shared_ptr<Pool>& pool);
+
  private:
   void give_back(void* p, size_t size);
   void* malloc_or_retry(size_t size);
+  // Registers `p` as `pool`'s (under mu_).
+  void adopt(Pool* pool, void* p, size_t size);
   int device_;
   cudaStream_t stream_;
   mutable std::mutex mu_;
   std::multimap<size_t, void*> free_;  // size class -> blocks
   size_t cached_ = 0;
   size_t in_use_ = 0;
+  size_t pool_free_ = 0;                        // bytes cached in pools (reserved, not in use)
+  std::shared_ptr<Pool> routing_;               // the open pool, if any
+  std::unordered_map<void*, Pool*> pool_of_;    // block -> the pool that owns it
 };
 
 // Pinned host buffers for host<->device copies: host->device copies are staged through a ring of slots

@@ -47,7 +47,10 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
       stream_(make_stream(index)),
       alloc_(index, stream_),
       staging_(index),
-      allow_tf32_(env_flag("ATELIER_CUDA_TF32")) {}
+      allow_tf32_(env_flag("ATELIER_CUDA_TF32")) {
+  const char* nhwc = std::getenv("ATELIER_CONV_NHWC");
+  conv_nhwc_ = !(nhwc && std::strcmp(nhwc, "0") == 0);
+}
 
 CudaBackend::~CudaBackend() = default;
 

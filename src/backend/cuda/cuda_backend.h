@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_allocator.h"
@@ -19,8 +20,11 @@ class GemmEngine;
 class ConvEngine;
 struct GemmCall;
 
-// Which convolution implementation to use (tests force each one; kAuto prefers cuDNN when it loads).
-enum class ConvImpl { kAuto, kCudnn, kIm2col };
+// Which convolution implementation to use (tests force each one). kAuto prefers cuDNN when it loads, in
+// channels-last layout for 16-bit ungrouped convolutions (cuDNN's fast tensor-core kernels are NHWC: the
+// activations are transposed in and out around the call, the weights once; ATELIER_CONV_NHWC=0 keeps NCHW),
+// else NCHW; kCudnnNchw forces cuDNN in NCHW; kIm2col the im2col + GEMM path.
+enum class ConvImpl { kAuto, kCudnn, kCudnnNchw, kIm2col };
 // Which attention implementation to use: the tensor-core flash kernel (bf16/f16, head dim a multiple of 8,
 // at most 256, equal q/v head dims), or the general path (two batched GEMMs around a masked softmax, any
 // dtype and head dims). kAuto takes the flash kernel whenever it applies.
@@ -38,6 +42,10 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   size_t bytes_reserved() const override { return alloc_.bytes_reserved(); }
   void release_cached() override { alloc_.release_cached(); }
+  // CUDA graphs (cuda_graph.cu).
+  std::unique_ptr<CapturedWork> capture(const std::function<void()>& fn) override;
+  bool can_capture() const override { return true; }
+  std::unique_ptr<trace::DeviceTimer> make_device_timer() override;  // cuda_timer.cu
 
   void copy(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& dst, float value) override;
@@ -80,6 +88,10 @@ class CudaBackend final : public Backend {
   // The tensor-core flash kernel; returns false when the inputs are outside what it supports.
   bool attention_flash(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
   void conv2d_im2col(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
+  // cuDNN in NHWC: x transposed in, out transposed back with the bias added; false when cuDNN declines.
+  bool conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, bool w_persistent);
+  // w [O, C, kh, kw] as [O, kh, kw, C], cached per weight buffer when `persistent` (model weights).
+  Tensor nhwc_weight(const Tensor& w, bool persistent);
   // A tensor of `like`'s shape in `dtype` (a cast copy, or `like` itself when it already has it).
   Tensor as_dtype(const Tensor& like, DType dtype);
 
@@ -95,6 +107,13 @@ class CudaBackend final : public Backend {
   std::mutex engines_mu_;
   bool allow_tf32_ = false;
   ConvImpl conv_impl_ = ConvImpl::kAuto;
+  bool conv_nhwc_ = true;  // ATELIER_CONV_NHWC=0 turns kAuto's channels-last path off
+  struct NhwcWeight {
+    std::weak_ptr<Buffer> source;  // the NCHW weight's buffer: expired -> the entry is stale
+    Tensor packed;
+  };
+  std::mutex nhwc_mu_;
+  std::unordered_map<const void*, NhwcWeight> nhwc_weights_;
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
 };
 

@@ -104,6 +104,31 @@ __global__ void channel_bias_kernel(T* y, const void* bias, DType bias_dtype, in
   }
 }
 
+constexpr int kTile = 32;       // transpose tile side
+constexpr int kTileRows = 8;   // rows a block walks per step (blockDim = kTile x kTileRows)
+
+// out [N, B, A] = in [N, A, B] (+ bias[b] when given), through a shared-memory tile so that both the reads
+// and the writes are coalesced: NCHW <-> NHWC around the channels-last convolutions.
+template <typename T>
+__global__ void transpose_kernel(T* out, const T* in, int64_t a_count, int64_t b_count, const void* bias, DType bias_dtype) {
+  __shared__ float tile[kTile][kTile + 1];  // +1: no bank conflicts on the transposed read
+  const int64_t n = blockIdx.z, a0 = int64_t(blockIdx.y) * kTile, b0 = int64_t(blockIdx.x) * kTile;
+  const T* src = in + n * a_count * b_count;
+  T* dst = out + n * a_count * b_count;
+  for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+    const int64_t a = a0 + r, b = b0 + threadIdx.x;
+    if (a < a_count && b < b_count) tile[r][threadIdx.x] = to_f32(src[a * b_count + b]);
+  }
+  __syncthreads();
+  for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+    const int64_t b = b0 + r, a = a0 + threadIdx.x;
+    if (a < a_count && b < b_count) {
+      const float v = tile[threadIdx.x][r] + (bias ? load_any(bias, bias_dtype, b) : 0.0f);
+      dst[b * a_count + a] = from_f32<T>(v);
+    }
+  }
+}
+
 struct Im2colGeometry {
   int64_t c, h, w;          // input planes of one sample
   int64_t kh, kw, wo;       // kernel, output width
@@ -144,6 +169,20 @@ void launch_channel_bias(void* y, DType dt, const Tensor& bias, int64_t n, int64
   dispatch_conv_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
     channel_bias_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<T*>(y), bias.raw(), bias.dtype(), planes, o, p);
+  });
+  ATELIER_CUDA_LAUNCHED();
+}
+
+// out [n, b, a] = in [n, a, b] (+ bias[b]); out and in contiguous, of dtype dt.
+void launch_transpose(void* out, const void* in, DType dt, int64_t n, int64_t a, int64_t b, const Tensor& bias, cudaStream_t s) {
+  ATELIER_CHECK(n <= 65535 && (a + kTile - 1) / kTile <= 65535, "transpose: too many planes or rows for one grid");
+  const dim3 grid(unsigned((b + kTile - 1) / kTile), unsigned((a + kTile - 1) / kTile), unsigned(n));
+  const dim3 block(kTile, kTileRows);
+  const void* bias_ptr = bias.defined() ? bias.raw() : nullptr;
+  const DType bias_dt = bias.defined() ? bias.dtype() : DType::F32;
+  dispatch_conv_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    transpose_kernel<T><<<grid, block, 0, s>>>(static_cast<T*>(out), static_cast<const T*>(in), a, b, bias_ptr, bias_dt);
   });
   ATELIER_CUDA_LAUNCHED();
 }
@@ -189,9 +228,9 @@ ConvEngine::ConvEngine(int device, cudaStream_t stream) : device_(device), strea
 ConvEngine::~ConvEngine() { plans_.clear(); }  // the handle lives as long as the process
 
 ConvEngine::Plan* ConvEngine::plan_for(const ConvShape& s, const Conv2dParams& p, DType dtype, bool strict_f32, void* y,
-                                       const void* x, const void* w, DeviceAllocator& alloc) {
+                                       const void* x, const void* w, DeviceAllocator& alloc, bool nhwc) {
   const Key key{int64_t(dtype), strict_f32, s.n, s.c, s.h, s.w, s.o, s.kh, s.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
-                p.dilation_h, p.dilation_w, p.groups, 0, 0, 0, 0};
+                p.dilation_h, p.dilation_w, p.groups, nhwc, 0, 0, 0};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second->valid ? it->second.get() : nullptr;
   auto owned = std::make_unique<Plan>();
@@ -207,9 +246,10 @@ ConvEngine::Plan* ConvEngine::plan_for(const ConvShape& s, const Conv2dParams& p
   if (a.cudnnCreateTensorDescriptor(&plan->x) || a.cudnnCreateTensorDescriptor(&plan->y) ||
       a.cudnnCreateFilterDescriptor(&plan->w) || a.cudnnCreateConvolutionDescriptor(&plan->conv))
     return nullptr;
-  if (a.cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, dt, int(s.n), int(s.c), int(s.h), int(s.w)) ||
-      a.cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, dt, int(s.n), int(s.o), int(s.ho), int(s.wo)) ||
-      a.cudnnSetFilter4dDescriptor(plan->w, dt, CUDNN_TENSOR_NCHW, int(s.o), int(s.c / p.groups), int(s.kh), int(s.kw)) ||
+  const cudnnTensorFormat_t format = nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;  // dims are given as NCHW either way
+  if (a.cudnnSetTensor4dDescriptor(plan->x, format, dt, int(s.n), int(s.c), int(s.h), int(s.w)) ||
+      a.cudnnSetTensor4dDescriptor(plan->y, format, dt, int(s.n), int(s.o), int(s.ho), int(s.wo)) ||
+      a.cudnnSetFilter4dDescriptor(plan->w, dt, format, int(s.o), int(s.c / p.groups), int(s.kh), int(s.kw)) ||
       a.cudnnSetConvolution2dDescriptor(plan->conv, p.pad_h, p.pad_w, p.stride_h, p.stride_w, p.dilation_h, p.dilation_w,
                                         CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT) ||
       a.cudnnSetConvolutionGroupCount(plan->conv, p.groups))
@@ -253,11 +293,11 @@ ConvEngine::Plan* ConvEngine::plan_for(const ConvShape& s, const Conv2dParams& p
 }
 
 bool ConvEngine::forward(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p,
-                         bool strict_f32, DeviceAllocator& alloc) {
+                         bool strict_f32, DeviceAllocator& alloc, bool nhwc) {
   if (!api_) return false;
   std::lock_guard<std::mutex> lock(mu_);
   DeviceGuard guard(device_);
-  Plan* plan = plan_for(s, p, dtype, strict_f32, y, x, w, alloc);
+  Plan* plan = plan_for(s, p, dtype, strict_f32, y, x, w, alloc, nhwc);
   if (!plan) return false;
   std::shared_ptr<Buffer> ws = plan->workspace ? alloc.allocate(plan->workspace) : nullptr;
   const float alpha = 1.0f, beta = 0.0f;
@@ -288,8 +328,11 @@ void CudaBackend::conv2d(Tensor& out, const Tensor& x_in, const Tensor& w_in, co
       std::lock_guard<std::mutex> lock(engines_mu_);
       if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
     }
+    const bool nhwc = conv_nhwc_ && (conv_impl_ == ConvImpl::kAuto || conv_impl_ == ConvImpl::kCudnn) && dt != DType::F32 &&
+                      p.groups == 1 && conv_->available();
+    if (nhwc && conv2d_nhwc(out, x, w, bias, p, w_in.dtype() == dt)) return;
     done = conv_->forward(out.raw(), x.raw(), w.raw(), dt, s, p, !allow_tf32_, alloc_);
-    if (!done && conv_impl_ == ConvImpl::kCudnn)
+    if (!done && (conv_impl_ == ConvImpl::kCudnn || conv_impl_ == ConvImpl::kCudnnNchw))
       throw Error(unsupported("conv2d: cuDNN was asked for but " +
                               (conv_->available() ? std::string("has no algorithm for this case") : conv_->why_unavailable())));
   }
@@ -297,6 +340,41 @@ void CudaBackend::conv2d(Tensor& out, const Tensor& x_in, const Tensor& w_in, co
     conv2d_im2col(out, x, w, Tensor(), p);
   }
   if (bias.defined()) launch_channel_bias(out.raw(), dt, bias, s.n, s.o, s.ho * s.wo, stream_);
+}
+
+Tensor CudaBackend::nhwc_weight(const Tensor& w, bool persistent) {
+  const int64_t o = w.size(0), c = w.size(1), k = w.size(2) * w.size(3);
+  auto pack = [&] {
+    Tensor packed = Tensor::empty({o, w.size(2), w.size(3), c}, w.dtype(), device());
+    launch_transpose(packed.raw(), w.raw(), w.dtype(), o, c, k, Tensor(), stream_);  // [O, C, k] -> [O, k, C]
+    return packed;
+  };
+  if (!persistent) return pack();
+  std::lock_guard<std::mutex> lock(nhwc_mu_);
+  if (!nhwc_weights_.count(w.raw()))  // a new weight: drop the packed copies of weights freed since
+    std::erase_if(nhwc_weights_, [](const auto& kv) { return kv.second.source.expired(); });
+  NhwcWeight& e = nhwc_weights_[w.raw()];
+  // A model's weights stay in their buffers for the model's life; an address reused by a later model is a
+  // new buffer (the old weak pointer has expired) and is packed again.
+  if (e.source.expired() || e.source.lock() != w.buffer() || e.packed.shape() != Shape{o, w.size(2), w.size(3), c}) {
+    e.source = w.buffer();
+    e.packed = pack();
+  }
+  return e.packed;
+}
+
+bool CudaBackend::conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+                              bool w_persistent) {
+  const DType dt = out.dtype();
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3), o = w.size(0), ho = out.size(2), wo = out.size(3);
+  const ConvShape s{n, c, h, wd, o, w.size(2), w.size(3), ho, wo};
+  Tensor xn = Tensor::empty({n, h, wd, c}, dt, device());
+  launch_transpose(xn.raw(), x.raw(), dt, n, c, h * wd, Tensor(), stream_);  // [N, C, HW] -> [N, HW, C]
+  const Tensor wn = nhwc_weight(w, w_persistent);
+  Tensor yn = Tensor::empty({n, ho, wo, o}, dt, device());
+  if (!conv_->forward(yn.raw(), xn.raw(), wn.raw(), dt, s, p, !allow_tf32_, alloc_, /*nhwc=*/true)) return false;
+  launch_transpose(out.raw(), yn.raw(), dt, n, ho * wo, o, bias, stream_);  // [N, HW, O] -> [N, O, HW] + bias
+  return true;
 }
 
 // The general path: per sample, blocks of output pixels are unfolded into a column matrix [groups, kc, width]

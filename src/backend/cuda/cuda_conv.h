@@ -35,14 +35,15 @@ class ConvEngine {
   const std::string& why_unavailable() const { return why_; }
   // Enqueues y = conv(x, w) (no bias). Returns false when cuDNN has no algorithm for the case, so that the
   // caller takes another path; throws on a failed launch.
+  // nhwc: x [n, h, w, c], w [o, kh, kw, c], y [n, ho, wo, o] (channels last) instead of NCHW.
   bool forward(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p, bool strict_f32,
-               DeviceAllocator& alloc);
+               DeviceAllocator& alloc, bool nhwc = false);
 
  private:
   struct Plan;
   using Key = std::array<int64_t, 20>;
   Plan* plan_for(const ConvShape& s, const Conv2dParams& p, DType dtype, bool strict_f32, void* y, const void* x, const void* w,
-                 DeviceAllocator& alloc);
+                 DeviceAllocator& alloc, bool nhwc);
 
   int device_;
   cudaStream_t stream_;

@@ -56,6 +56,8 @@ __device__ __forceinline__ float apply_unary(float x, UnaryOp op) {
     case UnaryOp::kRsqrt: return 1.0f / sqrtf(x);
     case UnaryOp::kSquare: return x * x;
     case UnaryOp::kNeg: return -x;
+    case UnaryOp::kSin: return sinf(x);
+    case UnaryOp::kCos: return cosf(x);
   }
   return x;
 }

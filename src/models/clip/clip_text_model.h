@@ -43,6 +43,11 @@ class ClipTextModel {
                                       Device device, DType dtype = DType::F32,
                                       std::optional<int> default_skip = std::nullopt);
 
+  // Seeded random weights (std 0.02, unit layer norms) of `config` in transformers' layout, loaded through
+  // load(): the built-in benchmark configurations' text encoder (clip_random.cc).
+  static Expected<ClipTextModel> random(const ClipTextConfig& config, uint64_t seed, Device device,
+                                        DType dtype = DType::F32);
+
   const ClipTextConfig& config() const { return config_; }
   int default_skip() const { return default_skip_; }
   // Largest clip_skip accepted: every layer skipped, down to the embeddings.

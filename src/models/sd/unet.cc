@@ -84,17 +84,22 @@ void build_level_modules(std::vector<ResnetBlock>& resnets, std::vector<Transfor
 
 }  // namespace
 
-Tensor timestep_embedding(const std::vector<float>& timesteps, int dim, bool flip_sin_to_cos, float freq_shift) {
-  const int half = dim / 2;
+std::vector<float> timestep_frequencies(int half, float freq_shift) {
   // torch: exponent = (-ln(max_period) as f32) * arange(half) / (half - shift), then exp, all in f32.
-  // exp/sin/cos go through double and round once, i.e. correctly rounded, which is what torch's
-  // vectorised f32 kernels (<= 1 ulp) give in all but rare cases.
+  // exp goes through double and rounds once, i.e. correctly rounded, which is what torch's vectorised f32
+  // kernels (<= 1 ulp) give in all but rare cases.
   const float neg_log_period = float(-std::log(kMaxPeriod));
   std::vector<float> freqs(half);
   for (int i = 0; i < half; ++i) {
     const float exponent = (neg_log_period * float(i)) / (float(half) - freq_shift);
     freqs[i] = float(std::exp(double(exponent)));
   }
+  return freqs;
+}
+
+Tensor timestep_embedding(const std::vector<float>& timesteps, int dim, bool flip_sin_to_cos, float freq_shift) {
+  const int half = dim / 2;
+  const std::vector<float> freqs = timestep_frequencies(half, freq_shift);
   const int64_t batch = int64_t(timesteps.size());
   Tensor out = Tensor::zeros({batch, dim});
   float* o = out.data<float>();
@@ -113,6 +118,9 @@ void UNet::build(const ParamSource& p) {
   const UNetConfig& c = config_;
   const int n = c.levels();
   const int64_t c0 = c.block_out_channels[0], temb = c.time_embed_dim;
+  const int half = int(c0 / 2);
+  freqs_ = Tensor::from_vector(timestep_frequencies(half, float(c.freq_shift)), {1, half});
+  if (!device_.is_cpu()) freqs_ = freqs_.to(device_);
   p.linear(time_linear_1_, "time_embedding.linear_1", c0, temb);
   p.linear(time_linear_2_, "time_embedding.linear_2", temb, temb);
   p.conv(conv_in_, "conv_in", c.in_channels, c0, c.conv_in_kernel);
@@ -243,10 +251,29 @@ Expected<Tensor> UNet::forward(const Tensor& x, const Tensor& timesteps, const T
   trace::Scope range("unet", trace::Category::kCall);
   Tensor out;
   ATELIER_RETURN_IF_ERROR(catch_status([&] {
-    out = run(x, timesteps, context);
+    // On a device that records its work (CUDA) the call is replayed as one graph from the second call of a
+    // shape on; elsewhere this is a plain call.
+    out = graphs_->run({x, timesteps, context}, device_,
+                       [this](const std::vector<Tensor>& in) { return run(in[0], in[1], in[2]); });
     return Status::ok();
   }));
   return out;
+}
+
+// timesteps [B] or [1] f32 on any device -> [batch, block_out_channels[0]] f32 on the weights' device.
+// The same arithmetic as timestep_embedding (f32 products t * freq, then sin and cos), but as ops on the
+// device, so a UNet call needs no host round trip and can be captured as one CUDA graph whose input is the
+// timesteps tensor.
+Tensor UNet::device_timestep_features(const Tensor& timesteps, int64_t batch) const {
+  Tensor t = ops::contiguous(timesteps.dtype() == DType::F32 ? timesteps : ops::cast(timesteps, DType::F32));
+  if (t.device() != device_) t = t.to(device_);
+  if (t.size(0) == 1 && batch > 1) t = ops::concat(std::vector<Tensor>(size_t(batch), t), 0);
+  const Tensor args = ops::mul(t.view({batch, 1}), freqs_);  // [B, half]
+  const Tensor sin = ops::unary(args, UnaryOp::kSin), cos = ops::unary(args, UnaryOp::kCos);
+  Tensor features = config_.flip_sin_to_cos ? ops::concat({cos, sin}, 1) : ops::concat({sin, cos}, 1);
+  const int64_t dim = config_.block_out_channels[0];
+  if (features.size(1) < dim) features = ops::concat({features, Tensor::zeros({batch, 1}, DType::F32, device_)}, 1);
+  return features;
 }
 
 Tensor UNet::run(const Tensor& x_in, const Tensor& timesteps, const Tensor& context_in) const {
@@ -254,10 +281,7 @@ Tensor UNet::run(const Tensor& x_in, const Tensor& timesteps, const Tensor& cont
   const int64_t batch = x_in.size(0);
   const auto in_dtype = [&](const Tensor& t) { return t.dtype() == dtype_ ? t : ops::cast(t, dtype_); };
 
-  std::vector<float> t = timesteps.to_vector();
-  if (t.size() == 1) t.assign(size_t(batch), t[0]);
-  Tensor features = in_dtype(timestep_embedding(t, int(c.block_out_channels[0]), c.flip_sin_to_cos, float(c.freq_shift)));
-  if (!device_.is_cpu()) features = features.to(device_);
+  const Tensor features = in_dtype(device_timestep_features(timesteps, batch));
   const Tensor temb = time_linear_2_(time_linear_1_(features, UnaryOp::kSilu));
   const Tensor temb_act = ops::silu(temb);  // every resnet applies SiLU before its time projection
   const Tensor context = in_dtype(context_in);

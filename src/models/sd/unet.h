@@ -8,10 +8,12 @@
 // it only matters to a backend that computes in bf16/f16.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "backend/graph_runner.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "models/sd/unet_blocks.h"
@@ -40,6 +42,11 @@ class UNet {
   // context [B, S, cross_attention_dim] -> noise prediction [B, out_channels, h, w] f32.
   Expected<Tensor> forward(const Tensor& x, const Tensor& timesteps, const Tensor& context) const;
 
+  // The recorded-execution cache of forward() (CUDA graphs; see backend/graph_runner.h): its statistics,
+  // and a way to switch recording off (tests compare the two) or drop the recordings' memory.
+  GraphRunner& graphs() const { return *graphs_; }
+  void set_graph_options(GraphRunner::Options options) { graphs_ = std::make_shared<GraphRunner>(options); }
+
   const UNetConfig& config() const { return config_; }
   Device device() const { return device_; }
   DType dtype() const { return dtype_; }
@@ -51,10 +58,13 @@ class UNet {
   Status check_inputs(const Tensor& x, const Tensor& timesteps, const Tensor& context) const;
   // Same shapes as forward; inputs already checked.
   Tensor run(const Tensor& x, const Tensor& timesteps, const Tensor& context) const;
+  Tensor device_timestep_features(const Tensor& timesteps, int64_t batch) const;
 
   UNetConfig config_;
   Device device_;
   DType dtype_;
+  std::shared_ptr<GraphRunner> graphs_ = std::make_shared<GraphRunner>();
+  Tensor freqs_;  // [1, block_out_channels[0] / 2] f32 on device_: the sinusoids' frequencies
   Linear time_linear_1_, time_linear_2_;
   Conv2d conv_in_;
   std::vector<DownBlock> down_;

@@ -38,12 +38,13 @@ Expected<Vae> Vae::load(const WeightStore& store, VaeLayout layout, const VaeCon
   return vae;
 }
 
-Expected<Vae> Vae::random(const VaeConfig& config, uint64_t seed, Device device) {
+Expected<Vae> Vae::random(const VaeConfig& config, uint64_t seed, Device device, DType dtype) {
   ATELIER_RETURN_IF_ERROR(config.validate());
   Vae vae;
   vae.config_ = config;
   vae.device_ = device;
-  VaeRandomParamSource source(seed, device);
+  vae.dtype_ = dtype;
+  VaeRandomParamSource source(seed, device, dtype);
   ATELIER_RETURN_IF_ERROR(catch_status([&] { return vae.bind(source); }));
   return vae;
 }

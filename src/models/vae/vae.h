@@ -38,7 +38,7 @@ class Vae {
   static Expected<Vae> load(const WeightStore& store, VaeLayout layout, const VaeConfig& config, Device device,
                             DType dtype = DType::F32);
   // A model of `config`'s shape with seeded random weights (benchmarks, tests without checkpoints).
-  static Expected<Vae> random(const VaeConfig& config, uint64_t seed, Device device);
+  static Expected<Vae> random(const VaeConfig& config, uint64_t seed, Device device, DType dtype = DType::F32);
 
   const VaeConfig& config() const { return config_; }
   Device device() const { return device_; }

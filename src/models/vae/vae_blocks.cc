@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "backend/ops.h"
+
 namespace atelier {
 
 namespace {
@@ -18,7 +20,9 @@ Tensor VaeRandomParamSource::uniform(const Shape& shape, float bound) {
   std::uniform_real_distribution<float> dist(-bound, bound);
   std::vector<float> v(size_t(numel_of(shape)));
   for (float& x : v) x = dist(rng_);
-  return Tensor::from_vector(v, shape).to(device_);
+  Tensor t = Tensor::from_vector(v, shape);
+  if (dtype_ != DType::F32) t = ops::cast(t, dtype_);
+  return t.to(device_);
 }
 
 void VaeRandomParamSource::conv(Conv2d& c, const std::string&, int64_t in, int64_t out, int k, int stride, int pad) {

@@ -46,7 +46,7 @@ class VaeLoaderParamSource final : public VaeParamSource {
 // GroupNorm affine), drawn from a seeded engine: deterministic random models of any size.
 class VaeRandomParamSource final : public VaeParamSource {
  public:
-  VaeRandomParamSource(uint64_t seed, Device device) : rng_(seed), device_(device) {}
+  VaeRandomParamSource(uint64_t seed, Device device, DType dtype = DType::F32) : rng_(seed), device_(device), dtype_(dtype) {}
   void conv(Conv2d& c, const std::string& key, int64_t in, int64_t out, int k, int stride, int pad) override;
   void linear(Linear& l, const std::string& key, int64_t in, int64_t out) override;
   void group_norm(GroupNorm& n, const std::string& key, int64_t channels, int groups, float eps) override;
@@ -55,6 +55,7 @@ class VaeRandomParamSource final : public VaeParamSource {
   Tensor uniform(const Shape& shape, float bound);
   std::mt19937_64 rng_;
   Device device_;
+  DType dtype_;
 };
 
 // GroupNorm -> SiLU -> conv3x3 -> GroupNorm -> SiLU -> conv3x3, plus the input (through a 1x1 conv when

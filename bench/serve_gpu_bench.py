@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Server throughput on a GPU: `atelier serve` with the built-in full-size SD 1.5 (random weights, the real
+CLIP tokenizer) answering N concurrent 512x512 requests, against the same requests one at a time.
+
+Standard library only (it runs on the GPU machine's python3). Prints a JSON report:
+  sequential_s_per_image  requests sent one after the other (each waits for the previous result)
+  concurrent_s_per_image  N requests submitted at once (the scheduler batches them step by step)
+  speedup                 sequential / concurrent time per image
+  nvml_util_pct           nvidia-smi utilisation samples during the concurrent phase
+  engine_busy             per worker: seconds inside model calls / wall time of the concurrent phase
+
+  python3 bench/serve_gpu_bench.py --atelier build/atelier --tokenizer DIR [--devices 0] [--concurrent 64]
+"""
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+
+def call(base, method, path, body=None, timeout=600):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read() or b"{}")
+
+
+def run_job(base, body):
+    job = call(base, "POST", "/v1/jobs", body)
+    while True:
+        j = call(base, "GET", f"/v1/jobs/{job['id']}?images=0")
+        if j["state"] in ("done", "failed", "cancelled"):
+            if j["state"] != "done":
+                raise RuntimeError(f"job {job['id']} {j['state']}: {j.get('error')}")
+            return j
+        time.sleep(0.02)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--atelier", required=True)
+    ap.add_argument("--launcher", default="", help="a command to run the binary through (e.g. .devicepack/run)")
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--devices", default="0")
+    ap.add_argument("--concurrent", type=int, default=64)
+    ap.add_argument("--sequential", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--size", type=int, default=512)
+    ap.add_argument("--max-batch", type=int, default=16)
+    a = ap.parse_args()
+
+    server = subprocess.Popen(a.launcher.split() + [a.atelier, "serve", "--model", "sd15=builtin:sd15", "--tokenizer", a.tokenizer,
+                               "--devices", a.devices, "--port", "0", "--max-queue", str(4 * a.concurrent),
+                               "--max-batch", str(a.max_batch), "--http-threads", str(2 * a.concurrent + 8)],
+                              stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+    try:
+        line = server.stdout.readline()
+        if "listening on" not in line:
+            sys.exit(f"server did not start: {line!r}")
+        base = line.split("listening on", 1)[1].strip()
+        body = {"prompt": "a lighthouse at dusk, oil painting", "negative_prompt": "blurry", "width": a.size,
+                "height": a.size, "steps": a.steps, "cfg_scale": 7, "sampler": "euler", "seed": 1}
+        t = time.time()
+        run_job(base, body)  # loads the model on every worker, records the graphs of batch 1
+        load_s = time.time() - t
+        # Warm the batched shapes once (a graph per batch size is recorded on its second use).
+        threads = [threading.Thread(target=run_job, args=(base, dict(body, seed=100 + i))) for i in range(a.max_batch)]
+        for th in threads: th.start()
+        for th in threads: th.join()
+
+        t = time.time()
+        for i in range(a.sequential):
+            run_job(base, dict(body, seed=200 + i))
+        seq = (time.time() - t) / a.sequential
+
+        util = []
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                try:
+                    out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                                         capture_output=True, text=True, timeout=5).stdout
+                    util.append([float(x) for x in out.split()])
+                except Exception:
+                    pass
+                time.sleep(0.5)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        errors = []
+
+        def one(i):
+            try:
+                run_job(base, dict(body, seed=1000 + i))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(str(e))
+
+        busy0 = [w.get("busy_seconds", 0) for w in call(base, "GET", "/v1/stats").get("workers", [])]
+        t = time.time()
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(a.concurrent)]
+        for th in threads: th.start()
+        for th in threads: th.join()
+        conc_total = time.time() - t
+        stats = call(base, "GET", "/v1/stats")
+        stop.set()
+        sampler.join()
+        conc = conc_total / a.concurrent
+        busy = [round((w.get("busy_seconds", 0) - b0) / conc_total, 3) for w, b0 in zip(stats.get("workers", []), busy0)]
+        steady = util[2:-2] if len(util) > 6 else util
+        report = {
+            "devices": a.devices, "size": a.size, "steps": a.steps, "max_batch": a.max_batch,
+            "first_request_s": round(load_s, 2),
+            "sequential_s_per_image": round(seq, 4), "concurrent": a.concurrent,
+            "concurrent_total_s": round(conc_total, 2), "concurrent_s_per_image": round(conc, 4),
+            "images_per_min_concurrent": round(60 / conc, 1), "speedup": round(seq / conc, 2),
+            "errors": errors[:5], "error_count": len(errors),
+            "nvml_util_pct_mean": [round(sum(g) / len(g), 1) for g in zip(*steady)] if steady else None,
+            "engine_busy": busy,
+            "batch_size_hist": stats.get("metrics", {}).get("atelier_batch_size", {}),
+        }
+        print(json.dumps(report, indent=1))
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+if __name__ == "__main__":
+    main()

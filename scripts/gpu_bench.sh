@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# On a GPU machine, after gpu_check.sh has unpacked the pack (or with BUILD_DIR set): `atelier bench` on the
+# built-in SD 1.5 configuration (random weights) in the shapes of issue 3's targets, with CUDA graphs on and
+# off, NVML utilisation sampled by nvidia-smi during the batch-1 run, and a traced tiny-model generation.
+# JSON reports and logs go to $OUT (or /tmp/gpu_bench).
+#   device run: carry [".gpupack"], command "bash .gpupack/gpu_check.sh; bash .gpupack/gpu_bench.sh"
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/gpu_bench}
+mkdir -p "$out"
+if [[ -x .devicepack/bin/atelier ]]; then
+  run=(.devicepack/run)
+  atelier=.devicepack/bin/atelier
+  fixtures=$(pwd)/.devicepack/fixtures
+else
+  run=()
+  atelier=${BUILD_DIR:-build}/atelier
+  fixtures=$(pwd)/../shared/fixtures
+fi
+for name in libcudnn.so.9 libcublasLt.so.13 libcublas.so.13; do
+  if ! ldconfig -p 2>/dev/null | grep -q "$name"; then
+    found=$(find /usr/local/cuda/lib64 /usr/lib /opt -name "$name" 2>/dev/null | head -1)
+    [[ -n $found ]] && export LD_LIBRARY_PATH="$(dirname "$found"):${LD_LIBRARY_PATH:-}"
+  fi
+done
+
+bench() {  # bench NAME ARGS...: one JSON report, its text summary on the log
+  local name=$1
+  shift
+  echo "=== bench $name: $*"
+  "${run[@]}" "$atelier" bench --device cuda "$@" --json > "$out/$name.json" 2> "$out/$name.err"
+  local rc=$?
+  [[ $rc -eq 0 ]] || { echo "bench $name failed ($rc):"; tail -5 "$out/$name.err"; }
+  /usr/bin/env python3 - "$out/$name.json" <<'PY' 2>&1 | tail -3
+import json, sys
+r = json.load(open(sys.argv[1]))
+u = r.get("unet_ms", {})
+st = r.get("stages_s", {})
+print(f"  UNet ms min {u.get('min', 0):.3f} median {u.get('median', 0):.3f}; {r.get('unet_tflops_per_s', 0):.1f} TFLOP/s "
+      f"({r.get('pct_of_ceiling') or 0:.1f}% of ceiling); GPU busy {r.get('gpu_busy_pct')}%; {r.get('it_per_s', 0):.1f} it/s; "
+      f"{r.get('s_per_image', 0):.4f} s/image; VAE decode {st.get('vae_decode')} s; peak {r.get('peak_bytes_reserved', 0)/2**30:.2f} GiB")
+PY
+}
+
+nvidia-smi dmon -s u -d 1 > "$out/dmon_b1.txt" 2>&1 &
+dmon=$!
+bench sd15_b1 --config sd15 --steps 20 --batch 1 --warmup 2 --ceiling
+kill $dmon 2>/dev/null
+ATELIER_GRAPHS=0 bench sd15_b1_nographs --config sd15 --steps 20 --batch 1 --warmup 2
+if [[ -d $fixtures/sd15-tiny/model/tokenizer ]]; then
+  echo "=== server: 64 concurrent 512x512 requests vs one at a time (builtin:sd15, random weights)"
+  /usr/bin/env python3 bench/serve_gpu_bench.py --atelier "$atelier" --launcher "${run[*]:-}" \
+    --tokenizer "$fixtures/sd15-tiny/model/tokenizer" --devices 0 --concurrent 64 2> "$out/serve_bench.err" | tee "$out/serve_bench.json"
+  tail -3 "$out/serve_bench.err"
+fi
+# Where the time goes: an eager run traced (op ranges with CUDA-event device times), summed by op name.
+ATELIER_GRAPHS=0 bench sd15_trace --config sd15 --steps 3 --batch 1 --warmup 1 --trace "$out/sd15_events.trace.json"
+/usr/bin/env python3 - "$out/sd15_events.trace.json" <<'PY' 2>&1 | tee "$out/sd15_ops.txt"
+import json, sys, collections
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+dev = [e for e in ev if e.get("pid") == 2 and e.get("ph") == "X"]
+calls = [e for e in dev if e["name"] == "unet"]
+if not calls: sys.exit("no device-timed unet ranges")
+last = calls[-1]
+t0, t1 = last["ts"], last["ts"] + last["dur"]
+ops = [e for e in dev if e.get("cat") == "op" and t0 <= e["ts"] and e["ts"] + e["dur"] <= t1]
+by = collections.defaultdict(lambda: [0, 0.0])
+for e in ops:
+    by[e["name"]][0] += 1; by[e["name"]][1] += e["dur"]
+print(f"last eager UNet call: {last['dur']/1e3:.2f} ms device span, {len(ops)} op ranges, sum of op device time {sum(v[1] for v in by.values())/1e3:.2f} ms")
+for name, (n, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:25]:
+    print(f"  {name:28s} {n:5d} calls {us/1e3:8.3f} ms")
+PY
+bench sd15_b8 --config sd15 --steps 10 --batch 8 --warmup 2
+bench sd15_1024 --config sd15 --steps 10 --batch 1 --width 1024 --height 1024 --warmup 2
+echo "=== NVML utilisation during sd15_b1 (nvidia-smi dmon, %)"
+awk '$1 ~ /^[0-9]+$/ {print $2}' "$out/dmon_b1.txt" | tr '\n' ' '
+echo
+if [[ -d $fixtures/sd15-tiny/model ]]; then
+  echo "=== traced tiny generation"
+  "${run[@]}" "$atelier" generate --model "$fixtures/sd15-tiny/model" --device cuda --width 128 --height 128 --steps 20 \
+    --seed 1 --prompt "a red circle" --output "$out/tiny.png" --trace "$out/tiny_trace.json" 2>&1 | tail -3
+  bench tiny --model "$fixtures/sd15-tiny/model" --width 128 --height 128 --steps 20 --warmup 2
+fi
+
+# The device tool brings back a few files only: everything in one archive.
+(cd "$out" && tar -czf bench_results.tar.gz --exclude=bench_results.tar.gz --exclude='*.trace.json' . && ls -la bench_results.tar.gz)

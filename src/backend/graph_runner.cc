@@ -1,0 +1,122 @@
+#include "backend/graph_runner.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/ops.h"
+#include "core/status.h"
+#include "core/trace.h"
+
+namespace atelier {
+
+namespace {
+
+bool graphs_disabled_by_env() {
+  const char* v = std::getenv("ATELIER_GRAPHS");
+  return v && std::strcmp(v, "0") == 0;
+}
+
+// Shapes, dtypes and devices of the inputs: what a recording is valid for.
+std::string key_of(const std::vector<Tensor>& inputs, Device device) {
+  std::string key = device.str();
+  for (const Tensor& t : inputs) {
+    key += '|';
+    key += dtype_name(t.dtype());
+    for (int64_t d : t.shape()) key += ',' + std::to_string(d);
+  }
+  return key;
+}
+
+// dst (contiguous, on the device) = src (any device, same shape and dtype).
+void copy_into(Tensor& dst, const Tensor& src, Backend& backend) {
+  const Tensor on_device = src.device() == dst.device() ? src : ops::to_device(src, dst.device());
+  backend.copy(dst, on_device);
+}
+
+}  // namespace
+
+GraphRunner::GraphRunner() : GraphRunner(Options{}) {}
+
+GraphRunner::GraphRunner(Options options) : options_(options) {
+  if (graphs_disabled_by_env()) options_.enabled = false;
+}
+
+GraphRunner::Entry& GraphRunner::entry_for(const std::string& key) {
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->key != key) continue;
+    entries_.splice(entries_.begin(), entries_, it);  // most recently used first
+    return entries_.front();
+  }
+  while (entries_.size() >= options_.max_entries && !entries_.empty()) entries_.pop_back();
+  entries_.emplace_front();
+  entries_.front().key = key;
+  return entries_.front();
+}
+
+Tensor GraphRunner::eager(const std::vector<Tensor>& inputs, Device device, const Fn& fn) {
+  ++stats_.eager_calls;
+  std::vector<Tensor> moved;  // an eager call sees what a replay sees: every input on the device
+  for (const Tensor& t : inputs) moved.push_back(t.device() == device ? t : ops::to_device(t, device));
+  return fn(moved);
+}
+
+Tensor GraphRunner::record(Entry& e, const std::vector<Tensor>& inputs, Backend& backend, const Fn& fn) {
+  e.static_inputs.clear();
+  for (const Tensor& t : inputs) {
+    Tensor s = Tensor::empty(t.shape(), t.dtype(), backend.device());
+    copy_into(s, t, backend);
+    e.static_inputs.push_back(s);
+  }
+  const uint64_t flops_before = trace::thread_flops();
+  try {
+    e.work = backend.capture([&] { e.static_output = fn(e.static_inputs); });
+  } catch (const Error& err) {
+    e.work.reset();
+    e.static_output = Tensor();
+    e.static_inputs.clear();
+    e.failed = true;
+    ++stats_.capture_failures;
+    stats_.last_failure = err.status().message();
+    return eager(inputs, backend.device(), fn);  // this shape runs eagerly from now on
+  }
+  ++stats_.captures;
+  e.flops = trace::thread_flops() - flops_before;
+  e.work->replay();  // recording does not run the work: the first result comes from the first replay
+  return ops::clone(e.static_output);
+}
+
+Tensor GraphRunner::run(const std::vector<Tensor>& inputs, Device device, const Fn& fn) {
+  Backend& backend = backend_for(device);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!options_.enabled || !backend.can_capture()) return eager(inputs, device, fn);
+  Entry& e = entry_for(key_of(inputs, device));
+  if (e.failed || e.calls < options_.warmup) {
+    ++e.calls;
+    return eager(inputs, device, fn);
+  }
+  if (!e.work) return record(e, inputs, backend, fn);
+  // One op range for the whole replay (inputs in, graph, output out): the trace's device track and the
+  // bench's GPU busy figure see the recorded kernels through it.
+  trace::Scope range("graph_replay", trace::Category::kOp);
+  for (size_t i = 0; i < inputs.size(); ++i) copy_into(e.static_inputs[i], inputs[i], backend);
+  e.work->replay();
+  trace::count_flops(e.flops);
+  ++stats_.replays;
+  return ops::clone(e.static_output);
+}
+
+GraphRunner::Stats GraphRunner::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats s = stats_;
+  s.pool_bytes = 0;
+  for (const Entry& e : entries_)
+    if (e.work) s.pool_bytes += e.work->pool_bytes();
+  return s;
+}
+
+void GraphRunner::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_.clear();
+}
+
+}  // namespace atelier
