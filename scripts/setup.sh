@@ -13,6 +13,7 @@ PACKAGES=(
   libsentencepiece-dev libhiredis-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   valgrind
+  redis-server python3-yaml
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
