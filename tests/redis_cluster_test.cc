@@ -279,3 +279,42 @@ TEST(RedisCluster, CancelAndQueueFullGoThroughRedis) {
 
 }  // namespace
 }  // namespace atelier::serve
+
+namespace atelier::serve {
+namespace {
+
+// A job that runs longer than the visibility timeout on a live worker is not reclaimed (the worker
+// refreshes its entry), and a running job is cancelled through the flag in Redis at its next step.
+TEST(RedisCluster, LongJobKeepsItsLeaseAndRunningJobCancels) {
+  REQUIRE_CLUSTER();
+  auto redis = RedisProcess::start(false);
+  ASSERT_TRUE(redis);
+  auto g = Gateway::start(redis->url());
+  ASSERT_TRUE(g);
+  auto c = g->client();
+  Child a = start_worker(redis->url(), "wa", 1);
+  Child b = start_worker(redis->url(), "wb", 1);
+  const auto long_job = submit(*c, 1, 11, 150, 128);
+  const auto doomed = submit(*c, 1, 12, 150, 128);
+  ASSERT_EQ(long_job.size() + doomed.size(), 2u);
+  // Cancel the second once it runs.
+  for (int i = 0; i < 400; ++i) {
+    if (parse(c->Get(("/v1/jobs/" + doomed[0]).c_str())->body).value("step", 0) >= 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  auto del = c->Delete(("/v1/jobs/" + doomed[0]).c_str());
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 202);
+  const auto cancelled = test::wait_job(*c, doomed[0], 60);
+  EXPECT_EQ(cancelled["state"], "cancelled") << cancelled.dump().substr(0, 300);
+  EXPECT_LT(cancelled.value("step", 0), 150);
+  const auto j = test::wait_job(*c, long_job[0], 120);
+  EXPECT_EQ(j["state"], "done") << j.dump().substr(0, 300);
+  const double elapsed = j.value("elapsed_s", 0.0);
+  if (elapsed * 1000 < 2 * kVisibilityMs) GTEST_SKIP() << "the job ran " << elapsed << " s: too fast to outlive the visibility timeout";
+  EXPECT_EQ(j["attempts"], 1) << "a live worker's job was reclaimed";
+  EXPECT_EQ(metric(*c, "atelier_cluster_reclaimed_jobs"), 0);
+}
+
+}  // namespace
+}  // namespace atelier::serve
