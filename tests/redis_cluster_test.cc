@@ -318,3 +318,32 @@ TEST(RedisCluster, LongJobKeepsItsLeaseAndRunningJobCancels) {
 
 }  // namespace
 }  // namespace atelier::serve
+
+namespace atelier::serve {
+namespace {
+
+// A job whose workers keep dying (claimed kMaxClaims = 3 times already) fails instead of taking down more.
+TEST(RedisCluster, JobWhoseWorkersKeepDyingFails) {
+  REQUIRE_CLUSTER();
+  auto redis = RedisProcess::start(false);
+  ASSERT_TRUE(redis);
+  auto g = Gateway::start(redis->url());
+  ASSERT_TRUE(g);
+  auto c = g->client();
+  auto rc = redis->client();
+  Child w = start_worker(redis->url(), "w1");  // creates the group
+  w.signal_and_wait(SIGTERM);
+  // A job that a third worker took and then died with: pending on consumer "ghost", epoch 3.
+  const auto ids = submit(*c, 1, 5);
+  ASSERT_EQ(ids.size(), 1u);
+  ASSERT_TRUE(rc->command({"XREADGROUP", "GROUP", "workers", "ghost", "COUNT", "1", "STREAMS", "atelier:jobs:tiny", ">"}));
+  ASSERT_TRUE(rc->command({"HSET", "atelier:job:" + ids[0], "state", "running", "owner", "ghost", "epoch", "3"}));
+  Child w2 = start_worker(redis->url(), "w2");
+  const auto j = test::wait_job(*c, ids[0], 30);
+  EXPECT_EQ(j["state"], "failed") << j.dump().substr(0, 300);
+  EXPECT_NE(j.value("error", "").find("gave up after 3 attempts"), std::string::npos) << j.dump().substr(0, 300);
+  EXPECT_EQ(rc->command({"XLEN", "atelier:jobs:tiny"})->as_int(), 0);
+}
+
+}  // namespace
+}  // namespace atelier::serve

@@ -29,7 +29,8 @@ constexpr auto kCancelCheckPeriod = std::chrono::milliseconds(200);
 constexpr auto kRetryPause = std::chrono::milliseconds(200);
 constexpr int kMaxEventsKept = 300;        // per job stream (MAXLEN ~): step events beyond are trimmed
 constexpr size_t kMaxJobIdBytes = 64;
-constexpr size_t kLocalQueueFactor = 4;    // local queue capacity, in slots: never the limiting factor
+constexpr size_t kLocalQueueFactor = 4;
+constexpr int64_t kMaxClaims = 3;          // claims of one job (its workers died) before it fails instead    // local queue capacity, in slots: never the limiting factor
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -271,6 +272,14 @@ void RedisWorkerNode::Impl::handle(const std::string& stream, const RedisReply& 
   f.stream = stream;
   f.entry = entry;
   f.epoch = claim->at(1).text();
+  if (claim->at(1).as_int() > kMaxClaims) {  // every worker that took it died: do not let it kill more
+    ServeRequest unused;
+    f.job = std::make_shared<Job>(id, std::move(unused), 0);
+    f.job->fail(internal_error("gave up after " + std::to_string(kMaxClaims) +
+                               " attempts: every worker that ran the job died or lost it"));
+    (void)finish(*pull_client, f);
+    return;
+  }
   auto request = decode_request(claim->at(2).str);
   Status bad = request.status();
   if (request && !registry.find(request->model)) bad = invalid_argument("this worker does not serve model '" + request->model + "'");
