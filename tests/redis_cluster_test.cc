@@ -47,10 +47,13 @@ struct Gateway {
   }
 };
 
-Child start_worker(const std::string& queue, const std::string& name, int max_batch = 4) {
-  Child w = Child::spawn({ATELIER_BINARY, "worker", "--queue", queue, "--model", "tiny=" + test::tiny_model_path(),
-                          "--name", name, "--devices", "cpu", "--cpu-threads", "1", "--max-batch", std::to_string(max_batch),
-                          "--visibility-timeout-ms", std::to_string(kVisibilityMs), "--heartbeat-ms", "200"});
+Child start_worker(const std::string& queue, const std::string& name, int max_batch = 4,
+                   const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {ATELIER_BINARY, "worker", "--queue", queue, "--model", "tiny=" + test::tiny_model_path(),
+                                   "--name", name, "--devices", "cpu", "--cpu-threads", "1", "--max-batch", std::to_string(max_batch),
+                                   "--visibility-timeout-ms", std::to_string(kVisibilityMs), "--heartbeat-ms", "200"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  Child w = Child::spawn(args);
   EXPECT_EQ(w.line_with("worker "), name + " ready");
   return w;
 }
@@ -343,6 +346,35 @@ TEST(RedisCluster, JobWhoseWorkersKeepDyingFails) {
   EXPECT_EQ(j["state"], "failed") << j.dump().substr(0, 300);
   EXPECT_NE(j.value("error", "").find("gave up after 3 attempts"), std::string::npos) << j.dump().substr(0, 300);
   EXPECT_EQ(rc->command({"XLEN", "atelier:jobs:tiny"})->as_int(), 0);
+}
+
+}  // namespace
+}  // namespace atelier::serve
+
+namespace atelier::serve {
+namespace {
+
+// Images above --max-inline-kb are not stored in Redis: the gateway reads them from the shared --output-dir.
+TEST(RedisCluster, LargeResultsGoThroughTheSharedOutputDir) {
+  REQUIRE_CLUSTER();
+  auto redis = RedisProcess::start(false);
+  ASSERT_TRUE(redis);
+  auto g = Gateway::start(redis->url());
+  ASSERT_TRUE(g);
+  const std::filesystem::path out = redis->dir / "results";
+  Child w = start_worker(redis->url(), "w1", 4, {"--output-dir", out.string(), "--max-inline-kb", "0"});
+  auto c = g->client();
+  auto rc = redis->client();
+  const auto ids = submit(*c, 1, 77, 1, 64);
+  ASSERT_EQ(ids.size(), 1u);
+  const auto j = test::wait_job(*c, ids[0], 60);
+  ASSERT_EQ(j["state"], "done") << j.dump().substr(0, 300);
+  const std::string path = j["images"][0].value("path", "");
+  EXPECT_EQ(std::filesystem::path(path).parent_path(), out);
+  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_EQ(test::decode_b64_image(j["images"][0]["data"]).width, 64) << "read back from the shared path";
+  const std::string result = rc->command({"HGET", "atelier:job:" + ids[0], "result"})->str;
+  EXPECT_EQ(result.find("\"key\""), std::string::npos) << "no copy in Redis: " << result;
 }
 
 }  // namespace
