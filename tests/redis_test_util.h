@@ -75,20 +75,20 @@ struct Child {
     }
     return "";
   }
+  // Sends `sig` and reaps the process (SIGKILL after 10 s); closes its output.
   void signal_and_wait(int sig) {
-    if (pid <= 0) return;
-    kill(pid, sig);
-    int st = 0;
-    for (int i = 0; i < 200; ++i) {
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
     if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
+      kill(pid, sig);
+      int st = 0;
+      bool reaped = false;
+      for (int i = 0; i < 200 && !reaped; ++i) {
+        reaped = waitpid(pid, &st, WNOHANG) == pid;
+        if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (!reaped) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+      }
       pid = -1;
     }
     if (out) fclose(out);
@@ -119,10 +119,15 @@ struct RedisProcess {
     r->aof = aof;
     r->dir = std::filesystem::temp_directory_path() / ("atelier-redis-" + std::to_string(getpid()) + "-" + std::to_string(free_port()));
     std::filesystem::create_directories(r->dir);
-    r->port = free_port();
-    if (!r->launch()) return nullptr;
-    return r;
+    // A port picked by free_port() can be taken by a concurrent test (ctest -j) before redis binds it.
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      r->port = free_port();
+      if (r->launch()) return r;
+    }
+    ADD_FAILURE() << "redis-server did not start (3 ports tried)";
+    return nullptr;
   }
+  // Starts redis-server on `port`; false when it exits or does not answer within 5 s.
   bool launch() {
     child = Child::spawn({kRedisServer, "--port", std::to_string(port), "--bind", "127.0.0.1", "--dir", dir.string(),
                           "--save", "", "--appendonly", aof ? "yes" : "no", "--appendfsync", "always",
@@ -131,15 +136,21 @@ struct RedisProcess {
       if (auto c = redis::RedisClient::connect(*redis::RedisUrl::parse(url()))) {
         if ((*c)->command({"PING"})) return true;
       }
+      int st = 0;
+      if (waitpid(child.pid, &st, WNOHANG) == child.pid) {  // exited: e.g. the port was taken
+        child.pid = -1;
+        return false;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    ADD_FAILURE() << "redis-server did not answer on port " << port;
     return false;
   }
   // kill -9 and start again on the same port and folder.
   bool restart() {
     child.signal_and_wait(SIGKILL);
-    return launch();
+    const bool ok = launch();
+    EXPECT_TRUE(ok) << "redis-server did not start again on port " << port;
+    return ok;
   }
   std::string url() const { return "redis://127.0.0.1:" + std::to_string(port); }
   std::unique_ptr<redis::RedisClient> client() const {
