@@ -85,7 +85,8 @@ def check_dockerfile(path):
     need(any(re.search(r"nvidia/cuda:\S*runtime", l) for l in froms), "Dockerfile: the final stage on an nvidia/cuda runtime image")
     need(any("COPY --from=" in l for l in joined), "Dockerfile: the binary copied from the build stage")
     need(any(l.upper().startswith("ENTRYPOINT") for l in joined), "Dockerfile: an ENTRYPOINT")
-    need("libhiredis" in text, "Dockerfile: hiredis installed")
+    need("libhiredis" in text, "Dockerfile: hiredis installed (build stage)")
+    need(any(l.upper().startswith("USER") for l in joined), "Dockerfile: runs as a non-root USER")
 
 
 root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "deploy")
