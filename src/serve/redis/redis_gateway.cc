@@ -164,7 +164,8 @@ JobPtr RedisGateway::load(const std::string& id) {
   auto events = cmd_.command({"XRANGE", events_key(id), "-", "+"});
   std::string last = "0-0";
   if (events) {
-    // The replay runs on the shared connection, under its lock only per command (apply reads results).
+    // apply() reads results with a client of its own: a short-lived connection for this replay, so the
+    // shared one is not held for the whole of it.
     auto client = RedisClient::connect(*RedisUrl::parse(options_.url));
     for (const RedisReply& e : events->elements) {
       last = e.at(0).str;
