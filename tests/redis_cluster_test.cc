@@ -161,8 +161,10 @@ TEST(RedisCluster, KilledWorkersJobsFinishOnTheOtherWorker) {
     if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_TRUE(running) << "the first worker never started the batch";
-  a.signal_and_wait(SIGKILL);
+  // The second worker joins once the victim holds the whole batch (--max-batch 4 = its room), so that
+  // every job is the victim's when it dies.
   Child b = start_worker(redis->url(), "survivor");
+  a.signal_and_wait(SIGKILL);
   for (const auto& id : ids) {
     const auto j = test::wait_job(*c, id, 120);
     EXPECT_EQ(j["state"], "done") << j.dump().substr(0, 300);
