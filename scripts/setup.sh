@@ -14,6 +14,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   valgrind
   chromium chromium-driver python3-selenium  # the web UI test (tests/ui/web_ui_test.py)
+  redis-server python3-yaml                  # the Redis cluster tests, the deploy manifest check
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -9,6 +9,7 @@
 #include "pipeline/request.h"
 #include "pipeline/sd_pipeline.h"
 #include "pipeline/sd_bench.h"
+#include "serve/redis/redis_worker.h"
 #include "serve/server.h"
 
 namespace atelier::cli {
@@ -68,5 +69,7 @@ class TraceFile {
 };
 void add_serve_command(CLI::App& app, serve::ServeOptions& o);
 int run_serve(const serve::ServeOptions& o);
+void add_worker_command(CLI::App& app, serve::redis::RedisWorkerOptions& o);
+int run_worker(const serve::redis::RedisWorkerOptions& o);
 
 }  // namespace atelier::cli

@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   atelier::cli::add_bench_command(app, bench);
   atelier::serve::ServeOptions serve;
   atelier::cli::add_serve_command(app, serve);
+  atelier::serve::redis::RedisWorkerOptions worker;
+  atelier::cli::add_worker_command(app, worker);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -26,5 +28,6 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("info")) return atelier::cli::run_info(info);
   if (app.got_subcommand("bench")) return atelier::cli::run_bench(bench);
   if (app.got_subcommand("serve")) return atelier::cli::run_serve(serve);
+  if (app.got_subcommand("worker")) return atelier::cli::run_worker(worker);
   return 2;
 }

@@ -37,6 +37,8 @@ void add_serve_command(CLI::App& app, serve::ServeOptions& o) {
   c->add_option("--keep-results-mb", o.max_result_mb, "Encoded images kept for polling, MiB")->capture_default_str();
   c->add_option("--probe-interval-ms", o.probe_interval_ms, "How often a failed device is probed")->capture_default_str();
   c->add_flag("--test-hooks", o.test_hooks, "Enable POST /v1/admin/fail-device (for tests only)");
+  c->add_option("--queue", o.queue, "redis://HOST:PORT[/DB]: queue jobs in Redis for `atelier worker` processes (no local workers)");
+  c->add_option("--result-ttl-s", o.result_ttl_s, "Redis mode: how long finished jobs and results stay in Redis")->capture_default_str();
 }
 
 int run_serve(const serve::ServeOptions& o) {

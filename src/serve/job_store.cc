@@ -20,6 +20,11 @@ void JobStore::add(JobPtr job) {
 }
 
 JobPtr JobStore::get(const std::string& id) const {
+  if (JobPtr j = peek(id)) return j;
+  return loader_ ? loader_(id) : nullptr;
+}
+
+JobPtr JobStore::peek(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(id);
   return it == jobs_.end() ? nullptr : it->second;

@@ -3,6 +3,7 @@
 // stays bounded however many requests pass through.
 #pragma once
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -20,7 +21,11 @@ class JobStore {
 
   std::string new_id();  // 32 random hex digits
   void add(JobPtr job);
-  JobPtr get(const std::string& id) const;  // nullptr when unknown or expired
+  JobPtr get(const std::string& id) const;  // nullptr when unknown or expired (after asking the loader)
+  JobPtr peek(const std::string& id) const;  // without the loader
+  // Asked for jobs this store does not hold (Redis mode: jobs of other gateways, or from before a restart);
+  // it adds what it finds. Set before the server starts.
+  void set_loader(std::function<JobPtr(const std::string&)> loader) { loader_ = std::move(loader); }
   void erase(const std::string& id);
   std::vector<JobPtr> unfinished() const;
   // Drops expired finished jobs; called by the scheduler's housekeeping and on every add.
@@ -37,6 +42,7 @@ class JobStore {
   std::unordered_map<std::string, JobPtr> jobs_;
   std::deque<std::string> order_;  // ids in submission order, for sweeping
   std::mt19937_64 rng_{std::random_device{}()};
+  std::function<JobPtr(const std::string&)> loader_;
 };
 
 }  // namespace atelier::serve

@@ -16,7 +16,7 @@ void add_ops_routes(httplib::Server& http, ServerContext& ctx) {
   http.Get("/healthz", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
 
   http.Get("/readyz", [&ctx](const httplib::Request&, httplib::Response& res) {
-    const int healthy = ctx.pool.healthy_count();
+    const int healthy = ctx.cluster_workers ? ctx.cluster_workers() : ctx.pool.healthy_count();
     const bool ready = healthy > 0 && !ctx.stopping.load();
     send_json(res, ready ? 200 : 503, {{"ready", ready}, {"healthy_workers", healthy}, {"workers", ctx.pool.size()}});
   });

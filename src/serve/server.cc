@@ -8,6 +8,7 @@
 
 #include "serve/http_util.h"
 #include "serve/nvml.h"
+#include "serve/redis/redis_gateway.h"
 #include "serve/server_context.h"
 
 namespace atelier::serve {
@@ -38,6 +39,8 @@ struct Server::Impl {
   std::unique_ptr<ThreadPool> host_pool;
   DevicePool pool;
   std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<redis::RedisGateway> gateway;  // Redis mode only
+  std::mutex load_mu;                            // Redis mode: one load into the store at a time
   std::atomic<bool> stopping{false};
   std::unique_ptr<ServerContext> ctx;
   httplib::Server http;
@@ -157,8 +160,21 @@ Expected<std::unique_ptr<Server>> Server::create(const ServeOptions& o) {
   for (const Device& d : devices)
     if (!d.is_cpu()) s.nvml = Nvml::open();
   s.host_pool = std::make_unique<ThreadPool>(o.host_threads);
-  s.scheduler = std::make_unique<Scheduler>(SchedulerOptions{}, std::make_unique<LocalWorkQueue>(o.max_queue), s.pool,
-                                            s.store, s.metrics);
+  std::unique_ptr<WorkQueue> queue = std::make_unique<LocalWorkQueue>(o.max_queue);
+  if (!o.queue.empty()) {  // Redis mode: no local workers; jobs and their state live in Redis
+    ATELIER_ASSIGN_OR_RETURN(s.gateway, redis::RedisGateway::create({o.queue, o.max_queue, o.result_ttl_s}, terminal_hook(s.metrics)));
+    redis::declare_cluster_metrics(s.metrics);
+    queue = s.gateway->make_queue();
+    devices.clear();
+    s.store.set_loader([&s](const std::string& id) -> JobPtr {
+      std::lock_guard<std::mutex> lock(s.load_mu);
+      if (JobPtr j = s.store.peek(id)) return j;
+      JobPtr j = s.gateway->load(id);
+      if (j) s.store.add(j);
+      return j;
+    });
+  }
+  s.scheduler = std::make_unique<Scheduler>(SchedulerOptions{}, std::move(queue), s.pool, s.store, s.metrics);
   int cpu_workers = 0;
   for (const Device& d : devices) cpu_workers += d.is_cpu();
   const int cores = std::max(1, int(std::thread::hardware_concurrency()));
@@ -175,6 +191,10 @@ Expected<std::unique_ptr<Server>> Server::create(const ServeOptions& o) {
   }
   s.ctx.reset(new ServerContext{s.options, s.registry, s.store, *s.scheduler, s.pool, s.metrics, s.stopping,
                                 std::chrono::steady_clock::now()});
+  if (s.gateway) {
+    s.ctx->cluster_workers = [&s] { return s.gateway->live_workers(); };
+    s.metrics.add_collector([&s](MetricsRegistry& m) { s.gateway->collect(m); });
+  }
   s.configure_http();
   s.add_collectors();
   return std::unique_ptr<Server>(new Server(std::move(impl)));
@@ -201,6 +221,7 @@ Status Server::start() {
   s.started = true;
   s.pool.start();
   s.scheduler->start();
+  if (s.gateway) s.gateway->start();
   s.http_thread = std::thread([&s] { s.http.listen_after_bind(); });
   const auto deadline = std::chrono::steady_clock::now() + kStartTimeout;
   while (!s.http.is_running() && std::chrono::steady_clock::now() < deadline)
@@ -223,6 +244,7 @@ void Server::stop() {
   s.stopping = true;
   s.scheduler->stop();                          // queued jobs fail: waiting HTTP threads wake up
   s.pool.stop("the server is shutting down");   // running jobs fail
+  if (s.gateway) s.gateway->stop();             // Redis mode: the jobs go on in Redis
   s.http.stop();
   if (s.http_thread.joinable()) s.http_thread.join();
   s.host_pool.reset();                          // finishes queued encodings

@@ -41,6 +41,10 @@ struct ServeOptions {
   double job_retention_s = 3600;
   int probe_interval_ms = 1000;
   bool test_hooks = false;               // enables POST /v1/admin/fail-device (tests only)
+  // redis://HOST:PORT[/DB]: accepted jobs go to Redis streams for `atelier worker` processes; this server
+  // then starts no local workers and reads job state back from Redis (docs/serve.md, "Redis mode").
+  std::string queue;
+  double result_ttl_s = 86400;           // Redis mode: finished jobs and results kept in Redis this long
 };
 
 class Server {

@@ -3,6 +3,7 @@
 #pragma once
 #include <atomic>
 #include <chrono>
+#include <functional>
 
 #include "serve/device_pool.h"
 #include "serve/job_store.h"
@@ -29,6 +30,8 @@ struct ServerContext {
   MetricsRegistry& metrics;
   std::atomic<bool>& stopping;
   std::chrono::steady_clock::time_point started;
+  // Redis mode: workers with a fresh heartbeat (readiness); empty = the local device pool decides.
+  std::function<int()> cluster_workers = {};
 
   // Resolves the model, validates against the limits, creates and queues the job.
   // Errors: kInvalidArgument (400), kNotFound (unknown model, 400), kResourceExhausted (queue full, 429).
