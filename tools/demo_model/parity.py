@@ -34,10 +34,11 @@ def main(model_dir, out_path):
     rng = __import__("numpy").random.RandomState(0)
     scenes, _ = shapes.sample_batch(rng, 1, shapes.all_triples(), img_side)
     image = shapes.render(scenes, w=img_side)
-    dec = vae.decode(z[:1] * 0.5)
+    dec_in = z[:1] * 0.5
+    dec = vae.decode(dec_in)
     mean, _ = vae.encode(image)
     export.save_safetensors({"ids": ids.to(torch.int32), "context": ctx, "latent": z, "timesteps": t, "eps": eps,
-                             "decoded": dec, "image": image, "encoded_mean": mean}, out_path)
+                             "decode_in": dec_in, "decoded": dec, "image": image, "encoded_mean": mean}, out_path)
     print("wrote", out_path)
 
 
