@@ -262,7 +262,7 @@ def main():
     log(t0, "exported %s" % model_dir)
     stats = {"unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
              "latent_scaling_factor": scale, "torch": torch.__version__, "device": a.device}
-    passed, done = (0, 0) if a.no_eval else evaluate(ema_te, ema_unet, vae, scale, tok, a, t0, end + 60)
+    passed, done = (0, 0) if a.no_eval else evaluate(ema_te, ema_unet, vae, scale, tok, a, t0, end + 15)
     stats.update(heldout_passed=passed, heldout_evaluated=done)
     with open(os.path.join(a.out, "train_stats.json"), "w") as f:
         json.dump(stats, f, indent=2)
