@@ -3,6 +3,9 @@
 // trained weights are committed (models/demo/model_index.json).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -58,6 +61,35 @@ TEST(DemoModelLookup, ClearErrorWhenAbsent) {
   ASSERT_FALSE(found.has_value());
   EXPECT_NE(found.status().message().find("/nonexistent/demo"), std::string::npos) << found.status().message();
   EXPECT_NE(found.status().message().find("--model"), std::string::npos) << found.status().message();
+}
+
+// Runs the CLI; returns its exit code and puts stdout + stderr in `output`.
+int run_cli(const std::string& args, std::string& output) {
+  FILE* p = popen((std::string(ATELIER_BINARY) + " " + args + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) output.append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The README's first command: `generate` with no --model uses the demo model from the source tree, or says
+// where it looked when the model is not there.
+TEST(DemoModelCli, GenerateWithoutModel) {
+  const fs::path out = fs::temp_directory_path() / "atelier_demo_cli_test.png";
+  fs::remove(out);
+  std::string output;
+  const int rc = run_cli("generate --prompt \"a red circle on a blue background\" --seed 1 --rng cpu --output " +
+                             out.string(), output);
+  if (fs::exists(kDemoDir / "model_index.json")) {
+    EXPECT_EQ(rc, 0) << output;
+    EXPECT_TRUE(fs::exists(out)) << output;
+  } else {
+    EXPECT_EQ(rc, 1) << output;
+    EXPECT_NE(output.find("demo model was not found"), std::string::npos) << output;
+    EXPECT_NE(output.find(kDemoDir.string()), std::string::npos) << output;
+  }
+  fs::remove(out);
 }
 
 TEST(DemoModel, DrawsWhatThePromptsSay) {
