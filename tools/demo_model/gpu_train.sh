@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Trains the demo model on the GPU machine in one command (~8 minutes), from the repository root:
 #   OUT=/some/dir bash tools/demo_model/gpu_train.sh [extra train.py flags]
-# Writes $OUT/demo/model (the diffusers folder to commit as models/demo), $OUT/demo/train.log and
-# $OUT/demo/train_stats.json; prints progress and, at the end, the held-out adherence measured with the torch
+# Writes $OUT/demo/model (the diffusers folder to commit as models/demo), $OUT/demo/train.log,
+# $OUT/demo/train_stats.json and $OUT/demo/heldout_samples.png (the 50 held-out prompts' torch samples); prints progress and, at the end, the held-out adherence measured with the torch
 # model (DDIM 20 steps, CFG 7; the engine's own figure comes from bench/demo_adherence afterwards).
 set -euo pipefail
 : "${OUT:?set OUT to the output folder}"

@@ -117,6 +117,31 @@ def latent_scale(vae, data, a):
     return 1.0 / torch.cat(vals).std().item()
 
 
+@torch.no_grad()
+def vae_roundtrip_check(vae, a, t0, n=50):
+    """Share of training-distribution images that still pass the checker after encode + decode: an upper
+    bound for the model's adherence (a VAE that blurs shapes caps it)."""
+    import check
+    rng = np.random.RandomState(12345)
+    scenes, _ = shapes.sample_batch(rng, n, shapes.all_triples(), a.size)
+    x = shapes.render(scenes, w=a.size, device=a.device)
+    with autocast(a.device):
+        rec = vae.decode(vae.encode(x)[0]).float()
+    ok = sum(check.check(shapes.to_uint8(r), s.caption())[0] for r, s in zip(rec, scenes))
+    log(t0, "vae round trip: L1 %.4f, checker passes %d/%d" % ((rec - x).abs().mean().item(), ok, n))
+    return ok
+
+
+def save_grid(images, path, cols=10):
+    from PIL import Image
+    h, w, _ = images[0].shape
+    rows = (len(images) + cols - 1) // cols
+    grid = np.zeros((rows * h, cols * w, 3), np.uint8)
+    for i, im in enumerate(images):
+        grid[(i // cols) * h:(i // cols + 1) * h, (i % cols) * w:(i % cols + 1) * w] = im
+    Image.fromarray(grid).save(path)
+
+
 def ema_update(ema, live, decay):
     with torch.no_grad():
         for e, p in zip(ema.parameters(), live.parameters()):
@@ -191,17 +216,20 @@ def sample(te, unet, vae, scale, tok, prompts, device, steps=20, cfg=7.0, seed=0
 def evaluate(te, unet, vae, scale, tok, a, t0, deadline):
     import check
     prompts = shapes.heldout_prompts()
-    passed, done = 0, 0
+    passed, done, all_imgs = 0, 0, []
     for i in range(0, len(prompts), 10):
         if time.time() > deadline:
             break
         imgs = sample(te, unet, vae, scale, tok, prompts[i:i + 10], a.device, latent=a.size // 4)
+        all_imgs += imgs
         for p, im in zip(prompts[i:i + 10], imgs):
             ok, _, got = check.check(im, p)
             passed += ok
             done += 1
             if not ok and a.verbose_eval:
                 print("  FAIL %s -> %s" % (p, got))
+    if all_imgs:
+        save_grid(all_imgs, os.path.join(a.out, "heldout_samples.png"))
     if done:
         log(t0, "held-out adherence (torch, DDIM 20, CFG 7): %d/%d = %.0f%%" % (passed, done, 100.0 * passed / done))
     return passed, done
@@ -254,13 +282,14 @@ def main():
     vae.eval().requires_grad_(False)
     scale = latent_scale(vae, data, a)
     log(t0, "latent scaling factor %.4f" % scale)
+    vae_ok = vae_roundtrip_check(vae, a, t0)
     unet_deadline = end - a.eval_frac * (end - t0)
     ema_te, ema_unet, steps, seen = train_unet(te, unet, vae, scale, data, a, unet_deadline, t0)
     data.close()
     model_dir = os.path.join(a.out, "model")
     export.export_diffusers(model_dir, ema_te.float(), ema_unet.float(), vae.float(), scale, tok_dir)
     log(t0, "exported %s" % model_dir)
-    stats = {"unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
+    stats = {"vae_roundtrip_passed": vae_ok, "unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
              "latent_scaling_factor": scale, "torch": torch.__version__, "device": a.device}
     passed, done = (0, 0) if a.no_eval else evaluate(ema_te, ema_unet, vae, scale, tok, a, t0, end + 15)
     stats.update(heldout_passed=passed, heldout_evaluated=done)
