@@ -259,9 +259,12 @@ def main():
     end = t0 + a.minutes * 60
     torch.manual_seed(a.seed)
     if a.device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
+        try:  # fp32 leftovers outside autocast; the flag's spelling moves between torch versions
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        except (AttributeError, RuntimeError):
+            pass
     tcfg, ucfg, vcfg = (M.TOY_TEXT, M.TOY_UNET, M.TOY_VAE) if a.toy else (M.TEXT_CONFIG, M.UNET_CONFIG, M.VAE_CONFIG)
     a.size = 64 if a.toy else M.IMAGE_SIZE
     ucfg = dict(ucfg, sample_size=a.size // 4)
