@@ -143,9 +143,15 @@ def save_grid(images, path, cols=10):
 
 
 def ema_update(ema, live, decay):
+    """ema = decay * ema + (1 - decay) * live, in a few fused launches where torch has them."""
     with torch.no_grad():
-        for e, p in zip(ema.parameters(), live.parameters()):
-            e.mul_(decay).add_(p.detach(), alpha=1 - decay)
+        e, p = list(ema.parameters()), [q.detach() for q in live.parameters()]
+        if hasattr(torch, "_foreach_mul_"):
+            torch._foreach_mul_(e, decay)
+            torch._foreach_add_(e, p, alpha=1 - decay)
+        else:
+            for a, b in zip(e, p):
+                a.mul_(decay).add_(b, alpha=1 - decay)
 
 
 def train_unet(te, unet, vae, scale, data, a, deadline, t0):
@@ -181,12 +187,14 @@ def train_unet(te, unet, vae, scale, data, a, deadline, t0):
         decay = min(EMA_DECAY, (1 + step) / (10 + step))
         ema_update(ema_te, te, decay)
         ema_update(ema_unet, unet, decay)
-        run_loss = loss.item() if run_loss is None else 0.98 * run_loss + 0.02 * loss.item()
+        # A running mean kept on the device: reading a loss every step would stall the CPU on the GPU.
+        run_loss = loss.detach() if run_loss is None else 0.98 * run_loss + 0.02 * loss.detach()
         if step % a.log_every == 0:
             el = time.time() - start
-            log(t0, "unet step %d loss %.4f (avg %.4f) lr %.2e  %.0f img/s" % (step, loss.item(), run_loss, lr, seen / el))
-    log(t0, "unet done: %d steps, %d images, avg loss %.4f" % (step, seen, run_loss or float("nan")))
-    return ema_te, ema_unet, step, seen
+            log(t0, "unet step %d loss %.4f (avg %.4f) lr %.2e  %.0f img/s" % (step, loss.item(), run_loss.item(), lr, seen / el))
+    run_loss = float("nan") if run_loss is None else run_loss.item()
+    log(t0, "unet done: %d steps, %d images, avg loss %.4f" % (step, seen, run_loss))
+    return ema_te, ema_unet, step, seen, run_loss
 
 
 @torch.no_grad()
@@ -287,12 +295,12 @@ def main():
     log(t0, "latent scaling factor %.4f" % scale)
     vae_ok = vae_roundtrip_check(vae, a, t0)
     unet_deadline = end - a.eval_frac * (end - t0)
-    ema_te, ema_unet, steps, seen = train_unet(te, unet, vae, scale, data, a, unet_deadline, t0)
+    ema_te, ema_unet, steps, seen, final_loss = train_unet(te, unet, vae, scale, data, a, unet_deadline, t0)
     data.close()
     model_dir = os.path.join(a.out, "model")
     export.export_diffusers(model_dir, ema_te.float(), ema_unet.float(), vae.float(), scale, tok_dir)
     log(t0, "exported %s" % model_dir)
-    stats = {"vae_roundtrip_passed": vae_ok, "unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
+    stats = {"vae_roundtrip_passed": vae_ok, "unet_final_loss": final_loss, "unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
              "latent_scaling_factor": scale, "torch": torch.__version__, "device": a.device}
     passed, done = (0, 0) if a.no_eval else evaluate(ema_te, ema_unet, vae, scale, tok, a, t0, end + 15)
     stats.update(heldout_passed=passed, heldout_evaluated=done)
