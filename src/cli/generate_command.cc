@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "io/image.h"
+#include "pipeline/demo_model.h"
 #include "pipeline/flux_model.h"
 #include "pipeline/sd_pipeline.h"
 
@@ -16,7 +17,8 @@ namespace fs = std::filesystem;
 void add_generate_command(CLI::App& app, GenerateOptions& o) {
   CLI::App* c = app.add_subcommand("generate", "Generate images from a prompt (txt2img) or an init image (img2img)");
   GenerateRequest& r = o.request;
-  c->add_option("--model", o.model, "Diffusers folder or single-file .safetensors checkpoint")->required();
+  c->add_option("--model", o.model,
+                "Diffusers folder or single-file .safetensors checkpoint (default: the bundled demo model, models/demo)");
   c->add_option("--tokenizer", o.tokenizer, "Folder with the CLIP tokenizer (vocab.json, merges.txt) when the model has none");
   c->add_option("--prompt", r.prompt, "What to draw");
   c->add_option("--negative-prompt", r.negative_prompt, "What to avoid");
@@ -82,7 +84,16 @@ int run_generate(const GenerateOptions& o) {
   lo.prediction = o.request.prediction;
   lo.device = *dev;
   if (o.dtype != "auto") lo.dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
-  auto model = load_sd_model(o.model, lo);
+  std::string model_path = o.model;
+  if (model_path.empty()) {
+    auto demo = find_demo_model(executable_dir());
+    if (!demo) {
+      std::fprintf(stderr, "error: %s\n", demo.status().message().c_str());
+      return 1;
+    }
+    model_path = *demo;
+  }
+  auto model = load_sd_model(model_path, lo);
   if (!model) {
     std::fprintf(stderr, "error: %s\n", model.status().message().c_str());
     return 1;

@@ -1,0 +1,21 @@
+// The bundled demo model (models/demo: a tiny SD 1.x model trained on coloured shapes, see its README.md):
+// where `atelier generate` finds it when no --model is given.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace atelier {
+
+// Folders searched for the demo model, in order: $ATELIER_DEMO_MODEL (when set), <exe_dir>/../share/atelier/
+// models/demo (an installed copy; skipped when exe_dir is empty), <source dir>/models/demo (a build tree).
+std::vector<std::string> demo_model_candidates(const std::string& exe_dir);
+
+// The first candidate holding a diffusers folder (model_index.json); an error naming every place looked at.
+Expected<std::string> find_demo_model(const std::string& exe_dir);
+
+// The folder of the running executable ("" when it cannot be read).
+std::string executable_dir();
+
+}  // namespace atelier

@@ -1,0 +1,313 @@
+"""Trains the Atelier demo model (SD 1.x architecture, tiny) on procedural shapes, time-boxed, and exports it.
+
+  python3 tools/demo_model/train.py --minutes 7.5 --out OUT            (GPU: the real model)
+  python3 tools/demo_model/train.py --toy --minutes 1.5 --out /tmp/toy (CPU: a smoke test at toy scale)
+
+Phases, sharing the --minutes budget: (1) the KL VAE (L1 + L2 reconstruction, small KL), (2) its latent
+scale (1 / std of the latents), (3) UNet + text encoder jointly on latents (epsilon prediction, SD 1.5's
+scaled_linear betas, 10% empty captions for classifier-free guidance, EMA of the weights), (4) export of
+the EMA weights in fp16 as a diffusers folder OUT/model, (5) if time is left, a quick adherence estimate
+with the torch model (DDIM 20 steps, CFG 7) on the held-out prompts. Data is rendered on the fly on the
+training device; scenes are sampled by a background thread.
+"""
+import argparse
+import copy
+import json
+import math
+import os
+import multiprocessing as mp
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bpe  # noqa: E402
+import export  # noqa: E402
+import model as M  # noqa: E402
+import shapes  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KL_WEIGHT = 1e-6
+CAPTION_DROPOUT = 0.1
+EMA_DECAY = 0.999
+WARMUP_STEPS = 200
+LR_FLOOR = 0.1  # cosine decay to this fraction of the peak over the UNet phase
+
+
+def log(t0, msg):
+    print("[%6.1fs] %s" % (time.time() - t0, msg), flush=True)
+
+
+def _batch_worker(q, seed, batch, size, tok, triples):
+    """Worker process: scene sampling + tokenization on the CPU, queued as numpy arrays (or the exception)."""
+    try:
+        rng = np.random.RandomState(seed)
+        while True:
+            scenes, caps = shapes.sample_batch(rng, batch, triples, size)
+            caps = ["" if rng.rand() < CAPTION_DROPOUT else c for c in caps]
+            ids = np.array([tok(c) for c in caps], np.int64)
+            q.put((shapes.scene_arrays(scenes), ids))
+    except Exception as e:  # handed to the training loop, which re-raises it
+        q.put(e)
+
+
+class Batches:
+    """Worker processes sample scenes (numpy, ~0.5 ms each: too slow for one thread at GPU speed); the
+    training loop renders them on its device."""
+
+    def __init__(self, seed, batch, size, tokenizer, triples, workers):
+        ctx = mp.get_context("fork")
+        self.q = ctx.Queue(maxsize=4 * workers)
+        self.procs = [ctx.Process(target=_batch_worker, args=(self.q, seed * 1000 + i, batch, size, tokenizer, triples),
+                                  daemon=True) for i in range(workers)]
+        for p in self.procs:
+            p.start()
+
+    def next(self, device, size):
+        item = self.q.get()
+        if isinstance(item, Exception):
+            raise item
+        arrays, ids = item
+        return shapes.render_arrays(*arrays, w=size, device=device), torch.from_numpy(ids).to(device)
+
+    def close(self):
+        for p in self.procs:
+            p.terminate()
+
+
+def autocast(device):
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def train_vae(vae, data, a, deadline, t0):
+    opt = torch.optim.AdamW(vae.parameters(), lr=a.vae_lr, weight_decay=0.0)
+    step = 0
+    while time.time() < deadline:
+        x, _ = data.next(a.device, a.size)
+        x = x[: a.vae_batch]
+        with autocast(a.device):
+            mean, logvar = vae.encode(x)
+            z = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)
+            rec = vae.decode(z)
+        rec = rec.float()
+        kl = 0.5 * (mean.float() ** 2 + logvar.float().exp() - 1 - logvar.float()).mean()
+        loss = F.l1_loss(rec, x) + F.mse_loss(rec, x) + KL_WEIGHT * kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        if step % a.log_every == 0:
+            log(t0, "vae step %d loss %.4f kl %.1f" % (step, loss.item(), kl.item()))
+    log(t0, "vae done: %d steps, last loss %.4f" % (step, loss.item()))
+    return step
+
+
+@torch.no_grad()
+def latent_scale(vae, data, a):
+    vals = []
+    for _ in range(4):
+        x, _ = data.next(a.device, a.size)
+        with autocast(a.device):
+            vals.append(vae.encode(x)[0].float())
+    return 1.0 / torch.cat(vals).std().item()
+
+
+@torch.no_grad()
+def vae_roundtrip_check(vae, a, t0, n=50):
+    """Share of training-distribution images that still pass the checker after encode + decode: an upper
+    bound for the model's adherence (a VAE that blurs shapes caps it)."""
+    import check
+    rng = np.random.RandomState(12345)
+    scenes, _ = shapes.sample_batch(rng, n, shapes.all_triples(), a.size)
+    x = shapes.render(scenes, w=a.size, device=a.device)
+    with autocast(a.device):
+        rec = vae.decode(vae.encode(x)[0]).float()
+    ok = sum(check.check(shapes.to_uint8(r), s.caption())[0] for r, s in zip(rec, scenes))
+    log(t0, "vae round trip: L1 %.4f, checker passes %d/%d" % ((rec - x).abs().mean().item(), ok, n))
+    return ok
+
+
+def save_grid(images, path, cols=10):
+    from PIL import Image
+    h, w, _ = images[0].shape
+    rows = (len(images) + cols - 1) // cols
+    grid = np.zeros((rows * h, cols * w, 3), np.uint8)
+    for i, im in enumerate(images):
+        grid[(i // cols) * h:(i // cols + 1) * h, (i % cols) * w:(i % cols + 1) * w] = im
+    Image.fromarray(grid).save(path)
+
+
+def ema_update(ema, live, decay):
+    """ema = decay * ema + (1 - decay) * live, in a few fused launches where torch has them."""
+    with torch.no_grad():
+        e, p = list(ema.parameters()), [q.detach() for q in live.parameters()]
+        if hasattr(torch, "_foreach_mul_"):
+            torch._foreach_mul_(e, decay)
+            torch._foreach_add_(e, p, alpha=1 - decay)
+        else:
+            for a, b in zip(e, p):
+                a.mul_(decay).add_(b, alpha=1 - decay)
+
+
+def train_unet(te, unet, vae, scale, data, a, deadline, t0):
+    params = list(te.parameters()) + list(unet.parameters())
+    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.01, betas=(0.9, 0.99))
+    ema_te, ema_unet = copy.deepcopy(te).eval(), copy.deepcopy(unet).eval()
+    acp = M.scaled_linear_alphas_cumprod().to(a.device)
+    start, step, seen = time.time(), 0, 0
+    run_loss = None
+    fwd = torch.compile(unet) if a.compile else unet
+    while time.time() < deadline:
+        frac = (time.time() - start) / max(deadline - start, 1e-6)
+        lr = a.lr * min(1.0, (step + 1) / WARMUP_STEPS) * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, ids = data.next(a.device, a.size)
+        with torch.no_grad(), autocast(a.device):
+            mean, logvar = vae.encode(x)
+            z0 = (mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)).float() * scale
+        t = torch.randint(0, 1000, (x.shape[0],), device=a.device)
+        noise = torch.randn_like(z0)
+        ab = acp[t][:, None, None, None]
+        zt = ab.sqrt() * z0 + (1 - ab).sqrt() * noise
+        with autocast(a.device):
+            pred = fwd(zt, t, te(ids))
+        loss = F.mse_loss(pred.float(), noise)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        seen += x.shape[0]
+        decay = min(EMA_DECAY, (1 + step) / (10 + step))
+        ema_update(ema_te, te, decay)
+        ema_update(ema_unet, unet, decay)
+        # A running mean kept on the device: reading a loss every step would stall the CPU on the GPU.
+        run_loss = loss.detach() if run_loss is None else 0.98 * run_loss + 0.02 * loss.detach()
+        if step % a.log_every == 0:
+            el = time.time() - start
+            log(t0, "unet step %d loss %.4f (avg %.4f) lr %.2e  %.0f img/s" % (step, loss.item(), run_loss.item(), lr, seen / el))
+    run_loss = float("nan") if run_loss is None else run_loss.item()
+    log(t0, "unet done: %d steps, %d images, avg loss %.4f" % (step, seen, run_loss))
+    return ema_te, ema_unet, step, seen, run_loss
+
+
+@torch.no_grad()
+def sample(te, unet, vae, scale, tok, prompts, device, steps=20, cfg=7.0, seed=0, latent=32):
+    """DDIM (eta 0), SD's 'leading' spacing with steps_offset 1; -> uint8 HWC images."""
+    acp = M.scaled_linear_alphas_cumprod().to(device)
+    ts = (np.arange(steps) * (1000 // steps))[::-1] + 1
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    z = torch.randn(len(prompts), 4, latent, latent, generator=g).to(device)
+    cond = te(torch.tensor([tok(p) for p in prompts], device=device))
+    unc = te(torch.tensor([tok("")] * len(prompts), device=device))
+    ctx = torch.cat([unc, cond])
+    for i, t in enumerate(ts):
+        with autocast(device):
+            e = unet(torch.cat([z, z]), torch.full((2 * len(prompts),), int(t), device=device), ctx).float()
+        eu, ec = e.chunk(2)
+        eps = eu + cfg * (ec - eu)
+        a_t = acp[t]
+        a_prev = acp[ts[i + 1]] if i + 1 < len(ts) else acp[0]
+        x0 = (z - (1 - a_t).sqrt() * eps) / a_t.sqrt()
+        z = a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps
+    with autocast(device):
+        img = vae.decode(z / scale).float()
+    return [shapes.to_uint8(im) for im in img]
+
+
+def evaluate(te, unet, vae, scale, tok, a, t0, deadline):
+    import check
+    prompts = shapes.heldout_prompts()
+    passed, done, all_imgs = 0, 0, []
+    for i in range(0, len(prompts), 10):
+        if time.time() > deadline:
+            break
+        imgs = sample(te, unet, vae, scale, tok, prompts[i:i + 10], a.device, latent=a.size // 4)
+        all_imgs += imgs
+        for p, im in zip(prompts[i:i + 10], imgs):
+            ok, _, got = check.check(im, p)
+            passed += ok
+            done += 1
+            if not ok and a.verbose_eval:
+                print("  FAIL %s -> %s" % (p, got))
+    if all_imgs:
+        save_grid(all_imgs, os.path.join(a.out, "heldout_samples.png"))
+    if done:
+        log(t0, "held-out adherence (torch, DDIM 20, CFG 7): %d/%d = %.0f%%" % (passed, done, 100.0 * passed / done))
+    return passed, done
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output folder; the model goes to OUT/model")
+    ap.add_argument("--minutes", type=float, default=7.5, help="wall-time budget for everything")
+    ap.add_argument("--toy", action="store_true", help="tiny config, 64 px, CPU-sized batches")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--vae-batch", type=int, default=64)
+    ap.add_argument("--vae-frac", type=float, default=0.15, help="share of the budget for the VAE")
+    ap.add_argument("--eval-frac", type=float, default=0.08, help="share kept for export + evaluation")
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--vae-lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)),
+                    help="scene-sampling processes")
+    ap.add_argument("--log-every", type=int, default=100)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the UNet (only where seen to work)")
+    ap.add_argument("--verbose-eval", action="store_true")
+    ap.add_argument("--no-eval", action="store_true", help="skip the adherence estimate")
+    a = ap.parse_args()
+    t0 = time.time()
+    end = t0 + a.minutes * 60
+    torch.manual_seed(a.seed)
+    if a.device.startswith("cuda"):
+        torch.backends.cudnn.benchmark = True
+        try:  # fp32 leftovers outside autocast; the flag's spelling moves between torch versions
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        except (AttributeError, RuntimeError):
+            pass
+    tcfg, ucfg, vcfg = (M.TOY_TEXT, M.TOY_UNET, M.TOY_VAE) if a.toy else (M.TEXT_CONFIG, M.UNET_CONFIG, M.VAE_CONFIG)
+    a.size = 64 if a.toy else M.IMAGE_SIZE
+    ucfg = dict(ucfg, sample_size=a.size // 4)
+    vcfg = dict(vcfg, sample_size=a.size)
+    if a.toy:
+        a.batch, a.vae_batch, a.log_every = min(a.batch, 8), min(a.vae_batch, 8), min(a.log_every, 10)
+    tok_dir = os.path.join(a.out, "tokenizer_src")
+    bpe.write(tok_dir)
+    tok = bpe.CaptionTokenizer(tok_dir)
+    tcfg = dict(tcfg, vocab_size=len(tok.vocab))
+    data = Batches(a.seed, a.batch, a.size, tok, shapes.training_triples(), a.workers)
+    te, unet, vae = (m.to(a.device) for m in (M.CLIPTextModel(tcfg), M.UNet2DConditionModel(ucfg), M.AutoencoderKL(vcfg)))
+    log(t0, "device %s, torch %s; params: text %.2fM unet %.2fM vae %.2fM; image %d px" % (
+        a.device, torch.__version__, *(sum(p.numel() for p in m.parameters()) / 1e6 for m in (te, unet, vae)), a.size))
+    budget = end - time.time()
+    vae_deadline = time.time() + a.vae_frac * budget
+    train_vae(vae, data, a, vae_deadline, t0)
+    vae.eval().requires_grad_(False)
+    scale = latent_scale(vae, data, a)
+    log(t0, "latent scaling factor %.4f" % scale)
+    vae_ok = vae_roundtrip_check(vae, a, t0)
+    unet_deadline = end - a.eval_frac * (end - t0)
+    ema_te, ema_unet, steps, seen, final_loss = train_unet(te, unet, vae, scale, data, a, unet_deadline, t0)
+    data.close()
+    model_dir = os.path.join(a.out, "model")
+    export.export_diffusers(model_dir, ema_te.float(), ema_unet.float(), vae.float(), scale, tok_dir)
+    log(t0, "exported %s" % model_dir)
+    stats = {"vae_roundtrip_passed": vae_ok, "unet_final_loss": final_loss, "unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
+             "latent_scaling_factor": scale, "torch": torch.__version__, "device": a.device}
+    passed, done = (0, 0) if a.no_eval else evaluate(ema_te, ema_unet, vae, scale, tok, a, t0, end + 15)
+    stats.update(heldout_passed=passed, heldout_evaluated=done)
+    with open(os.path.join(a.out, "train_stats.json"), "w") as f:
+        json.dump(stats, f, indent=2)
+    log(t0, "done: %s" % json.dumps(stats))
+
+
+if __name__ == "__main__":
+    main()
