@@ -18,9 +18,12 @@ struct GenerateOptions {
   std::string output = "atelier.png";
   std::string trace;  // Chrome/Perfetto trace JSON of the run, when set
   GenerateRequest request;
+  std::string components;  // Z-Image: the diffusers folder with the parts a single-file transformer lacks
 };
 void add_generate_command(CLI::App& app, GenerateOptions& o);
 int run_generate(const GenerateOptions& o);
+// Z-Image models (is_zimage_model): load, generate, write (generate_zimage.cc).
+int run_generate_zimage(const GenerateOptions& o, Device device);
 
 struct InfoOptions {
   std::string model;

@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "io/image.h"
 #include "pipeline/sd_pipeline.h"
+#include "pipeline/zimage_pipeline.h"
 
 namespace atelier::cli {
 namespace fs = std::filesystem;
@@ -39,6 +40,8 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--device", r.device, "cpu, cuda, cuda:N")->capture_default_str();
   c->add_option("--output", o.output, "Output PNG path; several images get -N suffixes")->capture_default_str();
   c->add_option("--trace", o.trace, "Write a Chrome/Perfetto trace (JSON) of every stage and op to this file");
+  c->add_option("--components", o.components,
+                "Z-Image: diffusers folder with tokenizer, text encoder, VAE and scheduler for a single-file transformer");
 }
 
 namespace {
@@ -62,6 +65,7 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "error: %s\n", dev.status().message().c_str());
     return 2;
   }
+  if (is_zimage_model(o.model)) return run_generate_zimage(o, *dev);
   TraceFile trace_file(o.trace);
   SdLoadOptions lo;
   lo.tokenizer_dir = o.tokenizer;
