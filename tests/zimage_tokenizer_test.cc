@@ -55,6 +55,10 @@ TEST(ZImageTokenizer, ChatTemplateOfTheFixture) {
   auto off = apply_chat_template(tmpl, "x", /*enable_thinking=*/false);
   ASSERT_TRUE(off) << off.status().message();
   EXPECT_EQ(*off, "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  // The ChatML fallback (for Qwen3's full template) renders the same.
+  EXPECT_TRUE(is_chatml_template(tmpl));
+  EXPECT_EQ(chatml_user_prompt(c.at("prompt").get<std::string>(), true), *r);
+  EXPECT_EQ(chatml_user_prompt("x", false), *off);
 }
 
 TEST(ZImageTokenizer, ChatTemplateJinjaSubset) {

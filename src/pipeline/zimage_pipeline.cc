@@ -43,7 +43,11 @@ std::string trim_float(double v) {
 Expected<Tensor> ZImagePipeline::encode_prompt(const std::string& prompt) const {
   trace::Scope range(stage::kTextEncode, Category::kStage);
   const ZImageModel& m = *model_;
-  ATELIER_ASSIGN_OR_RETURN(std::string text, apply_chat_template(m.tokenizer.chat_template(), prompt, m.enable_thinking));
+  const std::string& tmpl = m.tokenizer.chat_template();
+  auto rendered = apply_chat_template(tmpl, prompt, m.enable_thinking);
+  if (!rendered && !(rendered.status().code() == ErrorCode::kUnsupported && is_chatml_template(tmpl))) return rendered.status();
+  // Qwen3's full template needs more Jinja than the subset; for one user message it renders plain ChatML.
+  const std::string text = rendered ? *rendered : chatml_user_prompt(prompt, m.enable_thinking);
   const QwenEncoding e = m.tokenizer.encode(text, m.max_sequence_length);
   return m.text_encoder->encode_features(e.ids, e.mask);
 }
@@ -120,43 +124,48 @@ Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request
   if (r.seed < 0) r.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
   const bool cfg = r.cfg_scale > 1.0f;
   GenerateResult result;
-  ATELIER_ASSIGN_OR_RETURN(Tensor cond, encode_prompt(r.prompt));
-  Tensor uncond;
-  if (cfg) {
-    ATELIER_ASSIGN_OR_RETURN(uncond, encode_prompt(r.negative_prompt));
-  }
-  const Shape latent_shape = {1, m.transformer->config().in_channels, r.height / kLatentFactor, r.width / kLatentFactor};
-  const int count = r.batch_size * r.batch_count;
-  for (int i = 0; i < count; ++i) {
-    const int64_t seed = r.seed + i;  // A1111: consecutive seeds
-    auto gen = make_generator(rng, uint64_t(seed));
-    const Tensor noise = randn_tensor(*gen, latent_shape);
-    auto per_step = [&](const StepProgress& p) {
-      if (!progress) return true;
-      StepProgress q = p;
-      q.batch_index = i;
-      return progress(q);
-    };
-    ATELIER_ASSIGN_OR_RETURN(Tensor latents, denoise(noise, cond, uncond, r.cfg_scale, r.steps, nullptr, per_step));
-    ATELIER_ASSIGN_OR_RETURN(Tensor image, decode(latents));
-    trace::Scope encode_range(stage::kImageEncode, Category::kStage, i);
-    GeneratedImage g;
-    g.seed = seed;
-    g.image = image_from_tensor(image, 0);
-    InfotextParams kv = {{"Steps", std::to_string(r.steps)}, {"Sampler", "Euler"}, {"Schedule type", "Simple"},
-                         {"CFG scale", trim_float(r.cfg_scale)}, {"Shift", trim_float(m.scheduler.shift)},
-                         {"Seed", std::to_string(seed)}, {"Size", std::to_string(r.width) + "x" + std::to_string(r.height)},
-                         {"Model", m.name}};
-    if (rng == RngKind::kCpu) kv.push_back({"RNG", "CPU"});
-    kv.push_back({"Version", std::string("atelier ") + ATELIER_VERSION});
-    g.infotext = build_infotext(r.prompt, cfg ? r.negative_prompt : "", kv);
-    GenerateRequest per_image = r;
-    per_image.seed = seed;
-    g.info = {{"settings", per_image.to_json()}, {"sampler", "flow_match_euler"}, {"schedule", "simple"},
-              {"model", {{"name", m.name}, {"path", m.path}, {"family", "zimage"}, {"layout", m.layout}}},
-              {"device", m.transformer->device().str()}, {"infotext", g.infotext}};
-    result.images.push_back(std::move(g));
-  }
+  // Ops throw atelier::Error on bad input; the request gets it back as a Status.
+  Status st = catch_status([&]() -> Status {
+    ATELIER_ASSIGN_OR_RETURN(Tensor cond, encode_prompt(r.prompt));
+    Tensor uncond;
+    if (cfg) {
+      ATELIER_ASSIGN_OR_RETURN(uncond, encode_prompt(r.negative_prompt));
+    }
+    const Shape latent_shape = {1, m.transformer->config().in_channels, r.height / kLatentFactor, r.width / kLatentFactor};
+    const int count = r.batch_size * r.batch_count;
+    for (int i = 0; i < count; ++i) {
+      const int64_t seed = r.seed + i;  // A1111: consecutive seeds
+      auto gen = make_generator(rng, uint64_t(seed));
+      const Tensor noise = randn_tensor(*gen, latent_shape);
+      auto per_step = [&](const StepProgress& p) {
+        if (!progress) return true;
+        StepProgress q = p;
+        q.batch_index = i;
+        return progress(q);
+      };
+      ATELIER_ASSIGN_OR_RETURN(Tensor latents, denoise(noise, cond, uncond, r.cfg_scale, r.steps, nullptr, per_step));
+      ATELIER_ASSIGN_OR_RETURN(Tensor image, decode(latents));
+      trace::Scope encode_range(stage::kImageEncode, Category::kStage, i);
+      GeneratedImage g;
+      g.seed = seed;
+      g.image = image_from_tensor(image, 0);
+      InfotextParams kv = {{"Steps", std::to_string(r.steps)}, {"Sampler", "Euler"}, {"Schedule type", "Simple"},
+                           {"CFG scale", trim_float(r.cfg_scale)}, {"Shift", trim_float(m.scheduler.shift)},
+                           {"Seed", std::to_string(seed)}, {"Size", std::to_string(r.width) + "x" + std::to_string(r.height)},
+                           {"Model", m.name}};
+      if (rng == RngKind::kCpu) kv.push_back({"RNG", "CPU"});
+      kv.push_back({"Version", std::string("atelier ") + ATELIER_VERSION});
+      g.infotext = build_infotext(r.prompt, cfg ? r.negative_prompt : "", kv);
+      GenerateRequest per_image = r;
+      per_image.seed = seed;
+      g.info = {{"settings", per_image.to_json()}, {"sampler", "flow_match_euler"}, {"schedule", "simple"},
+                {"model", {{"name", m.name}, {"path", m.path}, {"family", "zimage"}, {"layout", m.layout}}},
+                {"device", m.transformer->device().str()}, {"infotext", g.infotext}};
+      result.images.push_back(std::move(g));
+    }
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
   total.finish();
   result.times = StageTimes::from_events(stages.events());
   for (auto& g : result.images) g.info["timings"] = result.times.to_json();

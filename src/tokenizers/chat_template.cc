@@ -422,4 +422,14 @@ Expected<std::string> apply_chat_template(const std::string& tmpl, const std::st
   return render_chat_template(tmpl, ctx);
 }
 
+std::string chatml_user_prompt(const std::string& prompt, bool enable_thinking) {
+  std::string out = "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
+  if (!enable_thinking) out += "<think>\n\n</think>\n\n";
+  return out;
+}
+
+bool is_chatml_template(const std::string& tmpl) {
+  return tmpl.find("<|im_start|>") != std::string::npos && tmpl.find("<|im_end|>") != std::string::npos;
+}
+
 }  // namespace atelier

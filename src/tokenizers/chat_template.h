@@ -24,4 +24,13 @@ Expected<std::string> render_chat_template(const std::string& tmpl, const nlohma
 // diffusers' ZImagePipeline passes them.
 Expected<std::string> apply_chat_template(const std::string& tmpl, const std::string& prompt, bool enable_thinking);
 
+// What Qwen's ChatML templates render for that same single user message:
+// "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n" (+ "<think>\n\n</think>\n\n" when
+// enable_thinking is false). Qwen3's full template (tools, namespace(), reverse loops) is beyond the subset
+// above, and renders exactly this when no tools and no system message are given; the pipeline falls back
+// to it for ChatML templates the subset cannot run.
+std::string chatml_user_prompt(const std::string& prompt, bool enable_thinking);
+// True when `tmpl` is a ChatML template (uses <|im_start|> and <|im_end|>).
+bool is_chatml_template(const std::string& tmpl);
+
 }  // namespace atelier
