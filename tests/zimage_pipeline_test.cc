@@ -80,6 +80,18 @@ TEST(ZImagePipeline, CpuNoiseMatchesTorch) {
   EXPECT_EQ(noise.to_vector(), test::golden("zimage-tiny", "noise.cpu.seed1234").to_vector());
 }
 
+TEST(ZImagePipeline, VaeDecodeMatchesGolden) {
+  ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
+  auto model = load(dir, false);
+  ASSERT_TRUE(model);
+  const Tensor out = model->vae->decode(test::golden("zimage-tiny", "vae.decode.in"));
+  const Tensor ref = test::golden("zimage-tiny", "vae.decode.out");
+  ASSERT_EQ(out.shape(), ref.shape());
+  EXPECT_REL_L2_LE(out.to_vector(), ref.to_vector(), kLatentTol);
+  std::printf("[zimage] vae.decode rel L2 %.3g, max abs %.3g\n", test::rel_l2(out.to_vector(), ref.to_vector()),
+              test::max_abs_diff(out.to_vector(), ref.to_vector()));
+}
+
 TEST(ZImagePipeline, RunsMatchGoldensThroughBothLayouts) {
   ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
   for (bool single_file : {false, true}) {
