@@ -7,6 +7,7 @@
 
 #include "core/trace.h"
 #include "pipeline/request.h"
+#include "pipeline/sd_pipeline.h"
 #include "pipeline/sd_bench.h"
 #include "serve/server.h"
 
@@ -18,10 +19,19 @@ struct GenerateOptions {
   std::string output = "atelier.png";
   std::string trace;  // Chrome/Perfetto trace JSON of the run, when set
   GenerateRequest request;
+  // FLUX (see pipeline/flux_pipeline.h): the parts beside a BFL transformer file, and its settings.
+  std::string vae, clip_l, t5, t5_tokenizer;
+  float guidance = 3.5f;
+  int max_sequence_length = 512;
+  bool cfg_given = false;  // --cfg-scale was on the command line (FLUX runs true CFG only then)
   std::string components;  // Z-Image: the diffusers folder with the parts a single-file transformer lacks
 };
 void add_generate_command(CLI::App& app, GenerateOptions& o);
 int run_generate(const GenerateOptions& o);
+// FLUX models (is_flux_model): load, generate, write (generate_flux.cc).
+int run_generate_flux(const GenerateOptions& o, Device device);
+// Writes each image as PNG with its infotext, plus a JSON sidecar; prints the paths and timings. Exit code.
+int write_generate_outputs(const GenerateOptions& o, const GenerateResult& res);
 // Z-Image models (is_zimage_model): load, generate, write (generate_zimage.cc).
 int run_generate_zimage(const GenerateOptions& o, Device device);
 

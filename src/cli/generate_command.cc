@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "io/image.h"
+#include "pipeline/flux_model.h"
 #include "pipeline/sd_pipeline.h"
 #include "pipeline/zimage_pipeline.h"
 
@@ -23,7 +24,9 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--width", r.width, "Image width, a multiple of 8 (default: the model's size)");
   c->add_option("--height", r.height, "Image height, a multiple of 8 (default: the model's size)");
   c->add_option("--steps", r.steps, "Sampling steps")->capture_default_str();
-  c->add_option("--cfg-scale", r.cfg_scale, "Classifier-free guidance scale (<= 1 disables it)")->capture_default_str();
+  c->add_option("--cfg-scale", r.cfg_scale, "Classifier-free guidance scale (<= 1 disables it; FLUX: off unless given)")
+      ->capture_default_str()
+      ->each([&o](const std::string&) { o.cfg_given = true; });
   c->add_option("--sampler", r.sampler,
                 "euler, euler_a, heun, ddim, dpmpp_2m, dpmpp_2m_sde, lcm (or A1111 names: \"Euler a\", \"DPM++ 2M Karras\")")
       ->capture_default_str();
@@ -40,6 +43,12 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--device", r.device, "cpu, cuda, cuda:N")->capture_default_str();
   c->add_option("--output", o.output, "Output PNG path; several images get -N suffixes")->capture_default_str();
   c->add_option("--trace", o.trace, "Write a Chrome/Perfetto trace (JSON) of every stage and op to this file");
+  c->add_option("--guidance", o.guidance, "FLUX: distilled guidance scale")->capture_default_str();
+  c->add_option("--max-sequence-length", o.max_sequence_length, "FLUX: T5 tokens, Z-Image: Qwen tokens (prompt padded/truncated)")->capture_default_str();
+  c->add_option("--vae", o.vae, "FLUX: VAE file (ae.safetensors) or diffusers vae folder");
+  c->add_option("--clip-l", o.clip_l, "FLUX: CLIP-L text encoder file or folder");
+  c->add_option("--t5", o.t5, "FLUX: T5 text encoder file or folder");
+  c->add_option("--t5-tokenizer", o.t5_tokenizer, "FLUX: T5 spiece.model (or its folder) when none is beside --t5");
   c->add_option("--components", o.components,
                 "Z-Image: diffusers folder with tokenizer, text encoder, VAE and scheduler for a single-file transformer");
 }
@@ -66,6 +75,7 @@ int run_generate(const GenerateOptions& o) {
     return 2;
   }
   if (is_zimage_model(o.model)) return run_generate_zimage(o, *dev);
+  if (is_flux_model(o.model)) return run_generate_flux(o, *dev);
   TraceFile trace_file(o.trace);
   SdLoadOptions lo;
   lo.tokenizer_dir = o.tokenizer;
@@ -89,9 +99,14 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "\nerror: %s\n", res.status().message().c_str());
     return 1;
   }
-  for (size_t i = 0; i < res->images.size(); ++i) {
-    const GeneratedImage& g = res->images[i];
-    const std::string path = output_path(o.output, i, res->images.size());
+  if (int rc = write_generate_outputs(o, *res); rc != 0) return rc;
+  return trace_file.write(*dev) ? 0 : 1;
+}
+
+int write_generate_outputs(const GenerateOptions& o, const GenerateResult& res) {
+  for (size_t i = 0; i < res.images.size(); ++i) {
+    const GeneratedImage& g = res.images[i];
+    const std::string path = output_path(o.output, i, res.images.size());
     trace::Scope png_range("png_write", trace::Category::kStage, int64_t(i));
     if (Status st = write_png(path, g.image, {{"parameters", g.infotext}}); !st.is_ok()) {
       std::fprintf(stderr, "error: %s\n", st.message().c_str());
@@ -101,8 +116,7 @@ int run_generate(const GenerateOptions& o) {
     std::ofstream(sidecar) << g.info.dump(2) << "\n";
     std::printf("%s (seed %lld)\n", path.c_str(), static_cast<long long>(g.seed));
   }
-  if (!trace_file.write(*dev)) return 1;
-  const StageTimes& t = res->times;
+  const StageTimes& t = res.times;
   std::fprintf(stderr, "text %.3f s, denoise %.3f s (%.1f ms/call), vae %.3f s, total %.3f s\n", t.text_encode_s,
                t.denoise_s, t.call_ms.empty() ? 0.0 : t.denoise_s * 1e3 / double(t.call_ms.size()), t.vae_s, t.total_s);
   return 0;

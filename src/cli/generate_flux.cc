@@ -1,0 +1,50 @@
+// `atelier generate` on a FLUX model: the FLUX flags into FluxLoadOptions / FluxOptions, then the shared output writer.
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "pipeline/flux_pipeline.h"
+
+namespace atelier::cli {
+
+int run_generate_flux(const GenerateOptions& o, Device device) {
+  FluxOptions fo;
+  fo.guidance = o.guidance;
+  fo.max_sequence_length = o.max_sequence_length;
+  fo.cfg_explicit = o.cfg_given;
+  if (Status st = fo.validate(); !st.is_ok()) {
+    std::fprintf(stderr, "error: %s\n", st.message().c_str());
+    return 2;
+  }
+  TraceFile trace_file(o.trace);
+  FluxLoadOptions lo;
+  lo.vae = o.vae;
+  lo.clip_l = o.clip_l;
+  lo.t5 = o.t5;
+  lo.clip_tokenizer = o.tokenizer;
+  lo.t5_tokenizer = o.t5_tokenizer;
+  lo.device = device;
+  auto model = load_flux_model(o.model, lo);
+  if (!model) {
+    std::fprintf(stderr, "error: %s\n", model.status().message().c_str());
+    return 1;
+  }
+  const FluxPipeline pipe(*model);
+  const bool tty = isatty(fileno(stderr));  // a progress line only where someone watches it
+  auto progress = [tty](const StepProgress& p) {
+    if (!tty) return true;
+    std::fprintf(stderr, "\rbatch %d: step %d/%d", p.batch_index + 1, p.call, p.total_calls);
+    if (p.call == p.total_calls) std::fputc('\n', stderr);
+    return true;
+  };
+  auto res = pipe.generate(o.request, fo, progress);
+  if (!res) {
+    std::fprintf(stderr, "\nerror: %s\n", res.status().message().c_str());
+    return 1;
+  }
+  if (int rc = write_generate_outputs(o, *res); rc != 0) return rc;
+  return trace_file.write(device) ? 0 : 1;
+}
+
+}  // namespace atelier::cli

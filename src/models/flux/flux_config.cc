@@ -1,0 +1,167 @@
+#include "models/flux/flux_config.h"
+
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "io/json_util.h"
+
+namespace atelier {
+
+namespace {
+
+constexpr int64_t kFluxHeadDim = 128;
+constexpr std::array<int, 3> kFluxAxes{16, 56, 56};
+constexpr const char* kComfyPrefix = "model.diffusion_model.";
+
+using Renames = std::vector<std::pair<std::string, std::string>>;
+
+// Replaces the first matching prefix of `rest`; returns false when none matches.
+bool rename_prefix(const Renames& table, std::string& rest) {
+  for (const auto& [from, to] : table) {
+    if (rest.compare(0, from.size(), from) == 0) {
+      rest = to + rest.substr(from.size());
+      return true;
+    }
+  }
+  return false;
+}
+
+// "transformer_blocks.12.attn.to_out.0.weight" with block prefix "transformer_blocks." -> ("12.", "attn...").
+bool split_block(const std::string& key, const std::string& prefix, std::string& index, std::string& rest) {
+  if (key.compare(0, prefix.size(), prefix) != 0) return false;
+  const size_t dot = key.find('.', prefix.size());
+  if (dot == std::string::npos) return false;
+  index = key.substr(prefix.size(), dot + 1 - prefix.size());
+  rest = key.substr(dot + 1);
+  return true;
+}
+
+int count_blocks(const WeightStore& store, const std::string& prefix, const std::string& probe) {
+  int n = 0;
+  while (store.contains(prefix + std::to_string(n) + probe)) ++n;
+  return n;
+}
+
+}  // namespace
+
+std::string flux_bfl_key(const std::string& k) {
+  static const Renames kTop = {
+      {"x_embedder.", "img_in."},
+      {"context_embedder.", "txt_in."},
+      {"time_text_embed.timestep_embedder.linear_1.", "time_in.in_layer."},
+      {"time_text_embed.timestep_embedder.linear_2.", "time_in.out_layer."},
+      {"time_text_embed.guidance_embedder.linear_1.", "guidance_in.in_layer."},
+      {"time_text_embed.guidance_embedder.linear_2.", "guidance_in.out_layer."},
+      {"time_text_embed.text_embedder.linear_1.", "vector_in.in_layer."},
+      {"time_text_embed.text_embedder.linear_2.", "vector_in.out_layer."},
+      {"norm_out.linear.", "final_layer.adaLN_modulation.1."},
+      {"proj_out.", "final_layer.linear."},
+  };
+  static const Renames kDouble = {
+      {"norm1.linear.", "img_mod.lin."},
+      {"norm1_context.linear.", "txt_mod.lin."},
+      {"attn.norm_q.weight", "img_attn.norm.query_norm.scale"},
+      {"attn.norm_k.weight", "img_attn.norm.key_norm.scale"},
+      {"attn.norm_added_q.weight", "txt_attn.norm.query_norm.scale"},
+      {"attn.norm_added_k.weight", "txt_attn.norm.key_norm.scale"},
+      {"attn.to_out.0.", "img_attn.proj."},
+      {"attn.to_add_out.", "txt_attn.proj."},
+      {"ff.net.0.proj.", "img_mlp.0."},
+      {"ff.net.2.", "img_mlp.2."},
+      {"ff_context.net.0.proj.", "txt_mlp.0."},
+      {"ff_context.net.2.", "txt_mlp.2."},
+  };
+  static const Renames kSingle = {
+      {"norm.linear.", "modulation.lin."},
+      {"attn.norm_q.weight", "norm.query_norm.scale"},
+      {"attn.norm_k.weight", "norm.key_norm.scale"},
+      {"proj_out.", "linear2."},
+  };
+  std::string index, rest;
+  if (split_block(k, "transformer_blocks.", index, rest)) {
+    return rename_prefix(kDouble, rest) ? "double_blocks." + index + rest : k;
+  }
+  if (split_block(k, "single_transformer_blocks.", index, rest)) {
+    return rename_prefix(kSingle, rest) ? "single_blocks." + index + rest : k;
+  }
+  rest = k;
+  return rename_prefix(kTop, rest) ? rest : k;
+}
+
+std::optional<std::string> flux_bfl_prefix(const WeightStore& store) {
+  for (const std::string p : {"", kComfyPrefix}) {
+    if (store.contains(p + "double_blocks.0.img_attn.qkv.weight")) return p;
+  }
+  return std::nullopt;
+}
+
+Expected<FluxConfig> FluxConfig::from_json(const nlohmann::json& j) {
+  FluxConfig c;
+  c.in_channels = j.value("in_channels", c.in_channels);
+  c.out_channels = j.contains("out_channels") && j["out_channels"].is_number() ? j["out_channels"].get<int64_t>() : c.in_channels;
+  c.num_layers = j.value("num_layers", c.num_layers);
+  c.num_single_layers = j.value("num_single_layers", c.num_single_layers);
+  c.num_heads = j.value("num_attention_heads", c.num_heads);
+  c.head_dim = j.value("attention_head_dim", c.head_dim);
+  c.joint_attention_dim = j.value("joint_attention_dim", c.joint_attention_dim);
+  c.pooled_projection_dim = j.value("pooled_projection_dim", c.pooled_projection_dim);
+  c.guidance_embeds = j.value("guidance_embeds", c.guidance_embeds);
+  if (j.contains("axes_dims_rope")) {
+    const auto& a = j["axes_dims_rope"];
+    if (!a.is_array() || a.size() != 3) return unsupported("FLUX axes_dims_rope must list 3 axes");
+    for (int i = 0; i < 3; ++i) c.axes_dims_rope[size_t(i)] = a[size_t(i)].get<int>();
+  }
+  if (j.value("patch_size", 1) != 1) return unsupported("FLUX transformer: only patch_size 1 is supported");
+  if (c.axes_dims_rope[0] + c.axes_dims_rope[1] + c.axes_dims_rope[2] != c.head_dim) {
+    return invalid_argument("FLUX config: axes_dims_rope must sum to attention_head_dim");
+  }
+  return c;
+}
+
+Expected<FluxConfig> FluxConfig::from_file(const std::string& path) {
+  ATELIER_ASSIGN_OR_RETURN(auto j, read_json_file(path));
+  return from_json(j);
+}
+
+Expected<FluxConfig> FluxConfig::detect(const WeightStore& store, FluxLayout layout, const std::string& prefix) {
+  auto key = [&](const std::string& canonical) {
+    return prefix + (layout == FluxLayout::kBfl ? flux_bfl_key(canonical) : canonical);
+  };
+  const auto x_in = store.shape(key("x_embedder.weight"));
+  const auto ctx = store.shape(key("context_embedder.weight"));
+  const auto pooled = store.shape(key("time_text_embed.text_embedder.linear_1.weight"));
+  const auto qnorm = store.shape(key("transformer_blocks.0.attn.norm_q.weight"));
+  const auto out = store.shape(key("proj_out.weight"));
+  if (!x_in || !ctx || !pooled || !qnorm || !out) {
+    return not_found("no FLUX transformer weights found (expected " + key("x_embedder.weight") + ")");
+  }
+  FluxConfig c;
+  c.in_channels = (*x_in)[1];
+  c.out_channels = (*out)[0];
+  c.joint_attention_dim = (*ctx)[1];
+  c.pooled_projection_dim = (*pooled)[1];
+  c.head_dim = (*qnorm)[0];
+  c.num_heads = int((*x_in)[0] / c.head_dim);
+  c.guidance_embeds = store.contains(key("time_text_embed.guidance_embedder.linear_1.weight"));
+  const bool bfl = layout == FluxLayout::kBfl;
+  c.num_layers = count_blocks(store, prefix + (bfl ? "double_blocks." : "transformer_blocks."),
+                              bfl ? ".img_mod.lin.weight" : ".norm1.linear.weight");
+  c.num_single_layers = count_blocks(store, prefix + (bfl ? "single_blocks." : "single_transformer_blocks."),
+                                     bfl ? ".modulation.lin.weight" : ".norm.linear.weight");
+  if (c.head_dim == kFluxHeadDim) {
+    c.axes_dims_rope = kFluxAxes;
+  } else {
+    const int index_axis = int(c.head_dim / 4) & ~1;
+    const int spatial = (int(c.head_dim) - index_axis) / 2;
+    if (spatial % 2 != 0 || index_axis + 2 * spatial != c.head_dim) {
+      return unsupported("FLUX transformer: cannot infer axes_dims_rope for head_dim " + std::to_string(c.head_dim) +
+                         "; load it from a diffusers config");
+    }
+    c.axes_dims_rope = {index_axis, spatial, spatial};
+  }
+  return c;
+}
+
+}  // namespace atelier

@@ -1,0 +1,271 @@
+#include "models/flux/flux_transformer.h"
+
+#include <cmath>
+
+#include "models/sd/unet.h"
+
+namespace atelier {
+
+namespace {
+
+constexpr int kTimeFeatures = 256;         // Timesteps(num_channels=256) in CombinedTimestepGuidanceTextProjEmbeddings
+constexpr float kTimestepScale = 1000.0f;  // the pipeline passes t / 1000; the model multiplies back
+constexpr float kNormEps = 1e-6f;          // adaLN layer norms and the q/k RMS norms
+constexpr int kDoubleMods = 6, kSingleMods = 3, kFinalMods = 2;
+
+// Loads a fused linear [sum(sizes), in] (BFL) and makes each part a view of it along the output dim.
+void load_fused(WeightLoader& w, const std::string& key, int64_t in, const std::vector<std::pair<Linear*, int64_t>>& parts) {
+  int64_t total = 0;
+  for (const auto& p : parts) total += p.second;
+  Linear fused;
+  w.linear(fused, key, in, total);
+  if (!fused.weight.defined() || !fused.bias.defined()) return;
+  int64_t at = 0;
+  for (const auto& [lin, size] : parts) {
+    *lin = Linear{fused.weight.narrow(0, at, size), fused.bias.narrow(0, at, size)};
+    at += size;
+  }
+}
+
+void load_embedder(WeightLoader& w, FluxMlpEmbedder& e, const std::string& key, int64_t in, int64_t d) {
+  w.linear(e.linear_1, key + ".linear_1", in, d);
+  w.linear(e.linear_2, key + ".linear_2", d, d);
+}
+
+// Keys starting with "@" are file names already (the BFL fused tensors; see the KeyMap in load()).
+void load_double(WeightLoader w, FluxLayout layout, const FluxConfig& c, int i, FluxDoubleBlock& b) {
+  const int64_t d = c.inner_dim(), hd = c.head_dim;
+  w.linear(b.norm1_linear, "norm1.linear", d, kDoubleMods * d);
+  w.linear(b.norm1_context_linear, "norm1_context.linear", d, kDoubleMods * d);
+  if (layout == FluxLayout::kBfl) {
+    const std::string blk = "double_blocks." + std::to_string(i) + ".";
+    load_fused(w, "@" + blk + "img_attn.qkv", d, {{&b.to_q, d}, {&b.to_k, d}, {&b.to_v, d}});
+    load_fused(w, "@" + blk + "txt_attn.qkv", d, {{&b.add_q_proj, d}, {&b.add_k_proj, d}, {&b.add_v_proj, d}});
+  } else {
+    w.linear(b.to_q, "attn.to_q", d, d);
+    w.linear(b.to_k, "attn.to_k", d, d);
+    w.linear(b.to_v, "attn.to_v", d, d);
+    w.linear(b.add_q_proj, "attn.add_q_proj", d, d);
+    w.linear(b.add_k_proj, "attn.add_k_proj", d, d);
+    w.linear(b.add_v_proj, "attn.add_v_proj", d, d);
+  }
+  w.rms_norm(b.norm_q, "attn.norm_q", hd, kNormEps);
+  w.rms_norm(b.norm_k, "attn.norm_k", hd, kNormEps);
+  w.rms_norm(b.norm_added_q, "attn.norm_added_q", hd, kNormEps);
+  w.rms_norm(b.norm_added_k, "attn.norm_added_k", hd, kNormEps);
+  w.linear(b.to_out, "attn.to_out.0", d, d);
+  w.linear(b.to_add_out, "attn.to_add_out", d, d);
+  w.linear(b.ff_proj, "ff.net.0.proj", d, c.mlp_dim());
+  w.linear(b.ff_out, "ff.net.2", c.mlp_dim(), d);
+  w.linear(b.ff_context_proj, "ff_context.net.0.proj", d, c.mlp_dim());
+  w.linear(b.ff_context_out, "ff_context.net.2", c.mlp_dim(), d);
+}
+
+void load_single(WeightLoader w, FluxLayout layout, const FluxConfig& c, int i, FluxSingleBlock& b) {
+  const int64_t d = c.inner_dim(), hd = c.head_dim;
+  w.linear(b.norm_linear, "norm.linear", d, kSingleMods * d);
+  if (layout == FluxLayout::kBfl) {
+    load_fused(w, "@single_blocks." + std::to_string(i) + ".linear1", d,
+               {{&b.to_q, d}, {&b.to_k, d}, {&b.to_v, d}, {&b.proj_mlp, c.mlp_dim()}});
+  } else {
+    w.linear(b.to_q, "attn.to_q", d, d);
+    w.linear(b.to_k, "attn.to_k", d, d);
+    w.linear(b.to_v, "attn.to_v", d, d);
+    w.linear(b.proj_mlp, "proj_mlp", d, c.mlp_dim());
+  }
+  w.rms_norm(b.norm_q, "attn.norm_q", hd, kNormEps);
+  w.rms_norm(b.norm_k, "attn.norm_k", hd, kNormEps);
+  w.linear(b.proj_out, "proj_out", d + c.mlp_dim(), d);
+}
+
+// [B, k*D] modulation vector -> k contiguous [B, 1, D] parts (broadcast over the sequence).
+std::vector<Tensor> modulations(const Linear& lin, const Tensor& temb_act, int k) {
+  const Tensor emb = lin(temb_act);
+  std::vector<Tensor> parts = ops::chunk(emb, k, 1);
+  for (Tensor& p : parts) p = ops::contiguous(p).unsqueeze(1);
+  return parts;
+}
+
+// x [B, N, D], shift/scale [B, 1, D] -> layer_norm(x) * (1 + scale) + shift (no affine, eps 1e-6).
+Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale) {
+  const Tensor n = ops::layer_norm(x, {}, {}, kNormEps);
+  return ops::add(ops::mul(n, ops::affine(scale, 1.0f, 1.0f)), shift);
+}
+
+// x [B, N, D] -> heads [B, N, H, hd] after the RMS norm over hd (norm may be an undefined weight: none).
+Tensor heads(const Tensor& x, int h, const RMSNorm* norm) {
+  Tensor t = x.reshape({x.size(0), x.size(1), h, x.size(2) / h});
+  return norm ? (*norm)(t) : t;
+}
+
+// q/k/v [B, N, H, hd] over the joint sequence -> attention output [B, N, H*hd], RoPE applied to q and k.
+Tensor joint_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos, const Tensor& sin) {
+  const Tensor qh = flux_apply_rope(ops::contiguous(q.permute({0, 2, 1, 3})), cos, sin);
+  const Tensor kh = flux_apply_rope(ops::contiguous(k.permute({0, 2, 1, 3})), cos, sin);
+  const Tensor a = ops::attention(qh, kh, v.permute({0, 2, 1, 3}));
+  return ops::contiguous(a.permute({0, 2, 1, 3})).reshape({q.size(0), q.size(1), q.size(2) * q.size(3)});
+}
+
+// residual + gate * y; gate [B, 1, D].
+Tensor gated_add(const Tensor& residual, const Tensor& gate, const Tensor& y) { return ops::add(residual, ops::mul(gate, y)); }
+
+}  // namespace
+
+std::pair<Tensor, Tensor> flux_rope_tables(const Tensor& ids, const std::array<int, 3>& axes, double theta) {
+  const std::vector<float> pos = ids.to_vector();
+  const int64_t n = ids.size(0), axes_n = ids.size(1);
+  ATELIER_CHECK(axes_n == 3, "FLUX position ids must have 3 axes");
+  const int64_t half = (axes[0] + axes[1] + axes[2]) / 2;
+  std::vector<float> cos(size_t(n * half)), sin(size_t(n * half));
+  for (int64_t r = 0; r < n; ++r) {
+    int64_t col = 0;
+    for (int a = 0; a < 3; ++a) {
+      const int dim = axes[size_t(a)];
+      for (int j = 0; j < dim / 2; ++j, ++col) {
+        // freqs = 1 / theta ** (arange(0, dim, 2) / dim) in float64; outer product with the float position.
+        const double freq = 1.0 / std::pow(theta, double(2 * j) / double(dim));
+        const double angle = double(pos[size_t(r * 3 + a)]) * freq;
+        cos[size_t(r * half + col)] = float(std::cos(angle));
+        sin[size_t(r * half + col)] = float(std::sin(angle));
+      }
+    }
+  }
+  return {Tensor::from_vector(cos, {n, half}), Tensor::from_vector(sin, {n, half})};
+}
+
+Tensor flux_apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t b = x.size(0), h = x.size(1), n = x.size(2), d = x.size(3);
+  const Tensor pairs = ops::contiguous(x).reshape({b, h, n, d / 2, 2});
+  const Tensor xe = pairs.narrow(4, 0, 1), xo = pairs.narrow(4, 1, 1);
+  const Tensor c = cos.reshape({n, d / 2, 1}), s = sin.reshape({n, d / 2, 1});
+  // diffusers: x * cos + stack(-x_odd, x_even) * sin, products rounded before the sum.
+  const Tensor even = ops::sub(ops::mul(xe, c), ops::mul(xo, s));
+  const Tensor odd = ops::add(ops::mul(xo, c), ops::mul(xe, s));
+  return ops::concat({even, odd}, 4).reshape({b, h, n, d});
+}
+
+Expected<FluxTransformer> FluxTransformer::load(const WeightStore& store, FluxLayout layout, const FluxConfig& c,
+                                                Device device, DType dtype, const std::string& prefix) {
+  FluxTransformer m;
+  m.config_ = c;
+  m.device_ = device;
+  m.dtype_ = dtype;
+  // BFL: plain renames through flux_bfl_key; a key with "@" names the file's key after it, whatever the
+  // scope before it (the fused BFL tensors, split in load_fused).
+  KeyMap map = [bfl = layout == FluxLayout::kBfl](const std::string& k) {
+    const size_t at = k.find('@');
+    if (at != std::string::npos) return k.substr(at + 1);
+    return bfl ? flux_bfl_key(k) : k;
+  };
+  WeightLoader w(store, device, dtype, map, prefix);
+  const int64_t d = c.inner_dim();
+  w.linear(m.x_embedder_, "x_embedder", c.in_channels, d);
+  w.linear(m.context_embedder_, "context_embedder", c.joint_attention_dim, d);
+  load_embedder(w, m.timestep_embedder_, "time_text_embed.timestep_embedder", kTimeFeatures, d);
+  if (c.guidance_embeds) load_embedder(w, m.guidance_embedder_, "time_text_embed.guidance_embedder", kTimeFeatures, d);
+  load_embedder(w, m.text_embedder_, "time_text_embed.text_embedder", c.pooled_projection_dim, d);
+  m.double_blocks_.resize(size_t(c.num_layers));
+  for (int i = 0; i < c.num_layers; ++i) {
+    load_double(w.scope("transformer_blocks." + std::to_string(i)), layout, c, i, m.double_blocks_[size_t(i)]);
+  }
+  m.single_blocks_.resize(size_t(c.num_single_layers));
+  for (int i = 0; i < c.num_single_layers; ++i) {
+    load_single(w.scope("single_transformer_blocks." + std::to_string(i)), layout, c, i, m.single_blocks_[size_t(i)]);
+  }
+  w.linear(m.norm_out_linear_, "norm_out.linear", d, kFinalMods * d);
+  w.linear(m.proj_out_, "proj_out", d, c.out_channels);
+  ATELIER_RETURN_IF_ERROR(w.finish());
+  if (layout == FluxLayout::kBfl) {
+    // BFL's final adaLN emits (shift, scale); diffusers' AdaLayerNormContinuous reads (scale, shift).
+    Linear& f = m.norm_out_linear_;
+    Status st = catch_status([&] {
+      f.weight = ops::concat({f.weight.narrow(0, d, d), f.weight.narrow(0, 0, d)}, 0);
+      f.bias = ops::concat({f.bias.narrow(0, d, d), f.bias.narrow(0, 0, d)}, 0);
+      return Status::ok();
+    });
+    ATELIER_RETURN_IF_ERROR(st);
+  }
+  return m;
+}
+
+Tensor FluxTransformer::conditioning(const FluxInputs& in) const {
+  auto embed = [&](const FluxMlpEmbedder& e, const Tensor& x) { return e.linear_2(e.linear_1(x, UnaryOp::kSilu)); };
+  auto time_features = [&](const std::vector<float>& values) {
+    std::vector<float> scaled(values.size());
+    for (size_t i = 0; i < values.size(); ++i) scaled[i] = values[i] * kTimestepScale;
+    return ops::cast(timestep_embedding(scaled, kTimeFeatures, /*flip_sin_to_cos=*/true, 0.0f), dtype_).to(device_);
+  };
+  Tensor temb = embed(timestep_embedder_, time_features(in.timestep));
+  if (config_.guidance_embeds) temb = ops::add(temb, embed(guidance_embedder_, time_features(in.guidance)));
+  return ops::add(temb, embed(text_embedder_, in.pooled.to(device_)));
+}
+
+void FluxTransformer::double_block(const FluxDoubleBlock& b, Tensor& img, Tensor& txt, const Tensor& temb_act,
+                                   const Tensor& cos, const Tensor& sin) const {
+  const int h = config_.num_heads;
+  const auto mi = modulations(b.norm1_linear, temb_act, kDoubleMods);          // shift, scale, gate (attn), (mlp)
+  const auto mt = modulations(b.norm1_context_linear, temb_act, kDoubleMods);
+  const Tensor ni = modulate(img, mi[0], mi[1]), nt = modulate(txt, mt[0], mt[1]);
+  // Joint sequence: text first, then image (as the ids are concatenated).
+  const Tensor q = ops::concat({heads(b.add_q_proj(nt), h, &b.norm_added_q), heads(b.to_q(ni), h, &b.norm_q)}, 1);
+  const Tensor k = ops::concat({heads(b.add_k_proj(nt), h, &b.norm_added_k), heads(b.to_k(ni), h, &b.norm_k)}, 1);
+  const Tensor v = ops::concat({heads(b.add_v_proj(nt), h, nullptr), heads(b.to_v(ni), h, nullptr)}, 1);
+  const Tensor a = joint_attention(q, k, v, cos, sin);
+  const int64_t s = txt.size(1), l = img.size(1);
+  img = gated_add(img, mi[2], b.to_out(ops::contiguous(a.narrow(1, s, l))));
+  txt = gated_add(txt, mt[2], b.to_add_out(ops::contiguous(a.narrow(1, 0, s))));
+  const Tensor fi = b.ff_out(b.ff_proj(modulate(img, mi[3], mi[4]), UnaryOp::kGeluTanh));
+  img = gated_add(img, mi[5], fi);
+  const Tensor ft = b.ff_context_out(b.ff_context_proj(modulate(txt, mt[3], mt[4]), UnaryOp::kGeluTanh));
+  txt = gated_add(txt, mt[5], ft);
+}
+
+Tensor FluxTransformer::single_block(const FluxSingleBlock& b, const Tensor& x, const Tensor& temb_act,
+                                     const Tensor& cos, const Tensor& sin) const {
+  const int h = config_.num_heads;
+  const auto m = modulations(b.norm_linear, temb_act, kSingleMods);  // shift, scale, gate
+  const Tensor n = modulate(x, m[0], m[1]);
+  const Tensor mlp = b.proj_mlp(n, UnaryOp::kGeluTanh);
+  const Tensor a = joint_attention(heads(b.to_q(n), h, &b.norm_q), heads(b.to_k(n), h, &b.norm_k),
+                                   heads(b.to_v(n), h, nullptr), cos, sin);
+  return gated_add(x, m[2], b.proj_out(ops::concat({a, mlp}, 2)));
+}
+
+Tensor FluxTransformer::run(const FluxInputs& in) const {
+  const FluxConfig& c = config_;
+  const int64_t batch = in.hidden_states.size(0), l = in.hidden_states.size(1), s = in.encoder_hidden_states.size(1);
+  ATELIER_CHECK(in.hidden_states.dim() == 3 && in.hidden_states.size(2) == c.in_channels, "FLUX: hidden_states must be [B, L, in_channels]");
+  ATELIER_CHECK(in.encoder_hidden_states.dim() == 3 && in.encoder_hidden_states.size(0) == batch &&
+                    in.encoder_hidden_states.size(2) == c.joint_attention_dim,
+                "FLUX: encoder_hidden_states must be [B, S, joint_attention_dim]");
+  ATELIER_CHECK(in.pooled.dim() == 2 && in.pooled.size(0) == batch && in.pooled.size(1) == c.pooled_projection_dim,
+                "FLUX: pooled must be [B, pooled_projection_dim]");
+  ATELIER_CHECK(in.img_ids.dim() == 2 && in.img_ids.size(0) == l && in.txt_ids.dim() == 2 && in.txt_ids.size(0) == s,
+                "FLUX: img_ids [L, 3] and txt_ids [S, 3] must match the sequences");
+  ATELIER_CHECK(int64_t(in.timestep.size()) == batch, "FLUX: one timestep per sample");
+  ATELIER_CHECK(!c.guidance_embeds || int64_t(in.guidance.size()) == batch, "FLUX: one guidance value per sample");
+  const Tensor temb_act = ops::silu(conditioning(in));
+  const Tensor ids = ops::concat({ops::contiguous(in.txt_ids.to(Device::cpu())), ops::contiguous(in.img_ids.to(Device::cpu()))}, 0);
+  auto [cos_h, sin_h] = flux_rope_tables(ids, c.axes_dims_rope, c.rope_theta);
+  const Tensor cos = ops::cast(cos_h, dtype_).to(device_), sin = ops::cast(sin_h, dtype_).to(device_);
+  Tensor img = x_embedder_(in.hidden_states.to(device_));
+  Tensor txt = context_embedder_(in.encoder_hidden_states.to(device_));
+  for (const FluxDoubleBlock& b : double_blocks_) double_block(b, img, txt, temb_act, cos, sin);
+  Tensor x = ops::concat({txt, img}, 1);
+  for (const FluxSingleBlock& b : single_blocks_) x = single_block(b, x, temb_act, cos, sin);
+  img = ops::contiguous(x.narrow(1, s, l));
+  const auto mo = modulations(norm_out_linear_, temb_act, kFinalMods);  // scale, shift
+  return proj_out_(modulate(img, mo[1], mo[0]));
+}
+
+Expected<Tensor> FluxTransformer::forward(const FluxInputs& in) const {
+  Tensor out;
+  Status st = catch_status([&] {
+    out = run(in);
+    return Status::ok();
+  });
+  if (!st) return st;
+  return out;
+}
+
+}  // namespace atelier

@@ -1,0 +1,93 @@
+// FLUX.1's transformer (diffusers' FluxTransformer2DModel): MM-DiT double-stream blocks (separate image and
+// text weights, joint attention), then single-stream blocks over the concatenated [text; image] sequence
+// (attention and MLP in parallel from one modulated input), 3-axis RoPE over (index, row, col) position ids,
+// RMS-normalised queries and keys, adaLN-Zero modulation from timestep + distilled guidance + CLIP pooled
+// embeddings, and a final adaLN-continuous norm. Field names follow diffusers' checkpoint keys.
+//
+// Inputs as FluxPipeline passes them: packed latents [B, L, 64] (2x2 patches of the 16-channel latent),
+// T5 tokens [B, S, 4096], CLIP pooled [B, 768], position ids img [L, 3] / txt [S, 3] (float), the timestep as
+// sigma in [0, 1] (the model multiplies by 1000) and the guidance scale (also multiplied by 1000).
+#pragma once
+#include <array>
+#include <utility>
+#include <vector>
+
+#include "models/common/layers.h"
+#include "models/common/weights.h"
+#include "models/flux/flux_config.h"
+
+namespace atelier {
+
+// linear_1 -> SiLU -> linear_2 (TimestepEmbedding and PixArtAlphaTextProjection alike).
+struct FluxMlpEmbedder {
+  Linear linear_1, linear_2;
+};
+
+struct FluxDoubleBlock {
+  Linear norm1_linear, norm1_context_linear;  // norm1.linear / norm1_context.linear: 6 modulations each
+  Linear to_q, to_k, to_v, add_q_proj, add_k_proj, add_v_proj;  // attn.*
+  RMSNorm norm_q, norm_k, norm_added_q, norm_added_k;          // attn.* over head_dim
+  Linear to_out, to_add_out;                                    // attn.to_out.0, attn.to_add_out
+  Linear ff_proj, ff_out, ff_context_proj, ff_context_out;      // ff(.context).net.0.proj / net.2
+};
+
+struct FluxSingleBlock {
+  Linear norm_linear;          // norm.linear: 3 modulations
+  Linear to_q, to_k, to_v;     // attn.*
+  RMSNorm norm_q, norm_k;      // attn.*
+  Linear proj_mlp, proj_out;   // proj_out takes [attention, mlp] concatenated
+};
+
+struct FluxInputs {
+  Tensor hidden_states;          // [B, L, in_channels]
+  Tensor encoder_hidden_states;  // [B, S, joint_attention_dim]
+  Tensor pooled;                 // [B, pooled_projection_dim]
+  Tensor img_ids;                // [L, 3] f32 (host or device)
+  Tensor txt_ids;                // [S, 3] f32
+  std::vector<float> timestep;   // one per sample: sigma (t / 1000)
+  std::vector<float> guidance;   // one per sample; ignored by models without guidance embeds
+};
+
+class FluxTransformer {
+ public:
+  // Reads every tensor from `store` in `layout` under `prefix`, checking shapes. CPU needs dtype f32.
+  static Expected<FluxTransformer> load(const WeightStore& store, FluxLayout layout, const FluxConfig& config,
+                                        Device device, DType dtype = DType::F32, const std::string& prefix = "");
+
+  const FluxConfig& config() const { return config_; }
+  Device device() const { return device_; }
+
+  // -> velocity [B, L, out_channels] on the model's device.
+  Expected<Tensor> forward(const FluxInputs& in) const;
+
+ private:
+  // temb [B, D] from timesteps, guidance and pooled text.
+  Tensor conditioning(const FluxInputs& in) const;
+  // x [B, L, in] etc. -> [B, L, out]; throws on shape errors.
+  Tensor run(const FluxInputs& in) const;
+  // Runs one double block in place on (img [B, L, D], txt [B, S, D]).
+  void double_block(const FluxDoubleBlock& b, Tensor& img, Tensor& txt, const Tensor& temb_act,
+                    const Tensor& cos, const Tensor& sin) const;
+  // x [B, S+L, D] -> same.
+  Tensor single_block(const FluxSingleBlock& b, const Tensor& x, const Tensor& temb_act, const Tensor& cos,
+                      const Tensor& sin) const;
+
+  FluxConfig config_;
+  Device device_;
+  DType dtype_ = DType::F32;
+  Linear x_embedder_, context_embedder_;
+  FluxMlpEmbedder timestep_embedder_, guidance_embedder_, text_embedder_;
+  std::vector<FluxDoubleBlock> double_blocks_;
+  std::vector<FluxSingleBlock> single_blocks_;
+  Linear norm_out_linear_, proj_out_;  // norm_out.linear: (scale, shift)
+};
+
+// FluxPosEmbed: ids [N, 3] (f32, any device) -> cos, sin [N, head_dim / 2] f32 host tensors, one entry per
+// rotated pair (diffusers repeats each twice, interleaved), computed in float64 as diffusers does and rounded once.
+std::pair<Tensor, Tensor> flux_rope_tables(const Tensor& ids, const std::array<int, 3>& axes_dims, double theta);
+
+// apply_rotary_emb with interleaved pairs: x [B, H, N, D], cos/sin [N, D/2] (on x's device) ->
+// x * cos + rotate(x) * sin with rotate(x)[2i] = -x[2i+1], rotate(x)[2i+1] = x[2i].
+Tensor flux_apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin);
+
+}  // namespace atelier

@@ -1,0 +1,236 @@
+#include "pipeline/flux_pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "backend/ops.h"
+#include "io/infotext.h"
+
+namespace atelier {
+
+namespace {
+
+using trace::Category;
+
+constexpr uint32_t kMaxRandomSeed = 0xffffffffu;  // as the SD pipeline: random seeds below 2^32
+constexpr int kPatch = 2;                         // 2x2 latent packing
+constexpr float kTimestepDivisor = 1000.0f;       // the pipeline passes t / 1000
+constexpr int kMaxSequenceLength = 4096;
+constexpr float kMaxGuidance = 100.0f;
+
+std::string trim_float(double v) {
+  std::string s = std::to_string(v);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+// ids -> host i32 [1, n]
+Tensor ids_tensor(const std::vector<int32_t>& ids) {
+  Tensor t = Tensor::empty({1, int64_t(ids.size())}, DType::I32);
+  std::copy(ids.begin(), ids.end(), t.data<int32_t>());
+  return t;
+}
+
+// Repeats a [1, ...] tensor b times along dim 0.
+Tensor repeat_rows(const Tensor& t, int b) { return b == 1 ? t : ops::concat(std::vector<Tensor>(size_t(b), t), 0); }
+
+InfotextParams infotext_params(const FluxModel& m, const GenerateRequest& r, const FluxOptions& o, int64_t seed, bool cfg) {
+  InfotextParams kv = {{"Steps", std::to_string(r.steps)},
+                       {"Sampler", "Euler"},
+                       {"Schedule type", "Simple"},
+                       {"CFG scale", cfg ? trim_float(r.cfg_scale) : "1"},
+                       {"Distilled CFG Scale", trim_float(o.guidance)},
+                       {"Seed", std::to_string(seed)},
+                       {"Size", std::to_string(r.width) + "x" + std::to_string(r.height)}};
+  if (!m.hash.empty()) kv.push_back({"Model hash", m.hash});
+  kv.push_back({"Model", m.name});
+  if (r.rng == "cpu") kv.push_back({"RNG", "CPU"});
+  kv.push_back({"Version", std::string("atelier ") + ATELIER_VERSION});
+  return kv;
+}
+
+}  // namespace
+
+Status FluxOptions::validate() const {
+  if (!std::isfinite(guidance) || guidance < 0 || guidance > kMaxGuidance) {
+    return invalid_argument("guidance must be a number from 0 to 100");
+  }
+  if (max_sequence_length < 1 || max_sequence_length > kMaxSequenceLength) {
+    return invalid_argument("max sequence length must be from 1 to " + std::to_string(kMaxSequenceLength));
+  }
+  return Status::ok();
+}
+
+nlohmann::json FluxOptions::to_json() const {
+  return {{"guidance", guidance}, {"max_sequence_length", max_sequence_length}, {"cfg_explicit", cfg_explicit}};
+}
+
+Tensor flux_pack_latents(const Tensor& x) {
+  const int64_t b = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  const Tensor v = ops::contiguous(x).reshape({b, c, h / kPatch, kPatch, w / kPatch, kPatch});
+  return ops::contiguous(v.permute({0, 2, 4, 1, 3, 5})).reshape({b, (h / kPatch) * (w / kPatch), c * kPatch * kPatch});
+}
+
+Tensor flux_unpack_latents(const Tensor& p, int64_t h, int64_t w) {
+  const int64_t b = p.size(0), c = p.size(2) / (kPatch * kPatch);
+  const Tensor v = ops::contiguous(p).reshape({b, h / kPatch, w / kPatch, c, kPatch, kPatch});
+  return ops::contiguous(v.permute({0, 3, 1, 4, 2, 5})).reshape({b, c, h, w});
+}
+
+Tensor flux_image_ids(int64_t h, int64_t w) {
+  const int64_t rows = h / kPatch, cols = w / kPatch;
+  std::vector<float> ids(size_t(rows * cols * 3), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      ids[size_t((r * cols + c) * 3 + 1)] = float(r);
+      ids[size_t((r * cols + c) * 3 + 2)] = float(c);
+    }
+  }
+  return Tensor::from_vector(ids, {rows * cols, 3});
+}
+
+Expected<FluxPrompt> FluxPipeline::encode_prompt(const std::string& text, int max_sequence_length) const {
+  trace::Scope range(stage::kTextEncode, Category::kStage);
+  const FluxModel& m = *model_;
+  FluxPrompt p;
+  const Tensor cid = ids_tensor(m.clip_tokenizer->encode(text));
+  ClipPooledOptions po;
+  po.project = false;  // CLIPTextModel's pooler_output: no projection
+  ATELIER_ASSIGN_OR_RETURN(auto clip_out, m.clip->forward_with_pooled(cid, po));
+  p.pooled = clip_out.pooled;
+  const Tensor tid = ids_tensor(m.t5_tokenizer->encode(text, max_sequence_length));
+  ATELIER_ASSIGN_OR_RETURN(p.t5, m.t5->forward(tid));
+  return p;
+}
+
+Expected<sampling::FlowMatchEuler> FluxPipeline::make_scheduler(int steps, int64_t h, int64_t w) const {
+  sampling::FlowMatchPlanOptions o;
+  o.sigmas = sampling::flux_sigmas(steps);
+  o.mu = sampling::flow_match_mu(model_->scheduler, (h / kPatch) * (w / kPatch));
+  return sampling::FlowMatchEuler::create(model_->scheduler, steps, o);
+}
+
+Expected<Tensor> FluxPipeline::denoise(sampling::FlowMatchEuler& s, Tensor x, const FluxPrompt& cond,
+                                       const FluxPrompt* uncond, float guidance, float cfg_scale, int64_t h,
+                                       int64_t w, int batch_index, const ProgressCallback& progress) const {
+  const FluxTransformer& tr = *model_->transformer;
+  const Device dev = tr.device();
+  const int b = int(x.size(0));
+  FluxInputs in;
+  in.img_ids = flux_image_ids(h, w).to(dev);
+  in.txt_ids = Tensor::zeros({cond.t5.size(1), 3}, DType::F32, dev);
+  in.guidance.assign(size_t(b), guidance);
+  auto with_prompt = [&](FluxInputs i, const FluxPrompt& p) {
+    i.encoder_hidden_states = repeat_rows(p.t5, b);
+    i.pooled = repeat_rows(p.pooled, b);
+    return i;
+  };
+  const FluxInputs pos = with_prompt(in, cond);
+  const FluxInputs neg = uncond ? with_prompt(in, *uncond) : FluxInputs{};
+  const int total = s.num_inference_steps() - s.step_index();
+  for (int call = 1; !s.done(); ++call) {
+    trace::Scope call_range(stage::kModelCall, Category::kCall, call - 1);
+    FluxInputs step = pos;
+    step.hidden_states = x;
+    step.timestep.assign(size_t(b), s.timestep() / kTimestepDivisor);
+    ATELIER_ASSIGN_OR_RETURN(Tensor v, tr.forward(step));
+    if (uncond) {
+      FluxInputs nstep = neg;
+      nstep.hidden_states = x;
+      nstep.timestep = step.timestep;
+      ATELIER_ASSIGN_OR_RETURN(Tensor vn, tr.forward(nstep));
+      v = ops::add(vn, ops::affine(ops::sub(v, vn), cfg_scale));  // neg + cfg * (pos - neg)
+    }
+    x = s.step(x, v);
+    if (progress) {
+      StepProgress sp;
+      sp.batch_index = batch_index;
+      sp.call = call;
+      sp.total_calls = total;
+      sp.latents = &x;
+      if (!progress(sp)) return cancelled("generation cancelled");
+    }
+  }
+  return x;
+}
+
+Tensor FluxPipeline::decode(const Tensor& packed, int64_t h, int64_t w) const {
+  trace::Scope range(stage::kVaeDecode, Category::kStage);
+  Tensor img = model_->vae->latents_to_image(flux_unpack_latents(packed, h, w));
+  img = ops::affine(img, 0.5f, 0.5f);  // (image / 2 + 0.5).clamp(0, 1)
+  img = ops::binary(img, Tensor::full({1}, 0.0f, img.device()), BinaryOp::kMax);
+  img = ops::binary(img, Tensor::full({1}, 1.0f, img.device()), BinaryOp::kMin);
+  backend_for(img.device()).synchronize();
+  return img;
+}
+
+Expected<GenerateResult> FluxPipeline::generate(const GenerateRequest& request, const FluxOptions& options,
+                                                const ProgressCallback& progress) const {
+  const FluxModel& m = *model_;
+  ATELIER_RETURN_IF_ERROR(request.validate());
+  ATELIER_RETURN_IF_ERROR(options.validate());
+  if (!request.init_image.empty()) return unsupported("FLUX img2img is not supported yet (txt2img only)");
+  GenerateRequest r = request;
+  if (r.width == 0) r.width = m.default_size;
+  if (r.height == 0) r.height = m.default_size;
+  if (r.width % kFluxSizeMultiple != 0 || r.height % kFluxSizeMultiple != 0) {
+    return invalid_argument("FLUX image sides must be multiples of 16, got " + std::to_string(r.width) + "x" + std::to_string(r.height));
+  }
+  if (r.seed < 0) r.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
+  ATELIER_ASSIGN_OR_RETURN(RngKind rng, parse_rng_kind(r.rng));
+  const bool cfg = options.cfg_explicit && r.cfg_scale > 1.0f;
+  trace::Recorder stages(trace::kPipelineCategories);
+  trace::ThreadAttach attach(stages);
+  trace::Scope total(stage::kGenerate, Category::kStage);
+  GenerateResult result;
+  Status st = catch_status([&]() -> Status {
+    ATELIER_ASSIGN_OR_RETURN(FluxPrompt cond, encode_prompt(r.prompt, options.max_sequence_length));
+    FluxPrompt uncond;
+    if (cfg) {
+      ATELIER_ASSIGN_OR_RETURN(uncond, encode_prompt(r.negative_prompt, options.max_sequence_length));
+    }
+    const int f = m.vae->config().downscale_factor();
+    const int64_t h = r.height / f, w = r.width / f;
+    const int64_t channels = m.vae->config().latent_channels;
+    const Device dev = m.transformer->device();
+    for (int batch = 0; batch < r.batch_count; ++batch) {
+      std::vector<Tensor> rows;
+      for (int i = 0; i < r.batch_size; ++i) {
+        auto gen = make_generator(rng, uint64_t(r.seed + batch * r.batch_size + i));
+        rows.push_back(flux_pack_latents(randn_tensor(*gen, {1, channels, h, w}).to(dev)));
+      }
+      ATELIER_ASSIGN_OR_RETURN(auto sched, make_scheduler(r.steps, h, w));
+      Tensor x;
+      {
+        trace::Scope denoise_range(stage::kDenoise, Category::kStage, batch);
+        ATELIER_ASSIGN_OR_RETURN(x, denoise(sched, ops::concat(rows, 0), cond, cfg ? &uncond : nullptr, options.guidance,
+                                            r.cfg_scale, h, w, batch, progress));
+      }
+      const Tensor images = decode(x, h, w);
+      trace::Scope encode_range(stage::kImageEncode, Category::kStage, batch);
+      for (int i = 0; i < r.batch_size; ++i) {
+        const int64_t seed = r.seed + batch * r.batch_size + i;
+        GeneratedImage g;
+        g.seed = seed;
+        g.image = image_from_tensor(images, i);
+        g.infotext = build_infotext(r.prompt, r.negative_prompt, infotext_params(m, r, options, seed, cfg));
+        GenerateRequest per_image = r;
+        per_image.seed = seed;
+        g.info = {{"settings", per_image.to_json()}, {"flux", options.to_json()}, {"sampler", "flow_match_euler"},
+                  {"model", {{"name", m.name}, {"hash", m.hash}, {"path", m.path}, {"family", "flux"}, {"layout", m.layout}}},
+                  {"device", dev.str()}, {"infotext", g.infotext}};
+        result.images.push_back(std::move(g));
+      }
+    }
+    return Status::ok();
+  });
+  if (!st) return st;
+  total.finish();
+  result.times = StageTimes::from_events(stages.events());
+  for (auto& g : result.images) g.info["timings"] = result.times.to_json();
+  return result;
+}
+
+}  // namespace atelier

@@ -1,0 +1,69 @@
+// FLUX.1 txt2img with diffusers' FluxPipeline semantics:
+//   prompt -> CLIP-L pooled output [1, 768] and T5 states [1, max_sequence_length, 4096] (txt_ids zeros);
+//   noise [B, 16, h, w] (h = 2 * (H / 16)) drawn per image from its seed, packed 2x2 into [B, h/2 * w/2, 64]
+//   with img_ids (0, row, col); sigmas np.linspace(1, 1/steps, steps) shifted with mu from the packed
+//   sequence length; per step: velocity = transformer(x, t / 1000, guidance) (and, only when asked for with
+//   cfg_scale > 1, true CFG against the negative prompt: neg + cfg * (pos - neg)), x += (sigma_next - sigma) * v;
+//   then unpack, z / scaling_factor + shift_factor, VAE decode, (image / 2 + 0.5).clamp(0, 1).
+// The guidance value is FLUX.1-dev's distilled guidance (an input of the model, no second pass).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "pipeline/flux_model.h"
+#include "pipeline/sd_pipeline.h"
+
+namespace atelier {
+
+constexpr float kFluxDefaultGuidance = 3.5f;
+constexpr int kFluxDefaultMaxSequenceLength = 512;
+constexpr int kFluxSizeMultiple = 16;  // VAE factor 8 x 2x2 packing
+
+// The FLUX settings beside GenerateRequest (whose cfg_scale counts only when cfg_explicit is set).
+struct FluxOptions {
+  float guidance = kFluxDefaultGuidance;
+  int max_sequence_length = kFluxDefaultMaxSequenceLength;
+  bool cfg_explicit = false;  // the user asked for cfg_scale: true CFG runs when it is > 1
+
+  Status validate() const;
+  nlohmann::json to_json() const;
+};
+
+struct FluxPrompt {
+  Tensor t5;      // [1, S, joint_attention_dim]
+  Tensor pooled;  // [1, pooled_projection_dim]
+};
+
+class FluxPipeline {
+ public:
+  explicit FluxPipeline(std::shared_ptr<FluxModel> model) : model_(std::move(model)) {}
+  const FluxModel& model() const { return *model_; }
+
+  // Runs the request (txt2img; batch_size images per batch, seeds seed, seed+1, ...). StepProgress.latents
+  // points at the packed latents [B, L, 64] after each step.
+  Expected<GenerateResult> generate(const GenerateRequest& request, const FluxOptions& options,
+                                    const ProgressCallback& progress = {}) const;
+
+  // --- stages -------------------------------------------------------------------------------------
+  Expected<FluxPrompt> encode_prompt(const std::string& text, int max_sequence_length) const;
+  // The scheduler for `steps` steps at latent size h x w (unpacked latent rows and columns).
+  Expected<sampling::FlowMatchEuler> make_scheduler(int steps, int64_t h, int64_t w) const;
+  // x [B, L, 64] packed initial latents; cond (and uncond when cfg_scale > 1) -> final packed latents.
+  Expected<Tensor> denoise(sampling::FlowMatchEuler& scheduler, Tensor x, const FluxPrompt& cond,
+                           const FluxPrompt* uncond, float guidance, float cfg_scale, int64_t h, int64_t w,
+                           int batch_index, const ProgressCallback& progress) const;
+  // packed [B, L, 64] -> images [B, 3, 8h, 8w] in [0, 1].
+  Tensor decode(const Tensor& packed, int64_t h, int64_t w) const;
+
+ private:
+  std::shared_ptr<FluxModel> model_;
+};
+
+// latents [B, C, h, w] -> [B, (h/2)*(w/2), 4C] (2x2 patches, channel-major within a patch).
+Tensor flux_pack_latents(const Tensor& latents);
+// [B, (h/2)*(w/2), 4C] -> [B, C, h, w]
+Tensor flux_unpack_latents(const Tensor& packed, int64_t h, int64_t w);
+// Position ids of the packed latents: [(h/2)*(w/2), 3] f32 rows (0, row, col), host.
+Tensor flux_image_ids(int64_t h, int64_t w);
+
+}  // namespace atelier

@@ -1,0 +1,116 @@
+// The FLUX transformer: BFL key map, config detection from both layouts, RoPE tables, and the outputs at
+// both golden timesteps through the diffusers folder and the BFL single file.
+#include <cmath>
+#include <iostream>
+
+#include "models/flux/flux_transformer.h"
+#include "test_util.h"
+
+namespace atelier {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kGoldenTol = 1e-5;
+constexpr float kGuidance = 3.5f;
+
+TEST(FluxKeyMap, BflNames) {
+  EXPECT_EQ(flux_bfl_key("x_embedder.weight"), "img_in.weight");
+  EXPECT_EQ(flux_bfl_key("time_text_embed.guidance_embedder.linear_2.bias"), "guidance_in.out_layer.bias");
+  EXPECT_EQ(flux_bfl_key("transformer_blocks.12.attn.norm_added_k.weight"), "double_blocks.12.txt_attn.norm.key_norm.scale");
+  EXPECT_EQ(flux_bfl_key("transformer_blocks.3.ff_context.net.0.proj.weight"), "double_blocks.3.txt_mlp.0.weight");
+  EXPECT_EQ(flux_bfl_key("transformer_blocks.3.attn.to_out.0.bias"), "double_blocks.3.img_attn.proj.bias");
+  EXPECT_EQ(flux_bfl_key("single_transformer_blocks.37.proj_out.weight"), "single_blocks.37.linear2.weight");
+  EXPECT_EQ(flux_bfl_key("single_transformer_blocks.0.norm.linear.bias"), "single_blocks.0.modulation.lin.bias");
+  EXPECT_EQ(flux_bfl_key("norm_out.linear.weight"), "final_layer.adaLN_modulation.1.weight");
+  EXPECT_EQ(flux_bfl_key("proj_out.weight"), "final_layer.linear.weight");
+  EXPECT_EQ(flux_bfl_key("transformer_blocks.0.attn.to_q.weight"), "transformer_blocks.0.attn.to_q.weight");  // fused in BFL
+}
+
+FluxConfig folder_config(const fs::path& dir) {
+  return FluxConfig::from_file((dir / "model/transformer/config.json").string()).value();
+}
+
+TEST(FluxConfigTest, DetectedFromBothLayouts) {
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  const FluxConfig want = folder_config(dir);
+  const WeightStore diff = WeightStore::open({(dir / "model/transformer/diffusion_pytorch_model.safetensors").string()}).value();
+  const WeightStore bfl = WeightStore::open({(dir / "flux-tiny-transformer.bfl.safetensors").string()}).value();
+  ASSERT_EQ(flux_bfl_prefix(bfl), std::optional<std::string>(""));
+  EXPECT_FALSE(flux_bfl_prefix(diff).has_value());
+  for (const auto& got : {FluxConfig::detect(diff, FluxLayout::kDiffusers).value(), FluxConfig::detect(bfl, FluxLayout::kBfl).value()}) {
+    EXPECT_EQ(got.in_channels, want.in_channels);
+    EXPECT_EQ(got.out_channels, want.out_channels);
+    EXPECT_EQ(got.num_layers, want.num_layers);
+    EXPECT_EQ(got.num_single_layers, want.num_single_layers);
+    EXPECT_EQ(got.num_heads, want.num_heads);
+    EXPECT_EQ(got.head_dim, want.head_dim);
+    EXPECT_EQ(got.joint_attention_dim, want.joint_attention_dim);
+    EXPECT_EQ(got.pooled_projection_dim, want.pooled_projection_dim);
+    EXPECT_EQ(got.guidance_embeds, want.guidance_embeds);
+    EXPECT_EQ(got.axes_dims_rope, want.axes_dims_rope);
+  }
+}
+
+TEST(FluxRope, RotatesPairsByPositionAngles) {
+  // One token at (0, 2, 3) with axes (2, 2, 2): angles are the positions themselves (frequency 1 each).
+  auto [cos, sin] = flux_rope_tables(Tensor::from_vector({0, 2, 3}, {1, 3}), {2, 2, 2}, 10000.0);
+  EXPECT_EQ(cos.shape(), (Shape{1, 3}));
+  EXPECT_FLOAT_EQ(cos.to_vector()[1], float(std::cos(2.0)));
+  EXPECT_FLOAT_EQ(sin.to_vector()[2], float(std::sin(3.0)));
+  const Tensor x = Tensor::from_vector({1, 0, 1, 0, 0, 1}, {1, 1, 1, 6});
+  const auto y = flux_apply_rope(x, cos, sin).to_vector();
+  EXPECT_FLOAT_EQ(y[0], 1.0f);
+  EXPECT_FLOAT_EQ(y[2], float(std::cos(2.0)));
+  EXPECT_FLOAT_EQ(y[3], float(std::sin(2.0)));
+  EXPECT_FLOAT_EQ(y[4], -float(std::sin(3.0)));
+  EXPECT_FLOAT_EQ(y[5], float(std::cos(3.0)));
+}
+
+FluxInputs golden_inputs(float t) {
+  FluxInputs in;
+  in.hidden_states = test::golden("flux-tiny", "transformer.in.hidden_states");
+  in.encoder_hidden_states = test::golden("flux-tiny", "transformer.in.encoder_hidden_states");
+  in.pooled = test::golden("flux-tiny", "transformer.in.pooled");
+  in.img_ids = test::golden("flux-tiny", "transformer.in.img_ids");
+  in.txt_ids = test::golden("flux-tiny", "transformer.in.txt_ids");
+  in.timestep = {t};
+  in.guidance = {kGuidance};
+  return in;
+}
+
+void check_goldens(const FluxTransformer& m, const std::string& label) {
+  for (const auto& [t, key] : {std::pair{1.0f, "transformer.out.t1.0"}, std::pair{0.5f, "transformer.out.t0.5"}}) {
+    const Tensor out = m.forward(golden_inputs(t)).value();
+    const Tensor want = test::golden("flux-tiny", key);
+    ASSERT_EQ(out.shape(), want.shape());
+    const double r = test::rel_l2(out.to_vector(), want.to_vector());
+    std::cout << "[flux] transformer " << label << " " << key << ": rel L2 " << r << ", max abs "
+              << test::max_abs_diff(out.to_vector(), want.to_vector()) << "\n";
+    EXPECT_LE(r, kGoldenTol) << label << " " << key;
+  }
+}
+
+TEST(FluxTransformerGolden, Diffusers) {
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  const WeightStore store = WeightStore::open({(dir / "model/transformer/diffusion_pytorch_model.safetensors").string()}).value();
+  check_goldens(FluxTransformer::load(store, FluxLayout::kDiffusers, folder_config(dir), Device::cpu()).value(), "diffusers");
+}
+
+TEST(FluxTransformerGolden, BflSingleFile) {
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  const WeightStore store = WeightStore::open({(dir / "flux-tiny-transformer.bfl.safetensors").string()}).value();
+  const FluxConfig cfg = FluxConfig::detect(store, FluxLayout::kBfl).value();
+  check_goldens(FluxTransformer::load(store, FluxLayout::kBfl, cfg, Device::cpu()).value(), "bfl");
+}
+
+TEST(FluxTransformerGolden, LoadErrorsListMissingKeys) {
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  const WeightStore store = WeightStore::open({(dir / "flux-tiny-transformer.bfl.safetensors").string()}).value();
+  auto m = FluxTransformer::load(store, FluxLayout::kDiffusers, folder_config(dir), Device::cpu());
+  ASSERT_FALSE(m.has_value());
+  EXPECT_NE(m.status().message().find("x_embedder.weight"), std::string::npos) << m.status().message();
+}
+
+}  // namespace
+}  // namespace atelier
