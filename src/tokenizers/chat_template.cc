@@ -26,7 +26,6 @@ bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; 
 // are dropped), as transformers configures its environment.
 Expected<std::vector<Segment>> lex(const std::string& t) {
   std::vector<Segment> out;
-  std::string text;
   bool strip_next = false, trim_newline = false;
   size_t pos = 0;
   auto flush_text = [&](std::string s) {
@@ -44,9 +43,8 @@ Expected<std::vector<Segment>> lex(const std::string& t) {
       if (!s.empty()) out.push_back({SegKind::kText, s});
       break;
     }
-    if (!tag) {
-      text = t.substr(pos, p + 1 - pos);
-      std::string s = flush_text(text);
+    if (!tag) {  // a lone '{' is text
+      std::string s = flush_text(t.substr(pos, p + 1 - pos));
       if (!s.empty()) out.push_back({SegKind::kText, s});
       pos = p + 1;
       continue;

@@ -105,7 +105,8 @@ Tensor ZImageTransformer::block_forward(const ZImageBlock& b, const Tensor& x, c
                                         const Tensor& sin) const {
   if (!b.adaLN_modulation.weight.defined()) {  // context refiner: no modulation
     Tensor y = ops::add(x, b.attention_norm2(attention(b, b.attention_norm1(x), cos, sin)));
-    Tensor ff = b.w2(ops::mul(b.w1(b.ffn_norm1(y), UnaryOp::kSilu), b.w3(b.ffn_norm1(y))));
+    const Tensor n = b.ffn_norm1(y);
+    Tensor ff = b.w2(ops::mul(b.w1(n, UnaryOp::kSilu), b.w3(n)));
     return ops::add(y, b.ffn_norm2(ff));
   }
   // scale_msa, gate_msa, scale_mlp, gate_mlp: each [1, 1, dim]; scales are 1 + s, gates tanh(g).
