@@ -26,6 +26,7 @@ struct GenerateOptions {
   float guidance = 3.5f;
   int max_sequence_length = 512;
   bool cfg_given = false;  // --cfg-scale was on the command line (FLUX runs true CFG only then)
+  std::string components;  // Z-Image: the diffusers folder with the parts a single-file transformer lacks
 };
 void add_generate_command(CLI::App& app, GenerateOptions& o);
 int run_generate(const GenerateOptions& o);
@@ -33,6 +34,8 @@ int run_generate(const GenerateOptions& o);
 int run_generate_flux(const GenerateOptions& o, Device device);
 // Writes each image as PNG with its infotext, plus a JSON sidecar; prints the paths and timings. Exit code.
 int write_generate_outputs(const GenerateOptions& o, const GenerateResult& res);
+// Z-Image models (is_zimage_model): load, generate, write (generate_zimage.cc).
+int run_generate_zimage(const GenerateOptions& o, Device device);
 
 struct InfoOptions {
   std::string model;

@@ -10,6 +10,7 @@
 #include "pipeline/demo_model.h"
 #include "pipeline/flux_model.h"
 #include "pipeline/sd_pipeline.h"
+#include "pipeline/zimage_pipeline.h"
 
 namespace atelier::cli {
 namespace fs = std::filesystem;
@@ -48,11 +49,13 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--output", o.output, "Output PNG path; several images get -N suffixes")->capture_default_str();
   c->add_option("--trace", o.trace, "Write a Chrome/Perfetto trace (JSON) of every stage and op to this file");
   c->add_option("--guidance", o.guidance, "FLUX: distilled guidance scale")->capture_default_str();
-  c->add_option("--max-sequence-length", o.max_sequence_length, "FLUX: T5 tokens (prompt padded/truncated)")->capture_default_str();
+  c->add_option("--max-sequence-length", o.max_sequence_length, "FLUX: T5 tokens, Z-Image: Qwen tokens (prompt padded/truncated)")->capture_default_str();
   c->add_option("--vae", o.vae, "FLUX: VAE file (ae.safetensors) or diffusers vae folder");
   c->add_option("--clip-l", o.clip_l, "FLUX: CLIP-L text encoder file or folder");
   c->add_option("--t5", o.t5, "FLUX: T5 text encoder file or folder");
   c->add_option("--t5-tokenizer", o.t5_tokenizer, "FLUX: T5 spiece.model (or its folder) when none is beside --t5");
+  c->add_option("--components", o.components,
+                "Z-Image: diffusers folder with tokenizer, text encoder, VAE and scheduler for a single-file transformer");
 }
 
 namespace {
@@ -76,6 +79,7 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "error: %s\n", dev.status().message().c_str());
     return 2;
   }
+  if (is_zimage_model(o.model)) return run_generate_zimage(o, *dev);
   if (is_flux_model(o.model)) return run_generate_flux(o, *dev);
   TraceFile trace_file(o.trace);
   trace_file.time_device(*dev);

@@ -1,0 +1,172 @@
+// Z-Image transformer forward pass (loading and configuration: zimage_load.cc).
+#include <cmath>
+
+#include "models/zimage/zimage_transformer.h"
+
+namespace atelier {
+namespace {
+
+// Sequences are padded to a multiple of this many tokens (diffusers' SEQ_MULTI_OF).
+constexpr int64_t kSeqMultiple = 32;
+// Width of the sinusoidal timestep features fed to the timestep MLP, and their max period.
+constexpr int64_t kTimestepFreqDim = 256;
+constexpr double kTimestepMaxPeriod = 10000.0;
+constexpr float kFinalNormEps = 1e-6f;
+
+template <typename T, typename Fn>
+Expected<T> catch_expected(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    return Status(ErrorCode::kResourceExhausted, "out of memory");
+  } catch (const std::exception& e) {
+    return internal_error(e.what());
+  }
+}
+
+Tensor on_device(const Tensor& host, Device dev) { return dev.is_cpu() ? host : host.to(dev); }
+
+int64_t padding_for(int64_t n) { return (kSeqMultiple - n % kSeqMultiple) % kSeqMultiple; }
+
+// x [S, D] -> [S + pad, D], the added rows all `pad_token` [1, D].
+Tensor pad_rows(const Tensor& x, const Tensor& pad_token, int64_t pad) {
+  if (pad == 0) return x;
+  std::vector<Tensor> parts = {x};
+  for (int64_t i = 0; i < pad; ++i) parts.push_back(pad_token);
+  return ops::concat(parts, 0);
+}
+
+// Complex (interleaved-pair) rotary embedding: x [1, S, H, hd], cos/sin [S, 1, hd/2, 1] -> same as x; each
+// pair (x[2i], x[2i+1]) is multiplied, as a complex number, by cos + i sin.
+Tensor rope_complex(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const Shape s = x.shape();
+  Tensor pairs = ops::contiguous(x).reshape({s[0], s[1], s[2], s[3] / 2, 2});
+  Tensor re = pairs.narrow(4, 0, 1), im = pairs.narrow(4, 1, 1);
+  Tensor out_re = ops::sub(ops::mul(re, cos), ops::mul(im, sin));
+  Tensor out_im = ops::add(ops::mul(re, sin), ops::mul(im, cos));
+  return ops::concat({out_re, out_im}, 4).reshape(s);
+}
+
+}  // namespace
+
+Tensor ZImageTransformer::timestep_embedding(float t) const {
+  // As the reference computes it in f32: freqs = exp(-ln(max_period) * i / half), features [cos, sin].
+  const int64_t half = kTimestepFreqDim / 2;
+  const float neg_log = float(-std::log(kTimestepMaxPeriod));
+  const float arg_t = float(double(t) * config_.t_scale);
+  std::vector<float> feat(static_cast<size_t>(kTimestepFreqDim));
+  for (int64_t i = 0; i < half; ++i) {
+    const float freq = std::exp(neg_log * float(i) / float(half));
+    const float arg = arg_t * freq;
+    feat[size_t(i)] = std::cos(arg);
+    feat[size_t(half + i)] = std::sin(arg);
+  }
+  Tensor f = on_device(Tensor::from_vector(feat, {1, kTimestepFreqDim}), device_);
+  return t_mlp2_(t_mlp0_(f, UnaryOp::kSilu));
+}
+
+std::pair<Tensor, Tensor> ZImageTransformer::rope(const std::vector<std::array<int64_t, 3>>& pos) const {
+  // Per axis a of width d: angle = position * theta^(-2j/d) in f64, rounded to f32, then cos/sin in f32.
+  const int64_t half = config_.head_dim() / 2, seq = int64_t(pos.size());
+  std::vector<float> c(size_t(seq * half)), s(size_t(seq * half));
+  std::vector<std::pair<int, double>> freqs;  // (axis, frequency) per complex component
+  for (int a = 0; a < 3; ++a) {
+    const int64_t d = config_.axes_dims[size_t(a)];
+    for (int64_t j = 0; j < d / 2; ++j) freqs.emplace_back(a, 1.0 / std::pow(config_.rope_theta, double(2 * j) / double(d)));
+  }
+  for (int64_t p = 0; p < seq; ++p)
+    for (int64_t j = 0; j < half; ++j) {
+      const auto [axis, freq] = freqs[size_t(j)];
+      const float angle = float(double(pos[size_t(p)][size_t(axis)]) * freq);
+      c[size_t(p * half + j)] = std::cos(angle);
+      s[size_t(p * half + j)] = std::sin(angle);
+    }
+  return {on_device(Tensor::from_vector(c, {seq, 1, half, 1}), device_),
+          on_device(Tensor::from_vector(s, {seq, 1, half, 1}), device_)};
+}
+
+Tensor ZImageTransformer::attention(const ZImageBlock& b, const Tensor& x, const Tensor& cos, const Tensor& sin) const {
+  const int64_t s = x.size(1), h = config_.n_heads, hd = config_.head_dim();
+  Tensor q = b.to_q(x).reshape({1, s, h, hd});
+  Tensor k = b.to_k(x).reshape({1, s, h, hd});
+  Tensor v = b.to_v(x).reshape({1, s, h, hd});
+  if (b.norm_q.weight.defined()) q = b.norm_q(q);
+  if (b.norm_k.weight.defined()) k = b.norm_k(k);
+  q = rope_complex(q, cos, sin);
+  k = rope_complex(k, cos, sin);
+  Tensor o = ops::attention(q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}));
+  o = ops::contiguous(o.permute({0, 2, 1, 3})).reshape({1, s, h * hd});
+  return b.to_out(o);
+}
+
+Tensor ZImageTransformer::block_forward(const ZImageBlock& b, const Tensor& x, const Tensor& adaln, const Tensor& cos,
+                                        const Tensor& sin) const {
+  if (!b.adaLN_modulation.weight.defined()) {  // context refiner: no modulation
+    Tensor y = ops::add(x, b.attention_norm2(attention(b, b.attention_norm1(x), cos, sin)));
+    const Tensor n = b.ffn_norm1(y);
+    Tensor ff = b.w2(ops::mul(b.w1(n, UnaryOp::kSilu), b.w3(n)));
+    return ops::add(y, b.ffn_norm2(ff));
+  }
+  // scale_msa, gate_msa, scale_mlp, gate_mlp: each [1, 1, dim]; scales are 1 + s, gates tanh(g).
+  std::vector<Tensor> mod = ops::chunk(b.adaLN_modulation(adaln).unsqueeze(1), 4, 2);
+  const Tensor scale_msa = ops::affine(mod[0], 1.0f, 1.0f), gate_msa = ops::unary(mod[1], UnaryOp::kTanh);
+  const Tensor scale_mlp = ops::affine(mod[2], 1.0f, 1.0f), gate_mlp = ops::unary(mod[3], UnaryOp::kTanh);
+  Tensor attn = attention(b, ops::mul(b.attention_norm1(x), scale_msa), cos, sin);
+  Tensor y = ops::add(x, ops::mul(gate_msa, b.attention_norm2(attn)));
+  Tensor n = ops::mul(b.ffn_norm1(y), scale_mlp);
+  Tensor ff = b.w2(ops::mul(b.w1(n, UnaryOp::kSilu), b.w3(n)));
+  return ops::add(y, ops::mul(gate_mlp, b.ffn_norm2(ff)));
+}
+
+Expected<Tensor> ZImageTransformer::forward(const Tensor& latents, float t, const Tensor& caption) const {
+  const int64_t c = config_.in_channels, p = config_.patch_size, pf = config_.f_patch_size;
+  if (latents.dim() != 4 || latents.size(0) != c || latents.size(1) % pf || latents.size(2) % p || latents.size(3) % p)
+    return invalid_argument("Z-Image transformer: latents must be [" + std::to_string(c) + ", F, H, W] with H and W multiples of " +
+                            std::to_string(p) + ", got " + shape_str(latents.shape()));
+  if (caption.dim() != 2 || caption.size(1) != config_.cap_feat_dim || caption.size(0) < 1)
+    return invalid_argument("Z-Image transformer: caption features must be [L >= 1, " + std::to_string(config_.cap_feat_dim) +
+                            "], got " + shape_str(caption.shape()));
+  return catch_expected<Tensor>([&]() -> Expected<Tensor> {
+    const int64_t f = latents.size(1), h = latents.size(2), w = latents.size(3);
+    const int64_t ft = f / pf, ht = h / p, wt = w / p, n_img = ft * ht * wt;
+    const int64_t n_cap = caption.size(0), cap_pad = padding_for(n_cap), img_pad = padding_for(n_img);
+    const Tensor adaln = timestep_embedding(t);
+
+    // Position ids: caption tokens (1 + k, 0, 0); image tokens (cap_len_padded + 1 + f, h, w); padding (0, 0, 0).
+    std::vector<std::array<int64_t, 3>> cap_pos, img_pos;
+    for (int64_t k = 0; k < n_cap + cap_pad; ++k) cap_pos.push_back({1 + k, 0, 0});
+    for (int64_t a = 0; a < ft; ++a)
+      for (int64_t b = 0; b < ht; ++b)
+        for (int64_t e = 0; e < wt; ++e) img_pos.push_back({n_cap + cap_pad + 1 + a, b, e});
+    for (int64_t k = 0; k < img_pad; ++k) img_pos.push_back({0, 0, 0});
+    auto [img_cos, img_sin] = rope(img_pos);
+    auto [cap_cos, cap_sin] = rope(cap_pos);
+
+    // Patchify "c (f pf) (h ph) (w pw) -> (f h w) (pf ph pw c)", embed, pad, refine.
+    Tensor lat = ops::contiguous(latents.device() == device_ ? latents : latents.to(device_));
+    Tensor patches = ops::contiguous(lat.reshape({c, ft, pf, ht, p, wt, p}).permute({1, 3, 5, 2, 4, 6, 0}))
+                         .reshape({n_img, pf * p * p * c});
+    Tensor x = pad_rows(x_embedder_(patches), x_pad_token_, img_pad).unsqueeze(0);
+    for (const auto& b : noise_refiner_) x = block_forward(b, x, adaln, img_cos, img_sin);
+
+    Tensor cap = caption.device() == device_ ? caption : caption.to(device_);
+    Tensor ctx = pad_rows(cap_linear_(cap_norm_(cap)), cap_pad_token_, cap_pad).unsqueeze(0);
+    for (const auto& b : context_refiner_) ctx = block_forward(b, ctx, Tensor(), cap_cos, cap_sin);
+
+    // One stream: image tokens then caption tokens.
+    Tensor u = ops::concat({x, ctx}, 1);
+    const Tensor u_cos = ops::concat({img_cos, cap_cos}, 0), u_sin = ops::concat({img_sin, cap_sin}, 0);
+    for (const auto& b : layers_) u = block_forward(b, u, adaln, u_cos, u_sin);
+
+    // Final layer: LayerNorm (no affine) scaled by 1 + adaLN(silu(c)), then the patch projection.
+    Tensor scale = ops::affine(final_adaLN_(ops::silu(adaln)), 1.0f, 1.0f).unsqueeze(1);
+    Tensor out = final_linear_(ops::mul(ops::layer_norm(u, Tensor(), Tensor(), kFinalNormEps), scale));
+    // Unpatchify "(f h w) (pf ph pw c) -> c (f pf) (h ph) (w pw)" from the image tokens.
+    Tensor img = out.select(0, 0).narrow(0, 0, n_img).reshape({ft, ht, wt, pf, p, p, c});
+    return ops::contiguous(img.permute({6, 0, 3, 1, 4, 2, 5})).reshape({c, f, h, w});
+  });
+}
+
+}  // namespace atelier

@@ -1,0 +1,175 @@
+// ZImagePipeline: text encoding, the flow-matching loop, VAE decode and whole requests (loading:
+// zimage_model.cc).
+#include "pipeline/zimage_pipeline.h"
+
+#include <random>
+
+#include "backend/ops.h"
+#include "io/infotext.h"
+#include "tokenizers/chat_template.h"
+
+namespace atelier {
+namespace {
+
+using trace::Category;
+
+constexpr int kDefaultSize = 1024;            // ZImagePipeline's default height and width
+constexpr int kSizeMultiple = 16;             // vae_scale_factor * 2: latents must split into 2x2 patches
+constexpr uint32_t kMaxRandomSeed = 0xffffffffu;
+constexpr float kTimestepScale = 1000.0f;     // t = (1000 - timestep) / 1000
+
+template <typename T, typename Fn>
+Expected<T> catch_expected(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    return Status(ErrorCode::kResourceExhausted, "out of memory");
+  } catch (const std::exception& e) {
+    return internal_error(e.what());
+  }
+}
+
+std::string trim_float(double v) {
+  std::string s = std::to_string(v);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+Expected<Tensor> ZImagePipeline::encode_prompt(const std::string& prompt) const {
+  trace::Scope range(stage::kTextEncode, Category::kStage);
+  const ZImageModel& m = *model_;
+  const std::string& tmpl = m.tokenizer.chat_template();
+  auto rendered = apply_chat_template(tmpl, prompt, m.enable_thinking);
+  if (!rendered && !(rendered.status().code() == ErrorCode::kUnsupported && is_chatml_template(tmpl))) return rendered.status();
+  // Qwen3's full template needs more Jinja than the subset; for one user message it renders plain ChatML.
+  const std::string text = rendered ? *rendered : chatml_user_prompt(prompt, m.enable_thinking);
+  const QwenEncoding e = m.tokenizer.encode(text, m.max_sequence_length);
+  return m.text_encoder->encode_features(e.ids, e.mask);
+}
+
+Expected<Tensor> ZImagePipeline::denoise(const Tensor& noise, const Tensor& cond, const Tensor& uncond, float guidance,
+                                         int steps, ZImageRunTrace* trace, const ProgressCallback& progress) const {
+  const ZImageModel& m = *model_;
+  const bool cfg = guidance > 1.0f;  // diffusers: do_classifier_free_guidance = guidance_scale > 1
+  if (noise.dim() != 4 || noise.size(0) != 1)
+    return invalid_argument("Z-Image: noise must be [1, C, h, w], got " + shape_str(noise.shape()));
+  if (cfg && !uncond.defined()) return invalid_argument("Z-Image: guidance > 1 needs the negative prompt's features");
+  // The sigmas ZImagePipeline hands the scheduler: linspace(1, 1/steps, steps), as FLUX's.
+  sampling::FlowMatchPlanOptions po;
+  po.sigmas = sampling::flux_sigmas(steps);
+  if (m.scheduler.use_dynamic_shifting)
+    po.mu = sampling::flow_match_mu(m.scheduler, (noise.size(2) / 2) * (noise.size(3) / 2));
+  ATELIER_ASSIGN_OR_RETURN(auto sched, sampling::FlowMatchEuler::create(m.scheduler, steps, po));
+  if (trace) {
+    trace->sigmas = sched.sigmas();
+    trace->timesteps = sched.timesteps();
+  }
+  trace::Scope range(stage::kDenoise, Category::kStage);
+  return catch_expected<Tensor>([&]() -> Expected<Tensor> {
+    Tensor x = ops::contiguous(noise.to(m.transformer->device()));
+    const int total = sched.num_inference_steps();
+    for (int i = 0; !sched.done(); ++i) {
+      trace::Scope call(stage::kModelCall, Category::kCall, i);
+      const float t = (kTimestepScale - sched.timestep()) / kTimestepScale;
+      const Tensor frames = x.select(0, 0).unsqueeze(1);  // [C, 1, h, w]: one frame
+      ATELIER_ASSIGN_OR_RETURN(Tensor pred, m.transformer->forward(frames, t, cond));
+      if (cfg) {
+        ATELIER_ASSIGN_OR_RETURN(Tensor neg, m.transformer->forward(frames, t, uncond));
+        pred = ops::add(pred, ops::affine(ops::sub(pred, neg), guidance));  // pos + g * (pos - neg)
+      }
+      const Tensor velocity = ops::affine(pred.squeeze(1).unsqueeze(0), -1.0f);  // the scheduler wants -output
+      x = sched.step(x, velocity);
+      if (trace) trace->latents_per_step.push_back(x);
+      if (progress) {
+        StepProgress p;
+        p.call = i + 1;
+        p.total_calls = total;
+        p.latents = &x;
+        if (!progress(p)) return cancelled("Z-Image: cancelled at step " + std::to_string(i + 1));
+      }
+    }
+    return x;
+  });
+}
+
+Expected<Tensor> ZImagePipeline::decode(const Tensor& latents) const {
+  trace::Scope range(stage::kVaeDecode, Category::kStage);
+  return catch_expected<Tensor>([&]() -> Expected<Tensor> {
+    Tensor img = model_->vae->latents_to_image(latents.to(model_->vae->device()));
+    img = ops::affine(img, 0.5f, 0.5f);  // (image / 2 + 0.5).clamp(0, 1)
+    img = ops::binary(img, Tensor::full({1}, 0.0f, img.device()), BinaryOp::kMax);
+    return ops::binary(img, Tensor::full({1}, 1.0f, img.device()), BinaryOp::kMin);
+  });
+}
+
+Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request, const ProgressCallback& progress) const {
+  trace::Recorder stages(trace::kPipelineCategories);
+  trace::ThreadAttach attach(stages);
+  trace::Scope total(stage::kGenerate, Category::kStage);
+  const ZImageModel& m = *model_;
+  GenerateRequest r = request;
+  if (r.width == 0) r.width = kDefaultSize;
+  if (r.height == 0) r.height = kDefaultSize;
+  ATELIER_RETURN_IF_ERROR(r.validate());
+  if (r.width % kSizeMultiple || r.height % kSizeMultiple)
+    return invalid_argument("Z-Image: width and height must be multiples of 16, got " + std::to_string(r.width) + "x" +
+                            std::to_string(r.height));
+  if (!r.init_image.empty()) return unsupported("Z-Image: img2img is not supported yet (txt2img only)");
+  ATELIER_ASSIGN_OR_RETURN(RngKind rng, parse_rng_kind(r.rng));
+  if (r.seed < 0) r.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
+  const bool cfg = r.cfg_scale > 1.0f;
+  GenerateResult result;
+  // Ops throw atelier::Error on bad input; the request gets it back as a Status.
+  Status st = catch_status([&]() -> Status {
+    ATELIER_ASSIGN_OR_RETURN(Tensor cond, encode_prompt(r.prompt));
+    Tensor uncond;
+    if (cfg) {
+      ATELIER_ASSIGN_OR_RETURN(uncond, encode_prompt(r.negative_prompt));
+    }
+    const Shape latent_shape = {1, m.transformer->config().in_channels, r.height / kLatentFactor, r.width / kLatentFactor};
+    const int count = r.batch_size * r.batch_count;
+    for (int i = 0; i < count; ++i) {
+      const int64_t seed = r.seed + i;  // A1111: consecutive seeds
+      auto gen = make_generator(rng, uint64_t(seed));
+      const Tensor noise = randn_tensor(*gen, latent_shape);
+      auto per_step = [&](const StepProgress& p) {
+        if (!progress) return true;
+        StepProgress q = p;
+        q.batch_index = i;
+        return progress(q);
+      };
+      ATELIER_ASSIGN_OR_RETURN(Tensor latents, denoise(noise, cond, uncond, r.cfg_scale, r.steps, nullptr, per_step));
+      ATELIER_ASSIGN_OR_RETURN(Tensor image, decode(latents));
+      trace::Scope encode_range(stage::kImageEncode, Category::kStage, i);
+      GeneratedImage g;
+      g.seed = seed;
+      g.image = image_from_tensor(image, 0);
+      InfotextParams kv = {{"Steps", std::to_string(r.steps)}, {"Sampler", "Euler"}, {"Schedule type", "Simple"},
+                           {"CFG scale", trim_float(r.cfg_scale)}, {"Shift", trim_float(m.scheduler.shift)},
+                           {"Seed", std::to_string(seed)}, {"Size", std::to_string(r.width) + "x" + std::to_string(r.height)},
+                           {"Model", m.name}};
+      if (rng == RngKind::kCpu) kv.push_back({"RNG", "CPU"});
+      kv.push_back({"Version", std::string("atelier ") + ATELIER_VERSION});
+      g.infotext = build_infotext(r.prompt, cfg ? r.negative_prompt : "", kv);
+      GenerateRequest per_image = r;
+      per_image.seed = seed;
+      g.info = {{"settings", per_image.to_json()}, {"sampler", "flow_match_euler"}, {"schedule", "simple"},
+                {"model", {{"name", m.name}, {"path", m.path}, {"family", "zimage"}, {"layout", m.layout}}},
+                {"device", m.transformer->device().str()}, {"infotext", g.infotext}};
+      result.images.push_back(std::move(g));
+    }
+    return Status::ok();
+  });
+  if (!st.is_ok()) return st;
+  total.finish();
+  result.times = StageTimes::from_events(stages.events());
+  for (auto& g : result.images) g.info["timings"] = result.times.to_json();
+  return result;
+}
+
+}  // namespace atelier

@@ -1,0 +1,79 @@
+// Z-Image (Turbo) text-to-image with diffusers' ZImagePipeline semantics:
+//   prompt -> chat template (add_generation_prompt, enable_thinking) -> Qwen tokens (max_sequence_length,
+//   right padding) -> Qwen3 hidden_states[-2] with padding removed;
+//   latents = noise [1, 16, H/8, W/8] (flow matching starts from pure noise);
+//   sigmas = linspace(1, 1/steps, steps) in f32, shifted by the scheduler's static shift (3), Euler steps;
+//   per step the transformer sees t = (1000 - timestep) / 1000 and its output v is negated for the
+//   scheduler; CFG (guidance > 1: the negative prompt's call too) combines pos + g * (pos - neg);
+//   turbo (guidance <= 1, usually 0): one model call per step;
+//   VAE (FLUX VAE): decode(latents / scaling + shift), image = clamp(x / 2 + 0.5, 0, 1).
+//
+// Models: a diffusers folder (model_index.json with _class_name "ZImagePipeline"), or the original
+// single-file transformer with the other components (tokenizer, text encoder, VAE, scheduler) taken from a
+// Z-Image diffusers folder given as `components_dir`.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/qwen3/qwen3_encoder.h"
+#include "models/vae/vae.h"
+#include "models/zimage/zimage_transformer.h"
+#include "pipeline/sd_pipeline.h"
+#include "sampling/flow_match.h"
+#include "tokenizers/qwen_tokenizer.h"
+
+namespace atelier {
+
+struct ZImageModel {
+  std::string name;    // folder or file name, for infotext
+  std::string path;
+  std::string layout;  // "diffusers" | "original"
+  QwenTokenizer tokenizer;
+  std::shared_ptr<Qwen3Encoder> text_encoder;
+  std::shared_ptr<ZImageTransformer> transformer;
+  std::shared_ptr<Vae> vae;
+  sampling::FlowMatchConfig scheduler;
+  int max_sequence_length = 512;  // the pipeline's default
+  bool enable_thinking = true;    // what ZImagePipeline passes to the chat template
+};
+
+struct ZImageLoadOptions {
+  Device device = Device::cpu();
+  std::string components_dir;  // for a single-file transformer: a Z-Image diffusers folder with the rest
+  int max_sequence_length = 512;
+};
+
+// True when `path` is a Z-Image diffusers folder (model_index.json _class_name "ZImagePipeline") or a
+// .safetensors file holding a Z-Image transformer (either layout).
+bool is_zimage_model(const std::string& path);
+Expected<std::shared_ptr<const ZImageModel>> load_zimage_model(const std::string& path, const ZImageLoadOptions& options);
+
+// What a run did, step by step (for tests and tools): the scheduler's plan and the latents after each step.
+struct ZImageRunTrace {
+  std::vector<float> sigmas, timesteps;
+  std::vector<Tensor> latents_per_step;  // each [1, C, h, w]
+};
+
+class ZImagePipeline {
+ public:
+  explicit ZImagePipeline(std::shared_ptr<const ZImageModel> model) : model_(std::move(model)) {}
+  const ZImageModel& model() const { return *model_; }
+
+  // prompt -> caption features [L, cap_feat_dim] (the unpadded tokens of the chat-templated prompt)
+  Expected<Tensor> encode_prompt(const std::string& prompt) const;
+  // noise [1, C, h, w], cond [L, D], uncond [L', D] (used when guidance > 1) -> final latents [1, C, h, w].
+  // `progress` (may be empty) is called after every step with call = step + 1.
+  Expected<Tensor> denoise(const Tensor& noise, const Tensor& cond, const Tensor& uncond, float guidance, int steps,
+                           ZImageRunTrace* trace = nullptr, const ProgressCallback& progress = {}) const;
+  // latents [1, C, h, w] -> image [1, 3, 8h, 8w] in [0, 1]
+  Expected<Tensor> decode(const Tensor& latents) const;
+  // A whole request: seeds, noise from the request's RNG, every image of every batch, infotext and sidecar
+  // info. Sampler and schedule settings do not apply (flow-matching Euler only).
+  Expected<GenerateResult> generate(const GenerateRequest& request, const ProgressCallback& progress = {}) const;
+
+ private:
+  std::shared_ptr<const ZImageModel> model_;
+};
+
+}  // namespace atelier

@@ -1,0 +1,290 @@
+#include "tokenizers/qwen_tokenizer.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <mutex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tokenizers/unicode.h"
+
+namespace atelier {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// Like HF tokenizers' BPE cache: pieces are cached until this many are held.
+constexpr size_t kCacheCapacity = 10000;
+constexpr char32_t kLongS = U'\u017F';  // ſ: case-folds to 's', so (?i:'s) matches "'ſ"
+
+Expected<std::string> read_text(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return not_found("cannot open " + path.string());
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+Expected<json> read_json(const fs::path& path) {
+  ATELIER_ASSIGN_OR_RETURN(std::string text, read_text(path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return corrupt(path.string() + " is not valid JSON");
+  return j;
+}
+
+uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+
+// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to U+0100 + n in byte order.
+std::string byte_symbol(int byte) {
+  auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
+  int next = 0;
+  for (int b = 0; b < byte; ++b) next += printable(b) ? 0 : 1;
+  std::string s;
+  unicode::append_utf8(printable(byte) ? char32_t(byte) : char32_t(256 + next), s);
+  return s;
+}
+
+bool is_newline(char32_t c) { return c == U'\r' || c == U'\n'; }
+bool is_ws(char32_t c) { return unicode::is_whitespace(c); }
+bool is_letter(char32_t c) { return unicode::is_letter(c); }
+bool is_number(char32_t c) { return unicode::is_number(c); }
+bool is_other(char32_t c) { return !is_ws(c) && !is_letter(c) && !is_number(c); }
+
+char32_t fold_ascii(char32_t c) {
+  if (c >= U'A' && c <= U'Z') return c + (U'a' - U'A');
+  return c == kLongS ? U's' : c;
+}
+
+// Branch 1, (?i:'s|'t|'re|'ve|'m|'ll|'d): the match length at i, or 0.
+size_t match_contraction(std::u32string_view s, size_t i) {
+  if (s[i] != U'\'' || i + 1 >= s.size()) return 0;
+  const char32_t a = fold_ascii(s[i + 1]);
+  if (a == U's' || a == U't' || a == U'm' || a == U'd') return 2;
+  if (i + 2 >= s.size()) return 0;
+  const char32_t b = fold_ascii(s[i + 2]);
+  if ((a == U'r' && b == U'e') || (a == U'v' && b == U'e') || (a == U'l' && b == U'l')) return 3;
+  return 0;
+}
+
+// Length of the run of characters satisfying `pred` starting at i.
+template <typename Pred>
+size_t run(std::u32string_view s, size_t i, Pred pred) {
+  size_t j = i;
+  while (j < s.size() && pred(s[j])) ++j;
+  return j - i;
+}
+
+// The length of the regex's leftmost-first match at i (always >= 1: the branches cover every character).
+size_t match_at(std::u32string_view s, size_t i) {
+  const size_t n = s.size();
+  const char32_t c = s[i];
+  if (size_t len = match_contraction(s, i)) return len;
+  // [^\r\n\p{L}\p{N}]?\p{L}+ : the optional prefix is taken when a letter follows it.
+  if (!is_newline(c) && !is_letter(c) && !is_number(c) && i + 1 < n && is_letter(s[i + 1]))
+    return 1 + run(s, i + 1, is_letter);
+  if (is_letter(c)) return run(s, i, is_letter);
+  if (is_number(c)) return 1;  // \p{N}: one digit at a time
+  // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+  const size_t start = (c == U' ' && i + 1 < n && is_other(s[i + 1])) ? i + 1 : i;
+  if (is_other(s[start])) {
+    size_t j = start + run(s, start, is_other);
+    return j + run(s, j, is_newline) - i;
+  }
+  // What remains starts with whitespace.
+  const size_t ws = run(s, i, is_ws);
+  // \s*[\r\n]+ : greedy \s* backs off to the last newline of the run.
+  for (size_t k = i + ws; k > i; --k)
+    if (is_newline(s[k - 1])) return k - i;
+  // \s+(?!\S): the run minus its last character when a non-space follows, unless that leaves nothing.
+  if (i + ws == n) return ws;
+  if (ws > 1) return ws - 1;
+  return ws;  // \s+
+}
+
+std::vector<std::u32string_view> split_pieces(std::u32string_view s) {
+  std::vector<std::u32string_view> out;
+  for (size_t i = 0; i < s.size();) {
+    const size_t len = match_at(s, i);
+    out.push_back(s.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
+}  // namespace
+
+struct QwenTokenizer::Cache {
+  std::mutex mu;
+  std::unordered_map<std::string, std::vector<int32_t>> pieces;
+};
+
+QwenTokenizer::QwenTokenizer() : cache_(std::make_shared<Cache>()) {}
+
+Expected<QwenTokenizer> QwenTokenizer::load(const std::string& dir) {
+  // nlohmann::json accessors throw on wrongly typed fields: report those as corrupt files.
+  try {
+    return load_impl(dir);
+  } catch (const std::exception& e) {
+    return corrupt("tokenizer folder " + dir + ": " + e.what());
+  }
+}
+
+Expected<QwenTokenizer> QwenTokenizer::load_impl(const std::string& dir_str) {
+  const fs::path dir(dir_str);
+  if (!fs::exists(dir / "tokenizer.json")) return not_found(dir_str + " has no tokenizer.json (Qwen tokenizers need it)");
+  ATELIER_ASSIGN_OR_RETURN(json tj, read_json(dir / "tokenizer.json"));
+  const json& model = tj.at("model");
+  if (model.value("type", "") != "BPE") return unsupported(dir_str + "/tokenizer.json: only BPE models are supported");
+  QwenTokenizer t;
+  for (const auto& [token, id] : model.at("vocab").items()) t.vocab_[token] = id.get<int32_t>();
+  for (const json& a : tj.value("added_tokens", json::array())) {
+    const std::string content = a.at("content").get<std::string>();
+    t.vocab_[content] = a.at("id").get<int32_t>();
+    if (!content.empty()) t.added_tokens_.emplace_back(content, a.at("id").get<int32_t>());
+  }
+  std::sort(t.added_tokens_.begin(), t.added_tokens_.end(),
+            [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+
+  int32_t rank = 0;
+  for (const json& m : model.at("merges")) {
+    std::string a, b;
+    if (m.is_array()) {
+      a = m.at(0).get<std::string>(), b = m.at(1).get<std::string>();
+    } else {  // older files write "left right"
+      const std::string s = m.get<std::string>();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos) return corrupt(dir_str + "/tokenizer.json: bad merge '" + s + "'");
+      a = s.substr(0, sp), b = s.substr(sp + 1);
+    }
+    auto ia = t.vocab_.find(a), ib = t.vocab_.find(b), im = t.vocab_.find(a + b);
+    if (ia == t.vocab_.end() || ib == t.vocab_.end() || im == t.vocab_.end())
+      return corrupt(dir_str + "/tokenizer.json: merge '" + a + " " + b + "' uses or makes a token not in the vocabulary");
+    t.merges_[pair_key(ia->second, ib->second)] = Merge{rank++, im->second};
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto it = t.vocab_.find(byte_symbol(b));
+    if (it == t.vocab_.end()) return unsupported(dir_str + ": the vocabulary lacks byte symbol " + std::to_string(b) + " (not a byte-level BPE)");
+    t.byte_id_[b] = it->second;
+  }
+
+  json config = fs::exists(dir / "tokenizer_config.json") ? read_json(dir / "tokenizer_config.json").value() : json::object();
+  std::string pad_name = "<|endoftext|>";
+  if (config.contains("pad_token")) {
+    const json& p = config.at("pad_token");
+    if (p.is_string()) pad_name = p.get<std::string>();
+    else if (p.is_object()) pad_name = p.at("content").get<std::string>();
+  }
+  auto pit = t.vocab_.find(pad_name);
+  if (pit == t.vocab_.end()) return unsupported(dir_str + ": pad token '" + pad_name + "' is not in the vocabulary");
+  t.pad_ = pit->second;
+  if (fs::exists(dir / "chat_template.jinja")) {
+    ATELIER_ASSIGN_OR_RETURN(t.chat_template_, read_text(dir / "chat_template.jinja"));
+  } else if (config.contains("chat_template") && config.at("chat_template").is_string()) {
+    t.chat_template_ = config.at("chat_template").get<std::string>();
+  }
+  return t;
+}
+
+std::vector<int32_t> QwenTokenizer::merge_symbols(const std::string& piece) const {
+  std::vector<int32_t> sym;
+  sym.reserve(piece.size());
+  for (char ch : piece) sym.push_back(byte_id_[static_cast<unsigned char>(ch)]);
+  // Repeatedly merge the best-ranked adjacent pair, every occurrence left to right (what HF's queue of
+  // (rank, position) produces).
+  while (sym.size() > 1) {
+    int32_t best_rank = std::numeric_limits<int32_t>::max();
+    uint64_t best_key = 0;
+    for (size_t i = 0; i + 1 < sym.size(); ++i) {
+      auto it = merges_.find(pair_key(sym[i], sym[i + 1]));
+      if (it != merges_.end() && it->second.rank < best_rank) best_rank = it->second.rank, best_key = it->first;
+    }
+    if (best_rank == std::numeric_limits<int32_t>::max()) break;
+    const int32_t merged = merges_.at(best_key).id;
+    std::vector<int32_t> next;
+    next.reserve(sym.size());
+    for (size_t i = 0; i < sym.size(); ++i) {
+      if (i + 1 < sym.size() && pair_key(sym[i], sym[i + 1]) == best_key) {
+        next.push_back(merged);
+        ++i;
+      } else {
+        next.push_back(sym[i]);
+      }
+    }
+    sym.swap(next);
+  }
+  return sym;
+}
+
+void QwenTokenizer::bpe_piece(const std::string& piece, std::vector<int32_t>& ids) const {
+  {
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    auto it = cache_->pieces.find(piece);
+    if (it != cache_->pieces.end()) {
+      ids.insert(ids.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> sym = merge_symbols(piece);
+  ids.insert(ids.end(), sym.begin(), sym.end());
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  if (cache_->pieces.size() < kCacheCapacity) cache_->pieces.emplace(piece, std::move(sym));
+}
+
+void QwenTokenizer::encode_span(std::string_view span, std::vector<int32_t>& ids) const {
+  if (span.empty()) return;
+  const std::u32string norm = unicode::nfc(unicode::decode_utf8(span));
+  for (std::u32string_view piece : split_pieces(norm)) bpe_piece(unicode::encode_utf8(piece), ids);
+}
+
+std::vector<std::string> QwenTokenizer::pre_tokenize(const std::string& text) {
+  const std::u32string norm = unicode::nfc(unicode::decode_utf8(text));
+  std::vector<std::string> out;
+  for (std::u32string_view piece : split_pieces(norm)) out.push_back(unicode::encode_utf8(piece));
+  return out;
+}
+
+std::vector<int32_t> QwenTokenizer::encode_unpadded(const std::string& text) const {
+  std::vector<int32_t> ids;
+  const std::string_view rest(text);
+  size_t start = 0;  // beginning of the pending span without added tokens
+  for (size_t i = 0; i < rest.size();) {
+    const std::pair<std::string, int32_t>* hit = nullptr;
+    for (const auto& a : added_tokens_)
+      if (rest.substr(i).starts_with(a.first)) {
+        hit = &a;
+        break;  // sorted longest first
+      }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    encode_span(rest.substr(start, i - start), ids);
+    ids.push_back(hit->second);
+    i += hit->first.size();
+    start = i;
+  }
+  encode_span(rest.substr(start), ids);
+  return ids;
+}
+
+QwenEncoding QwenTokenizer::encode(const std::string& text, int max_length) const {
+  QwenEncoding e;
+  e.ids = encode_unpadded(text);
+  if (e.ids.size() > size_t(max_length)) e.ids.resize(size_t(max_length));
+  e.length = int(e.ids.size());
+  e.mask.assign(e.ids.size(), 1);
+  e.ids.resize(size_t(max_length), pad_);
+  e.mask.resize(size_t(max_length), 0);
+  return e;
+}
+
+int32_t QwenTokenizer::token_to_id(const std::string& token) const {
+  auto it = vocab_.find(token);
+  return it == vocab_.end() ? -1 : it->second;
+}
+
+}  // namespace atelier

@@ -1,0 +1,76 @@
+// Z-Image transformer vs the zimage-tiny goldens, through the diffusers folder and the original single file.
+#include <gtest/gtest.h>
+
+#include "models/zimage/zimage_transformer.h"
+#include "test_util.h"
+
+namespace atelier {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr double kOutTol = 1e-5;
+
+fs::path layout_file(const fs::path& dir, ZImageLayout layout) {
+  return layout == ZImageLayout::kDiffusers ? dir / "model/transformer/diffusion_pytorch_model.safetensors"
+                                            : dir / "zimage-tiny-transformer.original.safetensors";
+}
+
+TEST(ZImageTransformer, DetectsLayoutsAndConfig) {
+  ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
+  auto from_json = ZImageConfig::from_file((dir / "model/transformer/config.json").string());
+  ASSERT_TRUE(from_json) << from_json.status().message();
+  for (ZImageLayout layout : {ZImageLayout::kDiffusers, ZImageLayout::kOriginal}) {
+    auto store = WeightStore::open({layout_file(dir, layout).string()});
+    ASSERT_TRUE(store) << store.status().message();
+    EXPECT_TRUE(is_zimage_transformer(*store));
+    EXPECT_EQ(*detect_zimage_layout(*store), layout);
+    auto c = ZImageConfig::detect(*store);
+    ASSERT_TRUE(c) << c.status().message();
+    EXPECT_EQ(c->dim, from_json->dim);
+    EXPECT_EQ(c->n_heads, from_json->n_heads);
+    EXPECT_EQ(c->n_layers, from_json->n_layers);
+    EXPECT_EQ(c->n_refiner_layers, from_json->n_refiner_layers);
+    EXPECT_EQ(c->cap_feat_dim, from_json->cap_feat_dim);
+    EXPECT_EQ(c->in_channels, from_json->in_channels);
+    EXPECT_EQ(c->axes_dims, from_json->axes_dims);
+  }
+  auto vae = WeightStore::open({(dir / "model/vae/diffusion_pytorch_model.safetensors").string()});
+  ASSERT_TRUE(vae);
+  EXPECT_FALSE(is_zimage_transformer(*vae));
+}
+
+TEST(ZImageTransformer, OutputsMatchGoldensThroughBothLayouts) {
+  ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
+  auto config = ZImageConfig::from_file((dir / "model/transformer/config.json").string());
+  ASSERT_TRUE(config) << config.status().message();
+  const Tensor x = test::golden("zimage-tiny", "transformer.in.x");
+  const Tensor cap = test::golden("zimage-tiny", "transformer.in.cap");
+  for (ZImageLayout layout : {ZImageLayout::kDiffusers, ZImageLayout::kOriginal}) {
+    auto store = WeightStore::open({layout_file(dir, layout).string()});
+    ASSERT_TRUE(store) << store.status().message();
+    auto model = ZImageTransformer::load(*store, *config, Device::cpu());
+    ASSERT_TRUE(model) << model.status().message();
+    for (const auto& [t, key] : {std::pair{1.0f, "transformer.out.t1.0"}, {0.5f, "transformer.out.t0.5"}}) {
+      auto out = model->forward(x, t, cap);
+      ASSERT_TRUE(out) << out.status().message();
+      const Tensor g = test::golden("zimage-tiny", key);
+      ASSERT_EQ(out->shape(), g.shape());
+      EXPECT_REL_L2_LE(out->to_vector(), g.to_vector(), kOutTol);
+      std::printf("[zimage] %s (%s) rel L2 %.3g\n", key, layout == ZImageLayout::kDiffusers ? "diffusers" : "original",
+                  test::rel_l2(out->to_vector(), g.to_vector()));
+    }
+  }
+}
+
+TEST(ZImageTransformer, RejectsBadShapes) {
+  ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
+  auto config = ZImageConfig::from_file((dir / "model/transformer/config.json").string());
+  auto store = WeightStore::open({layout_file(dir, ZImageLayout::kDiffusers).string()});
+  auto model = ZImageTransformer::load(*store, *config, Device::cpu());
+  ASSERT_TRUE(model) << model.status().message();
+  EXPECT_FALSE(model->forward(Tensor::zeros({16, 1, 15, 16}), 0.5f, Tensor::zeros({4, 32})));
+  EXPECT_FALSE(model->forward(Tensor::zeros({16, 1, 16, 16}), 0.5f, Tensor::zeros({4, 31})));
+}
+
+}  // namespace
+}  // namespace atelier
