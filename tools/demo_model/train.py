@@ -304,6 +304,8 @@ def main():
              "latent_scaling_factor": scale, "torch": torch.__version__, "device": a.device}
     passed, done = (0, 0) if a.no_eval else evaluate(ema_te, ema_unet, vae, scale, tok, a, t0, end + 15)
     stats.update(heldout_passed=passed, heldout_evaluated=done)
+    # numpy scalars (the checker's counts) as plain numbers: json cannot write np.int64.
+    stats = {k: (v.item() if hasattr(v, "item") else v) for k, v in stats.items()}
     with open(os.path.join(a.out, "train_stats.json"), "w") as f:
         json.dump(stats, f, indent=2)
     log(t0, "done: %s" % json.dumps(stats))
