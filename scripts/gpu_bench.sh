@@ -47,6 +47,8 @@ dmon=$!
 bench sd15_b1 --config sd15 --steps 20 --batch 1 --warmup 2 --ceiling
 kill $dmon 2>/dev/null
 ATELIER_GRAPHS=0 bench sd15_b1_nographs --config sd15 --steps 20 --batch 1 --warmup 2
+ATELIER_CUDNN_FIND=1 bench sd15_b1_cudnn_find --config sd15 --steps 20 --batch 1 --warmup 2
+ATELIER_CONV_NHWC=0 bench sd15_b1_nchw --config sd15 --steps 20 --batch 1 --warmup 2
 if [[ -d $fixtures/sd15-tiny/model/tokenizer ]]; then
   echo "=== server: 64 concurrent 512x512 requests vs one at a time (builtin:sd15, random weights)"
   /usr/bin/env python3 bench/serve_gpu_bench.py --atelier "$atelier" --launcher "${run[*]:-}" \
@@ -82,6 +84,24 @@ if [[ -d $fixtures/sd15-tiny/model ]]; then
     --seed 1 --prompt "a red circle" --output "$out/tiny.png" --trace "$out/tiny_trace.json" 2>&1 | tail -3
   bench tiny --model "$fixtures/sd15-tiny/model" --width 128 --height 128 --steps 20 --warmup 2
 fi
+
+# FLUX and Z-Image tiny models on both devices: the CUDA image against the CPU image (bf16 on CUDA).
+for fam in flux-tiny zimage-tiny; do
+  [[ -d $fixtures/$fam/model ]] || continue
+  echo "=== $fam: generate on cuda and cpu"
+  for dev in cuda cpu; do
+    "${run[@]}" "$atelier" generate --model "$fixtures/$fam/model" --device $dev --width 128 --height 128 --steps 4 \
+      --seed 7 --prompt "a red circle on a blue background" --output "$out/$fam-$dev.png" 2>&1 | tail -2
+  done
+  /usr/bin/env python3 - "$out/$fam-cuda.png" "$out/$fam-cpu.png" <<'PY' 2>&1 | tail -2
+import sys
+import numpy as np
+from PIL import Image
+a, b = (np.asarray(Image.open(p).convert("RGB"), np.int16) for p in sys.argv[1:3])
+d = np.abs(a - b)
+print(f"  cuda vs cpu: max |diff| {d.max()} / 255, mean {d.mean():.3f}")
+PY
+done
 
 # The device tool brings back a few files only: everything in one archive.
 (cd "$out" && tar -czf bench_results.tar.gz --exclude=bench_results.tar.gz --exclude='*.trace.json' . && ls -la bench_results.tar.gz)

@@ -35,6 +35,10 @@ if [[ -d $src ]]; then
 else
   echo "gpu_pack: $src not found: the model tests will report themselves skipped" >&2
 fi
+# FLUX and Z-Image tiny folders: gpu_bench.sh generates with them on both devices and compares the images.
+for fam in flux-tiny zimage-tiny; do
+  [[ -d $FIXTURES/$fam/model ]] && mkdir -p "$stage/fixtures/$fam" && cp -r "$FIXTURES/$fam/model" "$stage/fixtures/$fam/"
+done
 (cd "$work" && "$DEVICEPACK" --max-mb 400 "$stage/bin" "$stage/fixtures")
 
 mkdir -p "$dest/.gpupack"
