@@ -125,6 +125,10 @@ TEST(CudaOps, StridedCopiesAndCastsMatchTheCpu) {
   for (const auto& perm : perms) EXPECT_EQ(ops::contiguous(g.permute(perm)).to_vector(), ops::contiguous(x.permute(perm)).to_vector());
   EXPECT_EQ(ops::contiguous(g.narrow(3, 1, 4).narrow(1, 1, 2)).to_vector(), ops::contiguous(x.narrow(3, 1, 4).narrow(1, 1, 2)).to_vector());
   EXPECT_EQ(ops::upsample_nearest2d(g, 3).to_vector(), ops::upsample_nearest2d(x, 3).to_vector());
+  // The CUDA upsample kernel in bf16 and on a strided input (packed first).
+  EXPECT_EQ(ops::upsample_nearest2d(to_gpu(x, DType::BF16), 2).to_vector(),
+            ops::upsample_nearest2d(test::rounded(x, DType::BF16), 2).to_vector());
+  EXPECT_EQ(ops::upsample_nearest2d(g.permute({0, 1, 3, 2}), 2).to_vector(), ops::upsample_nearest2d(x.permute({0, 1, 3, 2}), 2).to_vector());
   EXPECT_EQ(ops::pad2d(g, 1, 2, 3, 0, -7.5f).to_vector(), ops::pad2d(x, 1, 2, 3, 0, -7.5f).to_vector());
   EXPECT_EQ(ops::concat({g, g.narrow(1, 0, 1), g}, 1).to_vector(), ops::concat({x, x.narrow(1, 0, 1), x}, 1).to_vector());
   const auto parts_g = ops::chunk(g, 3, 3), parts_x = ops::chunk(x, 3, 3);

@@ -77,6 +77,15 @@ class Backend {
   // dst[i] = cast(src[i]) over dst's shape; both may be strided (a zero stride broadcasts), dtypes may differ.
   virtual void copy(Tensor& dst, const Tensor& src) = 0;
   virtual void fill(Tensor& dst, float value) = 0;
+  // x [N, C, H, W] (any strides) -> out [N, C, H*f, W*f] contiguous, nearest neighbour. The default is one
+  // strided copy from a view that repeats each element (zero strides); a device may have a faster kernel.
+  virtual void upsample_nearest2d(Tensor& out, const Tensor& x, int factor) {
+    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), f = factor, wo = w * f;
+    Tensor dst(out.buffer(), {n, c, h, f, w, f}, {c * h * f * wo, h * f * wo, f * wo, wo, f, 1}, out.dtype(), out.offset());
+    const Shape& s = x.strides();
+    Tensor src(x.buffer(), {n, c, h, f, w, f}, {s[0], s[1], s[2], 0, s[3], 0}, x.dtype(), x.offset());
+    copy(dst, src);
+  }
   // out[n, :] = table[ids[n], :]; ids i32 or i64 [N]; table [V, D]; out [N, D].
   virtual void embedding(Tensor& out, const Tensor& ids, const Tensor& table) = 0;
 

@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
 
   void copy(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& dst, float value) override;
+  void upsample_nearest2d(Tensor& out, const Tensor& x, int factor) override;  // cuda_copy.cu
   void embedding(Tensor& out, const Tensor& ids, const Tensor& table) override;
 
   void unary(Tensor& out, const Tensor& x, UnaryOp op) override;

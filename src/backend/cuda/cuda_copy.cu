@@ -239,4 +239,45 @@ void CudaBackend::embedding(Tensor& out, const Tensor& ids, const Tensor& table)
   ATELIER_CUDA_LAUNCHED();
 }
 
+
+namespace {
+
+// out [P, H*f, W*f] = x [P, H, W] repeated f x f (P = N*C planes), x contiguous; one thread per output
+// element, consecutive threads along the output row (coalesced stores; each input element is read f times
+// from L1/L2).
+template <typename T>
+__global__ void upsample_nearest_kernel(T* out, const T* x, int64_t h, int64_t w, int f, int64_t total) {
+  const int64_t wo = w * f, ho = h * f;
+  for (int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const int64_t xo = i % wo, t = i / wo, yo = t % ho, plane = t / ho;
+    out[i] = x[(plane * h + yo / f) * w + xo / f];
+  }
+}
+
+}  // namespace
+
+void CudaBackend::upsample_nearest2d(Tensor& out, const Tensor& x_in, int factor) {
+  NvtxRange range("upsample_nearest2d");
+  DeviceGuard guard(index_);
+  Tensor x = x_in;
+  if (!x.is_contiguous() || x.dtype() != out.dtype()) {
+    x = Tensor::empty(x_in.shape(), out.dtype(), device());
+    copy(x, x_in);
+  }
+  const int64_t total = out.numel();
+  const int64_t h = x.size(2), w = x.size(3);
+  switch (dtype_size(out.dtype())) {
+    case 2:
+      upsample_nearest_kernel<uint16_t><<<grid_for(total), kThreads, 0, stream_>>>(out.data<uint16_t>(), x.data<uint16_t>(), h, w, factor, total);
+      break;
+    case 4:
+      upsample_nearest_kernel<uint32_t><<<grid_for(total), kThreads, 0, stream_>>>(out.data<uint32_t>(), x.data<uint32_t>(), h, w, factor, total);
+      break;
+    default:
+      Backend::upsample_nearest2d(out, x, factor);
+      return;
+  }
+  ATELIER_CUDA_LAUNCHED();
+}
+
 }  // namespace atelier::cuda
