@@ -95,17 +95,37 @@ class [[nodiscard]] Expected {
     if (!(cond)) throw ::atelier::Error(std::string(msg) + " [" #cond "]");          \
   } while (0)
 
-// Runs `fn` and turns an atelier::Error or std::exception into a Status.
-template <typename Fn>
-Status catch_status(Fn&& fn) {
+// Inside a catch block: the Status of the exception being handled (an atelier::Error's own, out of memory,
+// or an internal error with the exception's message). Other exception types propagate.
+inline Status current_exception_status() {
   try {
-    return fn();
+    throw;
   } catch (const Error& e) {
     return e.status();
   } catch (const std::bad_alloc&) {
     return Status(ErrorCode::kResourceExhausted, "out of memory");
   } catch (const std::exception& e) {
     return internal_error(e.what());
+  }
+}
+
+// Runs `fn` (returning Status) and turns an atelier::Error or std::exception into a Status.
+template <typename Fn>
+Status catch_status(Fn&& fn) {
+  try {
+    return fn();
+  } catch (...) {
+    return current_exception_status();
+  }
+}
+
+// Runs `fn` (returning Expected<T>) and turns an atelier::Error or std::exception into its Status.
+template <typename T, typename Fn>
+Expected<T> catch_expected(Fn&& fn) {
+  try {
+    return fn();
+  } catch (...) {
+    return current_exception_status();
   }
 }
 

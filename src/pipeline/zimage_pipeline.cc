@@ -18,18 +18,6 @@ constexpr int kSizeMultiple = 16;             // vae_scale_factor * 2: latents m
 constexpr uint32_t kMaxRandomSeed = 0xffffffffu;
 constexpr float kTimestepScale = 1000.0f;     // t = (1000 - timestep) / 1000
 
-template <typename T, typename Fn>
-Expected<T> catch_expected(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const Error& e) {
-    return e.status();
-  } catch (const std::bad_alloc&) {
-    return Status(ErrorCode::kResourceExhausted, "out of memory");
-  } catch (const std::exception& e) {
-    return internal_error(e.what());
-  }
-}
 
 std::string trim_float(double v) {
   std::string s = std::to_string(v);

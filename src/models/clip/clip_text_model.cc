@@ -11,19 +11,6 @@ namespace {
 // CLIP, SD 1.x); the EOT token has the highest id of CLIP's vocabulary, so argmax finds it.
 constexpr int64_t kLegacyEosTokenId = 2;
 
-// Runs `fn` (returning Expected<T>) and turns an atelier::Error thrown by an op into its Status.
-template <typename T, typename Fn>
-Expected<T> catch_expected(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const Error& e) {
-    return e.status();
-  } catch (const std::bad_alloc&) {
-    return Status(ErrorCode::kResourceExhausted, "out of memory");
-  } catch (const std::exception& e) {
-    return internal_error(e.what());
-  }
-}
 
 // ids [B, S] i32/i64 on any device -> row-major host values.
 std::vector<int64_t> id_values(const Tensor& ids) {

@@ -10,19 +10,6 @@ namespace {
 
 constexpr const char* kContext = "text_encoder/config.json";
 
-// Runs `fn` (returning Expected<T>) and turns an atelier::Error thrown by an op into its Status.
-template <typename T, typename Fn>
-Expected<T> catch_expected(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const Error& e) {
-    return e.status();
-  } catch (const std::bad_alloc&) {
-    return Status(ErrorCode::kResourceExhausted, "out of memory");
-  } catch (const std::exception& e) {
-    return internal_error(e.what());
-  }
-}
 
 Tensor on_device(const Tensor& host, Device dev) { return dev.is_cpu() ? host : host.to(dev); }
 

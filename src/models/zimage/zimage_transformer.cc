@@ -13,18 +13,6 @@ constexpr int64_t kTimestepFreqDim = 256;
 constexpr double kTimestepMaxPeriod = 10000.0;
 constexpr float kFinalNormEps = 1e-6f;
 
-template <typename T, typename Fn>
-Expected<T> catch_expected(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const Error& e) {
-    return e.status();
-  } catch (const std::bad_alloc&) {
-    return Status(ErrorCode::kResourceExhausted, "out of memory");
-  } catch (const std::exception& e) {
-    return internal_error(e.what());
-  }
-}
 
 Tensor on_device(const Tensor& host, Device dev) { return dev.is_cpu() ? host : host.to(dev); }
 
