@@ -166,6 +166,8 @@ def ema_update(ema, live, decay):
 
 
 def train_unet(te, unet, vae, scale, data, a, deadline, t0):
+    fmt = torch.channels_last if a.channels_last else torch.contiguous_format
+    unet = unet.to(memory_format=fmt)  # NHWC convs can be faster under bf16 (bench_step.py measures it)
     params = list(te.parameters()) + list(unet.parameters())
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.01, betas=(0.9, 0.99))
     ema_te, ema_unet = copy.deepcopy(te).eval(), copy.deepcopy(unet).eval()
@@ -192,7 +194,7 @@ def train_unet(te, unet, vae, scale, data, a, deadline, t0):
         t = torch.randint(0, 1000, (x.shape[0],), device=a.device)
         noise = torch.randn_like(z0)
         ab = acp[t][:, None, None, None]
-        zt = ab.sqrt() * z0 + (1 - ab).sqrt() * noise
+        zt = (ab.sqrt() * z0 + (1 - ab).sqrt() * noise).contiguous(memory_format=fmt)
         with autocast(a.device):
             pred = fwd(zt, t, te(ids))
         loss = F.mse_loss(pred.float(), noise)
@@ -298,6 +300,7 @@ def main():
                     help="sdf: shapes_torch's one-pass renderer; ss: shapes.py's 4x4 supersampling (the old path)")
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--compile", action="store_true", help="torch.compile the UNet (only where seen to work)")
+    ap.add_argument("--channels-last", action="store_true", help="UNet in channels_last (try bench_step.py first)")
     ap.add_argument("--verbose-eval", action="store_true")
     ap.add_argument("--no-eval", action="store_true", help="skip the adherence estimate")
     a = ap.parse_args()
