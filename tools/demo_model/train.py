@@ -342,12 +342,26 @@ def main():
     unet_deadline = end - a.eval_frac * (end - t0)
     ema_te, ema_unet, steps, seen, final_loss = train_unet(te, unet, vae, scale, data, a, unet_deadline, t0)
     data.close()
+    stats = {"vae_roundtrip_passed": vae_ok, "unet_final_loss": final_loss, "unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
+             "latent_scaling_factor": scale, "torch": torch.__version__, "device": a.device}
+    write_stats(stats, a)  # on disk first: the evaluation or the export may still fail
+    # The sample grid comes before the export (it says most about a failed run); an evaluation error is
+    # logged, never allowed to cost the weights.
+    try:
+        evaluate_all(ema_te, ema_unet, vae, scale, tok, a, t0, end, stats)
+    except Exception:
+        import traceback
+        traceback.print_exc()
+        log(t0, "evaluation failed (above); exporting anyway")
     model_dir = os.path.join(a.out, "model")
     export.export_diffusers(model_dir, ema_te.float(), ema_unet.float(), vae.float(), scale, tok_dir)
     log(t0, "exported %s" % model_dir)
-    stats = {"vae_roundtrip_passed": vae_ok, "unet_final_loss": final_loss, "unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
-             "latent_scaling_factor": scale, "torch": torch.__version__, "device": a.device}
-    write_stats(stats, a)  # on disk before the evaluation, which may fail or run out of time
+    stats = write_stats(stats, a)
+    log(t0, "done: %s" % json.dumps(stats))
+
+
+def evaluate_all(ema_te, ema_unet, vae, scale, tok, a, t0, end, stats):
+    """Held-out, then training-distribution adherence; fills `stats` and rewrites train_stats.json."""
     if not a.no_eval:
         # One grid (the device machine hands back at most 8 files): rows 1-5 the 50 held-out prompts,
         # rows 6-7 the 20 training-distribution prompts.
@@ -358,8 +372,7 @@ def main():
         grid += [np.zeros_like(grid[0])] * (-len(grid) % 10) if grid else []  # start a fresh row
         passed, done = evaluate(*models, end + 30, training_prompts(), "training-distribution", grid)
         stats.update(train_dist_passed=passed, train_dist_evaluated=done)
-    stats = write_stats(stats, a)
-    log(t0, "done: %s" % json.dumps(stats))
+        write_stats(stats, a)
 
 
 if __name__ == "__main__":
