@@ -9,6 +9,8 @@
 #   $OUT/model_meta.tar                     configs + tokenizer (every model file but the weights)
 #   $OUT/{text_encoder,unet,vae}.safetensors  the fp16 weights
 #   $OUT/train.log  $OUT/train_stats.json  $OUT/heldout_samples.png
+# heldout_samples.png: rows 1-5 the 50 held-out prompts, rows 6-7 the 20 training-distribution prompts.
+# Extra flags go to train.py and win over the defaults below (e.g. --batch 512, --vae-frac 0.3, --render ss).
 # tools/demo_model/unpack.sh $OUT models/demo  rebuilds the folder.
 set -euo pipefail
 : "${OUT:?set OUT to the output folder}"

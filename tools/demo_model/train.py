@@ -8,7 +8,10 @@ scale (1 / std of the latents), (3) UNet + text encoder jointly on latents (epsi
 scaled_linear betas, 10% empty captions for classifier-free guidance, EMA of the weights), (4) export of
 the EMA weights in fp16 as a diffusers folder OUT/model, (5) if time is left, a quick adherence estimate
 with the torch model (DDIM 20 steps, CFG 7) on the held-out prompts. Data is rendered on the fly on the
-training device; scenes are sampled by a background thread.
+training device (shapes_torch: one signed-distance pass per pixel; --render ss keeps shapes.py's 4x4
+supersampling); scenes are sampled and captions tokenized by worker processes, which hand over small arrays.
+After the held-out prompts, 20 prompts from the training distribution are evaluated too: a model that fails
+those does not draw yet; one that passes them but not the held-out ones does not generalise.
 """
 import argparse
 import copy
@@ -28,6 +31,7 @@ import bpe  # noqa: E402
 import export  # noqa: E402
 import model as M  # noqa: E402
 import shapes  # noqa: E402
+import shapes_torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KL_WEIGHT = 1e-6
@@ -58,7 +62,8 @@ class Batches:
     """Worker processes sample scenes (numpy, ~0.5 ms each: too slow for one thread at GPU speed); the
     training loop renders them on its device."""
 
-    def __init__(self, seed, batch, size, tokenizer, triples, workers):
+    def __init__(self, seed, batch, size, tokenizer, triples, workers, render="sdf"):
+        self.render = shapes_torch.render_arrays if render == "sdf" else shapes.render_arrays
         ctx = mp.get_context("fork")
         self.q = ctx.Queue(maxsize=4 * workers)
         self.procs = [ctx.Process(target=_batch_worker, args=(self.q, seed * 1000 + i, batch, size, tokenizer, triples),
@@ -66,12 +71,14 @@ class Batches:
         for p in self.procs:
             p.start()
 
-    def next(self, device, size):
+    def next(self, device, size, n=None):
+        """-> images [n, 3, size, size] in [-1, 1], token ids [n, 77] (n: at most the workers' batch)."""
         item = self.q.get()
         if isinstance(item, Exception):
             raise item
         arrays, ids = item
-        return shapes.render_arrays(*arrays, w=size, device=device), torch.from_numpy(ids).to(device)
+        arrays, ids = [x[:n] for x in arrays], ids[:n]  # render only what is used
+        return self.render(*arrays, w=size, device=device), torch.from_numpy(ids).to(device)
 
     def close(self):
         for p in self.procs:
@@ -86,10 +93,13 @@ def autocast(device):
 
 def train_vae(vae, data, a, deadline, t0):
     opt = torch.optim.AdamW(vae.parameters(), lr=a.vae_lr, weight_decay=0.0)
-    step = 0
+    step, start = 0, time.time()
     while time.time() < deadline:
-        x, _ = data.next(a.device, a.size)
-        x = x[: a.vae_batch]
+        # Cosine decay to LR_FLOOR: the colour precision the checker needs comes late, at small steps.
+        frac = (time.time() - start) / max(deadline - start, 1e-6)
+        for g in opt.param_groups:
+            g["lr"] = a.vae_lr * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        x, _ = data.next(a.device, a.size, a.vae_batch)
         with autocast(a.device):
             mean, logvar = vae.encode(x)
             z = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)
@@ -102,7 +112,8 @@ def train_vae(vae, data, a, deadline, t0):
         opt.step()
         step += 1
         if step % a.log_every == 0:
-            log(t0, "vae step %d loss %.4f kl %.1f" % (step, loss.item(), kl.item()))
+            log(t0, "vae step %d loss %.4f kl %.1f  %.0f img/s" % (step, loss.item(), kl.item(),
+                                                               step * x.shape[0] / (time.time() - start)))
     log(t0, "vae done: %d steps, last loss %.4f" % (step, loss.item()))
     return step
 
@@ -155,6 +166,8 @@ def ema_update(ema, live, decay):
 
 
 def train_unet(te, unet, vae, scale, data, a, deadline, t0):
+    fmt = torch.channels_last if a.channels_last else torch.contiguous_format
+    unet = unet.to(memory_format=fmt)  # NHWC convs can be faster under bf16 (bench_step.py measures it)
     params = list(te.parameters()) + list(unet.parameters())
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.01, betas=(0.9, 0.99))
     ema_te, ema_unet = copy.deepcopy(te).eval(), copy.deepcopy(unet).eval()
@@ -167,14 +180,21 @@ def train_unet(te, unet, vae, scale, data, a, deadline, t0):
         lr = a.lr * min(1.0, (step + 1) / WARMUP_STEPS) * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
+        probe = (step + 1) % a.log_every == 0 and a.device.startswith("cuda")
+        if probe:  # how much of a step the data costs: synchronised only on logging steps
+            torch.cuda.synchronize()
+            td = time.time()
         x, ids = data.next(a.device, a.size)
+        if probe:
+            torch.cuda.synchronize()
+            data_ms = 1000 * (time.time() - td)
         with torch.no_grad(), autocast(a.device):
             mean, logvar = vae.encode(x)
             z0 = (mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)).float() * scale
         t = torch.randint(0, 1000, (x.shape[0],), device=a.device)
         noise = torch.randn_like(z0)
         ab = acp[t][:, None, None, None]
-        zt = ab.sqrt() * z0 + (1 - ab).sqrt() * noise
+        zt = (ab.sqrt() * z0 + (1 - ab).sqrt() * noise).contiguous(memory_format=fmt)
         with autocast(a.device):
             pred = fwd(zt, t, te(ids))
         loss = F.mse_loss(pred.float(), noise)
@@ -191,7 +211,10 @@ def train_unet(te, unet, vae, scale, data, a, deadline, t0):
         run_loss = loss.detach() if run_loss is None else 0.98 * run_loss + 0.02 * loss.detach()
         if step % a.log_every == 0:
             el = time.time() - start
-            log(t0, "unet step %d loss %.4f (avg %.4f) lr %.2e  %.0f img/s" % (step, loss.item(), run_loss.item(), lr, seen / el))
+            msg = "unet step %d loss %.4f (avg %.4f) lr %.2e  %.0f img/s" % (step, loss.item(), run_loss.item(), lr, seen / el)
+            if probe:
+                msg += "  (data %.1f ms of %.1f ms/step)" % (data_ms, 1000 * el / step)
+            log(t0, msg)
     run_loss = float("nan") if run_loss is None else run_loss.item()
     log(t0, "unet done: %d steps, %d images, avg loss %.4f" % (step, seen, run_loss))
     return ema_te, ema_unet, step, seen, run_loss
@@ -221,26 +244,41 @@ def sample(te, unet, vae, scale, tok, prompts, device, steps=20, cfg=7.0, seed=0
     return [shapes.to_uint8(im) for im in img]
 
 
-def evaluate(te, unet, vae, scale, tok, a, t0, deadline):
+def training_prompts(n=20, seed=99):
+    """Prompts of seen (colour, shape, background) triples, size always named, some positions."""
+    rng = np.random.RandomState(seed)
+    return [shapes.sample_scene(rng, shapes.training_triples()).caption(rng, name_size=True) for _ in range(n)]
+
+
+def evaluate(te, unet, vae, scale, tok, a, t0, deadline, prompts, name, all_imgs):
+    """Adherence on `prompts` (torch, DDIM 20, CFG 7). Samples are appended to all_imgs and the grid
+    OUT/heldout_samples.png rewritten after every chunk, so whatever was drawn is on disk even if a later
+    chunk fails or the deadline cuts it short."""
     import check
-    prompts = shapes.heldout_prompts()
-    passed, done, all_imgs = 0, 0, []
+    passed, done = 0, 0
     for i in range(0, len(prompts), 10):
         if time.time() > deadline:
             break
         imgs = sample(te, unet, vae, scale, tok, prompts[i:i + 10], a.device, latent=a.size // 4)
         all_imgs += imgs
+        save_grid(all_imgs, os.path.join(a.out, "heldout_samples.png"))
         for p, im in zip(prompts[i:i + 10], imgs):
             ok, _, got = check.check(im, p)
-            passed += ok
+            passed += int(ok)
             done += 1
             if not ok and a.verbose_eval:
                 print("  FAIL %s -> %s" % (p, got))
-    if all_imgs:
-        save_grid(all_imgs, os.path.join(a.out, "heldout_samples.png"))
     if done:
-        log(t0, "held-out adherence (torch, DDIM 20, CFG 7): %d/%d = %.0f%%" % (passed, done, 100.0 * passed / done))
+        log(t0, "%s adherence (torch, DDIM 20, CFG 7): %d/%d = %.0f%%" % (name, passed, done, 100.0 * passed / done))
     return passed, done
+
+
+def write_stats(stats, a):
+    # numpy scalars (the checker's counts) as plain numbers: json cannot write np.int64.
+    stats = {k: (v.item() if hasattr(v, "item") else v) for k, v in stats.items()}
+    with open(os.path.join(a.out, "train_stats.json"), "w") as f:
+        json.dump(stats, f, indent=2)
+    return stats
 
 
 def main():
@@ -251,15 +289,18 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--vae-batch", type=int, default=64)
-    ap.add_argument("--vae-frac", type=float, default=0.15, help="share of the budget for the VAE")
+    ap.add_argument("--vae-frac", type=float, default=0.25, help="share of the budget for the VAE")
     ap.add_argument("--eval-frac", type=float, default=0.08, help="share kept for export + evaluation")
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--vae-lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)),
                     help="scene-sampling processes")
+    ap.add_argument("--render", choices=["sdf", "ss"], default="sdf",
+                    help="sdf: shapes_torch's one-pass renderer; ss: shapes.py's 4x4 supersampling (the old path)")
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--compile", action="store_true", help="torch.compile the UNet (only where seen to work)")
+    ap.add_argument("--channels-last", action="store_true", help="UNet in channels_last (try bench_step.py first)")
     ap.add_argument("--verbose-eval", action="store_true")
     ap.add_argument("--no-eval", action="store_true", help="skip the adherence estimate")
     a = ap.parse_args()
@@ -279,11 +320,15 @@ def main():
     vcfg = dict(vcfg, sample_size=a.size)
     if a.toy:
         a.batch, a.vae_batch, a.log_every = min(a.batch, 8), min(a.vae_batch, 8), min(a.log_every, 10)
+    if a.toy:  # the one-pass renderer must keep drawing what shapes.py's supersampling draws
+        diff, worst = shapes_torch.mean_abs_diff(n=32, w=a.size)
+        log(t0, "render check: sdf vs supersampled mean abs diff %.2f/255 (worst image %.2f/255)" % (255 * diff, 255 * worst))
+        assert diff < shapes_torch.MAX_MEAN_ABS_DIFF
     tok_dir = os.path.join(a.out, "tokenizer_src")
     bpe.write(tok_dir)
     tok = bpe.CaptionTokenizer(tok_dir)
     tcfg = dict(tcfg, vocab_size=len(tok.vocab))
-    data = Batches(a.seed, a.batch, a.size, tok, shapes.training_triples(), a.workers)
+    data = Batches(a.seed, a.batch, a.size, tok, shapes.training_triples(), a.workers, a.render)
     te, unet, vae = (m.to(a.device) for m in (M.CLIPTextModel(tcfg), M.UNet2DConditionModel(ucfg), M.AutoencoderKL(vcfg)))
     log(t0, "device %s, torch %s; params: text %.2fM unet %.2fM vae %.2fM; image %d px" % (
         a.device, torch.__version__, *(sum(p.numel() for p in m.parameters()) / 1e6 for m in (te, unet, vae)), a.size))
@@ -297,18 +342,37 @@ def main():
     unet_deadline = end - a.eval_frac * (end - t0)
     ema_te, ema_unet, steps, seen, final_loss = train_unet(te, unet, vae, scale, data, a, unet_deadline, t0)
     data.close()
+    stats = {"vae_roundtrip_passed": vae_ok, "unet_final_loss": final_loss, "unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
+             "latent_scaling_factor": scale, "torch": torch.__version__, "device": a.device}
+    write_stats(stats, a)  # on disk first: the evaluation or the export may still fail
+    # The sample grid comes before the export (it says most about a failed run); an evaluation error is
+    # logged, never allowed to cost the weights.
+    try:
+        evaluate_all(ema_te, ema_unet, vae, scale, tok, a, t0, end, stats)
+    except Exception:
+        import traceback
+        traceback.print_exc()
+        log(t0, "evaluation failed (above); exporting anyway")
     model_dir = os.path.join(a.out, "model")
     export.export_diffusers(model_dir, ema_te.float(), ema_unet.float(), vae.float(), scale, tok_dir)
     log(t0, "exported %s" % model_dir)
-    stats = {"vae_roundtrip_passed": vae_ok, "unet_final_loss": final_loss, "unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
-             "latent_scaling_factor": scale, "torch": torch.__version__, "device": a.device}
-    passed, done = (0, 0) if a.no_eval else evaluate(ema_te, ema_unet, vae, scale, tok, a, t0, end + 15)
-    stats.update(heldout_passed=passed, heldout_evaluated=done)
-    # numpy scalars (the checker's counts) as plain numbers: json cannot write np.int64.
-    stats = {k: (v.item() if hasattr(v, "item") else v) for k, v in stats.items()}
-    with open(os.path.join(a.out, "train_stats.json"), "w") as f:
-        json.dump(stats, f, indent=2)
+    stats = write_stats(stats, a)
     log(t0, "done: %s" % json.dumps(stats))
+
+
+def evaluate_all(ema_te, ema_unet, vae, scale, tok, a, t0, end, stats):
+    """Held-out, then training-distribution adherence; fills `stats` and rewrites train_stats.json."""
+    if not a.no_eval:
+        # One grid (the device machine hands back at most 8 files): rows 1-5 the 50 held-out prompts,
+        # rows 6-7 the 20 training-distribution prompts.
+        models, grid = (ema_te, ema_unet, vae, scale, tok, a, t0), []
+        passed, done = evaluate(*models, end + 15, shapes.heldout_prompts(), "held-out", grid)
+        stats.update(heldout_passed=passed, heldout_evaluated=done)
+        write_stats(stats, a)
+        grid += [np.zeros_like(grid[0])] * (-len(grid) % 10) if grid else []  # start a fresh row
+        passed, done = evaluate(*models, end + 30, training_prompts(), "training-distribution", grid)
+        stats.update(train_dist_passed=passed, train_dist_evaluated=done)
+        write_stats(stats, a)
 
 
 if __name__ == "__main__":
