@@ -193,6 +193,12 @@ def train_unet(te, unet, vae, scale, data, a, deadline, t0):
             z0 = (mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)).float() * scale
         t = torch.randint(0, 1000, (x.shape[0],), device=a.device)
         noise = torch.randn_like(z0)
+        if a.offset_noise > 0:
+            # Offset noise: a per-sample, per-channel constant in the noise, so that training also destroys
+            # (and the model learns to set) the latent mean, i.e. flat background colours; with SD's
+            # schedule 7% of the signal survives the last timestep and sampling from zero-mean noise
+            # otherwise draws averaged, pale colours (models/demo/README.md, second run).
+            noise = noise + a.offset_noise * torch.randn(z0.shape[0], z0.shape[1], 1, 1, device=z0.device)
         ab = acp[t][:, None, None, None]
         zt = (ab.sqrt() * z0 + (1 - ab).sqrt() * noise).contiguous(memory_format=fmt)
         with autocast(a.device):
@@ -292,6 +298,7 @@ def main():
     ap.add_argument("--vae-frac", type=float, default=0.25, help="share of the budget for the VAE")
     ap.add_argument("--eval-frac", type=float, default=0.08, help="share kept for export + evaluation")
     ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--offset-noise", type=float, default=0.1, help="std of the per-channel noise offset (0: off)")
     ap.add_argument("--vae-lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)),
