@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "models/common/component_files.h"
 #include "io/hash.h"
 #include "io/json_util.h"
 #include "io/safetensors.h"
@@ -27,33 +28,9 @@ nlohmann::json builtin_scheduler(bool dev) {
           {"base_shift", 0.5}, {"max_shift", 1.15}, {"base_image_seq_len", 256}, {"max_image_seq_len", 4096}};
 }
 
-// The safetensors files of one component folder: <stem>.safetensors, a sharded index, or any *.safetensors.
-Expected<std::vector<std::string>> folder_files(const fs::path& dir, const std::string& stem) {
-  if (!fs::is_directory(dir)) return not_found("component folder " + dir.string() + " is missing");
-  if (fs::exists(dir / (stem + ".safetensors"))) return std::vector<std::string>{(dir / (stem + ".safetensors")).string()};
-  const fs::path index = dir / (stem + ".safetensors.index.json");
-  std::vector<std::string> files;
-  if (fs::exists(index)) {
-    ATELIER_ASSIGN_OR_RETURN(auto j, read_json_file(index.string()));
-    if (!j.contains("weight_map") || !j["weight_map"].is_object()) return corrupt(index.string() + " has no weight_map object");
-    for (auto& [key, file] : j["weight_map"].items()) {
-      if (!file.is_string()) return corrupt(index.string() + ": weight_map values must be file names");
-      const std::string p = (dir / file.get<std::string>()).string();
-      if (std::find(files.begin(), files.end(), p) == files.end()) files.push_back(p);
-    }
-    return files;
-  }
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
-  }
-  std::sort(files.begin(), files.end());
-  if (files.empty()) return not_found("no .safetensors weights in " + dir.string());
-  return files;
-}
-
 // A component given as a folder (with its stem) or as one file.
 Expected<std::vector<std::string>> component(const std::string& path, const std::string& stem) {
-  if (fs::is_directory(path)) return folder_files(path, stem);
+  if (fs::is_directory(path)) return component_weight_files(path, stem);
   if (!fs::exists(path)) return not_found(path + " does not exist");
   return std::vector<std::string>{path};
 }
@@ -146,7 +123,7 @@ Status load_scheduler(FluxModel& m, const nlohmann::json& j) {
 
 Status load_diffusers(FluxModel& m, const fs::path& root, const FluxLoadOptions& o) {
   m.layout = "diffusers";
-  ATELIER_ASSIGN_OR_RETURN(auto files, folder_files(root / "transformer", "diffusion_pytorch_model"));
+  ATELIER_ASSIGN_OR_RETURN(auto files, component_weight_files(root / "transformer", "diffusion_pytorch_model"));
   ATELIER_ASSIGN_OR_RETURN(auto store, WeightStore::open(files));
   ATELIER_ASSIGN_OR_RETURN(auto cfg, FluxConfig::from_file((root / "transformer" / "config.json").string()));
   ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, o.device, o.dtype));

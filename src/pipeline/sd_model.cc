@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "models/common/component_files.h"
 #include "pipeline/builtin_models.h"
 #include "io/hash.h"
 #include "io/json_util.h"
@@ -25,32 +26,6 @@ nlohmann::json default_sd_scheduler_config(Prediction p) {
           {"beta_end", 0.012}, {"beta_schedule", "scaled_linear"}, {"steps_offset", 1},
           {"clip_sample", false}, {"set_alpha_to_one", false}, {"skip_prk_steps", true},
           {"prediction_type", p == Prediction::kV ? "v_prediction" : "epsilon"}};
-}
-
-// The weights of one diffusers component folder: the plain file, else a sharded index, else an fp16 variant.
-Expected<std::vector<std::string>> component_files(const fs::path& dir, const std::string& stem) {
-  if (!fs::is_directory(dir)) return not_found("component folder " + dir.string() + " is missing");
-  const fs::path plain = dir / (stem + ".safetensors");
-  if (fs::exists(plain)) return std::vector<std::string>{plain.string()};
-  const fs::path index = dir / (stem + ".safetensors.index.json");
-  if (fs::exists(index)) {
-    ATELIER_ASSIGN_OR_RETURN(auto j, read_json_file(index.string()));
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
-      return corrupt(index.string() + " has no weight_map object");
-    std::vector<std::string> files;
-    for (auto& [key, file] : j["weight_map"].items()) {
-      if (!file.is_string()) return corrupt(index.string() + ": weight_map values must be file names");
-      const std::string p = (dir / file.get<std::string>()).string();
-      if (std::find(files.begin(), files.end(), p) == files.end()) files.push_back(p);
-    }
-    return files;
-  }
-  for (const char* variant : {".fp16.safetensors", ".bf16.safetensors"}) {
-    const fs::path v = dir / (stem + variant);
-    if (fs::exists(v)) return std::vector<std::string>{v.string()};
-  }
-  return not_found("no " + stem + ".safetensors in " + dir.string() +
-                   " (only safetensors weights are supported; convert .bin/.ckpt files first)");
 }
 
 // A1111's test for SD 2 v-prediction checkpoints: a v model's output at t=999 on a constant input is far
@@ -92,21 +67,21 @@ Status load_diffusers(SdModel& m, const fs::path& root, const SdLoadOptions& o) 
   (void)index;
   m.layout = "diffusers";
   // Text encoder.
-  ATELIER_ASSIGN_OR_RETURN(auto te_files, component_files(root / "text_encoder", "model"));
+  ATELIER_ASSIGN_OR_RETURN(auto te_files, component_weight_files(root / "text_encoder", "model"));
   ATELIER_ASSIGN_OR_RETURN(auto te_store, WeightStore::open(te_files));
   ATELIER_ASSIGN_OR_RETURN(auto te_cfg, ClipTextConfig::from_file((root / "text_encoder" / "config.json").string()));
   ATELIER_ASSIGN_OR_RETURN(auto te, ClipTextModel::load(te_store, ClipLayout::kTransformers, te_cfg, o.device, o.dtype.value_or(default_model_dtype(o.device))));
   m.text_encoder_params = te_store.count_params();
   m.text_encoder.emplace(std::move(te));
   // UNet.
-  ATELIER_ASSIGN_OR_RETURN(auto unet_files, component_files(root / "unet", "diffusion_pytorch_model"));
+  ATELIER_ASSIGN_OR_RETURN(auto unet_files, component_weight_files(root / "unet", "diffusion_pytorch_model"));
   ATELIER_ASSIGN_OR_RETURN(auto unet_store, WeightStore::open(unet_files));
   ATELIER_ASSIGN_OR_RETURN(auto unet_cfg, load_unet_config((root / "unet" / "config.json").string()));
   ATELIER_ASSIGN_OR_RETURN(auto unet, UNet::load(unet_store, UNetLayout::kDiffusers, unet_cfg, o.device, o.dtype.value_or(default_model_dtype(o.device))));
   m.unet_params = unet_store.count_params();
   m.unet.emplace(std::move(unet));
   // VAE.
-  ATELIER_ASSIGN_OR_RETURN(auto vae_files, component_files(root / "vae", "diffusion_pytorch_model"));
+  ATELIER_ASSIGN_OR_RETURN(auto vae_files, component_weight_files(root / "vae", "diffusion_pytorch_model"));
   ATELIER_ASSIGN_OR_RETURN(auto vae_store, WeightStore::open(vae_files));
   ATELIER_ASSIGN_OR_RETURN(auto vae_cfg, VaeConfig::from_file((root / "vae" / "config.json").string()));
   ATELIER_ASSIGN_OR_RETURN(auto vae, Vae::load(vae_store, VaeLayout::kDiffusers, vae_cfg, o.device, vae_dtype(o)));

@@ -2,6 +2,7 @@
 // the other components.
 #include <filesystem>
 
+#include "models/common/component_files.h"
 #include "io/json_util.h"
 #include "pipeline/zimage_pipeline.h"
 
@@ -10,29 +11,6 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr const char* kPipelineClass = "ZImagePipeline";
-
-// The weights of one component folder: `stem`.safetensors, else the shards of its index, else every
-// .safetensors file in the folder.
-Expected<std::vector<std::string>> weight_files(const fs::path& dir, const std::string& stem) {
-  if (!fs::is_directory(dir)) return not_found("component folder " + dir.string() + " is missing");
-  if (fs::exists(dir / (stem + ".safetensors"))) return std::vector<std::string>{(dir / (stem + ".safetensors")).string()};
-  const fs::path index = dir / (stem + ".safetensors.index.json");
-  std::vector<std::string> files;
-  if (fs::exists(index)) {
-    ATELIER_ASSIGN_OR_RETURN(auto j, read_json_file(index.string()));
-    if (!j.contains("weight_map") || !j.at("weight_map").is_object()) return corrupt(index.string() + " has no weight_map object");
-    for (const auto& [key, file] : j.at("weight_map").items()) {
-      const std::string p = (dir / file.get<std::string>()).string();
-      if (std::find(files.begin(), files.end(), p) == files.end()) files.push_back(p);
-    }
-    return files;
-  }
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
-  std::sort(files.begin(), files.end());
-  if (files.empty()) return not_found("no .safetensors weights in " + dir.string());
-  return files;
-}
 
 bool is_zimage_folder(const fs::path& dir) {
   auto j = read_json_file((dir / "model_index.json").string());
@@ -44,12 +22,12 @@ Status load_components(ZImageModel& m, const fs::path& root, const ZImageLoadOpt
   ATELIER_ASSIGN_OR_RETURN(m.tokenizer, QwenTokenizer::load((root / "tokenizer").string()));
   if (m.tokenizer.chat_template().empty())
     return not_found((root / "tokenizer").string() + " has no chat template (chat_template.jinja or tokenizer_config.json)");
-  ATELIER_ASSIGN_OR_RETURN(auto te_files, weight_files(root / "text_encoder", "model"));
+  ATELIER_ASSIGN_OR_RETURN(auto te_files, component_weight_files(root / "text_encoder", "model"));
   ATELIER_ASSIGN_OR_RETURN(auto te_store, WeightStore::open(te_files));
   ATELIER_ASSIGN_OR_RETURN(auto te_cfg, Qwen3Config::from_file((root / "text_encoder" / "config.json").string()));
   ATELIER_ASSIGN_OR_RETURN(auto te, Qwen3Encoder::load(te_store, te_cfg, o.device));
   m.text_encoder = std::make_shared<Qwen3Encoder>(std::move(te));
-  ATELIER_ASSIGN_OR_RETURN(auto vae_files, weight_files(root / "vae", "diffusion_pytorch_model"));
+  ATELIER_ASSIGN_OR_RETURN(auto vae_files, component_weight_files(root / "vae", "diffusion_pytorch_model"));
   ATELIER_ASSIGN_OR_RETURN(auto vae_store, WeightStore::open(vae_files));
   ATELIER_ASSIGN_OR_RETURN(auto vae_cfg, VaeConfig::from_file((root / "vae" / "config.json").string()));
   ATELIER_ASSIGN_OR_RETURN(auto vae, Vae::load(vae_store, VaeLayout::kDiffusers, vae_cfg, o.device));
@@ -83,7 +61,7 @@ Expected<std::shared_ptr<const ZImageModel>> load_zimage_model(const std::string
       components = p;
       m->name = p.filename().string();
       m->layout = "diffusers";
-      ATELIER_ASSIGN_OR_RETURN(transformer_files, weight_files(p / "transformer", "diffusion_pytorch_model"));
+      ATELIER_ASSIGN_OR_RETURN(transformer_files, component_weight_files(p / "transformer", "diffusion_pytorch_model"));
     } else {
       if (o.components_dir.empty() || !is_zimage_folder(o.components_dir))
         return invalid_argument("a single-file Z-Image transformer needs the other components: give a Z-Image diffusers "
