@@ -1,5 +1,8 @@
 #include "serve/device_pool.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "backend/backend.h"
 
 namespace atelier::serve {
@@ -31,6 +34,19 @@ Expected<std::vector<Device>> parse_devices(const std::string& spec) {
   }
   if (out.empty()) return invalid_argument("--devices: no device given");
   return out;
+}
+
+void DevicePool::add_workers(const std::vector<Device>& devices, const WorkerOptions& base, const ModelRegistry& registry,
+                             MetricsRegistry& metrics, ThreadPool& host_pool, const WorkerHooks& hooks) {
+  int cpu_workers = 0;
+  for (const Device& d : devices) cpu_workers += d.is_cpu();
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  for (size_t i = 0; i < devices.size(); ++i) {
+    WorkerOptions wo = base;
+    if (wo.cpu_threads <= 0) wo.cpu_threads = std::max(1, cores / std::max(1, cpu_workers));
+    wo.models.device = devices[i];
+    add(std::make_unique<Worker>(int(workers_.size()), wo, registry, metrics, host_pool, hooks));
+  }
 }
 
 void DevicePool::start() {

@@ -19,6 +19,10 @@ Expected<std::vector<Device>> parse_devices(const std::string& spec);
 class DevicePool {
  public:
   void add(std::unique_ptr<Worker> w) { workers_.push_back(std::move(w)); }
+  // One worker per device with `base`'s options (its `models.device` set per device). CPU workers split the
+  // machine's cores between them unless base.cpu_threads is set. Used by `atelier serve` and `atelier worker`.
+  void add_workers(const std::vector<Device>& devices, const WorkerOptions& base, const ModelRegistry& registry,
+                   MetricsRegistry& metrics, ThreadPool& host_pool, const WorkerHooks& hooks);
   void start();
   void stop(const std::string& reason);
 

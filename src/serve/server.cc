@@ -175,20 +175,14 @@ Expected<std::unique_ptr<Server>> Server::create(const ServeOptions& o) {
     });
   }
   s.scheduler = std::make_unique<Scheduler>(SchedulerOptions{}, std::move(queue), s.pool, s.store, s.metrics);
-  int cpu_workers = 0;
-  for (const Device& d : devices) cpu_workers += d.is_cpu();
-  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
-  const int cpu_threads = o.cpu_threads > 0 ? o.cpu_threads : std::max(1, cores / std::max(1, cpu_workers));
-  for (size_t i = 0; i < devices.size(); ++i) {
-    WorkerOptions wo;
-    wo.cpu_threads = cpu_threads;
-    wo.max_batch = o.max_batch;
-    wo.batch_window_ms = o.batch_window_ms;
-    wo.probe_interval_ms = o.probe_interval_ms;
-    wo.output_dir = o.output_dir;
-    wo.models = {devices[i], o.tokenizer_dir, o.model_memory_mb << 20, o.max_models_per_device};
-    s.pool.add(std::make_unique<Worker>(int(i), wo, s.registry, s.metrics, *s.host_pool, s.scheduler->hooks()));
-  }
+  WorkerOptions wo;
+  wo.cpu_threads = o.cpu_threads;
+  wo.max_batch = o.max_batch;
+  wo.batch_window_ms = o.batch_window_ms;
+  wo.probe_interval_ms = o.probe_interval_ms;
+  wo.output_dir = o.output_dir;
+  wo.models = {Device::cpu(), o.tokenizer_dir, o.model_memory_mb << 20, o.max_models_per_device};
+  s.pool.add_workers(devices, wo, s.registry, s.metrics, *s.host_pool, s.scheduler->hooks());
   s.ctx.reset(new ServerContext{s.options, s.registry, s.store, *s.scheduler, s.pool, s.metrics, s.stopping,
                                 std::chrono::steady_clock::now()});
   if (s.gateway) {
