@@ -114,6 +114,13 @@ def train_vae(vae, data, a, deadline, t0):
         if step % a.log_every == 0:
             log(t0, "vae step %d loss %.4f kl %.1f  %.0f img/s" % (step, loss.item(), kl.item(),
                                                                step * x.shape[0] / (time.time() - start)))
+        if a.vae_target and step % a.vae_check_every == 0:
+            # Stop as soon as the round trip is good enough: the rest of the budget is the UNet's.
+            vae.eval()
+            passed = vae_roundtrip_check(vae, a, t0)
+            vae.train()
+            if passed >= a.vae_target:
+                break
     log(t0, "vae done: %d steps, last loss %.4f" % (step, loss.item()))
     return step
 
@@ -177,7 +184,8 @@ def train_unet(te, unet, vae, scale, data, a, deadline, t0):
     fwd = torch.compile(unet) if a.compile else unet
     while time.time() < deadline:
         frac = (time.time() - start) / max(deadline - start, 1e-6)
-        lr = a.lr * min(1.0, (step + 1) / WARMUP_STEPS) * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)))
+        decay = LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)) if a.lr_decay == "cosine" else 1.0
+        lr = a.lr * min(1.0, (step + 1) / a.warmup) * decay
         for g in opt.param_groups:
             g["lr"] = lr
         probe = (step + 1) % a.log_every == 0 and a.device.startswith("cuda")
@@ -300,6 +308,15 @@ def main():
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--offset-noise", type=float, default=0.1, help="std of the per-channel noise offset (0: off)")
     ap.add_argument("--vae-lr", type=float, default=1e-3)
+    ap.add_argument("--vae-target", type=int, default=0,
+                    help="end the VAE phase early once its round trip passes this many of 50 images (0: never)")
+    ap.add_argument("--vae-check-every", type=int, default=400, help="VAE steps between round-trip checks")
+    ap.add_argument("--lr-decay", choices=["cosine", "none"], default="cosine",
+                    help="UNet learning rate over the phase: cosine to 10%%, or constant (a run continued later)")
+    ap.add_argument("--warmup", type=int, default=WARMUP_STEPS, help="UNet learning-rate warm-up steps")
+    ap.add_argument("--resume", metavar="DIR",
+                    help="continue from an exported folder: its VAE and latent scale are kept (no VAE phase), "
+                         "its EMA text encoder and UNet become the live and EMA weights (AdamW restarts)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)),
                     help="scene-sampling processes")
@@ -336,20 +353,29 @@ def main():
     tok = bpe.CaptionTokenizer(tok_dir)
     tcfg = dict(tcfg, vocab_size=len(tok.vocab))
     data = Batches(a.seed, a.batch, a.size, tok, shapes.training_triples(), a.workers, a.render)
-    te, unet, vae = (m.to(a.device) for m in (M.CLIPTextModel(tcfg), M.UNet2DConditionModel(ucfg), M.AutoencoderKL(vcfg)))
+    if a.resume:
+        te, unet, vae, scale = export.load_exported(a.resume)
+        te, unet, vae = (m.to(a.device).train() for m in (te, unet, vae))
+        with open(os.path.join(a.resume, "tokenizer", "vocab.json")) as f1, open(os.path.join(tok_dir, "vocab.json")) as f2:
+            assert json.load(f1) == json.load(f2), "the resumed model's vocabulary is not bpe.py's"
+        log(t0, "resumed from %s (latent scaling factor %.4f)" % (a.resume, scale))
+    else:
+        te, unet, vae = (m.to(a.device) for m in (M.CLIPTextModel(tcfg), M.UNet2DConditionModel(ucfg), M.AutoencoderKL(vcfg)))
     log(t0, "device %s, torch %s; params: text %.2fM unet %.2fM vae %.2fM; image %d px" % (
         a.device, torch.__version__, *(sum(p.numel() for p in m.parameters()) / 1e6 for m in (te, unet, vae)), a.size))
-    budget = end - time.time()
-    vae_deadline = time.time() + a.vae_frac * budget
-    train_vae(vae, data, a, vae_deadline, t0)
+    if not a.resume:
+        budget = end - time.time()
+        vae_deadline = time.time() + a.vae_frac * budget
+        train_vae(vae, data, a, vae_deadline, t0)
     vae.eval().requires_grad_(False)
-    scale = latent_scale(vae, data, a)
-    log(t0, "latent scaling factor %.4f" % scale)
+    if not a.resume:
+        scale = latent_scale(vae, data, a)
+        log(t0, "latent scaling factor %.4f" % scale)
     vae_ok = vae_roundtrip_check(vae, a, t0)
     unet_deadline = end - a.eval_frac * (end - t0)
     ema_te, ema_unet, steps, seen, final_loss = train_unet(te, unet, vae, scale, data, a, unet_deadline, t0)
     data.close()
-    stats = {"vae_roundtrip_passed": vae_ok, "unet_final_loss": final_loss, "unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
+    stats = {"resumed_from": a.resume, "vae_roundtrip_passed": vae_ok, "unet_final_loss": final_loss, "unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
              "latent_scaling_factor": scale, "torch": torch.__version__, "device": a.device}
     write_stats(stats, a)  # on disk first: the evaluation or the export may still fail
     # The sample grid comes before the export (it says most about a failed run); an evaluation error is
