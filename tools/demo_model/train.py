@@ -125,6 +125,62 @@ def train_vae(vae, data, a, deadline, t0):
     return step
 
 
+def edge_weights(x, weight):
+    """[B, 3, H, W] images -> [B, 1, H, W]: 1 + weight on pixels within one pixel of a colour edge (where a
+    small star's points and a triangle's corners are, which flat-area losses barely see)."""
+    gx = (x[:, :, :, 1:] - x[:, :, :, :-1]).abs().amax(1, keepdim=True)
+    gy = (x[:, :, 1:, :] - x[:, :, :-1, :]).abs().amax(1, keepdim=True)
+    edge = torch.zeros_like(x[:, :1])
+    edge[:, :, :, 1:] += gx
+    edge[:, :, :, :-1] += gx
+    edge[:, :, 1:, :] += gy
+    edge[:, :, :-1, :] += gy
+    edge = F.max_pool2d((edge > 0.05).float(), 3, stride=1, padding=1)
+    return 1.0 + weight * edge
+
+
+def finetune_decoder(vae, data, a, deadline, t0):
+    """The decoder (and post_quant_conv) only, the encoder frozen: the latent space a resumed UNet learnt
+    stays exactly the same while reconstructions sharpen; edge pixels weigh more (edge_weights). The best
+    decoder by round trip (vae_roundtrip_check every --vae-check-every steps) is kept."""
+    frozen = {id(p) for p in list(vae.encoder.parameters()) + list(vae.quant_conv.parameters())}
+    params = [p for p in vae.parameters() if id(p) not in frozen]
+    for p in vae.parameters():
+        p.requires_grad_(id(p) not in frozen)
+    opt = torch.optim.AdamW(params, lr=a.decoder_lr, weight_decay=0.0)
+    best = (vae_roundtrip_check(vae.eval(), a, t0), copy.deepcopy(vae.decoder.state_dict()),
+            copy.deepcopy(vae.post_quant_conv.state_dict()))
+    vae.decoder.train()
+    step, start = 0, time.time()
+    while time.time() < deadline:
+        frac = (time.time() - start) / max(deadline - start, 1e-6)
+        for g in opt.param_groups:
+            g["lr"] = a.decoder_lr * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        x, _ = data.next(a.device, a.size, a.vae_batch)
+        with torch.no_grad(), autocast(a.device):
+            mean, logvar = vae.encode(x)
+            z = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)
+        with autocast(a.device):
+            rec = vae.decode(z.float())
+        w = edge_weights(x, a.edge_weight)
+        err = rec.float() - x
+        loss = (w * (err.abs() + err * err)).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        if step % a.vae_check_every == 0:
+            passed = vae_roundtrip_check(vae.eval(), a, t0)
+            vae.decoder.train()
+            if passed > best[0]:
+                best = (passed, copy.deepcopy(vae.decoder.state_dict()), copy.deepcopy(vae.post_quant_conv.state_dict()))
+    vae.decoder.load_state_dict(best[1])
+    vae.post_quant_conv.load_state_dict(best[2])
+    vae.eval().requires_grad_(False)
+    log(t0, "decoder fine-tune done: %d steps, kept the round trip of %d/50" % (step, best[0]))
+    return best[0]
+
+
 @torch.no_grad()
 def latent_scale(vae, data, a):
     vals = []
@@ -311,6 +367,10 @@ def main():
     ap.add_argument("--vae-target", type=int, default=0,
                     help="end the VAE phase early once its round trip passes this many of 50 images (0: never)")
     ap.add_argument("--vae-check-every", type=int, default=400, help="VAE steps between round-trip checks")
+    ap.add_argument("--decoder-minutes", type=float, default=0.0,
+                    help="after the VAE phase (or --resume), fine-tune the decoder alone this long (encoder frozen)")
+    ap.add_argument("--decoder-lr", type=float, default=3e-4)
+    ap.add_argument("--edge-weight", type=float, default=4.0, help="extra loss weight of edge pixels in the decoder fine-tune")
     ap.add_argument("--lr-decay", choices=["cosine", "none"], default="cosine",
                     help="UNet learning rate over the phase: cosine to 10%%, or constant (a run continued later)")
     ap.add_argument("--warmup", type=int, default=WARMUP_STEPS, help="UNet learning-rate warm-up steps")
@@ -368,6 +428,8 @@ def main():
         vae_deadline = time.time() + a.vae_frac * budget
         train_vae(vae, data, a, vae_deadline, t0)
     vae.eval().requires_grad_(False)
+    if a.decoder_minutes > 0:
+        finetune_decoder(vae, data, a, time.time() + 60 * a.decoder_minutes, t0)
     if not a.resume:
         scale = latent_scale(vae, data, a)
         log(t0, "latent scaling factor %.4f" % scale)
