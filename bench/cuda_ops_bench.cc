@@ -129,15 +129,50 @@ int run(int iters) {
     be.set_conv_impl(cuda::ConvImpl::kIm2col);
     print({"conv3x3 2x320x64x64 -> 320 bf16, im2col path", time_ms(be, iters, [&] { ops::conv2d(x, w, Tensor(), p); }), flops, "TFLOP/s"});
     be.set_conv_impl(cuda::ConvImpl::kAuto);
+    // The UNet's other 3x3 sizes (batch 16 at level 0, levels 1 and 2), as torch_reference_ops.py times them.
+    struct ConvCase {
+      int64_t n, c, hw;
+    };
+    for (const ConvCase& c : {ConvCase{16, 320, 64}, ConvCase{2, 640, 32}, ConvCase{2, 1280, 16}}) {
+      const double f = 2.0 * double(c.n * c.c * c.hw * c.hw) * double(c.c) * 9;
+      for (DType dt : {DType::BF16, DType::F16}) {
+        const Tensor xc = random_on({c.n, c.c, c.hw, c.hw}, dt, dev), wc = random_on({c.c, c.c, 3, 3}, dt, dev, 0.05f),
+                     bc = random_on({c.c}, dt, dev);
+        print({"conv3x3 " + std::to_string(c.n) + "x" + std::to_string(c.c) + "x" + std::to_string(c.hw) + "x" + std::to_string(c.hw) +
+                   " -> " + std::to_string(c.c) + " +bias " + std::string(dtype_name(dt)),
+               time_ms(be, iters, [&] { ops::conv2d(xc, wc, bc, p); }), f, "TFLOP/s"});
+      }
+    }
   }
-  {  // attention: 4096 tokens, 8 heads, batch 2
+  {  // attention at the shapes the models run (SD 1.5 levels at 512 and 1024 px, batch 2 and 16; FLUX at 1024 px)
+    struct AttnCase {
+      int64_t b, h, sq, sk, d;
+      const char* what;
+    };
+    const AttnCase cases[] = {{2, 8, 4096, 4096, 40, "SD1.5 512 level 0"},   {16, 8, 4096, 4096, 40, "SD1.5 512 level 0, batch 16"},
+                              {2, 8, 1024, 1024, 80, "SD1.5 512 level 1"},   {2, 8, 256, 256, 160, "SD1.5 512 level 2"},
+                              {2, 8, 4096, 77, 40, "SD1.5 cross-attention"}, {2, 8, 16384, 16384, 40, "SD1.5 1024 level 0"},
+                              {2, 8, 4096, 4096, 64, "head dim 64"},          {1, 24, 4608, 4608, 128, "FLUX 1024"}};
+    for (const AttnCase& c : cases) {
+      const double flops = 4.0 * double(c.b * c.h) * double(c.sq) * double(c.sk) * double(c.d);
+      const std::string shape = std::to_string(c.b) + "x" + std::to_string(c.h) + "x" + std::to_string(c.sq) + "x" + std::to_string(c.sk) +
+                                " d" + std::to_string(c.d);
+      for (DType dt : {DType::BF16, DType::F16}) {
+        if (dt == DType::F16 && c.d != 40) continue;
+        const Tensor q = random_on({c.b, c.h, c.sq, c.d}, dt, dev), k = random_on({c.b, c.h, c.sk, c.d}, dt, dev),
+                     v = random_on({c.b, c.h, c.sk, c.d}, dt, dev);
+        print({"attention flash " + shape + " " + std::string(dtype_name(dt)) + " (" + c.what + ")",
+               time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+        if (dt != DType::BF16) continue;
+        for (int rows : {64, 128}) {  // each block height forced (the line above is the automatic choice)
+          be.set_flash_block_rows(rows);
+          print({"  same, " + std::to_string(rows) + "-query blocks", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+        }
+        be.set_flash_block_rows(0);
+      }
+    }
     for (int64_t d : {40, 64}) {
       const double flops = 4.0 * 2 * 8 * 4096.0 * 4096.0 * double(d);
-      for (DType dt : {DType::BF16, DType::F16}) {
-        const Tensor q = random_on({2, 8, 4096, d}, dt, dev), k = random_on({2, 8, 4096, d}, dt, dev), v = random_on({2, 8, 4096, d}, dt, dev);
-        print({"attention flash 2x8x4096x4096 d" + std::to_string(d) + " " + std::string(dtype_name(dt)),
-               time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
-      }
       const Tensor q = random_on({2, 8, 4096, d}, DType::BF16, dev);
       be.set_attention_impl(cuda::AttentionImpl::kGemm);
       print({"attention gemm path 2x8x4096x4096 d" + std::to_string(d) + " bf16", time_ms(be, iters, [&] { ops::attention(q, q, q); }), flops,

@@ -16,8 +16,8 @@ mkdir -p "$out"
 echo "=== nvidia-smi"
 nvidia-smi 2>&1 || echo "(nvidia-smi failed)"
 
-if [[ -f .gpupack/atelier-gpu.tar.gz && ! -x .devicepack/bin/tests/atelier_gpu_tests ]]; then
-  tar -xzf .gpupack/atelier-gpu.tar.gz
+if [[ -f .gpupack/atelier-gpu.tar.xz && ! -x .devicepack/bin/tests/atelier_gpu_tests ]]; then
+  tar -xJf .gpupack/atelier-gpu.tar.xz
 fi
 if [[ -x .devicepack/bin/tests/atelier_gpu_tests ]]; then
   run=(.devicepack/run)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs what one GPU run needs into DEST/.gpupack/ (about 30 MB): atelier-gpu.tar.gz with the GPU test binary
+# Packs what one GPU run needs into DEST/.gpupack/ (about 40 MB): atelier-gpu.tar.xz with the GPU test binary
 # and the CUDA micro-benchmark (built first), the libraries they load (collected by ../shared/tools/devicepack)
 # and the sd15-tiny fixture files the GPU tests read; plus gpu_check.sh, which runs it all. DEST is the
 # checkout the device tool sends (default: this one); nothing else in it is touched (its own .devicepack
@@ -15,7 +15,7 @@ BUILD_DIR=${BUILD_DIR:-$root/build}
 FIXTURES=${ATELIER_FIXTURES:-$root/../shared/fixtures}
 DEVICEPACK=${DEVICEPACK:-$root/../shared/tools/devicepack}
 
-cmake --build "$BUILD_DIR" --target atelier_gpu_tests cuda_ops_bench atelier unet_step_bench
+cmake --build "$BUILD_DIR" --target atelier_gpu_tests cuda_ops_bench atelier
 
 # devicepack writes .devicepack/ at the top of the git checkout it runs in: give it a scratch one.
 work=$(mktemp -d)
@@ -24,7 +24,8 @@ git -C "$work" init -q
 stage=$work/stage
 mkdir -p "$stage/bin/tests" "$stage/bin/bench" "$stage/fixtures/sd15-tiny/model"
 cp "$BUILD_DIR/tests/atelier_gpu_tests" "$stage/bin/tests/"
-cp "$BUILD_DIR/bench/cuda_ops_bench" "$BUILD_DIR/bench/unet_step_bench" "$stage/bin/bench/"
+# (unet_step_bench is left out: `atelier bench` measures the same, and each binary carries every kernel.)
+cp "$BUILD_DIR/bench/cuda_ops_bench" "$stage/bin/bench/"
 cp "$BUILD_DIR/atelier" "$stage/bin/"
 # Only the files the GPU tests open (the whole fixture folder would not fit the 64 MiB a call may carry).
 src="$FIXTURES/sd15-tiny"
@@ -35,8 +36,11 @@ if [[ -d $src ]]; then
 else
   echo "gpu_pack: $src not found: the model tests will report themselves skipped" >&2
 fi
-# FLUX and Z-Image tiny folders: gpu_bench.sh generates with them on both devices and compares the images.
-for fam in flux-tiny zimage-tiny; do
+# FLUX and Z-Image tiny folders: gpu_bench.sh generates with them on both devices and compares the images
+# (GPU_PACK_SD_ONLY=1 leaves them out when the pack must be smaller).
+families=(flux-tiny zimage-tiny)
+[[ ${GPU_PACK_SD_ONLY:-0} == 1 ]] && families=()
+for fam in "${families[@]}"; do
   [[ -d $FIXTURES/$fam/model ]] && mkdir -p "$stage/fixtures/$fam" && cp -r "$FIXTURES/$fam/model" "$stage/fixtures/$fam/"
 done
 (cd "$work" && "$DEVICEPACK" --max-mb 400 "$stage/bin" "$stage/fixtures")
@@ -45,7 +49,9 @@ mkdir -p "$dest/.gpupack"
 exclude=$(cd "$dest" && realpath -m "$(git rev-parse --git-path info/exclude)")
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpupack/' "$exclude" 2>/dev/null || echo '/.gpupack/' >> "$exclude"
-tar -C "$work" -czf "$dest/.gpupack/atelier-gpu.tar.gz" .devicepack
+# xz: the binaries (fatbins for two architectures) pack to half of what gzip gives.
+rm -f "$dest/.gpupack/atelier-gpu.tar.gz"
+XZ_OPT="-T0 -6" tar -C "$work" -cJf "$dest/.gpupack/atelier-gpu.tar.xz" .devicepack
 cp "$root/scripts/gpu_check.sh" "$root/scripts/gpu_bench.sh" "$dest/.gpupack/"
 echo "gpu_pack: $(du -sm "$dest/.gpupack" | cut -f1) MiB in $dest/.gpupack"
 echo "  run on the GPU machine with: carry [\".gpupack\"], command \"bash .gpupack/gpu_check.sh\", timeout_s 600"

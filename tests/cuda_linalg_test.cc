@@ -29,6 +29,7 @@ struct ImplGuard {
     if (!backend_available(cuda0())) return;
     test::cuda_be().set_conv_impl(cuda::ConvImpl::kAuto);
     test::cuda_be().set_attention_impl(cuda::AttentionImpl::kAuto);
+    test::cuda_be().set_flash_block_rows(0);
     test::cuda_be().set_allow_tf32(false);
   }
 };
@@ -254,9 +255,12 @@ TEST(CudaOps, FlashAttentionMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
   test::cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);  // fails instead of falling back
-  for (const AttnCase& c : kFlashCases)
-    for (const char* mask : {"none", "additive", "causal", "padding"})
-      for (DType dt : kLowp) check_attention(c, mask, dt, "flash");
+  for (int rows : {64, 128}) {  // both block heights (one or two m-tiles per warp) on every case
+    test::cuda_be().set_flash_block_rows(rows);
+    for (const AttnCase& c : kFlashCases)
+      for (const char* mask : {"none", "additive", "causal", "padding"})
+        for (DType dt : kLowp) check_attention(c, mask, dt, rows == 64 ? "flash64" : "flash128");
+  }
 }
 
 TEST(CudaOps, GemmAttentionMatchesCpu) {

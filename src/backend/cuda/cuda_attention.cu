@@ -1,16 +1,21 @@
 // Flash attention on tensor cores (bf16/f16 inputs, f32 accumulation), and the attention op's dispatch.
 //
-// One block of 4 warps takes 64 queries of one (batch, head); each warp owns 16 query rows. K and V tiles
-// of BN keys stream through shared memory with cp.async (double-buffered: tile t+1 loads while tile t is
-// used). Per tile, S = Q K^T with mma.sync m16n8k16; the online softmax (running max and sum per row, in the
-// log2 domain) turns S into P in registers, where the m16n8 accumulator layout of S is exactly the A-operand
-// layout of the next product; O += P V takes V's B operand through ldmatrix.trans. The head dim is padded to
-// DPAD (a multiple of 16) with zeros in shared memory, so SD's 40/80/160 run with 48/80/160 columns.
+// One block of 4 warps takes 64 * MT queries of one (batch, head); each warp owns MT m-tiles of 16 query rows
+// (MT = 2 reuses every K/V fragment for two m-tiles: half the shared-memory reads per FLOP, used when the grid
+// is large enough). K and V tiles of BN keys stream through shared memory with cp.async (double-buffered:
+// tile t+1 loads while tile t is used). Per tile, S = Q K^T with mma.sync m16n8k16 (Q and K fragments through
+// ldmatrix); the online softmax (running max and sum per row, in the log2 domain, MUFU ex2) turns S into P in
+// registers, where the m16n8 accumulator layout of S is exactly the A-operand layout of the next product;
+// O += P V takes V's B operand through ldmatrix.trans. The head dim is padded to DPAD (a multiple of 16) with
+// zeros in shared memory, so SD's 40/80/160 run with 48/80/160 columns. Masks and ragged key tiles take
+// their checks only where they apply (a MASKED instantiation; bounds on the last tile only).
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 .bf16/.f16; g = lane / 4, t = lane % 4):
 //   A 16x16: a0 = (row g, cols 2t, 2t+1), a1 = (row g+8, same), a2 = (row g, cols 2t+8, 2t+9), a3 = (row g+8, same)
 //   B 16x8:  b0 = (rows 2t, 2t+1, col g), b1 = (rows 2t+8, 2t+9, col g)
 //   C 16x8:  c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = (row g+8, same)
+// ldmatrix (non-transposed) hands thread i the elements (row i/4, cols 2(i%4), 2(i%4)+1) of each 8x8 matrix:
+// the A layout for row-major Q, and the B layout for K^T when the matrices' rows are K's rows (keys).
 #include <algorithm>
 
 #include "backend/cuda/cuda_attention.h"
@@ -23,7 +28,7 @@ namespace atelier::cuda {
 namespace {
 
 constexpr int kFlashThreads = 128;  // 4 warps
-constexpr int kBlockM = 64;         // queries per block, 16 per warp
+constexpr int kWarpRows = 16;       // rows of one m-tile
 constexpr int kMaxFlashHeadDim = 256;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -38,12 +43,14 @@ struct FlashParams {
   AttentionMask mask;
 };
 
-// Keys per tile: 64 while the head dim leaves room for the registers, 32 for the widest heads.
-template <int DPAD> constexpr int kBlockN = DPAD <= 128 ? 64 : 32;
+// Queries per block: 4 warps x MT m-tiles x 16 rows.
+template <int MT> constexpr int kBlockM = 4 * MT * kWarpRows;
+// Keys per tile: 64 while the registers allow (S takes MT * BN / 2 per thread, O MT * DPAD / 2), else 32.
+template <int DPAD, int MT> constexpr int kBlockN = (MT == 1 ? DPAD <= 128 : DPAD <= 64) ? 64 : 32;
 template <int DPAD> constexpr int kPitch = DPAD + 8;  // row pitch in elements: 4 words of padding, no bank conflicts
-template <typename T, int DPAD>
+template <typename T, int DPAD, int MT>
 constexpr size_t flash_smem_bytes() {
-  return size_t(kBlockM + 4 * kBlockN<DPAD>) * kPitch<DPAD> * sizeof(T);
+  return size_t(kBlockM<MT> + 4 * kBlockN<DPAD, MT>) * kPitch<DPAD> * sizeof(T);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -55,6 +62,13 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// 2^x on the MUFU unit (ex2.approx: about 2 ulp; 2^-inf = 0). exp2f would add range fix-ups per element.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
@@ -86,6 +100,11 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem)));
+}
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -104,58 +123,99 @@ __device__ __forceinline__ void load_tile(T* smem, const T* g, int64_t stride, i
   }
 }
 
-// The A fragment of rows [row, row + 8) and [row + 8, row + 16) at columns col.. of a row-major smem tile
-// (row = warp's first row + g, col = k offset + 2t).
+// The A fragment of the 16x16 block at (row, col) of a row-major smem tile, through one ldmatrix.x4:
+// lanes 0-15 address rows row..row+15 at col, lanes 16-31 the same rows at col + 8.
 template <int PITCH, typename T>
-__device__ __forceinline__ void load_a_frag(uint32_t (&a)[4], const T* tile, int row, int col) {
-  a[0] = *reinterpret_cast<const uint32_t*>(tile + row * PITCH + col);
-  a[1] = *reinterpret_cast<const uint32_t*>(tile + (row + 8) * PITCH + col);
-  a[2] = *reinterpret_cast<const uint32_t*>(tile + row * PITCH + col + 8);
-  a[3] = *reinterpret_cast<const uint32_t*>(tile + (row + 8) * PITCH + col + 8);
+__device__ __forceinline__ void load_a_frag(uint32_t (&a)[4], const T* tile, int row, int col, int lane) {
+  ldmatrix_x4(a, tile + (row + (lane & 15)) * PITCH + col + (lane >> 4) * 8);
 }
 
-template <typename T, int DPAD>
+// The per-thread state of MT m-tiles: rows r = 2 * mt + ri are (warp's row mt * 16 + g + 8 * ri).
+template <int MT>
+struct SoftmaxRows {
+  float m[2 * MT];  // running max (log2 units)
+  float l[2 * MT];  // this thread's part of the running sum
+};
+
+// Scales S to log2 units and applies the mask and the key bound (the kernel's slow path: masked attention
+// or a ragged last tile). s [MT][NT][4] accumulators of keys kv0.. for queries query[2 * MT].
+template <bool MASKED, int MT, int NT>
+__device__ __forceinline__ void scale_scores(float (&s)[MT][NT][4], const FlashParams& p, int b, int h, int kv0,
+                                             const int (&query)[2 * MT], int tig, bool check_keys) {
+  const float scale_log2 = p.scale * kLog2e;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kv0 + nt * 8 + tig * 2 + (e & 1);
+        float x = s[mt][nt][e] * scale_log2;
+        if constexpr (MASKED) {
+          const int qr = query[2 * mt + (e >> 1)];
+          const float mv = qr < p.sq && key < p.sk
+                               ? load_any(p.mask.ptr, p.mask.dtype,
+                                          b * p.mask.s0 + h * p.mask.s1 + int64_t(qr) * p.mask.s2 + int64_t(key) * p.mask.s3)
+                               : 0.0f;
+          x = (s[mt][nt][e] * p.scale + mv) * kLog2e;
+        }
+        if (check_keys && key >= p.sk) x = -INFINITY;
+        s[mt][nt][e] = x;
+      }
+}
+
+template <typename T, int DPAD, int MT, bool MASKED>
 __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const FlashParams p) {
-  constexpr int BN = kBlockN<DPAD>;
+  constexpr int BM = kBlockM<MT>;
+  constexpr int BN = kBlockN<DPAD, MT>;
   constexpr int PITCH = kPitch<DPAD>;
-  constexpr bool kQInRegs = DPAD <= 128;  // wider heads re-read Q fragments from shared memory (registers)
-  constexpr int kKSteps = DPAD / 16;      // k-steps of Q K^T
-  constexpr int kSTiles = BN / 8;         // n-tiles of S
-  constexpr int kOTiles = DPAD / 8;       // n-tiles of O
+  constexpr bool kQInRegs = MT * DPAD <= 128;  // else Q fragments are re-read from shared memory (registers)
+  constexpr int kKSteps = DPAD / 16;           // k-steps of Q K^T
+  constexpr int kSTiles = BN / 8;              // n-tiles of S
+  constexpr int kOTiles = DPAD / 8;            // n-tiles of O
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* qs = reinterpret_cast<T*>(smem_raw);  // [kBlockM][PITCH]
-  T* ks = qs + kBlockM * PITCH;            // [2][BN][PITCH]
+  T* qs = reinterpret_cast<T*>(smem_raw);  // [BM][PITCH]
+  T* ks = qs + BM * PITCH;                 // [2][BN][PITCH]
   T* vs = ks + 2 * BN * PITCH;             // [2][BN][PITCH]
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tig = lane & 3;
-  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kBlockM;
+  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BM;
   const int kvh = h / p.group;
   const T* qg = static_cast<const T*>(p.q) + b * p.qs0 + h * p.qs1 + int64_t(q0) * p.qs2;
   const T* kg = static_cast<const T*>(p.k) + b * p.ks0 + kvh * p.ks1;
   const T* vg = static_cast<const T*>(p.v) + b * p.vs0 + kvh * p.vs1;
   const int n_tiles = (p.sk + BN - 1) / BN;
 
-  load_tile<T, DPAD, kBlockM>(qs, qg, p.qs2, p.sq - q0, p.d);
+  load_tile<T, DPAD, BM>(qs, qg, p.qs2, p.sq - q0, p.d);
   load_tile<T, DPAD, BN>(ks, kg, p.ks2, min(BN, p.sk), p.d);
   load_tile<T, DPAD, BN>(vs, vg, p.vs2, min(BN, p.sk), p.d);
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
 
-  const int row0 = warp * 16 + g;  // this thread's rows in the block tile: row0 and row0 + 8
-  const int query[2] = {q0 + row0, q0 + row0 + 8};
-  uint32_t qf[kQInRegs ? kKSteps : 1][4];
+  const int wrow = warp * MT * kWarpRows;  // the warp's first row in the block tile
+  int query[2 * MT];
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r) query[r] = q0 + wrow + (r >> 1) * kWarpRows + g + (r & 1) * 8;
+  uint32_t qf[kQInRegs ? MT : 1][kQInRegs ? kKSteps : 1][4];
   if constexpr (kQInRegs) {
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) load_a_frag<PITCH>(qf[kk], qs, row0, kk * 16 + tig * 2);
-  }
-  float acc[kOTiles][4];
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-  for (int i = 0; i < kOTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // running max (log2 units) of rows row0, row0 + 8
-  float l_run[2] = {0.0f, 0.0f};            // this thread's part of the running sums
+      for (int kk = 0; kk < kKSteps; ++kk) load_a_frag<PITCH>(qf[mt][kk], qs, wrow + mt * kWarpRows, kk * 16, lane);
+  }
+  float acc[MT][kOTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < kOTiles; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.0f;
+  SoftmaxRows<MT> rows;
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r) rows.m[r] = -INFINITY, rows.l[r] = 0.0f;
   const float scale_log2 = p.scale * kLog2e;
+  // ldmatrix lane roles: matrix index (lane / 8) and row within it (lane % 8).
+  const int mi = lane >> 3, mr = lane & 7;
 
   for (int t = 0; t < n_tiles; ++t) {
     const int buf = t & 1;
@@ -169,143 +229,186 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const Fl
     const T* kt = ks + buf * BN * PITCH;
     const T* vt = vs + buf * BN * PITCH;
 
-    // S = Q K^T for 16 rows x BN keys.
-    float s[kSTiles][4];
+    // S = Q K^T for MT x 16 rows x BN keys; one ldmatrix.x4 gives the B fragments of two n-tiles.
+    float s[MT][kSTiles][4];
 #pragma unroll
-    for (int i = 0; i < kSTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < kSTiles; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
-      uint32_t a[4];
-      if constexpr (kQInRegs) {
-        a[0] = qf[kk][0];
-        a[1] = qf[kk][1];
-        a[2] = qf[kk][2];
-        a[3] = qf[kk][3];
-      } else {
-        load_a_frag<PITCH>(a, qs, row0, kk * 16 + tig * 2);
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (kQInRegs) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) a[mt][j] = qf[mt][kk][j];
+        } else {
+          load_a_frag<PITCH>(a[mt], qs, wrow + mt * kWarpRows, kk * 16, lane);
+        }
       }
 #pragma unroll
-      for (int nt = 0; nt < kSTiles; ++nt) {
-        const T* kr = kt + (nt * 8 + g) * PITCH + kk * 16 + tig * 2;
-        mma16816<T>(s[nt], a, *reinterpret_cast<const uint32_t*>(kr), *reinterpret_cast<const uint32_t*>(kr + 8));
+      for (int np = 0; np < kSTiles / 2; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, kt + (np * 16 + (mi >> 1) * 8 + mr) * PITCH + kk * 16 + (mi & 1) * 8);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816<T>(s[mt][2 * np], a[mt], kb[0], kb[1]);
+          mma16816<T>(s[mt][2 * np + 1], a[mt], kb[2], kb[3]);
+        }
       }
     }
 
-    // Scale, mask, bounds; scores to log2 units; the tile's row maxima.
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    // Scores to log2 units (mask and key bound where they apply); the tile's row maxima.
+    const bool ragged = kv0 + BN > p.sk;
+    if (MASKED || ragged) {
+      scale_scores<MASKED>(s, p, b, h, kv0, query, tig, ragged);
+    } else {
 #pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt) {
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ri = e >> 1;
-        const int key = kv0 + nt * 8 + tig * 2 + (e & 1);
-        float x;
-        if (key >= p.sk) {
-          x = -INFINITY;
-        } else if (p.mask.ptr) {
-          const int qr = query[ri];
-          const float mv = qr < p.sq ? load_any(p.mask.ptr, p.mask.dtype,
-                                                b * p.mask.s0 + h * p.mask.s1 + int64_t(qr) * p.mask.s2 + int64_t(key) * p.mask.s3)
-                                     : 0.0f;
-          x = (s[nt][e] * p.scale + mv) * kLog2e;
-        } else {
-          x = s[nt][e] * scale_log2;
+        for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
+    }
+    float m_use[2 * MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        const int r = 2 * mt + ri;
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kSTiles; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[mt][nt][2 * ri], s[mt][nt][2 * ri + 1]));
+        // The four threads of a quad hold the same row.
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float m_new = fmaxf(rows.m[r], tile_max);
+        m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: exps of -inf are 0, not NaN
+        const float alpha = fast_exp2(rows.m[r] - m_use[r]);
+        rows.m[r] = m_new;
+        float row_sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kSTiles; ++nt) {
+          s[mt][nt][2 * ri] = fast_exp2(s[mt][nt][2 * ri] - m_use[r]);
+          s[mt][nt][2 * ri + 1] = fast_exp2(s[mt][nt][2 * ri + 1] - m_use[r]);
+          row_sum += s[mt][nt][2 * ri] + s[mt][nt][2 * ri + 1];
         }
-        s[nt][e] = x;
-        tile_max[ri] = fmaxf(tile_max[ri], x);
+        rows.l[r] = rows.l[r] * alpha + row_sum;
+#pragma unroll
+        for (int ot = 0; ot < kOTiles; ++ot) {
+          acc[mt][ot][2 * ri] *= alpha;
+          acc[mt][ot][2 * ri + 1] *= alpha;
+        }
       }
-    }
-    float m_use[2], alpha[2], row_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      // The four threads of a quad hold the same two rows.
-      tile_max[ri] = fmaxf(tile_max[ri], __shfl_xor_sync(0xffffffffu, tile_max[ri], 1));
-      tile_max[ri] = fmaxf(tile_max[ri], __shfl_xor_sync(0xffffffffu, tile_max[ri], 2));
-      const float m_new = fmaxf(m_run[ri], tile_max[ri]);
-      m_use[ri] = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: exps of -inf are 0, not NaN
-      alpha[ri] = exp2f(m_run[ri] - m_use[ri]);
-      m_run[ri] = m_new;
-    }
-#pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = exp2f(s[nt][e] - m_use[e >> 1]);
-        row_sum[e >> 1] += s[nt][e];
-      }
-    }
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) l_run[ri] = l_run[ri] * alpha[ri] + row_sum[ri];
-#pragma unroll
-    for (int ot = 0; ot < kOTiles; ++ot) {
-      acc[ot][0] *= alpha[0];
-      acc[ot][1] *= alpha[0];
-      acc[ot][2] *= alpha[1];
-      acc[ot][3] *= alpha[1];
     }
 
     // O += P V: P's A fragments come straight from the S accumulators.
-    const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: matrix index and row of this lane's address
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                             pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int n2 = 0; n2 < DPAD / 16; ++n2) {
         uint32_t bv[4];
         ldmatrix_x4_trans(bv, vt + (kk * 16 + mr + (mi & 1) * 8) * PITCH + n2 * 16 + (mi >> 1) * 8);
-        mma16816<T>(acc[2 * n2], a, bv[0], bv[1]);
-        mma16816<T>(acc[2 * n2 + 1], a, bv[2], bv[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816<T>(acc[mt][2 * n2], a[mt], bv[0], bv[1]);
+          mma16816<T>(acc[mt][2 * n2 + 1], a[mt], bv[2], bv[3]);
+        }
       }
     }
     cp_async_wait_all();  // the next tile has landed
     __syncthreads();      // and every warp is done with this one
   }
 
-  float inv[2];
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    float l = l_run[ri];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[ri] = 1.0f / l;  // 0 for a fully masked row: NaN output, as the CPU backend gives
-  }
   T* og = static_cast<T*>(p.out) + (int64_t(b) * p.heads + h) * int64_t(p.sq) * p.d;
 #pragma unroll
-  for (int ot = 0; ot < kOTiles; ++ot) {
-    const int col = ot * 8 + tig * 2;
-    if (col >= p.d) continue;
+  for (int mt = 0; mt < MT; ++mt) {
+    float inv[2];
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri) {
-      if (query[ri] >= p.sq) continue;
-      *reinterpret_cast<uint32_t*>(og + int64_t(query[ri]) * p.d + col) = pack2<T>(acc[ot][2 * ri] * inv[ri], acc[ot][2 * ri + 1] * inv[ri]);
+      float l = rows.l[2 * mt + ri];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv[ri] = 1.0f / l;  // 0 for a fully masked row: NaN output, as the CPU backend gives
+    }
+#pragma unroll
+    for (int ot = 0; ot < kOTiles; ++ot) {
+      const int col = ot * 8 + tig * 2;
+      if (col >= p.d) continue;
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        const int qr = query[2 * mt + ri];
+        if (qr >= p.sq) continue;
+        *reinterpret_cast<uint32_t*>(og + int64_t(qr) * p.d + col) =
+            pack2<T>(acc[mt][ot][2 * ri] * inv[ri], acc[mt][ot][2 * ri + 1] * inv[ri]);
+      }
     }
   }
 }
 
-template <typename T, int DPAD>
-bool launch_flash(const FlashParams& p, int batch, size_t max_smem, cudaStream_t stream) {
-  constexpr size_t smem = flash_smem_bytes<T, DPAD>();
+template <typename T, int DPAD, int MT, bool MASKED>
+bool launch_flash_kernel(const FlashParams& p, int batch, size_t max_smem, cudaStream_t stream) {
+  constexpr size_t smem = flash_smem_bytes<T, DPAD, MT>();
   if (smem > max_smem) return false;
-  const auto kernel = flash_attention_kernel<T, DPAD>;
+  const auto kernel = flash_attention_kernel<T, DPAD, MT, MASKED>;
   if (smem > 48 * 1024) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned((p.sq + kBlockM - 1) / kBlockM), unsigned(p.heads), unsigned(batch));
+  const dim3 grid(unsigned((p.sq + kBlockM<MT> - 1) / kBlockM<MT>), unsigned(p.heads), unsigned(batch));
   kernel<<<grid, kFlashThreads, smem, stream>>>(p);
   ATELIER_CUDA_LAUNCHED();
   return true;
 }
 
+template <typename T, int DPAD, int MT>
+bool launch_flash(const FlashParams& p, int batch, size_t max_smem, cudaStream_t stream) {
+  if (p.mask.ptr) return launch_flash_kernel<T, DPAD, MT, true>(p, batch, max_smem, stream);
+  return launch_flash_kernel<T, DPAD, MT, false>(p, batch, max_smem, stream);
+}
+
+// Two m-tiles per warp (128-query blocks) halve the shared-memory traffic per FLOP but need the grid to fill
+// the card: taken when there are at least kMinWavesForWideBlocks blocks per multiprocessor, unless the
+// backend forces one height (`forced`: 64 or 128, from CudaBackend::set_flash_block_rows).
+constexpr int kMinWavesForWideBlocks = 2;
+struct FlashLaunch {
+  int batch;
+  int sm_count;
+  int forced_rows;
+  size_t max_smem;
+  cudaStream_t stream;
+};
+bool wide_blocks(const FlashParams& p, const FlashLaunch& l) {
+  if (l.forced_rows == 64 || l.forced_rows == 128) return l.forced_rows == 128;
+  const int64_t blocks = int64_t((p.sq + kBlockM<2> - 1) / kBlockM<2>) * p.heads * l.batch;
+  return blocks >= int64_t(kMinWavesForWideBlocks) * l.sm_count;
+}
+
+template <typename T, int DPAD>
+bool launch_flash_rows(const FlashParams& p, const FlashLaunch& l) {
+  if constexpr (DPAD <= 128) {
+    if (wide_blocks(p, l)) return launch_flash<T, DPAD, 2>(p, l.batch, l.max_smem, l.stream);
+  }
+  return launch_flash<T, DPAD, 1>(p, l.batch, l.max_smem, l.stream);
+}
+
 // Padded head dims with a compiled kernel: the smallest bucket >= the head dim is used.
 template <typename T>
-bool launch_flash_bucket(const FlashParams& p, int batch, size_t max_smem, cudaStream_t stream) {
-  if (p.d <= 32) return launch_flash<T, 32>(p, batch, max_smem, stream);
-  if (p.d <= 48) return launch_flash<T, 48>(p, batch, max_smem, stream);
-  if (p.d <= 64) return launch_flash<T, 64>(p, batch, max_smem, stream);
-  if (p.d <= 80) return launch_flash<T, 80>(p, batch, max_smem, stream);
-  if (p.d <= 96) return launch_flash<T, 96>(p, batch, max_smem, stream);
-  if (p.d <= 128) return launch_flash<T, 128>(p, batch, max_smem, stream);
-  if (p.d <= 160) return launch_flash<T, 160>(p, batch, max_smem, stream);
-  return launch_flash<T, 256>(p, batch, max_smem, stream);
+bool launch_flash_bucket(const FlashParams& p, const FlashLaunch& l) {
+  if (p.d <= 32) return launch_flash_rows<T, 32>(p, l);
+  if (p.d <= 48) return launch_flash_rows<T, 48>(p, l);
+  if (p.d <= 64) return launch_flash_rows<T, 64>(p, l);
+  if (p.d <= 80) return launch_flash_rows<T, 80>(p, l);
+  if (p.d <= 96) return launch_flash_rows<T, 96>(p, l);
+  if (p.d <= 128) return launch_flash_rows<T, 128>(p, l);
+  if (p.d <= 160) return launch_flash_rows<T, 160>(p, l);
+  return launch_flash_rows<T, 256>(p, l);
 }
 
 int64_t row_stride(const Tensor& t) { return t.size(2) == 1 ? t.size(3) : t.strides()[2]; }
@@ -343,8 +446,9 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
   p.scale = scale;
   p.mask = attention_mask_of(mask);
   NvtxRange range("attention_flash");
-  if (dt == DType::BF16) return launch_flash_bucket<__nv_bfloat16>(p, int(b), max_smem_optin_, stream_);
-  return launch_flash_bucket<__half>(p, int(b), max_smem_optin_, stream_);
+  const FlashLaunch launch{int(b), sm_count_, flash_block_rows_, max_smem_optin_, stream_};
+  if (dt == DType::BF16) return launch_flash_bucket<__nv_bfloat16>(p, launch);
+  return launch_flash_bucket<__half>(p, launch);
 }
 
 // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] (unit last stride, any other strides); mask a

@@ -80,6 +80,9 @@ class CudaBackend final : public Backend {
   // "cudnn <version>" or "im2col+gemm (cuDNN not loaded: <why>)": what kAuto uses on this machine.
   std::string conv_impl_name();
   void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
+  // Queries per block of the flash kernel: 64 or 128 (two m-tiles per warp), 0 = chosen per call from the
+  // grid size. Tests and benchmarks force each.
+  void set_flash_block_rows(int rows) { flash_block_rows_ = rows; }
   // Enqueues one GEMM (used by conv2d's im2col path and the general attention path too).
   void run_gemm(const GemmCall& call);
 
@@ -116,6 +119,7 @@ class CudaBackend final : public Backend {
   std::mutex nhwc_mu_;
   std::unordered_map<const void*, NhwcWeight> nhwc_weights_;
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
+  int flash_block_rows_ = 0;
 };
 
 // The backend of cuda:`index` (throws atelier::Error when that device is not available).
