@@ -426,11 +426,13 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
   plan->graph = build_graph(b, handle, dtype, s, p);
   if (!b.ok()) return decline(b.why());
 
-  // Engine configurations from heuristics mode A, or FALLBACK when A gives none that finalizes.
+  // Engine configurations from heuristics mode A, best first; FALLBACK's too when A gives none that
+  // finalizes, or when the plans are timed anyway (PyTorch's benchmark mode times both lists as well).
   std::vector<Candidate> candidates;
   std::string why = "heuristics gave no engine configuration";
   int offered = 0, refused = 0;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    if (mode == CUDNN_HEUR_MODE_FALLBACK && !candidates.empty() && !conv_graph_autotune()) break;
     for (Descriptor& cfg : engine_configs(a, plan->graph, mode, &why)) {
       ++offered;
       Candidate c;
@@ -442,7 +444,6 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
       c.cfg = std::move(cfg);
       if (make_plan(a, handle, c, &why)) candidates.push_back(std::move(c));
     }
-    if (!candidates.empty()) break;
   }
   if (candidates.empty())
     return decline(std::to_string(offered) + " configurations, " + std::to_string(refused) + " refused for numerics; " + why);
