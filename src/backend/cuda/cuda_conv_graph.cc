@@ -476,16 +476,23 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
       counters().autotuned.fetch_add(1);
     }
   }
+  std::string timings;  // "engine:ms" of every candidate, in the heuristics' order, for the log
+  if (log_enabled())
+    for (const Candidate& c : candidates) {
+      char item[48];
+      std::snprintf(item, sizeof item, " %lld:%.4f", (long long)c.engine.index, double(c.ms));
+      timings += item;
+    }
   plan->chosen = std::move(candidates[best]);
   plan->valid = true;
   counters().plans.fetch_add(1);
   if (log_enabled())
     std::fprintf(stderr,
                  "[cudnn graph] %s: %d configurations (%d refused for numerics), %zu plans; engine %lld%s, workspace %lld B, "
-                 "%.4f ms (heuristics' first: %.4f ms)\n",
+                 "%.4f ms (heuristics' first: %.4f ms); engine:ms%s\n",
                  what.c_str(), offered, refused, candidates.size(), (long long)plan->chosen.engine.index,
                  plan->chosen.engine.runtime_compiled ? " (runtime-compiled)" : "", (long long)plan->chosen.workspace,
-                 double(plan->chosen.ms), double(first_ms));
+                 double(plan->chosen.ms), double(first_ms), timings.c_str());
   return plan;
 }
 
