@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +35,9 @@ constexpr int64_t kAlignment = 16;                       // bytes, declared for 
 constexpr int kMaxEngineConfigs = 16;                    // configurations asked of each heuristics mode
 constexpr int64_t kMaxWorkspace = int64_t(256) << 20;    // plans needing more are skipped
 constexpr int kTimedRuns = 2;                            // timed executions per candidate, after one warm-up
+// Host time one shape's planning may take before no further candidates are finalized or timed (the best so
+// far is kept): runtime-compiled engines compile at finalize, and a long list of them must not stall a run.
+constexpr std::chrono::milliseconds kPlanningBudget{3000};
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;       // tensor uids in the graph and the variant pack
 
 bool env_is(const char* name, const char* value) {
@@ -416,6 +420,9 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
   Plan* plan = owned.get();
   plans_.emplace(key, std::move(owned));
   const std::string what = log_enabled() ? shape_text(dtype, s, p) : std::string();
+  const auto deadline = std::chrono::steady_clock::now() + kPlanningBudget;
+  const auto over_budget = [&] { return std::chrono::steady_clock::now() > deadline; };
+  bool budget_cut = false;
   auto decline = [&](const std::string& why) -> Plan* {
     counters().declined.fetch_add(1);
     if (log_enabled()) std::fprintf(stderr, "[cudnn graph] %s: legacy path (%s)\n", what.c_str(), why.c_str());
@@ -442,6 +449,10 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
         continue;
       }
       c.cfg = std::move(cfg);
+      if (!candidates.empty() && over_budget()) {
+        budget_cut = true;
+        break;
+      }
       if (make_plan(a, handle, c, &why)) candidates.push_back(std::move(c));
     }
   }
@@ -464,6 +475,10 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
     if (events.ok && (max_ws == 0 || ws)) {
       bool any = false;
       for (size_t i = 0; i < candidates.size(); ++i) {
+        if (any && over_budget()) {
+          budget_cut = true;
+          break;
+        }
         Candidate& c = candidates[i];
         c.ms = time_plan(a, handle, stream_, events, c, y, x, w, ws ? ws->data() : nullptr);
         if (i == 0) first_ms = c.ms;
@@ -489,10 +504,10 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
   if (log_enabled())
     std::fprintf(stderr,
                  "[cudnn graph] %s: %d configurations (%d refused for numerics), %zu plans; engine %lld%s, workspace %lld B, "
-                 "%.4f ms (heuristics' first: %.4f ms); engine:ms%s\n",
+                 "%.4f ms (heuristics' first: %.4f ms)%s; engine:ms%s\n",
                  what.c_str(), offered, refused, candidates.size(), (long long)plan->chosen.engine.index,
                  plan->chosen.engine.runtime_compiled ? " (runtime-compiled)" : "", (long long)plan->chosen.workspace,
-                 double(plan->chosen.ms), double(first_ms), timings.c_str());
+                 double(plan->chosen.ms), double(first_ms), budget_cut ? ", planning budget reached" : "", timings.c_str());
   return plan;
 }
 
