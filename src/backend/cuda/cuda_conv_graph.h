@@ -2,8 +2,9 @@
 // graph with one convolution-forward node over channels-last tensors, engine configurations from cuDNN's
 // heuristics (mode A, best first; FALLBACK's list too when the plans are timed or A gives nothing usable),
 // one execution plan per configuration that finalizes, and, as cudnn.benchmark does, each plan timed once per
-// shape on the real buffers (CUDA events) with the fastest kept (within a planning budget of 3 s a shape). The legacy descriptor API (ConvEngine's other path) tops out near 100-250 TFLOP/s on
-// SD's bf16 3x3 convolutions on an H200 where these plans reach 330-340.
+// shape on the real buffers (CUDA events) with the fastest kept (within a planning budget of 3 s a shape).
+// Why: the legacy descriptor API (ConvEngine's other path) reached 97-402 TFLOP/s on SD's bf16 3x3
+// convolutions on an H200 where PyTorch, through graph-API plans, reaches 328-495 (2026-11-29).
 //
 // Scope: bf16/f16 data, f32 accumulation, NHWC buffers, groups 1, 2-D, cross-correlation. f32 stays on the
 // legacy path (its strict-f32 filter is proven there). Anything this path cannot plan or run answers false
