@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_conv_graph.h"
+#include "backend/graph_runner.h"
 #include "backend/ops.h"
 #include "cuda_test_util.h"
 #include "ops_test_util.h"
@@ -123,7 +125,8 @@ TEST(CudaOps, Conv2dMatchesCpuThroughBothPaths) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
   std::printf("[ conv     ] auto path: %s\n", test::cuda_be().conv_impl_name().c_str());
-  // auto: cuDNN channels-last for bf16/f16 (transposes around the call), NCHW for f32 and groups.
+  // auto: cuDNN channels-last for bf16/f16 (transposes around the call; the graph API first, the legacy API
+  // for what it declines), legacy NCHW for f32 and groups.
   for (cuda::ConvImpl impl : {cuda::ConvImpl::kAuto, cuda::ConvImpl::kCudnnNchw, cuda::ConvImpl::kIm2col}) {
     test::cuda_be().set_conv_impl(impl);
     const std::string path = impl == cuda::ConvImpl::kIm2col ? "im2col" : impl == cuda::ConvImpl::kCudnnNchw ? "cudnn-nchw" : "auto";
@@ -162,6 +165,102 @@ TEST(CudaOps, Conv2dCudnnWhenItLoads) {
         else std::printf("[ conv     ] cuDNN declines %s in %s: %s\n", what.c_str(), std::string(dtype_name(dt)).c_str(), e.what());
       }
     }
+  }
+}
+
+// Restores the graph-API switch of the convolutions when a test ends.
+struct ConvGraphGuard {
+  bool was = cuda::conv_graph_enabled();
+  ~ConvGraphGuard() { cuda::set_conv_graph_enabled(was); }
+};
+
+// Whether bf16/f16 channels-last convolutions go through cuDNN's graph API on this machine (the path name
+// says so: "cudnn 9.x.y (graph API, ...)").
+bool graph_api_in_use() { return test::cuda_be().conv_impl_name().find("(graph API") != std::string::npos; }
+
+// SD-sized convolutions in bf16/f16 through the auto path (cuDNN's graph API when it plans the shape, the
+// legacy API otherwise) and again with the graph API switched off, each against the CPU. Where the graph API
+// is in use, SD's own convolutions (channel counts multiples of 8) must run on it: a graph path that silently
+// declines everything would only cost speed, and this is where it shows.
+TEST(CudaOps, Conv2dGraphApiAtSdShapes) {
+  ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
+  ConvGraphGuard restore_graph;
+  struct Case {
+    Shape x, w;
+    Conv2dParams p;
+    bool sd_layer;  // must take the graph path when it is in use
+    const char* what;
+  };
+  const Case cases[] = {
+      {{2, 320, 17, 13}, {320, 320, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, true, "3x3, odd spatial sizes"},
+      {{1, 640, 15, 17}, {640, 640, 3, 3}, {2, 2, 1, 1, 1, 1, 1}, true, "3x3 stride 2 (downsampler), odd input"},
+      {{2, 640, 16, 16}, {1280, 640, 1, 1}, {1, 1, 0, 0, 1, 1, 1}, true, "1x1 shortcut"},
+      {{1, 1280, 8, 8}, {1280, 1280, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, true, "3x3 at 1280 channels"},
+      {{1, 64, 20, 18}, {64, 64, 3, 3}, {1, 1, 0, 0, 1, 1, 1}, true, "3x3 padding 0"},
+      {{1, 512, 12, 10}, {512, 512, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, true, "VAE 3x3 at 512"},
+      {{1, 4, 24, 24}, {320, 4, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, false, "UNet conv_in, 4 channels"},
+      {{1, 128, 24, 20}, {3, 128, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, false, "VAE conv_out, 3 outputs"},
+  };
+  const bool graph_api = graph_api_in_use();
+  std::printf("[ conv     ] path: %s\n", test::cuda_be().conv_impl_name().c_str());
+  for (bool graph_on : {true, false}) {
+    cuda::set_conv_graph_enabled(graph_on);
+    for (const Case& c : cases) {
+      const int64_t fan_in = c.w[1] * c.w[2] * c.w[3];
+      const Tensor x = random_tensor(c.x, 41), w = random_tensor(c.w, 42, 1.0f / std::sqrt(float(fan_in)));
+      const Tensor b = random_tensor({c.w[0]}, 43);
+      const Conv2dParams p = c.p;
+      const auto fn = [p](const std::vector<Tensor>& in) { return ops::conv2d(in[0], in[1], in[2], p); };
+      const std::string what = std::string("conv2d ") + (graph_on ? "graph-api " : "legacy-api ") + c.what;
+      for (DType dt : kLowp) {
+        const int64_t runs_before = cuda::conv_graph_stats().runs;
+        EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b}), dt);
+        const int64_t runs = cuda::conv_graph_stats().runs - runs_before;
+        if (!graph_on) EXPECT_EQ(runs, 0) << what << ": the graph API ran while switched off";
+        else if (graph_api && c.sd_layer) EXPECT_GT(runs, 0) << what << " [" << dtype_name(dt) << "]: graph API declined it";
+        else if (graph_on) std::printf("[ conv     ] %s [%s]: %s\n", what.c_str(), std::string(dtype_name(dt)).c_str(),
+                                       runs > 0 ? "graph API" : "legacy API");
+      }
+    }
+  }
+  const cuda::ConvGraphStats st = cuda::conv_graph_stats();
+  std::printf("[ figures  ] graph API: %lld shapes planned (%lld by timing), %lld declined, %lld runs\n", (long long)st.plans,
+              (long long)st.autotuned, (long long)st.declined, (long long)st.runs);
+}
+
+// Convolutions inside a recorded CUDA graph: with a warm-up call the recording executes the plan planned
+// eagerly; without one the shape is new during the recording, which the graph path declines (no timing while
+// capturing) so the legacy path records it. Replays must equal the eager result either way.
+TEST(CudaOps, Conv2dGraphApiUnderCudaGraphCapture) {
+  ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
+  ConvGraphGuard restore_graph;
+  cuda::set_conv_graph_enabled(true);
+  const Conv2dParams p{1, 1, 1, 1, 1, 1, 1};
+  for (int warmup : {1, 0}) {
+    // A channel count of its own per warm-up setting: the second loop must meet a shape never planned.
+    const int64_t c = warmup == 1 ? 96 : 104;
+    const Tensor w = to_gpu(random_tensor({c, c, 3, 3}, 51, 0.05f), DType::BF16);
+    const Tensor b = to_gpu(random_tensor({c}, 52), DType::BF16);
+    const auto fn = [&](const std::vector<Tensor>& in) { return ops::conv2d(in[0], w, b, p); };
+    GraphRunner::Options options;
+    options.warmup = warmup;
+    GraphRunner runner(options);
+    for (int call = 0; call < 4; ++call) {
+      const Tensor x = to_gpu(random_tensor({2, c, 12, 14}, 60 + call), DType::BF16);
+      const Tensor got = runner.run({x}, cuda0(), fn);
+      const Tensor want = fn({x});  // eager, after the shape is planned
+      const double err = test::rel_l2(got.to_vector(), want.to_vector());
+      // The recorded path and the eager one may be different kernels only when the recording had to take
+      // the legacy path (warm-up 0): then bf16 rounding differences are allowed.
+      EXPECT_LE(err, warmup == 1 ? 1e-6 : 1e-2) << "warm-up " << warmup << ", call " << call;
+    }
+    const GraphRunner::Stats s = runner.stats();
+    std::printf("[ figures  ] conv under capture, warm-up %d: %lld captures, %lld replays, %lld failures%s%s\n", warmup,
+                (long long)s.captures, (long long)s.replays, (long long)s.capture_failures,
+                s.last_failure.empty() ? "" : ": ", s.last_failure.c_str());
+    EXPECT_EQ(s.captures, 1) << "warm-up " << warmup << ": " << s.last_failure;
   }
 }
 

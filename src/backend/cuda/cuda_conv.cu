@@ -1,6 +1,7 @@
 // 2-D convolution on the GPU: cuDNN (loaded at run time, see cuda_conv.h), or im2col + cuBLASLt GEMM when
 // cuDNN is missing or rejects a case. Bias is added by a small kernel after either.
 #include "backend/cuda/cuda_conv.h"
+#include "backend/cuda/cuda_conv_graph.h"
 
 #include <cudnn.h>
 #include <dlfcn.h>
@@ -34,6 +35,7 @@ struct CudnnApi {
 #define ATELIER_CUDNN_MEMBER(name) decltype(&::name) name = nullptr;
   ATELIER_CUDNN_FUNCTIONS(ATELIER_CUDNN_MEMBER)
 #undef ATELIER_CUDNN_MEMBER
+  void* library = nullptr;  // the dlopen handle (ConvGraph looks the backend API up in it)
 };
 
 namespace {
@@ -59,6 +61,7 @@ const CudnnApi* load_cudnn(std::string* why) {
       return nullptr;
     }
     auto* a = new CudnnApi();
+    a->library = lib;
 #define ATELIER_CUDNN_LOAD(name)                                            \
   a->name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));         \
   if (!a->name) {                                                           \
@@ -223,9 +226,20 @@ ConvEngine::ConvEngine(int device, cudaStream_t stream) : device_(device), strea
   api_ = api;
   const size_t v = api->cudnnGetVersion();
   version_ = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+  graph_ = std::make_unique<ConvGraph>(api->library, handle_, stream_);
 }
 
 ConvEngine::~ConvEngine() { plans_.clear(); }  // the handle lives as long as the process
+
+std::string ConvEngine::version() const {
+  if (!graph_ || !graph_->available()) {
+    const std::string why = graph_ ? graph_->why_unavailable() : std::string("not loaded");
+    return version_ + " (legacy API; graph API unavailable: " + why + ")";
+  }
+  if (!conv_graph_enabled()) return version_ + " (legacy API; graph API off by ATELIER_CUDNN_GRAPH=0)";
+  return version_ + (conv_graph_autotune() ? " (graph API, autotuned" : " (graph API, heuristics' first plan") +
+         "; legacy API for f32 and groups)";
+}
 
 ConvEngine::Plan* ConvEngine::plan_for(const ConvShape& s, const Conv2dParams& p, DType dtype, bool strict_f32, void* y,
                                        const void* x, const void* w, DeviceAllocator& alloc, bool nhwc) {
@@ -297,6 +311,7 @@ bool ConvEngine::forward(void* y, const void* x, const void* w, DType dtype, con
   if (!api_) return false;
   std::lock_guard<std::mutex> lock(mu_);
   DeviceGuard guard(device_);
+  if (nhwc && graph_ && graph_->forward(y, x, w, dtype, s, p, alloc)) return true;
   Plan* plan = plan_for(s, p, dtype, strict_f32, y, x, w, alloc, nhwc);
   if (!plan) return false;
   std::shared_ptr<Buffer> ws = plan->workspace ? alloc.allocate(plan->workspace) : nullptr;

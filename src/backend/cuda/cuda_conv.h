@@ -1,10 +1,13 @@
-// Convolution through cuDNN's legacy descriptor API (NCHW), loaded at run time with dlopen: a machine
+// Convolution through cuDNN, loaded at run time with dlopen: a machine
 // without cuDNN (or with another major version) still runs every model through the im2col + GEMM path
 // (CudaBackend::conv2d_im2col), and the binary has no link-time dependency on cuDNN.
 // Search order: $ATELIER_CUDNN_LIBRARY, then libcudnn.so.9 on the loader's path; ATELIER_CUDNN=0 disables it.
 // Algorithms come from cuDNN's heuristics (cudnnGetConvolutionForwardAlgorithm_v7), or from timing them
 // once per shape (cudnnFindConvolutionForwardAlgorithmEx) when ATELIER_CUDNN_FIND=1. In strict f32 mode
 // (no TF32) only FMA-math GEMM-family algorithms are taken, whose results match the CPU to f32 rounding.
+// Channels-last bf16/f16 convolutions first try cuDNN's graph API (ConvGraph, cuda_conv_graph.h: heuristics
+// mode A plus timing of the candidate plans, as PyTorch's cudnn.benchmark does); what it declines, and
+// everything else, runs through the legacy descriptor API above.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -20,6 +23,7 @@
 namespace atelier::cuda {
 
 struct CudnnApi;
+class ConvGraph;
 
 // Shapes of one convolution: x [n, c, h, w], w [o, c/groups, kh, kw], y [n, o, ho, wo].
 struct ConvShape {
@@ -31,11 +35,14 @@ class ConvEngine {
   ConvEngine(int device, cudaStream_t stream);
   ~ConvEngine();
   bool available() const { return api_ != nullptr; }
-  std::string version() const { return version_; }
+  // cuDNN's version and the path bf16/f16 channels-last convolutions take, e.g. "9.14.0 (graph API,
+  // autotuned; legacy API for f32)" or "9.14.0 (legacy API)".
+  std::string version() const;
   const std::string& why_unavailable() const { return why_; }
   // Enqueues y = conv(x, w) (no bias). Returns false when cuDNN has no algorithm for the case, so that the
   // caller takes another path; throws on a failed launch.
-  // nhwc: x [n, h, w, c], w [o, kh, kw, c], y [n, ho, wo, o] (channels last) instead of NCHW.
+  // nhwc: x [n, h, w, c], w [o, kh, kw, c], y [n, ho, wo, o] (channels last) instead of NCHW; bf16/f16
+  // ungrouped cases then try the graph API first (unless conv_graph_enabled() is off).
   bool forward(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p, bool strict_f32,
                DeviceAllocator& alloc, bool nhwc = false);
 
@@ -52,6 +59,7 @@ class ConvEngine {
   std::string version_, why_;
   std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::unique_ptr<ConvGraph> graph_;  // null when cuDNN did not load
 };
 
 }  // namespace atelier::cuda

@@ -1,0 +1,536 @@
+// Convolution through cuDNN's graph (backend) API: see cuda_conv_graph.h. Every cuDNN status is checked; a
+// failure anywhere declines the case (false) so that the legacy path runs it.
+#include "backend/cuda/cuda_conv_graph.h"
+
+#include <cudnn.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+namespace atelier::cuda {
+
+// --- cuDNN backend entry points (looked up in the library ConvEngine loaded) -----------------------------------
+
+#define ATELIER_CUDNN_GRAPH_FUNCTIONS(X)                                                             \
+  X(cudnnGetErrorString) X(cudnnBackendCreateDescriptor) X(cudnnBackendDestroyDescriptor)           \
+  X(cudnnBackendSetAttribute) X(cudnnBackendGetAttribute) X(cudnnBackendFinalize) X(cudnnBackendExecute)
+
+struct CudnnGraphApi {
+#define ATELIER_CUDNN_GRAPH_MEMBER(name) decltype(&::name) name = nullptr;
+  ATELIER_CUDNN_GRAPH_FUNCTIONS(ATELIER_CUDNN_GRAPH_MEMBER)
+#undef ATELIER_CUDNN_GRAPH_MEMBER
+};
+
+// Helpers live in a named namespace (not an anonymous one): ConvGraph::Plan holds their types.
+namespace conv_graph_detail {
+
+constexpr int64_t kAlignment = 16;                       // bytes, declared for every tensor (pointers checked)
+constexpr int kMaxEngineConfigs = 16;                    // configurations asked of each heuristics mode
+constexpr int64_t kMaxWorkspace = int64_t(256) << 20;    // plans needing more are skipped
+constexpr int kTimedRuns = 2;                            // timed executions per candidate, after one warm-up
+// Host time one shape's planning may take before no further candidates are finalized or timed (the best so
+// far is kept): runtime-compiled engines compile at finalize, and a long list of them must not stall a run.
+constexpr std::chrono::milliseconds kPlanningBudget{3000};
+constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;       // tensor uids in the graph and the variant pack
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
+}
+
+std::atomic<bool>& enabled_flag() {
+  static std::atomic<bool> on{!env_is("ATELIER_CUDNN_GRAPH", "0")};
+  return on;
+}
+
+struct Counters {
+  std::atomic<int64_t> plans{0}, declined{0}, autotuned{0}, runs{0};
+};
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+
+bool log_enabled() {
+  static const bool on = env_is("ATELIER_CUDNN_LOG", "1");
+  return on;
+}
+
+const CudnnGraphApi* load_graph_api(void* library, std::string* why) {
+  if (!library) {
+    *why = "no cuDNN library handle";
+    return nullptr;
+  }
+  auto api = std::make_unique<CudnnGraphApi>();
+#define ATELIER_CUDNN_GRAPH_LOAD(name)                                       \
+  api->name = reinterpret_cast<decltype(&::name)>(dlsym(library, #name));    \
+  if (!api->name) {                                                          \
+    *why = std::string("cuDNN lacks ") + #name;                              \
+    return nullptr;                                                          \
+  }
+  ATELIER_CUDNN_GRAPH_FUNCTIONS(ATELIER_CUDNN_GRAPH_LOAD)
+#undef ATELIER_CUDNN_GRAPH_LOAD
+  return api.release();  // one per device, kept for the process's life (like the library)
+}
+
+// One backend descriptor, destroyed with its owner (move-only).
+class Descriptor {
+ public:
+  Descriptor() = default;
+  Descriptor(const CudnnGraphApi* api, cudnnBackendDescriptorType_t type) : api_(api) {
+    if (api_->cudnnBackendCreateDescriptor(type, &d_) != CUDNN_STATUS_SUCCESS) d_ = nullptr;
+  }
+  Descriptor(Descriptor&& o) noexcept : api_(o.api_), d_(std::exchange(o.d_, nullptr)) {}
+  Descriptor& operator=(Descriptor&& o) noexcept {
+    if (this != &o) {
+      reset();
+      api_ = o.api_;
+      d_ = std::exchange(o.d_, nullptr);
+    }
+    return *this;
+  }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  ~Descriptor() { reset(); }
+  cudnnBackendDescriptor_t get() const { return d_; }
+  explicit operator bool() const { return d_ != nullptr; }
+
+ private:
+  void reset() {
+    if (d_) api_->cudnnBackendDestroyDescriptor(d_);
+    d_ = nullptr;
+  }
+  const CudnnGraphApi* api_ = nullptr;
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+// Builds descriptors, keeping the first failure's reason; every call after a failure does nothing, so a
+// builder function reads as a straight list of attributes and checks ok() once at the end.
+class Builder {
+ public:
+  explicit Builder(const CudnnGraphApi& api) : a_(api) {}
+  bool ok() const { return why_.empty(); }
+  const std::string& why() const { return why_; }
+
+  Descriptor create(cudnnBackendDescriptorType_t type, const char* what) {
+    if (!ok()) return Descriptor();
+    Descriptor d(&a_, type);
+    if (!d) why_ = std::string("create ") + what + " failed";
+    return d;
+  }
+  void set(const Descriptor& d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
+           const void* value, const char* what) {
+    if (ok()) check(a_.cudnnBackendSetAttribute(d.get(), name, type, count, value), what);
+  }
+  void set_descriptor(const Descriptor& d, cudnnBackendAttributeName_t name, const Descriptor& value, const char* what) {
+    cudnnBackendDescriptor_t v = value.get();
+    set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, what);
+  }
+  void finalize(const Descriptor& d, const char* what) {
+    if (ok()) check(a_.cudnnBackendFinalize(d.get()), what);
+  }
+  void check(cudnnStatus_t st, const char* what) {
+    if (st != CUDNN_STATUS_SUCCESS && ok()) why_ = std::string(what) + ": " + a_.cudnnGetErrorString(st);
+  }
+  // The handle attributes of operation graphs and plans are deprecated in later cuDNN 9 releases (the
+  // handle comes with cudnnBackendExecute): a refusal to take one is not a failure; a missing handle that
+  // the release did need shows up as a failed finalize.
+  void set_handle(const Descriptor& d, cudnnBackendAttributeName_t name, cudnnHandle_t handle) {
+    if (ok()) a_.cudnnBackendSetAttribute(d.get(), name, CUDNN_TYPE_HANDLE, 1, &handle);
+  }
+
+ private:
+  const CudnnGraphApi& a_;
+  std::string why_;
+};
+
+cudnnDataType_t data_type(DType t) { return t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
+
+// A channels-last buffer [n, h, w, c] described as the graph API wants it: dims in NCHW order with the
+// strides of the NHWC layout.
+Descriptor tensor(Builder& b, int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w) {
+  Descriptor t = b.create(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor");
+  const int64_t dims[4] = {n, c, h, w};
+  const int64_t strides[4] = {h * w * c, 1, w * c, c};
+  b.set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "tensor data type");
+  b.set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims, "tensor dims");
+  b.set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides, "tensor strides");
+  b.set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor uid");
+  b.set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &kAlignment, "tensor alignment");
+  b.finalize(t, "tensor finalize");
+  return t;
+}
+
+// The operation graph of one convolution: x [n, h, w, c] * w [o, kh, kw, c] -> y [n, ho, wo, o], f32 compute.
+struct OpGraph {
+  Descriptor x, w, y, conv, op, graph;
+};
+
+OpGraph build_graph(Builder& b, cudnnHandle_t handle, DType dtype, const ConvShape& s, const Conv2dParams& p) {
+  OpGraph g;
+  const cudnnDataType_t dt = data_type(dtype);
+  g.x = tensor(b, kUidX, dt, s.n, s.c, s.h, s.w);
+  g.w = tensor(b, kUidW, dt, s.o, s.c, s.kh, s.kw);
+  g.y = tensor(b, kUidY, dt, s.n, s.o, s.ho, s.wo);
+
+  g.conv = b.create(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, "convolution");
+  const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  const int64_t spatial = 2;
+  const int64_t pad[2] = {p.pad_h, p.pad_w}, stride[2] = {p.stride_h, p.stride_w}, dilation[2] = {p.dilation_h, p.dilation_w};
+  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, "conv compute type");
+  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode, "conv mode");
+  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial, "conv spatial dims");
+  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad, "conv pre paddings");
+  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad, "conv post paddings");
+  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride, "conv strides");
+  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation, "conv dilations");
+  b.finalize(g.conv, "conv finalize");
+
+  g.op = b.create(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, "conv forward op");
+  const float alpha = 1.0f, beta = 0.0f;  // float scalars: the compute type is float
+  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, g.x, "op x");
+  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, g.w, "op w");
+  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, g.y, "op y");
+  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, g.conv, "op conv desc");
+  b.set(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha, "op alpha");
+  b.set(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta, "op beta");
+  b.finalize(g.op, "op finalize");
+
+  g.graph = b.create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
+  b.set_descriptor(g.graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, g.op, "graph ops");
+  b.set_handle(g.graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle);
+  b.finalize(g.graph, "graph finalize");
+  return g;
+}
+
+// What the engine behind a configuration is, and whether its numerics are acceptable here: reductions in
+// 16 bits, FFT and Winograd (transforms lose accuracy in 16-bit data) and nondeterministic engines are
+// refused; everything else the heuristics offer is kept (PyTorch keeps the same and more).
+struct EngineInfo {
+  int64_t index = -1;  // cuDNN's global engine index, for the log
+  bool acceptable = true;
+  bool runtime_compiled = false;
+};
+
+EngineInfo engine_info(const CudnnGraphApi& a, const Descriptor& cfg) {
+  EngineInfo info;
+  Descriptor engine(&a, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  if (!engine) return info;
+  cudnnBackendDescriptor_t e = engine.get();
+  int64_t count = 0;
+  if (a.cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &e) !=
+          CUDNN_STATUS_SUCCESS ||
+      count != 1)
+    return info;
+  if (a.cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &count, &info.index) !=
+      CUDNN_STATUS_SUCCESS)
+    info.index = -1;
+  constexpr int kMaxNotes = 32;  // more than any cuDNN 9 release defines
+  cudnnBackendNumericalNote_t notes[kMaxNotes];
+  int64_t n = 0;
+  if (a.cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, kMaxNotes, &n, notes) ==
+      CUDNN_STATUS_SUCCESS) {
+    for (int64_t i = 0; i < std::min<int64_t>(n, kMaxNotes); ++i) {
+      switch (notes[i]) {
+        case CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION:
+        case CUDNN_NUMERICAL_NOTE_FFT:
+        case CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC:
+        case CUDNN_NUMERICAL_NOTE_WINOGRAD:
+        case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4:
+        case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6:
+        case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13: info.acceptable = false; break;
+        default: break;
+      }
+    }
+  }
+  cudnnBackendBehaviorNote_t behaviour[kMaxNotes];
+  if (a.cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE, kMaxNotes, &n, behaviour) ==
+      CUDNN_STATUS_SUCCESS) {
+    for (int64_t i = 0; i < std::min<int64_t>(n, kMaxNotes); ++i)
+      if (behaviour[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) info.runtime_compiled = true;
+  }
+  return info;
+}
+
+// Up to kMaxEngineConfigs finalized engine configurations for the graph from one heuristics mode, best first.
+std::vector<Descriptor> engine_configs(const CudnnGraphApi& a, const OpGraph& g, cudnnBackendHeurMode_t mode, std::string* why) {
+  Builder b(a);
+  Descriptor heur = b.create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics");
+  b.set_descriptor(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g.graph, "heuristics graph");
+  b.set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
+  b.finalize(heur, "heuristics finalize");
+  std::vector<Descriptor> cfgs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int i = 0; i < kMaxEngineConfigs && b.ok(); ++i) {
+    cfgs.push_back(b.create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
+    raw.push_back(cfgs.back().get());
+  }
+  int64_t count = 0;
+  if (b.ok())
+    b.check(a.cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                       kMaxEngineConfigs, &count, raw.data()),
+            "heuristics results");
+  if (!b.ok()) {
+    *why = b.why();
+    return {};
+  }
+  cfgs.resize(size_t(std::clamp<int64_t>(count, 0, kMaxEngineConfigs)));
+  return cfgs;
+}
+
+// One execution plan that finalized, with what it needs.
+struct Candidate {
+  Descriptor cfg, plan;
+  int64_t workspace = 0;
+  EngineInfo engine;
+  float ms = -1.0f;  // timed mean per run; negative: not timed
+};
+
+bool make_plan(const CudnnGraphApi& a, cudnnHandle_t handle, Candidate& c, std::string* why) {
+  Builder b(a);
+  c.plan = b.create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+  b.set_handle(c.plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle);
+  b.set_descriptor(c.plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, c.cfg, "plan engine config");
+  b.finalize(c.plan, "plan finalize");
+  int64_t count = 0;
+  if (b.ok())
+    b.check(a.cudnnBackendGetAttribute(c.plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &count,
+                                       &c.workspace),
+            "plan workspace size");
+  if (!b.ok()) {
+    *why = b.why();
+    return false;
+  }
+  if (c.workspace < 0 || c.workspace > kMaxWorkspace) {
+    *why = "plan needs " + std::to_string(c.workspace) + " B of workspace";
+    return false;
+  }
+  return true;
+}
+
+// Enqueues one execution of `plan` over x, w, y (the workspace as large as the plan asked for).
+bool execute(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& plan, void* y, const void* x, const void* w,
+             void* workspace, std::string* why) {
+  Builder b(a);
+  Descriptor pack = b.create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
+  const int64_t uids[3] = {kUidX, kUidW, kUidY};
+  void* pointers[3] = {const_cast<void*>(x), const_cast<void*>(w), y};
+  b.set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids, "pack uids");
+  b.set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, pointers, "pack pointers");
+  b.set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "pack workspace");
+  b.finalize(pack, "pack finalize");
+  if (b.ok()) b.check(a.cudnnBackendExecute(handle, plan.get(), pack.get()), "execute");
+  if (!b.ok()) {
+    *why = b.why();
+    return false;
+  }
+  return true;
+}
+
+// CUDA events for timing plans, destroyed with the timer.
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  bool ok = false;
+  EventPair() { ok = cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess; }
+  ~EventPair() {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+  }
+};
+
+// Mean milliseconds of kTimedRuns executions after one warm-up (which also loads the kernels), or -1 when an
+// execution fails. Synchronises on the stop event: never called while the stream is being captured.
+float time_plan(const CudnnGraphApi& a, cudnnHandle_t handle, cudaStream_t stream, const EventPair& ev, const Candidate& c,
+                void* y, const void* x, const void* w, void* workspace) {
+  std::string why;
+  if (!execute(a, handle, c.plan, y, x, w, workspace, &why)) return -1.0f;
+  if (cudaEventRecord(ev.start, stream) != cudaSuccess) return -1.0f;
+  for (int i = 0; i < kTimedRuns; ++i)
+    if (!execute(a, handle, c.plan, y, x, w, workspace, &why)) return -1.0f;
+  float ms = 0.0f;
+  if (cudaEventRecord(ev.stop, stream) != cudaSuccess || cudaEventSynchronize(ev.stop) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, ev.start, ev.stop) != cudaSuccess)
+    return -1.0f;
+  return ms / float(kTimedRuns);
+}
+
+std::string shape_text(DType dtype, const ConvShape& s, const Conv2dParams& p) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld] stride %d,%d pad %d,%d dil %d,%d",
+                dtype == DType::BF16 ? "bf16" : "f16", (long long)s.n, (long long)s.c, (long long)s.h, (long long)s.w,
+                (long long)s.o, (long long)s.kh, (long long)s.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h,
+                p.dilation_w);
+  return buf;
+}
+
+}  // namespace conv_graph_detail
+
+using namespace conv_graph_detail;
+
+// --- public switches and counters ---------------------------------------------------------------------------------
+
+ConvGraphStats conv_graph_stats() {
+  const Counters& c = counters();
+  return ConvGraphStats{c.plans.load(), c.declined.load(), c.autotuned.load(), c.runs.load()};
+}
+
+bool conv_graph_enabled() { return enabled_flag().load(); }
+void set_conv_graph_enabled(bool on) { enabled_flag().store(on); }
+
+bool conv_graph_autotune() {
+  static const bool on = !env_is("ATELIER_CUDNN_AUTOTUNE", "0");
+  return on;
+}
+
+// --- ConvGraph -----------------------------------------------------------------------------------------------------
+
+struct ConvGraph::Plan {
+  bool valid = false;
+  OpGraph graph;       // the descriptors the plan was made from, kept as long as it
+  Candidate chosen;
+};
+
+ConvGraph::ConvGraph(void* library, void* handle, cudaStream_t stream) : handle_(handle), stream_(stream) {
+  api_ = handle ? load_graph_api(library, &why_) : nullptr;
+  if (!handle) why_ = "no cuDNN handle";
+}
+
+ConvGraph::~ConvGraph() { plans_.clear(); }
+
+ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
+                                     const Conv2dParams& p, DeviceAllocator& alloc) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second->valid ? it->second.get() : nullptr;
+  // A new shape during a capture: no planning (it times and synchronises); the legacy path records this call
+  // and the shape is planned at its next eager call.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return nullptr;
+
+  const CudnnGraphApi& a = *api_;
+  const auto handle = static_cast<cudnnHandle_t>(handle_);
+  auto owned = std::make_unique<Plan>();
+  Plan* plan = owned.get();
+  plans_.emplace(key, std::move(owned));
+  const std::string what = log_enabled() ? shape_text(dtype, s, p) : std::string();
+  const auto deadline = std::chrono::steady_clock::now() + kPlanningBudget;
+  const auto over_budget = [&] { return std::chrono::steady_clock::now() > deadline; };
+  bool budget_cut = false;
+  auto decline = [&](const std::string& why) -> Plan* {
+    counters().declined.fetch_add(1);
+    if (log_enabled()) std::fprintf(stderr, "[cudnn graph] %s: legacy path (%s)\n", what.c_str(), why.c_str());
+    return nullptr;
+  };
+
+  Builder b(a);
+  plan->graph = build_graph(b, handle, dtype, s, p);
+  if (!b.ok()) return decline(b.why());
+
+  // Engine configurations from heuristics mode A, best first; FALLBACK's too when A gives none that
+  // finalizes, or when the plans are timed anyway (PyTorch's benchmark mode times both lists as well).
+  std::vector<Candidate> candidates;
+  std::string why = "heuristics gave no engine configuration";
+  int offered = 0, refused = 0;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    if (mode == CUDNN_HEUR_MODE_FALLBACK && !candidates.empty() && !conv_graph_autotune()) break;
+    for (Descriptor& cfg : engine_configs(a, plan->graph, mode, &why)) {
+      ++offered;
+      Candidate c;
+      c.engine = engine_info(a, cfg);
+      if (!c.engine.acceptable) {
+        ++refused;
+        continue;
+      }
+      c.cfg = std::move(cfg);
+      if (!candidates.empty() && over_budget()) {
+        budget_cut = true;
+        break;
+      }
+      if (make_plan(a, handle, c, &why)) candidates.push_back(std::move(c));
+    }
+  }
+  if (candidates.empty())
+    return decline(std::to_string(offered) + " configurations, " + std::to_string(refused) + " refused for numerics; " + why);
+
+  // Autotune: time every candidate on the real buffers (the output is overwritten by the real call after).
+  size_t best = 0;
+  float first_ms = -1.0f;  // the heuristics' first choice, for the log
+  if (conv_graph_autotune() && candidates.size() > 1) {
+    EventPair events;
+    int64_t max_ws = 0;
+    for (const Candidate& c : candidates) max_ws = std::max(max_ws, c.workspace);
+    std::shared_ptr<Buffer> ws;
+    try {
+      if (max_ws > 0) ws = alloc.allocate(size_t(max_ws));
+    } catch (const Error&) {
+      ws = nullptr;
+    }
+    if (events.ok && (max_ws == 0 || ws)) {
+      bool any = false;
+      for (size_t i = 0; i < candidates.size(); ++i) {
+        if (any && over_budget()) {
+          budget_cut = true;
+          break;
+        }
+        Candidate& c = candidates[i];
+        c.ms = time_plan(a, handle, stream_, events, c, y, x, w, ws ? ws->data() : nullptr);
+        if (i == 0) first_ms = c.ms;
+        if (c.ms >= 0.0f && (!any || c.ms < candidates[best].ms)) {
+          best = i;
+          any = true;
+        }
+      }
+      if (!any) return decline("every plan failed to execute");
+      counters().autotuned.fetch_add(1);
+    }
+  }
+  std::string timings;  // "engine:ms" of every candidate, in the heuristics' order, for the log
+  if (log_enabled())
+    for (const Candidate& c : candidates) {
+      char item[48];
+      std::snprintf(item, sizeof item, " %lld:%.4f", (long long)c.engine.index, double(c.ms));
+      timings += item;
+    }
+  plan->chosen = std::move(candidates[best]);
+  plan->valid = true;
+  counters().plans.fetch_add(1);
+  if (log_enabled())
+    std::fprintf(stderr,
+                 "[cudnn graph] %s: %d configurations (%d refused for numerics), %zu plans; engine %lld%s, workspace %lld B, "
+                 "%.4f ms (heuristics' first: %.4f ms)%s; engine:ms%s\n",
+                 what.c_str(), offered, refused, candidates.size(), (long long)plan->chosen.engine.index,
+                 plan->chosen.engine.runtime_compiled ? " (runtime-compiled)" : "", (long long)plan->chosen.workspace,
+                 double(plan->chosen.ms), double(first_ms), budget_cut ? ", planning budget reached" : "", timings.c_str());
+  return plan;
+}
+
+bool ConvGraph::forward(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p,
+                        DeviceAllocator& alloc) {
+  if (!api_ || !conv_graph_enabled() || (dtype != DType::BF16 && dtype != DType::F16) || p.groups != 1) return false;
+  for (const void* ptr : {static_cast<const void*>(y), x, w})
+    if (reinterpret_cast<uintptr_t>(ptr) % uintptr_t(kAlignment) != 0) return false;
+  const Key key{int64_t(dtype), s.n,          s.c,          s.h,        s.w,        s.o,          s.kh,         s.kw,
+                s.ho,           s.wo,         p.stride_h,   p.stride_w, p.pad_h,    p.pad_w,      p.dilation_h, p.dilation_w};
+  Plan* plan = plan_for(key, y, x, w, dtype, s, p, alloc);
+  if (!plan) return false;
+  std::shared_ptr<Buffer> ws = plan->chosen.workspace > 0 ? alloc.allocate(size_t(plan->chosen.workspace)) : nullptr;
+  std::string why;
+  if (!execute(*api_, static_cast<cudnnHandle_t>(handle_), plan->chosen.plan, y, x, w, ws ? ws->data() : nullptr, &why)) {
+    plan->valid = false;  // never again for this shape
+    counters().declined.fetch_add(1);
+    if (log_enabled()) std::fprintf(stderr, "[cudnn graph] %s: execution failed (%s), legacy path from now on\n",
+                                    shape_text(dtype, s, p).c_str(), why.c_str());
+    return false;
+  }
+  counters().runs.fetch_add(1);
+  return true;
+}
+
+}  // namespace atelier::cuda
