@@ -82,6 +82,9 @@ fi
 
 echo "=== CUDA micro-benchmarks"
 "${run[@]}" "$bench" 2>&1 | tee "$out/cuda_ops_bench.txt"
+# The convolutions again on cuDNN's legacy API (graph-API path off), for the comparison in docs/cuda.md.
+echo "=== convolutions with ATELIER_CUDNN_GRAPH=0"
+ATELIER_CUDNN_GRAPH=0 "${run[@]}" "$bench" 2>&1 | grep -E "^\| conv|^device" | tee "$out/cuda_ops_bench_legacy_conv.txt"
 
 echo "=== gpu_check: tests exited with status $status"
 exit "$status"

@@ -91,14 +91,23 @@ def autocast(device):
     return torch.autocast("cpu", enabled=False)
 
 
+def cosine_lr(peak, start, deadline):
+    """The learning rate now on a cosine from `peak` at `start` to LR_FLOOR * peak at `deadline` (wall time)."""
+    frac = min((time.time() - start) / max(deadline - start, 1e-6), 1.0)
+    return peak * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def set_lr(opt, lr):
+    for g in opt.param_groups:
+        g["lr"] = lr
+
+
 def train_vae(vae, data, a, deadline, t0):
     opt = torch.optim.AdamW(vae.parameters(), lr=a.vae_lr, weight_decay=0.0)
     step, start = 0, time.time()
     while time.time() < deadline:
         # Cosine decay to LR_FLOOR: the colour precision the checker needs comes late, at small steps.
-        frac = (time.time() - start) / max(deadline - start, 1e-6)
-        for g in opt.param_groups:
-            g["lr"] = a.vae_lr * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        set_lr(opt, cosine_lr(a.vae_lr, start, deadline))
         x, _ = data.next(a.device, a.size, a.vae_batch)
         with autocast(a.device):
             mean, logvar = vae.encode(x)
@@ -153,9 +162,7 @@ def finetune_decoder(vae, data, a, deadline, t0):
     vae.decoder.train()
     step, start = 0, time.time()
     while time.time() < deadline:
-        frac = (time.time() - start) / max(deadline - start, 1e-6)
-        for g in opt.param_groups:
-            g["lr"] = a.decoder_lr * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        set_lr(opt, cosine_lr(a.decoder_lr, start, deadline))
         x, _ = data.next(a.device, a.size, a.vae_batch)
         with torch.no_grad(), autocast(a.device):
             mean, logvar = vae.encode(x)
@@ -239,11 +246,9 @@ def train_unet(te, unet, vae, scale, data, a, deadline, t0):
     run_loss = None
     fwd = torch.compile(unet) if a.compile else unet
     while time.time() < deadline:
-        frac = (time.time() - start) / max(deadline - start, 1e-6)
-        decay = LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)) if a.lr_decay == "cosine" else 1.0
-        lr = a.lr * min(1.0, (step + 1) / a.warmup) * decay
-        for g in opt.param_groups:
-            g["lr"] = lr
+        peak = cosine_lr(a.lr, start, deadline) if a.lr_decay == "cosine" else a.lr
+        lr = peak * min(1.0, (step + 1) / a.warmup)
+        set_lr(opt, lr)
         probe = (step + 1) % a.log_every == 0 and a.device.startswith("cuda")
         if probe:  # how much of a step the data costs: synchronised only on logging steps
             torch.cuda.synchronize()
