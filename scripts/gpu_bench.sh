@@ -46,10 +46,14 @@ nvidia-smi dmon -s u -d 1 > "$out/dmon_b1.txt" 2>&1 &
 dmon=$!
 bench sd15_b1 --config sd15 --steps 20 --batch 1 --warmup 2 --ceiling
 kill $dmon 2>/dev/null
-ATELIER_GRAPHS=0 bench sd15_b1_nographs --config sd15 --steps 20 --batch 1 --warmup 2
-ATELIER_CUDNN_FIND=1 bench sd15_b1_cudnn_find --config sd15 --steps 20 --batch 1 --warmup 2
-ATELIER_CONV_NHWC=0 bench sd15_b1_nchw --config sd15 --steps 20 --batch 1 --warmup 2
-if [[ -d $fixtures/sd15-tiny/model/tokenizer ]]; then
+# GPU_BENCH_QUICK=1: the issue-target runs only (no comparison variants, no server run, no tiny models).
+quick=${GPU_BENCH_QUICK:-0}
+if [[ $quick != 1 ]]; then
+  ATELIER_GRAPHS=0 bench sd15_b1_nographs --config sd15 --steps 20 --batch 1 --warmup 2
+  ATELIER_CUDNN_GRAPH=0 bench sd15_b1_legacy_conv --config sd15 --steps 20 --batch 1 --warmup 2
+  ATELIER_CONV_NHWC=0 bench sd15_b1_nchw --config sd15 --steps 20 --batch 1 --warmup 2
+fi
+if [[ $quick != 1 && -d $fixtures/sd15-tiny/model/tokenizer ]]; then
   echo "=== server: 64 concurrent 512x512 requests vs one at a time (builtin:sd15, random weights)"
   /usr/bin/env python3 bench/serve_gpu_bench.py --atelier "$atelier" --launcher "${run[*]:-}" \
     --tokenizer "$fixtures/sd15-tiny/model/tokenizer" --devices 0 --concurrent 64 2> "$out/serve_bench.err" | tee "$out/serve_bench.json"
@@ -75,10 +79,15 @@ for name, (n, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:25]:
 PY
 bench sd15_b8 --config sd15 --steps 10 --batch 8 --warmup 2
 bench sd15_1024 --config sd15 --steps 10 --batch 1 --width 1024 --height 1024 --warmup 2
+# FLUX.1-dev (28 steps) and Z-Image-Turbo (8 steps) at 1024², built-in full-size configurations.
+if "${run[@]}" "$atelier" bench --help 2>&1 | grep -q flux; then
+  bench flux_1024 --config flux --steps 28 --warmup 1
+  bench zimage_1024 --config zimage --warmup 1
+fi
 echo "=== NVML utilisation during sd15_b1 (nvidia-smi dmon, %)"
 awk '$1 ~ /^[0-9]+$/ {print $2}' "$out/dmon_b1.txt" | tr '\n' ' '
 echo
-if [[ -d $fixtures/sd15-tiny/model ]]; then
+if [[ $quick != 1 && -d $fixtures/sd15-tiny/model ]]; then
   echo "=== traced tiny generation"
   "${run[@]}" "$atelier" generate --model "$fixtures/sd15-tiny/model" --device cuda --width 128 --height 128 --steps 20 \
     --seed 1 --prompt "a red circle" --output "$out/tiny.png" --trace "$out/tiny_trace.json" 2>&1 | tail -3
@@ -87,7 +96,7 @@ fi
 
 # FLUX and Z-Image tiny models on both devices: the CUDA image against the CPU image (bf16 on CUDA).
 for fam in flux-tiny zimage-tiny; do
-  [[ -d $fixtures/$fam/model ]] || continue
+  [[ $quick != 1 && -d $fixtures/$fam/model ]] || continue
   echo "=== $fam: generate on cuda and cpu"
   for dev in cuda cpu; do
     "${run[@]}" "$atelier" generate --model "$fixtures/$fam/model" --device $dev --width 128 --height 128 --steps 4 \
@@ -104,4 +113,6 @@ PY
 done
 
 # The device tool brings back a few files only: everything in one archive.
-(cd "$out" && tar -czf bench_results.tar.gz --exclude=bench_results.tar.gz --exclude='*.trace.json' . && ls -la bench_results.tar.gz)
+tmp_tar=$(mktemp /tmp/bench_results.XXXXXX.tar.gz)  # written outside $out: tar warns when its folder changes
+(cd "$out" && tar -czf "$tmp_tar" --exclude=bench_results.tar.gz --exclude='*.trace.json' .) && mv "$tmp_tar" "$out/bench_results.tar.gz"
+ls -la "$out/bench_results.tar.gz"
