@@ -168,6 +168,11 @@ int run(int iters) {
           be.set_flash_block_rows(rows);
           print({"  same, " + std::to_string(rows) + "-query blocks", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
         }
+        if (c.d == 40 || c.d == 64 || c.d == 128) {  // the wide key tile compiled for these (padded) head dims
+          be.set_flash_key_tile(cuda::CudaBackend::kFlashWideKeys);
+          print({"  same, 128-query blocks, wide key tile", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+          be.set_flash_key_tile(0);
+        }
         be.set_flash_block_rows(0);
       }
     }

@@ -32,6 +32,7 @@ struct ImplGuard {
     test::cuda_be().set_conv_impl(cuda::ConvImpl::kAuto);
     test::cuda_be().set_attention_impl(cuda::AttentionImpl::kAuto);
     test::cuda_be().set_flash_block_rows(0);
+    test::cuda_be().set_flash_key_tile(0);
     test::cuda_be().set_allow_tf32(false);
   }
 };
@@ -354,11 +355,18 @@ TEST(CudaOps, FlashAttentionMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
   test::cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);  // fails instead of falling back
-  for (int rows : {64, 128}) {  // both block heights (one or two m-tiles per warp) on every case
-    test::cuda_be().set_flash_block_rows(rows);
+  // Both block heights (one or two m-tiles per warp) on every case, and the wide key tile of the 128-query
+  // kernels (head dims 48/64/128; elsewhere it falls back to the default tile).
+  const struct {
+    int rows, key_tile;
+    const char* name;
+  } variants[] = {{64, 0, "flash64"}, {128, 0, "flash128"}, {128, cuda::CudaBackend::kFlashWideKeys, "flash128 wide keys"}};
+  for (const auto& var : variants) {
+    test::cuda_be().set_flash_block_rows(var.rows);
+    test::cuda_be().set_flash_key_tile(var.key_tile);
     for (const AttnCase& c : kFlashCases)
       for (const char* mask : {"none", "additive", "causal", "padding"})
-        for (DType dt : kLowp) check_attention(c, mask, dt, rows == 64 ? "flash64" : "flash128");
+        for (DType dt : kLowp) check_attention(c, mask, dt, var.name);
   }
 }
 

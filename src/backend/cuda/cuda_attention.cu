@@ -48,9 +48,12 @@ template <int MT> constexpr int kBlockM = 4 * MT * kWarpRows;
 // Keys per tile: 64 while the registers allow (S takes MT * BN / 2 per thread, O MT * DPAD / 2), else 32.
 template <int DPAD, int MT> constexpr int kBlockN = (MT == 1 ? DPAD <= 128 : DPAD <= 64) ? 64 : 32;
 template <int DPAD> constexpr int kPitch = DPAD + 8;  // row pitch in elements: 4 words of padding, no bank conflicts
-template <typename T, int DPAD, int MT>
+// A second, twice as wide key tile is compiled for the two-m-tile kernels at head dims 48, 64 and 128 (more
+// work per barrier and per softmax rescale, more registers): CudaBackend::set_flash_key_tile picks it.
+template <int DPAD, int MT> constexpr int kWideBlockN = MT == 2 && (DPAD == 48 || DPAD == 64 || DPAD == 128) ? 2 * kBlockN<DPAD, MT> : 0;
+template <typename T, int DPAD, int MT, int BN>
 constexpr size_t flash_smem_bytes() {
-  return size_t(kBlockM<MT> + 4 * kBlockN<DPAD, MT>) * kPitch<DPAD> * sizeof(T);
+  return size_t(kBlockM<MT> + 4 * BN) * kPitch<DPAD> * sizeof(T);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -164,10 +167,9 @@ __device__ __forceinline__ void scale_scores(float (&s)[MT][NT][4], const FlashP
       }
 }
 
-template <typename T, int DPAD, int MT, bool MASKED>
+template <typename T, int DPAD, int MT, int BN, bool MASKED>
 __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const FlashParams p) {
   constexpr int BM = kBlockM<MT>;
-  constexpr int BN = kBlockN<DPAD, MT>;
   constexpr int PITCH = kPitch<DPAD>;
   constexpr bool kQInRegs = MT * DPAD <= 128;  // else Q fragments are re-read from shared memory (registers)
   constexpr int kKSteps = DPAD / 16;           // k-steps of Q K^T
@@ -355,11 +357,11 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const Fl
   }
 }
 
-template <typename T, int DPAD, int MT, bool MASKED>
+template <typename T, int DPAD, int MT, int BN, bool MASKED>
 bool launch_flash_kernel(const FlashParams& p, int batch, size_t max_smem, cudaStream_t stream) {
-  constexpr size_t smem = flash_smem_bytes<T, DPAD, MT>();
+  constexpr size_t smem = flash_smem_bytes<T, DPAD, MT, BN>();
   if (smem > max_smem) return false;
-  const auto kernel = flash_attention_kernel<T, DPAD, MT, MASKED>;
+  const auto kernel = flash_attention_kernel<T, DPAD, MT, BN, MASKED>;
   if (smem > 48 * 1024) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((p.sq + kBlockM<MT> - 1) / kBlockM<MT>), unsigned(p.heads), unsigned(batch));
   kernel<<<grid, kFlashThreads, smem, stream>>>(p);
@@ -367,10 +369,19 @@ bool launch_flash_kernel(const FlashParams& p, int batch, size_t max_smem, cudaS
   return true;
 }
 
+// The key tile: the default kBlockN, or the wide one where it is compiled and asked for (wide_keys).
 template <typename T, int DPAD, int MT>
-bool launch_flash(const FlashParams& p, int batch, size_t max_smem, cudaStream_t stream) {
-  if (p.mask.ptr) return launch_flash_kernel<T, DPAD, MT, true>(p, batch, max_smem, stream);
-  return launch_flash_kernel<T, DPAD, MT, false>(p, batch, max_smem, stream);
+bool launch_flash(const FlashParams& p, int batch, size_t max_smem, cudaStream_t stream, bool wide_keys) {
+  constexpr int kWide = kWideBlockN<DPAD, MT>;
+  if constexpr (kWide > 0) {
+    if (wide_keys) {
+      if (p.mask.ptr) return launch_flash_kernel<T, DPAD, MT, kWide, true>(p, batch, max_smem, stream);
+      return launch_flash_kernel<T, DPAD, MT, kWide, false>(p, batch, max_smem, stream);
+    }
+  }
+  constexpr int kNarrow = kBlockN<DPAD, MT>;
+  if (p.mask.ptr) return launch_flash_kernel<T, DPAD, MT, kNarrow, true>(p, batch, max_smem, stream);
+  return launch_flash_kernel<T, DPAD, MT, kNarrow, false>(p, batch, max_smem, stream);
 }
 
 // Two m-tiles per warp (128-query blocks) halve the shared-memory traffic per FLOP but need the grid to fill
@@ -381,6 +392,7 @@ struct FlashLaunch {
   int batch;
   int sm_count;
   int forced_rows;
+  bool wide_keys;  // CudaBackend::set_flash_key_tile(kFlashWideKeys)
   size_t max_smem;
   cudaStream_t stream;
 };
@@ -393,9 +405,9 @@ bool wide_blocks(const FlashParams& p, const FlashLaunch& l) {
 template <typename T, int DPAD>
 bool launch_flash_rows(const FlashParams& p, const FlashLaunch& l) {
   if constexpr (DPAD <= 128) {
-    if (wide_blocks(p, l)) return launch_flash<T, DPAD, 2>(p, l.batch, l.max_smem, l.stream);
+    if (wide_blocks(p, l)) return launch_flash<T, DPAD, 2>(p, l.batch, l.max_smem, l.stream, l.wide_keys);
   }
-  return launch_flash<T, DPAD, 1>(p, l.batch, l.max_smem, l.stream);
+  return launch_flash<T, DPAD, 1>(p, l.batch, l.max_smem, l.stream, false);
 }
 
 // Padded head dims with a compiled kernel: the smallest bucket >= the head dim is used.
@@ -446,7 +458,7 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
   p.scale = scale;
   p.mask = attention_mask_of(mask);
   NvtxRange range("attention_flash");
-  const FlashLaunch launch{int(b), sm_count_, flash_block_rows_, max_smem_optin_, stream_};
+  const FlashLaunch launch{int(b), sm_count_, flash_block_rows_, flash_key_tile_ == kFlashWideKeys, max_smem_optin_, stream_};
   if (dt == DType::BF16) return launch_flash_bucket<__nv_bfloat16>(p, launch);
   return launch_flash_bucket<__half>(p, launch);
 }

@@ -83,6 +83,10 @@ class CudaBackend final : public Backend {
   // Queries per block of the flash kernel: 64 or 128 (two m-tiles per warp), 0 = chosen per call from the
   // grid size. Tests and benchmarks force each.
   void set_flash_block_rows(int rows) { flash_block_rows_ = rows; }
+  // Key tile of the 128-query kernels at head dims 48/64/128: 0 = the default width, kFlashWideKeys = twice
+  // as many keys per tile (compiled for comparison; benchmarks and tests force it).
+  static constexpr int kFlashWideKeys = 2;
+  void set_flash_key_tile(int mode) { flash_key_tile_ = mode; }
   // Enqueues one GEMM (used by conv2d's im2col path and the general attention path too).
   void run_gemm(const GemmCall& call);
 
@@ -120,6 +124,7 @@ class CudaBackend final : public Backend {
   std::unordered_map<const void*, NhwcWeight> nhwc_weights_;
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   int flash_block_rows_ = 0;
+  int flash_key_tile_ = 0;
 };
 
 // The backend of cuda:`index` (throws atelier::Error when that device is not available).
