@@ -97,6 +97,7 @@ TEST(DitBench, FluxTinyOnCpu) {
   expect_report(*r);
   EXPECT_EQ(r->unet_batch, 1);
   EXPECT_NE(r->conditioning.find("[1, 8, 32]"), std::string::npos) << r->conditioning;
+  std::printf("%s", r->to_text().c_str());  // the table `atelier bench --config flux` prints
   std::printf("[ figures  ] flux-tiny 64x64: %.3f ms/call, %llu FLOPs/call, %.3f s/image\n", r->unet_ms_mean,
               static_cast<unsigned long long>(r->unet_flops), r->s_per_image);
 }

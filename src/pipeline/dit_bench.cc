@@ -19,9 +19,12 @@ constexpr int kDitSizeMultiple = 16;           // VAE factor 8 x patch 2 (both m
 constexpr uint64_t kConditioningSeed = 0xc0de;  // the conditioning's stream is not the noise's
 constexpr const char* kSampler = "flow-match Euler";
 
-std::string billions(int64_t n) {
+// "11.90 B" for the full-size models, the exact count for reduced ones.
+std::string param_count(int64_t n) {
+  constexpr double kBillion = 1e9;
+  if (n < int64_t(kBillion / 10)) return std::to_string(n);
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f B", double(n) / 1e9);
+  std::snprintf(buf, sizeof(buf), "%.2f B", double(n) / kBillion);
   return buf;
 }
 
@@ -63,7 +66,7 @@ Status run_flux(DitRun& run, trace::Recorder& rec) {
   backend_for(run.dev).synchronize();
   load_range.finish();
   run.report.load_s = trace::total_seconds(rec.events(), kBenchLoadRange);
-  run.report.model_kind = "random weights, transformer " + billions(params) + " parameters in " +
+  run.report.model_kind = "random weights, transformer " + param_count(params) + " parameters in " +
                           std::string(dtype_name(default_model_dtype(run.dev)));
   const FluxPipeline pipe(model);
   const int64_t tokens = o.text_tokens > 0 ? o.text_tokens : c.text_tokens;
@@ -115,7 +118,7 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
   backend_for(run.dev).synchronize();
   load_range.finish();
   run.report.load_s = trace::total_seconds(rec.events(), kBenchLoadRange);
-  run.report.model_kind = "random weights, transformer " + billions(params) + " parameters in " +
+  run.report.model_kind = "random weights, transformer " + param_count(params) + " parameters in " +
                           std::string(dtype_name(default_model_dtype(run.dev)));
   const ZImagePipeline pipe(model);
   const int64_t tokens = o.text_tokens > 0 ? o.text_tokens : c.text_tokens;
