@@ -8,11 +8,14 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "pipeline/flux_model.h"
 #include "pipeline/sd_model.h"
+#include "pipeline/zimage_pipeline.h"
 
 namespace atelier {
 
@@ -44,5 +47,45 @@ Expected<std::shared_ptr<SdModel>> make_random_sd_model(const BuiltinSdConfig& c
                                                         const std::string& tokenizer_dir = "");
 // "builtin:sd15" -> "sd15"; "" when `path` does not name a built-in configuration.
 std::string builtin_name_of(const std::string& path);
+
+// --- diffusion transformers (builtin_dit_models.cc) ---------------------------------------------------
+//   flux    FLUX.1-dev: 19 double + 38 single blocks, 24 heads of 128, T5 states [1, 512, 4096] + CLIP pooled
+//           [1, 768], distilled guidance 3.5, 28 steps, 1024 px (transformer 11.9 B parameters)
+//   zimage  Z-Image-Turbo: dim 3840, 30 layers + 2 noise / 2 context refiner layers, 30 heads, Qwen3 features
+//           [N, 2560] (N = 128 tokens here), 8 steps without CFG, 1024 px (transformer 6.15 B parameters)
+// Both decode with FLUX's 16-channel KL-f8 VAE. No text encoder is built: the bench feeds seeded conditioning.
+struct BuiltinDitConfig {
+  std::string name;         // "flux" | "zimage"
+  std::string description;  // one line for reports
+  std::optional<FluxConfig> flux;      // exactly one of flux / zimage is set
+  std::optional<ZImageConfig> zimage;
+  VaeConfig vae;
+  int default_size = 1024;
+  int default_steps = 28;
+  float guidance = 3.5f;          // FLUX's distilled guidance (an input of the model); unused by Z-Image
+  int64_t text_tokens = 512;      // conditioning rows fed to the transformer
+  int64_t text_width = 4096;      // their width (joint_attention_dim / cap_feat_dim)
+  int64_t pooled_width = 768;     // FLUX's CLIP pooled width; 0 for Z-Image
+};
+
+std::vector<std::string> builtin_dit_config_names();  // {"flux", "zimage"}
+bool is_builtin_dit_config(const std::string& name);
+// The published configuration called `name`; an error lists the known names.
+Expected<BuiltinDitConfig> builtin_dit_config(const std::string& name);
+// FLUX's 16-channel VAE (ae.safetensors / the vae/ folder of FLUX.1 and Z-Image): scaling 0.3611, shift 0.1159.
+VaeConfig flux_vae_config();
+
+// Parameter counts computed from the configuration (nothing allocated).
+int64_t flux_transformer_params(const FluxConfig& config);
+int64_t zimage_transformer_params(const ZImageConfig& config);
+
+// Seeded random models of `config` on `device` in default_model_dtype(device) (bf16 on CUDA, f32 on the
+// CPU), every transformer tensor made directly on the device (FLUX: 24 GB in bf16, never staged as f32 on the
+// host). No text encoders or tokenizers. `params` (optional) receives the transformer's parameter count as
+// allocated. An allocation failure (device out of memory) is an error naming what did not fit.
+Expected<std::shared_ptr<FluxModel>> make_random_flux_model(const BuiltinDitConfig& config, Device device, uint64_t seed,
+                                                            int64_t* params = nullptr);
+Expected<std::shared_ptr<ZImageModel>> make_random_zimage_model(const BuiltinDitConfig& config, Device device,
+                                                                uint64_t seed, int64_t* params = nullptr);
 
 }  // namespace atelier

@@ -9,6 +9,7 @@
 #include "io/safetensors.h"
 #include "models/clip/clip_keymaps.h"
 #include "models/vae/vae_keymaps.h"
+#include "pipeline/sd_model.h"
 
 namespace atelier {
 
@@ -66,7 +67,7 @@ Status load_clip(FluxModel& m, const std::string& path, const std::string& token
     ATELIER_ASSIGN_OR_RETURN(auto c, ClipTextConfig::detect(store, prefix, heads));
     cfg = c;
   }
-  ATELIER_ASSIGN_OR_RETURN(auto te, ClipTextModel::load(store, *layout, *cfg, o.device, o.dtype));
+  ATELIER_ASSIGN_OR_RETURN(auto te, ClipTextModel::load(store, *layout, *cfg, o.device, flux_text_dtype(o)));
   m.clip.emplace(std::move(te));
   const std::string tok = !tokenizer.empty() ? tokenizer : find_beside({home, home.parent_path() / "tokenizer"}, "vocab.json");
   if (tok.empty()) return invalid_argument("no CLIP tokenizer beside " + path + " (pass the tokenizer folder with --tokenizer)");
@@ -87,7 +88,7 @@ Status load_t5(FluxModel& m, const std::string& path, const std::string& tokeniz
     ATELIER_ASSIGN_OR_RETURN(auto c, T5Config::detect(store));
     cfg = c;
   }
-  ATELIER_ASSIGN_OR_RETURN(auto enc, T5Encoder::load(store, *cfg, o.device, o.dtype));
+  ATELIER_ASSIGN_OR_RETURN(auto enc, T5Encoder::load(store, *cfg, o.device, flux_text_dtype(o)));
   m.t5.emplace(std::move(enc));
   const std::string tok = !tokenizer.empty() ? tokenizer : find_beside({home, home.parent_path() / "tokenizer_2"}, "spiece.model");
   if (tok.empty()) return invalid_argument("no T5 tokenizer (spiece.model) beside " + path + " (pass it with --t5-tokenizer)");
@@ -102,7 +103,7 @@ Status load_vae(FluxModel& m, const std::string& path, const FluxLoadOptions& o)
   const fs::path home = home_of(path);
   if (fs::is_directory(path) && fs::exists(home / "config.json")) {
     ATELIER_ASSIGN_OR_RETURN(auto cfg, VaeConfig::from_file((home / "config.json").string()));
-    ATELIER_ASSIGN_OR_RETURN(auto vae, Vae::load(store, VaeLayout::kDiffusers, cfg, o.device, o.dtype));
+    ATELIER_ASSIGN_OR_RETURN(auto vae, Vae::load(store, VaeLayout::kDiffusers, cfg, o.device, flux_vae_dtype(o)));
     m.vae.emplace(std::move(vae));
     return Status::ok();
   }
@@ -110,7 +111,7 @@ Status load_vae(FluxModel& m, const std::string& path, const FluxLoadOptions& o)
   ATELIER_ASSIGN_OR_RETURN(auto cfg, detect_vae_config(store, layout));
   cfg.scaling_factor = kFluxVaeScaling;
   cfg.shift_factor = kFluxVaeShift;
-  ATELIER_ASSIGN_OR_RETURN(auto vae, Vae::load(store, layout, cfg, o.device, o.dtype));
+  ATELIER_ASSIGN_OR_RETURN(auto vae, Vae::load(store, layout, cfg, o.device, flux_vae_dtype(o)));
   m.vae.emplace(std::move(vae));
   return Status::ok();
 }
@@ -126,7 +127,7 @@ Status load_diffusers(FluxModel& m, const fs::path& root, const FluxLoadOptions&
   ATELIER_ASSIGN_OR_RETURN(auto files, component_weight_files(root / "transformer", "diffusion_pytorch_model"));
   ATELIER_ASSIGN_OR_RETURN(auto store, WeightStore::open(files));
   ATELIER_ASSIGN_OR_RETURN(auto cfg, FluxConfig::from_file((root / "transformer" / "config.json").string()));
-  ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, o.device, o.dtype));
+  ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, o.device, flux_model_dtype(o)));
   m.transformer.emplace(std::move(tr));
   ATELIER_RETURN_IF_ERROR(load_clip(m, o.clip_l.empty() ? (root / "text_encoder").string() : o.clip_l,
                                     o.clip_tokenizer.empty() && o.clip_l.empty() ? (root / "tokenizer").string() : o.clip_tokenizer, o));
@@ -154,7 +155,7 @@ Status load_bfl(FluxModel& m, const fs::path& file, const FluxLoadOptions& o) {
     ATELIER_ASSIGN_OR_RETURN(auto c, FluxConfig::detect(store, FluxLayout::kBfl, *prefix));
     cfg = c;
   }
-  ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kBfl, *cfg, o.device, o.dtype, *prefix));
+  ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kBfl, *cfg, o.device, flux_model_dtype(o), *prefix));
   m.transformer.emplace(std::move(tr));
   if (o.vae.empty() || o.clip_l.empty() || o.t5.empty()) {
     return invalid_argument("a FLUX transformer file needs --vae (ae.safetensors), --clip-l and --t5 (text encoder files or folders)");
@@ -170,6 +171,15 @@ Status load_bfl(FluxModel& m, const fs::path& file, const FluxLoadOptions& o) {
 }
 
 }  // namespace
+
+DType flux_model_dtype(const FluxLoadOptions& o) { return o.dtype.value_or(default_model_dtype(o.device)); }
+
+DType flux_text_dtype(const FluxLoadOptions& o) { return o.dtype.value_or(DType::F32); }
+
+DType flux_vae_dtype(const FluxLoadOptions& o) {
+  const DType dt = flux_model_dtype(o);
+  return dt == DType::F16 ? DType::F32 : dt;
+}
 
 bool is_flux_model(const std::string& path) {
   std::error_code ec;

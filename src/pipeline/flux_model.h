@@ -36,7 +36,10 @@ struct FluxLoadOptions {
   std::string t5_tokenizer;     // spiece.model (or its folder) when none sits beside t5
   std::string transformer_config;  // diffusers transformer config.json for a BFL file (else detected)
   Device device = Device::cpu();
-  DType dtype = DType::F32;
+  // Compute dtype; unset: the transformer and VAE in default_model_dtype(device) (f32 on the CPU, bf16 on
+  // CUDA) and the text encoders in f32 (they run once per prompt, and T5's activations are range-sensitive).
+  // Set: every component in it, except that f16 keeps the VAE in f32 (its activations overflow f16, as SD's do).
+  std::optional<DType> dtype;
   bool compute_hash = true;
 };
 
@@ -60,6 +63,11 @@ struct FluxModel {
 // Whether `path` holds a FLUX model: a diffusers folder whose model_index.json names FluxPipeline, or a
 // .safetensors file with BFL transformer keys. Never fails: unreadable paths are "not FLUX".
 bool is_flux_model(const std::string& path);
+
+// The dtypes FluxLoadOptions resolve to for the transformer, the text encoders and the VAE.
+DType flux_model_dtype(const FluxLoadOptions& options);
+DType flux_text_dtype(const FluxLoadOptions& options);
+DType flux_vae_dtype(const FluxLoadOptions& options);
 
 Expected<std::shared_ptr<FluxModel>> load_flux_model(const std::string& path, const FluxLoadOptions& options = {});
 

@@ -19,9 +19,9 @@ namespace {
 
 using trace::Category;
 
-constexpr const char* kLoadRange = "load_model";
-constexpr const char* kWarmupRange = "warmup";
-constexpr const char* kRunRange = "bench_run";  // the timed generation, text encode to decoded pixels
+constexpr const char* kLoadRange = kBenchLoadRange;
+constexpr const char* kWarmupRange = kBenchWarmupRange;
+constexpr const char* kRunRange = kBenchRunRange;
 constexpr double kPercent = 100.0;
 
 struct Loaded {
@@ -121,11 +121,13 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Fills the measured figures of `r` from the timed run's events.
-void summarize(const std::vector<trace::Event>& ev, bool has_text_encoder, BenchReport& r) {
-  for (const trace::Event* e : trace::named(ev, stage::kUnet)) {
+}  // namespace
+
+void summarize_bench(const std::vector<trace::Event>& ev, const char* call_range, bool has_text_encoder, BenchReport& r) {
+  for (const trace::Event* e : trace::named(ev, call_range)) {
     r.unet_ms.push_back(e->busy_seconds() * 1e3);  // device time where resolved: host time measures launches there
     r.unet_flops = std::max(r.unet_flops, e->flops);  // the same every call; max guards a partial range
+    r.call_flops.push_back(e->flops);
   }
   r.model_calls = int(trace::named(ev, stage::kModelCall).size());
   r.unet_ms_min = r.unet_ms.empty() ? 0 : *std::min_element(r.unet_ms.begin(), r.unet_ms.end());
@@ -153,6 +155,8 @@ void summarize(const std::vector<trace::Event>& ev, bool has_text_encoder, Bench
     }
   }
 }
+
+namespace {
 
 // The timed generation: conditioning, initial latents, denoise loop, VAE decode; events into `rec`.
 Status timed_run(const SdPipeline& pipe, const Loaded& l, const BenchOptions& o, Device dev, const Shape& latent1,
@@ -182,7 +186,7 @@ Status timed_run(const SdPipeline& pipe, const Loaded& l, const BenchOptions& o,
 Status BenchOptions::validate() const {
   if (!model.empty() && !config.empty()) return invalid_argument("give either --model or --config, not both");
   if (model.empty() && config.empty() && !ceiling)
-    return invalid_argument("give a model (--model PATH), a built-in configuration (--config sd15|sd21) or --ceiling");
+    return invalid_argument("give a model (--model PATH), a built-in configuration (--config sd15|sd21|flux|zimage) or --ceiling");
   if (width < 0 || height < 0 || width % kLatentFactor || height % kLatentFactor || width > kMaxGenerateSide || height > kMaxGenerateSide)
     return invalid_argument("width and height must be multiples of 8 up to " + std::to_string(kMaxGenerateSide) + " (0 = the model's size)");
   if (batch < 1 || batch > kMaxBatch) return invalid_argument("batch must be 1.." + std::to_string(kMaxBatch));
@@ -191,7 +195,7 @@ Status BenchOptions::validate() const {
   return Status::ok();
 }
 
-Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
+Expected<BenchReport> start_bench_report(const BenchOptions& o, Device* device) {
   ATELIER_RETURN_IF_ERROR(o.validate());
   ATELIER_ASSIGN_OR_RETURN(Device dev, Device::parse(o.device));
   if (!backend_available(dev)) return unsupported("device " + dev.str() + " is not available in this build or on this machine");
@@ -202,8 +206,12 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
   if (o.ceiling) {
     ATELIER_ASSIGN_OR_RETURN(r.ceiling, measure_gemm_ceiling(dev, default_compute_dtype(dev)));
   }
-  if (o.model.empty() && o.config.empty()) return r;
-  Status st = catch_status([&]() -> Status {
+  *device = dev;
+  return r;
+}
+
+Status run_traced(Device dev, const std::function<Status(trace::Recorder&)>& body) {
+  return catch_status([&]() -> Status {
     trace::Recorder rec(trace::kAllCategories);
     trace::ThreadAttach attach(rec);
     // Device times for every range (CUDA events); removed before the timer dies, after the last resolve.
@@ -215,6 +223,15 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
         if (t) trace::set_device_timer(nullptr);
       }
     } uninstall{timer.get()};
+    return body(rec);
+  });
+}
+
+Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
+  Device dev;
+  ATELIER_ASSIGN_OR_RETURN(BenchReport r, start_bench_report(o, &dev));
+  if (o.model.empty() && o.config.empty()) return r;
+  Status st = run_traced(dev, [&](trace::Recorder& rec) -> Status {
     ATELIER_ASSIGN_OR_RETURN(Loaded l, load_model(o, dev));
     const SdModel& m = *l.model;
     SdPipeline pipe(l.model);
@@ -242,7 +259,8 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
     ATELIER_RETURN_IF_ERROR(timed_run(pipe, l, o, dev, latent1, r));
     backend_for(dev).synchronize();
     rec.resolve_device_times();
-    summarize(rec.events(), m.text_encoder.has_value(), r);
+    summarize_bench(rec.events(), stage::kUnet, m.text_encoder.has_value(), r);
+    if (!m.text_encoder) r.conditioning = "seeded random context " + shape_str({r.unet_batch, l.context_tokens, m.unet->config().cross_attention_dim[0]}) + " (no text encoder)";
     r.ran = true;
     return Status::ok();
   });

@@ -13,6 +13,7 @@
 //   peak memory      largest Backend::bytes_reserved() seen after each stage and model call
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,12 +22,13 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "core/trace.h"
 
 namespace atelier {
 
 struct BenchOptions {
   std::string model;        // diffusers folder or single-file checkpoint, or
-  std::string config;       // a built-in configuration: "sd15" | "sd21" (random weights)
+  std::string config;       // a built-in configuration: "sd15" | "sd21" | "flux" | "zimage" (random weights)
   std::string tokenizer;    // CLIP tokenizer folder, for single files without one
   int width = 0;            // 0 = the model's default size
   int height = 0;
@@ -39,6 +41,10 @@ struct BenchOptions {
   bool ceiling = false;     // measure the GEMM ceiling first (alone when no model/config is given)
   uint64_t seed = 0;        // random weights and noise
   std::string prompt = "a photograph of an astronaut riding a horse";
+  // Diffusion transformers (flux, zimage; dit_bench.h): FLUX's distilled guidance, and the conditioning
+  // rows fed instead of a text encoder's output (0 = the configuration's: 512 T5 tokens, 128 Qwen3 tokens).
+  float guidance = 3.5f;
+  int text_tokens = 0;
 
   Status validate() const;
 };
@@ -64,6 +70,8 @@ struct BenchReport {
   // --- setup
   std::string model;         // path, or "builtin:sd15"
   std::string model_kind;    // "checkpoint" | "random weights"
+  std::string model_call = "UNet";  // what one timed call is: "UNet" | "transformer" (the unet_* fields hold its figures)
+  std::string conditioning;  // how the denoiser was conditioned when no text encoder ran (built-in configs)
   std::string device, backend;
   int host_threads = 0;      // OpenMP threads the CPU backend may use
   int width = 0, height = 0, batch = 0, unet_batch = 0, steps = 0, warmup = 0;
@@ -79,6 +87,7 @@ struct BenchReport {
   int model_calls = 0;
   double it_per_s = 0, s_per_image = 0, images_per_min = 0;
   uint64_t unet_flops = 0;              // per UNet call, engine count
+  std::vector<uint64_t> call_flops;     // each timed call's count (equal when the loop does the same work each step)
   uint64_t vae_decode_flops = 0;        // per decode of the batch
   double unet_tflops = 0, vae_decode_tflops = 0;
   std::optional<GemmCeiling> ceiling;
@@ -94,5 +103,22 @@ struct BenchReport {
 
 // Runs the benchmark; errors (bad options, model not loadable, device missing) are values.
 Expected<BenchReport> run_sd_bench(const BenchOptions& options);
+
+// --- shared with the diffusion-transformer bench (dit_bench.cc) ----------------------------------------
+inline constexpr const char* kBenchLoadRange = "load_model";
+inline constexpr const char* kBenchWarmupRange = "warmup";
+inline constexpr const char* kBenchRunRange = "bench_run";  // the timed generation, conditioning to decoded pixels
+
+// The setup fields every bench fills the same way (device, backend, host threads, the GEMM ceiling when
+// asked for); errors when the device is missing.
+Expected<BenchReport> start_bench_report(const BenchOptions& options, Device* device);
+// Runs `body` with a recorder of every trace category attached and, where the device has one, a device timer
+// installed (removed after `body`); ops' exceptions come back as a Status.
+Status run_traced(Device device, const std::function<Status(trace::Recorder&)>& body);
+// Fills the measured figures of `r` from the timed run's events: per-call times and FLOPs from the ranges
+// named `call_range` (stage::kUnet for SD, stage::kModelCall for the transformers), stage times, it/s,
+// s/image, TFLOP/s, % of ceiling, busy %.
+void summarize_bench(const std::vector<trace::Event>& events, const char* call_range, bool has_text_encoder,
+                     BenchReport& r);
 
 }  // namespace atelier

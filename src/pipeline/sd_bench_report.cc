@@ -66,7 +66,8 @@ nlohmann::json BenchReport::to_json() const {
   nlohmann::json j = {{"device", device}, {"backend", backend}, {"host_threads", host_threads},
                       {"gemm_ceiling", ceiling ? ceiling->to_json() : nlohmann::json(nullptr)}};
   if (!ran) return j;
-  j.update({{"model", model}, {"model_kind", model_kind}, {"width", width}, {"height", height}, {"batch", batch},
+  j.update({{"model", model}, {"model_kind", model_kind}, {"model_call", model_call},
+            {"conditioning", conditioning.empty() ? nlohmann::json(nullptr) : nlohmann::json(conditioning)}, {"width", width}, {"height", height}, {"batch", batch},
             {"unet_batch", unet_batch}, {"steps", steps}, {"cfg_scale", cfg_scale}, {"sampler", sampler},
             {"warmup", warmup}, {"load_s", load_s},
             {"unet_ms", {{"mean", unet_ms_mean}, {"min", unet_ms_min}, {"median", unet_ms_median}, {"calls", unet_ms.size()},
@@ -93,15 +94,16 @@ std::string BenchReport::to_text() const {
   if (!ran) return s;
   line("model", model + " (" + model_kind + "), loaded in " + fmt("%.2f s", load_s));
   line("run", device + " (" + std::to_string(host_threads) + " host threads), " + std::to_string(width) + "x" + std::to_string(height) + ", batch " + std::to_string(batch) +
-                  " (UNet batch " + std::to_string(unet_batch) + "), " + std::to_string(steps) + " steps " + sampler +
+                  " (" + model_call + " batch " + std::to_string(unet_batch) + "), " + std::to_string(steps) + " steps " + sampler +
                   ", cfg " + fmt("%g", cfg_scale) + ", warmup " + std::to_string(warmup));
-  line("UNet call", fmt("%.2f ms", unet_ms_mean) + " mean, " + fmt("%.2f", unet_ms_min) + " min, " +
+  if (!conditioning.empty()) line("conditioning", conditioning);
+  line(model_call + " call", fmt("%.2f ms", unet_ms_mean) + " mean, " + fmt("%.2f", unet_ms_min) + " min, " +
                         fmt("%.2f", unet_ms_median) + " median over " + std::to_string(unet_ms.size()) + " calls");
   line("it/s", fmt("%.3f", it_per_s) + " (model calls per second, sampler included)");
   line("s/image", fmt("%.3f", s_per_image) + " (text " + (text_encode_s ? fmt("%.3f s", *text_encode_s) : "n/a") +
                       ", denoise " + fmt("%.3f s", denoise_s) + ", VAE decode " + fmt("%.3f s", vae_decode_s) + ")");
   line("images/min", fmt("%.2f", images_per_min));
-  line("FLOPs/UNet call", fmt("%.4f TFLOP", double(unet_flops) / 1e12) + " (engine count)");
+  line("FLOPs/" + model_call + " call", fmt("%.4f TFLOP", double(unet_flops) / 1e12) + " (engine count)");
   line("achieved", fmt("%.3f TFLOP/s", unet_tflops) +
                        (pct_of_ceiling ? fmt(" (%.1f%% of the GEMM ceiling)", *pct_of_ceiling) : std::string(" (no ceiling: add --ceiling)")));
   line("VAE decode", fmt("%.4f TFLOP", double(vae_decode_flops) / 1e12) + ", " + fmt("%.3f TFLOP/s", vae_decode_tflops));

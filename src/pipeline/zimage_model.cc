@@ -4,6 +4,7 @@
 
 #include "models/common/component_files.h"
 #include "io/json_util.h"
+#include "pipeline/sd_model.h"
 #include "pipeline/zimage_pipeline.h"
 
 namespace atelier {
@@ -11,6 +12,9 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr const char* kPipelineClass = "ZImagePipeline";
+
+DType model_dtype(const ZImageLoadOptions& o) { return o.dtype.value_or(default_model_dtype(o.device)); }
+DType vae_dtype(const ZImageLoadOptions& o) { return model_dtype(o) == DType::F16 ? DType::F32 : model_dtype(o); }
 
 bool is_zimage_folder(const fs::path& dir) {
   auto j = read_json_file((dir / "model_index.json").string());
@@ -30,7 +34,7 @@ Status load_components(ZImageModel& m, const fs::path& root, const ZImageLoadOpt
   ATELIER_ASSIGN_OR_RETURN(auto vae_files, component_weight_files(root / "vae", "diffusion_pytorch_model"));
   ATELIER_ASSIGN_OR_RETURN(auto vae_store, WeightStore::open(vae_files));
   ATELIER_ASSIGN_OR_RETURN(auto vae_cfg, VaeConfig::from_file((root / "vae" / "config.json").string()));
-  ATELIER_ASSIGN_OR_RETURN(auto vae, Vae::load(vae_store, VaeLayout::kDiffusers, vae_cfg, o.device));
+  ATELIER_ASSIGN_OR_RETURN(auto vae, Vae::load(vae_store, VaeLayout::kDiffusers, vae_cfg, o.device, vae_dtype(o)));
   m.vae = std::make_shared<Vae>(std::move(vae));
   ATELIER_ASSIGN_OR_RETURN(auto sched, read_json_file((root / "scheduler" / "scheduler_config.json").string()));
   ATELIER_ASSIGN_OR_RETURN(m.scheduler, sampling::parse_flow_match_config(sched));
@@ -79,7 +83,7 @@ Expected<std::shared_ptr<const ZImageModel>> load_zimage_model(const std::string
     } else {
       ATELIER_ASSIGN_OR_RETURN(config, ZImageConfig::detect(store));
     }
-    ATELIER_ASSIGN_OR_RETURN(auto transformer, ZImageTransformer::load(store, *config, o.device));
+    ATELIER_ASSIGN_OR_RETURN(auto transformer, ZImageTransformer::load(store, *config, o.device, model_dtype(o)));
     m->transformer = std::make_shared<ZImageTransformer>(std::move(transformer));
     return Status::ok();
   });

@@ -13,6 +13,7 @@
 // Z-Image diffusers folder given as `components_dir`.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,10 @@ struct ZImageModel {
 
 struct ZImageLoadOptions {
   Device device = Device::cpu();
+  // Compute dtype of the transformer and the VAE (f16 keeps the VAE in f32: its activations overflow f16);
+  // unset: default_model_dtype(device), f32 on the CPU and bf16 on CUDA. The Qwen3 text encoder runs in f32
+  // (once per prompt).
+  std::optional<DType> dtype;
   std::string components_dir;  // for a single-file transformer: a Z-Image diffusers folder with the rest
   int max_sequence_length = 512;
 };

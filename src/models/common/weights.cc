@@ -29,7 +29,13 @@ const WeightStore::Entry* WeightStore::find(const std::string& key) const {
   return &it->second;
 }
 
-bool WeightStore::contains(const std::string& key) const { return find(key) != nullptr; }
+WeightStore WeightStore::synthetic(WeightGenerator make) {
+  WeightStore ws;
+  ws.generator_ = std::move(make);
+  return ws;
+}
+
+bool WeightStore::contains(const std::string& key) const { return generator_ || find(key) != nullptr; }
 
 const TensorInfo* WeightStore::info(const std::string& key) const {
   const Entry* e = find(key);
@@ -53,6 +59,7 @@ std::vector<std::string> WeightStore::keys_with_prefix(const std::string& prefix
 }
 
 bool WeightStore::any_with_prefix(const std::string& prefix) const {
+  if (generator_) return true;
   if (!index_) return false;
   auto it = std::lower_bound(index_->begin(), index_->end(), prefix, [](const auto& e, const std::string& k) { return e.first < k; });
   return it != index_->end() && it->first.compare(0, prefix.size(), prefix) == 0;
@@ -100,6 +107,11 @@ bool same_but_trailing_ones(Shape a, Shape b) {
 
 void WeightLoader::tensor(Tensor& field, const std::string& key, const Shape& shape) {
   const std::string fk = file_key(key);
+  if (store_->generator_) {
+    field = store_->generator_(fk, shape, device_, dtype_);
+    ++shared_->loaded;
+    return;
+  }
   const TensorInfo* info = store_->info(fk);
   if (!info) {
     shared_->errors.push_back("missing tensor '" + fk + "' (expected shape " + shape_str(shape) + ")");

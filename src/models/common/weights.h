@@ -19,9 +19,17 @@
 
 namespace atelier {
 
+// Builds one tensor directly on `device` in `dtype` (synthetic stores: random-weight benchmark models).
+using WeightGenerator = std::function<Tensor(const std::string& key, const Shape& shape, Device device, DType dtype)>;
+
 class WeightStore {
  public:
   WeightStore() = default;
+  // A store that holds every key, with whatever shape a loader asks for: WeightLoader builds each tensor
+  // with `make` on the target device instead of reading it (so a 12B-parameter random model never passes
+  // through host memory). Model loaders that probe layouts see every candidate key present.
+  static WeightStore synthetic(WeightGenerator make);
+  bool is_synthetic() const { return static_cast<bool>(generator_); }
   // Opens every file; a key present in two files is an error.
   static Expected<WeightStore> open(const std::vector<std::string>& files);
   bool contains(const std::string& key) const;
@@ -42,7 +50,9 @@ class WeightStore {
   std::vector<std::shared_ptr<SafeTensorsFile>> files_;
   std::vector<std::string> paths_;
   std::shared_ptr<std::vector<std::pair<std::string, Entry>>> index_;  // sorted by key
+  WeightGenerator generator_;  // synthetic stores only
   const Entry* find(const std::string& key) const;
+  friend class WeightLoader;
 };
 
 // Canonical (diffusers) key -> key in the file. Identity for the canonical layout.

@@ -188,6 +188,8 @@ Expected<FluxTransformer> FluxTransformer::load(const WeightStore& store, FluxLa
   return m;
 }
 
+Tensor FluxTransformer::in_dtype(const Tensor& x) const { return x.dtype() == dtype_ ? x : ops::cast(x, dtype_); }
+
 Tensor FluxTransformer::conditioning(const FluxInputs& in) const {
   auto embed = [&](const FluxMlpEmbedder& e, const Tensor& x) { return e.linear_2(e.linear_1(x, UnaryOp::kSilu)); };
   auto time_features = [&](const std::vector<float>& values) {
@@ -197,7 +199,7 @@ Tensor FluxTransformer::conditioning(const FluxInputs& in) const {
   };
   Tensor temb = embed(timestep_embedder_, time_features(in.timestep));
   if (config_.guidance_embeds) temb = ops::add(temb, embed(guidance_embedder_, time_features(in.guidance)));
-  return ops::add(temb, embed(text_embedder_, in.pooled.to(device_)));
+  return ops::add(temb, embed(text_embedder_, in_dtype(in.pooled.to(device_))));
 }
 
 void FluxTransformer::double_block(const FluxDoubleBlock& b, Tensor& img, Tensor& txt, const Tensor& temb_act,
@@ -248,14 +250,16 @@ Tensor FluxTransformer::run(const FluxInputs& in) const {
   const Tensor ids = ops::concat({ops::contiguous(in.txt_ids.to(Device::cpu())), ops::contiguous(in.img_ids.to(Device::cpu()))}, 0);
   auto [cos_h, sin_h] = flux_rope_tables(ids, c.axes_dims_rope, c.rope_theta);
   const Tensor cos = ops::cast(cos_h, dtype_).to(device_), sin = ops::cast(sin_h, dtype_).to(device_);
-  Tensor img = x_embedder_(in.hidden_states.to(device_));
-  Tensor txt = context_embedder_(in.encoder_hidden_states.to(device_));
+  // Inputs in the weights' dtype (a bf16 model is fed f32 latents and text states); the output back in f32.
+  Tensor img = x_embedder_(in_dtype(in.hidden_states.to(device_)));
+  Tensor txt = context_embedder_(in_dtype(in.encoder_hidden_states.to(device_)));
   for (const FluxDoubleBlock& b : double_blocks_) double_block(b, img, txt, temb_act, cos, sin);
   Tensor x = ops::concat({txt, img}, 1);
   for (const FluxSingleBlock& b : single_blocks_) x = single_block(b, x, temb_act, cos, sin);
   img = ops::contiguous(x.narrow(1, s, l));
   const auto mo = modulations(norm_out_linear_, temb_act, kFinalMods);  // scale, shift
-  return proj_out_(modulate(img, mo[1], mo[0]));
+  const Tensor out = proj_out_(modulate(img, mo[1], mo[0]));
+  return out.dtype() == DType::F32 ? out : ops::cast(out, DType::F32);
 }
 
 Expected<Tensor> FluxTransformer::forward(const FluxInputs& in) const {

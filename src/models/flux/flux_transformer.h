@@ -57,10 +57,12 @@ class FluxTransformer {
   const FluxConfig& config() const { return config_; }
   Device device() const { return device_; }
 
-  // -> velocity [B, L, out_channels] on the model's device.
+  // -> velocity [B, L, out_channels] f32 on the model's device (inputs of any float dtype).
   Expected<Tensor> forward(const FluxInputs& in) const;
 
  private:
+  // x in the model's dtype (a copy unless it already is).
+  Tensor in_dtype(const Tensor& x) const;
   // temb [B, D] from timesteps, guidance and pooled text.
   Tensor conditioning(const FluxInputs& in) const;
   // x [B, L, in] etc. -> [B, L, out]; throws on shape errors.

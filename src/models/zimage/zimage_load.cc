@@ -167,6 +167,7 @@ Expected<ZImageTransformer> ZImageTransformer::load(const WeightStore& store, co
   ZImageTransformer m;
   m.config_ = config;
   m.device_ = device;
+  m.dtype_ = dtype;
   const KeyMap map = layout == ZImageLayout::kOriginal ? KeyMap(original_key) : KeyMap();
   WeightLoader w(store, device, dtype, map, prefix);
   const ZImageConfig& c = config;

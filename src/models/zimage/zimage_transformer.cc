@@ -15,6 +15,7 @@ constexpr float kFinalNormEps = 1e-6f;
 
 
 Tensor on_device(const Tensor& host, Device dev) { return dev.is_cpu() ? host : host.to(dev); }
+Tensor as_dtype(const Tensor& x, DType dt) { return x.dtype() == dt ? x : ops::cast(x, dt); }
 
 int64_t padding_for(int64_t n) { return (kSeqMultiple - n % kSeqMultiple) % kSeqMultiple; }
 
@@ -51,7 +52,7 @@ Tensor ZImageTransformer::timestep_embedding(float t) const {
     feat[size_t(i)] = std::cos(arg);
     feat[size_t(half + i)] = std::sin(arg);
   }
-  Tensor f = on_device(Tensor::from_vector(feat, {1, kTimestepFreqDim}), device_);
+  Tensor f = on_device(as_dtype(Tensor::from_vector(feat, {1, kTimestepFreqDim}), dtype_), device_);
   return t_mlp2_(t_mlp0_(f, UnaryOp::kSilu));
 }
 
@@ -71,8 +72,8 @@ std::pair<Tensor, Tensor> ZImageTransformer::rope(const std::vector<std::array<i
       c[size_t(p * half + j)] = std::cos(angle);
       s[size_t(p * half + j)] = std::sin(angle);
     }
-  return {on_device(Tensor::from_vector(c, {seq, 1, half, 1}), device_),
-          on_device(Tensor::from_vector(s, {seq, 1, half, 1}), device_)};
+  return {on_device(as_dtype(Tensor::from_vector(c, {seq, 1, half, 1}), dtype_), device_),
+          on_device(as_dtype(Tensor::from_vector(s, {seq, 1, half, 1}), dtype_), device_)};
 }
 
 Tensor ZImageTransformer::attention(const ZImageBlock& b, const Tensor& x, const Tensor& cos, const Tensor& sin) const {
@@ -133,13 +134,13 @@ Expected<Tensor> ZImageTransformer::forward(const Tensor& latents, float t, cons
     auto [cap_cos, cap_sin] = rope(cap_pos);
 
     // Patchify "c (f pf) (h ph) (w pw) -> (f h w) (pf ph pw c)", embed, pad, refine.
-    Tensor lat = ops::contiguous(latents.device() == device_ ? latents : latents.to(device_));
+    Tensor lat = ops::contiguous(as_dtype(latents.device() == device_ ? latents : latents.to(device_), dtype_));
     Tensor patches = ops::contiguous(lat.reshape({c, ft, pf, ht, p, wt, p}).permute({1, 3, 5, 2, 4, 6, 0}))
                          .reshape({n_img, pf * p * p * c});
     Tensor x = pad_rows(x_embedder_(patches), x_pad_token_, img_pad).unsqueeze(0);
     for (const auto& b : noise_refiner_) x = block_forward(b, x, adaln, img_cos, img_sin);
 
-    Tensor cap = caption.device() == device_ ? caption : caption.to(device_);
+    Tensor cap = as_dtype(caption.device() == device_ ? caption : caption.to(device_), dtype_);
     Tensor ctx = pad_rows(cap_linear_(cap_norm_(cap)), cap_pad_token_, cap_pad).unsqueeze(0);
     for (const auto& b : context_refiner_) ctx = block_forward(b, ctx, Tensor(), cap_cos, cap_sin);
 
@@ -153,7 +154,7 @@ Expected<Tensor> ZImageTransformer::forward(const Tensor& latents, float t, cons
     Tensor out = final_linear_(ops::mul(ops::layer_norm(u, Tensor(), Tensor(), kFinalNormEps), scale));
     // Unpatchify "(f h w) (pf ph pw c) -> c (f pf) (h ph) (w pw)" from the image tokens.
     Tensor img = out.select(0, 0).narrow(0, 0, n_img).reshape({ft, ht, wt, pf, p, p, c});
-    return ops::contiguous(img.permute({6, 0, 3, 1, 4, 2, 5})).reshape({c, f, h, w});
+    return as_dtype(ops::contiguous(img.permute({6, 0, 3, 1, 4, 2, 5})).reshape({c, f, h, w}), DType::F32);
   });
 }
 
