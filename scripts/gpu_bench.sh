@@ -98,10 +98,13 @@ fi
 for fam in flux-tiny zimage-tiny; do
   [[ $quick != 1 && -d $fixtures/$fam/model ]] || continue
   echo "=== $fam: generate on cuda and cpu"
+  # f32 on both (exactness of the CUDA kernels); bf16 is CUDA's default and is generated too, for a look.
   for dev in cuda cpu; do
-    "${run[@]}" "$atelier" generate --model "$fixtures/$fam/model" --device $dev --width 128 --height 128 --steps 4 \
+    "${run[@]}" "$atelier" generate --model "$fixtures/$fam/model" --device $dev --dtype f32 --width 128 --height 128 --steps 4 \
       --seed 7 --prompt "a red circle on a blue background" --output "$out/$fam-$dev.png" 2>&1 | tail -2
   done
+  "${run[@]}" "$atelier" generate --model "$fixtures/$fam/model" --device cuda --width 128 --height 128 --steps 4 \
+    --seed 7 --prompt "a red circle on a blue background" --output "$out/$fam-cuda-bf16.png" 2>&1 | tail -1
   /usr/bin/env python3 - "$out/$fam-cuda.png" "$out/$fam-cpu.png" <<'PY' 2>&1 | tail -2
 import sys
 import numpy as np
