@@ -168,9 +168,12 @@ int run(int iters) {
           be.set_flash_block_rows(rows);
           print({"  same, " + std::to_string(rows) + "-query blocks", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
         }
-        if (c.d == 40 || c.d == 64 || c.d == 128) {  // the wide key tile compiled for these (padded) head dims
-          be.set_flash_key_tile(cuda::CudaBackend::kFlashWideKeys);
-          print({"  same, 128-query blocks, wide key tile", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+        if (c.d == 40 || c.d == 64 || c.d == 128) {  // both key tiles compiled for these (padded) head dims
+          for (int tile : {cuda::CudaBackend::kFlashNarrowKeys, cuda::CudaBackend::kFlashWideKeys}) {
+            be.set_flash_key_tile(tile);
+            print({std::string("  same, 128-query blocks, ") + (tile == cuda::CudaBackend::kFlashWideKeys ? "wide" : "narrow") + " key tile",
+                   time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+          }
           be.set_flash_key_tile(0);
         }
         be.set_flash_block_rows(0);

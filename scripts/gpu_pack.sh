@@ -27,6 +27,8 @@ cp "$BUILD_DIR/tests/atelier_gpu_tests" "$stage/bin/tests/"
 # (unet_step_bench is left out: `atelier bench` measures the same, and each binary carries every kernel.)
 cp "$BUILD_DIR/bench/cuda_ops_bench" "$stage/bin/bench/"
 cp "$BUILD_DIR/atelier" "$stage/bin/"
+# Host symbol tables are not needed there (the device code, in .nv_fatbin, is kept): a smaller carry.
+strip --strip-unneeded "$stage/bin/atelier" "$stage/bin/tests/atelier_gpu_tests" "$stage/bin/bench/"* 2> /dev/null || true
 # Only the files the GPU tests open (the whole fixture folder would not fit the 64 MiB a call may carry).
 src="$FIXTURES/sd15-tiny"
 if [[ -d $src ]]; then

@@ -360,7 +360,9 @@ TEST(CudaOps, FlashAttentionMatchesCpu) {
   const struct {
     int rows, key_tile;
     const char* name;
-  } variants[] = {{64, 0, "flash64"}, {128, 0, "flash128"}, {128, cuda::CudaBackend::kFlashWideKeys, "flash128 wide keys"}};
+  } variants[] = {{64, 0, "flash64"},
+                  {128, cuda::CudaBackend::kFlashNarrowKeys, "flash128"},
+                  {128, cuda::CudaBackend::kFlashWideKeys, "flash128 wide keys"}};
   for (const auto& var : variants) {
     test::cuda_be().set_flash_block_rows(var.rows);
     test::cuda_be().set_flash_key_tile(var.key_tile);

@@ -49,8 +49,11 @@ template <int MT> constexpr int kBlockM = 4 * MT * kWarpRows;
 template <int DPAD, int MT> constexpr int kBlockN = (MT == 1 ? DPAD <= 128 : DPAD <= 64) ? 64 : 32;
 template <int DPAD> constexpr int kPitch = DPAD + 8;  // row pitch in elements: 4 words of padding, no bank conflicts
 // A second, twice as wide key tile is compiled for the two-m-tile kernels at head dims 48, 64 and 128 (more
-// work per barrier and per softmax rescale, more registers): CudaBackend::set_flash_key_tile picks it.
+// work per barrier and per softmax rescale, more registers: ptxas spills 56-128 bytes). On the H200 it is
+// faster at 48 (172 -> 193 TFLOP/s at SD's head dim 40) and 128 (234 -> 264) and slower at 64 (270 -> 233),
+// so it is the default at 48 and 128 (kWideByDefault); CudaBackend::set_flash_key_tile forces either.
 template <int DPAD, int MT> constexpr int kWideBlockN = MT == 2 && (DPAD == 48 || DPAD == 64 || DPAD == 128) ? 2 * kBlockN<DPAD, MT> : 0;
+template <int DPAD> constexpr bool kWideByDefault = DPAD == 48 || DPAD == 128;
 template <typename T, int DPAD, int MT, int BN>
 constexpr size_t flash_smem_bytes() {
   return size_t(kBlockM<MT> + 4 * BN) * kPitch<DPAD> * sizeof(T);
@@ -369,12 +372,14 @@ bool launch_flash_kernel(const FlashParams& p, int batch, size_t max_smem, cudaS
   return true;
 }
 
-// The key tile: the default kBlockN, or the wide one where it is compiled and asked for (wide_keys).
+// The key tile: kBlockN, or the wide one where it is compiled and chosen (key_tile: 0 = kWideByDefault,
+// else CudaBackend::kFlashNarrowKeys / kFlashWideKeys).
 template <typename T, int DPAD, int MT>
-bool launch_flash(const FlashParams& p, int batch, size_t max_smem, cudaStream_t stream, bool wide_keys) {
+bool launch_flash(const FlashParams& p, int batch, size_t max_smem, cudaStream_t stream, int key_tile) {
   constexpr int kWide = kWideBlockN<DPAD, MT>;
   if constexpr (kWide > 0) {
-    if (wide_keys) {
+    const bool wide = key_tile == 0 ? kWideByDefault<DPAD> : key_tile == CudaBackend::kFlashWideKeys;
+    if (wide) {
       if (p.mask.ptr) return launch_flash_kernel<T, DPAD, MT, kWide, true>(p, batch, max_smem, stream);
       return launch_flash_kernel<T, DPAD, MT, kWide, false>(p, batch, max_smem, stream);
     }
@@ -392,7 +397,7 @@ struct FlashLaunch {
   int batch;
   int sm_count;
   int forced_rows;
-  bool wide_keys;  // CudaBackend::set_flash_key_tile(kFlashWideKeys)
+  int key_tile;  // CudaBackend::set_flash_key_tile's mode
   size_t max_smem;
   cudaStream_t stream;
 };
@@ -405,9 +410,9 @@ bool wide_blocks(const FlashParams& p, const FlashLaunch& l) {
 template <typename T, int DPAD>
 bool launch_flash_rows(const FlashParams& p, const FlashLaunch& l) {
   if constexpr (DPAD <= 128) {
-    if (wide_blocks(p, l)) return launch_flash<T, DPAD, 2>(p, l.batch, l.max_smem, l.stream, l.wide_keys);
+    if (wide_blocks(p, l)) return launch_flash<T, DPAD, 2>(p, l.batch, l.max_smem, l.stream, l.key_tile);
   }
-  return launch_flash<T, DPAD, 1>(p, l.batch, l.max_smem, l.stream, false);
+  return launch_flash<T, DPAD, 1>(p, l.batch, l.max_smem, l.stream, l.key_tile);
 }
 
 // Padded head dims with a compiled kernel: the smallest bucket >= the head dim is used.
@@ -458,7 +463,7 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
   p.scale = scale;
   p.mask = attention_mask_of(mask);
   NvtxRange range("attention_flash");
-  const FlashLaunch launch{int(b), sm_count_, flash_block_rows_, flash_key_tile_ == kFlashWideKeys, max_smem_optin_, stream_};
+  const FlashLaunch launch{int(b), sm_count_, flash_block_rows_, flash_key_tile_, max_smem_optin_, stream_};
   if (dt == DType::BF16) return launch_flash_bucket<__nv_bfloat16>(p, launch);
   return launch_flash_bucket<__half>(p, launch);
 }

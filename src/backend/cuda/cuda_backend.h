@@ -83,8 +83,9 @@ class CudaBackend final : public Backend {
   // Queries per block of the flash kernel: 64 or 128 (two m-tiles per warp), 0 = chosen per call from the
   // grid size. Tests and benchmarks force each.
   void set_flash_block_rows(int rows) { flash_block_rows_ = rows; }
-  // Key tile of the 128-query kernels at head dims 48/64/128: 0 = the default width, kFlashWideKeys = twice
-  // as many keys per tile (compiled for comparison; benchmarks and tests force it).
+  // Key tile of the 128-query kernels at head dims 48/64/128: 0 = the measured best per head dim (wide at 48
+  // and 128, narrow at 64; docs/performance.md), kFlashNarrowKeys / kFlashWideKeys force one (tests, benches).
+  static constexpr int kFlashNarrowKeys = 1;
   static constexpr int kFlashWideKeys = 2;
   void set_flash_key_tile(int mode) { flash_key_tile_ = mode; }
   // Enqueues one GEMM (used by conv2d's im2col path and the general attention path too).

@@ -1,8 +1,8 @@
 // Convolution through cuDNN's graph (backend) API, the way PyTorch reaches cuDNN's fast kernels: an operation
 // graph with one convolution-forward node over channels-last tensors, engine configurations from cuDNN's
-// heuristics (mode A, best first; FALLBACK's list too when the plans are timed or A gives nothing usable),
-// one execution plan per configuration that finalizes, and, as cudnn.benchmark does, each plan timed once per
-// shape on the real buffers (CUDA events) with the fastest kept (within a planning budget of 3 s a shape).
+// heuristics (mode A, best first; FALLBACK's only when A gives nothing usable), execution plans for A's first
+// few configurations that finalize, and, as cudnn.benchmark does, each plan timed once per shape on the real
+// buffers (CUDA events) with the fastest kept (within a planning budget of 3 s a shape).
 // Why: the legacy descriptor API (ConvEngine's other path) reached 97-402 TFLOP/s on SD's bf16 3x3
 // convolutions on an H200 where PyTorch, through graph-API plans, reaches 328-495 (2026-11-29).
 //
