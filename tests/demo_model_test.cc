@@ -13,6 +13,7 @@
 #include "demo_checker.h"
 #include "pipeline/demo_model.h"
 #include "pipeline/sd_pipeline.h"
+#include "serve/model_registry.h"
 
 namespace atelier {
 namespace {
@@ -48,6 +49,22 @@ TEST(DemoModelLookup, EnvironmentFirstThenInstallThenSource) {
   auto found = find_demo_model("/opt/x/bin");
   ASSERT_TRUE(found.has_value()) << found.status().message();
   EXPECT_EQ(*found, (tmp / "model").string());
+  fs::remove_all(tmp);
+}
+
+// `atelier serve` with neither --model nor --model-dir serves the demo model as "demo"; anything named wins.
+TEST(DemoModelLookup, ServeDefaultsToTheDemoModel) {
+  const fs::path tmp = fs::temp_directory_path() / "atelier_demo_serve_test";
+  fs::create_directories(tmp / "model");
+  std::ofstream(tmp / "model" / "model_index.json") << "{}";
+  EnvVar env("ATELIER_DEMO_MODEL", (tmp / "model").string());
+  EXPECT_EQ(serve::specs_with_default_model({}, "", "/opt/x/bin"), std::vector<std::string>{"demo=" + (tmp / "model").string()});
+  EXPECT_EQ(serve::specs_with_default_model({"sd=/m"}, "", "/opt/x/bin"), std::vector<std::string>{"sd=/m"});
+  EXPECT_TRUE(serve::specs_with_default_model({}, "/models", "/opt/x/bin").empty());
+  auto registry = serve::ModelRegistry::create(serve::specs_with_default_model({}, "", ""), "");
+  ASSERT_TRUE(registry.has_value()) << registry.status().message();
+  ASSERT_NE(registry->find("demo"), nullptr);
+  EXPECT_EQ(registry->find("demo")->path, (tmp / "model").string());
   fs::remove_all(tmp);
 }
 

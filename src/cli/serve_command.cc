@@ -4,12 +4,14 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "pipeline/demo_model.h"
+#include "serve/model_registry.h"
 
 namespace atelier::cli {
 
 void add_serve_command(CLI::App& app, serve::ServeOptions& o) {
   CLI::App* c = app.add_subcommand("serve", "Serve the native, AUTOMATIC1111 and OpenAI image APIs over HTTP");
-  c->add_option("--model", o.models, "NAME=PATH (or PATH) of a diffusers folder or .safetensors file; repeatable; the first is the default");
+  c->add_option("--model", o.models, "NAME=PATH (or PATH) of a diffusers folder or .safetensors file; repeatable; the first is the default (none and no --model-dir: the bundled demo model, as demo)");
   c->add_option("--model-dir", o.model_dir, "Folder whose model folders / .safetensors files are served by name");
   c->add_option("--tokenizer", o.tokenizer_dir, "CLIP tokenizer folder for single-file checkpoints without one");
   c->add_option("--host", o.host, "Address to listen on")->capture_default_str();
@@ -49,9 +51,15 @@ int run_serve(const serve::ServeOptions& o) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto server = serve::Server::create(o);
+  // Nothing named: the bundled demo model, as `generate` does.
+  serve::ServeOptions opts = o;
+  opts.models = serve::specs_with_default_model(o.models, o.model_dir, executable_dir());
+  if (o.models.empty() && !opts.models.empty()) std::printf("serving the bundled demo model as 'demo' (%s)\n", opts.models[0].c_str() + 5);
+  auto server = serve::Server::create(opts);
   if (!server) {
     std::fprintf(stderr, "error: %s\n", server.status().message().c_str());
+    if (opts.models.empty() && o.model_dir.empty())
+      if (auto demo = find_demo_model(executable_dir()); !demo) std::fprintf(stderr, "(%s)\n", demo.status().message().c_str());
     return 2;
   }
   if (Status st = (*server)->start(); !st.is_ok()) {

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "pipeline/builtin_models.h"
+#include "pipeline/demo_model.h"
 #include "io/hash.h"
 
 namespace atelier::serve {
@@ -25,6 +26,14 @@ bool is_model_path(const fs::path& p) {
 }
 
 }  // namespace
+
+std::vector<std::string> specs_with_default_model(const std::vector<std::string>& specs, const std::string& model_dir,
+                                                  const std::string& exe_dir) {
+  if (!specs.empty() || !model_dir.empty()) return specs;
+  auto demo = find_demo_model(exe_dir);
+  if (!demo) return specs;
+  return {"demo=" + *demo};
+}
 
 Expected<ModelRegistry> ModelRegistry::create(const std::vector<std::string>& specs, const std::string& model_dir) {
   ModelRegistry r;

@@ -23,6 +23,13 @@ struct ModelEntry {
   std::string path;
 };
 
+// The model specs to serve: `specs` as given, or — when neither a model nor a model folder is named — the
+// bundled demo model as "demo=<path>" (pipeline/demo_model.h looks in $ATELIER_DEMO_MODEL, beside an installed
+// `exe_dir`, then the source tree), so that `atelier serve` alone serves something. Empty when there is
+// nothing to add and nothing was given (ModelRegistry::create then says what to pass).
+std::vector<std::string> specs_with_default_model(const std::vector<std::string>& specs, const std::string& model_dir,
+                                                  const std::string& exe_dir);
+
 class ModelRegistry {
  public:
   // `specs`: NAME=PATH or PATH; `model_dir` may be empty. Errors name a missing path or a duplicate name.
