@@ -56,18 +56,29 @@ struct DitRun {
   bool cfg = false;
 };
 
-// FLUX: warm-up calls and decode, then the timed generation through FluxPipeline's stages.
-Status run_flux(DitRun& run, trace::Recorder& rec) {
-  const BuiltinDitConfig& c = run.config;
-  const BenchOptions& o = run.o;
+// Builds a random model through make(&params) inside the bench's load range, and puts the load time and the
+// model's size and dtype in the report.
+template <typename MakeModel>
+auto load_random_model(DitRun& run, trace::Recorder& rec, const MakeModel& make) {
   int64_t params = 0;
   trace::Scope load_range(kBenchLoadRange, Category::kStage);
-  ATELIER_ASSIGN_OR_RETURN(auto model, make_random_flux_model(c, run.dev, o.seed, &params));
+  auto model = make(&params);
+  if (!model) return model;
   backend_for(run.dev).synchronize();
   load_range.finish();
   run.report.load_s = trace::total_seconds(rec.events(), kBenchLoadRange);
   run.report.model_kind = "random weights, transformer " + param_count(params) + " parameters in " +
                           std::string(dtype_name(default_model_dtype(run.dev)));
+  return model;
+}
+
+// FLUX: warm-up calls and decode, then the timed generation through FluxPipeline's stages.
+Status run_flux(DitRun& run, trace::Recorder& rec) {
+  const BuiltinDitConfig& c = run.config;
+  const BenchOptions& o = run.o;
+  ATELIER_ASSIGN_OR_RETURN(auto model, load_random_model(run, rec, [&](int64_t* params) {
+                             return make_random_flux_model(c, run.dev, o.seed, params);
+                           }));
   const FluxPipeline pipe(model);
   const int64_t tokens = o.text_tokens > 0 ? o.text_tokens : c.text_tokens;
   const FluxPrompt cond{seeded(kConditioningSeed, {1, tokens, c.text_width}, run.dev),
@@ -112,14 +123,9 @@ Status run_flux(DitRun& run, trace::Recorder& rec) {
 Status run_zimage(DitRun& run, trace::Recorder& rec) {
   const BuiltinDitConfig& c = run.config;
   const BenchOptions& o = run.o;
-  int64_t params = 0;
-  trace::Scope load_range(kBenchLoadRange, Category::kStage);
-  ATELIER_ASSIGN_OR_RETURN(auto model, make_random_zimage_model(c, run.dev, o.seed, &params));
-  backend_for(run.dev).synchronize();
-  load_range.finish();
-  run.report.load_s = trace::total_seconds(rec.events(), kBenchLoadRange);
-  run.report.model_kind = "random weights, transformer " + param_count(params) + " parameters in " +
-                          std::string(dtype_name(default_model_dtype(run.dev)));
+  ATELIER_ASSIGN_OR_RETURN(auto model, load_random_model(run, rec, [&](int64_t* params) {
+                             return make_random_zimage_model(c, run.dev, o.seed, params);
+                           }));
   const ZImagePipeline pipe(model);
   const int64_t tokens = o.text_tokens > 0 ? o.text_tokens : c.text_tokens;
   const Tensor cond = seeded(kConditioningSeed, {tokens, c.text_width}, run.dev);
