@@ -147,19 +147,6 @@ std::optional<std::string> token_string(const json& j, const char* key) {
   return std::nullopt;
 }
 
-// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to U+0100 + n in byte order.
-void build_byte_alphabet(std::string (&symbols)[256]) {
-  auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
-  int next = 0;
-  for (int b = 0; b < 256; ++b) {
-    const char32_t cp = printable(b) ? char32_t(b) : char32_t(256 + next++);
-    symbols[b].clear();
-    unicode::append_utf8(cp, symbols[b]);
-  }
-}
-
-uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
-
 enum class SplitStyle { kClip, kGpt2 };
 
 // Splits whitespace-free-or-not normalized text by one of the two regexes the CLIP pipeline applies:
@@ -268,7 +255,7 @@ Expected<ClipTokenizer> ClipTokenizer::load_impl(const std::string& dir_str) {
     const double m = config.at("model_max_length").get<double>();
     if (m >= 2 && m <= kMaxSaneMaxLength) t.max_length_ = int(m);
   }
-  ATELIER_RETURN_IF_ERROR(t.build_merges(merges, dir_str));
+  ATELIER_RETURN_IF_ERROR(t.merges_.build(merges, t.vocab_, dir_str));
   t.finish_setup();
   return t;
 }
@@ -316,30 +303,15 @@ Status ClipTokenizer::add_special_tokens(const json& config, const json& special
   return Status::ok();
 }
 
-Status ClipTokenizer::build_merges(const std::vector<std::pair<std::string, std::string>>& merges, const std::string& dir) {
-  merges_.reserve(merges.size());
-  std::string joined;
-  int32_t rank = 0;
-  for (const auto& [a, b] : merges) {
-    joined.assign(a).append(b);
-    auto ia = vocab_.find(a), ib = vocab_.find(b), im = vocab_.find(joined);
-    if (ia == vocab_.end() || ib == vocab_.end() || im == vocab_.end())
-      return corrupt(dir + ": merge '" + a + " " + b + "' uses or makes a token that is not in the vocabulary");
-    // A repeated merge takes its last rank, as HF's map (and CLIP's dict) built in file order does.
-    merges_[pair_key(ia->second, ib->second)] = Merge{rank++, im->second};
-  }
-  return Status::ok();
-}
-
 void ClipTokenizer::finish_setup() {
   int32_t max_id = 0;
   for (const auto& [tok, id] : vocab_) max_id = std::max(max_id, id);
   id_to_token_.assign(size_t(max_id) + 1, std::string());
   for (const auto& [tok, id] : vocab_) id_to_token_[id] = tok;
-  build_byte_alphabet(byte_symbol_);
+  const auto& byte_symbol = bpe::byte_symbols();
   for (int b = 0; b < 256; ++b) {
-    auto it = vocab_.find(byte_symbol_[b]);
-    auto it_eow = vocab_.find(byte_symbol_[b] + kEndOfWord);
+    auto it = vocab_.find(byte_symbol[size_t(b)]);
+    auto it_eow = vocab_.find(byte_symbol[size_t(b)] + kEndOfWord);
     byte_id_[b] = it == vocab_.end() ? unk_ : it->second;
     byte_eow_id_[b] = it_eow == vocab_.end() ? unk_ : it_eow->second;
   }
@@ -361,31 +333,7 @@ std::vector<int32_t> ClipTokenizer::merge_symbols(const std::string& word) const
     const auto b = static_cast<unsigned char>(word[i]);
     sym.push_back(i + 1 == word.size() ? byte_eow_id_[b] : byte_id_[b]);
   }
-  // Repeatedly merge the best-ranked adjacent pair, every occurrence left to right.
-  while (sym.size() > 1) {
-    int32_t best_rank = std::numeric_limits<int32_t>::max();
-    uint64_t best_key = 0;
-    for (size_t i = 0; i + 1 < sym.size(); ++i) {
-      auto it = merges_.find(pair_key(sym[i], sym[i + 1]));
-      if (it != merges_.end() && it->second.rank < best_rank) {
-        best_rank = it->second.rank;
-        best_key = it->first;
-      }
-    }
-    if (best_rank == std::numeric_limits<int32_t>::max()) break;
-    const int32_t merged = merges_.at(best_key).id;
-    std::vector<int32_t> next;
-    next.reserve(sym.size());
-    for (size_t i = 0; i < sym.size(); ++i) {
-      if (i + 1 < sym.size() && pair_key(sym[i], sym[i + 1]) == best_key) {
-        next.push_back(merged);
-        ++i;
-      } else {
-        next.push_back(sym[i]);
-      }
-    }
-    sym.swap(next);
-  }
+  merges_.merge(sym);
   return sym;
 }
 

@@ -21,6 +21,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/status.h"
+#include "tokenizers/byte_bpe.h"
 
 namespace atelier {
 
@@ -67,7 +68,6 @@ class ClipTokenizer {
   // Registers added and special tokens (bos/eos/unk/pad) from the parsed config files (null when absent).
   Status add_special_tokens(const nlohmann::json& config, const nlohmann::json& special_map,
                             const nlohmann::json& tok_json, const std::string& dir);
-  Status build_merges(const std::vector<std::pair<std::string, std::string>>& merges, const std::string& dir);
   // Builds the id -> token table, the byte-symbol ids and the special-token match order.
   void finish_setup();
   // Appends the ids of one pre-tokenized word (a piece of normalized UTF-8 text).
@@ -79,13 +79,8 @@ class ClipTokenizer {
 
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;
-  struct Merge {
-    int32_t rank;  // position in merges.txt: lower merges first
-    int32_t id;    // id of the merged token
-  };
-  std::unordered_map<uint64_t, Merge> merges_;  // (left id << 32 | right id) -> merge
+  bpe::MergeTable merges_;
   std::vector<std::pair<std::string, int32_t>> special_tokens_;  // matched in raw text, longest first
-  std::string byte_symbol_[256];       // GPT-2 bytes_to_unicode, as UTF-8
   int32_t byte_id_[256] = {};          // id of each byte symbol
   int32_t byte_eow_id_[256] = {};      // id of each byte symbol + "</w>"
   int bos_ = 49406, eos_ = 49407, pad_ = 49407, unk_ = 49407;

@@ -36,18 +36,6 @@ Expected<json> read_json(const fs::path& path) {
   return j;
 }
 
-uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
-
-// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to U+0100 + n in byte order.
-std::string byte_symbol(int byte) {
-  auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
-  int next = 0;
-  for (int b = 0; b < byte; ++b) next += printable(b) ? 0 : 1;
-  std::string s;
-  unicode::append_utf8(printable(byte) ? char32_t(byte) : char32_t(256 + next), s);
-  return s;
-}
-
 bool is_newline(char32_t c) { return c == U'\r' || c == U'\n'; }
 bool is_ws(char32_t c) { return unicode::is_whitespace(c); }
 bool is_letter(char32_t c) { return unicode::is_letter(c); }
@@ -149,24 +137,20 @@ Expected<QwenTokenizer> QwenTokenizer::load_impl(const std::string& dir_str) {
   std::sort(t.added_tokens_.begin(), t.added_tokens_.end(),
             [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 
-  int32_t rank = 0;
+  std::vector<std::pair<std::string, std::string>> merges;
   for (const json& m : model.at("merges")) {
-    std::string a, b;
     if (m.is_array()) {
-      a = m.at(0).get<std::string>(), b = m.at(1).get<std::string>();
+      merges.emplace_back(m.at(0).get<std::string>(), m.at(1).get<std::string>());
     } else {  // older files write "left right"
       const std::string s = m.get<std::string>();
       const size_t sp = s.find(' ');
       if (sp == std::string::npos) return corrupt(dir_str + "/tokenizer.json: bad merge '" + s + "'");
-      a = s.substr(0, sp), b = s.substr(sp + 1);
+      merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
     }
-    auto ia = t.vocab_.find(a), ib = t.vocab_.find(b), im = t.vocab_.find(a + b);
-    if (ia == t.vocab_.end() || ib == t.vocab_.end() || im == t.vocab_.end())
-      return corrupt(dir_str + "/tokenizer.json: merge '" + a + " " + b + "' uses or makes a token not in the vocabulary");
-    t.merges_[pair_key(ia->second, ib->second)] = Merge{rank++, im->second};
   }
+  ATELIER_RETURN_IF_ERROR(t.merges_.build(merges, t.vocab_, dir_str + "/tokenizer.json"));
   for (int b = 0; b < 256; ++b) {
-    auto it = t.vocab_.find(byte_symbol(b));
+    auto it = t.vocab_.find(bpe::byte_symbols()[size_t(b)]);
     if (it == t.vocab_.end()) return unsupported(dir_str + ": the vocabulary lacks byte symbol " + std::to_string(b) + " (not a byte-level BPE)");
     t.byte_id_[b] = it->second;
   }
@@ -193,29 +177,7 @@ std::vector<int32_t> QwenTokenizer::merge_symbols(const std::string& piece) cons
   std::vector<int32_t> sym;
   sym.reserve(piece.size());
   for (char ch : piece) sym.push_back(byte_id_[static_cast<unsigned char>(ch)]);
-  // Repeatedly merge the best-ranked adjacent pair, every occurrence left to right (what HF's queue of
-  // (rank, position) produces).
-  while (sym.size() > 1) {
-    int32_t best_rank = std::numeric_limits<int32_t>::max();
-    uint64_t best_key = 0;
-    for (size_t i = 0; i + 1 < sym.size(); ++i) {
-      auto it = merges_.find(pair_key(sym[i], sym[i + 1]));
-      if (it != merges_.end() && it->second.rank < best_rank) best_rank = it->second.rank, best_key = it->first;
-    }
-    if (best_rank == std::numeric_limits<int32_t>::max()) break;
-    const int32_t merged = merges_.at(best_key).id;
-    std::vector<int32_t> next;
-    next.reserve(sym.size());
-    for (size_t i = 0; i < sym.size(); ++i) {
-      if (i + 1 < sym.size() && pair_key(sym[i], sym[i + 1]) == best_key) {
-        next.push_back(merged);
-        ++i;
-      } else {
-        next.push_back(sym[i]);
-      }
-    }
-    sym.swap(next);
-  }
+  merges_.merge(sym);  // what HF's queue of (rank, position) produces
   return sym;
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "tokenizers/byte_bpe.h"
 
 namespace atelier {
 
@@ -60,11 +61,7 @@ class QwenTokenizer {
   std::vector<int32_t> merge_symbols(const std::string& piece) const;
 
   std::unordered_map<std::string, int32_t> vocab_;
-  struct Merge {
-    int32_t rank;  // position in the merges list: lower merges first
-    int32_t id;    // id of the merged token
-  };
-  std::unordered_map<uint64_t, Merge> merges_;                   // (left id << 32 | right id) -> merge
+  bpe::MergeTable merges_;
   std::vector<std::pair<std::string, int32_t>> added_tokens_;    // matched in raw text, longest first
   int32_t byte_id_[256] = {};                                    // id of each byte's symbol
   int32_t pad_ = 0;
