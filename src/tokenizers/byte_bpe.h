@@ -4,6 +4,8 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -32,6 +34,37 @@ class MergeTable {
   };
   static uint64_t key(int32_t left, int32_t right) { return (uint64_t(uint32_t(left)) << 32) | uint32_t(right); }
   std::unordered_map<uint64_t, Merge> merges_;  // key(left id, right id) -> merge
+};
+
+// Word (or pre-tokenized piece) -> BPE ids, bounded, thread-safe; copies of a tokenizer share one (the
+// tokenizers stay copyable). Merging is the slow part of encoding and prompts repeat their words.
+class WordCache {
+ public:
+  // Appends the ids of `word` to `ids`: from the cache, or from `compute(word)` (then remembered while the
+  // cache holds fewer than kCapacity words).
+  template <typename Compute>
+  void append(const std::string& word, std::vector<int32_t>& ids, const Compute& compute) const {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      auto it = state_->words.find(word);
+      if (it != state_->words.end()) {
+        ids.insert(ids.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    std::vector<int32_t> sym = compute(word);
+    ids.insert(ids.end(), sym.begin(), sym.end());
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->words.size() < kCapacity) state_->words.emplace(word, std::move(sym));
+  }
+
+ private:
+  static constexpr size_t kCapacity = 10000;
+  struct State {
+    std::mutex mu;
+    std::unordered_map<std::string, std::vector<int32_t>> words;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 }  // namespace atelier::bpe

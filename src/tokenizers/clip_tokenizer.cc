@@ -25,7 +25,6 @@ constexpr const char* kDefaultEos = "<|endoftext|>";
 // Configs sometimes hold a "no limit" sentinel (1e30) here; CLIP text encoders always have 77 positions.
 constexpr double kMaxSaneMaxLength = 1 << 20;
 // Like HF tokenizers' BPE cache: words are cached until this many are held.
-constexpr size_t kCacheCapacity = 10000;
 
 Expected<std::string> read_file(const fs::path& path) {
   std::ifstream f(path, std::ios::binary);
@@ -212,12 +211,7 @@ std::u32string normalize(std::string_view text) {
 
 }  // namespace
 
-struct ClipTokenizer::Cache {
-  std::mutex mu;
-  std::unordered_map<std::string, std::vector<int32_t>> words;
-};
-
-ClipTokenizer::ClipTokenizer() : cache_(std::make_shared<Cache>()) {}
+ClipTokenizer::ClipTokenizer() = default;
 
 Expected<ClipTokenizer> ClipTokenizer::load(const std::string& dir) {
   // nlohmann::json accessors and std::stoll throw on wrongly typed fields: report those as corrupt files.
@@ -339,18 +333,7 @@ std::vector<int32_t> ClipTokenizer::merge_symbols(const std::string& word) const
 
 void ClipTokenizer::bpe_word(const std::string& word, std::vector<int32_t>& ids) const {
   if (word.empty()) return;
-  {
-    std::lock_guard<std::mutex> lock(cache_->mu);
-    auto it = cache_->words.find(word);
-    if (it != cache_->words.end()) {
-      ids.insert(ids.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
-  std::vector<int32_t> sym = merge_symbols(word);
-  ids.insert(ids.end(), sym.begin(), sym.end());
-  std::lock_guard<std::mutex> lock(cache_->mu);
-  if (cache_->words.size() < kCacheCapacity) cache_->words.emplace(word, std::move(sym));
+  cache_.append(word, ids, [this](const std::string& w) { return merge_symbols(w); });
 }
 
 void ClipTokenizer::encode_span(std::string_view span, std::vector<int32_t>& ids) const {

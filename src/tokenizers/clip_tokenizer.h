@@ -62,7 +62,6 @@ class ClipTokenizer {
   size_t vocab_size() const { return id_to_token_.size(); }
 
  private:
-  struct Cache;
   ClipTokenizer();
   static Expected<ClipTokenizer> load_impl(const std::string& dir);
   // Registers added and special tokens (bos/eos/unk/pad) from the parsed config files (null when absent).
@@ -86,7 +85,7 @@ class ClipTokenizer {
   int bos_ = 49406, eos_ = 49407, pad_ = 49407, unk_ = 49407;
   static constexpr int kDefaultMaxLength = 77;  // CLIP's position-embedding count
   int max_length_ = kDefaultMaxLength;
-  std::shared_ptr<Cache> cache_;  // word -> ids; shared so the tokenizer stays copyable
+  bpe::WordCache cache_;  // word -> ids
 };
 
 }  // namespace atelier

@@ -18,7 +18,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 // Like HF tokenizers' BPE cache: pieces are cached until this many are held.
-constexpr size_t kCacheCapacity = 10000;
 constexpr char32_t kLongS = U'\u017F';  // ſ: case-folds to 's', so (?i:'s) matches "'ſ"
 
 Expected<std::string> read_text(const fs::path& path) {
@@ -105,12 +104,7 @@ std::vector<std::u32string_view> split_pieces(std::u32string_view s) {
 
 }  // namespace
 
-struct QwenTokenizer::Cache {
-  std::mutex mu;
-  std::unordered_map<std::string, std::vector<int32_t>> pieces;
-};
-
-QwenTokenizer::QwenTokenizer() : cache_(std::make_shared<Cache>()) {}
+QwenTokenizer::QwenTokenizer() = default;
 
 Expected<QwenTokenizer> QwenTokenizer::load(const std::string& dir) {
   // nlohmann::json accessors throw on wrongly typed fields: report those as corrupt files.
@@ -182,18 +176,7 @@ std::vector<int32_t> QwenTokenizer::merge_symbols(const std::string& piece) cons
 }
 
 void QwenTokenizer::bpe_piece(const std::string& piece, std::vector<int32_t>& ids) const {
-  {
-    std::lock_guard<std::mutex> lock(cache_->mu);
-    auto it = cache_->pieces.find(piece);
-    if (it != cache_->pieces.end()) {
-      ids.insert(ids.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
-  std::vector<int32_t> sym = merge_symbols(piece);
-  ids.insert(ids.end(), sym.begin(), sym.end());
-  std::lock_guard<std::mutex> lock(cache_->mu);
-  if (cache_->pieces.size() < kCacheCapacity) cache_->pieces.emplace(piece, std::move(sym));
+  cache_.append(piece, ids, [this](const std::string& p) { return merge_symbols(p); });
 }
 
 void QwenTokenizer::encode_span(std::string_view span, std::vector<int32_t>& ids) const {

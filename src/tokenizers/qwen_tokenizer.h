@@ -52,7 +52,6 @@ class QwenTokenizer {
   const std::string& chat_template() const { return chat_template_; }
 
  private:
-  struct Cache;
   static Expected<QwenTokenizer> load_impl(const std::string& dir);
   // Appends the ids of a span of raw text that holds no added token.
   void encode_span(std::string_view span, std::vector<int32_t>& ids) const;
@@ -66,7 +65,7 @@ class QwenTokenizer {
   int32_t byte_id_[256] = {};                                    // id of each byte's symbol
   int32_t pad_ = 0;
   std::string chat_template_;
-  std::shared_ptr<Cache> cache_;  // piece -> ids; shared so the tokenizer stays copyable
+  bpe::WordCache cache_;  // piece -> ids
 };
 
 }  // namespace atelier
