@@ -18,7 +18,7 @@ namespace {
 
 struct Args {
   std::string model, prompts = std::string(ATELIER_SOURCE_DIR) + "/tests/data/demo/heldout_prompts.txt";
-  std::string sampler = "euler_a", save;
+  std::string sampler = atelier::kDemoModelSampler, save;  // what `generate` uses for the demo model
   int steps = 20;
   float cfg = 7.0f;
 };

@@ -121,7 +121,8 @@ TEST(DemoModel, DrawsWhatThePromptsSay) {
       "a small orange circle on the left on a blue background"};
   int passed = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerateRequest r;  // the CLI's defaults: 20 steps, CFG 7, euler_a, the model's size
+    GenerateRequest r;  // what `generate` uses for the demo model: 20 steps, CFG 7, its sampler, its size
+    r.sampler = kDemoModelSampler;
     r.prompt = prompts[i];
     r.seed = int64_t(i + 1);
     r.rng = "cpu";

@@ -26,6 +26,7 @@ struct GenerateOptions {
   float guidance = 3.5f;
   int max_sequence_length = 512;
   bool cfg_given = false;  // --cfg-scale was on the command line (FLUX runs true CFG only then)
+  bool sampler_given = false;  // --sampler was on the command line (the demo model has its own default)
   std::string components;  // Z-Image: the diffusers folder with the parts a single-file transformer lacks
 };
 void add_generate_command(CLI::App& app, GenerateOptions& o);

@@ -30,8 +30,10 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
       ->capture_default_str()
       ->each([&o](const std::string&) { o.cfg_given = true; });
   c->add_option("--sampler", r.sampler,
-                "euler, euler_a, heun, ddim, dpmpp_2m, dpmpp_2m_sde, lcm (or A1111 names: \"Euler a\", \"DPM++ 2M Karras\")")
-      ->capture_default_str();
+                "euler, euler_a, heun, ddim, dpmpp_2m, dpmpp_2m_sde, lcm (or A1111 names: \"Euler a\", \"DPM++ 2M Karras\"); "
+                "the bundled demo model defaults to its own (ddim)")
+      ->capture_default_str()
+      ->each([&o](const std::string&) { o.sampler_given = true; });
   c->add_option("--schedule", r.schedule, "default, karras, exponential")->capture_default_str();
   c->add_option("--seed", r.seed, "Seed (-1: random)")->capture_default_str();
   c->add_option("--rng", r.rng, "cpu (torch CPU generator) or cuda (torch CUDA generator, A1111's default)")->capture_default_str();
@@ -89,6 +91,7 @@ int run_generate(const GenerateOptions& o) {
   lo.device = *dev;
   if (o.dtype != "auto") lo.dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
   std::string model_path = o.model;
+  GenerateRequest request = o.request;
   if (model_path.empty()) {
     auto demo = find_demo_model(executable_dir());
     if (!demo) {
@@ -96,6 +99,7 @@ int run_generate(const GenerateOptions& o) {
       return 1;
     }
     model_path = *demo;
+    if (!o.sampler_given) request.sampler = kDemoModelSampler;
   }
   auto model = load_sd_model(model_path, lo);
   if (!model) {
@@ -110,7 +114,7 @@ int run_generate(const GenerateOptions& o) {
     if (p.call == p.total_calls) std::fputc('\n', stderr);
     return true;
   };
-  auto res = pipe.generate(o.request, progress);
+  auto res = pipe.generate(request, progress);
   if (!res) {
     std::fprintf(stderr, "\nerror: %s\n", res.status().message().c_str());
     return 1;
