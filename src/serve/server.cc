@@ -175,14 +175,7 @@ Expected<std::unique_ptr<Server>> Server::create(const ServeOptions& o) {
     });
   }
   s.scheduler = std::make_unique<Scheduler>(SchedulerOptions{}, std::move(queue), s.pool, s.store, s.metrics);
-  WorkerOptions wo;
-  wo.cpu_threads = o.cpu_threads;
-  wo.max_batch = o.max_batch;
-  wo.batch_window_ms = o.batch_window_ms;
-  wo.probe_interval_ms = o.probe_interval_ms;
-  wo.output_dir = o.output_dir;
-  wo.models = {Device::cpu(), o.tokenizer_dir, o.model_memory_mb << 20, o.max_models_per_device};
-  s.pool.add_workers(devices, wo, s.registry, s.metrics, *s.host_pool, s.scheduler->hooks());
+  s.pool.add_workers(devices, worker_options_of(o), s.registry, s.metrics, *s.host_pool, s.scheduler->hooks());
   s.ctx.reset(new ServerContext{s.options, s.registry, s.store, *s.scheduler, s.pool, s.metrics, s.stopping,
                                 std::chrono::steady_clock::now()});
   if (s.gateway) {

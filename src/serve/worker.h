@@ -40,6 +40,20 @@ struct WorkerOptions {
   std::string output_dir;       // save every image (PNG + JSON sidecar) here when set
 };
 
+// The per-worker options of a command's options (ServeOptions for `atelier serve`, RedisWorkerOptions for
+// `atelier worker`: the same field names), so both commands configure their workers alike.
+template <typename CommandOptions>
+WorkerOptions worker_options_of(const CommandOptions& o) {
+  WorkerOptions wo;
+  wo.cpu_threads = o.cpu_threads;
+  wo.max_batch = o.max_batch;
+  wo.batch_window_ms = o.batch_window_ms;
+  wo.probe_interval_ms = o.probe_interval_ms;
+  wo.output_dir = o.output_dir;
+  wo.models = {Device::cpu(), o.tokenizer_dir, o.model_memory_mb << 20, o.max_models_per_device};
+  return wo;
+}
+
 // How a worker reports to the scheduler. Called from the worker thread, never under the worker's lock.
 struct WorkerHooks {
   std::function<void()> capacity_freed;  // samples left the worker: assign more
