@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/trace.h"
@@ -28,6 +29,12 @@ struct GenerateOptions {
   bool cfg_given = false;  // --cfg-scale was on the command line (FLUX runs true CFG only then)
   bool sampler_given = false;  // --sampler was on the command line (the demo model has its own default)
   std::string components;  // Z-Image: the diffusers folder with the parts a single-file transformer lacks
+
+  // --dtype as a model load option: none for "auto" (the device's default), else the named dtype.
+  std::optional<DType> load_dtype() const {
+    if (dtype == "auto") return std::nullopt;
+    return dtype == "bf16" ? DType::BF16 : dtype == "f16" ? DType::F16 : DType::F32;
+  }
 };
 void add_generate_command(CLI::App& app, GenerateOptions& o);
 int run_generate(const GenerateOptions& o);

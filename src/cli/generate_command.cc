@@ -89,7 +89,7 @@ int run_generate(const GenerateOptions& o) {
   lo.tokenizer_dir = o.tokenizer;
   lo.prediction = o.request.prediction;
   lo.device = *dev;
-  if (o.dtype != "auto") lo.dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
+  lo.dtype = o.load_dtype();
   std::string model_path = o.model;
   GenerateRequest request = o.request;
   if (model_path.empty()) {

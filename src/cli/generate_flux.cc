@@ -25,7 +25,7 @@ int run_generate_flux(const GenerateOptions& o, Device device) {
   lo.clip_tokenizer = o.tokenizer;
   lo.t5_tokenizer = o.t5_tokenizer;
   lo.device = device;
-  if (o.dtype != "auto") lo.dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
+  lo.dtype = o.load_dtype();
   auto model = load_flux_model(o.model, lo);
   if (!model) {
     std::fprintf(stderr, "error: %s\n", model.status().message().c_str());

@@ -29,7 +29,7 @@ int run_generate_zimage(const GenerateOptions& o, Device device) {
   TraceFile trace_file(o.trace);
   ZImageLoadOptions lo;
   lo.device = device;
-  if (o.dtype != "auto") lo.dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
+  lo.dtype = o.load_dtype();
   lo.components_dir = components_for(o);
   lo.max_sequence_length = o.max_sequence_length;
   auto model = load_zimage_model(o.model, lo);
