@@ -101,6 +101,11 @@ TEST(DemoModelCli, GenerateWithoutModel) {
   if (fs::exists(kDemoDir / "model_index.json")) {
     EXPECT_EQ(rc, 0) << output;
     EXPECT_TRUE(fs::exists(out)) << output;
+    // No --sampler: the demo model's own sampler, recorded in the JSON sidecar.
+    std::ifstream sidecar(fs::path(out).replace_extension(".json"));
+    const std::string info((std::istreambuf_iterator<char>(sidecar)), std::istreambuf_iterator<char>());
+    EXPECT_NE(info.find(std::string("\"sampler\": \"") + kDemoModelSampler + "\""), std::string::npos) << info;
+    fs::remove(fs::path(out).replace_extension(".json"));
   } else {
     EXPECT_EQ(rc, 1) << output;
     EXPECT_NE(output.find("demo model was not found"), std::string::npos) << output;
