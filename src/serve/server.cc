@@ -108,7 +108,9 @@ void Server::Impl::configure_http() {
     }
     send_error(res, 500, what);
   });
-  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+  // Counted before the response is written (httplib's logger runs after it): a client that reads /metrics
+  // right after a response must find that request counted, whichever server thread took which connection.
+  http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     metrics.inc(metric::kHttpRequests, {{"endpoint", endpoint_label(req.method, req.path)}, {"status", std::to_string(res.status)}});
   });
   add_ops_routes(http, *ctx);
