@@ -161,9 +161,21 @@ int run(int iters) {
         if (dt == DType::F16 && c.d != 40) continue;
         const Tensor q = random_on({c.b, c.h, c.sq, c.d}, dt, dev), k = random_on({c.b, c.h, c.sk, c.d}, dt, dev),
                      v = random_on({c.b, c.h, c.sk, c.d}, dt, dev);
-        print({"attention flash " + shape + " " + std::string(dtype_name(dt)) + " (" + c.what + ")",
+        print({"attention auto " + shape + " " + std::string(dtype_name(dt)) + " (" + c.what + ")",
                time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
-        if (dt != DType::BF16) continue;
+        be.set_attention_impl(cuda::AttentionImpl::kFlash);
+        print({"  same, flash kernel", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+        be.set_attention_impl(cuda::AttentionImpl::kCudnnSdpa);
+        try {
+          print({"  same, cuDNN SDPA", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+        } catch (const Error& e) {
+          std::printf("  same, cuDNN SDPA: declined (%s)\n", e.what());
+        }
+        be.set_attention_impl(cuda::AttentionImpl::kFlash);  // the variants below are the flash kernel's
+        if (dt != DType::BF16) {
+          be.set_attention_impl(cuda::AttentionImpl::kAuto);
+          continue;
+        }
         for (int rows : {64, 128}) {  // each block height forced (the line above is the automatic choice)
           be.set_flash_block_rows(rows);
           print({"  same, " + std::to_string(rows) + "-query blocks", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
@@ -177,6 +189,7 @@ int run(int iters) {
           be.set_flash_key_tile(0);
         }
         be.set_flash_block_rows(0);
+        be.set_attention_impl(cuda::AttentionImpl::kAuto);
       }
     }
     for (int64_t d : {40, 64}) {

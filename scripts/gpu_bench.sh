@@ -48,9 +48,11 @@ bench sd15_b1 --config sd15 --steps 20 --batch 1 --warmup 2 --ceiling
 kill $dmon 2>/dev/null
 # GPU_BENCH_QUICK=1: the issue-target runs only (no comparison variants, no server run, no tiny models).
 quick=${GPU_BENCH_QUICK:-0}
+# Without cuDNN's graph-API convolutions and without its SDPA node: what each gives the replayed step.
+ATELIER_CUDNN_GRAPH=0 bench sd15_b1_legacy_conv --config sd15 --steps 20 --batch 1 --warmup 2
+ATELIER_CUDNN_SDPA=0 bench sd15_b1_flash_only --config sd15 --steps 20 --batch 1 --warmup 2
 if [[ $quick != 1 ]]; then
   ATELIER_GRAPHS=0 bench sd15_b1_nographs --config sd15 --steps 20 --batch 1 --warmup 2
-  ATELIER_CUDNN_GRAPH=0 bench sd15_b1_legacy_conv --config sd15 --steps 20 --batch 1 --warmup 2
   ATELIER_CONV_NHWC=0 bench sd15_b1_nchw --config sd15 --steps 20 --batch 1 --warmup 2
 fi
 if [[ $quick != 1 && -d $fixtures/sd15-tiny/model/tokenizer ]]; then

@@ -35,6 +35,8 @@ if [[ -d $src ]]; then
   cp "$src/golden.safetensors" "$src/case.json" "$stage/fixtures/sd15-tiny/"
   cp -r "$src/model/unet" "$src/model/text_encoder" "$src/model/vae" "$src/model/tokenizer" "$src/model/scheduler" \
     "$src/model/model_index.json" "$stage/fixtures/sd15-tiny/model/"
+  # vocab.json + merges.txt hold the same BPE model; tokenizer.json is only read when they are absent.
+  rm -f "$stage/fixtures/sd15-tiny/model/tokenizer/tokenizer.json"
 else
   echo "gpu_pack: $src not found: the model tests will report themselves skipped" >&2
 fi
@@ -53,7 +55,7 @@ mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpupack/' "$exclude" 2>/dev/null || echo '/.gpupack/' >> "$exclude"
 # xz: the binaries (fatbins for two architectures) pack to half of what gzip gives.
 rm -f "$dest/.gpupack/atelier-gpu.tar.gz"
-XZ_OPT="-T0 -6" tar -C "$work" -cJf "$dest/.gpupack/atelier-gpu.tar.xz" .devicepack
+XZ_OPT="-T0 -9" tar -C "$work" -cJf "$dest/.gpupack/atelier-gpu.tar.xz" .devicepack
 cp "$root/scripts/gpu_check.sh" "$root/scripts/gpu_bench.sh" "$dest/.gpupack/"
 echo "gpu_pack: $(du -sm "$dest/.gpupack" | cut -f1) MiB in $dest/.gpupack"
 echo "  run on the GPU machine with: carry [\".gpupack\"], command \"bash .gpupack/gpu_check.sh\", timeout_s 600"

@@ -21,8 +21,10 @@
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_conv.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_nvtx.h"
+#include "backend/cuda/cuda_sdpa.h"
 
 namespace atelier::cuda {
 namespace {
@@ -470,10 +472,35 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
 
 // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] (unit last stride, any other strides); mask a
 // [B, H, Sq, Sk] broadcast view (last stride 0 or 1) or undefined; out [B, H, Sq, Dv] contiguous.
+bool CudaBackend::cudnn_sdpa_available(std::string* why) {
+  {
+    std::lock_guard<std::mutex> lock(engines_mu_);
+    if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
+    if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(conv_->library(), conv_->handle(), stream_);
+  }
+  if (!sdpa_->available() && why) *why = conv_->available() ? sdpa_->why_unavailable() : "cuDNN not loaded: " + conv_->why_unavailable();
+  return sdpa_->available();
+}
+
+bool CudaBackend::attention_cudnn(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {
+  if (mask.defined() || !cudnn_sdpa_available(nullptr)) return false;
+  NvtxRange range("attention_cudnn");
+  if (attention_impl_ == AttentionImpl::kCudnnSdpa) return sdpa_->forward(out, q, k, v, scale, alloc_, nullptr);
+  const auto ours = [&] { return attention_flash(out, q, k, v, mask, scale); };
+  return sdpa_->forward(out, q, k, v, scale, alloc_, ours);
+}
+
 void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {
   if (out.numel() == 0) return;
   ATELIER_CHECK(k.size(2) > 0, "attention over an empty key sequence");
   DeviceGuard guard(index_);
+  if ((attention_impl_ == AttentionImpl::kAuto || attention_impl_ == AttentionImpl::kCudnnSdpa) &&
+      attention_cudnn(out, q, k, v, mask, scale))
+    return;
+  if (attention_impl_ == AttentionImpl::kCudnnSdpa)
+    throw Error(unsupported("attention: cuDNN's SDPA node did not take " + std::string(dtype_name(q.dtype())) + " " +
+                            shape_str(q.shape()) + " / " + shape_str(k.shape()) +
+                            " (ATELIER_CUDNN_LOG=1 says why)"));
   if (attention_impl_ != AttentionImpl::kGemm && attention_flash(out, q, k, v, mask, scale)) return;
   if (attention_impl_ == AttentionImpl::kFlash)
     throw Error(unsupported("attention: the flash kernel takes bf16/f16 q, k, v of one dtype, equal q/v head dims that are a "

@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_conv.h"
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_init.h"
+#include "backend/cuda/cuda_sdpa.h"
 
 namespace atelier {
 namespace cuda {

@@ -18,6 +18,7 @@ namespace atelier::cuda {
 
 class GemmEngine;
 class ConvEngine;
+class CudnnSdpa;
 struct GemmCall;
 
 // Which convolution implementation to use (tests force each one). kAuto prefers cuDNN when it loads, in
@@ -26,9 +27,11 @@ struct GemmCall;
 // else NCHW; kCudnnNchw forces cuDNN in NCHW; kIm2col the im2col + GEMM path.
 enum class ConvImpl { kAuto, kCudnn, kCudnnNchw, kIm2col };
 // Which attention implementation to use: the tensor-core flash kernel (bf16/f16, head dim a multiple of 8,
-// at most 256, equal q/v head dims), or the general path (two batched GEMMs around a masked softmax, any
-// dtype and head dims). kAuto takes the flash kernel whenever it applies.
-enum class AttentionImpl { kAuto, kFlash, kGemm };
+// at most 256, equal q/v head dims), cuDNN's fused SDPA node (cuda_sdpa.h: bf16/f16 without a mask), or the
+// general path (two batched GEMMs around a masked softmax, any dtype and head dims). kAuto takes, per shape,
+// the faster of cuDNN and the flash kernel where both apply (timed at the shape's first eager call), else
+// the flash kernel whenever it applies; kCudnnSdpa forces cuDNN (throws where it declines: tests).
+enum class AttentionImpl { kAuto, kFlash, kGemm, kCudnnSdpa };
 
 class CudaBackend final : public Backend {
  public:
@@ -80,6 +83,9 @@ class CudaBackend final : public Backend {
   // "cudnn <version>" or "im2col+gemm (cuDNN not loaded: <why>)": what kAuto uses on this machine.
   std::string conv_impl_name();
   void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
+  // Whether cuDNN's fused SDPA node can be used on this machine; *why says why not (cuDNN missing or older
+  // than 9.13.1, ATELIER_CUDNN_SDPA=0).
+  bool cudnn_sdpa_available(std::string* why);
   // Queries per block of the flash kernel: 64 or 128 (two m-tiles per warp), 0 = chosen per call from the
   // grid size. Tests and benchmarks force each.
   void set_flash_block_rows(int rows) { flash_block_rows_ = rows; }
@@ -96,6 +102,8 @@ class CudaBackend final : public Backend {
   void attention_gemm(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
   // The tensor-core flash kernel; returns false when the inputs are outside what it supports.
   bool attention_flash(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
+  // cuDNN's fused SDPA (unmasked bf16/f16); false when it declines or our kernel measured faster (kAuto).
+  bool attention_cudnn(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
   void conv2d_im2col(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
   // cuDNN in NHWC: x transposed in, out transposed back with the bias added; false when cuDNN declines.
   bool conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, bool w_persistent);
@@ -113,6 +121,7 @@ class CudaBackend final : public Backend {
   PinnedStaging staging_;
   std::unique_ptr<GemmEngine> gemm_;
   std::unique_ptr<ConvEngine> conv_;
+  std::unique_ptr<CudnnSdpa> sdpa_;  // created with conv_ (it shares cuDNN's handle), lazily
   std::mutex engines_mu_;
   bool allow_tf32_ = false;
   ConvImpl conv_impl_ = ConvImpl::kAuto;

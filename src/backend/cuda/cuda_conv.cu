@@ -229,7 +229,9 @@ ConvEngine::ConvEngine(int device, cudaStream_t stream) : device_(device), strea
   graph_ = std::make_unique<ConvGraph>(api->library, handle_, stream_);
 }
 
-ConvEngine::~ConvEngine() { plans_.clear(); }  // the handle lives as long as the process
+ConvEngine::~ConvEngine() { plans_.clear(); }
+
+void* ConvEngine::library() const { return api_ ? api_->library : nullptr; }  // the handle lives as long as the process
 
 std::string ConvEngine::version() const {
   if (!graph_ || !graph_->available()) {

@@ -39,6 +39,10 @@ class ConvEngine {
   // autotuned; legacy API for f32)" or "9.14.0 (legacy API)".
   std::string version() const;
   const std::string& why_unavailable() const { return why_; }
+  // cuDNN's dlopen handle and this device's cudnnHandle_t (bound to the stream), for the other graph-API
+  // paths (cuda_sdpa.h); null when cuDNN did not load.
+  void* library() const;
+  void* handle() const { return handle_; }
   // Enqueues y = conv(x, w) (no bias). Returns false when cuDNN has no algorithm for the case, so that the
   // caller takes another path; throws on a failed launch.
   // nhwc: x [n, h, w, c], w [o, kh, kw, c], y [n, ho, wo, o] (channels last) instead of NCHW; bf16/f16

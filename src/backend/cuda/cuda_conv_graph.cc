@@ -2,8 +2,7 @@
 // failure anywhere declines the case (false) so that the legacy path runs it.
 #include "backend/cuda/cuda_conv_graph.h"
 
-#include <cudnn.h>
-#include <dlfcn.h>
+#include "backend/cuda/cudnn_graph_api.h"
 
 #include <algorithm>
 #include <atomic>
@@ -16,24 +15,11 @@
 
 namespace atelier::cuda {
 
-// --- cuDNN backend entry points (looked up in the library ConvEngine loaded) -----------------------------------
-
-#define ATELIER_CUDNN_GRAPH_FUNCTIONS(X)                                                             \
-  X(cudnnGetErrorString) X(cudnnBackendCreateDescriptor) X(cudnnBackendDestroyDescriptor)           \
-  X(cudnnBackendSetAttribute) X(cudnnBackendGetAttribute) X(cudnnBackendFinalize) X(cudnnBackendExecute)
-
-struct CudnnGraphApi {
-#define ATELIER_CUDNN_GRAPH_MEMBER(name) decltype(&::name) name = nullptr;
-  ATELIER_CUDNN_GRAPH_FUNCTIONS(ATELIER_CUDNN_GRAPH_MEMBER)
-#undef ATELIER_CUDNN_GRAPH_MEMBER
-};
-
 // Helpers live in a named namespace (not an anonymous one): ConvGraph::Plan holds their types.
 namespace conv_graph_detail {
 
-constexpr int64_t kAlignment = 16;                       // bytes, declared for every tensor (pointers checked)
-constexpr int kMaxEngineConfigs = 16;                    // configurations asked of each heuristics mode
-constexpr int64_t kMaxWorkspace = int64_t(256) << 20;    // plans needing more are skipped
+using namespace cudnn_graph;
+
 constexpr int kTimedRuns = 2;                            // timed executions per candidate, after a first one
 // Host time one shape's planning may take before no further candidates are finalized or timed (the best so
 // far is kept): runtime-compiled engines compile at finalize, and a long list of them must not stall a run.
@@ -45,11 +31,6 @@ constexpr size_t kMaxTimedCandidates = 8;
 // A candidate whose first timed run is this many times slower than the best so far is not run again.
 constexpr float kSlowCandidateFactor = 3.0f;
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;       // tensor uids in the graph and the variant pack
-
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, value) == 0;
-}
 
 std::atomic<bool>& enabled_flag() {
   static std::atomic<bool> on{!env_is("ATELIER_CUDNN_GRAPH", "0")};
@@ -69,109 +50,14 @@ bool log_enabled() {
   return on;
 }
 
-const CudnnGraphApi* load_graph_api(void* library, std::string* why) {
-  if (!library) {
-    *why = "no cuDNN library handle";
-    return nullptr;
-  }
-  auto api = std::make_unique<CudnnGraphApi>();
-#define ATELIER_CUDNN_GRAPH_LOAD(name)                                       \
-  api->name = reinterpret_cast<decltype(&::name)>(dlsym(library, #name));    \
-  if (!api->name) {                                                          \
-    *why = std::string("cuDNN lacks ") + #name;                              \
-    return nullptr;                                                          \
-  }
-  ATELIER_CUDNN_GRAPH_FUNCTIONS(ATELIER_CUDNN_GRAPH_LOAD)
-#undef ATELIER_CUDNN_GRAPH_LOAD
-  return api.release();  // one per device, kept for the process's life (like the library)
-}
-
-// One backend descriptor, destroyed with its owner (move-only).
-class Descriptor {
- public:
-  Descriptor() = default;
-  Descriptor(const CudnnGraphApi* api, cudnnBackendDescriptorType_t type) : api_(api) {
-    if (api_->cudnnBackendCreateDescriptor(type, &d_) != CUDNN_STATUS_SUCCESS) d_ = nullptr;
-  }
-  Descriptor(Descriptor&& o) noexcept : api_(o.api_), d_(std::exchange(o.d_, nullptr)) {}
-  Descriptor& operator=(Descriptor&& o) noexcept {
-    if (this != &o) {
-      reset();
-      api_ = o.api_;
-      d_ = std::exchange(o.d_, nullptr);
-    }
-    return *this;
-  }
-  Descriptor(const Descriptor&) = delete;
-  Descriptor& operator=(const Descriptor&) = delete;
-  ~Descriptor() { reset(); }
-  cudnnBackendDescriptor_t get() const { return d_; }
-  explicit operator bool() const { return d_ != nullptr; }
-
- private:
-  void reset() {
-    if (d_) api_->cudnnBackendDestroyDescriptor(d_);
-    d_ = nullptr;
-  }
-  const CudnnGraphApi* api_ = nullptr;
-  cudnnBackendDescriptor_t d_ = nullptr;
-};
-
-// Builds descriptors, keeping the first failure's reason; every call after a failure does nothing, so a
-// builder function reads as a straight list of attributes and checks ok() once at the end.
-class Builder {
- public:
-  explicit Builder(const CudnnGraphApi& api) : a_(api) {}
-  bool ok() const { return why_.empty(); }
-  const std::string& why() const { return why_; }
-
-  Descriptor create(cudnnBackendDescriptorType_t type, const char* what) {
-    if (!ok()) return Descriptor();
-    Descriptor d(&a_, type);
-    if (!d) why_ = std::string("create ") + what + " failed";
-    return d;
-  }
-  void set(const Descriptor& d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
-           const void* value, const char* what) {
-    if (ok()) check(a_.cudnnBackendSetAttribute(d.get(), name, type, count, value), what);
-  }
-  void set_descriptor(const Descriptor& d, cudnnBackendAttributeName_t name, const Descriptor& value, const char* what) {
-    cudnnBackendDescriptor_t v = value.get();
-    set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, what);
-  }
-  void finalize(const Descriptor& d, const char* what) {
-    if (ok()) check(a_.cudnnBackendFinalize(d.get()), what);
-  }
-  void check(cudnnStatus_t st, const char* what) {
-    if (st != CUDNN_STATUS_SUCCESS && ok()) why_ = std::string(what) + ": " + a_.cudnnGetErrorString(st);
-  }
-  // The handle attributes of operation graphs and plans are deprecated in later cuDNN 9 releases (the
-  // handle comes with cudnnBackendExecute): a refusal to take one is not a failure; a missing handle that
-  // the release did need shows up as a failed finalize.
-  void set_handle(const Descriptor& d, cudnnBackendAttributeName_t name, cudnnHandle_t handle) {
-    if (ok()) a_.cudnnBackendSetAttribute(d.get(), name, CUDNN_TYPE_HANDLE, 1, &handle);
-  }
-
- private:
-  const CudnnGraphApi& a_;
-  std::string why_;
-};
-
 cudnnDataType_t data_type(DType t) { return t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
 
 // A channels-last buffer [n, h, w, c] described as the graph API wants it: dims in NCHW order with the
 // strides of the NHWC layout.
-Descriptor tensor(Builder& b, int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w) {
-  Descriptor t = b.create(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor");
+Descriptor nhwc_tensor(Builder& b, int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w) {
   const int64_t dims[4] = {n, c, h, w};
   const int64_t strides[4] = {h * w * c, 1, w * c, c};
-  b.set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "tensor data type");
-  b.set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims, "tensor dims");
-  b.set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides, "tensor strides");
-  b.set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor uid");
-  b.set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &kAlignment, "tensor alignment");
-  b.finalize(t, "tensor finalize");
-  return t;
+  return tensor(b, uid, dt, 4, dims, strides);
 }
 
 // The operation graph of one convolution: x [n, h, w, c] * w [o, kh, kw, c] -> y [n, ho, wo, o], f32 compute.
@@ -182,9 +68,9 @@ struct OpGraph {
 OpGraph build_graph(Builder& b, cudnnHandle_t handle, DType dtype, const ConvShape& s, const Conv2dParams& p) {
   OpGraph g;
   const cudnnDataType_t dt = data_type(dtype);
-  g.x = tensor(b, kUidX, dt, s.n, s.c, s.h, s.w);
-  g.w = tensor(b, kUidW, dt, s.o, s.c, s.kh, s.kw);
-  g.y = tensor(b, kUidY, dt, s.n, s.o, s.ho, s.wo);
+  g.x = nhwc_tensor(b, kUidX, dt, s.n, s.c, s.h, s.w);
+  g.w = nhwc_tensor(b, kUidW, dt, s.o, s.c, s.kh, s.kw);
+  g.y = nhwc_tensor(b, kUidY, dt, s.n, s.o, s.ho, s.wo);
 
   g.conv = b.create(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, "convolution");
   const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
@@ -210,168 +96,25 @@ OpGraph build_graph(Builder& b, cudnnHandle_t handle, DType dtype, const ConvSha
   b.set(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta, "op beta");
   b.finalize(g.op, "op finalize");
 
-  g.graph = b.create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
-  b.set_descriptor(g.graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, g.op, "graph ops");
-  b.set_handle(g.graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle);
-  b.finalize(g.graph, "graph finalize");
+  g.graph = operation_graph(b, handle, {g.op.get()});
   return g;
 }
 
-// What the engine behind a configuration is, and whether its numerics are acceptable here: reductions in
-// 16 bits, FFT and Winograd (transforms lose accuracy in 16-bit data) and nondeterministic engines are
-// refused; everything else the heuristics offer is kept (PyTorch keeps the same and more).
-struct EngineInfo {
-  int64_t index = -1;  // cuDNN's global engine index, for the log
-  bool acceptable = true;
-  bool runtime_compiled = false;
-};
-
-EngineInfo engine_info(const CudnnGraphApi& a, const Descriptor& cfg) {
-  EngineInfo info;
-  Descriptor engine(&a, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  if (!engine) return info;
-  cudnnBackendDescriptor_t e = engine.get();
-  int64_t count = 0;
-  if (a.cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &e) !=
-          CUDNN_STATUS_SUCCESS ||
-      count != 1)
-    return info;
-  if (a.cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &count, &info.index) !=
-      CUDNN_STATUS_SUCCESS)
-    info.index = -1;
-  constexpr int kMaxNotes = 32;  // more than any cuDNN 9 release defines
-  cudnnBackendNumericalNote_t notes[kMaxNotes];
-  int64_t n = 0;
-  if (a.cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, kMaxNotes, &n, notes) ==
-      CUDNN_STATUS_SUCCESS) {
-    for (int64_t i = 0; i < std::min<int64_t>(n, kMaxNotes); ++i) {
-      switch (notes[i]) {
-        case CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION:
-        case CUDNN_NUMERICAL_NOTE_FFT:
-        case CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC:
-        case CUDNN_NUMERICAL_NOTE_WINOGRAD:
-        case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4:
-        case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6:
-        case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13: info.acceptable = false; break;
-        default: break;
-      }
-    }
-  }
-  cudnnBackendBehaviorNote_t behaviour[kMaxNotes];
-  if (a.cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE, kMaxNotes, &n, behaviour) ==
-      CUDNN_STATUS_SUCCESS) {
-    for (int64_t i = 0; i < std::min<int64_t>(n, kMaxNotes); ++i)
-      if (behaviour[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) info.runtime_compiled = true;
-  }
-  return info;
+bool execute_conv(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& plan, void* y, const void* x, const void* w,
+                  void* workspace, std::string* why) {
+  return execute(a, handle, plan, {kUidX, kUidW, kUidY}, {const_cast<void*>(x), const_cast<void*>(w), y}, workspace, why);
 }
 
-// Up to kMaxEngineConfigs finalized engine configurations for the graph from one heuristics mode, best first.
-std::vector<Descriptor> engine_configs(const CudnnGraphApi& a, const OpGraph& g, cudnnBackendHeurMode_t mode, std::string* why) {
-  Builder b(a);
-  Descriptor heur = b.create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics");
-  b.set_descriptor(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g.graph, "heuristics graph");
-  b.set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
-  b.finalize(heur, "heuristics finalize");
-  std::vector<Descriptor> cfgs;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (int i = 0; i < kMaxEngineConfigs && b.ok(); ++i) {
-    cfgs.push_back(b.create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
-    raw.push_back(cfgs.back().get());
-  }
-  int64_t count = 0;
-  if (b.ok())
-    b.check(a.cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                       kMaxEngineConfigs, &count, raw.data()),
-            "heuristics results");
-  if (!b.ok()) {
-    *why = b.why();
-    return {};
-  }
-  cfgs.resize(size_t(std::clamp<int64_t>(count, 0, kMaxEngineConfigs)));
-  return cfgs;
-}
-
-// One execution plan that finalized, with what it needs.
-struct Candidate {
-  Descriptor cfg, plan;
-  int64_t workspace = 0;
-  EngineInfo engine;
-  float ms = -1.0f;  // timed mean per run; negative: not timed
-};
-
-bool make_plan(const CudnnGraphApi& a, cudnnHandle_t handle, Candidate& c, std::string* why) {
-  Builder b(a);
-  c.plan = b.create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
-  b.set_handle(c.plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle);
-  b.set_descriptor(c.plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, c.cfg, "plan engine config");
-  b.finalize(c.plan, "plan finalize");
-  int64_t count = 0;
-  if (b.ok())
-    b.check(a.cudnnBackendGetAttribute(c.plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &count,
-                                       &c.workspace),
-            "plan workspace size");
-  if (!b.ok()) {
-    *why = b.why();
-    return false;
-  }
-  if (c.workspace < 0 || c.workspace > kMaxWorkspace) {
-    *why = "plan needs " + std::to_string(c.workspace) + " B of workspace";
-    return false;
-  }
-  return true;
-}
-
-// Enqueues one execution of `plan` over x, w, y (the workspace as large as the plan asked for).
-bool execute(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& plan, void* y, const void* x, const void* w,
-             void* workspace, std::string* why) {
-  Builder b(a);
-  Descriptor pack = b.create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
-  const int64_t uids[3] = {kUidX, kUidW, kUidY};
-  void* pointers[3] = {const_cast<void*>(x), const_cast<void*>(w), y};
-  b.set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids, "pack uids");
-  b.set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, pointers, "pack pointers");
-  b.set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "pack workspace");
-  b.finalize(pack, "pack finalize");
-  if (b.ok()) b.check(a.cudnnBackendExecute(handle, plan.get(), pack.get()), "execute");
-  if (!b.ok()) {
-    *why = b.why();
-    return false;
-  }
-  return true;
-}
-
-// CUDA events for timing plans, destroyed with the timer.
-struct EventPair {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  bool ok = false;
-  EventPair() { ok = cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess; }
-  ~EventPair() {
-    if (start) cudaEventDestroy(start);
-    if (stop) cudaEventDestroy(stop);
-  }
-};
-
-// Mean milliseconds of kTimedRuns executions after one warm-up (which also loads the kernels), or -1 when an
-// execution fails. Synchronises on the stop event: never called while the stream is being captured.
 // Mean device time of one execution of `c`: a first run (timed, since a very slow engine should cost one run
 // only), then kTimedRuns more unless the first was kSlowCandidateFactor times slower than `best_ms` (> 0).
+// Synchronises: never called while the stream is being captured.
 float time_plan(const CudnnGraphApi& a, cudnnHandle_t handle, cudaStream_t stream, const EventPair& ev, const Candidate& c,
                 void* y, const void* x, const void* w, void* workspace, float best_ms) {
   std::string why;
-  const auto timed = [&](int runs) -> float {
-    if (cudaEventRecord(ev.start, stream) != cudaSuccess) return -1.0f;
-    for (int i = 0; i < runs; ++i)
-      if (!execute(a, handle, c.plan, y, x, w, workspace, &why)) return -1.0f;
-    float ms = 0.0f;
-    if (cudaEventRecord(ev.stop, stream) != cudaSuccess || cudaEventSynchronize(ev.stop) != cudaSuccess ||
-        cudaEventElapsedTime(&ms, ev.start, ev.stop) != cudaSuccess)
-      return -1.0f;
-    return ms / float(runs);
-  };
-  const float first = timed(1);
+  const auto run = [&] { return execute_conv(a, handle, c.plan, y, x, w, workspace, &why); };
+  const float first = time_runs(ev, stream, 1, run);
   if (first < 0.0f || (best_ms > 0.0f && first > kSlowCandidateFactor * best_ms)) return first;
-  return timed(kTimedRuns);
+  return time_runs(ev, stream, kTimedRuns, run);
 }
 
 std::string shape_text(DType dtype, const ConvShape& s, const Conv2dParams& p) {
@@ -411,7 +154,7 @@ struct ConvGraph::Plan {
 };
 
 ConvGraph::ConvGraph(void* library, void* handle, cudaStream_t stream) : handle_(handle), stream_(stream) {
-  api_ = handle ? load_graph_api(library, &why_) : nullptr;
+  api_ = handle ? cudnn_graph::load_api(library, &why_) : nullptr;
   if (!handle) why_ = "no cuDNN handle";
 }
 
@@ -453,7 +196,7 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
   const size_t wanted = conv_graph_autotune() ? kMaxTimedCandidates : 1;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     if (!candidates.empty()) break;
-    for (Descriptor& cfg : engine_configs(a, plan->graph, mode, &why)) {
+    for (Descriptor& cfg : engine_configs(a, plan->graph.graph, mode, &why)) {
       if (candidates.size() >= wanted) break;
       ++offered;
       Candidate c;
@@ -536,7 +279,7 @@ bool ConvGraph::forward(void* y, const void* x, const void* w, DType dtype, cons
   if (!plan) return false;
   std::shared_ptr<Buffer> ws = plan->chosen.workspace > 0 ? alloc.allocate(size_t(plan->chosen.workspace)) : nullptr;
   std::string why;
-  if (!execute(*api_, static_cast<cudnnHandle_t>(handle_), plan->chosen.plan, y, x, w, ws ? ws->data() : nullptr, &why)) {
+  if (!execute_conv(*api_, static_cast<cudnnHandle_t>(handle_), plan->chosen.plan, y, x, w, ws ? ws->data() : nullptr, &why)) {
     plan->valid = false;  // never again for this shape
     counters().declined.fetch_add(1);
     if (log_enabled()) std::fprintf(stderr, "[cudnn graph] %s: execution failed (%s), legacy path from now on\n",

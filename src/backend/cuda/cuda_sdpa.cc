@@ -1,0 +1,207 @@
+// Attention through cuDNN's fused SDPA node: see cuda_sdpa.h.
+#include "backend/cuda/cuda_sdpa.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <vector>
+
+#include "backend/cuda/cudnn_graph_api.h"
+
+namespace atelier::cuda {
+
+namespace sdpa_detail {
+
+using namespace cudnn_graph;
+
+constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidScale = 5;
+constexpr size_t kMaxCandidates = 4;  // heuristics' first plans timed per shape
+constexpr int kTimedRuns = 3;         // timed runs of each candidate (and of our kernel), after one warm-up
+// cuDNN is taken only when it is at least this much faster than our kernel: below that the difference is
+// noise, and our kernel has no planning or library-version risk.
+constexpr float kMinGain = 0.97f;
+
+struct Counters {
+  std::atomic<int64_t> cudnn{0}, ours{0}, declined{0}, runs{0};
+};
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+
+bool enabled() {
+  static const bool on = !env_is("ATELIER_CUDNN_SDPA", "0");
+  return on;
+}
+bool log_enabled() {
+  static const bool on = env_is("ATELIER_CUDNN_LOG", "1");
+  return on;
+}
+
+// The [B, H, S, D] strides of a view, with size-1 dims given the stride of a packed layout (their stride is
+// never used to address, but cuDNN checks that the layout is a permutation of a packed one).
+std::array<int64_t, 4> strides_of(const Tensor& t) {
+  std::array<int64_t, 4> s{};
+  for (int i = 0; i < 4; ++i) s[i] = t.strides()[i];
+  for (int i = 2; i >= 0; --i)
+    if (t.size(i) == 1) s[i] = s[i + 1] * t.size(i + 1);
+  return s;
+}
+
+std::string shape_text(const Tensor& q, const Tensor& k) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s q[%lld,%lld,%lld,%lld] kv[%lld,%lld,%lld]", std::string(dtype_name(q.dtype())).c_str(), (long long)q.size(0),
+                (long long)q.size(1), (long long)q.size(2), (long long)q.size(3), (long long)k.size(1), (long long)k.size(2),
+                (long long)k.size(3));
+  return buf;
+}
+
+// The operation graph of one SDPA node, f32 softmax and accumulation (the node's only mode for 16-bit data).
+struct OpGraph {
+  Descriptor q, k, v, o, scale, op, graph;
+};
+
+OpGraph build_graph(Builder& b, cudnnHandle_t handle, const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v) {
+  OpGraph g;
+  const cudnnDataType_t dt = q.dtype() == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+  const auto desc = [&](int64_t uid, const Tensor& t) {
+    const int64_t dims[4] = {t.size(0), t.size(1), t.size(2), t.size(3)};
+    const std::array<int64_t, 4> st = strides_of(t);
+    return tensor(b, uid, dt, 4, dims, st.data());
+  };
+  g.q = desc(kUidQ, q);
+  g.k = desc(kUidK, k);
+  g.v = desc(kUidV, v);
+  g.o = desc(kUidO, out);
+  const int64_t one = 1;
+  g.scale = tensor(b, kUidScale, CUDNN_DATA_FLOAT, 1, &one, &one, /*by_value=*/true);
+
+  g.op = b.create(CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, "SDPA forward op (cuDNN >= 9.13.1)");
+  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, g.q, "sdpa q");
+  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, g.k, "sdpa k");
+  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, g.v, "sdpa v");
+  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, g.o, "sdpa o");
+  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, g.scale, "sdpa scale");
+  b.finalize(g.op, "sdpa finalize");
+  g.graph = operation_graph(b, handle, {g.op.get()});
+  return g;
+}
+
+}  // namespace sdpa_detail
+
+using namespace sdpa_detail;
+
+SdpaStats sdpa_stats() {
+  const Counters& c = counters();
+  return SdpaStats{c.cudnn.load(), c.ours.load(), c.declined.load(), c.runs.load()};
+}
+
+struct CudnnSdpa::Plan {
+  bool use_cudnn = false;
+  OpGraph graph;
+  Candidate chosen;
+};
+
+CudnnSdpa::CudnnSdpa(void* library, void* handle, cudaStream_t stream) : handle_(handle), stream_(stream) {
+  if (!enabled()) {
+    why_ = "off by ATELIER_CUDNN_SDPA=0";
+    return;
+  }
+  api_ = handle ? load_api(library, &why_) : nullptr;
+  if (!handle) why_ = "no cuDNN handle";
+}
+
+CudnnSdpa::~CudnnSdpa() { plans_.clear(); }
+
+CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                                     DeviceAllocator& alloc, const std::function<bool()>& ours) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second.get();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return nullptr;
+
+  const CudnnGraphApi& a = *api_;
+  const auto handle = static_cast<cudnnHandle_t>(handle_);
+  Plan* plan = plans_.emplace(key, std::make_unique<Plan>()).first->second.get();
+  const std::string what = log_enabled() ? shape_text(q, k) : std::string();
+  const auto decline = [&](const std::string& why) {
+    counters().declined.fetch_add(1);
+    if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa] %s: our kernel (cuDNN declined: %s)\n", what.c_str(), why.c_str());
+    return plan;  // use_cudnn stays false: remembered
+  };
+
+  Builder b(a);
+  plan->graph = build_graph(b, handle, out, q, k, v);
+  if (!b.ok()) return decline(b.why());
+  std::vector<Candidate> candidates;
+  std::string why = "heuristics gave no engine configuration";
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    if (!candidates.empty()) break;
+    for (Descriptor& cfg : engine_configs(a, plan->graph.graph, mode, &why)) {
+      if (candidates.size() >= kMaxCandidates) break;
+      Candidate c;
+      c.engine = engine_info(a, cfg);
+      c.cfg = std::move(cfg);
+      if (make_plan(a, handle, c, &why)) candidates.push_back(std::move(c));
+    }
+  }
+  if (candidates.empty()) return decline(why);
+
+  // Time each candidate, and our kernel, on the real buffers (the caller's real call overwrites `out`).
+  EventPair events;
+  int64_t max_ws = 0;
+  for (const Candidate& c : candidates) max_ws = std::max(max_ws, c.workspace);
+  std::shared_ptr<Buffer> ws = max_ws > 0 ? alloc.allocate(size_t(max_ws)) : nullptr;
+  float scale_value = scale;
+  const std::vector<int64_t> uids{kUidQ, kUidK, kUidV, kUidO, kUidScale};
+  const std::vector<void*> ptrs{q.raw(), k.raw(), v.raw(), out.raw(), &scale_value};
+  size_t best = candidates.size();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    Candidate& c = candidates[i];
+    const auto run = [&] { return execute(a, handle, c.plan, uids, ptrs, ws ? ws->data() : nullptr, &why); };
+    c.ms = time_runs(events, stream_, 1, run) >= 0.0f ? time_runs(events, stream_, kTimedRuns, run) : -1.0f;
+    if (c.ms >= 0.0f && (best == candidates.size() || c.ms < candidates[best].ms)) best = i;
+  }
+  if (best == candidates.size()) return decline("every plan failed to execute (" + why + ")");
+  float ours_ms = -1.0f;
+  if (ours && time_runs(events, stream_, 1, ours) >= 0.0f) ours_ms = time_runs(events, stream_, kTimedRuns, ours);
+  plan->use_cudnn = ours_ms < 0.0f || candidates[best].ms < kMinGain * ours_ms;
+  plan->chosen = std::move(candidates[best]);
+  (plan->use_cudnn ? counters().cudnn : counters().ours).fetch_add(1);
+  if (log_enabled())
+    std::fprintf(stderr, "[cudnn sdpa] %s: %zu plans, engine %lld, workspace %lld B, %.4f ms; ours %.4f ms -> %s\n",
+                 what.c_str(), candidates.size(), (long long)plan->chosen.engine.index, (long long)plan->chosen.workspace,
+                 double(plan->chosen.ms), double(ours_ms), plan->use_cudnn ? "cuDNN" : "ours");
+  return plan;
+}
+
+bool CudnnSdpa::forward(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale, DeviceAllocator& alloc,
+                        const std::function<bool()>& ours) {
+  if (!api_) return false;
+  const DType dt = q.dtype();
+  if ((dt != DType::BF16 && dt != DType::F16) || k.dtype() != dt || v.dtype() != dt || out.dtype() != dt) return false;
+  if (v.size(3) != q.size(3) || k.size(3) != q.size(3) || q.size(1) % k.size(1) != 0 || !out.is_contiguous()) return false;
+  for (const Tensor* t : {static_cast<const Tensor*>(&out), &q, &k, &v})
+    if (t->strides()[3] != 1 || reinterpret_cast<uintptr_t>(t->raw()) % uintptr_t(kAlignment) != 0) return false;
+  const std::array<int64_t, 4> qs = strides_of(q), ks = strides_of(k), vs = strides_of(v);
+  const Key key{int64_t(dt), q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), qs[0], qs[1],
+                qs[2],       ks[0],     ks[1],     ks[2],     vs[0],     vs[1],     vs[2],     ours ? 1 : 0};
+  std::lock_guard<std::mutex> lock(mu_);
+  Plan* plan = plan_for(key, out, q, k, v, scale, alloc, ours);
+  if (!plan || !plan->use_cudnn) return false;
+  std::shared_ptr<Buffer> ws = plan->chosen.workspace > 0 ? alloc.allocate(size_t(plan->chosen.workspace)) : nullptr;
+  float scale_value = scale;  // read by cudnnBackendExecute when it enqueues (by-value scalar)
+  std::string why;
+  if (!execute(*api_, static_cast<cudnnHandle_t>(handle_), plan->chosen.plan, {kUidQ, kUidK, kUidV, kUidO, kUidScale},
+               {q.raw(), k.raw(), v.raw(), out.raw(), &scale_value}, ws ? ws->data() : nullptr, &why)) {
+    plan->use_cudnn = false;  // never again for this shape
+    counters().declined.fetch_add(1);
+    if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa] %s: execution failed (%s), our kernel from now on\n",
+                                    shape_text(q, k).c_str(), why.c_str());
+    return false;
+  }
+  counters().runs.fetch_add(1);
+  return true;
+}
+
+}  // namespace atelier::cuda

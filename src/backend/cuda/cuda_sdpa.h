@@ -1,0 +1,73 @@
+// Attention through cuDNN's fused SDPA operation (the graph API's CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR,
+// cuDNN >= 9.13.1: one node over Q, K, V and O, the softmax scale passed by value). On Hopper this reaches
+// cuDNN's wgmma/TMA flash-attention kernels: PyTorch's SDPA measured 269-652 TFLOP/s on the H200 where our
+// mma.sync kernel (cuda_attention.cu) reached 172-264 (2026-11-29, docs/performance.md).
+//
+// Which one runs is measured, per shape, as convolutions are (cuda_conv_graph.h): at a shape's first eager call
+// the heuristics' first plans and our flash kernel are each timed on the real buffers and the faster is kept.
+// Scope: bf16/f16, no mask (the unified node takes masks only in later releases), head dims of q and v equal,
+// any strides with a unit last stride, 16-byte aligned. Anything else, or any cuDNN failure, answers false
+// and the caller runs its own kernel, so a failure here costs speed, never a result.
+//
+// CUDA graph capture: a shape met for the first time while the stream is being recorded is not planned (no
+// timing during a capture) and runs on our kernel; cached plans only enqueue kernels.
+//
+// Environment: ATELIER_CUDNN_SDPA=0 switches the path off; ATELIER_CUDNN_LOG=1 prints one line per planned
+// shape (plans, engine, times of cuDNN and of our kernel, the choice) to stderr.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "backend/cuda/cuda_allocator.h"
+#include "core/tensor.h"
+
+namespace atelier::cuda {
+
+struct CudnnGraphApi;
+
+// Process-wide counters (all devices), for tests, benchmarks and diagnostics.
+struct SdpaStats {
+  int64_t cudnn_shapes = 0;  // shapes planned where cuDNN was chosen
+  int64_t ours_shapes = 0;   // shapes planned where our kernel measured faster
+  int64_t declined = 0;      // shapes cuDNN could not plan (or failed to run)
+  int64_t runs = 0;          // attention calls executed by cuDNN
+};
+SdpaStats sdpa_stats();
+
+class CudnnSdpa {
+ public:
+  // library: cuDNN's dlopen handle; handle: the device's cudnnHandle_t, bound to `stream`. Neither is owned.
+  CudnnSdpa(void* library, void* handle, cudaStream_t stream);
+  ~CudnnSdpa();
+  bool available() const { return api_ != nullptr; }
+  const std::string& why_unavailable() const { return why_; }
+
+  // out [B, H, Sq, D] (contiguous) = softmax(scale * q k^T) v for q [B, H, Sq, D], k/v [B, Hk, Sk, D] (H % Hk
+  // == 0, unit last strides), one 16-bit dtype. `ours` enqueues our kernel on the same buffers (false when it
+  // cannot); null forces cuDNN (tests). Returns true when cuDNN enqueued the attention; false: the caller runs
+  // its own kernel (nothing enqueued, or only timing runs whose output the caller overwrites).
+  bool forward(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale, DeviceAllocator& alloc,
+               const std::function<bool()>& ours);
+
+ private:
+  struct Plan;
+  using Key = std::array<int64_t, 17>;
+  Plan* plan_for(const Key& key, Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                 DeviceAllocator& alloc, const std::function<bool()>& ours);
+
+  const CudnnGraphApi* api_ = nullptr;
+  void* handle_ = nullptr;  // cudnnHandle_t
+  cudaStream_t stream_;
+  std::string why_;
+  std::mutex mu_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace atelier::cuda

@@ -1,0 +1,238 @@
+// Shared pieces of cuDNN's graph (backend) API: see cudnn_graph_api.h.
+#include "backend/cuda/cudnn_graph_api.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+namespace atelier::cuda::cudnn_graph {
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
+}
+
+const CudnnGraphApi* load_api(void* library, std::string* why) {
+  if (!library) {
+    *why = "no cuDNN library handle";
+    return nullptr;
+  }
+  auto api = std::make_unique<CudnnGraphApi>();
+#define ATELIER_CUDNN_GRAPH_LOAD(name)                                       \
+  api->name = reinterpret_cast<decltype(&::name)>(dlsym(library, #name));    \
+  if (!api->name) {                                                          \
+    *why = std::string("cuDNN lacks ") + #name;                              \
+    return nullptr;                                                          \
+  }
+  ATELIER_CUDNN_GRAPH_FUNCTIONS(ATELIER_CUDNN_GRAPH_LOAD)
+#undef ATELIER_CUDNN_GRAPH_LOAD
+  return api.release();
+}
+
+// --- Descriptor ----------------------------------------------------------------------------------------------------
+
+Descriptor::Descriptor(const CudnnGraphApi* api, cudnnBackendDescriptorType_t type) : api_(api) {
+  if (api_->cudnnBackendCreateDescriptor(type, &d_) != CUDNN_STATUS_SUCCESS) d_ = nullptr;
+}
+
+Descriptor& Descriptor::operator=(Descriptor&& o) noexcept {
+  if (this != &o) {
+    reset();
+    api_ = o.api_;
+    d_ = std::exchange(o.d_, nullptr);
+  }
+  return *this;
+}
+
+void Descriptor::reset() {
+  if (d_) api_->cudnnBackendDestroyDescriptor(d_);
+  d_ = nullptr;
+}
+
+// --- Builder -------------------------------------------------------------------------------------------------------
+
+Descriptor Builder::create(cudnnBackendDescriptorType_t type, const char* what) {
+  if (!ok()) return Descriptor();
+  Descriptor d(&a_, type);
+  if (!d) why_ = std::string("create ") + what + " failed";
+  return d;
+}
+
+void Builder::set(const Descriptor& d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
+                  const void* value, const char* what) {
+  if (ok()) check(a_.cudnnBackendSetAttribute(d.get(), name, type, count, value), what);
+}
+
+void Builder::set_descriptor(const Descriptor& d, cudnnBackendAttributeName_t name, const Descriptor& value, const char* what) {
+  cudnnBackendDescriptor_t v = value.get();
+  set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, what);
+}
+
+void Builder::finalize(const Descriptor& d, const char* what) {
+  if (ok()) check(a_.cudnnBackendFinalize(d.get()), what);
+}
+
+void Builder::check(cudnnStatus_t st, const char* what) {
+  if (st != CUDNN_STATUS_SUCCESS && ok()) why_ = std::string(what) + ": " + a_.cudnnGetErrorString(st);
+}
+
+void Builder::set_handle(const Descriptor& d, cudnnBackendAttributeName_t name, cudnnHandle_t handle) {
+  if (ok()) a_.cudnnBackendSetAttribute(d.get(), name, CUDNN_TYPE_HANDLE, 1, &handle);
+}
+
+// --- graphs --------------------------------------------------------------------------------------------------------
+
+Descriptor tensor(Builder& b, int64_t uid, cudnnDataType_t dt, int rank, const int64_t* dims, const int64_t* strides,
+                  bool by_value) {
+  Descriptor t = b.create(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor");
+  b.set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "tensor data type");
+  b.set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, rank, dims, "tensor dims");
+  b.set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, rank, strides, "tensor strides");
+  b.set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor uid");
+  b.set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &kAlignment, "tensor alignment");
+  if (by_value) {
+    const bool yes = true;
+    b.set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &yes, "tensor by value");
+  }
+  b.finalize(t, "tensor finalize");
+  return t;
+}
+
+Descriptor operation_graph(Builder& b, cudnnHandle_t handle, const std::vector<cudnnBackendDescriptor_t>& ops) {
+  Descriptor g = b.create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
+  b.set(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops.size()), ops.data(), "graph ops");
+  b.set_handle(g, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle);
+  b.finalize(g, "graph finalize");
+  return g;
+}
+
+// --- engines and plans ---------------------------------------------------------------------------------------------
+
+EngineInfo engine_info(const CudnnGraphApi& a, const Descriptor& cfg) {
+  EngineInfo info;
+  Descriptor engine(&a, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  if (!engine) return info;
+  cudnnBackendDescriptor_t e = engine.get();
+  int64_t count = 0;
+  if (a.cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &e) !=
+          CUDNN_STATUS_SUCCESS ||
+      count != 1)
+    return info;
+  if (a.cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &count, &info.index) !=
+      CUDNN_STATUS_SUCCESS)
+    info.index = -1;
+  constexpr int kMaxNotes = 32;  // more than any cuDNN 9 release defines
+  cudnnBackendNumericalNote_t notes[kMaxNotes];
+  int64_t n = 0;
+  if (a.cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, kMaxNotes, &n, notes) ==
+      CUDNN_STATUS_SUCCESS) {
+    for (int64_t i = 0; i < std::min<int64_t>(n, kMaxNotes); ++i) {
+      switch (notes[i]) {
+        case CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION:
+        case CUDNN_NUMERICAL_NOTE_FFT:
+        case CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC:
+        case CUDNN_NUMERICAL_NOTE_WINOGRAD:
+        case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4:
+        case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6:
+        case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13: info.acceptable = false; break;
+        default: break;
+      }
+    }
+  }
+  cudnnBackendBehaviorNote_t behaviour[kMaxNotes];
+  if (a.cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE, kMaxNotes, &n, behaviour) ==
+      CUDNN_STATUS_SUCCESS) {
+    for (int64_t i = 0; i < std::min<int64_t>(n, kMaxNotes); ++i)
+      if (behaviour[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) info.runtime_compiled = true;
+  }
+  return info;
+}
+
+std::vector<Descriptor> engine_configs(const CudnnGraphApi& a, const Descriptor& graph, cudnnBackendHeurMode_t mode,
+                                       std::string* why) {
+  Builder b(a);
+  Descriptor heur = b.create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics");
+  b.set_descriptor(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "heuristics graph");
+  b.set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
+  b.finalize(heur, "heuristics finalize");
+  std::vector<Descriptor> cfgs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int i = 0; i < kMaxEngineConfigs && b.ok(); ++i) {
+    cfgs.push_back(b.create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
+    raw.push_back(cfgs.back().get());
+  }
+  int64_t count = 0;
+  if (b.ok())
+    b.check(a.cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                       kMaxEngineConfigs, &count, raw.data()),
+            "heuristics results");
+  if (!b.ok()) {
+    *why = b.why();
+    return {};
+  }
+  cfgs.resize(size_t(std::clamp<int64_t>(count, 0, kMaxEngineConfigs)));
+  return cfgs;
+}
+
+bool make_plan(const CudnnGraphApi& a, cudnnHandle_t handle, Candidate& c, std::string* why) {
+  Builder b(a);
+  c.plan = b.create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+  b.set_handle(c.plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle);
+  b.set_descriptor(c.plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, c.cfg, "plan engine config");
+  b.finalize(c.plan, "plan finalize");
+  int64_t count = 0;
+  if (b.ok())
+    b.check(a.cudnnBackendGetAttribute(c.plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &count,
+                                       &c.workspace),
+            "plan workspace size");
+  if (!b.ok()) {
+    *why = b.why();
+    return false;
+  }
+  if (c.workspace < 0 || c.workspace > kMaxWorkspace) {
+    *why = "plan needs " + std::to_string(c.workspace) + " B of workspace";
+    return false;
+  }
+  return true;
+}
+
+bool execute(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& plan, const std::vector<int64_t>& uids,
+             const std::vector<void*>& pointers, void* workspace, std::string* why) {
+  Builder b(a);
+  Descriptor pack = b.create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
+  b.set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data(), "pack uids");
+  b.set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(pointers.size()), pointers.data(),
+        "pack pointers");
+  b.set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "pack workspace");
+  b.finalize(pack, "pack finalize");
+  if (b.ok()) b.check(a.cudnnBackendExecute(handle, plan.get(), pack.get()), "execute");
+  if (!b.ok()) {
+    *why = b.why();
+    return false;
+  }
+  return true;
+}
+
+// --- timing --------------------------------------------------------------------------------------------------------
+
+EventPair::EventPair() { ok = cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess; }
+EventPair::~EventPair() {
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+}
+
+float time_runs(const EventPair& ev, cudaStream_t stream, int runs, const std::function<bool()>& enqueue) {
+  if (!ev.ok || cudaEventRecord(ev.start, stream) != cudaSuccess) return -1.0f;
+  for (int i = 0; i < runs; ++i)
+    if (!enqueue()) return -1.0f;
+  float ms = 0.0f;
+  if (cudaEventRecord(ev.stop, stream) != cudaSuccess || cudaEventSynchronize(ev.stop) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, ev.start, ev.stop) != cudaSuccess)
+    return -1.0f;
+  return ms / float(runs);
+}
+
+}  // namespace atelier::cuda::cudnn_graph

@@ -1,0 +1,130 @@
+// The pieces of cuDNN's graph (backend) API that every graph-API path here shares (convolutions in
+// cuda_conv_graph.cc, fused attention in cuda_sdpa.cc): the entry points looked up in the dlopen'ed library,
+// RAII descriptors, a builder that keeps the first failure's reason, heuristics, plans, execution and timing.
+// Every cuDNN status is checked; callers turn a failure into "decline this case" so another path runs it.
+#pragma once
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace atelier::cuda {
+
+#define ATELIER_CUDNN_GRAPH_FUNCTIONS(X)                                                             \
+  X(cudnnGetErrorString) X(cudnnBackendCreateDescriptor) X(cudnnBackendDestroyDescriptor)           \
+  X(cudnnBackendSetAttribute) X(cudnnBackendGetAttribute) X(cudnnBackendFinalize) X(cudnnBackendExecute)
+
+struct CudnnGraphApi {
+#define ATELIER_CUDNN_GRAPH_MEMBER(name) decltype(&::name) name = nullptr;
+  ATELIER_CUDNN_GRAPH_FUNCTIONS(ATELIER_CUDNN_GRAPH_MEMBER)
+#undef ATELIER_CUDNN_GRAPH_MEMBER
+};
+
+namespace cudnn_graph {
+
+constexpr int64_t kAlignment = 16;                     // bytes, declared for every tensor (callers check pointers)
+constexpr int kMaxEngineConfigs = 16;                  // configurations asked of each heuristics mode
+constexpr int64_t kMaxWorkspace = int64_t(256) << 20;  // plans needing more are skipped
+
+bool env_is(const char* name, const char* value);
+// The backend entry points of `library` (cuDNN's dlopen handle); one table per call, kept for the process's
+// life (like the library). Null with *why set when an entry point is missing.
+const CudnnGraphApi* load_api(void* library, std::string* why);
+
+// One backend descriptor, destroyed with its owner (move-only).
+class Descriptor {
+ public:
+  Descriptor() = default;
+  Descriptor(const CudnnGraphApi* api, cudnnBackendDescriptorType_t type);
+  Descriptor(Descriptor&& o) noexcept : api_(o.api_), d_(std::exchange(o.d_, nullptr)) {}
+  Descriptor& operator=(Descriptor&& o) noexcept;
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  ~Descriptor() { reset(); }
+  cudnnBackendDescriptor_t get() const { return d_; }
+  explicit operator bool() const { return d_ != nullptr; }
+
+ private:
+  void reset();
+  const CudnnGraphApi* api_ = nullptr;
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+// Builds descriptors, keeping the first failure's reason; every call after a failure does nothing, so a
+// builder function reads as a straight list of attributes and checks ok() once at the end.
+class Builder {
+ public:
+  explicit Builder(const CudnnGraphApi& api) : a_(api) {}
+  bool ok() const { return why_.empty(); }
+  const std::string& why() const { return why_; }
+  Descriptor create(cudnnBackendDescriptorType_t type, const char* what);
+  void set(const Descriptor& d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
+           const void* value, const char* what);
+  void set_descriptor(const Descriptor& d, cudnnBackendAttributeName_t name, const Descriptor& value, const char* what);
+  void finalize(const Descriptor& d, const char* what);
+  void check(cudnnStatus_t st, const char* what);
+  // The handle attributes of operation graphs and plans are deprecated in later cuDNN 9 releases (the
+  // handle comes with cudnnBackendExecute): a refusal to take one is not a failure; a missing handle that
+  // the release did need shows up as a failed finalize.
+  void set_handle(const Descriptor& d, cudnnBackendAttributeName_t name, cudnnHandle_t handle);
+
+ private:
+  const CudnnGraphApi& a_;
+  std::string why_;
+};
+
+// A finalized tensor descriptor: `rank` dims and strides (elements), 16-byte alignment declared. by_value:
+// a host scalar passed in the variant pack (e.g. an attention scale).
+Descriptor tensor(Builder& b, int64_t uid, cudnnDataType_t dt, int rank, const int64_t* dims, const int64_t* strides,
+                  bool by_value = false);
+// A finalized operation graph of the given operations.
+Descriptor operation_graph(Builder& b, cudnnHandle_t handle, const std::vector<cudnnBackendDescriptor_t>& ops);
+
+// What the engine behind a configuration is, and whether its numerics are acceptable here: reductions in
+// 16 bits, FFT and Winograd (transforms lose accuracy in 16-bit data) and nondeterministic engines are
+// refused; everything else the heuristics offer is kept (PyTorch keeps the same and more).
+struct EngineInfo {
+  int64_t index = -1;  // cuDNN's global engine index, for logs
+  bool acceptable = true;
+  bool runtime_compiled = false;
+};
+EngineInfo engine_info(const CudnnGraphApi& a, const Descriptor& cfg);
+
+// Up to kMaxEngineConfigs engine configurations for `graph` from one heuristics mode, best first.
+std::vector<Descriptor> engine_configs(const CudnnGraphApi& a, const Descriptor& graph, cudnnBackendHeurMode_t mode,
+                                       std::string* why);
+
+// One execution plan that finalized, with what it needs.
+struct Candidate {
+  Descriptor cfg, plan;
+  int64_t workspace = 0;
+  EngineInfo engine;
+  float ms = -1.0f;  // timed mean per run; negative: not timed
+};
+// Finalizes c.plan from c.cfg; false (with *why) when it fails or needs more than kMaxWorkspace.
+bool make_plan(const CudnnGraphApi& a, cudnnHandle_t handle, Candidate& c, std::string* why);
+
+// Enqueues one execution of `plan` with the tensors `uids[i]` at `pointers[i]` (host pointers for by-value
+// scalars) and `workspace` (as large as the plan asked for).
+bool execute(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& plan, const std::vector<int64_t>& uids,
+             const std::vector<void*>& pointers, void* workspace, std::string* why);
+
+// CUDA events for timing, destroyed with the timer.
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  bool ok = false;
+  EventPair();
+  ~EventPair();
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+};
+// Mean device milliseconds of `runs` back-to-back calls of `enqueue` on `stream`, or -1 when one returns false
+// or an event fails. Synchronises: never call it while the stream is being captured.
+float time_runs(const EventPair& ev, cudaStream_t stream, int runs, const std::function<bool()>& enqueue);
+
+}  // namespace cudnn_graph
+}  // namespace atelier::cuda
