@@ -4,6 +4,8 @@
 // Part 2 (GEMM, convolution, normalisation, attention) is cuda_linalg_test.cc.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -290,6 +292,59 @@ TEST(CudaOps, GluMatchesCpu) {
       EXPECT_PARITY("glu " + shape_str(s) + " act " + std::to_string(int(act)), fn, {random_tensor(s, 71, 2.0f)}, DType::F32, 2e-6);
       EXPECT_PARITY("glu " + shape_str(s) + " act " + std::to_string(int(act)), fn, {random_tensor(s, 71, 2.0f)}, DType::BF16);
     }
+  }
+}
+
+TEST(CudaOps, RopeMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  // FLUX's layout (a [B, N, H, D] projection viewed as [B, H, N, D], positions along dim 2) and Z-Image's
+  // ([B, S, H, D], positions along dim 1), odd sizes.
+  for (int seq_dim : {1, 2}) {
+    for (const Shape& s : {Shape{2, 7, 3, 16}, Shape{1, 77, 4, 128}}) {
+      const int64_t n = seq_dim == 1 ? s[1] : s[2];
+      const auto fn = [seq_dim](const std::vector<Tensor>& in) {
+        return ops::rope(in[0].permute({0, 2, 1, 3}).permute({0, 2, 1, 3}), in[1], in[2], seq_dim);
+      };
+      const auto view = [seq_dim](const std::vector<Tensor>& in) {  // a strided (permuted) input
+        return ops::rope(in[0].permute({0, 2, 1, 3}), in[1], in[2], seq_dim);
+      };
+      const std::vector<Tensor> in{random_tensor(s, 91, 2.0f), random_tensor({n, s[3] / 2}, 92), random_tensor({n, s[3] / 2}, 93)};
+      const std::vector<Tensor> in_view{random_tensor({s[0], s[2], s[1], s[3]}, 94, 2.0f), random_tensor({n, s[3] / 2}, 95),
+                                        random_tensor({n, s[3] / 2}, 96)};
+      for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+        EXPECT_PARITY("rope " + shape_str(s) + " seq dim " + std::to_string(seq_dim), fn, in, dt);
+        EXPECT_PARITY("rope (permuted view) " + shape_str(s) + " seq dim " + std::to_string(seq_dim), view, in_view, dt);
+      }
+    }
+  }
+}
+
+TEST(CudaOps, NormModulateMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  // FLUX's row width (3072) and an odd one; every kind with each modulation the models use.
+  for (const Shape& s : {Shape{2, 9, 3072}, Shape{1, 7, 40}}) {
+    const int64_t d = s[2];
+    const std::vector<Tensor> in{random_tensor(s, 101, 2.0f), random_tensor(s, 102), random_tensor({d}, 103),
+                                 random_tensor({s[0], 1, d}, 104), random_tensor({s[0], 1, d}, 105), random_tensor({s[0], 1, d}, 106)};
+    const struct {
+      const char* what;
+      std::function<Tensor(const std::vector<Tensor>&)> fn;
+    } cases[] = {
+        {"layer * (1 + scale) + shift", [](const std::vector<Tensor>& v) {
+           return ops::norm_modulate(v[0], NormKind::kLayer, 1e-6f, Tensor(), {.scale = v[3], .shift = v[4]});
+         }},
+        {"res + gate * x", [](const std::vector<Tensor>& v) {
+           return ops::norm_modulate(v[0], NormKind::kNone, 0.0f, Tensor(), {.gate = v[5], .residual = v[1]});
+         }},
+        {"rms * gamma * (1 + scale)", [](const std::vector<Tensor>& v) {
+           return ops::norm_modulate(v[0], NormKind::kRms, 1e-5f, v[2], {.scale = v[3]});
+         }},
+        {"res + gate * rms * gamma", [](const std::vector<Tensor>& v) {
+           return ops::norm_modulate(v[0], NormKind::kRms, 1e-5f, v[2], {.gate = v[5], .residual = v[1]});
+         }},
+    };
+    for (const auto& c : cases)
+      for (DType dt : {DType::F32, DType::BF16, DType::F16}) EXPECT_PARITY(std::string("norm_modulate ") + c.what + " " + shape_str(s), c.fn, in, dt);
   }
 }
 

@@ -148,6 +148,62 @@ TEST(OpsLincomb, SharedAndPerSampleCoefficients) {
   EXPECT_THROW(ops::lincomb_per_sample(xs, c), Error);  // 3 coefficients for 3 samples x 3 inputs
 }
 
+// The unfused sequence the models used before ops::rope (and the reference runs): pairs split, four
+// products, a difference and a sum, concatenated back. x [B, A, C, D] contiguous, cos/sin [S, D/2].
+Tensor rope_reference(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim) {
+  const Shape s = x.shape();
+  const Tensor pairs = ops::contiguous(x).reshape({s[0], s[1], s[2], s[3] / 2, 2});
+  const Tensor x0 = pairs.narrow(4, 0, 1), x1 = pairs.narrow(4, 1, 1);
+  const Shape table = seq_dim == 1 ? Shape{s[1], 1, s[3] / 2, 1} : Shape{s[2], s[3] / 2, 1};
+  const Tensor c = cos.reshape(table), sn = sin.reshape(table);
+  const Tensor even = ops::sub(ops::mul(x0, c), ops::mul(x1, sn));
+  const Tensor odd = ops::add(ops::mul(x0, sn), ops::mul(x1, c));
+  return ops::concat({even, odd}, 4).reshape(s);
+}
+
+TEST(OpsRope, EqualsTheUnfusedSequenceOnViewsAlongEitherDim) {
+  for (int seq_dim : {1, 2}) {
+    // A permuted view, as FLUX passes q [B, N, H, D] permuted to [B, H, N, D].
+    const Tensor base = random_tensor({2, 5, 3, 8}, 21 + seq_dim);
+    const Tensor x = base.permute({0, 2, 1, 3});  // [2, 3, 5, 8]
+    const int64_t s = x.size(seq_dim);
+    const Tensor cos = random_tensor({s, 4}, 31), sin = random_tensor({s, 4}, 32);
+    const Tensor got = ops::rope(x, cos, sin, seq_dim);
+    EXPECT_TRUE(got.is_contiguous());
+    EXPECT_EQ(got.shape(), x.shape());
+    const std::vector<float> want = rope_reference(x, cos, sin, seq_dim).to_vector(), g = got.to_vector();
+    ASSERT_EQ(g.size(), want.size());
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g[i], want[i]) << "seq_dim " << seq_dim << " at " << i;
+  }
+  EXPECT_THROW(ops::rope(random_tensor({1, 2, 3, 5}, 1), random_tensor({3, 2}, 2), random_tensor({3, 2}, 3), 2), Error);
+  EXPECT_THROW(ops::rope(random_tensor({1, 2, 3, 4}, 1), random_tensor({2, 2}, 2), random_tensor({2, 2}, 3), 2), Error);
+}
+
+TEST(OpsNormModulate, EqualsTheUnfusedSequence) {
+  const Tensor x = random_tensor({2, 5, 24}, 41), res = random_tensor({2, 5, 24}, 42), gamma = random_tensor({24}, 43);
+  const Tensor scale = random_tensor({2, 1, 24}, 44), shift = random_tensor({2, 1, 24}, 45), gate = random_tensor({2, 1, 24}, 46);
+  const auto same = [](const Tensor& got, const Tensor& want, const char* what) {
+    const std::vector<float> g = got.to_vector(), w = want.to_vector();
+    ASSERT_EQ(g.size(), w.size()) << what;
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], w[i]) << what << " at " << i;
+  };
+  // FLUX's adaLN: layer_norm(x) * (1 + scale) + shift.
+  same(ops::norm_modulate(x, NormKind::kLayer, 1e-6f, Tensor(), {.scale = scale, .shift = shift}),
+       ops::add(ops::mul(ops::layer_norm(x, {}, {}, 1e-6f), ops::affine(scale, 1.0f, 1.0f)), shift), "layer + scale + shift");
+  // FLUX's gated residual: res + gate * x.
+  same(ops::norm_modulate(x, NormKind::kNone, 0.0f, Tensor(), {.gate = gate, .residual = res}), ops::add(res, ops::mul(gate, x)),
+       "gated residual");
+  // Z-Image's: rms_norm(x) * (1 + scale), and res + gate * rms_norm(x), and res + rms_norm(x).
+  same(ops::norm_modulate(x, NormKind::kRms, 1e-5f, gamma, {.scale = scale}),
+       ops::mul(ops::rms_norm(x, gamma, 1e-5f), ops::affine(scale, 1.0f, 1.0f)), "rms + scale");
+  same(ops::norm_modulate(x, NormKind::kRms, 1e-5f, gamma, {.gate = gate, .residual = res}),
+       ops::add(res, ops::mul(gate, ops::rms_norm(x, gamma, 1e-5f))), "res + gate * rms");
+  same(ops::norm_modulate(x, NormKind::kRms, 1e-5f, gamma, {.residual = res}), ops::add(res, ops::rms_norm(x, gamma, 1e-5f)),
+       "res + rms");
+  EXPECT_THROW(ops::norm_modulate(x, NormKind::kLayer, 1e-6f, Tensor(), {.gate = gate}), Error);  // a gate needs a residual
+  EXPECT_THROW(ops::norm_modulate(x, NormKind::kLayer, 1e-6f, Tensor(), {.scale = random_tensor({3, 24}, 1)}), Error);
+}
+
 TEST(OpsAffine, ScaleAndShift) {
   Tensor x = random_tensor({5, 33}, 9);
   std::vector<double> ref = to_double(x);

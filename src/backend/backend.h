@@ -17,6 +17,13 @@ namespace atelier {
 enum class UnaryOp { kIdentity, kSilu, kGelu, kGeluTanh, kQuickGelu, kRelu, kSigmoid, kTanh, kExp, kSqrt, kRsqrt, kSquare, kNeg, kSin, kCos };
 enum class BinaryOp { kAdd, kSub, kMul, kDiv, kMax, kMin };
 
+// Row normalisation of norm_modulate: none (x as is), LayerNorm without affine, RMSNorm.
+enum class NormKind { kNone, kLayer, kRms };
+// The per-sample modulation of norm_modulate (see there); undefined tensors are left out.
+struct NormModulation {
+  Tensor scale, shift, gate, residual;
+};
+
 struct Conv2dParams {
   int stride_h = 1, stride_w = 1;
   int pad_h = 0, pad_w = 0;
@@ -114,6 +121,21 @@ class Backend {
   // Over the last dim D; gamma/beta [D] optional.
   virtual void layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) = 0;
   virtual void rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) = 0;
+
+  // x [B, T, D] contiguous; kind picks the row normalisation (none, LayerNorm without affine, RMSNorm), gamma
+  // [D] its optional weight; m's scale/shift/gate are [B, D] per-sample vectors (broadcast over T) and its
+  // residual [B, T, D], each optional. out [B, T, D] contiguous, every step rounded to the dtype as the
+  // unfused ops round: n = norm(x) * gamma; n = n * (1 + scale); n = n + shift; out = residual + gate * n.
+  // (adaLN modulation and gated residuals of DiT blocks in one pass.)
+  virtual void norm_modulate(Tensor& out, const Tensor& x, NormKind kind, float eps, const Tensor& gamma,
+                             const NormModulation& m) = 0;
+
+  // --- rotary position embedding ------------------------------------------------------------------
+  // x [B, A, C, D] (any strides, unit last stride), positions along dim seq_dim (1 or 2, size S); cos/sin
+  // [S, D/2] contiguous in x's dtype; out [B, A, C, D] contiguous: each pair (x0, x1) = (x[2i], x[2i+1])
+  // becomes (x0 c - x1 s, x0 s + x1 c) with (c, s) of (position, i), every product rounded to the dtype
+  // before the sum (as the unfused mul/sub/add ops of the reference round).
+  virtual void rope(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim) = 0;
 
   // --- attention ----------------------------------------------------------------------------------
   // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] with H % Hk == 0 (grouped-query attention);

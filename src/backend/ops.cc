@@ -515,6 +515,64 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
   return out;
 }
 
+Tensor norm_modulate(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m) {
+  trace::Scope range("norm_modulate", Category::kOp);
+  const std::string op = "norm_modulate";
+  require_f32(x, op, "x");
+  require(x.dim() == 3, op, "expects x [B, T, D], got " + shape_str(x.shape()));
+  const int64_t b = x.size(0), d = x.size(2);
+  require(kind != NormKind::kNone || !gamma.defined(), op, "gamma needs a normalisation");
+  require_affine(gamma, d, op, "gamma");
+  NormModulation mc;
+  const auto vec = [&](const Tensor& t, const char* what) {
+    if (!t.defined()) return Tensor();
+    require_f32(t, op, what);
+    require_same_device(x, t, op);
+    require(t.dtype() == x.dtype(), op, std::string(what) + " must have x's dtype");
+    require(t.numel() == b * d, op, std::string(what) + " must hold [" + std::to_string(b) + ", " + std::to_string(d) +
+                                        "] values, got " + shape_str(t.shape()));
+    return contiguous(t).reshape({b, d});
+  };
+  mc.scale = vec(m.scale, "scale");
+  mc.shift = vec(m.shift, "shift");
+  mc.gate = vec(m.gate, "gate");
+  if (m.residual.defined()) {
+    require_f32(m.residual, op, "residual");
+    require_same_device(x, m.residual, op);
+    require(m.residual.shape() == x.shape() && m.residual.dtype() == x.dtype(), op,
+            "residual must have x's shape and dtype, got " + shape_str(m.residual.shape()));
+    mc.residual = contiguous(m.residual);
+  }
+  require(!mc.gate.defined() || mc.residual.defined(), op, "a gate needs a residual");
+  Tensor xc = contiguous(x);
+  Tensor out = empty_like_shape(xc, xc.shape());
+  backend_of(x).norm_modulate(out, xc, kind, eps, contiguous_opt(gamma), mc);
+  return out;
+}
+
+// --- rotary position embedding --------------------------------------------------------------------
+
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim) {
+  trace::Scope range("rope", Category::kOp);
+  const std::string op = "rope";
+  require_f32(x, op, "x");
+  require_f32(cos, op, "cos");
+  require_f32(sin, op, "sin");
+  require_same_device(x, cos, op);
+  require_same_device(x, sin, op);
+  require(x.dim() == 4, op, "expects x [B, A, C, D], got " + shape_str(x.shape()));
+  require(seq_dim == 1 || seq_dim == 2, op, "positions must lie along dim 1 or 2");
+  const int64_t d = x.size(3), s = x.size(seq_dim);
+  require(d % 2 == 0, op, "the last dim must be even (pairs), got " + std::to_string(d));
+  require(cos.dtype() == x.dtype() && sin.dtype() == x.dtype(), op, "cos/sin must have x's dtype");
+  require(cos.numel() == s * d / 2 && sin.numel() == s * d / 2, op,
+          "cos/sin must hold [" + std::to_string(s) + ", " + std::to_string(d / 2) + "] values, got " + shape_str(cos.shape()));
+  const Tensor xs = x.strides()[3] == 1 ? x : contiguous(x);
+  Tensor out = empty_like_shape(x, x.shape());
+  backend_of(x).rope(out, xs, contiguous(cos).reshape({s, d / 2}), contiguous(sin).reshape({s, d / 2}), seq_dim);
+  return out;
+}
+
 // --- attention ------------------------------------------------------------------------------------
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {

@@ -65,6 +65,19 @@ Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps);
 Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps);
 
+// x [B, T, D] -> [B, T, D]: n = norm(x) * gamma (kind: none / LayerNorm without affine / RMSNorm; gamma [D]
+// optional), then n * (1 + scale) + shift, then residual + gate * n, each part optional: scale/shift/gate
+// hold [B, D] values ([B, 1, D] as models keep them), residual is [B, T, D]. One pass for the adaLN
+// modulation and gated residuals of FLUX and Z-Image blocks, rounded step by step as the unfused ops.
+Tensor norm_modulate(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m);
+
+// --- rotary position embedding --------------------------------------------------------------------
+// x [B, A, C, D] (a strided view is fine: FLUX passes q permuted to [B, H, N, D]), positions along dim
+// seq_dim (1 or 2); cos/sin hold [S, D/2] values (any shape of that size) in x's dtype. Interleaved pairs
+// (x[2i], x[2i+1]) rotated as complex numbers by cos + i sin -> [B, A, C, D] contiguous. One pass instead of
+// the reference's copy, four products, two sums and a concat.
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim);
+
 // --- attention ------------------------------------------------------------------------------------
 // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv]; H % Hk == 0; mask additive, broadcastable to
 // [B, H, Sq, Sk] (undefined = none); scale 0 means 1/sqrt(D). -> [B, H, Sq, Dv]

@@ -33,6 +33,9 @@ class CpuBackend final : public Backend {
   void group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) override;
   void layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) override;
   void rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) override;
+  void norm_modulate(Tensor& out, const Tensor& x, NormKind kind, float eps, const Tensor& gamma,
+                     const NormModulation& m) override;
+  void rope(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim) override;
 
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) override;
 

@@ -156,20 +156,10 @@ __global__ void im2col_kernel(T* col, const T* x, Im2colGeometry g, int64_t p0, 
   }
 }
 
-template <typename Fn>
-void dispatch_conv_dtype(DType t, Fn&& fn) {
-  switch (t) {
-    case DType::F32: fn(float{}); return;
-    case DType::BF16: fn(__nv_bfloat16{}); return;
-    case DType::F16: fn(__half{}); return;
-    default: throw Error(unsupported("conv2d: dtype " + std::string(dtype_name(t)) + " is not supported on CUDA (f32, bf16, f16 are)"));
-  }
-}
-
 void launch_channel_bias(void* y, DType dt, const Tensor& bias, int64_t n, int64_t o, int64_t p, cudaStream_t s) {
   const int64_t planes = n * o;
   const dim3 grid(unsigned(std::min<int64_t>((p + kThreads - 1) / kThreads, 1024)), unsigned(std::min<int64_t>(planes, 65535)));
-  dispatch_conv_dtype(dt, [&](auto tag) {
+  dispatch_float(dt, "conv2d", [&](auto tag) {
     using T = decltype(tag);
     channel_bias_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<T*>(y), bias.raw(), bias.dtype(), planes, o, p);
   });
@@ -183,7 +173,7 @@ void launch_transpose(void* out, const void* in, DType dt, int64_t n, int64_t a,
   const dim3 block(kTile, kTileRows);
   const void* bias_ptr = bias.defined() ? bias.raw() : nullptr;
   const DType bias_dt = bias.defined() ? bias.dtype() : DType::F32;
-  dispatch_conv_dtype(dt, [&](auto tag) {
+  dispatch_float(dt, "conv2d", [&](auto tag) {
     using T = decltype(tag);
     transpose_kernel<T><<<grid, block, 0, s>>>(static_cast<T*>(out), static_cast<const T*>(in), a, b, bias_ptr, bias_dt);
   });
@@ -422,7 +412,7 @@ void CudaBackend::conv2d_im2col(Tensor& out, const Tensor& x, const Tensor& w, c
       if (pointwise) {
         call.b = {xs, dt, pixels, cg * pixels, false};
       } else {
-        dispatch_conv_dtype(dt, [&](auto tag) {
+        dispatch_float(dt, "conv2d", [&](auto tag) {
           using T = decltype(tag);
           im2col_kernel<T><<<grid_for(groups * kc * width), kThreads, 0, stream_>>>(static_cast<T*>(col->data()),
                                                                                    reinterpret_cast<const T*>(xs), g, p0, width);

@@ -141,4 +141,15 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
 // Index type of a grid-stride loop over n items: 32-bit when i + grid size cannot overflow it.
 inline bool fits_u32(int64_t n) { return n < (int64_t(1) << 31); }
 
+// Calls fn(T{}) for the element type of dtype t (f32, bf16 or f16); other dtypes throw, naming `op`.
+template <typename Fn>
+void dispatch_float(DType t, const char* op, Fn&& fn) {
+  switch (t) {
+    case DType::F32: fn(float{}); return;
+    case DType::BF16: fn(__nv_bfloat16{}); return;
+    case DType::F16: fn(__half{}); return;
+    default: throw Error(unsupported(std::string(op) + ": dtype " + std::string(dtype_name(t)) + " is not supported on CUDA (f32, bf16, f16 are)"));
+  }
+}
+
 }  // namespace atelier::cuda

@@ -20,17 +20,6 @@ struct alignas(16) Pack {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// Calls fn(T{}) for the element type of dtype t (f32, bf16 or f16).
-template <typename Fn>
-void dispatch_float(DType t, const char* op, Fn&& fn) {
-  switch (t) {
-    case DType::F32: fn(float{}); return;
-    case DType::BF16: fn(__nv_bfloat16{}); return;
-    case DType::F16: fn(__half{}); return;
-    default: throw Error(unsupported(std::string(op) + ": dtype " + std::string(dtype_name(t)) + " is not supported on CUDA (f32, bf16, f16 are)"));
-  }
-}
-
 __device__ __forceinline__ float apply_binary(float x, float y, BinaryOp op) {
   switch (op) {
     case BinaryOp::kAdd: return x + y;

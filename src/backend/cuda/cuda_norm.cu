@@ -225,6 +225,59 @@ __global__ void rms_norm_kernel(T* y, const T* x, NormAffine aff, int64_t d, flo
   }
 }
 
+// The per-sample vectors and residual of norm_modulate, as raw pointers (null: not applied).
+template <typename T>
+struct ModulationPtrs {
+  const T *scale = nullptr, *shift = nullptr, *gate = nullptr, *residual = nullptr;
+};
+
+// One block per row of d elements (row r of sample r / t): the row statistics of layer_norm_kernel or
+// rms_norm_kernel (same reductions, so the normalised values are the same bits), then the modulation with
+// a rounding after every step, as the unfused ops round.
+template <typename T, NormKind KIND>
+__global__ void norm_modulate_kernel(T* y, const T* x, NormAffine aff, ModulationPtrs<T> m, int64_t t, int64_t d, float eps) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x, sample = row / t;
+  const T* xr = x + row * d;
+  T* yr = y + row * d;
+  float mean = 0.0f, corr = 0.0f, rstd = 1.0f;
+  if constexpr (KIND == NormKind::kLayer) {
+    float s = 0.0f;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) s += to_f32(xr[j]);
+    mean = block_sum(s, scratch) / float(d);
+    float dev = 0.0f, sq = 0.0f;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const float v = to_f32(xr[j]) - mean;
+      dev += v;
+      sq += v * v;
+    }
+    corr = block_sum(dev, scratch) / float(d);
+    const float var = fmaxf(block_sum(sq, scratch) / float(d) - corr * corr, 0.0f);
+    rstd = 1.0f / sqrtf(var + eps);
+  } else if constexpr (KIND == NormKind::kRms) {
+    float q = 0.0f;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const float v = to_f32(xr[j]);
+      q += v * v;
+    }
+    rstd = 1.0f / sqrtf(block_sum(q, scratch) / float(d) + eps);
+  }
+  const auto r = [](float v) { return to_f32(from_f32<T>(v)); };
+  const int64_t vec = sample * d;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, j) : 1.0f;
+    float v;
+    if constexpr (KIND == NormKind::kLayer) v = r(((to_f32(xr[j]) - mean) - corr) * rstd * g);
+    else if constexpr (KIND == NormKind::kRms) v = r(to_f32(xr[j]) * rstd * g);
+    else v = to_f32(xr[j]);
+    if (m.scale) v = r(v * r(1.0f + to_f32(m.scale[vec + j])));
+    if (m.shift) v = r(v + to_f32(m.shift[vec + j]));
+    if (m.gate) v = r(to_f32(m.gate[vec + j]) * v);
+    if (m.residual) v = to_f32(m.residual[row * d + j]) + v;
+    yr[j] = from_f32<T>(v);
+  }
+}
+
 NormAffine affine_of(const Tensor& gamma, const Tensor& beta) {
   NormAffine a;
   if (gamma.defined()) {
@@ -236,16 +289,6 @@ NormAffine affine_of(const Tensor& gamma, const Tensor& beta) {
     a.beta_dtype = beta.dtype();
   }
   return a;
-}
-
-template <typename Fn>
-void dispatch_norm(DType t, const char* op, Fn&& fn) {
-  switch (t) {
-    case DType::F32: fn(float{}); return;
-    case DType::BF16: fn(__nv_bfloat16{}); return;
-    case DType::F16: fn(__half{}); return;
-    default: throw Error(unsupported(std::string(op) + ": dtype " + std::string(dtype_name(t)) + " is not supported on CUDA"));
-  }
 }
 
 int row_threads(int64_t d) { return d <= 256 ? 64 : d <= 1024 ? 128 : kNormThreads; }
@@ -266,7 +309,7 @@ void CudaBackend::group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, 
   ATELIER_CHECK(count < (int64_t(1) << 31), "group_norm: groups of 2^31 elements or more are not supported");
   ATELIER_CHECK(total_groups <= 65535, "group_norm: at most 65535 (sample, group) pairs per call");
   const NormAffine aff = affine_of(gamma, beta);
-  dispatch_norm(x.dtype(), "group_norm", [&](auto tag) {
+  dispatch_float(x.dtype(), "group_norm", [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = Vec<T>::kWidth;
     const bool vec = count % V == 0 && spatial % V == 0 && reinterpret_cast<uintptr_t>(x.raw()) % kVecBytes == 0 &&
@@ -302,9 +345,43 @@ void CudaBackend::layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, 
   ATELIER_CHECK(rows < (int64_t(1) << 31), "layer_norm: too many rows");
   NvtxRange range("layer_norm");
   DeviceGuard guard(index_);
-  dispatch_norm(x.dtype(), "layer_norm", [&](auto tag) {
+  dispatch_float(x.dtype(), "layer_norm", [&](auto tag) {
     using T = decltype(tag);
     layer_norm_kernel<T><<<unsigned(rows), row_threads(d), 0, stream_>>>(out.data<T>(), x.data<T>(), affine_of(gamma, beta), d, eps);
+  });
+  ATELIER_CUDA_LAUNCHED();
+}
+
+// x, out [B, T, D] contiguous; gamma [D]; m.scale/shift/gate [B, D]; m.residual [B, T, D] (Backend::norm_modulate).
+void CudaBackend::norm_modulate(Tensor& out, const Tensor& x, NormKind kind, float eps, const Tensor& gamma,
+                                const NormModulation& m) {
+  const int64_t t = x.size(1), d = x.size(2), rows = x.size(0) * t;
+  if (rows == 0 || d == 0) return;
+  ATELIER_CHECK(x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype(), "norm_modulate: contiguous tensors of one dtype expected");
+  ATELIER_CHECK(rows < (int64_t(1) << 31), "norm_modulate: too many rows");
+  NvtxRange range("norm_modulate");
+  DeviceGuard guard(index_);
+  dispatch_float(x.dtype(), "norm_modulate", [&](auto tag) {
+    using T = decltype(tag);
+    ModulationPtrs<T> p;
+    if (m.scale.defined()) p.scale = m.scale.data<T>();
+    if (m.shift.defined()) p.shift = m.shift.data<T>();
+    if (m.gate.defined()) p.gate = m.gate.data<T>();
+    if (m.residual.defined()) p.residual = m.residual.data<T>();
+    const NormAffine aff = affine_of(gamma, Tensor());
+    const unsigned blocks = unsigned(rows);
+    const int threads = row_threads(d);
+    switch (kind) {
+      case NormKind::kLayer:
+        norm_modulate_kernel<T, NormKind::kLayer><<<blocks, threads, 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
+        break;
+      case NormKind::kRms:
+        norm_modulate_kernel<T, NormKind::kRms><<<blocks, threads, 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
+        break;
+      case NormKind::kNone:
+        norm_modulate_kernel<T, NormKind::kNone><<<blocks, threads, 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
+        break;
+    }
   });
   ATELIER_CUDA_LAUNCHED();
 }
@@ -318,7 +395,7 @@ void CudaBackend::rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, fl
   ATELIER_CHECK(rows < (int64_t(1) << 31), "rms_norm: too many rows");
   NvtxRange range("rms_norm");
   DeviceGuard guard(index_);
-  dispatch_norm(x.dtype(), "rms_norm", [&](auto tag) {
+  dispatch_float(x.dtype(), "rms_norm", [&](auto tag) {
     using T = decltype(tag);
     rms_norm_kernel<T><<<unsigned(rows), row_threads(d), 0, stream_>>>(out.data<T>(), x.data<T>(), affine_of(gamma, Tensor()), d, eps);
   });

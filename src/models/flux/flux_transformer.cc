@@ -86,10 +86,9 @@ std::vector<Tensor> modulations(const Linear& lin, const Tensor& temb_act, int k
   return parts;
 }
 
-// x [B, N, D], shift/scale [B, 1, D] -> layer_norm(x) * (1 + scale) + shift (no affine, eps 1e-6).
+// x [B, N, D], shift/scale [B, 1, D] -> layer_norm(x) * (1 + scale) + shift (no affine, eps 1e-6), one pass.
 Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale) {
-  const Tensor n = ops::layer_norm(x, {}, {}, kNormEps);
-  return ops::add(ops::mul(n, ops::affine(scale, 1.0f, 1.0f)), shift);
+  return ops::norm_modulate(x, NormKind::kLayer, kNormEps, Tensor(), {.scale = scale, .shift = shift});
 }
 
 // x [B, N, D] -> heads [B, N, H, hd] after the RMS norm over hd (norm may be an undefined weight: none).
@@ -100,14 +99,16 @@ Tensor heads(const Tensor& x, int h, const RMSNorm* norm) {
 
 // q/k/v [B, N, H, hd] over the joint sequence -> attention output [B, N, H*hd], RoPE applied to q and k.
 Tensor joint_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos, const Tensor& sin) {
-  const Tensor qh = flux_apply_rope(ops::contiguous(q.permute({0, 2, 1, 3})), cos, sin);
-  const Tensor kh = flux_apply_rope(ops::contiguous(k.permute({0, 2, 1, 3})), cos, sin);
+  const Tensor qh = flux_apply_rope(q.permute({0, 2, 1, 3}), cos, sin);  // rope reads the view, writes [B, H, N, hd]
+  const Tensor kh = flux_apply_rope(k.permute({0, 2, 1, 3}), cos, sin);
   const Tensor a = ops::attention(qh, kh, v.permute({0, 2, 1, 3}));
   return ops::contiguous(a.permute({0, 2, 1, 3})).reshape({q.size(0), q.size(1), q.size(2) * q.size(3)});
 }
 
-// residual + gate * y; gate [B, 1, D].
-Tensor gated_add(const Tensor& residual, const Tensor& gate, const Tensor& y) { return ops::add(residual, ops::mul(gate, y)); }
+// residual + gate * y; gate [B, 1, D]; one pass.
+Tensor gated_add(const Tensor& residual, const Tensor& gate, const Tensor& y) {
+  return ops::norm_modulate(y, NormKind::kNone, 0.0f, Tensor(), {.gate = gate, .residual = residual});
+}
 
 }  // namespace
 
@@ -134,14 +135,9 @@ std::pair<Tensor, Tensor> flux_rope_tables(const Tensor& ids, const std::array<i
 }
 
 Tensor flux_apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-  const int64_t b = x.size(0), h = x.size(1), n = x.size(2), d = x.size(3);
-  const Tensor pairs = ops::contiguous(x).reshape({b, h, n, d / 2, 2});
-  const Tensor xe = pairs.narrow(4, 0, 1), xo = pairs.narrow(4, 1, 1);
-  const Tensor c = cos.reshape({n, d / 2, 1}), s = sin.reshape({n, d / 2, 1});
-  // diffusers: x * cos + stack(-x_odd, x_even) * sin, products rounded before the sum.
-  const Tensor even = ops::sub(ops::mul(xe, c), ops::mul(xo, s));
-  const Tensor odd = ops::add(ops::mul(xo, c), ops::mul(xe, s));
-  return ops::concat({even, odd}, 4).reshape({b, h, n, d});
+  // diffusers: x * cos + stack(-x_odd, x_even) * sin, products rounded before the sum: what ops::rope does
+  // on interleaved pairs, positions along dim 2.
+  return ops::rope(x, cos, sin, 2);
 }
 
 Expected<FluxTransformer> FluxTransformer::load(const WeightStore& store, FluxLayout layout, const FluxConfig& c,

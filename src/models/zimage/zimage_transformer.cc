@@ -29,14 +29,7 @@ Tensor pad_rows(const Tensor& x, const Tensor& pad_token, int64_t pad) {
 
 // Complex (interleaved-pair) rotary embedding: x [1, S, H, hd], cos/sin [S, 1, hd/2, 1] -> same as x; each
 // pair (x[2i], x[2i+1]) is multiplied, as a complex number, by cos + i sin.
-Tensor rope_complex(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-  const Shape s = x.shape();
-  Tensor pairs = ops::contiguous(x).reshape({s[0], s[1], s[2], s[3] / 2, 2});
-  Tensor re = pairs.narrow(4, 0, 1), im = pairs.narrow(4, 1, 1);
-  Tensor out_re = ops::sub(ops::mul(re, cos), ops::mul(im, sin));
-  Tensor out_im = ops::add(ops::mul(re, sin), ops::mul(im, cos));
-  return ops::concat({out_re, out_im}, 4).reshape(s);
-}
+Tensor rope_complex(const Tensor& x, const Tensor& cos, const Tensor& sin) { return ops::rope(x, cos, sin, 1); }
 
 }  // namespace
 
@@ -92,21 +85,25 @@ Tensor ZImageTransformer::attention(const ZImageBlock& b, const Tensor& x, const
 
 Tensor ZImageTransformer::block_forward(const ZImageBlock& b, const Tensor& x, const Tensor& adaln, const Tensor& cos,
                                         const Tensor& sin) const {
+  // Each norm with what follows it is one norm_modulate pass: rms_norm(v) * (1 + scale), or
+  // residual + gate * rms_norm(v), rounded step by step as the reference's separate ops.
+  const auto norm = [](const RMSNorm& nrm, const Tensor& v, const NormModulation& m) {
+    return ops::norm_modulate(v, NormKind::kRms, nrm.eps, nrm.weight, m);
+  };
   if (!b.adaLN_modulation.weight.defined()) {  // context refiner: no modulation
-    Tensor y = ops::add(x, b.attention_norm2(attention(b, b.attention_norm1(x), cos, sin)));
+    Tensor y = norm(b.attention_norm2, attention(b, b.attention_norm1(x), cos, sin), {.residual = x});
     const Tensor n = b.ffn_norm1(y);
     Tensor ff = b.w2(ops::mul(b.w1(n, UnaryOp::kSilu), b.w3(n)));
-    return ops::add(y, b.ffn_norm2(ff));
+    return norm(b.ffn_norm2, ff, {.residual = y});
   }
-  // scale_msa, gate_msa, scale_mlp, gate_mlp: each [1, 1, dim]; scales are 1 + s, gates tanh(g).
+  // scale_msa, gate_msa, scale_mlp, gate_mlp: each [1, 1, dim]; scales are applied as 1 + s, gates tanh(g).
   std::vector<Tensor> mod = ops::chunk(b.adaLN_modulation(adaln).unsqueeze(1), 4, 2);
-  const Tensor scale_msa = ops::affine(mod[0], 1.0f, 1.0f), gate_msa = ops::unary(mod[1], UnaryOp::kTanh);
-  const Tensor scale_mlp = ops::affine(mod[2], 1.0f, 1.0f), gate_mlp = ops::unary(mod[3], UnaryOp::kTanh);
-  Tensor attn = attention(b, ops::mul(b.attention_norm1(x), scale_msa), cos, sin);
-  Tensor y = ops::add(x, ops::mul(gate_msa, b.attention_norm2(attn)));
-  Tensor n = ops::mul(b.ffn_norm1(y), scale_mlp);
+  const Tensor gate_msa = ops::unary(mod[1], UnaryOp::kTanh), gate_mlp = ops::unary(mod[3], UnaryOp::kTanh);
+  Tensor attn = attention(b, norm(b.attention_norm1, x, {.scale = mod[0]}), cos, sin);
+  Tensor y = norm(b.attention_norm2, attn, {.gate = gate_msa, .residual = x});
+  Tensor n = norm(b.ffn_norm1, y, {.scale = mod[2]});
   Tensor ff = b.w2(ops::mul(b.w1(n, UnaryOp::kSilu), b.w3(n)));
-  return ops::add(y, ops::mul(gate_mlp, b.ffn_norm2(ff)));
+  return norm(b.ffn_norm2, ff, {.gate = gate_mlp, .residual = y});
 }
 
 Expected<Tensor> ZImageTransformer::forward(const Tensor& latents, float t, const Tensor& caption) const {
@@ -150,8 +147,8 @@ Expected<Tensor> ZImageTransformer::forward(const Tensor& latents, float t, cons
     for (const auto& b : layers_) u = block_forward(b, u, adaln, u_cos, u_sin);
 
     // Final layer: LayerNorm (no affine) scaled by 1 + adaLN(silu(c)), then the patch projection.
-    Tensor scale = ops::affine(final_adaLN_(ops::silu(adaln)), 1.0f, 1.0f).unsqueeze(1);
-    Tensor out = final_linear_(ops::mul(ops::layer_norm(u, Tensor(), Tensor(), kFinalNormEps), scale));
+    const Tensor scale = final_adaLN_(ops::silu(adaln));  // applied as 1 + scale
+    Tensor out = final_linear_(ops::norm_modulate(u, NormKind::kLayer, kFinalNormEps, Tensor(), {.scale = scale}));
     // Unpatchify "(f h w) (pf ph pw c) -> c (f pf) (h ph) (w pw)" from the image tokens.
     Tensor img = out.select(0, 0).narrow(0, 0, n_img).reshape({ft, ht, wt, pf, p, p, c});
     return as_dtype(ops::contiguous(img.permute({6, 0, 3, 1, 4, 2, 5})).reshape({c, f, h, w}), DType::F32);
