@@ -412,6 +412,25 @@ TEST(CudaOps, GemmAttentionMatchesCpu) {
   }
 }
 
+TEST(CudaOps, AttentionWritesMergedHeadsOnEveryPath) {
+  ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
+  // attention_merged: the backend writes [B, Sq, H, Dv] through a permuted output view (flash kernel and
+  // cuDNN directly; the GEMM path through a temporary).
+  const Tensor q = random_tensor({2, 3, 70, 64}, 111), k = random_tensor({2, 3, 50, 64}, 112), v = random_tensor({2, 3, 50, 64}, 113);
+  const auto fn = [](const std::vector<Tensor>& in) { return ops::attention_merged(in[0], in[1], in[2]); };
+  std::string why;
+  const bool cudnn = test::cuda_be().cudnn_sdpa_available(&why);
+  for (cuda::AttentionImpl impl : {cuda::AttentionImpl::kFlash, cuda::AttentionImpl::kGemm, cuda::AttentionImpl::kCudnnSdpa,
+                                   cuda::AttentionImpl::kAuto}) {
+    if (impl == cuda::AttentionImpl::kCudnnSdpa && !cudnn) continue;
+    test::cuda_be().set_attention_impl(impl);
+    for (DType dt : kLowp) EXPECT_PARITY("attention_merged impl " + std::to_string(int(impl)), fn, std::vector<Tensor>({q, k, v}), dt);
+  }
+  test::cuda_be().set_attention_impl(cuda::AttentionImpl::kGemm);
+  EXPECT_PARITY("attention_merged f32 (gemm)", fn, std::vector<Tensor>({q, k, v}), DType::F32);
+}
+
 TEST(CudaOps, AttentionAutoPathAndStridedHeads) {
   ATELIER_REQUIRE_CUDA();
   // multi_head_attention splits heads out of [B, S, H*D] rows as strided views (no copy), also from one

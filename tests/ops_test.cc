@@ -204,6 +204,14 @@ TEST(OpsNormModulate, EqualsTheUnfusedSequence) {
   EXPECT_THROW(ops::norm_modulate(x, NormKind::kLayer, 1e-6f, Tensor(), {.scale = random_tensor({3, 24}, 1)}), Error);
 }
 
+TEST(OpsAttention, MergedHeadsEqualsPermutedAttention) {
+  const Tensor q = random_tensor({2, 3, 9, 8}, 51), k = random_tensor({2, 3, 7, 8}, 52), v = random_tensor({2, 3, 7, 8}, 53);
+  const Tensor want = ops::contiguous(ops::attention(q, k, v).permute({0, 2, 1, 3})).reshape({2, 9, 24});
+  const Tensor got = ops::attention_merged(q, k, v);
+  ASSERT_EQ(got.shape(), want.shape());
+  EXPECT_EQ(got.to_vector(), want.to_vector());
+}
+
 TEST(OpsAffine, ScaleAndShift) {
   Tensor x = random_tensor({5, 33}, 9);
   std::vector<double> ref = to_double(x);

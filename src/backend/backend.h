@@ -139,7 +139,8 @@ class Backend {
 
   // --- attention ----------------------------------------------------------------------------------
   // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] with H % Hk == 0 (grouped-query attention);
-  // mask optional, additive f32, broadcastable to [B, H, Sq, Sk] (zero strides allowed); out [B, H, Sq, Dv].
+  // mask optional, additive f32, broadcastable to [B, H, Sq, Sk] (zero strides allowed); out [B, H, Sq, Dv]
+  // with a unit last stride, contiguous or a [B, Sq, H, Dv] buffer seen through a permute (heads merged).
   // q/k/v may be strided views (e.g. heads split out of a fused projection) with a unit last-dim stride.
   virtual void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) = 0;
 };

@@ -575,7 +575,10 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim) 
 
 // --- attention ------------------------------------------------------------------------------------
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {
+namespace {
+// Validates, then runs attention into a fresh output: [B, H, Sq, Dv] contiguous, or with merged_heads the
+// same values in a [B, Sq, H, Dv] buffer (returned in that shape), written there by the backend directly.
+Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale, bool merged_heads) {
   trace::Scope range("attention", Category::kOp);
   const std::string op = "attention";
   require_f32(q, op, "q");
@@ -605,12 +608,23 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     if (mask4.strides()[3] != 1 && mask4.strides()[3] != 0) mask4 = broadcast_to(contiguous(mask), {b, h, sq, sk}, op);
   }
   if (scale == 0.0f) scale = float(1.0 / std::sqrt(double(d)));
-  Tensor out = empty_like_shape(q, {b, h, sq, dv});
+  Tensor out = merged_heads ? empty_like_shape(q, {b, sq, h, dv}) : empty_like_shape(q, {b, h, sq, dv});
+  Tensor out_view = merged_heads ? out.permute({0, 2, 1, 3}) : out;
   // Q K^T and P V, as torch counts scaled_dot_product_attention; the softmax is not counted.
   trace::count_flops(gemm_flops(b * h, sq, sk, d) + gemm_flops(b * h, sq, dv, sk));
   if (range.active()) range.set_detail("q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape()));
-  backend_of(q).attention(out, unit_last(q), unit_last(k), unit_last(v), mask4, scale);
+  backend_of(q).attention(out_view, unit_last(q), unit_last(k), unit_last(v), mask4, scale);
   return out;
+}
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {
+  return attention_impl(q, k, v, mask, scale, /*merged_heads=*/false);
+}
+
+Tensor attention_merged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {
+  Tensor out = attention_impl(q, k, v, mask, scale, /*merged_heads=*/true);  // [B, Sq, H, Dv]
+  return out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
 }
 
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads, const Tensor& mask) {
@@ -623,9 +637,7 @@ Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, i
   Tensor qh = split_heads(q, heads, op);
   Tensor kh = split_heads(k, kv_heads, op);
   Tensor vh = split_heads(v, kv_heads, op);
-  Tensor o = attention(qh, kh, vh, mask);                  // [B, H, Sq, Dv]
-  Tensor merged = contiguous(o.permute({0, 2, 1, 3}));      // [B, Sq, H, Dv]
-  return merged.reshape({q.size(0), q.size(1), heads * vh.size(3)});
+  return attention_merged(qh, kh, vh, mask);  // [B, Sq, H*Dv]: the heads merged by the backend's writes
 }
 
 }  // namespace atelier::ops

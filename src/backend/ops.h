@@ -82,6 +82,9 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim);
 // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv]; H % Hk == 0; mask additive, broadcastable to
 // [B, H, Sq, Sk] (undefined = none); scale 0 means 1/sqrt(D). -> [B, H, Sq, Dv]
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {}, float scale = 0.0f);
+// The same values as attention(...).permute(0, 2, 1, 3) reshaped to [B, Sq, H*Dv] (heads merged), written
+// there directly: no separate copy to merge the heads.
+Tensor attention_merged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {}, float scale = 0.0f);
 // Convenience for [B, S, H*D] sequences: splits heads, attends, merges -> [B, Sq, H*Dv].
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads = 0,
                             const Tensor& mask = {});

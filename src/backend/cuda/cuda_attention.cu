@@ -40,6 +40,7 @@ struct FlashParams {
   const void* v;
   void* out;
   int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2;  // element strides (batch, head, row)
+  int64_t os0, os1, os2;                                 // of the output (heads may be merged: [B, Sq, H, D])
   int sq, sk, d, heads, group;
   float scale;
   AttentionMask mask;
@@ -336,7 +337,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const Fl
     __syncthreads();      // and every warp is done with this one
   }
 
-  T* og = static_cast<T*>(p.out) + (int64_t(b) * p.heads + h) * int64_t(p.sq) * p.d;
+  T* og = static_cast<T*>(p.out) + int64_t(b) * p.os0 + int64_t(h) * p.os1;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     float inv[2];
@@ -355,7 +356,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const Fl
       for (int ri = 0; ri < 2; ++ri) {
         const int qr = query[2 * mt + ri];
         if (qr >= p.sq) continue;
-        *reinterpret_cast<uint32_t*>(og + int64_t(qr) * p.d + col) =
+        *reinterpret_cast<uint32_t*>(og + int64_t(qr) * p.os2 + col) =
             pack2<T>(acc[mt][ot][2 * ri] * inv[ri], acc[mt][ot][2 * ri + 1] * inv[ri]);
       }
     }
@@ -439,6 +440,12 @@ bool flash_aligned(const Tensor& t) {
   return dim_stride(t, 0) % 8 == 0 && dim_stride(t, 1) % 8 == 0 && row_stride(t) % 8 == 0;
 }
 
+// Rows of the output written two elements at a time (32-bit stores): even strides, 4-byte aligned.
+bool pair_aligned(const Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.raw()) % 4 != 0 || t.strides()[3] != 1) return false;
+  return dim_stride(t, 0) % 2 == 0 && dim_stride(t, 1) % 2 == 0 && row_stride(t) % 2 == 0;
+}
+
 }  // namespace
 
 bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {
@@ -448,7 +455,7 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
   const int64_t b = q.size(0), h = q.size(1), sq = q.size(2), d = q.size(3), hk = k.size(1), sk = k.size(2);
   if (v.size(3) != d || d % 8 != 0 || d > kMaxFlashHeadDim) return false;
   if (b > 65535 || h > 65535 || sq >= (int64_t(1) << 30) || sk >= (int64_t(1) << 30)) return false;
-  if (!flash_aligned(q) || !flash_aligned(k) || !flash_aligned(v) || !out.is_contiguous()) return false;
+  if (!flash_aligned(q) || !flash_aligned(k) || !flash_aligned(v) || !pair_aligned(out)) return false;
   FlashParams p{};
   p.q = q.raw();
   p.k = k.raw();
@@ -457,6 +464,7 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
   p.qs0 = dim_stride(q, 0), p.qs1 = dim_stride(q, 1), p.qs2 = row_stride(q);
   p.ks0 = dim_stride(k, 0), p.ks1 = dim_stride(k, 1), p.ks2 = row_stride(k);
   p.vs0 = dim_stride(v, 0), p.vs1 = dim_stride(v, 1), p.vs2 = row_stride(v);
+  p.os0 = dim_stride(out, 0), p.os1 = dim_stride(out, 1), p.os2 = row_stride(out);
   p.sq = int(sq);
   p.sk = int(sk);
   p.d = int(d);
@@ -502,6 +510,12 @@ void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const
                             shape_str(q.shape()) + " / " + shape_str(k.shape()) +
                             " (ATELIER_CUDNN_LOG=1 says why)"));
   if (attention_impl_ != AttentionImpl::kGemm && attention_flash(out, q, k, v, mask, scale)) return;
+  if (!out.is_contiguous()) {  // heads-merged output: the GEMM path writes [B, H, Sq, Dv] rows
+    Tensor tmp = Tensor::empty(out.shape(), out.dtype(), out.device());
+    attention(tmp, q, k, v, mask, scale);
+    copy(out, tmp);
+    return;
+  }
   if (attention_impl_ == AttentionImpl::kFlash)
     throw Error(unsupported("attention: the flash kernel takes bf16/f16 q, k, v of one dtype, equal q/v head dims that are a "
                             "multiple of 8 and at most 256, and 16-byte aligned rows; got " +

@@ -180,12 +180,12 @@ bool CudnnSdpa::forward(Tensor& out, const Tensor& q, const Tensor& k, const Ten
   if (!api_) return false;
   const DType dt = q.dtype();
   if ((dt != DType::BF16 && dt != DType::F16) || k.dtype() != dt || v.dtype() != dt || out.dtype() != dt) return false;
-  if (v.size(3) != q.size(3) || k.size(3) != q.size(3) || q.size(1) % k.size(1) != 0 || !out.is_contiguous()) return false;
+  if (v.size(3) != q.size(3) || k.size(3) != q.size(3) || q.size(1) % k.size(1) != 0) return false;
   for (const Tensor* t : {static_cast<const Tensor*>(&out), &q, &k, &v})
     if (t->strides()[3] != 1 || reinterpret_cast<uintptr_t>(t->raw()) % uintptr_t(kAlignment) != 0) return false;
-  const std::array<int64_t, 4> qs = strides_of(q), ks = strides_of(k), vs = strides_of(v);
-  const Key key{int64_t(dt), q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), qs[0], qs[1],
-                qs[2],       ks[0],     ks[1],     ks[2],     vs[0],     vs[1],     vs[2],     ours ? 1 : 0};
+  const std::array<int64_t, 4> qs = strides_of(q), ks = strides_of(k), vs = strides_of(v), os = strides_of(out);
+  const Key key{int64_t(dt), q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), qs[0], qs[1], qs[2],
+                ks[0],       ks[1],     ks[2],     vs[0],     vs[1],     vs[2],     os[0],     os[1],     os[2], ours ? 1 : 0};
   std::lock_guard<std::mutex> lock(mu_);
   Plan* plan = plan_for(key, out, q, k, v, scale, alloc, ours);
   if (!plan || !plan->use_cudnn) return false;

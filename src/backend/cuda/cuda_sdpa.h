@@ -49,7 +49,7 @@ class CudnnSdpa {
   bool available() const { return api_ != nullptr; }
   const std::string& why_unavailable() const { return why_; }
 
-  // out [B, H, Sq, D] (contiguous) = softmax(scale * q k^T) v for q [B, H, Sq, D], k/v [B, Hk, Sk, D] (H % Hk
+  // out [B, H, Sq, D] (unit last stride; heads may be merged) = softmax(scale * q k^T) v for q [B, H, Sq, D], k/v [B, Hk, Sk, D] (H % Hk
   // == 0, unit last strides), one 16-bit dtype. `ours` enqueues our kernel on the same buffers (false when it
   // cannot); null forces cuDNN (tests). Returns true when cuDNN enqueued the attention; false: the caller runs
   // its own kernel (nothing enqueued, or only timing runs whose output the caller overwrites).
@@ -58,7 +58,7 @@ class CudnnSdpa {
 
  private:
   struct Plan;
-  using Key = std::array<int64_t, 17>;
+  using Key = std::array<int64_t, 20>;
   Plan* plan_for(const Key& key, Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                  DeviceAllocator& alloc, const std::function<bool()>& ours);
 

@@ -101,8 +101,7 @@ Tensor heads(const Tensor& x, int h, const RMSNorm* norm) {
 Tensor joint_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos, const Tensor& sin) {
   const Tensor qh = flux_apply_rope(q.permute({0, 2, 1, 3}), cos, sin);  // rope reads the view, writes [B, H, N, hd]
   const Tensor kh = flux_apply_rope(k.permute({0, 2, 1, 3}), cos, sin);
-  const Tensor a = ops::attention(qh, kh, v.permute({0, 2, 1, 3}));
-  return ops::contiguous(a.permute({0, 2, 1, 3})).reshape({q.size(0), q.size(1), q.size(2) * q.size(3)});
+  return ops::attention_merged(qh, kh, v.permute({0, 2, 1, 3}));  // [B, N, H*hd]
 }
 
 // residual + gate * y; gate [B, 1, D]; one pass.

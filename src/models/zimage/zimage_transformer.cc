@@ -78,9 +78,7 @@ Tensor ZImageTransformer::attention(const ZImageBlock& b, const Tensor& x, const
   if (b.norm_k.weight.defined()) k = b.norm_k(k);
   q = rope_complex(q, cos, sin);
   k = rope_complex(k, cos, sin);
-  Tensor o = ops::attention(q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}));
-  o = ops::contiguous(o.permute({0, 2, 1, 3})).reshape({1, s, h * hd});
-  return b.to_out(o);
+  return b.to_out(ops::attention_merged(q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3})));
 }
 
 Tensor ZImageTransformer::block_forward(const ZImageBlock& b, const Tensor& x, const Tensor& adaln, const Tensor& cos,
