@@ -300,7 +300,8 @@ TEST(CudaOps, RopeMatchesCpu) {
   // FLUX's layout (a [B, N, H, D] projection viewed as [B, H, N, D], positions along dim 2) and Z-Image's
   // ([B, S, H, D], positions along dim 1), odd sizes.
   for (int seq_dim : {1, 2}) {
-    for (const Shape& s : {Shape{2, 7, 3, 16}, Shape{1, 77, 4, 128}}) {
+    // (head dims 16 and 128 take the 16-bit vector kernel, 6 the scalar one)
+    for (const Shape& s : {Shape{2, 7, 3, 16}, Shape{1, 77, 4, 128}, Shape{1, 5, 2, 6}}) {
       const int64_t n = seq_dim == 1 ? s[1] : s[2];
       const auto fn = [seq_dim](const std::vector<Tensor>& in) {
         return ops::rope(in[0].permute({0, 2, 1, 3}).permute({0, 2, 1, 3}), in[1], in[2], seq_dim);
