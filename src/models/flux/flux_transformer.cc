@@ -249,8 +249,11 @@ Tensor FluxTransformer::run(const FluxInputs& in) const {
   ATELIER_CHECK(!c.guidance_embeds || int64_t(in.guidance.size()) == batch, "FLUX: one guidance value per sample");
   const Tensor temb_act = ops::silu(conditioning(in));
   const Tensor ids = ops::concat({ops::contiguous(in.txt_ids.to(Device::cpu())), ops::contiguous(in.img_ids.to(Device::cpu()))}, 0);
-  auto [cos_h, sin_h] = flux_rope_tables(ids, c.axes_dims_rope, c.rope_theta);
-  const Tensor cos = ops::cast(cos_h, dtype_).to(device_), sin = ops::cast(sin_h, dtype_).to(device_);
+  const std::vector<Tensor> tables = rope_cache_->get(ids.to_vector(), [&] {
+    auto [cos_h, sin_h] = flux_rope_tables(ids, c.axes_dims_rope, c.rope_theta);
+    return std::vector<Tensor>{ops::cast(cos_h, dtype_).to(device_), ops::cast(sin_h, dtype_).to(device_)};
+  });
+  const Tensor &cos = tables[0], &sin = tables[1];
   // Inputs in the weights' dtype (a bf16 model is fed f32 latents and text states); the output back in f32.
   Tensor img = x_embedder_(in_dtype(in.hidden_states.to(device_)));
   Tensor txt = context_embedder_(in_dtype(in.encoder_hidden_states.to(device_)));

@@ -9,10 +9,12 @@
 // sigma in [0, 1] (the model multiplies by 1000) and the guidance scale (also multiplied by 1000).
 #pragma once
 #include <array>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "models/common/layers.h"
+#include "models/common/table_cache.h"
 #include "models/common/weights.h"
 #include "models/flux/flux_config.h"
 
@@ -82,6 +84,7 @@ class FluxTransformer {
   std::vector<FluxDoubleBlock> double_blocks_;
   std::vector<FluxSingleBlock> single_blocks_;
   Linear norm_out_linear_, proj_out_;  // norm_out.linear: (scale, shift)
+  std::shared_ptr<TableCache> rope_cache_ = std::make_shared<TableCache>();  // cos, sin of the last ids
 };
 
 // FluxPosEmbed: ids [N, 3] (f32, any device) -> cos, sin [N, head_dim / 2] f32 host tensors, one entry per

@@ -125,8 +125,14 @@ Expected<Tensor> ZImageTransformer::forward(const Tensor& latents, float t, cons
       for (int64_t b = 0; b < ht; ++b)
         for (int64_t e = 0; e < wt; ++e) img_pos.push_back({n_cap + cap_pad + 1 + a, b, e});
     for (int64_t k = 0; k < img_pad; ++k) img_pos.push_back({0, 0, 0});
-    auto [img_cos, img_sin] = rope(img_pos);
-    auto [cap_cos, cap_sin] = rope(cap_pos);
+    std::vector<float> layout{float(n_img), float(n_cap)};  // the positions follow from these and the padding
+    for (const auto& p3 : img_pos) layout.insert(layout.end(), {float(p3[0]), float(p3[1]), float(p3[2])});
+    const std::vector<Tensor> tables = rope_cache_->get(layout, [&] {
+      auto [ic, is] = rope(img_pos);
+      auto [cc, cs] = rope(cap_pos);
+      return std::vector<Tensor>{ic, is, cc, cs, ops::concat({ic, cc}, 0), ops::concat({is, cs}, 0)};
+    });
+    const Tensor &img_cos = tables[0], &img_sin = tables[1], &cap_cos = tables[2], &cap_sin = tables[3];
 
     // Patchify "c (f pf) (h ph) (w pw) -> (f h w) (pf ph pw c)", embed, pad, refine.
     Tensor lat = ops::contiguous(as_dtype(latents.device() == device_ ? latents : latents.to(device_), dtype_));
@@ -141,7 +147,7 @@ Expected<Tensor> ZImageTransformer::forward(const Tensor& latents, float t, cons
 
     // One stream: image tokens then caption tokens.
     Tensor u = ops::concat({x, ctx}, 1);
-    const Tensor u_cos = ops::concat({img_cos, cap_cos}, 0), u_sin = ops::concat({img_sin, cap_sin}, 0);
+    const Tensor &u_cos = tables[4], &u_sin = tables[5];
     for (const auto& b : layers_) u = block_forward(b, u, adaln, u_cos, u_sin);
 
     // Final layer: LayerNorm (no affine) scaled by 1 + adaLN(silu(c)), then the patch projection.

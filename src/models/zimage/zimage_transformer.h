@@ -11,12 +11,14 @@
 // optionally under `model.diffusion_model.`).
 #pragma once
 #include <array>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "models/common/layers.h"
+#include "models/common/table_cache.h"
 #include "models/common/weights.h"
 
 namespace atelier {
@@ -98,6 +100,8 @@ class ZImageTransformer {
   Linear cap_linear_;          // cap_embedder.1
   Tensor x_pad_token_, cap_pad_token_;  // [1, dim]
   std::vector<ZImageBlock> noise_refiner_, context_refiner_, layers_;
+  // Rotary tables of the last position layout: image, caption, and the unified stream's (cos, sin) each.
+  std::shared_ptr<TableCache> rope_cache_ = std::make_shared<TableCache>();
   Linear final_adaLN_, final_linear_;
 };
 
