@@ -166,8 +166,7 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
   if (it != plans_.end()) return it->second->valid ? it->second.get() : nullptr;
   // A new shape during a capture: no planning (it times and synchronises); the legacy path records this call
   // and the shape is planned at its next eager call.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return nullptr;
+  if (stream_capturing(stream_)) return nullptr;
 
   const CudnnGraphApi& a = *api_;
   const auto handle = static_cast<cudnnHandle_t>(handle_);

@@ -3,18 +3,23 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <numeric>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_event_timing.h"
 #include "backend/cuda/cuda_nvtx.h"
 
 namespace atelier::cuda {
 namespace {
 
 constexpr int kHeuristicCandidates = 8;
+constexpr int kTimedRuns = 3;  // timed runs per candidate algorithm, after one warm-up
 
 void blas_ok(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS)
@@ -101,6 +106,9 @@ struct GemmEngine::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;
+  // The heuristics' algorithms that fit the workspace, best first; timed once (tuned) at the first eager call.
+  std::vector<std::pair<cublasLtMatmulAlgo_t, size_t>> candidates;
+  bool tuned = false;
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -109,7 +117,7 @@ struct GemmEngine::Plan {
   }
 };
 
-GemmEngine::GemmEngine(int device, cudaStream_t stream, DeviceAllocator& alloc) : device_(device), stream_(stream) {
+GemmEngine::GemmEngine(int device, cudaStream_t stream, DeviceAllocator& alloc) : device_(device), stream_(stream), alloc_(alloc) {
   DeviceGuard guard(device_);
   blas_ok(cublasLtCreate(&lt_), "cublasLtCreate");
   blas_ok(cublasCreate(&blas_), "cublasCreate");
@@ -176,15 +184,53 @@ GemmEngine::Plan* GemmEngine::plan_for(const GemmCall& call, bool allow_tf32, in
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->c, p->c, pref, kHeuristicCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) return nullptr;
-  for (int i = 0; i < found; ++i) {
-    if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= kWorkspaceBytes) {
-      p->algo = results[i].algo;
-      p->workspace = results[i].workspaceSize;
-      p->valid = true;
-      return p;
+  for (int i = 0; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= kWorkspaceBytes)
+      p->candidates.emplace_back(results[i].algo, results[i].workspaceSize);
+  if (p->candidates.empty()) return nullptr;
+  p->algo = p->candidates[0].first;
+  p->workspace = p->candidates[0].second;
+  p->valid = true;
+  return p;
+}
+
+bool gemm_autotune() {
+  static const bool on = [] {
+    const char* v = std::getenv("ATELIER_GEMM_AUTOTUNE");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+// Times the plan's candidate algorithms on the call's operands (the output into a scratch buffer, so that a
+// beta = 1 accumulation is not disturbed) and keeps the fastest, as cudnn.benchmark does for convolutions:
+// cuBLASLt's first heuristic choice is not always its fastest algorithm for a shape.
+void GemmEngine::tune(Plan* p, const GemmCall& call) {
+  if (stream_capturing(stream_)) return;  // tuned at the shape's next eager call
+  p->tuned = true;
+  if (!gemm_autotune() || p->candidates.size() < 2) return;
+  const int64_t elems = (call.batch - 1) * call.c_batch_stride + call.ldc * (call.m - 1) + call.n;
+  std::shared_ptr<Buffer> scratch;
+  try {
+    scratch = alloc_.allocate(size_t(elems) * dtype_size(call.c_dtype));
+  } catch (const Error&) {
+    return;  // no room to time: keep the heuristics' first choice
+  }
+  EventPair ev;
+  float best = -1.0f;
+  for (const auto& [algo, ws] : p->candidates) {
+    const auto run = [&, algo = algo, ws = ws] {
+      return cublasLtMatmul(lt_, p->desc, &call.alpha, call.b.ptr, p->a, call.a.ptr, p->b, &call.beta, scratch->data(), p->c,
+                            scratch->data(), p->c, &algo, workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
+    };
+    if (time_runs(ev, stream_, 1, run) < 0.0f) continue;  // warm-up (and a check that it runs)
+    const float ms = time_runs(ev, stream_, kTimedRuns, run);
+    if (ms >= 0.0f && (best < 0.0f || ms < best)) {
+      best = ms;
+      p->algo = algo;
+      p->workspace = ws;
     }
   }
-  return nullptr;
 }
 
 // cuBLASLt with the fused epilogue where it has one; false when no algorithm fits (the caller falls back).
@@ -215,6 +261,7 @@ bool GemmEngine::run_lt(const GemmCall& call, bool allow_tf32) {
     const void* bias = call.bias;
     cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
   }
+  if (!p->tuned) tune(p, call);
   const cublasStatus_t st = cublasLtMatmul(lt_, p->desc, &call.alpha, call.b.ptr, p->a, call.a.ptr, p->b, &call.beta, call.c, p->c,
                                            call.c, p->c, &p->algo, workspace_->data(), p->workspace, stream_);
   if (st != CUBLAS_STATUS_SUCCESS) return false;

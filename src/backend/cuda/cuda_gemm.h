@@ -57,10 +57,14 @@ class GemmEngine {
   // The cached plan for `call` with cuBLASLt epilogue `epilogue` (null when cuBLASLt has no algorithm).
   Plan* plan_for(const GemmCall& call, bool allow_tf32, int epilogue);
   bool run_lt(const GemmCall& call, bool allow_tf32);
+  // Picks the fastest of the plan's candidate algorithms by timing them once (ATELIER_GEMM_AUTOTUNE=0: the
+  // heuristics' first); nothing is timed while the stream is being captured.
+  void tune(Plan* p, const GemmCall& call);
   void run_classic(const GemmCall& call, bool allow_tf32);
 
   int device_;
   cudaStream_t stream_;
+  DeviceAllocator& alloc_;  // scratch outputs for timing
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<Buffer> workspace_;

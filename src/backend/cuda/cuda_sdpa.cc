@@ -117,8 +117,7 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
                                      DeviceAllocator& alloc, const std::function<bool()>& ours) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return nullptr;
+  if (stream_capturing(stream_)) return nullptr;
 
   const CudnnGraphApi& a = *api_;
   const auto handle = static_cast<cudnnHandle_t>(handle_);

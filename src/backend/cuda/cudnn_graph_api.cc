@@ -216,23 +216,4 @@ bool execute(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& pla
   return true;
 }
 
-// --- timing --------------------------------------------------------------------------------------------------------
-
-EventPair::EventPair() { ok = cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess; }
-EventPair::~EventPair() {
-  if (start) cudaEventDestroy(start);
-  if (stop) cudaEventDestroy(stop);
-}
-
-float time_runs(const EventPair& ev, cudaStream_t stream, int runs, const std::function<bool()>& enqueue) {
-  if (!ev.ok || cudaEventRecord(ev.start, stream) != cudaSuccess) return -1.0f;
-  for (int i = 0; i < runs; ++i)
-    if (!enqueue()) return -1.0f;
-  float ms = 0.0f;
-  if (cudaEventRecord(ev.stop, stream) != cudaSuccess || cudaEventSynchronize(ev.stop) != cudaSuccess ||
-      cudaEventElapsedTime(&ms, ev.start, ev.stop) != cudaSuccess)
-    return -1.0f;
-  return ms / float(runs);
-}
-
 }  // namespace atelier::cuda::cudnn_graph

@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include "backend/cuda/cuda_event_timing.h"
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -112,19 +114,6 @@ bool make_plan(const CudnnGraphApi& a, cudnnHandle_t handle, Candidate& c, std::
 // scalars) and `workspace` (as large as the plan asked for).
 bool execute(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& plan, const std::vector<int64_t>& uids,
              const std::vector<void*>& pointers, void* workspace, std::string* why);
-
-// CUDA events for timing, destroyed with the timer.
-struct EventPair {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  bool ok = false;
-  EventPair();
-  ~EventPair();
-  EventPair(const EventPair&) = delete;
-  EventPair& operator=(const EventPair&) = delete;
-};
-// Mean device milliseconds of `runs` back-to-back calls of `enqueue` on `stream`, or -1 when one returns false
-// or an event fails. Synchronises: never call it while the stream is being captured.
-float time_runs(const EventPair& ev, cudaStream_t stream, int runs, const std::function<bool()>& enqueue);
 
 }  // namespace cudnn_graph
 }  // namespace atelier::cuda
