@@ -20,6 +20,11 @@ namespace {
 
 constexpr int kHeuristicCandidates = 8;
 constexpr int kTimedRuns = 3;  // timed runs per candidate algorithm, after one warm-up
+// Only products of at least this many FLOPs are tuned (about 70 us at 700 TFLOP/s: FLUX's and Z-Image's
+// projections, SD's at large batches). Below it the kernels are short, the heuristics' choice is within noise,
+// and timing every new shape costs the server's step-level batcher (a new batch size is a new shape) more
+// than it wins.
+constexpr double kMinTunedFlops = 5e10;
 
 void blas_ok(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS)
@@ -208,7 +213,8 @@ bool gemm_autotune() {
 void GemmEngine::tune(Plan* p, const GemmCall& call) {
   if (stream_capturing(stream_)) return;  // tuned at the shape's next eager call
   p->tuned = true;
-  if (!gemm_autotune() || p->candidates.size() < 2) return;
+  const double flops = 2.0 * double(call.m) * double(call.n) * double(call.k) * double(call.batch);
+  if (!gemm_autotune() || p->candidates.size() < 2 || flops < kMinTunedFlops) return;
   const int64_t elems = (call.batch - 1) * call.c_batch_stride + call.ldc * (call.m - 1) + call.n;
   std::shared_ptr<Buffer> scratch;
   try {
