@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
@@ -365,6 +367,17 @@ __global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, Modul
   *reinterpret_cast<Vec<T>*>(y + row * d + j0) = out;
 }
 
+// Calls fn(std::integral_constant<NormKind, K>{}) for the runtime `kind`: the kernels take it as a template
+// argument so that each kind's unused statistics are compiled out.
+template <typename Fn>
+void dispatch_norm_kind(NormKind kind, Fn&& fn) {
+  switch (kind) {
+    case NormKind::kLayer: fn(std::integral_constant<NormKind, NormKind::kLayer>{}); return;
+    case NormKind::kRms: fn(std::integral_constant<NormKind, NormKind::kRms>{}); return;
+    case NormKind::kNone: fn(std::integral_constant<NormKind, NormKind::kNone>{}); return;
+  }
+}
+
 NormAffine affine_of(const Tensor& gamma, const Tensor& beta) {
   NormAffine a;
   if (gamma.defined()) {
@@ -459,33 +472,15 @@ void CudaBackend::norm_modulate(Tensor& out, const Tensor& x, NormKind kind, flo
     const unsigned blocks = unsigned(rows);
     constexpr int W = Vec<T>::kWidth;
     const auto al = [](const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % kVecBytes == 0; };
-    if (d % W == 0 && d / W <= 1024 && al(x.raw()) && al(out.raw()) && al(p.scale) && al(p.shift) && al(p.gate) && al(p.residual)) {
-      const int threads = int((d / W + 31) / 32 * 32);
-      switch (kind) {
-        case NormKind::kLayer:
-          norm_modulate_vec_kernel<T, NormKind::kLayer><<<blocks, threads, 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
-          break;
-        case NormKind::kRms:
-          norm_modulate_vec_kernel<T, NormKind::kRms><<<blocks, threads, 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
-          break;
-        case NormKind::kNone:
-          norm_modulate_vec_kernel<T, NormKind::kNone><<<blocks, threads, 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
-          break;
-      }
-      return;
-    }
-    const int threads = row_threads(d);
-    switch (kind) {
-      case NormKind::kLayer:
-        norm_modulate_kernel<T, NormKind::kLayer><<<blocks, threads, 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
-        break;
-      case NormKind::kRms:
-        norm_modulate_kernel<T, NormKind::kRms><<<blocks, threads, 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
-        break;
-      case NormKind::kNone:
-        norm_modulate_kernel<T, NormKind::kNone><<<blocks, threads, 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
-        break;
-    }
+    const bool vec = d % W == 0 && d / W <= 1024 && al(x.raw()) && al(out.raw()) && al(p.scale) && al(p.shift) && al(p.gate) &&
+                     al(p.residual);
+    dispatch_norm_kind(kind, [&](auto k) {
+      constexpr NormKind K = decltype(k)::value;
+      if (vec)
+        norm_modulate_vec_kernel<T, K><<<blocks, int((d / W + 31) / 32 * 32), 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
+      else
+        norm_modulate_kernel<T, K><<<blocks, row_threads(d), 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
+    });
   });
   ATELIER_CUDA_LAUNCHED();
 }
