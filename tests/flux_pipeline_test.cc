@@ -112,6 +112,32 @@ TEST(FluxPipeline, DetectsModels) {
   EXPECT_NE(m.status().message().find("--vae"), std::string::npos) << m.status().message();
 }
 
+TEST(FluxPipeline, OffloadDropsTheTextEncodersAndReloadsThemForTheNextPrompt) {
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  FluxLoadOptions lo;
+  lo.offload = true;
+  auto model = load_flux_model((dir / "model").string(), lo).value();
+  ASSERT_TRUE(model->t5 && model->clip);  // loaded up front: errors show at load time
+  const FluxPipeline pipe(model);
+  GenerateRequest r;
+  r.prompt = kPrompt;
+  r.width = r.height = kSide;
+  r.steps = 1;
+  r.seed = kSeed;
+  r.rng = "cpu";
+  FluxOptions o;
+  o.max_sequence_length = kMaxSeq;
+  const GenerateResult first = pipe.generate(r, o).value();
+  EXPECT_FALSE(model->t5.has_value());  // gone after encoding
+  EXPECT_FALSE(model->clip.has_value());
+  const GenerateResult second = pipe.generate(r, o).value();  // reloaded from the same files
+  EXPECT_FALSE(model->t5.has_value());
+  EXPECT_EQ(first.images[0].image.pixels, second.images[0].image.pixels);
+  // The same image as a model that keeps its encoders.
+  const FluxPipeline resident(load_folder(dir));
+  EXPECT_EQ(resident.generate(r, o).value().images[0].image.pixels, first.images[0].image.pixels);
+}
+
 TEST(FluxPipeline, GenerateEndToEnd) {
   ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
   const FluxPipeline pipe(load_folder(dir));

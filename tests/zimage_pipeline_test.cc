@@ -23,8 +23,9 @@ nlohmann::json read_case(const fs::path& dir) {
   return nlohmann::json::parse(f);
 }
 
-std::shared_ptr<const ZImageModel> load(const fs::path& dir, bool single_file) {
+std::shared_ptr<const ZImageModel> load(const fs::path& dir, bool single_file, bool offload = false) {
   ZImageLoadOptions o;
+  o.offload = offload;
   o.max_sequence_length = kMaxSequenceLength;
   std::string path = (dir / "model").string();
   if (single_file) {
@@ -128,6 +129,32 @@ TEST(ZImagePipeline, GenerateWritesInfotext) {
   EXPECT_LE(worst, 1.0 / 255.0 + 1e-6);  // 8-bit rounding
   r.width = 120;
   EXPECT_FALSE(ZImagePipeline(model).generate(r));  // not a multiple of 16
+}
+
+TEST(ZImagePipeline, OffloadDropsTheTextEncoderAndReloadsItForTheNextRequest) {
+  ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
+  auto model = load(dir, false, /*offload=*/true);
+  ASSERT_TRUE(model);
+  EXPECT_TRUE(model->text_encoder->resident());  // loaded up front: errors show at load time
+  GenerateRequest r;
+  r.prompt = "a photo of an astronaut riding a horse on mars";
+  r.negative_prompt = "blurry";
+  r.width = r.height = 64;
+  r.steps = 2;
+  r.cfg_scale = 3.0f;  // two prompts: one load and drop of the encoder for both
+  r.seed = int64_t(kSeed);
+  r.rng = "cpu";
+  const ZImagePipeline pipe(model);
+  auto first = pipe.generate(r);
+  ASSERT_TRUE(first) << first.status().message();
+  EXPECT_FALSE(model->text_encoder->resident());
+  auto second = pipe.generate(r);  // loaded again from the same files
+  ASSERT_TRUE(second) << second.status().message();
+  EXPECT_FALSE(model->text_encoder->resident());
+  EXPECT_EQ(first->images[0].image.pixels, second->images[0].image.pixels);
+  auto resident = ZImagePipeline(load(dir, false)).generate(r);
+  ASSERT_TRUE(resident) << resident.status().message();
+  EXPECT_EQ(resident->images[0].image.pixels, first->images[0].image.pixels);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ struct GenerateOptions {
   GenerateRequest request;
   // FLUX (see pipeline/flux_pipeline.h): the parts beside a BFL transformer file, and its settings.
   std::string vae, clip_l, t5, t5_tokenizer;
+  bool offload = false;  // FLUX / Z-Image: the text encoders leave the device after each prompt's encoding
   float guidance = 3.5f;
   int max_sequence_length = 512;
   bool cfg_given = false;  // --cfg-scale was on the command line (FLUX runs true CFG only then)

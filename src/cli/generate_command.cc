@@ -56,6 +56,9 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--clip-l", o.clip_l, "FLUX: CLIP-L text encoder file or folder");
   c->add_option("--t5", o.t5, "FLUX: T5 text encoder file or folder");
   c->add_option("--t5-tokenizer", o.t5_tokenizer, "FLUX: T5 spiece.model (or its folder) when none is beside --t5");
+  c->add_flag("--offload", o.offload,
+              "FLUX, Z-Image: free the text encoders' device memory after encoding the prompt (for smaller cards; "
+              "loaded again for the next prompt)");
   c->add_option("--components", o.components,
                 "Z-Image: diffusers folder with tokenizer, text encoder, VAE and scheduler for a single-file transformer");
 }

@@ -29,6 +29,7 @@ int run_generate_zimage(const GenerateOptions& o, Device device) {
   TraceFile trace_file(o.trace);
   ZImageLoadOptions lo;
   lo.device = device;
+  lo.offload = o.offload;
   lo.dtype = o.load_dtype();
   lo.components_dir = components_for(o);
   lo.max_sequence_length = o.max_sequence_length;

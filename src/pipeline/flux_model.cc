@@ -97,6 +97,21 @@ Status load_t5(FluxModel& m, const std::string& path, const std::string& tokeniz
   return Status::ok();
 }
 
+// Where the text encoders and their tokenizers are read from.
+struct TextEncoderFiles {
+  std::string clip, clip_tokenizer, t5, t5_tokenizer;
+};
+
+// Loads both text encoders now and keeps how to load them again (FluxModel::load_text_encoders, for offload).
+Status set_text_encoders(FluxModel& m, const TextEncoderFiles& f, const FluxLoadOptions& o) {
+  m.offload_text_encoders = o.offload;
+  m.load_text_encoders = [f, o](FluxModel& model) -> Status {
+    ATELIER_RETURN_IF_ERROR(load_clip(model, f.clip, f.clip_tokenizer, o));
+    return load_t5(model, f.t5, f.t5_tokenizer, o);
+  };
+  return m.load_text_encoders(m);
+}
+
 Status load_vae(FluxModel& m, const std::string& path, const FluxLoadOptions& o) {
   ATELIER_ASSIGN_OR_RETURN(auto files, component(path, "diffusion_pytorch_model"));
   ATELIER_ASSIGN_OR_RETURN(auto store, WeightStore::open(files));
@@ -129,10 +144,12 @@ Status load_diffusers(FluxModel& m, const fs::path& root, const FluxLoadOptions&
   ATELIER_ASSIGN_OR_RETURN(auto cfg, FluxConfig::from_file((root / "transformer" / "config.json").string()));
   ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, o.device, flux_model_dtype(o)));
   m.transformer.emplace(std::move(tr));
-  ATELIER_RETURN_IF_ERROR(load_clip(m, o.clip_l.empty() ? (root / "text_encoder").string() : o.clip_l,
-                                    o.clip_tokenizer.empty() && o.clip_l.empty() ? (root / "tokenizer").string() : o.clip_tokenizer, o));
-  ATELIER_RETURN_IF_ERROR(load_t5(m, o.t5.empty() ? (root / "text_encoder_2").string() : o.t5,
-                                  o.t5_tokenizer.empty() && o.t5.empty() ? (root / "tokenizer_2").string() : o.t5_tokenizer, o));
+  ATELIER_RETURN_IF_ERROR(set_text_encoders(
+      m, {o.clip_l.empty() ? (root / "text_encoder").string() : o.clip_l,
+          o.clip_tokenizer.empty() && o.clip_l.empty() ? (root / "tokenizer").string() : o.clip_tokenizer,
+          o.t5.empty() ? (root / "text_encoder_2").string() : o.t5,
+          o.t5_tokenizer.empty() && o.t5.empty() ? (root / "tokenizer_2").string() : o.t5_tokenizer},
+      o));
   ATELIER_RETURN_IF_ERROR(load_vae(m, o.vae.empty() ? (root / "vae").string() : o.vae, o));
   ATELIER_ASSIGN_OR_RETURN(auto sched, read_json_file((root / "scheduler" / "scheduler_config.json").string()));
   ATELIER_RETURN_IF_ERROR(load_scheduler(m, sched));
@@ -160,8 +177,7 @@ Status load_bfl(FluxModel& m, const fs::path& file, const FluxLoadOptions& o) {
   if (o.vae.empty() || o.clip_l.empty() || o.t5.empty()) {
     return invalid_argument("a FLUX transformer file needs --vae (ae.safetensors), --clip-l and --t5 (text encoder files or folders)");
   }
-  ATELIER_RETURN_IF_ERROR(load_clip(m, o.clip_l, o.clip_tokenizer, o));
-  ATELIER_RETURN_IF_ERROR(load_t5(m, o.t5, o.t5_tokenizer, o));
+  ATELIER_RETURN_IF_ERROR(set_text_encoders(m, {o.clip_l, o.clip_tokenizer, o.t5, o.t5_tokenizer}, o));
   ATELIER_RETURN_IF_ERROR(load_vae(m, o.vae, o));
   ATELIER_RETURN_IF_ERROR(load_scheduler(m, builtin_scheduler(cfg->guidance_embeds)));
   if (o.compute_hash) {

@@ -11,7 +11,9 @@
 //     transformer has a guidance embedder and FLUX.1-schnell's (shift 1) otherwise.
 // Any of vae / clip_l / t5 given for a diffusers folder replaces that folder's component.
 #pragma once
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -41,6 +43,10 @@ struct FluxLoadOptions {
   // Set: every component in it, except that f16 keeps the VAE in f32 (its activations overflow f16, as SD's do).
   std::optional<DType> dtype;
   bool compute_hash = true;
+  // The text encoders leave the device after each request's prompts are encoded (T5-XXL is 9.5 GB in bf16,
+  // 19 GB in f32: freed for the denoising activations and the VAE on a smaller card) and are loaded again from
+  // the same files for the next request.
+  bool offload = false;
 };
 
 struct FluxModel {
@@ -56,6 +62,11 @@ struct FluxModel {
   std::optional<T5Encoder> t5;
   std::optional<FluxTransformer> transformer;
   std::optional<Vae> vae;
+  // Loads clip/t5 (and their tokenizers) from the files the model was loaded from: at load, and again after an
+  // offload. offload_text_encoders: FluxLoadOptions::offload. text_mu guards both encoders' presence.
+  std::function<Status(FluxModel&)> load_text_encoders;
+  bool offload_text_encoders = false;
+  std::shared_ptr<std::mutex> text_mu = std::make_shared<std::mutex>();
   sampling::FlowMatchConfig scheduler;
   nlohmann::json scheduler_json;  // the scheduler config as read (or the built-in defaults)
 };

@@ -105,6 +105,28 @@ Expected<FluxPrompt> FluxPipeline::encode_prompt(const std::string& text, int ma
   return p;
 }
 
+Status FluxPipeline::encode_prompts(const GenerateRequest& r, bool cfg, int max_sequence_length, FluxPrompt& cond,
+                                    FluxPrompt& uncond) const {
+  FluxModel& m = *model_;
+  std::lock_guard<std::mutex> lock(*m.text_mu);
+  if ((!m.clip || !m.t5) && m.load_text_encoders) {
+    trace::Scope range("load_text_encoders", Category::kStage);
+    ATELIER_RETURN_IF_ERROR(m.load_text_encoders(m));
+  }
+  if (!m.clip || !m.t5) return internal_error("FLUX: the text encoders are not loaded");
+  ATELIER_ASSIGN_OR_RETURN(cond, encode_prompt(r.prompt, max_sequence_length));
+  if (cfg) {
+    ATELIER_ASSIGN_OR_RETURN(uncond, encode_prompt(r.negative_prompt, max_sequence_length));
+  }
+  if (m.offload_text_encoders) {  // the prompts' states stay on the device; the encoders' weights go
+    const Device dev = m.t5->device();
+    m.clip.reset();
+    m.t5.reset();
+    backend_for(dev).release_cached();
+  }
+  return Status::ok();
+}
+
 Expected<sampling::FlowMatchEuler> FluxPipeline::make_scheduler(int steps, int64_t h, int64_t w) const {
   sampling::FlowMatchPlanOptions o;
   o.sigmas = sampling::flux_sigmas(steps);
@@ -186,11 +208,8 @@ Expected<GenerateResult> FluxPipeline::generate(const GenerateRequest& request, 
   trace::Scope total(stage::kGenerate, Category::kStage);
   GenerateResult result;
   Status st = catch_status([&]() -> Status {
-    ATELIER_ASSIGN_OR_RETURN(FluxPrompt cond, encode_prompt(r.prompt, options.max_sequence_length));
-    FluxPrompt uncond;
-    if (cfg) {
-      ATELIER_ASSIGN_OR_RETURN(uncond, encode_prompt(r.negative_prompt, options.max_sequence_length));
-    }
+    FluxPrompt cond, uncond;
+    ATELIER_RETURN_IF_ERROR(encode_prompts(r, cfg, options.max_sequence_length, cond, uncond));
     const int f = m.vae->config().downscale_factor();
     const int64_t h = r.height / f, w = r.width / f;
     const int64_t channels = m.vae->config().latent_channels;

@@ -46,6 +46,9 @@ class FluxPipeline {
 
   // --- stages -------------------------------------------------------------------------------------
   Expected<FluxPrompt> encode_prompt(const std::string& text, int max_sequence_length) const;
+  // The request's prompt (and negative prompt when cfg), loading the text encoders first when an offload
+  // dropped them and dropping them after when the model offloads (FluxLoadOptions::offload).
+  Status encode_prompts(const GenerateRequest& r, bool cfg, int max_sequence_length, FluxPrompt& cond, FluxPrompt& uncond) const;
   // The scheduler for `steps` steps at latent size h x w (unpacked latent rows and columns).
   Expected<sampling::FlowMatchEuler> make_scheduler(int steps, int64_t h, int64_t w) const;
   // x [B, L, 64] packed initial latents; cond (and uncond when cfg_scale > 1) -> final packed latents.

@@ -7,6 +7,9 @@
 #include "pipeline/sd_model.h"
 #include "pipeline/zimage_pipeline.h"
 
+#include "backend/backend.h"
+#include "core/trace.h"
+
 namespace atelier {
 namespace {
 
@@ -27,10 +30,15 @@ Status load_components(ZImageModel& m, const fs::path& root, const ZImageLoadOpt
   if (m.tokenizer.chat_template().empty())
     return not_found((root / "tokenizer").string() + " has no chat template (chat_template.jinja or tokenizer_config.json)");
   ATELIER_ASSIGN_OR_RETURN(auto te_files, component_weight_files(root / "text_encoder", "model"));
-  ATELIER_ASSIGN_OR_RETURN(auto te_store, WeightStore::open(te_files));
   ATELIER_ASSIGN_OR_RETURN(auto te_cfg, Qwen3Config::from_file((root / "text_encoder" / "config.json").string()));
-  ATELIER_ASSIGN_OR_RETURN(auto te, Qwen3Encoder::load(te_store, te_cfg, o.device));
-  m.text_encoder = std::make_shared<Qwen3Encoder>(std::move(te));
+  const Device device = o.device;
+  m.text_encoder = std::make_shared<ZImageTextEncoder>(
+      [te_files, te_cfg, device]() -> Expected<Qwen3Encoder> {
+        ATELIER_ASSIGN_OR_RETURN(auto te_store, WeightStore::open(te_files));
+        return Qwen3Encoder::load(te_store, te_cfg, device);
+      },
+      o.offload);
+  ATELIER_RETURN_IF_ERROR(m.text_encoder->load());
   ATELIER_ASSIGN_OR_RETURN(auto vae_files, component_weight_files(root / "vae", "diffusion_pytorch_model"));
   ATELIER_ASSIGN_OR_RETURN(auto vae_store, WeightStore::open(vae_files));
   ATELIER_ASSIGN_OR_RETURN(auto vae_cfg, VaeConfig::from_file((root / "vae" / "config.json").string()));
@@ -42,6 +50,35 @@ Status load_components(ZImageModel& m, const fs::path& root, const ZImageLoadOpt
 }
 
 }  // namespace
+
+Status ZImageTextEncoder::load() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (encoder_) return Status::ok();
+  ATELIER_ASSIGN_OR_RETURN(auto e, load_());
+  encoder_.emplace(std::move(e));
+  return Status::ok();
+}
+
+Status ZImageTextEncoder::with_encoder(const std::function<Status(const Qwen3Encoder&)>& fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!encoder_) {
+    trace::Scope range("load_text_encoder", trace::Category::kStage);
+    ATELIER_ASSIGN_OR_RETURN(auto e, load_());
+    encoder_.emplace(std::move(e));
+  }
+  const Status st = fn(*encoder_);
+  if (offload_) {
+    const Device dev = encoder_->device();
+    encoder_.reset();
+    backend_for(dev).release_cached();
+  }
+  return st;
+}
+
+bool ZImageTextEncoder::resident() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return encoder_.has_value();
+}
 
 bool is_zimage_model(const std::string& path) {
   const fs::path p(path);

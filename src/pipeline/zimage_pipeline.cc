@@ -28,16 +28,38 @@ std::string trim_float(double v) {
 
 }  // namespace
 
-Expected<Tensor> ZImagePipeline::encode_prompt(const std::string& prompt) const {
-  trace::Scope range(stage::kTextEncode, Category::kStage);
+Expected<QwenEncoding> ZImagePipeline::tokenize(const std::string& prompt) const {
   const ZImageModel& m = *model_;
   const std::string& tmpl = m.tokenizer.chat_template();
   auto rendered = apply_chat_template(tmpl, prompt, m.enable_thinking);
   if (!rendered && !(rendered.status().code() == ErrorCode::kUnsupported && is_chatml_template(tmpl))) return rendered.status();
   // Qwen3's full template needs more Jinja than the subset; for one user message it renders plain ChatML.
   const std::string text = rendered ? *rendered : chatml_user_prompt(prompt, m.enable_thinking);
-  const QwenEncoding e = m.tokenizer.encode(text, m.max_sequence_length);
-  return m.text_encoder->encode_features(e.ids, e.mask);
+  return m.tokenizer.encode(text, m.max_sequence_length);
+}
+
+Expected<std::vector<Tensor>> ZImagePipeline::encode_prompts(const std::vector<std::string>& prompts) const {
+  trace::Scope range(stage::kTextEncode, Category::kStage);
+  std::vector<QwenEncoding> encodings;
+  for (const std::string& p : prompts) {
+    ATELIER_ASSIGN_OR_RETURN(auto e, tokenize(p));
+    encodings.push_back(std::move(e));
+  }
+  std::vector<Tensor> features;
+  // One use of the encoder for all of them: with offload it is loaded (and dropped) once per request.
+  ATELIER_RETURN_IF_ERROR(model_->text_encoder->with_encoder([&](const Qwen3Encoder& enc) -> Status {
+    for (const QwenEncoding& e : encodings) {
+      ATELIER_ASSIGN_OR_RETURN(auto f, enc.encode_features(e.ids, e.mask));
+      features.push_back(std::move(f));
+    }
+    return Status::ok();
+  }));
+  return features;
+}
+
+Expected<Tensor> ZImagePipeline::encode_prompt(const std::string& prompt) const {
+  ATELIER_ASSIGN_OR_RETURN(auto features, encode_prompts({prompt}));
+  return features[0];
 }
 
 Expected<Tensor> ZImagePipeline::denoise(const Tensor& noise, const Tensor& cond, const Tensor& uncond, float guidance,
@@ -114,11 +136,11 @@ Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request
   GenerateResult result;
   // Ops throw atelier::Error on bad input; the request gets it back as a Status.
   Status st = catch_status([&]() -> Status {
-    ATELIER_ASSIGN_OR_RETURN(Tensor cond, encode_prompt(r.prompt));
-    Tensor uncond;
-    if (cfg) {
-      ATELIER_ASSIGN_OR_RETURN(uncond, encode_prompt(r.negative_prompt));
-    }
+    std::vector<std::string> prompts{r.prompt};
+    if (cfg) prompts.push_back(r.negative_prompt);
+    ATELIER_ASSIGN_OR_RETURN(auto features, encode_prompts(prompts));
+    const Tensor cond = features[0];
+    const Tensor uncond = cfg ? features[1] : Tensor();
     const Shape latent_shape = {1, m.transformer->config().in_channels, r.height / kLatentFactor, r.width / kLatentFactor};
     const int count = r.batch_size * r.batch_count;
     for (int i = 0; i < count; ++i) {

@@ -12,7 +12,10 @@
 // single-file transformer with the other components (tokenizer, text encoder, VAE, scheduler) taken from a
 // Z-Image diffusers folder given as `components_dir`.
 #pragma once
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,12 +29,32 @@
 
 namespace atelier {
 
+// The Qwen3 text encoder of a model: resident, or (offload) loaded for each request's prompts and dropped
+// after, so that its device memory (16 GB in f32 for Qwen3-4B) serves the denoising and the VAE.
+class ZImageTextEncoder {
+ public:
+  using Loader = std::function<Expected<Qwen3Encoder>()>;
+  ZImageTextEncoder(Loader load, bool offload) : load_(std::move(load)), offload_(offload) {}
+  // Loads the encoder now (so that load errors show at model load).
+  Status load();
+  // Runs fn(encoder) with the encoder present, loading it first if an offload dropped it and dropping it
+  // (returning the device's cached memory) after when offloading. Serialised: one caller at a time.
+  Status with_encoder(const std::function<Status(const Qwen3Encoder&)>& fn);
+  bool resident() const;
+
+ private:
+  Loader load_;
+  bool offload_;
+  mutable std::mutex mu_;
+  std::optional<Qwen3Encoder> encoder_;
+};
+
 struct ZImageModel {
   std::string name;    // folder or file name, for infotext
   std::string path;
   std::string layout;  // "diffusers" | "original"
   QwenTokenizer tokenizer;
-  std::shared_ptr<Qwen3Encoder> text_encoder;
+  std::shared_ptr<ZImageTextEncoder> text_encoder;
   std::shared_ptr<ZImageTransformer> transformer;
   std::shared_ptr<Vae> vae;
   sampling::FlowMatchConfig scheduler;
@@ -47,6 +70,7 @@ struct ZImageLoadOptions {
   std::optional<DType> dtype;
   std::string components_dir;  // for a single-file transformer: a Z-Image diffusers folder with the rest
   int max_sequence_length = 512;
+  bool offload = false;  // the text encoder leaves the device after each request's prompts (ZImageTextEncoder)
 };
 
 // True when `path` is a Z-Image diffusers folder (model_index.json _class_name "ZImagePipeline") or a
@@ -67,6 +91,8 @@ class ZImagePipeline {
 
   // prompt -> caption features [L, cap_feat_dim] (the unpadded tokens of the chat-templated prompt)
   Expected<Tensor> encode_prompt(const std::string& prompt) const;
+  // The same for several prompts with one use of the text encoder (one load and drop when offloading).
+  Expected<std::vector<Tensor>> encode_prompts(const std::vector<std::string>& prompts) const;
   // noise [1, C, h, w], cond [L, D], uncond [L', D] (used when guidance > 1) -> final latents [1, C, h, w].
   // `progress` (may be empty) is called after every step with call = step + 1.
   Expected<Tensor> denoise(const Tensor& noise, const Tensor& cond, const Tensor& uncond, float guidance, int steps,
@@ -78,6 +104,9 @@ class ZImagePipeline {
   Expected<GenerateResult> generate(const GenerateRequest& request, const ProgressCallback& progress = {}) const;
 
  private:
+  // The chat-templated prompt's token ids and mask.
+  Expected<QwenEncoding> tokenize(const std::string& prompt) const;
+
   std::shared_ptr<const ZImageModel> model_;
 };
 
