@@ -3,6 +3,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "models/common/table_cache.h"
 #include "models/flux/flux_transformer.h"
 #include "test_util.h"
 
@@ -50,6 +51,22 @@ TEST(FluxConfigTest, DetectedFromBothLayouts) {
     EXPECT_EQ(got.guidance_embeds, want.guidance_embeds);
     EXPECT_EQ(got.axes_dims_rope, want.axes_dims_rope);
   }
+}
+
+TEST(TableCache, RebuildsOnlyWhenTheKeyChanges) {
+  TableCache cache;
+  int builds = 0;
+  const auto make = [&] {
+    ++builds;
+    return std::vector<Tensor>{Tensor::from_vector({float(builds)}, {1})};
+  };
+  const std::vector<Tensor> a = cache.get({1, 2, 3}, make);
+  const std::vector<Tensor> b = cache.get({1, 2, 3}, make);
+  EXPECT_EQ(builds, 1);
+  EXPECT_EQ(a[0].raw(), b[0].raw());  // the same tensors, not a copy
+  EXPECT_EQ(cache.get({1, 2, 4}, make)[0].to_vector(), std::vector<float>{2.0f});
+  EXPECT_EQ(cache.get({1, 2, 3}, make)[0].to_vector(), std::vector<float>{3.0f});  // only the last key is kept
+  EXPECT_EQ(builds, 3);
 }
 
 TEST(FluxRope, RotatesPairsByPositionAngles) {
