@@ -63,28 +63,18 @@ if [[ $quick != 1 && -d $fixtures/sd15-tiny/model/tokenizer ]]; then
 fi
 # Where the time goes: an eager run traced (op ranges with CUDA-event device times), summed by op name.
 ATELIER_GRAPHS=0 bench sd15_trace --config sd15 --steps 3 --batch 1 --warmup 1 --trace "$out/sd15_events.trace.json"
-/usr/bin/env python3 - "$out/sd15_events.trace.json" <<'PY' 2>&1 | tee "$out/sd15_ops.txt"
-import json, sys, collections
-ev = json.load(open(sys.argv[1]))["traceEvents"]
-dev = [e for e in ev if e.get("pid") == 2 and e.get("ph") == "X"]
-calls = [e for e in dev if e["name"] == "unet"]
-if not calls: sys.exit("no device-timed unet ranges")
-last = calls[-1]
-t0, t1 = last["ts"], last["ts"] + last["dur"]
-ops = [e for e in dev if e.get("cat") == "op" and t0 <= e["ts"] and e["ts"] + e["dur"] <= t1]
-by = collections.defaultdict(lambda: [0, 0.0])
-for e in ops:
-    by[e["name"]][0] += 1; by[e["name"]][1] += e["dur"]
-print(f"last eager UNet call: {last['dur']/1e3:.2f} ms device span, {len(ops)} op ranges, sum of op device time {sum(v[1] for v in by.values())/1e3:.2f} ms")
-for name, (n, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:25]:
-    print(f"  {name:28s} {n:5d} calls {us/1e3:8.3f} ms")
-PY
+/usr/bin/env python3 bench/trace_ops.py "$out/sd15_events.trace.json" --call unet 2>&1 | tee "$out/sd15_ops.txt"
 bench sd15_b8 --config sd15 --steps 10 --batch 8 --warmup 2
 bench sd15_1024 --config sd15 --steps 10 --batch 1 --width 1024 --height 1024 --warmup 2
 # FLUX.1-dev (28 steps) and Z-Image-Turbo (8 steps) at 1024², built-in full-size configurations.
 if "${run[@]}" "$atelier" bench --help 2>&1 | grep -q flux; then
   bench flux_1024 --config flux --steps 28 --warmup 1
   bench zimage_1024 --config zimage --warmup 1
+  # Where a traced DiT step spends its device time (eager; tracing adds a little).
+  for c in flux zimage; do
+    bench ${c}_trace --config $c --steps 2 --warmup 1 --trace "$out/${c}_events.trace.json"
+    /usr/bin/env python3 bench/trace_ops.py "$out/${c}_events.trace.json" --call model_call 2>&1 | tee "$out/${c}_ops.txt"
+  done
 fi
 echo "=== NVML utilisation during sd15_b1 (nvidia-smi dmon, %)"
 awk '$1 ~ /^[0-9]+$/ {print $2}' "$out/dmon_b1.txt" | tr '\n' ' '
