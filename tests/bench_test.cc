@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/nvml.h"
 #include "pipeline/builtin_models.h"
 #include "pipeline/sd_bench.h"
 #include "pipeline/sd_pipeline.h"
@@ -74,11 +77,31 @@ TEST(Bench, JsonOnTinyFixtureHasEveryField) {
   EXPECT_GT(j["unet_flops_per_call"].get<uint64_t>(), 0u);
   EXPECT_GT(j["vae_decode_flops"].get<uint64_t>(), 0u);
   EXPECT_TRUE(j["gpu_busy_pct"].is_null());  // no device timer on the CPU
+  EXPECT_TRUE(j["nvml_util_pct"].is_null());  // NVML is sampled for CUDA devices only
   EXPECT_TRUE(j["pct_of_ceiling"].is_null());  // not asked for
   const double op_pct = j["op_time_pct"].get<double>();
   EXPECT_GT(op_pct, 0.0);
   EXPECT_LE(op_pct, 100.0 + 1e-6);
   EXPECT_GT(j["peak_bytes_reserved"].get<uint64_t>(), 0u);
+}
+
+TEST(Bench, NvmlSamplerReadsAPercentageOrNothing) {
+  // With a driver (the GPU machine) a percentage of device 0 over ~0.2 s; without one, nothing, at once.
+  const bool have_nvml = Nvml::open() != nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  NvmlUtilizationSampler sampler(0, std::chrono::milliseconds(20));
+  if (have_nvml) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::optional<double> pct = sampler.stop();
+  EXPECT_FALSE(sampler.stop().has_value() != pct.has_value());  // idempotent
+  if (!have_nvml) {
+    std::printf("no NVML on this machine: the sampler reads nothing\n");
+    EXPECT_FALSE(pct.has_value());
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    return;
+  }
+  ASSERT_TRUE(pct.has_value());
+  EXPECT_GE(*pct, 0.0);
+  EXPECT_LE(*pct, 100.0);
 }
 
 TEST(Bench, FlopsPerCallAreTheSumOfTheUnetsOps) {

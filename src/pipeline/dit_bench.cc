@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "backend/nvml.h"
 #include "backend/ops.h"
 #include "core/rng.h"
 #include "pipeline/flux_pipeline.h"
@@ -104,6 +105,7 @@ Status run_flux(DitRun& run, trace::Recorder& rec) {
   }
   rec.clear();  // the figures are the timed run's alone
   MemorySampler mem{backend_for(run.dev)};
+  const auto nvml = start_utilization_sampler(run.dev);
   trace::Scope range(kBenchRunRange, Category::kStage);
   ATELIER_ASSIGN_OR_RETURN(auto sched, pipe.make_scheduler(o.steps, run.h, run.w));
   Tensor x = noise();
@@ -116,6 +118,7 @@ Status run_flux(DitRun& run, trace::Recorder& rec) {
   mem.sample();
   range.finish();
   run.report.peak_bytes_reserved = mem.peak;
+  if (nvml) run.report.nvml_util_pct = nvml->stop();
   return Status::ok();
 }
 
@@ -142,6 +145,7 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
   }
   rec.clear();
   MemorySampler mem{backend_for(run.dev)};
+  const auto nvml = start_utilization_sampler(run.dev);
   trace::Scope range(kBenchRunRange, Category::kStage);
   const Tensor noise = seeded(o.seed, latent, Device::cpu());
   mem.sample();
@@ -151,6 +155,7 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
   mem.sample();
   range.finish();
   run.report.peak_bytes_reserved = mem.peak;
+  if (nvml) run.report.nvml_util_pct = nvml->stop();
   return Status::ok();
 }
 

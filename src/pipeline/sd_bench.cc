@@ -6,6 +6,7 @@
 
 #include <omp.h>
 
+#include "backend/nvml.h"
 #include "backend/ops.h"
 #include "core/rng.h"
 #include "core/trace.h"
@@ -210,6 +211,11 @@ Expected<BenchReport> start_bench_report(const BenchOptions& o, Device* device) 
   return r;
 }
 
+std::unique_ptr<NvmlUtilizationSampler> start_utilization_sampler(Device dev) {
+  if (dev.is_cpu()) return nullptr;
+  return std::make_unique<NvmlUtilizationSampler>(dev.index);
+}
+
 Status run_traced(Device dev, const std::function<Status(trace::Recorder&)>& body) {
   return catch_status([&]() -> Status {
     trace::Recorder rec(trace::kAllCategories);
@@ -256,8 +262,10 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
       ATELIER_RETURN_IF_ERROR(warm_up(pipe, o, x, context));
     }
     rec.clear();  // the figures are the timed run's alone
+    const auto nvml = start_utilization_sampler(dev);
     ATELIER_RETURN_IF_ERROR(timed_run(pipe, l, o, dev, latent1, r));
     backend_for(dev).synchronize();
+    if (nvml) r.nvml_util_pct = nvml->stop();
     rec.resolve_device_times();
     summarize_bench(rec.events(), stage::kUnet, m.text_encoder.has_value(), r);
     if (!m.text_encoder) r.conditioning = "seeded random context " + shape_str({r.unet_batch, l.context_tokens, m.unet->config().cross_attention_dim[0]}) + " (no text encoder)";

@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,8 @@
 #include "core/trace.h"
 
 namespace atelier {
+
+class NvmlUtilizationSampler;
 
 struct BenchOptions {
   std::string model;        // diffusers folder or single-file checkpoint, or
@@ -94,7 +97,7 @@ struct BenchReport {
   std::optional<double> pct_of_ceiling;   // unet_tflops / ceiling
   std::optional<double> gpu_busy_pct;     // needs device times (CUDA); none on the CPU
   double op_time_pct = 0;                 // busy time inside ops / wall, over the denoise loop
-  std::optional<double> nvml_util_pct;    // the CUDA backend fills it (NVML), none elsewhere
+  std::optional<double> nvml_util_pct;    // NVML utilization over the timed run (CUDA; none on the CPU or without a driver)
   size_t peak_bytes_reserved = 0;
 
   nlohmann::json to_json() const;
@@ -115,6 +118,9 @@ Expected<BenchReport> start_bench_report(const BenchOptions& options, Device* de
 // Runs `body` with a recorder of every trace category attached and, where the device has one, a device timer
 // installed (removed after `body`); ops' exceptions come back as a Status.
 Status run_traced(Device device, const std::function<Status(trace::Recorder&)>& body);
+// NVML's utilization of a CUDA `device`, sampled from now until stop() (the report's nvml_util_pct); null on
+// the CPU. The benchmarks start it where their timed run starts.
+std::unique_ptr<NvmlUtilizationSampler> start_utilization_sampler(Device device);
 // Fills the measured figures of `r` from the timed run's events: per-call times and FLOPs from the ranges
 // named `call_range` (stage::kUnet for SD, stage::kModelCall for the transformers), stage times, it/s,
 // s/image, TFLOP/s, % of ceiling, busy %.

@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "serve/http_util.h"
-#include "serve/nvml.h"
+#include "backend/nvml.h"
 #include "serve/redis/redis_gateway.h"
 #include "serve/server_context.h"
 

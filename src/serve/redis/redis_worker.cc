@@ -12,7 +12,7 @@
 #include "serve/job_store.h"
 #include "serve/metrics.h"
 #include "serve/model_registry.h"
-#include "serve/nvml.h"
+#include "backend/nvml.h"
 #include "serve/redis/keys.h"
 #include "serve/redis/redis_client.h"
 #include "serve/redis/request_codec.h"

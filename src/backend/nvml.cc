@@ -1,8 +1,8 @@
-#include "serve/nvml.h"
+#include "backend/nvml.h"
 
 #include <dlfcn.h>
 
-namespace atelier::serve {
+namespace atelier {
 namespace {
 
 // The subset of nvml.h used here (ABI-stable since NVML 5; the _v2 entry points since CUDA 5.5).
@@ -65,6 +65,39 @@ Nvml::~Nvml() {
   }
 }
 
+NvmlUtilizationSampler::NvmlUtilizationSampler(int device_index, std::chrono::milliseconds period) : nvml_(Nvml::open()) {
+  if (nvml_ && nvml_->read(device_index)) thread_ = std::thread([this, device_index, period] { run(device_index, period); });
+}
+
+NvmlUtilizationSampler::~NvmlUtilizationSampler() { stop(); }
+
+void NvmlUtilizationSampler::run(int device_index, std::chrono::milliseconds period) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    const std::optional<GpuReading> r = nvml_->read(device_index);
+    lock.lock();
+    if (r) {
+      sum_ += r->utilization;
+      ++samples_;
+    }
+    wake_.wait_for(lock, period, [this] { return stopping_; });
+  }
+}
+
+std::optional<double> NvmlUtilizationSampler::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (samples_ == 0) return std::nullopt;
+  constexpr double kPercent = 100.0;
+  return kPercent * sum_ / samples_;
+}
+
 std::optional<GpuReading> Nvml::read(int index) const {
   nvmlDevice_t dev = nullptr;
   if (index < 0 || api_->handle_by_index(unsigned(index), &dev) != kNvmlSuccess) return std::nullopt;
@@ -83,4 +116,4 @@ std::optional<GpuReading> Nvml::read(int index) const {
   return r;
 }
 
-}  // namespace atelier::serve
+}  // namespace atelier
