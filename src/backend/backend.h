@@ -143,6 +143,16 @@ class Backend {
   // with a unit last stride, contiguous or a [B, Sq, H, Dv] buffer seen through a permute (heads merged).
   // q/k/v may be strided views (e.g. heads split out of a fused projection) with a unit last-dim stride.
   virtual void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) = 0;
+
+ protected:
+  // For attention paths that write contiguous [B, H, Sq, Dv] rows only: attention into a contiguous
+  // temporary, then one strided copy into `out` (a heads-merged view).
+  void attention_through_temporary(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                   float scale) {
+    Tensor tmp = Tensor::empty(out.shape(), out.dtype(), out.device());
+    attention(tmp, q, k, v, mask, scale);
+    copy(out, tmp);
+  }
 };
 
 // The backend that owns `dev`; throws atelier::Error when that device is unavailable.

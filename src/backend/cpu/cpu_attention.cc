@@ -32,12 +32,7 @@ void CpuBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const 
   const int64_t group = h / hk;
   if (out.numel() == 0) return;
   ATELIER_CHECK(sk > 0, "attention over an empty key sequence");
-  if (!out.is_contiguous()) {  // heads-merged output: the kernels below write [B, H, Sq, Dv] rows
-    Tensor tmp = Tensor::empty(out.shape(), out.dtype(), out.device());
-    attention(tmp, q, k, v, mask, scale);
-    copy(out, tmp);
-    return;
-  }
+  if (!out.is_contiguous()) return attention_through_temporary(out, q, k, v, mask, scale);  // heads merged
   if (cpu::attention_fused(out, q, k, v, mask, scale)) return;
 
   const int threads = cpu::max_threads();

@@ -26,15 +26,9 @@ void CpuBackend::norm_modulate(Tensor& out, const Tensor& x, NormKind kind, floa
       const float* rr = res ? res + (i * t + r) * d : nullptr;
       for (int64_t j = 0; j < d; ++j) {
         float v = row[j];
-        if (scale) {
-          const float s1 = 1.0f + scale[i * d + j];
-          v = v * s1;
-        }
+        if (scale) v = v * (1.0f + scale[i * d + j]);
         if (shift) v = v + shift[i * d + j];
-        if (gate) {
-          const float gv = gate[i * d + j] * v;
-          v = gv;
-        }
+        if (gate) v = gate[i * d + j] * v;
         if (rr) v = rr[j] + v;
         row[j] = v;
       }

@@ -478,8 +478,6 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
   return launch_flash_bucket<__half>(p, launch);
 }
 
-// q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] (unit last stride, any other strides); mask a
-// [B, H, Sq, Sk] broadcast view (last stride 0 or 1) or undefined; out [B, H, Sq, Dv] contiguous.
 bool CudaBackend::cudnn_sdpa_available(std::string* why) {
   {
     std::lock_guard<std::mutex> lock(engines_mu_);
@@ -498,6 +496,10 @@ bool CudaBackend::attention_cudnn(Tensor& out, const Tensor& q, const Tensor& k,
   return sdpa_->forward(out, q, k, v, scale, alloc_, ours);
 }
 
+// q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] (unit last stride, any other strides); mask a
+// [B, H, Sq, Sk] broadcast view (last stride 0 or 1) or undefined; out [B, H, Sq, Dv] with a unit last stride
+// (contiguous, or heads merged). cuDNN's SDPA where it takes the case and measured faster, else the flash
+// kernel, else the GEMM path.
 void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {
   if (out.numel() == 0) return;
   ATELIER_CHECK(k.size(2) > 0, "attention over an empty key sequence");
@@ -510,12 +512,8 @@ void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const
                             shape_str(q.shape()) + " / " + shape_str(k.shape()) +
                             " (ATELIER_CUDNN_LOG=1 says why)"));
   if (attention_impl_ != AttentionImpl::kGemm && attention_flash(out, q, k, v, mask, scale)) return;
-  if (!out.is_contiguous()) {  // heads-merged output: the GEMM path writes [B, H, Sq, Dv] rows
-    Tensor tmp = Tensor::empty(out.shape(), out.dtype(), out.device());
-    attention(tmp, q, k, v, mask, scale);
-    copy(out, tmp);
-    return;
-  }
+  // Heads merged: the GEMM path writes [B, H, Sq, Dv] rows only.
+  if (!out.is_contiguous()) return attention_through_temporary(out, q, k, v, mask, scale);
   if (attention_impl_ == AttentionImpl::kFlash)
     throw Error(unsupported("attention: the flash kernel takes bf16/f16 q, k, v of one dtype, equal q/v head dims that are a "
                             "multiple of 8 and at most 256, and 16-byte aligned rows; got " +
