@@ -49,8 +49,7 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
       alloc_(index, stream_),
       staging_(index),
       allow_tf32_(env_flag("ATELIER_CUDA_TF32")) {
-  const char* nhwc = std::getenv("ATELIER_CONV_NHWC");
-  conv_nhwc_ = !(nhwc && std::strcmp(nhwc, "0") == 0);
+  conv_nhwc_ = !env_is("ATELIER_CONV_NHWC", "0");
 }
 
 CudaBackend::~CudaBackend() = default;

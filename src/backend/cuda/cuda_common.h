@@ -3,11 +3,19 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/status.h"
 
 namespace atelier::cuda {
+
+// Whether environment variable `name` is set to exactly `value` (the ATELIER_* switches of the backend).
+inline bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
+}
 
 // Throws atelier::Error naming the failed call and CUDA's message.
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);

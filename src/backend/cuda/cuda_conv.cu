@@ -47,8 +47,7 @@ constexpr int64_t kIm2colBudgetBytes = int64_t(256) << 20;
 const CudnnApi* load_cudnn(std::string* why) {
   static std::string reason;
   static const CudnnApi* api = [&]() -> const CudnnApi* {
-    const char* off = std::getenv("ATELIER_CUDNN");
-    if (off && std::strcmp(off, "0") == 0) {
+    if (env_is("ATELIER_CUDNN", "0")) {
       reason = "disabled by ATELIER_CUDNN=0";
       return nullptr;
     }
@@ -219,9 +218,9 @@ ConvEngine::ConvEngine(int device, cudaStream_t stream) : device_(device), strea
   graph_ = std::make_unique<ConvGraph>(api->library, handle_, stream_);
 }
 
-ConvEngine::~ConvEngine() { plans_.clear(); }
+ConvEngine::~ConvEngine() { plans_.clear(); }  // the handle lives as long as the process
 
-void* ConvEngine::library() const { return api_ ? api_->library : nullptr; }  // the handle lives as long as the process
+void* ConvEngine::library() const { return api_ ? api_->library : nullptr; }
 
 std::string ConvEngine::version() const {
   if (!graph_ || !graph_->available()) {
@@ -269,9 +268,8 @@ ConvEngine::Plan* ConvEngine::plan_for(const ConvShape& s, const Conv2dParams& p
   max_algos = std::max(max_algos, 1);
   std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(max_algos));
   int found = 0;
-  const char* find = std::getenv("ATELIER_CUDNN_FIND");
   cudnnStatus_t st;
-  if (find && std::strcmp(find, "1") == 0) {
+  if (env_is("ATELIER_CUDNN_FIND", "1")) {
     // Times every algorithm once on the real buffers (the output is overwritten by the real call after).
     std::shared_ptr<Buffer> ws = alloc.allocate(kMaxConvWorkspace / 4);
     st = a.cudnnFindConvolutionForwardAlgorithmEx(handle, plan->x, x, plan->w, w, plan->conv, plan->y, y, max_algos, &found,

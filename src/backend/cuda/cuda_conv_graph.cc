@@ -8,8 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -45,10 +43,6 @@ Counters& counters() {
   return c;
 }
 
-bool log_enabled() {
-  static const bool on = env_is("ATELIER_CUDNN_LOG", "1");
-  return on;
-}
 
 cudnnDataType_t data_type(DType t) { return t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
 

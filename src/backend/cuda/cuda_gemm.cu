@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -200,10 +199,7 @@ GemmEngine::Plan* GemmEngine::plan_for(const GemmCall& call, bool allow_tf32, in
 }
 
 bool gemm_autotune() {
-  static const bool on = [] {
-    const char* v = std::getenv("ATELIER_GEMM_AUTOTUNE");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = !env_is("ATELIER_GEMM_AUTOTUNE", "0");
   return on;
 }
 

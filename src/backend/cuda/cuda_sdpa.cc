@@ -33,10 +33,6 @@ bool enabled() {
   static const bool on = !env_is("ATELIER_CUDNN_SDPA", "0");
   return on;
 }
-bool log_enabled() {
-  static const bool on = env_is("ATELIER_CUDNN_LOG", "1");
-  return on;
-}
 
 // The [B, H, S, D] strides of a view, with size-1 dims given the stride of a packed layout (their stride is
 // never used to address, but cuDNN checks that the layout is a permutation of a packed one).
@@ -85,6 +81,14 @@ OpGraph build_graph(Builder& b, cudnnHandle_t handle, const Tensor& out, const T
   b.finalize(g.op, "sdpa finalize");
   g.graph = operation_graph(b, handle, {g.op.get()});
   return g;
+}
+
+// Enqueues one execution of `plan` on the call's buffers; the scale is a by-value scalar, read from the host
+// when cudnnBackendExecute enqueues.
+bool execute_sdpa(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& plan, Tensor& out, const Tensor& q,
+                  const Tensor& k, const Tensor& v, float scale, void* workspace, std::string* why) {
+  return execute(a, handle, plan, {kUidQ, kUidK, kUidV, kUidO, kUidScale}, {q.raw(), k.raw(), v.raw(), out.raw(), &scale},
+                 workspace, why);
 }
 
 }  // namespace sdpa_detail
@@ -151,13 +155,10 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
   int64_t max_ws = 0;
   for (const Candidate& c : candidates) max_ws = std::max(max_ws, c.workspace);
   std::shared_ptr<Buffer> ws = max_ws > 0 ? alloc.allocate(size_t(max_ws)) : nullptr;
-  float scale_value = scale;
-  const std::vector<int64_t> uids{kUidQ, kUidK, kUidV, kUidO, kUidScale};
-  const std::vector<void*> ptrs{q.raw(), k.raw(), v.raw(), out.raw(), &scale_value};
   size_t best = candidates.size();
   for (size_t i = 0; i < candidates.size(); ++i) {
     Candidate& c = candidates[i];
-    const auto run = [&] { return execute(a, handle, c.plan, uids, ptrs, ws ? ws->data() : nullptr, &why); };
+    const auto run = [&] { return execute_sdpa(a, handle, c.plan, out, q, k, v, scale, ws ? ws->data() : nullptr, &why); };
     c.ms = time_runs(events, stream_, 1, run) >= 0.0f ? time_runs(events, stream_, kTimedRuns, run) : -1.0f;
     if (c.ms >= 0.0f && (best == candidates.size() || c.ms < candidates[best].ms)) best = i;
   }
@@ -189,10 +190,9 @@ bool CudnnSdpa::forward(Tensor& out, const Tensor& q, const Tensor& k, const Ten
   Plan* plan = plan_for(key, out, q, k, v, scale, alloc, ours);
   if (!plan || !plan->use_cudnn) return false;
   std::shared_ptr<Buffer> ws = plan->chosen.workspace > 0 ? alloc.allocate(size_t(plan->chosen.workspace)) : nullptr;
-  float scale_value = scale;  // read by cudnnBackendExecute when it enqueues (by-value scalar)
   std::string why;
-  if (!execute(*api_, static_cast<cudnnHandle_t>(handle_), plan->chosen.plan, {kUidQ, kUidK, kUidV, kUidO, kUidScale},
-               {q.raw(), k.raw(), v.raw(), out.raw(), &scale_value}, ws ? ws->data() : nullptr, &why)) {
+  if (!execute_sdpa(*api_, static_cast<cudnnHandle_t>(handle_), plan->chosen.plan, out, q, k, v, scale, ws ? ws->data() : nullptr,
+                    &why)) {
     plan->use_cudnn = false;  // never again for this shape
     counters().declined.fetch_add(1);
     if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa] %s: execution failed (%s), our kernel from now on\n",

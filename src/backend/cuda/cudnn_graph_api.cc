@@ -4,15 +4,13 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 
 namespace atelier::cuda::cudnn_graph {
 
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, value) == 0;
+bool log_enabled() {
+  static const bool on = env_is("ATELIER_CUDNN_LOG", "1");
+  return on;
 }
 
 const CudnnGraphApi* load_api(void* library, std::string* why) {

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_event_timing.h"
 
 #include <cstdint>
@@ -32,7 +33,8 @@ constexpr int64_t kAlignment = 16;                     // bytes, declared for ev
 constexpr int kMaxEngineConfigs = 16;                  // configurations asked of each heuristics mode
 constexpr int64_t kMaxWorkspace = int64_t(256) << 20;  // plans needing more are skipped
 
-bool env_is(const char* name, const char* value);
+// ATELIER_CUDNN_LOG=1: the graph-API paths print one line per planned shape to stderr.
+bool log_enabled();
 // The backend entry points of `library` (cuDNN's dlopen handle); one table per call, kept for the process's
 // life (like the library). Null with *why set when an entry point is missing.
 const CudnnGraphApi* load_api(void* library, std::string* why);
