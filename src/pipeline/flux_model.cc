@@ -69,6 +69,7 @@ Status load_clip(FluxModel& m, const std::string& path, const std::string& token
   }
   ATELIER_ASSIGN_OR_RETURN(auto te, ClipTextModel::load(store, *layout, *cfg, o.device, flux_text_dtype(o)));
   m.clip.emplace(std::move(te));
+  if (m.clip_tokenizer) return Status::ok();  // a reload after an offload: the tokenizer stayed
   const std::string tok = !tokenizer.empty() ? tokenizer : find_beside({home, home.parent_path() / "tokenizer"}, "vocab.json");
   if (tok.empty()) return invalid_argument("no CLIP tokenizer beside " + path + " (pass the tokenizer folder with --tokenizer)");
   ATELIER_ASSIGN_OR_RETURN(auto t, ClipTokenizer::load(tok));
@@ -90,6 +91,7 @@ Status load_t5(FluxModel& m, const std::string& path, const std::string& tokeniz
   }
   ATELIER_ASSIGN_OR_RETURN(auto enc, T5Encoder::load(store, *cfg, o.device, flux_text_dtype(o)));
   m.t5.emplace(std::move(enc));
+  if (m.t5_tokenizer) return Status::ok();  // a reload after an offload: the tokenizer stayed
   const std::string tok = !tokenizer.empty() ? tokenizer : find_beside({home, home.parent_path() / "tokenizer_2"}, "spiece.model");
   if (tok.empty()) return invalid_argument("no T5 tokenizer (spiece.model) beside " + path + " (pass it with --t5-tokenizer)");
   ATELIER_ASSIGN_OR_RETURN(auto t, T5Tokenizer::load(tok));

@@ -51,21 +51,22 @@ Status load_components(ZImageModel& m, const fs::path& root, const ZImageLoadOpt
 
 }  // namespace
 
-Status ZImageTextEncoder::load() {
-  std::lock_guard<std::mutex> lock(mu_);
+Status ZImageTextEncoder::load_locked() {
   if (encoder_) return Status::ok();
+  trace::Scope range("load_text_encoder", trace::Category::kStage);
   ATELIER_ASSIGN_OR_RETURN(auto e, load_());
   encoder_.emplace(std::move(e));
   return Status::ok();
 }
 
+Status ZImageTextEncoder::load() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return load_locked();
+}
+
 Status ZImageTextEncoder::with_encoder(const std::function<Status(const Qwen3Encoder&)>& fn) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!encoder_) {
-    trace::Scope range("load_text_encoder", trace::Category::kStage);
-    ATELIER_ASSIGN_OR_RETURN(auto e, load_());
-    encoder_.emplace(std::move(e));
-  }
+  ATELIER_RETURN_IF_ERROR(load_locked());
   const Status st = fn(*encoder_);
   if (offload_) {
     const Device dev = encoder_->device();

@@ -43,6 +43,8 @@ class ZImageTextEncoder {
   bool resident() const;
 
  private:
+  Status load_locked();  // mu_ held
+
   Loader load_;
   bool offload_;
   mutable std::mutex mu_;

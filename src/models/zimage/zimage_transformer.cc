@@ -118,16 +118,16 @@ Expected<Tensor> ZImageTransformer::forward(const Tensor& latents, float t, cons
     const int64_t n_cap = caption.size(0), cap_pad = padding_for(n_cap), img_pad = padding_for(n_img);
     const Tensor adaln = timestep_embedding(t);
 
-    // Position ids: caption tokens (1 + k, 0, 0); image tokens (cap_len_padded + 1 + f, h, w); padding (0, 0, 0).
-    std::vector<std::array<int64_t, 3>> cap_pos, img_pos;
-    for (int64_t k = 0; k < n_cap + cap_pad; ++k) cap_pos.push_back({1 + k, 0, 0});
-    for (int64_t a = 0; a < ft; ++a)
-      for (int64_t b = 0; b < ht; ++b)
-        for (int64_t e = 0; e < wt; ++e) img_pos.push_back({n_cap + cap_pad + 1 + a, b, e});
-    for (int64_t k = 0; k < img_pad; ++k) img_pos.push_back({0, 0, 0});
-    std::vector<float> layout{float(n_img), float(n_cap)};  // the positions follow from these and the padding
-    for (const auto& p3 : img_pos) layout.insert(layout.end(), {float(p3[0]), float(p3[1]), float(p3[2])});
+    // Rotary tables of the position ids, which follow from the token grid and the caption length alone:
+    // caption tokens (1 + k, 0, 0); image tokens (cap_len_padded + 1 + f, h, w); padding (0, 0, 0).
+    const std::vector<float> layout{float(ft), float(ht), float(wt), float(n_cap)};
     const std::vector<Tensor> tables = rope_cache_->get(layout, [&] {
+      std::vector<std::array<int64_t, 3>> cap_pos, img_pos;
+      for (int64_t k = 0; k < n_cap + cap_pad; ++k) cap_pos.push_back({1 + k, 0, 0});
+      for (int64_t a = 0; a < ft; ++a)
+        for (int64_t b = 0; b < ht; ++b)
+          for (int64_t e = 0; e < wt; ++e) img_pos.push_back({n_cap + cap_pad + 1 + a, b, e});
+      for (int64_t k = 0; k < img_pad; ++k) img_pos.push_back({0, 0, 0});
       auto [ic, is] = rope(img_pos);
       auto [cc, cs] = rope(cap_pos);
       return std::vector<Tensor>{ic, is, cc, cs, ops::concat({ic, cc}, 0), ops::concat({is, cs}, 0)};
