@@ -62,12 +62,14 @@ def _fp16(module):
     return {k: v.detach().to(torch.float16) for k, v in module.state_dict().items()}
 
 
-def export_diffusers(out_dir, text_encoder, unet, vae, vae_scaling_factor, tokenizer_dir):
-    """Writes out_dir/{model_index.json, text_encoder, tokenizer, unet, vae, scheduler} with fp16 weights."""
+def export_diffusers(out_dir, text_encoder, unet, vae, vae_scaling_factor, tokenizer_dir, prediction="epsilon"):
+    """Writes out_dir/{model_index.json, text_encoder, tokenizer, unet, vae, scheduler} with fp16 weights;
+    prediction: "epsilon" or "v" (the scheduler config's prediction_type)."""
     for sub in ("text_encoder", "tokenizer", "unet", "vae", "scheduler"):
         os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
     _write_json(M.MODEL_INDEX_JSON, os.path.join(out_dir, "model_index.json"))
-    _write_json(M.SCHEDULER_JSON, os.path.join(out_dir, "scheduler", "scheduler_config.json"))
+    scheduler = dict(M.SCHEDULER_JSON, prediction_type="v_prediction" if prediction == "v" else "epsilon")
+    _write_json(scheduler, os.path.join(out_dir, "scheduler", "scheduler_config.json"))
     vocab = json.load(open(os.path.join(tokenizer_dir, "vocab.json")))
     _write_json(M.text_json(text_encoder.cfg, vocab["<|startoftext|>"], vocab["<|endoftext|>"]),
                 os.path.join(out_dir, "text_encoder", "config.json"))

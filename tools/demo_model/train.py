@@ -4,7 +4,7 @@
   python3 tools/demo_model/train.py --toy --minutes 1.5 --out /tmp/toy (CPU: a smoke test at toy scale)
 
 Phases, sharing the --minutes budget: (1) the KL VAE (L1 + L2 reconstruction, small KL), (2) its latent
-scale (1 / std of the latents), (3) UNet + text encoder jointly on latents (epsilon prediction, SD 1.5's
+scale (1 / std of the latents), (3) UNet + text encoder jointly on latents (epsilon or v prediction, SD 1.5's
 scaled_linear betas, 10% empty captions for classifier-free guidance, EMA of the weights), (4) export of
 the EMA weights in fp16 as a diffusers folder OUT/model, (5) if time is left, a quick adherence estimate
 with the torch model (DDIM 20 steps, CFG 7) on the held-out prompts. Data is rendered on the fly on the
@@ -235,6 +235,21 @@ def ema_update(ema, live, decay):
                 a.mul_(decay).add_(b, alpha=1 - decay)
 
 
+def training_target(prediction, z0, noise, ab):
+    """What the UNet learns to output: the noise (epsilon) or v = sqrt(ab) noise - sqrt(1 - ab) z0.
+    z0, noise [B, 4, h, w]; ab [B, 1, 1, 1] (alphas_cumprod at each sample's timestep)."""
+    if prediction == "v":
+        return ab.sqrt() * noise - (1 - ab).sqrt() * z0
+    return noise
+
+
+def x0_and_eps(prediction, z, out, a_t):
+    """The model output `out` at latent z and alphas_cumprod a_t -> (x0, epsilon) estimates."""
+    if prediction == "v":
+        return a_t.sqrt() * z - (1 - a_t).sqrt() * out, a_t.sqrt() * out + (1 - a_t).sqrt() * z
+    return (z - (1 - a_t).sqrt() * out) / a_t.sqrt(), out
+
+
 def train_unet(te, unet, vae, scale, data, a, deadline, t0):
     fmt = torch.channels_last if a.channels_last else torch.contiguous_format
     unet = unet.to(memory_format=fmt)  # NHWC convs can be faster under bf16 (bench_step.py measures it)
@@ -272,7 +287,7 @@ def train_unet(te, unet, vae, scale, data, a, deadline, t0):
         zt = (ab.sqrt() * z0 + (1 - ab).sqrt() * noise).contiguous(memory_format=fmt)
         with autocast(a.device):
             pred = fwd(zt, t, te(ids))
-        loss = F.mse_loss(pred.float(), noise)
+        loss = F.mse_loss(pred.float(), training_target(a.prediction, z0, noise, ab))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -296,7 +311,7 @@ def train_unet(te, unet, vae, scale, data, a, deadline, t0):
 
 
 @torch.no_grad()
-def sample(te, unet, vae, scale, tok, prompts, device, steps=20, cfg=7.0, seed=0, latent=32):
+def sample(te, unet, vae, scale, tok, prompts, device, steps=20, cfg=7.0, seed=0, latent=32, prediction="epsilon"):
     """DDIM (eta 0), SD's 'leading' spacing with steps_offset 1; -> uint8 HWC images."""
     acp = M.scaled_linear_alphas_cumprod().to(device)
     ts = (np.arange(steps) * (1000 // steps))[::-1] + 1
@@ -309,10 +324,9 @@ def sample(te, unet, vae, scale, tok, prompts, device, steps=20, cfg=7.0, seed=0
         with autocast(device):
             e = unet(torch.cat([z, z]), torch.full((2 * len(prompts),), int(t), device=device), ctx).float()
         eu, ec = e.chunk(2)
-        eps = eu + cfg * (ec - eu)
         a_t = acp[t]
         a_prev = acp[ts[i + 1]] if i + 1 < len(ts) else acp[0]
-        x0 = (z - (1 - a_t).sqrt() * eps) / a_t.sqrt()
+        x0, eps = x0_and_eps(prediction, z, eu + cfg * (ec - eu), a_t)
         z = a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps
     with autocast(device):
         img = vae.decode(z / scale).float()
@@ -334,7 +348,8 @@ def evaluate(te, unet, vae, scale, tok, a, t0, deadline, prompts, name, all_imgs
     for i in range(0, len(prompts), 10):
         if time.time() > deadline:
             break
-        imgs = sample(te, unet, vae, scale, tok, prompts[i:i + 10], a.device, latent=a.size // 4)
+        imgs = sample(te, unet, vae, scale, tok, prompts[i:i + 10], a.device, latent=a.size // 4,
+                      prediction=a.prediction)
         all_imgs += imgs
         save_grid(all_imgs, os.path.join(a.out, "heldout_samples.png"))
         for p, im in zip(prompts[i:i + 10], imgs):
@@ -390,6 +405,11 @@ def main():
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--compile", action="store_true", help="torch.compile the UNet (only where seen to work)")
     ap.add_argument("--channels-last", action="store_true", help="UNet in channels_last (try bench_step.py first)")
+    ap.add_argument("--prediction", choices=["epsilon", "v"], default="epsilon",
+                    help="UNet target: the noise, or v (sqrt(ab) noise - sqrt(1-ab) x0), whose loss at high noise "
+                         "weighs the layout (positions) as much as the details; written to the scheduler config")
+    ap.add_argument("--p-position", type=float, default=shapes.P_POSITION,
+                    help="share of single-shape captions that name a position")
     ap.add_argument("--verbose-eval", action="store_true")
     ap.add_argument("--no-eval", action="store_true", help="skip the adherence estimate")
     a = ap.parse_args()
@@ -413,6 +433,7 @@ def main():
         diff, worst = shapes_torch.mean_abs_diff(n=32, w=a.size)
         log(t0, "render check: sdf vs supersampled mean abs diff %.2f/255 (worst image %.2f/255)" % (255 * diff, 255 * worst))
         assert diff < shapes_torch.MAX_MEAN_ABS_DIFF
+    shapes.P_POSITION = a.p_position  # before the worker processes fork
     tok_dir = os.path.join(a.out, "tokenizer_src")
     bpe.write(tok_dir)
     tok = bpe.CaptionTokenizer(tok_dir)
@@ -442,7 +463,7 @@ def main():
     unet_deadline = end - a.eval_frac * (end - t0)
     ema_te, ema_unet, steps, seen, final_loss = train_unet(te, unet, vae, scale, data, a, unet_deadline, t0)
     data.close()
-    stats = {"resumed_from": a.resume, "vae_roundtrip_passed": vae_ok, "unet_final_loss": final_loss, "unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes,
+    stats = {"resumed_from": a.resume, "vae_roundtrip_passed": vae_ok, "unet_final_loss": final_loss, "unet_steps": steps, "images_seen": seen, "batch": a.batch, "minutes": a.minutes, "prediction": a.prediction, "p_position": a.p_position,
              "latent_scaling_factor": scale, "torch": torch.__version__, "device": a.device}
     write_stats(stats, a)  # on disk first: the evaluation or the export may still fail
     # The sample grid comes before the export (it says most about a failed run); an evaluation error is
@@ -454,7 +475,7 @@ def main():
         traceback.print_exc()
         log(t0, "evaluation failed (above); exporting anyway")
     model_dir = os.path.join(a.out, "model")
-    export.export_diffusers(model_dir, ema_te.float(), ema_unet.float(), vae.float(), scale, tok_dir)
+    export.export_diffusers(model_dir, ema_te.float(), ema_unet.float(), vae.float(), scale, tok_dir, a.prediction)
     log(t0, "exported %s" % model_dir)
     stats = write_stats(stats, a)
     log(t0, "done: %s" % json.dumps(stats))
