@@ -3,7 +3,7 @@
 # device minutes buy one run per GPU), from the repository root:
 #   OUT=/some/dir DEMO_MINUTES=8.4 bash tools/demo_model/gpu_train_parallel.sh "FLAGS A" "FLAGS B" ...
 # Each argument is one variant's extra train.py flags (through gpu_train.sh); variant i runs on GPU i.
-# First a 20-second toy run with variant 0's non-resume flags checks that train.py runs at all (a typo must
+# First a one-minute toy run with variant 0's non-resume flags checks that train.py runs at all (a typo must
 # not cost a whole call). The device machine returns at most 8 files, so each variant comes back as two:
 #   $OUT/v<i>/unet.safetensors   the UNet weights (fp16, the largest file)
 #   $OUT/v<i>/rest.tar           everything else gpu_train.sh wrote (text encoder, VAE, configs, log, stats,
@@ -18,7 +18,7 @@ ngpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
 # The toy check: variant 0's flags without --resume DIR (the toy config cannot load the real model).
 toy_flags=$(echo "$1" | sed -E 's/--resume +[^ ]+//')
 # shellcheck disable=SC2086
-CUDA_VISIBLE_DEVICES=0 "$PY" -u tools/demo_model/train.py --toy --minutes 0.3 --out /tmp/demo_toy_check \
+CUDA_VISIBLE_DEVICES=0 "$PY" -u tools/demo_model/train.py --toy --minutes 1.0 --out /tmp/demo_toy_check \
   --no-eval $toy_flags > /tmp/demo_toy_check.log 2>&1 || { tail -30 /tmp/demo_toy_check.log; exit 1; }
 echo "toy check passed"
 workers=$(( ($(nproc) - 2) / $# ))

@@ -104,7 +104,7 @@ def set_lr(opt, lr):
 
 def train_vae(vae, data, a, deadline, t0):
     opt = torch.optim.AdamW(vae.parameters(), lr=a.vae_lr, weight_decay=0.0)
-    step, start = 0, time.time()
+    step, start, loss = 0, time.time(), None
     while time.time() < deadline:
         # Cosine decay to LR_FLOOR: the colour precision the checker needs comes late, at small steps.
         set_lr(opt, cosine_lr(a.vae_lr, start, deadline))
@@ -130,7 +130,7 @@ def train_vae(vae, data, a, deadline, t0):
             vae.train()
             if passed >= a.vae_target:
                 break
-    log(t0, "vae done: %d steps, last loss %.4f" % (step, loss.item()))
+    log(t0, "vae done: %d steps, last loss %.4f" % (step, float("nan") if loss is None else loss.item()))
     return step
 
 
