@@ -66,16 +66,8 @@ ATELIER_GRAPHS=0 bench sd15_trace --config sd15 --steps 3 --batch 1 --warmup 1 -
 /usr/bin/env python3 bench/trace_ops.py "$out/sd15_events.trace.json" --call unet 2>&1 | tee "$out/sd15_ops.txt"
 bench sd15_b8 --config sd15 --steps 10 --batch 8 --warmup 2
 bench sd15_1024 --config sd15 --steps 10 --batch 1 --width 1024 --height 1024 --warmup 2
-# FLUX.1-dev (28 steps) and Z-Image-Turbo (8 steps) at 1024², built-in full-size configurations.
-if "${run[@]}" "$atelier" bench --help 2>&1 | grep -q flux; then
-  bench flux_1024 --config flux --steps 28 --warmup 1
-  bench zimage_1024 --config zimage --warmup 1
-  # Where a traced DiT step spends its device time (eager; tracing adds a little).
-  for c in flux zimage; do
-    bench ${c}_trace --config $c --steps 2 --warmup 1 --trace "$out/${c}_events.trace.json"
-    /usr/bin/env python3 bench/trace_ops.py "$out/${c}_events.trace.json" --call model_call 2>&1 | tee "$out/${c}_ops.txt"
-  done
-fi
+# FLUX.1-dev (28 steps) and Z-Image-Turbo (8 steps) at 1024², built-in full-size configurations, bf16 and fp8.
+OUT=$out bash "$(dirname "$0")/gpu_dit_bench.sh"
 echo "=== NVML utilisation during sd15_b1 (nvidia-smi dmon, %)"
 awk '$1 ~ /^[0-9]+$/ {print $2}' "$out/dmon_b1.txt" | tr '\n' ' '
 echo

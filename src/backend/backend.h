@@ -112,6 +112,15 @@ class Backend {
   // a [B, M, K] (or [B, K, M]), b [B, K, N] (or [B, N, K]) with B broadcast when a or b has batch 1;
   // out [B, M, N]; bias [N] optional (undefined Tensor = none).
   virtual void gemm(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmParams& p) = 0;
+  // x [R, C] (unit last stride) -> q [R, C] f8e4m3 and scale [R] f32, both contiguous: per row r,
+  // scale[r] = amax_r / 448 (1 for a row of zeros) and q[r, c] = e4m3(x[r, c] / scale[r]) with IEEE division,
+  // rounded to nearest even and saturated to +-448, so that every backend makes the same bytes.
+  virtual void quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) = 0;
+  // out [M, N] contiguous = act(xs[m] * ws[n] * sum_k x8[m, k] w8[n, k] + bias[n] + beta * out), accumulated in
+  // f32; x8 [M, K] contiguous and w8 [N, K] (row stride >= K, unit last stride) f8e4m3 with xs [M], ws [N] f32
+  // (quantize_rows_fp8); bias [N] in out's dtype, optional.
+  virtual void gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws,
+                        const Tensor& bias, float beta, UnaryOp act) = 0;
   // x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] optional -> out [N, O, Ho, Wo].
   virtual void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) = 0;
 

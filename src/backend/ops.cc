@@ -6,12 +6,11 @@
 #include <cmath>
 #include <string>
 
+#include "backend/ops_internal.h"
 #include "core/trace.h"
 
 namespace atelier::ops {
-namespace {
-
-using trace::Category;
+namespace detail {
 
 // FLOPs as torch's FlopCounterMode counts them: 2 per multiply-add (see core/trace.h).
 uint64_t gemm_flops(int64_t batch, int64_t m, int64_t n, int64_t k) { return 2 * uint64_t(batch) * uint64_t(m) * uint64_t(n) * uint64_t(k); }
@@ -116,7 +115,10 @@ Tensor split_heads(const Tensor& x, int64_t heads, const std::string& op) {
   return Tensor(y.buffer(), shape, strides, y.dtype(), y.offset());
 }
 
-}  // namespace
+}  // namespace detail
+
+using namespace detail;  // NOLINT: the helpers are this file's own
+using trace::Category;
 
 // --- layout ---------------------------------------------------------------------------------------
 
@@ -337,9 +339,7 @@ Tensor softmax(const Tensor& x) {
 
 // --- linear algebra -------------------------------------------------------------------------------
 
-namespace {
-// x [..., in] -> [1, M, in]: a view when the leading dims collapse into one row index with a unit inner
-// stride (e.g. a narrow of the last dim of a contiguous tensor), else a packed copy.
+namespace detail {
 Tensor rows_view(const Tensor& x) {
   const int64_t k = x.size(-1);
   const int64_t m = k ? x.numel() / k : 0;
@@ -356,6 +356,9 @@ Tensor rows_view(const Tensor& x) {
   }
   return contiguous(x).reshape({1, m, k});
 }
+}  // namespace detail
+
+namespace {
 
 Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act, const Tensor& residual, const std::string& op) {
   require_f32(x, op, "x");

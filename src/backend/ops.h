@@ -2,6 +2,7 @@
 // device), allocates the output on the inputs' device and calls that device's Backend. Model code never
 // asks which backend it runs on. Shapes are given next to each function; "..." is any number of leading dims.
 #pragma once
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -54,6 +55,17 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = {}, UnaryOp ac
 Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual);
 // a [B, M, K] or [M, K], b [B, K, N] or [K, N] (transposes as flagged) -> [B, M, N]; batch 1 broadcasts.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false, float alpha = 1.0f);
+// --- FP8 (e4m3) linear layers -----------------------------------------------------------------------
+// w [R, C] (any float dtype, unit last stride) -> (q [R, C] f8e4m3, scale [R] f32) on w's device: each row
+// scaled by its own amax / 448 ("row-wise" scaling: the output channels of a weight, the tokens of an
+// activation), so q * scale[r] stands for row r to within e4m3's 3 mantissa bits.
+std::pair<Tensor, Tensor> quantize_rows_fp8(const Tensor& w);
+// x [..., in] in the compute dtype, w8 [out, in] f8e4m3 with per-row ws [out] f32 (quantize_rows_fp8; w8 may
+// be a column view of a wider weight), b [out] optional -> [..., out] in x's dtype: x is quantized per row on
+// the fly, the product accumulates in f32 and is rescaled by both row scales; act fused after the bias, an
+// optional residual (the output's shape) added as linear_residual does.
+Tensor linear_fp8(const Tensor& x, const Tensor& w8, const Tensor& ws, const Tensor& b = {},
+                  UnaryOp act = UnaryOp::kIdentity, const Tensor& residual = {});
 // x [N, C, H, W], w [O, C/g, kh, kw], b [O] optional -> [N, O, Ho, Wo]
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p);
 

@@ -20,7 +20,9 @@ struct GenerateOptions {
   std::string tokenizer;
   std::string output = "atelier.png";
   std::string trace;  // Chrome/Perfetto trace JSON of the run, when set
-  std::string dtype = "auto";  // model compute dtype: auto (f32 on the CPU, bf16 on CUDA), f32, bf16, f16
+  // Model compute dtype: auto (f32 on the CPU, bf16 on CUDA), f32, bf16, f16; or fp8: FLUX / Z-Image block
+  // projections in FP8 e4m3 (per-row scales) with the rest in the device's default dtype.
+  std::string dtype = "auto";
   GenerateRequest request;
   // FLUX (see pipeline/flux_pipeline.h): the parts beside a BFL transformer file, and its settings.
   std::string vae, clip_l, t5, t5_tokenizer;
@@ -32,8 +34,9 @@ struct GenerateOptions {
   std::string components;  // Z-Image: the diffusers folder with the parts a single-file transformer lacks
 
   // --dtype as a model load option: none for "auto" (the device's default), else the named dtype.
+  bool fp8() const { return dtype == "fp8"; }
   std::optional<DType> load_dtype() const {
-    if (dtype == "auto") return std::nullopt;
+    if (dtype == "auto" || dtype == "fp8") return std::nullopt;
     return dtype == "bf16" ? DType::BF16 : dtype == "f16" ? DType::F16 : DType::F32;
   }
 };

@@ -45,8 +45,10 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--batch-count", r.batch_count, "Batches, one after another")->capture_default_str();
   c->add_flag("--emphasis", r.emphasis, "Read A1111 (word:1.2) / [word] emphasis (default: literal, as diffusers)");
   c->add_option("--device", r.device, "cpu, cuda, cuda:N")->capture_default_str();
-  c->add_option("--dtype", o.dtype, "Model compute dtype: auto (CPU f32, CUDA bf16), f32, bf16, f16 (CUDA only)")
-      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}))
+  c->add_option("--dtype", o.dtype,
+                "Model compute dtype: auto (CPU f32, CUDA bf16), f32, bf16, f16 (CUDA only); fp8: FLUX and Z-Image "
+                "transformer blocks in FP8 e4m3 (FP8 tensor cores on Hopper), the rest as auto")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16", "fp8"}))
       ->capture_default_str();
   c->add_option("--output", o.output, "Output PNG path; several images get -N suffixes")->capture_default_str();
   c->add_option("--trace", o.trace, "Write a Chrome/Perfetto trace (JSON) of every stage and op to this file");
@@ -86,6 +88,10 @@ int run_generate(const GenerateOptions& o) {
   }
   if (is_zimage_model(o.model)) return run_generate_zimage(o, *dev);
   if (is_flux_model(o.model)) return run_generate_flux(o, *dev);
+  if (o.fp8()) {
+    std::fprintf(stderr, "error: --dtype fp8 is supported for FLUX and Z-Image models; SD models take auto, f32, bf16 or f16\n");
+    return 2;
+  }
   TraceFile trace_file(o.trace);
   trace_file.time_device(*dev);
   SdLoadOptions lo;

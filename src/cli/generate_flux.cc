@@ -26,6 +26,7 @@ int run_generate_flux(const GenerateOptions& o, Device device) {
   lo.t5_tokenizer = o.t5_tokenizer;
   lo.device = device;
   lo.dtype = o.load_dtype();
+  lo.fp8 = o.fp8();
   lo.offload = o.offload;
   auto model = load_flux_model(o.model, lo);
   if (!model) {

@@ -31,6 +31,7 @@ int run_generate_zimage(const GenerateOptions& o, Device device) {
   lo.device = device;
   lo.offload = o.offload;
   lo.dtype = o.load_dtype();
+  lo.fp8 = o.fp8();
   lo.components_dir = components_for(o);
   lo.max_sequence_length = o.max_sequence_length;
   auto model = load_zimage_model(o.model, lo);

@@ -57,4 +57,43 @@ uint16_t float_to_f16(float f) {
   return sign | uint16_t(v >> 13);
 }
 
+float f8e4m3_to_float(uint8_t v) {
+  const uint32_t sign = uint32_t(v & 0x80u) << 24;
+  const uint32_t exp = (v >> 3) & 0xfu;
+  const uint32_t mant = v & 0x7u;
+  if (exp == 0xf && mant == 0x7) return bits_to_float(sign | 0x7fc00000u);
+  if (exp == 0) {  // subnormal: mant * 2^-9
+    const float mag = float(mant) * (1.0f / 512.0f);
+    return sign ? -mag : mag;
+  }
+  return bits_to_float(sign | ((exp + 120) << 23) | (mant << 20));
+}
+
+uint8_t float_to_f8e4m3(float f) {
+  constexpr uint8_t kNan = 0x7f, kMaxFinite = 0x7e;  // 0.1111.110 = 1.75 * 2^8 = 448
+  constexpr float kMinNormal = 1.0f / 64.0f;          // 2^-6
+  const uint32_t b = float_to_bits(f);
+  const uint8_t sign = uint8_t((b >> 24) & 0x80u);
+  const uint32_t mag_bits = b & 0x7fffffffu;
+  if (mag_bits > 0x7f800000u) return sign | kNan;
+  const float mag = bits_to_float(mag_bits);
+  if (mag >= kF8E4M3Max) return sign | kMaxFinite;
+  if (mag < kMinNormal) {
+    // Subnormals are multiples of 2^-9: mag * 512 is exact, and rounding it to an integer (ties to even)
+    // is the e4m3 rounding; 8 becomes 0.0001.000, the smallest normal, as it should.
+    const float steps = mag * 512.0f;
+    float r = float(int(steps));
+    const float frac = steps - r;
+    if (frac > 0.5f || (frac == 0.5f && (int(r) & 1))) r += 1.0f;
+    return sign | uint8_t(r);
+  }
+  // Normal: keep 3 of the 23 mantissa bits, ties to even; a carry into the exponent is correct rounding.
+  uint32_t r = mag_bits + 0x7ffffu + ((mag_bits >> 20) & 1u);
+  r &= ~0xfffffu;
+  const float rounded = bits_to_float(r);
+  if (rounded > kF8E4M3Max) return sign | kMaxFinite;
+  const uint32_t exp = (r >> 23) - 127 + 7, mant = (r >> 20) & 7u;
+  return sign | uint8_t((exp << 3) | mant);
+}
+
 }  // namespace atelier

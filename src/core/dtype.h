@@ -36,4 +36,11 @@ inline uint16_t float_to_bf16(float f) {
 float f16_to_float(uint16_t h);
 uint16_t float_to_f16(float f);
 
+// float8 e4m3fn (the "FN" variant torch, safetensors and CUDA's __nv_fp8_e4m3 use): bias 7, no infinities,
+// NaN = S.1111.111, largest finite 448, subnormals of 2^-9.
+constexpr float kF8E4M3Max = 448.0f;
+float f8e4m3_to_float(uint8_t v);
+// Round to nearest even, saturating finite values to +-448 (CUDA's __NV_SATFINITE); NaN stays NaN.
+uint8_t float_to_f8e4m3(float f);
+
 }  // namespace atelier

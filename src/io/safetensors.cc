@@ -57,19 +57,6 @@ bool is_float_dtype(DType t) {
   return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::F64 || t == DType::F8E4M3;
 }
 
-// float8 e4m3fn (the "FN" variant torch and safetensors use): bias 7, no infinities, NaN = S.1111.111.
-float f8e4m3_to_float(uint8_t v) {
-  const uint32_t sign = uint32_t(v & 0x80u) << 24;
-  const uint32_t exp = (v >> 3) & 0xfu;
-  const uint32_t mant = v & 0x7u;
-  if (exp == 0xf && mant == 0x7) return bits_to_float(sign | 0x7fc00000u);
-  if (exp == 0) {  // subnormal: mant * 2^-9
-    const float mag = float(mant) * (1.0f / 512.0f);
-    return sign ? -mag : mag;
-  }
-  return bits_to_float(sign | ((exp + 120) << 23) | (mant << 20));
-}
-
 // Reads element i of a source buffer (possibly unaligned inside the mapping) as double; exact for every
 // supported source type except i64 magnitudes above 2^53, which no weight file holds.
 double read_as_double(const char* src, DType t, int64_t i) {

@@ -186,7 +186,7 @@ int64_t zimage_transformer_params(const ZImageConfig& c) {
 }
 
 Expected<std::shared_ptr<FluxModel>> make_random_flux_model(const BuiltinDitConfig& config, Device device, uint64_t seed,
-                                                            int64_t* params) {
+                                                            int64_t* params, bool fp8) {
   if (!config.flux) return invalid_argument("'" + config.name + "' is not a FLUX configuration");
   const DType dt = default_model_dtype(device);
   ATELIER_RETURN_IF_ERROR(check_host_memory("the FLUX transformer", device, flux_transformer_params(*config.flux), dt));
@@ -207,6 +207,7 @@ Expected<std::shared_ptr<FluxModel>> make_random_flux_model(const BuiltinDitConf
     const WeightStore store = WeightStore::synthetic(
         [gen](const std::string& k, const Shape& s, Device d, DType t) { return gen->make(k, s, d, t); });
     ATELIER_ASSIGN_OR_RETURN(FluxTransformer tr, FluxTransformer::load(store, FluxLayout::kDiffusers, *config.flux, device, dt));
+    if (fp8) tr.quantize_fp8();
     m->transformer.emplace(std::move(tr));
     if (params) *params = gen->params();
     ATELIER_ASSIGN_OR_RETURN(Vae vae, Vae::random(config.vae, seed + kVaeSeedOffset, device, dt));
@@ -216,7 +217,7 @@ Expected<std::shared_ptr<FluxModel>> make_random_flux_model(const BuiltinDitConf
 }
 
 Expected<std::shared_ptr<ZImageModel>> make_random_zimage_model(const BuiltinDitConfig& config, Device device,
-                                                                uint64_t seed, int64_t* params) {
+                                                                uint64_t seed, int64_t* params, bool fp8) {
   if (!config.zimage) return invalid_argument("'" + config.name + "' is not a Z-Image configuration");
   const DType dt = default_model_dtype(device);
   ATELIER_RETURN_IF_ERROR(check_host_memory("the Z-Image transformer", device, zimage_transformer_params(*config.zimage), dt));
@@ -232,6 +233,7 @@ Expected<std::shared_ptr<ZImageModel>> make_random_zimage_model(const BuiltinDit
     const WeightStore store = WeightStore::synthetic(
         [gen](const std::string& k, const Shape& s, Device d, DType t) { return gen->make(k, s, d, t); });
     ATELIER_ASSIGN_OR_RETURN(ZImageTransformer tr, ZImageTransformer::load(store, *config.zimage, device, dt));
+    if (fp8) tr.quantize_fp8();
     m->transformer = std::make_shared<ZImageTransformer>(std::move(tr));
     if (params) *params = gen->params();
     ATELIER_ASSIGN_OR_RETURN(Vae vae, Vae::random(config.vae, seed + kVaeSeedOffset, device, dt));

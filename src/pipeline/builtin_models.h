@@ -83,9 +83,10 @@ int64_t zimage_transformer_params(const ZImageConfig& config);
 // CPU), every transformer tensor made directly on the device (FLUX: 24 GB in bf16, never staged as f32 on the
 // host). No text encoders or tokenizers. `params` (optional) receives the transformer's parameter count as
 // allocated. An allocation failure (device out of memory) is an error naming what did not fit.
+// fp8: the transformer's block projections quantized to FP8 after the random bf16 weights are made.
 Expected<std::shared_ptr<FluxModel>> make_random_flux_model(const BuiltinDitConfig& config, Device device, uint64_t seed,
-                                                            int64_t* params = nullptr);
+                                                            int64_t* params = nullptr, bool fp8 = false);
 Expected<std::shared_ptr<ZImageModel>> make_random_zimage_model(const BuiltinDitConfig& config, Device device,
-                                                                uint64_t seed, int64_t* params = nullptr);
+                                                                uint64_t seed, int64_t* params = nullptr, bool fp8 = false);
 
 }  // namespace atelier

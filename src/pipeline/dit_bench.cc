@@ -69,7 +69,8 @@ auto load_random_model(DitRun& run, trace::Recorder& rec, const MakeModel& make)
   load_range.finish();
   run.report.load_s = trace::total_seconds(rec.events(), kBenchLoadRange);
   run.report.model_kind = "random weights, transformer " + param_count(params) + " parameters in " +
-                          std::string(dtype_name(default_model_dtype(run.dev)));
+                          std::string(dtype_name(default_model_dtype(run.dev))) +
+                          (run.o.fp8 ? " (block projections in fp8 e4m3, per-row scales)" : "");
   return model;
 }
 
@@ -78,7 +79,7 @@ Status run_flux(DitRun& run, trace::Recorder& rec) {
   const BuiltinDitConfig& c = run.config;
   const BenchOptions& o = run.o;
   ATELIER_ASSIGN_OR_RETURN(auto model, load_random_model(run, rec, [&](int64_t* params) {
-                             return make_random_flux_model(c, run.dev, o.seed, params);
+                             return make_random_flux_model(c, run.dev, o.seed, params, o.fp8);
                            }));
   const FluxPipeline pipe(model);
   const int64_t tokens = o.text_tokens > 0 ? o.text_tokens : c.text_tokens;
@@ -127,7 +128,7 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
   const BuiltinDitConfig& c = run.config;
   const BenchOptions& o = run.o;
   ATELIER_ASSIGN_OR_RETURN(auto model, load_random_model(run, rec, [&](int64_t* params) {
-                             return make_random_zimage_model(c, run.dev, o.seed, params);
+                             return make_random_zimage_model(c, run.dev, o.seed, params, o.fp8);
                            }));
   const ZImagePipeline pipe(model);
   const int64_t tokens = o.text_tokens > 0 ? o.text_tokens : c.text_tokens;

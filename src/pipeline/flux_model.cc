@@ -145,6 +145,7 @@ Status load_diffusers(FluxModel& m, const fs::path& root, const FluxLoadOptions&
   ATELIER_ASSIGN_OR_RETURN(auto store, WeightStore::open(files));
   ATELIER_ASSIGN_OR_RETURN(auto cfg, FluxConfig::from_file((root / "transformer" / "config.json").string()));
   ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, o.device, flux_model_dtype(o)));
+  if (o.fp8) tr.quantize_fp8();
   m.transformer.emplace(std::move(tr));
   ATELIER_RETURN_IF_ERROR(set_text_encoders(
       m, {o.clip_l.empty() ? (root / "text_encoder").string() : o.clip_l,
@@ -175,6 +176,7 @@ Status load_bfl(FluxModel& m, const fs::path& file, const FluxLoadOptions& o) {
     cfg = c;
   }
   ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kBfl, *cfg, o.device, flux_model_dtype(o), *prefix));
+  if (o.fp8) tr.quantize_fp8();
   m.transformer.emplace(std::move(tr));
   if (o.vae.empty() || o.clip_l.empty() || o.t5.empty()) {
     return invalid_argument("a FLUX transformer file needs --vae (ae.safetensors), --clip-l and --t5 (text encoder files or folders)");

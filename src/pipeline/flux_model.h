@@ -47,6 +47,9 @@ struct FluxLoadOptions {
   // 19 GB in f32: freed for the denoising activations and the VAE on a smaller card) and are loaded again from
   // the same files for the next request.
   bool offload = false;
+  // The transformer's block projections in FP8 e4m3 with per-row scales (FluxTransformer::quantize_fp8,
+  // `--dtype fp8`); everything else in the compute dtype above.
+  bool fp8 = false;
 };
 
 struct FluxModel {

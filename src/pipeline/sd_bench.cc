@@ -193,6 +193,8 @@ Status BenchOptions::validate() const {
   if (batch < 1 || batch > kMaxBatch) return invalid_argument("batch must be 1.." + std::to_string(kMaxBatch));
   if (steps < 1 || steps > kMaxSteps) return invalid_argument("steps must be 1.." + std::to_string(kMaxSteps));
   if (warmup < 0) return invalid_argument("warmup must be >= 0");
+  if (fp8 && config != "flux" && config != "zimage")
+    return invalid_argument("--fp8 is supported for the flux and zimage configurations");
   return Status::ok();
 }
 

@@ -48,6 +48,7 @@ struct BenchOptions {
   // rows fed instead of a text encoder's output (0 = the configuration's: 512 T5 tokens, 128 Qwen3 tokens).
   float guidance = 3.5f;
   int text_tokens = 0;
+  bool fp8 = false;  // FLUX / Z-Image: the transformer's block projections in FP8 (--dtype fp8)
 
   Status validate() const;
 };

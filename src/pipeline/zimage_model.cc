@@ -122,6 +122,7 @@ Expected<std::shared_ptr<const ZImageModel>> load_zimage_model(const std::string
       ATELIER_ASSIGN_OR_RETURN(config, ZImageConfig::detect(store));
     }
     ATELIER_ASSIGN_OR_RETURN(auto transformer, ZImageTransformer::load(store, *config, o.device, model_dtype(o)));
+    if (o.fp8) transformer.quantize_fp8();
     m->transformer = std::make_shared<ZImageTransformer>(std::move(transformer));
     return Status::ok();
   });

@@ -73,6 +73,9 @@ struct ZImageLoadOptions {
   std::string components_dir;  // for a single-file transformer: a Z-Image diffusers folder with the rest
   int max_sequence_length = 512;
   bool offload = false;  // the text encoder leaves the device after each request's prompts (ZImageTextEncoder)
+  // The transformer's block projections in FP8 e4m3 with per-row scales (ZImageTransformer::quantize_fp8,
+  // `--dtype fp8`); everything else in the compute dtype above.
+  bool fp8 = false;
 };
 
 // True when `path` is a Z-Image diffusers folder (model_index.json _class_name "ZImagePipeline") or a

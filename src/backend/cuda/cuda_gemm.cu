@@ -39,16 +39,6 @@ cudaDataType_t cuda_type(DType t) {
   }
 }
 
-// Largest power of two (at most 256) that divides the address and the byte strides of an operand:
-// what cuBLASLt's MIN_ALIGNMENT preferences need so that it never picks a kernel the operand cannot feed.
-uint32_t alignment_of(const void* p, int64_t ld, int64_t batch_stride, DType t) {
-  const uint64_t elem = dtype_size(t);
-  uint64_t v = reinterpret_cast<uintptr_t>(p) | 256u;
-  if (ld) v |= uint64_t(ld) * elem;
-  if (batch_stride) v |= uint64_t(batch_stride) * elem;
-  return uint32_t(v & (~v + 1));  // lowest set bit
-}
-
 // A column-major view of a row-major operand (see cuda_gemm.h: C^T = op(B)^T op(A)^T).
 struct CmLayout {
   uint64_t rows, cols;
@@ -142,9 +132,9 @@ GemmEngine::Plan* GemmEngine::plan_for(const GemmCall& call, bool allow_tf32, in
   const CmLayout la = cm_layout(call.b.trans, cm_m, call.k, call.b.ld);
   const CmLayout lb = cm_layout(call.a.trans, call.k, cm_n, call.a.ld);
   const CmLayout lc = cm_layout(false, cm_m, cm_n, call.ldc);
-  const uint32_t al_a = alignment_of(call.b.ptr, la.ld, call.b.batch_stride, call.b.dtype);
-  const uint32_t al_b = alignment_of(call.a.ptr, lb.ld, call.a.batch_stride, call.a.dtype);
-  const uint32_t al_c = alignment_of(call.c, lc.ld, call.c_batch_stride, call.c_dtype);
+  const uint32_t al_a = gemm_alignment(call.b.ptr, la.ld, call.b.batch_stride, dtype_size(call.b.dtype));
+  const uint32_t al_b = gemm_alignment(call.a.ptr, lb.ld, call.a.batch_stride, dtype_size(call.a.dtype));
+  const uint32_t al_c = gemm_alignment(call.c, lc.ld, call.c_batch_stride, dtype_size(call.c_dtype));
   const Key key{int64_t(call.a.dtype), int64_t(call.c_dtype), tf32, cm_m, cm_n, call.k, call.batch, la.ld, lb.ld, lc.ld,
                 call.b.batch_stride, call.a.batch_stride, call.c_batch_stride, call.b.trans, call.a.trans, epilogue,
                 al_a, al_b, al_c, 0};
@@ -175,27 +165,32 @@ GemmEngine::Plan* GemmEngine::plan_for(const GemmCall& call, bool allow_tf32, in
       !make_layout(&p->c, call.c_dtype, lc, call.c_batch_stride))
     return nullptr;
 
+  if (!choose_algorithms(p, al_a, al_b, al_c)) return nullptr;
+  return p;
+}
+
+bool GemmEngine::choose_algorithms(Plan* p, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
   cublasLtMatmulPreference_t pref = nullptr;
-  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return nullptr;
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return false;
   const uint64_t ws = kWorkspaceBytes;
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
   cublasLtMatmulHeuristicResult_t results[kHeuristicCandidates] = {};
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->c, p->c, pref, kHeuristicCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) return nullptr;
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
   for (int i = 0; i < found; ++i)
     if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= kWorkspaceBytes)
       p->candidates.emplace_back(results[i].algo, results[i].workspaceSize);
-  if (p->candidates.empty()) return nullptr;
+  if (p->candidates.empty()) return false;
   p->algo = p->candidates[0].first;
   p->workspace = p->candidates[0].second;
   p->valid = true;
-  return p;
+  return true;
 }
 
 bool gemm_autotune() {
@@ -203,30 +198,25 @@ bool gemm_autotune() {
   return on;
 }
 
-// Times the plan's candidate algorithms on the call's operands (the output into a scratch buffer, so that a
-// beta = 1 accumulation is not disturbed) and keeps the fastest, as cudnn.benchmark does for convolutions:
-// cuBLASLt's first heuristic choice is not always its fastest algorithm for a shape.
-void GemmEngine::tune(Plan* p, const GemmCall& call) {
+// Times the plan's candidate algorithms (the output into a scratch buffer, so that a beta = 1 accumulation is
+// not disturbed) and keeps the fastest, as cudnn.benchmark does for convolutions: cuBLASLt's first heuristic
+// choice is not always its fastest algorithm for a shape.
+void GemmEngine::tune(Plan* p, double flops, size_t out_bytes, const AlgoRun& run) {
   if (stream_capturing(stream_)) return;  // tuned at the shape's next eager call
   p->tuned = true;
-  const double flops = 2.0 * double(call.m) * double(call.n) * double(call.k) * double(call.batch);
   if (!gemm_autotune() || p->candidates.size() < 2 || flops < kMinTunedFlops) return;
-  const int64_t elems = (call.batch - 1) * call.c_batch_stride + call.ldc * (call.m - 1) + call.n;
   std::shared_ptr<Buffer> scratch;
   try {
-    scratch = alloc_.allocate(size_t(elems) * dtype_size(call.c_dtype));
+    scratch = alloc_.allocate(out_bytes);
   } catch (const Error&) {
     return;  // no room to time: keep the heuristics' first choice
   }
   EventPair ev;
   float best = -1.0f;
   for (const auto& [algo, ws] : p->candidates) {
-    const auto run = [&, algo = algo, ws = ws] {
-      return cublasLtMatmul(lt_, p->desc, &call.alpha, call.b.ptr, p->a, call.a.ptr, p->b, &call.beta, scratch->data(), p->c,
-                            scratch->data(), p->c, &algo, workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
-    };
-    if (time_runs(ev, stream_, 1, run) < 0.0f) continue;  // warm-up (and a check that it runs)
-    const float ms = time_runs(ev, stream_, kTimedRuns, run);
+    const auto once = [&, algo = algo, ws = ws] { return run(algo, ws, scratch->data()); };
+    if (time_runs(ev, stream_, 1, once) < 0.0f) continue;  // warm-up (and a check that it runs)
+    const float ms = time_runs(ev, stream_, kTimedRuns, once);
     if (ms >= 0.0f && (best < 0.0f || ms < best)) {
       best = ms;
       p->algo = algo;
@@ -235,43 +225,133 @@ void GemmEngine::tune(Plan* p, const GemmCall& call) {
   }
 }
 
-// cuBLASLt with the fused epilogue where it has one; false when no algorithm fits (the caller falls back).
-bool GemmEngine::run_lt(const GemmCall& call, bool allow_tf32) {
-  const bool bias_fusable = call.bias && (reinterpret_cast<uintptr_t>(call.bias) & 15u) == 0;
-  const bool relu = call.act == UnaryOp::kRelu;
+EpilogueChoice choose_epilogue(const void* bias, UnaryOp act, DType c_dtype) {
+  const bool bias_fusable = bias && (reinterpret_cast<uintptr_t>(bias) & 15u) == 0;
+  const bool relu = act == UnaryOp::kRelu;
   // cuBLASLt's GELU epilogue is the tanh approximation; used for 16-bit outputs only, so that f32 results
   // keep the CPU backend's exact formula.
-  const bool gelu = call.act == UnaryOp::kGeluTanh && call.c_dtype != DType::F32;
-  int epi = CUBLASLT_EPILOGUE_DEFAULT;
-  if (relu) epi = bias_fusable ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
-  else if (gelu) epi = bias_fusable ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
-  else if (bias_fusable) epi = CUBLASLT_EPILOGUE_BIAS;
-  bool bias_done = bias_fusable, act_done = relu || gelu;
+  const bool gelu = act == UnaryOp::kGeluTanh && c_dtype != DType::F32;
+  EpilogueChoice e;
+  e.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  if (relu) e.epilogue = bias_fusable ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+  else if (gelu) e.epilogue = bias_fusable ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+  else if (bias_fusable) e.epilogue = CUBLASLT_EPILOGUE_BIAS;
+  e.bias_done = bias_fusable;
+  e.act_done = relu || gelu;
   // Activation epilogues need the bias fused too (else bias would come after the activation).
-  if (act_done && call.bias && !bias_fusable) {
-    epi = CUBLASLT_EPILOGUE_DEFAULT;
-    act_done = false;
-  }
-  Plan* p = plan_for(call, allow_tf32, epi);
-  if (!p && epi != CUBLASLT_EPILOGUE_DEFAULT) {
-    epi = CUBLASLT_EPILOGUE_DEFAULT;
-    bias_done = act_done = false;
-    p = plan_for(call, allow_tf32, epi);
+  if (e.act_done && bias && !bias_fusable) e = EpilogueChoice{CUBLASLT_EPILOGUE_DEFAULT, false, false};
+  return e;
+}
+
+uint32_t gemm_alignment(const void* p, int64_t ld, int64_t batch_stride, size_t elem_bytes) {
+  uint64_t v = reinterpret_cast<uintptr_t>(p) | 256u;
+  if (ld) v |= uint64_t(ld) * elem_bytes;
+  if (batch_stride) v |= uint64_t(batch_stride) * elem_bytes;
+  return uint32_t(v & (~v + 1));  // lowest set bit
+}
+
+// cuBLASLt with the fused epilogue where it has one; false when no algorithm fits (the caller falls back).
+bool GemmEngine::run_lt(const GemmCall& call, bool allow_tf32) {
+  EpilogueChoice e = choose_epilogue(call.bias, call.act, call.c_dtype);
+  Plan* p = plan_for(call, allow_tf32, e.epilogue);
+  if (!p && e.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    e = EpilogueChoice{CUBLASLT_EPILOGUE_DEFAULT, false, false};
+    p = plan_for(call, allow_tf32, e.epilogue);
   }
   if (!p) return false;
-  if (bias_done) {
+  if (e.bias_done) {
     const void* bias = call.bias;
     cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
   }
-  if (!p->tuned) tune(p, call);
-  const cublasStatus_t st = cublasLtMatmul(lt_, p->desc, &call.alpha, call.b.ptr, p->a, call.a.ptr, p->b, &call.beta, call.c, p->c,
-                                           call.c, p->c, &p->algo, workspace_->data(), p->workspace, stream_);
-  if (st != CUBLAS_STATUS_SUCCESS) return false;
-  const bool need_bias = call.bias && !bias_done;
-  const bool need_act = call.act != UnaryOp::kIdentity && !act_done;
+  const AlgoRun run = [&](const cublasLtMatmulAlgo_t& algo, size_t ws, void* out) {
+    return cublasLtMatmul(lt_, p->desc, &call.alpha, call.b.ptr, p->a, call.a.ptr, p->b, &call.beta, out, p->c, out, p->c,
+                          &algo, workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
+  };
+  if (!p->tuned) {
+    const double flops = 2.0 * double(call.m) * double(call.n) * double(call.k) * double(call.batch);
+    const int64_t elems = (call.batch - 1) * call.c_batch_stride + call.ldc * (call.m - 1) + call.n;
+    tune(p, flops, size_t(elems) * dtype_size(call.c_dtype), run);
+  }
+  if (!run(p->algo, p->workspace, call.c)) return false;
+  const bool need_bias = call.bias && !e.bias_done;
+  const bool need_act = call.act != UnaryOp::kIdentity && !e.act_done;
   if (need_bias || need_act)
     launch_gemm_epilogue(call.c, call.c_dtype, call.m, call.n, call.ldc, call.batch, call.c_batch_stride,
                          need_bias ? call.bias : nullptr, need_act ? call.act : UnaryOp::kIdentity, false, 0.0f, stream_);
+  return true;
+}
+
+// --- FP8 -------------------------------------------------------------------------------------------------
+
+GemmEngine::Plan* GemmEngine::plan_for_fp8(const Fp8GemmCall& call, int epilogue) {
+  // Column-major: C^T [n, m] = W [k, n]^T (opA = T) . X^T [k, m]; cuBLASLt's A is our W, its B our X, so
+  // its outer-vector scales are w_scale (length n) for A and x_scale (length m) for B.
+  const uint32_t al_a = gemm_alignment(call.w, call.ldw, 0, 1);
+  const uint32_t al_b = gemm_alignment(call.x, call.ldx, 0, 1);
+  const uint32_t al_c = gemm_alignment(call.c, call.n, 0, dtype_size(call.c_dtype));
+  const Key key{call.m, call.n, call.k, call.ldx, call.ldw, int64_t(call.c_dtype), epilogue, call.beta != 0.0f,
+                al_a, al_b, al_c, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  auto it = fp8_plans_.find(key);
+  if (it != fp8_plans_.end()) return it->second->valid ? it->second.get() : nullptr;
+  auto plan = std::make_unique<Plan>();
+  Plan* p = plan.get();
+  fp8_plans_.emplace(key, std::move(plan));
+  if (cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return nullptr;
+  const cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;
+  const cublasLtEpilogue_t epi = cublasLtEpilogue_t(epilogue);
+  const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  // Hopper's fast accumulation (no periodic promotion of the tensor cores' partial sums to full f32): what
+  // FP8 inference GEMMs use; it costs a little accuracy (the parity test's tolerance covers it).
+  const int8_t fast_accum = env_is("ATELIER_FP8_FAST_ACCUM", "0") ? 0 : 1;
+  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a));
+  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b));
+  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum));
+  if (cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof(outer)) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof(outer)) != CUBLAS_STATUS_SUCCESS)
+    return nullptr;
+  const cudaDataType_t c_type = call.c_dtype == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
+  if (cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, call.k, call.n, call.ldw) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, call.k, call.m, call.ldx) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&p->c, c_type, call.n, call.m, call.n) != CUBLAS_STATUS_SUCCESS)
+    return nullptr;
+  if (!choose_algorithms(p, al_a, al_b, al_c)) return nullptr;
+  return p;
+}
+
+bool GemmEngine::run_fp8(const Fp8GemmCall& call) {
+  if (call.m == 0 || call.n == 0) return true;
+  if (call.c_dtype != DType::BF16 && call.c_dtype != DType::F16) return false;
+  DeviceGuard guard(device_);
+  std::lock_guard<std::mutex> lock(mu_);
+  EpilogueChoice e = choose_epilogue(call.bias, call.act, call.c_dtype);
+  Plan* p = plan_for_fp8(call, e.epilogue);
+  if (!p && e.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    e = EpilogueChoice{CUBLASLT_EPILOGUE_DEFAULT, false, false};
+    p = plan_for_fp8(call, e.epilogue);
+  }
+  if (!p) return false;
+  const void* a_scale = call.w_scale;
+  const void* b_scale = call.x_scale;
+  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale));
+  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale));
+  if (e.bias_done) {
+    const void* bias = call.bias;
+    cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  }
+  const float alpha = 1.0f;
+  const AlgoRun run = [&](const cublasLtMatmulAlgo_t& algo, size_t ws, void* out) {
+    return cublasLtMatmul(lt_, p->desc, &alpha, call.w, p->a, call.x, p->b, &call.beta, out, p->c, out, p->c, &algo,
+                          workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
+  };
+  if (!p->tuned)
+    tune(p, 2.0 * double(call.m) * double(call.n) * double(call.k), size_t(call.m * call.n) * dtype_size(call.c_dtype), run);
+  if (!run(p->algo, p->workspace, call.c)) return false;
+  const bool need_bias = call.bias && !e.bias_done;
+  const bool need_act = call.act != UnaryOp::kIdentity && !e.act_done;
+  if (need_bias || need_act)
+    launch_gemm_epilogue(call.c, call.c_dtype, call.m, call.n, call.n, 1, 0, need_bias ? call.bias : nullptr,
+                         need_act ? call.act : UnaryOp::kIdentity, false, 0.0f, stream_);
   return true;
 }
 

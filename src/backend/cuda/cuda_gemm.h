@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,6 +44,24 @@ struct GemmCall {
   UnaryOp act = UnaryOp::kIdentity;
 };
 
+// One FP8 product (ops::linear_fp8): C [m, n] row-major (ldc = n) =
+// act(x_scale[i] * w_scale[j] * sum_k X[i, k] W[j, k] + bias[j] + beta * C[i, j]); X [m, k] and W [n, k]
+// e4m3 row-major (row strides ldx, ldw); C and bias bf16 or f16.
+struct Fp8GemmCall {
+  int64_t m = 0, n = 0, k = 0;
+  const void* x = nullptr;
+  int64_t ldx = 0;
+  const void* w = nullptr;
+  int64_t ldw = 0;
+  const float* x_scale = nullptr;  // [m]
+  const float* w_scale = nullptr;  // [n]
+  void* c = nullptr;
+  DType c_dtype = DType::BF16;
+  float beta = 0.0f;
+  const void* bias = nullptr;
+  UnaryOp act = UnaryOp::kIdentity;
+};
+
 class GemmEngine {
  public:
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
@@ -50,16 +69,25 @@ class GemmEngine {
   ~GemmEngine();
   // Enqueues the product on the stream. allow_tf32 applies to f32 operands only.
   void run(const GemmCall& call, bool allow_tf32);
+  // Enqueues an FP8 product with row-wise (outer-vector) scales on Hopper's FP8 tensor cores; false when
+  // cuBLASLt has no algorithm for it (before sm_90, odd alignments): the caller then computes it otherwise.
+  bool run_fp8(const Fp8GemmCall& call);
 
  private:
   struct Plan;
   using Key = std::array<int64_t, 20>;
+  // Runs the plan's product with algorithm `algo` (workspace `ws` bytes) into `out`; false on a cuBLAS error.
+  using AlgoRun = std::function<bool(const cublasLtMatmulAlgo_t& algo, size_t ws, void* out)>;
   // The cached plan for `call` with cuBLASLt epilogue `epilogue` (null when cuBLASLt has no algorithm).
   Plan* plan_for(const GemmCall& call, bool allow_tf32, int epilogue);
+  Plan* plan_for_fp8(const Fp8GemmCall& call, int epilogue);
+  // Asks cuBLASLt's heuristics for the plan's candidate algorithms (operands aligned to the given bytes);
+  // false when there is none.
+  bool choose_algorithms(Plan* p, uint32_t align_a, uint32_t align_b, uint32_t align_c);
   bool run_lt(const GemmCall& call, bool allow_tf32);
-  // Picks the fastest of the plan's candidate algorithms by timing them once (ATELIER_GEMM_AUTOTUNE=0: the
-  // heuristics' first); nothing is timed while the stream is being captured.
-  void tune(Plan* p, const GemmCall& call);
+  // Picks the fastest of the plan's candidate algorithms by timing them once on an output of `out_bytes`
+  // (ATELIER_GEMM_AUTOTUNE=0: the heuristics' first); nothing is timed while the stream is being captured.
+  void tune(Plan* p, double flops, size_t out_bytes, const AlgoRun& run);
   void run_classic(const GemmCall& call, bool allow_tf32);
 
   int device_;
@@ -70,7 +98,20 @@ class GemmEngine {
   std::shared_ptr<Buffer> workspace_;
   std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::map<Key, std::unique_ptr<Plan>> fp8_plans_;
 };
+
+// Which parts of act(product + bias) a cuBLASLt epilogue does: bias and ReLU always, the tanh GELU for 16-bit
+// outputs; the rest (unaligned bias, other activations) is left to launch_gemm_epilogue.
+struct EpilogueChoice {
+  int epilogue = 0;  // cublasLtEpilogue_t
+  bool bias_done = false, act_done = false;
+};
+EpilogueChoice choose_epilogue(const void* bias, UnaryOp act, DType c_dtype);
+
+// Largest power of two (at most 256) that divides the address and the byte strides of an operand:
+// what cuBLASLt's MIN_ALIGNMENT preferences need so that it never picks a kernel the operand cannot feed.
+uint32_t gemm_alignment(const void* p, int64_t ld, int64_t batch_stride, size_t elem_bytes);
 
 // act(scale(C) + bias) in place over a strided batch of row-major matrices: the epilogue for products whose
 // activation cuBLASLt does not fuse, and the whole result when k == 0 (beta_only: C = beta * C first).

@@ -154,9 +154,9 @@ Tensor ClipTextModel::causal_mask(int64_t seq) const {
 Tensor ClipTextModel::layer_forward(const ClipEncoderLayer& l, const Tensor& x, const Tensor& mask) const {
   Tensor h = l.layer_norm1(x);
   Tensor attn = ops::multi_head_attention(l.q_proj(h), l.k_proj(h), l.v_proj(h), config_.num_attention_heads, 0, mask);
-  Tensor y = ops::linear_residual(attn, l.out_proj.weight, l.out_proj.bias, x);
+  Tensor y = l.out_proj.with_residual(attn, x);
   Tensor m = l.fc1(l.layer_norm2(y), config_.hidden_act);
-  return ops::linear_residual(m, l.fc2.weight, l.fc2.bias, y);
+  return l.fc2.with_residual(m, y);
 }
 
 Tensor ClipTextModel::pool(const Tensor& host_ids, const Tensor& last) const {

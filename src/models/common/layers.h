@@ -1,15 +1,41 @@
 // Typed building blocks for model definitions. Field names follow checkpoint keys (weight, bias), so a
 // model struct reads like its state dict; the forward passes call only the op API (backend/ops.h).
 #pragma once
+#include <tuple>
+
 #include "backend/ops.h"
 
 namespace atelier {
 
 struct Linear {
-  Tensor weight;  // [out, in]
-  Tensor bias;    // [out] or undefined
+  Tensor weight;        // [out, in]; f8e4m3 once quantized (quantize_fp8)
+  Tensor bias;          // [out] or undefined
+  Tensor weight_scale;  // [out] f32 row scales of an f8e4m3 weight; undefined otherwise
   // x [..., in] -> [..., out]
-  Tensor operator()(const Tensor& x, UnaryOp act = UnaryOp::kIdentity) const { return ops::linear(x, weight, bias, act); }
+  Tensor operator()(const Tensor& x, UnaryOp act = UnaryOp::kIdentity) const {
+    if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, act);
+    return ops::linear(x, weight, bias, act);
+  }
+  // x [..., in] -> residual + x @ weight^T + bias, residual [..., out] (one fused epilogue).
+  Tensor with_residual(const Tensor& x, const Tensor& residual) const {
+    if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, UnaryOp::kIdentity, residual);
+    return ops::linear_residual(x, weight, bias, residual);
+  }
+  // The layer restricted to inputs [start, start + n) (a view of the weight's columns), without the bias:
+  // a product over concatenated inputs as a sum of products over the parts.
+  Linear input_columns(int64_t start, int64_t n) const { return Linear{weight.narrow(1, start, n), Tensor(), weight_scale}; }
+  // Outputs [start, start + n) (a view of the weight's rows): the parts of a fused projection.
+  Linear output_rows(int64_t start, int64_t n) const {
+    return Linear{weight.narrow(0, start, n), bias.defined() ? bias.narrow(0, start, n) : Tensor(),
+                  weight_scale.defined() ? weight_scale.narrow(0, start, n) : Tensor()};
+  }
+  // Replaces the weight with its row-wise FP8 quantization (ops::quantize_rows_fp8): half the bytes of bf16,
+  // and products on FP8 tensor cores where the device has them. The bias stays in the compute dtype.
+  void quantize_fp8() {
+    if (!weight.defined() || is_fp8()) return;
+    std::tie(weight, weight_scale) = ops::quantize_rows_fp8(weight);
+  }
+  bool is_fp8() const { return weight.defined() && weight.dtype() == DType::F8E4M3; }
   int64_t in_features() const { return weight.size(1); }
   int64_t out_features() const { return weight.size(0); }
 };

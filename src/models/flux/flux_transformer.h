@@ -62,6 +62,10 @@ class FluxTransformer {
   // -> velocity [B, L, out_channels] f32 on the model's device (inputs of any float dtype).
   Expected<Tensor> forward(const FluxInputs& in) const;
 
+  // Every projection of the double and single blocks (attention, MLP, adaLN modulation) to FP8 with per-row
+  // scales (Linear::quantize_fp8); the embedders and the final layer stay in the compute dtype. `--dtype fp8`.
+  void quantize_fp8();
+
  private:
   // x in the model's dtype (a copy unless it already is).
   Tensor in_dtype(const Tensor& x) const;

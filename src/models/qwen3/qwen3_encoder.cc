@@ -144,10 +144,10 @@ Tensor Qwen3Encoder::layer_forward(const Qwen3Layer& l, const Tensor& x, const T
   Tensor v = l.v_proj(n).reshape({b, s, hk, hd});
   Tensor attn = ops::attention(q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}), mask);
   attn = ops::contiguous(attn.permute({0, 2, 1, 3})).reshape({b, s, h * hd});
-  Tensor y = ops::linear_residual(attn, l.o_proj.weight, l.o_proj.bias, x);
+  Tensor y = l.o_proj.with_residual(attn, x);
   Tensor m = l.post_attention_layernorm(y);
   Tensor gated = ops::mul(l.gate_proj(m, UnaryOp::kSilu), l.up_proj(m));
-  return ops::linear_residual(gated, l.down_proj.weight, l.down_proj.bias, y);
+  return l.down_proj.with_residual(gated, y);
 }
 
 Expected<Tensor> Qwen3Encoder::hidden_penultimate(const Tensor& ids, const Tensor& mask) const {

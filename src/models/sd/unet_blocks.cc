@@ -101,11 +101,11 @@ void TransformerBlock::build(const ParamSource& p, int64_t dim, int64_t cross_di
 Tensor TransformerBlock::forward(const Tensor& x, const Tensor& context) const {
   Tensor h = x;
   Tensor a = attn1.attend(norm1(h), only_cross_attention ? context : Tensor());
-  h = ops::linear_residual(a, attn1.to_out.weight, attn1.to_out.bias, h);
+  h = attn1.to_out.with_residual(a, h);
   a = attn2.attend(norm2(h), context);
-  h = ops::linear_residual(a, attn2.to_out.weight, attn2.to_out.bias, h);
+  h = attn2.to_out.with_residual(a, h);
   const Tensor g = ops::glu(ff_in(norm3(h)), UnaryOp::kGelu);  // GEGLU: value * gelu(gate)
-  return ops::linear_residual(g, ff_out.weight, ff_out.bias, h);
+  return ff_out.with_residual(g, h);
 }
 
 // --- Transformer2D ------------------------------------------------------------------------------------

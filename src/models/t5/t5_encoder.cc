@@ -141,11 +141,11 @@ Tensor T5Encoder::block_forward(const T5Block& b, const Tensor& x, const Tensor&
   constexpr float kNoScaling = 1.0f;
   Tensor a = ops::attention(split(b.q(h)), split(b.k(h)), split(b.v(h)), bias, kNoScaling);
   a = ops::contiguous(a.permute({0, 2, 1, 3})).reshape({batch, seq, heads * dk});
-  Tensor y = ops::linear_residual(a, b.o.weight, {}, x);
+  Tensor y = b.o.with_residual(a, x);
   const Tensor f = b.ff_norm(y);
   Tensor inner = b.wi_0(f, config_.act);
   if (config_.gated) inner = ops::mul(inner, b.wi_1(f));
-  return ops::linear_residual(inner, b.wo.weight, {}, y);
+  return b.wo.with_residual(inner, y);
 }
 
 Expected<Tensor> T5Encoder::forward(const Tensor& ids) const {

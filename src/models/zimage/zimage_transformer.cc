@@ -33,6 +33,12 @@ Tensor rope_complex(const Tensor& x, const Tensor& cos, const Tensor& sin) { ret
 
 }  // namespace
 
+void ZImageTransformer::quantize_fp8() {
+  for (auto* blocks : {&noise_refiner_, &context_refiner_, &layers_})
+    for (ZImageBlock& b : *blocks)
+      for (Linear* l : {&b.to_q, &b.to_k, &b.to_v, &b.to_out, &b.w1, &b.w2, &b.w3, &b.adaLN_modulation}) l->quantize_fp8();
+}
+
 Tensor ZImageTransformer::timestep_embedding(float t) const {
   // As the reference computes it in f32: freqs = exp(-ln(max_period) * i / half), features [cos, sin].
   const int64_t half = kTimestepFreqDim / 2;

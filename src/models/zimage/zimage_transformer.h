@@ -81,6 +81,10 @@ class ZImageTransformer {
   // features [L, cap_feat_dim] -> the model output [C, F, H, W] (the pipeline negates it for the scheduler).
   Expected<Tensor> forward(const Tensor& latents, float t, const Tensor& caption) const;
 
+  // Every block projection (attention, feed-forward, adaLN) to FP8 with per-row scales (Linear::quantize_fp8);
+  // the embedders and the final layer stay in the compute dtype. `--dtype fp8`.
+  void quantize_fp8();
+
  private:
   // x [1, S, dim], adaln [1, adaln_dim] or undefined, cos/sin [S, 1, hd/2, 1] -> [1, S, dim]
   Tensor block_forward(const ZImageBlock& b, const Tensor& x, const Tensor& adaln, const Tensor& cos, const Tensor& sin) const;

@@ -1,0 +1,142 @@
+// FP8 (e4m3) linear layers on the GPU (see Backend::quantize_rows_fp8 / gemm_fp8): row-wise quantization, one
+// block per row, and the scaled product on Hopper's FP8 tensor cores through cuBLASLt (GemmEngine::run_fp8).
+// Where cuBLASLt has no FP8 algorithm (an sm_80 card, odd alignments) both operands are dequantized into the
+// output dtype and the ordinary GEMM runs: slower and rounded once more, but the same product.
+#include <cuda_fp8.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_gemm.h"
+#include "backend/cuda/cuda_nvtx.h"
+
+namespace atelier::cuda {
+namespace {
+
+constexpr int kQuantThreads = 256;
+constexpr int kVec = 8;                // 16-bit elements per 16-byte load
+constexpr float kE4M3Max = 448.0f;     // largest finite e4m3 value (kF8E4M3Max on the host)
+
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+// One block per row: amax over the row, scale = amax / 448, then each element divided (IEEE, as the CPU
+// backend does, so that both make the same bytes) and rounded to e4m3. The row is read twice; the second
+// read comes from L2. vec: 16-bit T, cols and ld multiples of 8, 16-byte aligned rows.
+template <typename T>
+__global__ void quantize_rows_kernel(uint8_t* q, float* scale, const T* x, int64_t cols, int64_t ld, bool vec) {
+  __shared__ float scratch[32];
+  const T* row = x + int64_t(blockIdx.x) * ld;
+  uint8_t* out = q + int64_t(blockIdx.x) * cols;
+  float amax = 0.0f;
+  if (vec) {
+    for (int64_t c = int64_t(threadIdx.x) * kVec; c < cols; c += int64_t(blockDim.x) * kVec) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(row + c);
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) amax = fmaxf(amax, fabsf(to_f32(e[i])));
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(to_f32(row[c])));
+  }
+  amax = block_max(amax, scratch);
+  const float s = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, kE4M3Max) : 1.0f;
+  if (threadIdx.x == 0) scale[blockIdx.x] = s;
+  if (vec) {
+    for (int64_t c = int64_t(threadIdx.x) * kVec; c < cols; c += int64_t(blockDim.x) * kVec) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(row + c);
+      const T* e = reinterpret_cast<const T*>(&raw);
+      uint2 packed;
+      uint8_t* b = reinterpret_cast<uint8_t*>(&packed);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) b[i] = to_e4m3(__fdiv_rn(to_f32(e[i]), s));
+      *reinterpret_cast<uint2*>(out + c) = packed;
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = to_e4m3(__fdiv_rn(to_f32(row[c]), s));
+  }
+}
+
+// out [R, C] (contiguous, T) = e4m3 q [R, C] (row stride ldq) * scale[r]: the fallback's dequantization.
+template <typename T>
+__global__ void dequantize_rows_kernel(T* out, const uint8_t* q, const float* scale, int64_t rows, int64_t cols, int64_t ldq) {
+  const int64_t total = rows * cols;
+  for (int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const int64_t r = i / cols, c = i % cols;
+    __nv_fp8_e4m3 v;
+    v.__x = q[r * ldq + c];
+    out[i] = from_f32<T>(float(v) * scale[r]);
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+// x [R, C] (unit last stride) -> q [R, C] e4m3, scale [R] f32.
+void CudaBackend::quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) {
+  const int64_t rows = x.size(0), cols = x.size(1), ld = rows > 1 ? x.strides()[0] : cols;
+  if (rows == 0) return;
+  ATELIER_CHECK(q.is_contiguous() && scale.is_contiguous() && (x.strides()[1] == 1 || cols == 1),
+                "quantize_rows_fp8: unit-stride rows and contiguous outputs expected");
+  ATELIER_CHECK(rows < (int64_t(1) << 31), "quantize_rows_fp8: too many rows for one launch");
+  NvtxRange range("quantize_rows_fp8");
+  DeviceGuard guard(index_);
+  dispatch_float(x.dtype(), "quantize_rows_fp8", [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = sizeof(T) == 2 && cols % kVec == 0 && ld % kVec == 0 && aligned16(x.raw()) && aligned16(q.raw());
+    quantize_rows_kernel<T><<<unsigned(rows), kQuantThreads, 0, stream_>>>(static_cast<uint8_t*>(q.raw()), scale.data<float>(),
+                                                                            x.data<T>(), cols, ld, vec);
+  });
+  ATELIER_CUDA_LAUNCHED();
+}
+
+// out [M, N] = act(xs[m] ws[n] (x8 . w8^T) + bias + beta * out).
+void CudaBackend::gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws,
+                           const Tensor& bias_in, float beta, UnaryOp act) {
+  ATELIER_CHECK(out.is_contiguous() && out.dim() == 2, "gemm_fp8: out must be contiguous [M, N]");
+  NvtxRange range("gemm_fp8");
+  const DType dt = out.dtype();
+  const Tensor bias = as_dtype(bias_in, dt);
+  const int64_t m = x8.size(0), k = x8.size(1), n = w8.size(0), ldw = n > 1 ? w8.strides()[0] : k;
+  Fp8GemmCall call;
+  call.m = m;
+  call.n = n;
+  call.k = k;
+  call.x = x8.raw();
+  call.ldx = k;
+  call.w = w8.raw();
+  call.ldw = ldw;
+  call.x_scale = xs.data<float>();
+  call.w_scale = ws.data<float>();
+  call.c = out.raw();
+  call.c_dtype = dt;
+  call.beta = beta;
+  call.bias = bias.defined() ? bias.raw() : nullptr;
+  call.act = act;
+  {
+    std::lock_guard<std::mutex> lock(engines_mu_);
+    if (!gemm_) gemm_ = std::make_unique<GemmEngine>(index_, stream_, alloc_);
+  }
+  if (dt != DType::F32 && gemm_->run_fp8(call)) return;
+  // Fallback: both operands dequantized into out's dtype, then the ordinary product.
+  DeviceGuard guard(index_);
+  Tensor a = Tensor::empty({1, m, k}, dt, device()), b = Tensor::empty({1, n, k}, dt, device());
+  dispatch_float(dt, "gemm_fp8", [&](auto tag) {
+    using T = decltype(tag);
+    dequantize_rows_kernel<T><<<grid_for(m * k), kThreads, 0, stream_>>>(a.data<T>(), static_cast<const uint8_t*>(x8.raw()),
+                                                                        xs.data<float>(), m, k, k);
+    dequantize_rows_kernel<T><<<grid_for(n * k), kThreads, 0, stream_>>>(b.data<T>(), static_cast<const uint8_t*>(w8.raw()),
+                                                                        ws.data<float>(), n, k, ldw);
+  });
+  ATELIER_CUDA_LAUNCHED();
+  GemmParams p;
+  p.trans_b = true;
+  p.beta = beta;
+  p.epilogue = act;
+  Tensor out3 = out.reshape({1, m, n});
+  gemm(out3, a, b, bias, p);
+}
+
+}  // namespace atelier::cuda

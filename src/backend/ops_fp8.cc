@@ -1,0 +1,79 @@
+// The op API's FP8 (e4m3) linear layers: row-wise quantization and the scaled product (see ops.h).
+#include <string>
+#include <utility>
+
+#include "backend/ops.h"
+#include "backend/ops_internal.h"
+#include "core/trace.h"
+
+namespace atelier::ops {
+using namespace detail;  // NOLINT: the op API's own helpers
+
+namespace {
+// A 2-D [R, C] view of w with a unit last stride (or a contiguous copy).
+Tensor matrix_rows(const Tensor& w, const std::string& op) {
+  require(w.dim() == 2, op, "expects a [rows, cols] matrix, got " + shape_str(w.shape()));
+  return w.strides()[1] == 1 || w.size(1) == 1 ? w : contiguous(w);
+}
+}  // namespace
+
+std::pair<Tensor, Tensor> quantize_rows_fp8(const Tensor& w) {
+  trace::Scope range("quantize_rows_fp8", trace::Category::kOp);
+  const std::string op = "quantize_rows_fp8";
+  require_f32(w, op, "w");
+  const Tensor x = matrix_rows(w, op);
+  Tensor q = Tensor::empty(x.shape(), DType::F8E4M3, x.device());
+  Tensor scale = Tensor::empty({x.size(0)}, DType::F32, x.device());
+  if (x.numel() > 0) backend_of(x).quantize_rows_fp8(q, scale, x);
+  return {q, scale};
+}
+
+// x [..., in] -> [..., out]; w8 [out, in] f8e4m3, ws [out] f32, b [out] and residual [..., out] optional.
+Tensor linear_fp8(const Tensor& x, const Tensor& w8, const Tensor& ws, const Tensor& b, UnaryOp act, const Tensor& residual) {
+  trace::Scope range("linear_fp8", trace::Category::kOp);
+  if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w8.shape()) + "^T");
+  const std::string op = "linear_fp8";
+  require_f32(x, op, "x");
+  require_defined(w8, op, "w8");
+  require_defined(ws, op, "ws");
+  require(w8.dtype() == DType::F8E4M3, op, "w8 must be f8e4m3 (ops::quantize_rows_fp8), got " + std::string(dtype_name(w8.dtype())));
+  require(ws.dtype() == DType::F32, op, "ws must be f32 row scales");
+  require_same_device(x, w8, op);
+  require_same_device(x, ws, op);
+  require(w8.dim() == 2 && w8.strides()[1] == 1, op, "w8 must be [out, in] with a unit last stride, got " + shape_str(w8.shape()));
+  require(ws.dim() == 1 && ws.size(0) == w8.size(0) && ws.is_contiguous(), op,
+          "ws must be [" + std::to_string(w8.size(0)) + "] contiguous, got " + shape_str(ws.shape()));
+  require(x.dim() >= 1 && x.size(-1) == w8.size(1), op,
+          "x " + shape_str(x.shape()) + " does not match w8 " + shape_str(w8.shape()) + " (x [..., in], w8 [out, in])");
+  if (b.defined()) {
+    require_f32(b, op, "b");
+    require(b.dim() == 1 && b.size(0) == w8.size(0), op, "bias must be [" + std::to_string(w8.size(0)) + "], got " + shape_str(b.shape()));
+  }
+  Shape shape = x.shape();
+  shape.back() = w8.size(0);
+  const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1), n = w8.size(0), k = w8.size(1);
+  Tensor out;
+  float beta = 0.0f;
+  if (residual.defined()) {
+    require(residual.shape() == shape, op, "residual " + shape_str(residual.shape()) + " must have the output's shape " + shape_str(shape));
+    require(residual.dtype() == x.dtype(), op, "residual must have x's dtype");
+    out = clone(residual);  // the product accumulates onto it (beta = 1)
+    beta = 1.0f;
+  } else {
+    out = empty_like_shape(x, shape);
+  }
+  if (m == 0 || n == 0) return out;
+  const Tensor r3 = rows_view(x);  // [1, m, k], rows possibly strided
+  const Tensor rows(r3.buffer(), {m, k}, {r3.strides()[1], 1}, r3.dtype(), r3.offset());
+  Tensor x8 = Tensor::empty({m, k}, DType::F8E4M3, x.device());
+  Tensor xs = Tensor::empty({m}, DType::F32, x.device());
+  Backend& be = backend_of(x);
+  be.quantize_rows_fp8(x8, xs, rows);
+  Tensor out2 = out.reshape({m, n});
+  const Tensor bias = b.defined() ? (b.dtype() == x.dtype() ? contiguous(b) : cast(b, x.dtype())) : Tensor();
+  trace::count_flops(gemm_flops(1, m, n, k));
+  be.gemm_fp8(out2, x8, xs, w8, ws, bias, beta, act);
+  return out;
+}
+
+}  // namespace atelier::ops

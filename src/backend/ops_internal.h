@@ -1,0 +1,28 @@
+// Helpers of the op API front end shared by its source files (ops.cc and the op families split from it,
+// e.g. ops_fp8.cc): validation that throws atelier::Error with an invalid-argument Status, and the views the
+// backends expect. Not part of the op API: model code includes backend/ops.h only.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace atelier::ops::detail {
+
+// FLOPs as torch's FlopCounterMode counts them: 2 per multiply-add (see core/trace.h).
+uint64_t gemm_flops(int64_t batch, int64_t m, int64_t n, int64_t k);
+[[noreturn]] void fail(const std::string& op, const std::string& msg);
+void require(bool cond, const std::string& op, const std::string& msg);
+void require_defined(const Tensor& x, const std::string& op, const char* what);
+// A compute dtype: f32 on the CPU; f32, f16 or bf16 on CUDA.
+void require_f32(const Tensor& x, const std::string& op, const char* what);
+void require_same_device(const Tensor& a, const Tensor& b, const std::string& op);
+Backend& backend_of(const Tensor& x);
+Tensor empty_like_shape(const Tensor& x, const Shape& shape);
+// Contiguous unless the optional tensor is undefined.
+Tensor contiguous_opt(const Tensor& x);
+// x [..., in] -> [1, M, in]: a view when the leading dims collapse into one row index with a unit inner
+// stride (e.g. a narrow of the last dim of a contiguous tensor), else a packed copy.
+Tensor rows_view(const Tensor& x);
+
+}  // namespace atelier::ops::detail

@@ -1,0 +1,127 @@
+// FP8 (e4m3) linear layers on cuda:0 against the CPU backend: row-wise quantization byte for byte (both
+// divide with IEEE rounding and round to nearest even), linear_fp8 through cuBLASLt's FP8 tensor cores (or
+// the dequantizing fallback where cuBLASLt declines a shape) within bf16 output rounding, and the FLUX
+// fixture's transformer with FP8 blocks on both backends. Skips with the reason when cuda:0 is not usable.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/ops.h"
+#include "cuda_test_util.h"
+#include "models/common/layers.h"
+#include "models/common/weights.h"
+#include "models/flux/flux_transformer.h"
+#include "ops_test_util.h"
+#include "test_util.h"
+
+namespace atelier {
+namespace {
+
+using test::random_tensor;
+using test::to_gpu;
+
+// linear_fp8 on the GPU (bf16 activations and output) against the CPU's on the same bf16-rounded inputs: the
+// quantized operands are identical, so what differs is the accumulation order, cuBLASLt's fast FP8
+// accumulation and the bf16 output (2^-9 relative per element).
+constexpr double kFp8ParityTol = 8e-3;
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const Tensor h = ops::to_device(t, Device::cpu());
+  std::vector<uint8_t> v(size_t(h.numel()));
+  std::memcpy(v.data(), h.raw(), v.size());
+  return v;
+}
+
+TEST(CudaFp8, QuantizeRowsMakesTheCpuBytes) {
+  ATELIER_REQUIRE_CUDA();
+  // 3072 columns: the 16-byte vector path; 37: the scalar path; a row of zeros; large and tiny magnitudes.
+  for (const Shape& shape : {Shape{9, 3072}, Shape{5, 37}, Shape{1, 18432}}) {
+    Tensor x = test::rounded(random_tensor(shape, 1, 5.0f), DType::BF16);
+    float* p = x.data<float>();
+    for (int64_t c = 0; c < shape[1]; ++c) p[c] = 0.0f;
+    if (shape[0] > 2) p[shape[1] + 3] = 3.0e4f, p[2 * shape[1]] = 1.0e-6f;
+    const auto [qc, sc] = ops::quantize_rows_fp8(x);
+    const auto [qg, sg] = ops::quantize_rows_fp8(to_gpu(x, DType::BF16));
+    EXPECT_EQ(bytes_of(qg), bytes_of(qc)) << shape_str(shape);
+    EXPECT_EQ(ops::to_device(sg, Device::cpu()).to_vector(), sc.to_vector()) << shape_str(shape);
+  }
+}
+
+TEST(CudaFp8, LinearMatchesTheCpu) {
+  ATELIER_REQUIRE_CUDA();
+  struct Case { int64_t m, k, n; UnaryOp act; bool bias, residual; };
+  const Case cases[] = {
+      {512, 3072, 3072, UnaryOp::kIdentity, true, false},  // a DiT projection
+      {256, 3072, 1536, UnaryOp::kGeluTanh, true, false},  // MLP up with the fused GELU
+      {256, 1536, 3072, UnaryOp::kIdentity, false, true},  // MLP down onto a residual
+      {1, 3072, 18432, UnaryOp::kIdentity, true, false},   // adaLN modulation: one row
+      {77, 40, 24, UnaryOp::kSilu, true, false},           // odd sizes: cuBLASLt declines, the fallback runs
+  };
+  for (const Case& c : cases) {
+    const Tensor x = test::rounded(random_tensor({c.m, c.k}, 2), DType::BF16);
+    const Tensor w = random_tensor({c.n, c.k}, 3, 1.0f / std::sqrt(float(c.k)));
+    const Tensor b = c.bias ? test::rounded(random_tensor({c.n}, 4), DType::BF16) : Tensor();
+    const Tensor r = c.residual ? test::rounded(random_tensor({c.m, c.n}, 5), DType::BF16) : Tensor();
+    const auto [wq, ws] = ops::quantize_rows_fp8(w);
+    const Tensor want = ops::linear_fp8(x, wq, ws, b, c.act, r);
+    const Tensor got = ops::linear_fp8(to_gpu(x, DType::BF16), ops::to_device(wq, test::cuda0()), ops::to_device(ws, test::cuda0()),
+                                       c.bias ? to_gpu(b, DType::BF16) : Tensor(), c.act,
+                                       c.residual ? to_gpu(r, DType::BF16) : Tensor());
+    ASSERT_EQ(got.dtype(), DType::BF16);
+    const double err = test::rel_l2(ops::cast(got, DType::F32).to_vector(), want.to_vector());
+    const double vs_full = test::rel_l2(want.to_vector(), ops::linear(x, w, b, c.act).to_vector());
+    std::printf("[ figures  ] linear_fp8 %lldx%lldx%lld: GPU vs CPU rel L2 %.3g (fp8 vs f32 layer %.3g)\n",
+                (long long)c.m, (long long)c.k, (long long)c.n, err, vs_full);
+    EXPECT_LE(err, kFp8ParityTol) << c.m << "x" << c.k << "x" << c.n;
+  }
+}
+
+TEST(CudaFp8, LinearOnAColumnViewOfTheWeight) {
+  ATELIER_REQUIRE_CUDA();
+  // FLUX's single blocks: proj_out over [attention | mlp] as two products over the weight's column blocks.
+  Linear l{random_tensor({256, 1280}, 6, 0.03f), test::rounded(random_tensor({256}, 7), DType::BF16), Tensor()};
+  l.quantize_fp8();
+  const Tensor x = test::rounded(random_tensor({64, 1024}, 8), DType::BF16);
+  const Tensor want = l.input_columns(256, 1024)(x);
+  Linear g{ops::to_device(l.weight, test::cuda0()), Tensor(), ops::to_device(l.weight_scale, test::cuda0())};
+  const Tensor got = g.input_columns(256, 1024)(to_gpu(x, DType::BF16));
+  EXPECT_LE(test::rel_l2(ops::cast(got, DType::F32).to_vector(), want.to_vector()), kFp8ParityTol);
+}
+
+// The FLUX fixture's transformer with --dtype fp8 blocks: cuda:0 (bf16 activations) against the CPU (f32
+// activations), both with the same quantized weights, on seeded inputs.
+TEST(CudaFp8, FluxTinyTransformerMatchesTheCpu) {
+  ATELIER_REQUIRE_CUDA();
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  const WeightStore store = WeightStore::open({(dir / "model/transformer/diffusion_pytorch_model.safetensors").string()}).value();
+  const FluxConfig cfg = FluxConfig::from_file((dir / "model/transformer/config.json").string()).value();
+  FluxTransformer cpu = FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, Device::cpu()).value();
+  FluxTransformer gpu = FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, test::cuda0(), DType::BF16).value();
+  cpu.quantize_fp8();
+  gpu.quantize_fp8();
+  constexpr int64_t kTokens = 16, kText = 8;
+  FluxInputs in;
+  in.hidden_states = random_tensor({1, kTokens, cfg.in_channels}, 9);
+  in.encoder_hidden_states = random_tensor({1, kText, cfg.joint_attention_dim}, 10);
+  in.pooled = random_tensor({1, cfg.pooled_projection_dim}, 11);
+  std::vector<float> img_ids, txt_ids(size_t(kText * 3), 0.0f);
+  for (int64_t i = 0; i < kTokens; ++i) img_ids.insert(img_ids.end(), {0.0f, float(i / 4), float(i % 4)});
+  in.img_ids = Tensor::from_vector(img_ids, {kTokens, 3});
+  in.txt_ids = Tensor::from_vector(txt_ids, {kText, 3});
+  in.timestep = {0.7f};
+  in.guidance = {3.5f};
+  const Tensor want = cpu.forward(in).value();
+  FluxInputs gin = in;
+  for (Tensor* t : {&gin.hidden_states, &gin.encoder_hidden_states, &gin.pooled}) *t = to_gpu(*t);
+  const Tensor got = gpu.forward(gin).value();
+  const double err = test::rel_l2(ops::to_device(got, Device::cpu()).to_vector(), want.to_vector());
+  std::printf("[ figures  ] flux-tiny fp8 blocks, cuda bf16 vs cpu f32: rel L2 %.3g\n", err);
+  EXPECT_LE(err, 3e-2);  // the bf16 model against the f32 one (cuda_models_test's kBf16Tol is 2e-2 for SD)
+}
+
+}  // namespace
+}  // namespace atelier

@@ -1,0 +1,162 @@
+// FP8 (e4m3) linear layers on the CPU backend: the e4m3 rounding against a brute-force nearest-value search,
+// row-wise quantization, linear_fp8 against the product of the dequantized operands, the Linear helpers
+// (column and row views of a quantized weight), and the op's input validation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backend/ops.h"
+#include "core/dtype.h"
+#include "models/common/layers.h"
+#include "ops_test_util.h"
+#include "test_util.h"
+
+namespace atelier {
+namespace {
+
+using test::random_tensor;
+
+// The e4m3 byte nearest to f by exhaustive search over every finite value, ties to the even mantissa,
+// saturating at +-448: the rounding rule, stated independently of float_to_f8e4m3's bit manipulation.
+uint8_t nearest_e4m3(float f) {
+  if (std::isnan(f)) return f < 0 || std::signbit(f) ? 0xff : 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  const double mag = std::min(std::fabs(double(f)), double(kF8E4M3Max));
+  uint8_t best = 0;
+  double best_d = std::numeric_limits<double>::infinity();
+  for (int b = 0; b <= 0x7e; ++b) {
+    const double d = std::fabs(double(f8e4m3_to_float(uint8_t(b))) - mag);
+    if (d < best_d || (d == best_d && (b & 1) == 0)) {
+      best_d = d;
+      best = uint8_t(b);
+    }
+  }
+  return sign | best;
+}
+
+TEST(Fp8, EveryValueRoundTrips) {
+  for (int b = 0; b < 256; ++b) {
+    if ((b & 0x7f) == 0x7f) continue;  // NaN
+    EXPECT_EQ(float_to_f8e4m3(f8e4m3_to_float(uint8_t(b))), b) << "byte " << b;
+  }
+}
+
+TEST(Fp8, RoundsToNearestEvenAndSaturates) {
+  EXPECT_EQ(float_to_f8e4m3(1.0625f), 0x38);   // halfway 1 .. 1.125: to the even 1.0
+  EXPECT_EQ(float_to_f8e4m3(1.1875f), 0x3a);   // halfway 1.125 .. 1.25: to the even 1.25
+  EXPECT_EQ(float_to_f8e4m3(1.0f / 1024), 0);  // half the smallest subnormal: to even 0
+  EXPECT_EQ(float_to_f8e4m3(3.0f / 1024), 2);  // halfway subnormals 1 .. 2: to the even 2
+  EXPECT_EQ(float_to_f8e4m3(460.0f), 0x7e);    // beyond 448: saturated, never NaN
+  EXPECT_EQ(float_to_f8e4m3(-1e30f), 0xfe);
+  EXPECT_EQ(float_to_f8e4m3(std::numeric_limits<float>::infinity()), 0x7e);
+  EXPECT_EQ(float_to_f8e4m3(std::nanf("")) & 0x7f, 0x7f);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> exponent(-12.0f, 9.5f);
+  for (int i = 0; i < 20000; ++i) {
+    const float v = (i & 1 ? -1.0f : 1.0f) * std::exp2(exponent(rng));
+    ASSERT_EQ(float_to_f8e4m3(v), nearest_e4m3(v)) << v;
+  }
+}
+
+std::vector<float> dequantize(const Tensor& q, const Tensor& scale) {
+  const int64_t rows = q.size(0), cols = q.size(1);
+  std::vector<float> out(size_t(rows * cols));
+  const uint8_t* p = static_cast<const uint8_t*>(q.raw());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[size_t(r * cols + c)] = f8e4m3_to_float(p[r * cols + c]) * scale.data<float>()[r];
+  return out;
+}
+
+TEST(Fp8, QuantizeRowsScalesEachRowByItsMaximum) {
+  Tensor x = random_tensor({5, 37}, 1, 3.0f);
+  for (int c = 0; c < 37; ++c) x.data<float>()[2 * 37 + c] = 0.0f;  // a row of zeros
+  const auto [q, scale] = ops::quantize_rows_fp8(x);
+  ASSERT_EQ(q.dtype(), DType::F8E4M3);
+  ASSERT_EQ(scale.shape(), Shape({5}));
+  const float* xp = x.data<float>();
+  for (int64_t r = 0; r < 5; ++r) {
+    float amax = 0.0f;
+    for (int c = 0; c < 37; ++c) amax = std::max(amax, std::fabs(xp[r * 37 + c]));
+    const float s = r == 2 ? 1.0f : amax / kF8E4M3Max;
+    EXPECT_EQ(scale.data<float>()[r], s) << "row " << r;
+    for (int c = 0; c < 37; ++c)
+      ASSERT_EQ(static_cast<const uint8_t*>(q.raw())[r * 37 + c], float_to_f8e4m3(xp[r * 37 + c] / s)) << r << "," << c;
+  }
+  // Each element within half an e4m3 step (relative 2^-4) of its row's largest magnitude... or better.
+  const std::vector<float> back = dequantize(q, scale), want = x.to_vector();
+  EXPECT_LE(test::rel_l2(back, want), 0.04);
+}
+
+// The reference: x quantized per row, w per row, the exact products summed in double, both scales applied.
+std::vector<float> reference_fp8_linear(const Tensor& x2, const Tensor& w, const Tensor& b, UnaryOp act) {
+  const auto [xq, xs] = ops::quantize_rows_fp8(x2);
+  const auto [wq, ws] = ops::quantize_rows_fp8(w);
+  const std::vector<float> xd = dequantize(xq, Tensor::from_vector(std::vector<float>(size_t(xs.numel()), 1.0f), xs.shape()));
+  const std::vector<float> wd = dequantize(wq, Tensor::from_vector(std::vector<float>(size_t(ws.numel()), 1.0f), ws.shape()));
+  const int64_t m = x2.size(0), k = x2.size(1), n = w.size(0);
+  std::vector<float> out(size_t(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0.0;
+      for (int64_t c = 0; c < k; ++c) acc += double(xd[size_t(i * k + c)]) * double(wd[size_t(j * k + c)]);
+      double v = acc * xs.data<float>()[i] * ws.data<float>()[j] + (b.defined() ? b.data<float>()[j] : 0.0f);
+      if (act == UnaryOp::kGeluTanh) v = 0.5 * v * (1.0 + std::tanh(0.7978845608 * (v + 0.044715 * v * v * v)));
+      out[size_t(i * n + j)] = float(v);
+    }
+  return out;
+}
+
+TEST(Fp8, LinearIsTheScaledProductOfTheQuantizedOperands) {
+  const Tensor x = random_tensor({2, 3, 40}, 2), w = random_tensor({24, 40}, 3, 0.2f), b = random_tensor({24}, 4);
+  const auto [wq, ws] = ops::quantize_rows_fp8(w);
+  for (UnaryOp act : {UnaryOp::kIdentity, UnaryOp::kGeluTanh}) {
+    const Tensor y = ops::linear_fp8(x, wq, ws, b, act);
+    ASSERT_EQ(y.shape(), Shape({2, 3, 24}));
+    EXPECT_LE(test::rel_l2(y.to_vector(), reference_fp8_linear(x.reshape({6, 40}), w, b, act)), 1e-6);
+  }
+  // Against the full-precision layer: e4m3's 3 mantissa bits on both operands.
+  const double err = test::rel_l2(ops::linear_fp8(x, wq, ws, b).to_vector(), ops::linear(x, w, b).to_vector());
+  std::cout << "[fp8] linear 6x40x24 vs f32: rel L2 " << err << "\n";
+  EXPECT_LE(err, 0.05);
+  // A residual accumulates onto the product.
+  const Tensor r = random_tensor({2, 3, 24}, 5);
+  const std::vector<float> with = ops::linear_fp8(x, wq, ws, b, UnaryOp::kIdentity, r).to_vector();
+  const std::vector<float> plain = ops::linear_fp8(x, wq, ws, b).to_vector(), rv = r.to_vector();
+  for (size_t i = 0; i < with.size(); ++i) EXPECT_NEAR(with[i], plain[i] + rv[i], 1e-5f);
+}
+
+TEST(Fp8, LinearViewsOfAQuantizedWeight) {
+  Linear l{random_tensor({12, 20}, 6, 0.3f), random_tensor({12}, 7), Tensor()};
+  const Tensor x = random_tensor({4, 20}, 8);
+  l.quantize_fp8();
+  ASSERT_TRUE(l.is_fp8());
+  const std::vector<float> full = l(x).to_vector();
+  // Outputs 4..9 of the layer are the layer's output_rows(4, 6).
+  const std::vector<float> part = l.output_rows(4, 6)(x).to_vector();
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t j = 0; j < 6; ++j) EXPECT_NEAR(part[size_t(i * 6 + j)], full[size_t(i * 12 + 4 + j)], 1e-5f);
+  // The inputs split in two column blocks: the sum of both products (bias once) is the whole product, to
+  // within the activation's per-part quantization.
+  Linear left = l.input_columns(0, 8);
+  left.bias = l.bias;
+  const Tensor y = l.input_columns(8, 12).with_residual(x.narrow(1, 8, 12), left(x.narrow(1, 0, 8)));
+  EXPECT_LE(test::rel_l2(y.to_vector(), full), 0.05);
+}
+
+TEST(Fp8, LinearRejectsWhatItCannotUse) {
+  const Tensor x = random_tensor({3, 16}, 9), w = random_tensor({8, 16}, 10);
+  const auto [wq, ws] = ops::quantize_rows_fp8(w);
+  EXPECT_THROW(ops::linear_fp8(x, w, ws), Error);                          // not an e4m3 weight
+  EXPECT_THROW(ops::linear_fp8(x, wq, ws.narrow(0, 0, 4)), Error);         // scales of the wrong length
+  EXPECT_THROW(ops::linear_fp8(random_tensor({3, 15}, 11), wq, ws), Error);  // inner dims differ
+  EXPECT_THROW(ops::linear_fp8(x, wq, ws, random_tensor({7}, 12)), Error);   // bias length
+  EXPECT_THROW(ops::quantize_rows_fp8(random_tensor({2, 3, 4}, 13)), Error);  // not a matrix
+}
+
+}  // namespace
+}  // namespace atelier
