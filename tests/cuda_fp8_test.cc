@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_gemm.h"
 #include "backend/ops.h"
 #include "cuda_test_util.h"
 #include "models/common/layers.h"
@@ -40,10 +43,11 @@ TEST(CudaFp8, QuantizeRowsMakesTheCpuBytes) {
   ATELIER_REQUIRE_CUDA();
   // 3072 columns: the 16-byte vector path; 37: the scalar path; a row of zeros; large and tiny magnitudes.
   for (const Shape& shape : {Shape{9, 3072}, Shape{5, 37}, Shape{1, 18432}}) {
-    Tensor x = test::rounded(random_tensor(shape, 1, 5.0f), DType::BF16);
-    float* p = x.data<float>();
+    Tensor raw = random_tensor(shape, 1, 5.0f);
+    float* p = raw.data<float>();
     for (int64_t c = 0; c < shape[1]; ++c) p[c] = 0.0f;
     if (shape[0] > 2) p[shape[1] + 3] = 3.0e4f, p[2 * shape[1]] = 1.0e-6f;
+    const Tensor x = test::rounded(raw, DType::BF16);  // the values both backends see
     const auto [qc, sc] = ops::quantize_rows_fp8(x);
     const auto [qg, sg] = ops::quantize_rows_fp8(to_gpu(x, DType::BF16));
     EXPECT_EQ(bytes_of(qg), bytes_of(qc)) << shape_str(shape);
@@ -61,7 +65,12 @@ TEST(CudaFp8, LinearMatchesTheCpu) {
       {1, 3072, 18432, UnaryOp::kIdentity, true, false},   // adaLN modulation: one row
       {77, 40, 24, UnaryOp::kSilu, true, false},           // odd sizes: cuBLASLt declines, the fallback runs
   };
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  const bool hopper = prop.major >= 9;  // FP8 tensor cores: cuBLASLt must not need the dequantizing fallback
   for (const Case& c : cases) {
+    auto& stats = cuda::fp8_gemm_stats();
+    const int64_t outer0 = stats.outer_vector, unscaled0 = stats.unscaled_then_epilogue, deq0 = stats.dequantized;
     const Tensor x = test::rounded(random_tensor({c.m, c.k}, 2), DType::BF16);
     const Tensor w = random_tensor({c.n, c.k}, 3, 1.0f / std::sqrt(float(c.k)));
     const Tensor b = c.bias ? test::rounded(random_tensor({c.n}, 4), DType::BF16) : Tensor();
@@ -73,9 +82,14 @@ TEST(CudaFp8, LinearMatchesTheCpu) {
                                        c.residual ? to_gpu(r, DType::BF16) : Tensor());
     ASSERT_EQ(got.dtype(), DType::BF16);
     const double err = test::rel_l2(ops::cast(got, DType::F32).to_vector(), want.to_vector());
-    const double vs_full = test::rel_l2(want.to_vector(), ops::linear(x, w, b, c.act).to_vector());
-    std::printf("[ figures  ] linear_fp8 %lldx%lldx%lld: GPU vs CPU rel L2 %.3g (fp8 vs f32 layer %.3g)\n",
-                (long long)c.m, (long long)c.k, (long long)c.n, err, vs_full);
+    const Tensor full = c.residual ? ops::linear_residual(x, w, b, r) : ops::linear(x, w, b, c.act);
+    const double vs_full = test::rel_l2(want.to_vector(), full.to_vector());
+    const char* path = stats.outer_vector > outer0 ? "cuBLASLt outer-vector scales"
+                       : stats.unscaled_then_epilogue > unscaled0 ? "cuBLASLt unscaled + scale epilogue"
+                       : stats.dequantized > deq0 ? "dequantized bf16 GEMM" : "?";
+    std::printf("[ figures  ] linear_fp8 %lldx%lldx%lld (%s): GPU vs CPU rel L2 %.3g (fp8 vs f32 layer %.3g)\n",
+                (long long)c.m, (long long)c.k, (long long)c.n, path, err, vs_full);
+    if (hopper && c.k % 16 == 0 && c.n % 16 == 0) EXPECT_EQ(stats.dequantized, deq0) << "FP8 tensor cores unused";
     EXPECT_LE(err, kFp8ParityTol) << c.m << "x" << c.k << "x" << c.n;
   }
 }

@@ -54,6 +54,14 @@ BuiltinDitConfig tiny_zimage() {
   c.vae = tiny_vae();
   c.text_tokens = 8;
   c.text_width = z.cap_feat_dim;
+  Qwen3Config& q = *c.qwen3;  // a text encoder whose width is the transformer's caption width
+  q.vocab_size = 64;
+  q.hidden_size = z.cap_feat_dim;
+  q.intermediate_size = 48;
+  q.num_hidden_layers = 3;
+  q.num_attention_heads = 4;
+  q.num_key_value_heads = 2;
+  q.head_dim = 8;
   return c;
 }
 
@@ -119,6 +127,28 @@ TEST(DitBench, ZImageTinyOnCpu) {
   EXPECT_NE(r->conditioning.find("[8, 32]"), std::string::npos) << r->conditioning;
   std::printf("[ figures  ] zimage-tiny 64x64: %.3f ms/call, %llu FLOPs/call, %.3f s/image\n", r->unet_ms_mean,
               static_cast<unsigned long long>(r->unet_flops), r->s_per_image);
+}
+
+// --text-encoder (Z-Image): the Qwen3 encoder is built and timed inside the run; its stage shows in the report,
+// and its FP8 sibling (--fp8) runs the same pipeline with FP8 blocks.
+TEST(DitBench, ZImageTextEncoderAndFp8OnCpu) {
+  BenchOptions o = cpu_options("zimage");
+  o.text_encoder = true;
+  auto r = run_dit_bench(o, tiny_zimage());
+  ASSERT_TRUE(r.has_value()) << r.status().message();
+  ASSERT_TRUE(r->text_encode_s.has_value()) << r->to_json().dump();
+  EXPECT_GT(*r->text_encode_s, 0.0);
+  EXPECT_NE(r->conditioning.find("Qwen3 text encoder"), std::string::npos) << r->conditioning;
+  o.fp8 = true;
+  auto f = run_dit_bench(o, tiny_zimage());
+  ASSERT_TRUE(f.has_value()) << f.status().message();
+  EXPECT_NE(f->model_kind.find("fp8"), std::string::npos) << f->model_kind;
+  BenchOptions sd = cpu_options("sd15");
+  sd.text_encoder = true;
+  EXPECT_FALSE(sd.validate().is_ok());
+  sd.text_encoder = false;
+  sd.fp8 = true;
+  EXPECT_FALSE(sd.validate().is_ok());
 }
 
 TEST(DitBench, PublishedParameterCounts) {

@@ -35,6 +35,7 @@ void add_bench_command(CLI::App& app, BenchCliOptions& o) {
   c->add_option("--warmup", b.warmup, "Untimed UNet calls (plus one VAE decode) before the timed run")->capture_default_str();
   c->add_option("--device", b.device, "cpu, cuda, cuda:N")->capture_default_str();
   c->add_option("--seed", b.seed, "Seed of the random weights and noise")->capture_default_str();
+  c->add_flag("--text-encoder", b.text_encoder, "zimage: build the Qwen3-4B text encoder (random weights) and time the prompt's encoding too");
   c->add_flag("--fp8", b.fp8, "flux/zimage: the transformer blocks' projections in FP8 e4m3 (as generate --dtype fp8)");
   c->add_flag("--ceiling", b.ceiling, "Measure the device's GEMM ceiling (alone, or to give % of it)");
   c->add_flag("--json", o.json, "Print JSON (for scripts)");

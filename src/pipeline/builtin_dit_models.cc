@@ -155,6 +155,17 @@ Expected<BuiltinDitConfig> builtin_dit_config(const std::string& name) {
     c.text_tokens = kZImageTextTokens;
     c.text_width = c.zimage->cap_feat_dim;
     c.pooled_width = 0;
+    // Qwen3-4B's config.json (Z-Image-Turbo's text_encoder): 36 layers, width 2560, GQA 32/8 heads of 128.
+    Qwen3Config q;
+    q.hidden_size = c.zimage->cap_feat_dim;
+    q.intermediate_size = 9728;
+    q.num_hidden_layers = 36;
+    q.num_attention_heads = 32;
+    q.num_key_value_heads = 8;
+    q.head_dim = 128;
+    q.rope_theta = 1000000.0;
+    q.max_position_embeddings = 40960;
+    c.qwen3 = q;
   } else {
     return invalid_argument("unknown built-in configuration '" + name + "'; known: sd15, sd21, flux, zimage");
   }
@@ -214,6 +225,16 @@ Expected<std::shared_ptr<FluxModel>> make_random_flux_model(const BuiltinDitConf
     m->vae.emplace(std::move(vae));
     return m;
   });
+}
+
+Expected<Qwen3Encoder> make_random_qwen3_encoder(const Qwen3Config& config, Device device, DType dtype, uint64_t seed,
+                                                 int64_t* params) {
+  RandomWeights gen(seed, device, dtype);
+  const WeightStore store = WeightStore::synthetic(
+      [&gen](const std::string& k, const Shape& s, Device d, DType t) { return gen.make(k, s, d, t); });
+  auto enc = Qwen3Encoder::load(store, config, device, dtype);
+  if (enc && params) *params = gen.params();
+  return enc;
 }
 
 Expected<std::shared_ptr<ZImageModel>> make_random_zimage_model(const BuiltinDitConfig& config, Device device,

@@ -66,6 +66,7 @@ struct BuiltinDitConfig {
   int64_t text_tokens = 512;      // conditioning rows fed to the transformer
   int64_t text_width = 4096;      // their width (joint_attention_dim / cap_feat_dim)
   int64_t pooled_width = 768;     // FLUX's CLIP pooled width; 0 for Z-Image
+  std::optional<Qwen3Config> qwen3;  // Z-Image's text encoder (Qwen3-4B), for benches that build it
 };
 
 std::vector<std::string> builtin_dit_config_names();  // {"flux", "zimage"}
@@ -86,6 +87,10 @@ int64_t zimage_transformer_params(const ZImageConfig& config);
 // fp8: the transformer's block projections quantized to FP8 after the random bf16 weights are made.
 Expected<std::shared_ptr<FluxModel>> make_random_flux_model(const BuiltinDitConfig& config, Device device, uint64_t seed,
                                                             int64_t* params = nullptr, bool fp8 = false);
+// Z-Image's Qwen3 text encoder with seeded random weights on `device` in `dtype` (the layers hidden_states[-2]
+// needs); `params` (optional) receives its parameter count.
+Expected<Qwen3Encoder> make_random_qwen3_encoder(const Qwen3Config& config, Device device, DType dtype, uint64_t seed,
+                                                 int64_t* params = nullptr);
 Expected<std::shared_ptr<ZImageModel>> make_random_zimage_model(const BuiltinDitConfig& config, Device device,
                                                                 uint64_t seed, int64_t* params = nullptr, bool fp8 = false);
 

@@ -132,14 +132,39 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
                            }));
   const ZImagePipeline pipe(model);
   const int64_t tokens = o.text_tokens > 0 ? o.text_tokens : c.text_tokens;
-  const Tensor cond = seeded(kConditioningSeed, {tokens, c.text_width}, run.dev);
+  Tensor cond = seeded(kConditioningSeed, {tokens, c.text_width}, run.dev);
   const Tensor uncond = run.cfg ? seeded(kConditioningSeed + 2, {tokens, c.text_width}, run.dev) : Tensor();
   run.report.conditioning = "seeded random Qwen3 features " + shape_str(cond.shape()) +
                             (run.cfg ? " (and a negative set)" : "") + "; the text encoder is not built";
+  // --text-encoder: Qwen3-4B with random weights in f32 (what ZImageLoadOptions gives it), encoding a prompt of
+  // `tokens` ids (unpadded: what a real prompt of that length costs) whose features condition the transformer.
+  std::optional<Qwen3Encoder> encoder;
+  const std::vector<int32_t> ids = [&] {
+    std::vector<int32_t> v(static_cast<size_t>(tokens));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = int32_t((i * 7919 + 13) % size_t(c.qwen3 ? c.qwen3->vocab_size : 1));
+    return v;
+  }();
+  const std::vector<int32_t> mask(static_cast<size_t>(tokens), 1);
+  if (o.text_encoder && c.qwen3) {
+    trace::Scope load_range(kBenchLoadRange, Category::kStage);
+    int64_t params = 0;
+    ATELIER_ASSIGN_OR_RETURN(auto enc, make_random_qwen3_encoder(*c.qwen3, run.dev, DType::F32, o.seed + 1, &params));
+    encoder.emplace(std::move(enc));
+    run.report.conditioning = "Qwen3 text encoder (random weights, " + param_count(params) + " parameters in f32) on " +
+                              std::to_string(tokens) + " prompt tokens, inside the timed run";
+    run.report.model_kind += "; text encoder built";
+  }
+  const auto encode = [&]() -> Status {
+    if (!encoder) return Status::ok();
+    trace::Scope text(stage::kTextEncode, Category::kStage);
+    ATELIER_ASSIGN_OR_RETURN(cond, encoder->encode_features(ids, mask));
+    return Status::ok();
+  };
   const Shape latent = {1, c.vae.latent_channels, run.h, run.w};
   const float guidance = run.cfg ? o.cfg_scale : 0.0f;
   if (o.warmup > 0) {
     trace::Scope range(kBenchWarmupRange, Category::kStage);
+    ATELIER_RETURN_IF_ERROR(encode());
     ATELIER_ASSIGN_OR_RETURN(Tensor x, pipe.denoise(seeded(o.seed, latent, Device::cpu()), cond, uncond, guidance, o.warmup));
     ATELIER_RETURN_IF_ERROR(pipe.decode(x).status());
     backend_for(run.dev).synchronize();
@@ -150,6 +175,7 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
   trace::Scope range(kBenchRunRange, Category::kStage);
   const Tensor noise = seeded(o.seed, latent, Device::cpu());
   mem.sample();
+  ATELIER_RETURN_IF_ERROR(encode());
   ATELIER_ASSIGN_OR_RETURN(Tensor x, pipe.denoise(noise, cond, uncond, guidance, o.steps, nullptr, mem.progress()));
   ATELIER_ASSIGN_OR_RETURN(Tensor image, pipe.decode(x));
   backend_for(run.dev).synchronize();
@@ -206,7 +232,7 @@ Expected<BenchReport> run_dit_bench(const BenchOptions& o, const BuiltinDitConfi
     ATELIER_RETURN_IF_ERROR(c.flux ? run_flux(run, rec) : run_zimage(run, rec));
     backend_for(dev).synchronize();
     rec.resolve_device_times();
-    summarize_bench(rec.events(), stage::kModelCall, false, r);
+    summarize_bench(rec.events(), stage::kModelCall, o.text_encoder, r);
     r.ran = true;
     return Status::ok();
   });

@@ -195,6 +195,7 @@ Status BenchOptions::validate() const {
   if (warmup < 0) return invalid_argument("warmup must be >= 0");
   if (fp8 && config != "flux" && config != "zimage")
     return invalid_argument("--fp8 is supported for the flux and zimage configurations");
+  if (text_encoder && config != "zimage") return invalid_argument("--text-encoder is supported for the zimage configuration");
   return Status::ok();
 }
 

@@ -49,6 +49,9 @@ struct BenchOptions {
   float guidance = 3.5f;
   int text_tokens = 0;
   bool fp8 = false;  // FLUX / Z-Image: the transformer's block projections in FP8 (--dtype fp8)
+  // Z-Image: also build its Qwen3-4B text encoder (random weights, f32 as the pipeline runs it) and encode a
+  // text_tokens-long prompt inside the timed run, whose features condition the transformer: end to end.
+  bool text_encoder = false;
 
   Status validate() const;
 };

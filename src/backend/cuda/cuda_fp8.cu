@@ -72,7 +72,30 @@ __global__ void dequantize_rows_kernel(T* out, const uint8_t* q, const float* sc
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+template <typename T>
+__global__ void fp8_scale_epilogue_kernel(T* c, const T* raw, const float* xs, const float* ws, const T* bias, float beta,
+                                          UnaryOp act, int64_t m, int64_t n) {
+  const int64_t total = m * n;
+  for (int64_t i = global_thread(); i < total; i += grid_threads()) {
+    const int64_t r = i / n, j = i % n;
+    float v = to_f32(raw[i]) * xs[r] * ws[j];
+    if (bias) v += to_f32(bias[j]);
+    if (beta != 0.0f) v += beta * to_f32(c[i]);
+    c[i] = from_f32<T>(apply_unary(v, act));
+  }
+}
+
 }  // namespace
+
+void launch_fp8_scale_epilogue(const Fp8GemmCall& call, const void* raw, cudaStream_t stream) {
+  dispatch_float(call.c_dtype, "fp8 epilogue", [&](auto tag) {
+    using T = decltype(tag);
+    fp8_scale_epilogue_kernel<T><<<grid_for(call.m * call.n), kThreads, 0, stream>>>(
+        static_cast<T*>(call.c), static_cast<const T*>(raw), call.x_scale, call.w_scale, static_cast<const T*>(call.bias),
+        call.beta, call.act, call.m, call.n);
+  });
+  ATELIER_CUDA_LAUNCHED();
+}
 
 // x [R, C] (unit last stride) -> q [R, C] e4m3, scale [R] f32.
 void CudaBackend::quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) {
@@ -121,6 +144,7 @@ void CudaBackend::gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, cons
   }
   if (dt != DType::F32 && gemm_->run_fp8(call)) return;
   // Fallback: both operands dequantized into out's dtype, then the ordinary product.
+  ++fp8_gemm_stats().dequantized;
   DeviceGuard guard(index_);
   Tensor a = Tensor::empty({1, m, k}, dt, device()), b = Tensor::empty({1, n, k}, dt, device());
   dispatch_float(dt, "gemm_fp8", [&](auto tag) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -283,14 +284,26 @@ bool GemmEngine::run_lt(const GemmCall& call, bool allow_tf32) {
 
 // --- FP8 -------------------------------------------------------------------------------------------------
 
-GemmEngine::Plan* GemmEngine::plan_for_fp8(const Fp8GemmCall& call, int epilogue) {
+Fp8GemmStats& fp8_gemm_stats() {
+  static Fp8GemmStats stats;
+  return stats;
+}
+
+namespace {
+bool gemm_log() {
+  static const bool on = env_is("ATELIER_GEMM_LOG", "1");
+  return on;
+}
+}  // namespace
+
+GemmEngine::Plan* GemmEngine::plan_for_fp8(const Fp8GemmCall& call, int epilogue, bool outer_vec) {
   // Column-major: C^T [n, m] = W [k, n]^T (opA = T) . X^T [k, m]; cuBLASLt's A is our W, its B our X, so
   // its outer-vector scales are w_scale (length n) for A and x_scale (length m) for B.
   const uint32_t al_a = gemm_alignment(call.w, call.ldw, 0, 1);
   const uint32_t al_b = gemm_alignment(call.x, call.ldx, 0, 1);
   const uint32_t al_c = gemm_alignment(call.c, call.n, 0, dtype_size(call.c_dtype));
   const Key key{call.m, call.n, call.k, call.ldx, call.ldw, int64_t(call.c_dtype), epilogue, call.beta != 0.0f,
-                al_a, al_b, al_c, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                al_a, al_b, al_c, outer_vec, 0, 0, 0, 0, 0, 0, 0, 0};
   auto it = fp8_plans_.find(key);
   if (it != fp8_plans_.end()) return it->second->valid ? it->second.get() : nullptr;
   auto plan = std::make_unique<Plan>();
@@ -299,7 +312,6 @@ GemmEngine::Plan* GemmEngine::plan_for_fp8(const Fp8GemmCall& call, int epilogue
   if (cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return nullptr;
   const cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;
   const cublasLtEpilogue_t epi = cublasLtEpilogue_t(epilogue);
-  const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
   // Hopper's fast accumulation (no periodic promotion of the tensor cores' partial sums to full f32): what
   // FP8 inference GEMMs use; it costs a little accuracy (the parity test's tolerance covers it).
   const int8_t fast_accum = env_is("ATELIER_FP8_FAST_ACCUM", "0") ? 0 : 1;
@@ -307,51 +319,87 @@ GemmEngine::Plan* GemmEngine::plan_for_fp8(const Fp8GemmCall& call, int epilogue
   cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b));
   cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
   cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum));
-  if (cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof(outer)) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof(outer)) != CUBLAS_STATUS_SUCCESS)
-    return nullptr;
+  if (outer_vec) {
+    const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    if (cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof(outer)) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof(outer)) != CUBLAS_STATUS_SUCCESS)
+      return nullptr;
+    // The heuristics see the scale pointers (this call's; each run sets its own).
+    const void* a_scale = call.w_scale;
+    const void* b_scale = call.x_scale;
+    cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale));
+    cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale));
+  }
   const cudaDataType_t c_type = call.c_dtype == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
   if (cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, call.k, call.n, call.ldw) != CUBLAS_STATUS_SUCCESS ||
       cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, call.k, call.m, call.ldx) != CUBLAS_STATUS_SUCCESS ||
       cublasLtMatrixLayoutCreate(&p->c, c_type, call.n, call.m, call.n) != CUBLAS_STATUS_SUCCESS)
     return nullptr;
-  if (!choose_algorithms(p, al_a, al_b, al_c)) return nullptr;
-  return p;
+  bool ok = choose_algorithms(p, al_a, al_b, al_c);
+  if (!ok && fast_accum) {  // some scale modes come without the fast-accumulation kernels: ask again without
+    const int8_t precise = 0;
+    cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &precise, sizeof(precise));
+    ok = choose_algorithms(p, al_a, al_b, al_c);
+  }
+  if (gemm_log())
+    std::fprintf(stderr, "[atelier gemm] fp8 %lldx%lldx%lld %s scales, epilogue %d: %s (%zu algorithms)\n", (long long)call.m,
+                 (long long)call.n, (long long)call.k, outer_vec ? "outer-vector" : "no", epilogue,
+                 ok ? "planned" : "no algorithm", p->candidates.size());
+  return ok ? p : nullptr;
 }
 
+// Outer-vector scales inside cuBLASLt (bias/GELU fused) when it has an algorithm for them; else the unscaled
+// FP8 product into a temporary and launch_fp8_scale_epilogue applying both scales, bias, activation and the
+// residual; false when cuBLASLt has no FP8 algorithm at all.
 bool GemmEngine::run_fp8(const Fp8GemmCall& call) {
   if (call.m == 0 || call.n == 0) return true;
   if (call.c_dtype != DType::BF16 && call.c_dtype != DType::F16) return false;
   DeviceGuard guard(device_);
   std::lock_guard<std::mutex> lock(mu_);
+  const float alpha = 1.0f, zero = 0.0f;
+  const double flops = 2.0 * double(call.m) * double(call.n) * double(call.k);
+  const size_t out_bytes = size_t(call.m * call.n) * dtype_size(call.c_dtype);
   EpilogueChoice e = choose_epilogue(call.bias, call.act, call.c_dtype);
-  Plan* p = plan_for_fp8(call, e.epilogue);
+  Plan* p = plan_for_fp8(call, e.epilogue, true);
   if (!p && e.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     e = EpilogueChoice{CUBLASLT_EPILOGUE_DEFAULT, false, false};
-    p = plan_for_fp8(call, e.epilogue);
+    p = plan_for_fp8(call, e.epilogue, true);
   }
-  if (!p) return false;
-  const void* a_scale = call.w_scale;
-  const void* b_scale = call.x_scale;
-  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale));
-  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale));
-  if (e.bias_done) {
-    const void* bias = call.bias;
-    cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  if (p) {
+    const void* a_scale = call.w_scale;
+    const void* b_scale = call.x_scale;
+    cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale));
+    cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale));
+    if (e.bias_done) {
+      const void* bias = call.bias;
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+    }
+    const AlgoRun run = [&](const cublasLtMatmulAlgo_t& algo, size_t ws, void* out) {
+      return cublasLtMatmul(lt_, p->desc, &alpha, call.w, p->a, call.x, p->b, &call.beta, out, p->c, out, p->c, &algo,
+                            workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
+    };
+    if (!p->tuned) tune(p, flops, out_bytes, run);
+    if (run(p->algo, p->workspace, call.c)) {
+      const bool need_bias = call.bias && !e.bias_done;
+      const bool need_act = call.act != UnaryOp::kIdentity && !e.act_done;
+      if (need_bias || need_act)
+        launch_gemm_epilogue(call.c, call.c_dtype, call.m, call.n, call.n, 1, 0, need_bias ? call.bias : nullptr,
+                             need_act ? call.act : UnaryOp::kIdentity, false, 0.0f, stream_);
+      ++fp8_gemm_stats().outer_vector;
+      return true;
+    }
   }
-  const float alpha = 1.0f;
+  Plan* u = plan_for_fp8(call, CUBLASLT_EPILOGUE_DEFAULT, false);
+  if (!u) return false;
+  std::shared_ptr<Buffer> raw = alloc_.allocate(out_bytes);
   const AlgoRun run = [&](const cublasLtMatmulAlgo_t& algo, size_t ws, void* out) {
-    return cublasLtMatmul(lt_, p->desc, &alpha, call.w, p->a, call.x, p->b, &call.beta, out, p->c, out, p->c, &algo,
+    return cublasLtMatmul(lt_, u->desc, &alpha, call.w, u->a, call.x, u->b, &zero, out, u->c, out, u->c, &algo,
                           workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
   };
-  if (!p->tuned)
-    tune(p, 2.0 * double(call.m) * double(call.n) * double(call.k), size_t(call.m * call.n) * dtype_size(call.c_dtype), run);
-  if (!run(p->algo, p->workspace, call.c)) return false;
-  const bool need_bias = call.bias && !e.bias_done;
-  const bool need_act = call.act != UnaryOp::kIdentity && !e.act_done;
-  if (need_bias || need_act)
-    launch_gemm_epilogue(call.c, call.c_dtype, call.m, call.n, call.n, 1, 0, need_bias ? call.bias : nullptr,
-                         need_act ? call.act : UnaryOp::kIdentity, false, 0.0f, stream_);
+  if (!u->tuned) tune(u, flops, out_bytes, run);
+  if (!run(u->algo, u->workspace, raw->data())) return false;
+  launch_fp8_scale_epilogue(call, raw->data(), stream_);
+  ++fp8_gemm_stats().unscaled_then_epilogue;
   return true;
 }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <array>
+#include <atomic>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_allocator.h"
@@ -62,6 +63,17 @@ struct Fp8GemmCall {
   UnaryOp act = UnaryOp::kIdentity;
 };
 
+// How FP8 products ran (cumulative, all devices): cuBLASLt with outer-vector scales; cuBLASLt unscaled plus
+// launch_fp8_scale_epilogue; both operands dequantized and the ordinary GEMM (cuda_fp8.cu).
+struct Fp8GemmStats {
+  std::atomic<int64_t> outer_vector{0}, unscaled_then_epilogue{0}, dequantized{0};
+};
+Fp8GemmStats& fp8_gemm_stats();
+
+// C = act(raw[i, j] * x_scale[i] * w_scale[j] + bias[j] + beta * C) over call's [m, n] output, raw [m, n] in
+// C's dtype (the unscaled FP8 product); in cuda_fp8.cu.
+void launch_fp8_scale_epilogue(const Fp8GemmCall& call, const void* raw, cudaStream_t stream);
+
 class GemmEngine {
  public:
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
@@ -80,7 +92,8 @@ class GemmEngine {
   using AlgoRun = std::function<bool(const cublasLtMatmulAlgo_t& algo, size_t ws, void* out)>;
   // The cached plan for `call` with cuBLASLt epilogue `epilogue` (null when cuBLASLt has no algorithm).
   Plan* plan_for(const GemmCall& call, bool allow_tf32, int epilogue);
-  Plan* plan_for_fp8(const Fp8GemmCall& call, int epilogue);
+  // outer_vec: cuBLASLt applies the row scales (OUTER_VEC_32F modes); else the raw e4m3 product.
+  Plan* plan_for_fp8(const Fp8GemmCall& call, int epilogue, bool outer_vec);
   // Asks cuBLASLt's heuristics for the plan's candidate algorithms (operands aligned to the given bytes);
   // false when there is none.
   bool choose_algorithms(Plan* p, uint32_t align_a, uint32_t align_b, uint32_t align_c);

@@ -1,5 +1,6 @@
 #include "models/qwen3/qwen3_encoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -174,14 +175,21 @@ Expected<Tensor> Qwen3Encoder::hidden_penultimate(const Tensor& ids, const Tenso
 Expected<Tensor> Qwen3Encoder::encode_features(const std::vector<int32_t>& ids, const std::vector<int32_t>& mask) const {
   if (ids.empty() || ids.size() != mask.size())
     return invalid_argument("Qwen3 text encoder: ids and mask must be non-empty and of one length");
-  Tensor id_t = Tensor::empty({1, int64_t(ids.size())}, DType::I32);
-  Tensor mask_t = Tensor::empty({1, int64_t(ids.size())}, DType::I32);
-  std::copy(ids.begin(), ids.end(), id_t.data<int32_t>());
-  std::copy(mask.begin(), mask.end(), mask_t.data<int32_t>());
+  // Padding on the right (the tokenizer's: a prefix of 1s, then 0s) is not run: the attention is causal, so
+  // the kept rows never see the padded positions, and their features are the same without them (a prompt of
+  // 40 tokens padded to 512 costs 40 positions, not 512).
+  size_t len = ids.size();
+  const size_t first_pad = size_t(std::find(mask.begin(), mask.end(), 0) - mask.begin());
+  if (first_pad > 0 && std::all_of(mask.begin() + std::ptrdiff_t(first_pad), mask.end(), [](int32_t v) { return v == 0; }))
+    len = first_pad;
+  Tensor id_t = Tensor::empty({1, int64_t(len)}, DType::I32);
+  Tensor mask_t = Tensor::empty({1, int64_t(len)}, DType::I32);
+  std::copy(ids.begin(), ids.begin() + std::ptrdiff_t(len), id_t.data<int32_t>());
+  std::copy(mask.begin(), mask.begin() + std::ptrdiff_t(len), mask_t.data<int32_t>());
   ATELIER_ASSIGN_OR_RETURN(Tensor hidden, hidden_penultimate(id_t, mask_t));
   // Padding removed: the pipeline keeps the rows where the mask is 1 (a prefix, as padding is on the right).
   std::vector<Tensor> rows;
-  for (size_t i = 0; i < mask.size(); ++i)
+  for (size_t i = 0; i < len; ++i)
     if (mask[i]) rows.push_back(hidden.select(0, 0).narrow(0, int64_t(i), 1));
   if (rows.empty()) return invalid_argument("Qwen3 text encoder: the mask selects no token");
   return catch_expected<Tensor>([&]() -> Expected<Tensor> { return ops::concat(rows, 0); });
