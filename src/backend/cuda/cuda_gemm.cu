@@ -336,15 +336,17 @@ GemmEngine::Plan* GemmEngine::plan_for_fp8(const Fp8GemmCall& call, int epilogue
       cublasLtMatrixLayoutCreate(&p->c, c_type, call.n, call.m, call.n) != CUBLAS_STATUS_SUCCESS)
     return nullptr;
   bool ok = choose_algorithms(p, al_a, al_b, al_c);
-  if (!ok && fast_accum) {  // some scale modes come without the fast-accumulation kernels: ask again without
+  bool fast = fast_accum != 0;
+  if (!ok && fast) {  // some scale modes come without the fast-accumulation kernels: ask again without
     const int8_t precise = 0;
     cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &precise, sizeof(precise));
     ok = choose_algorithms(p, al_a, al_b, al_c);
+    fast = false;
   }
   if (gemm_log())
-    std::fprintf(stderr, "[atelier gemm] fp8 %lldx%lldx%lld %s scales, epilogue %d: %s (%zu algorithms)\n", (long long)call.m,
-                 (long long)call.n, (long long)call.k, outer_vec ? "outer-vector" : "no", epilogue,
-                 ok ? "planned" : "no algorithm", p->candidates.size());
+    std::fprintf(stderr, "[atelier gemm] fp8 %lldx%lldx%lld %s scales, epilogue %d, fast accumulation %s: %s (%zu algorithms)\n",
+                 (long long)call.m, (long long)call.n, (long long)call.k, outer_vec ? "outer-vector" : "no", epilogue,
+                 fast ? "on" : "off", ok ? "planned" : "no algorithm", p->candidates.size());
   return ok ? p : nullptr;
 }
 
