@@ -85,6 +85,23 @@ TEST(Bench, JsonOnTinyFixtureHasEveryField) {
   EXPECT_GT(j["peak_bytes_reserved"].get<uint64_t>(), 0u);
 }
 
+// CUDA_VISIBLE_DEVICES renumbers CUDA's devices; NVML must read the GPU CUDA means (a bench on "1" read
+// GPU 0's utilization before this).
+TEST(Nvml, FollowsCudaVisibleDevices) {
+  auto sel = [](const char* v, int i) { return nvml_selector(v, i); };
+  ASSERT_TRUE(sel(nullptr, 1).has_value());
+  EXPECT_EQ(sel(nullptr, 1)->index, 1u);
+  EXPECT_EQ(sel("", 0)->index, 0u);
+  EXPECT_EQ(sel("1", 0)->index, 1u);
+  EXPECT_EQ(sel("3, 1", 1)->index, 1u);
+  EXPECT_EQ(sel("3,1", 0)->index, 3u);
+  EXPECT_FALSE(sel("1", 1).has_value());           // CUDA sees one device
+  EXPECT_EQ(sel("GPU-abc,2", 0)->uuid, "GPU-abc");
+  EXPECT_EQ(sel("GPU-abc,2", 1)->index, 2u);
+  EXPECT_FALSE(sel("0,x,1", 2).has_value());       // CUDA stops at the invalid entry
+  EXPECT_FALSE(sel("0", -1).has_value());
+}
+
 TEST(Bench, NvmlSamplerReadsAPercentageOrNothing) {
   // With a driver (the GPU machine) a percentage of device 0 over ~0.2 s; without one, nothing, at once.
   const bool have_nvml = Nvml::open() != nullptr;

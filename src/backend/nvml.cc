@@ -2,6 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
+#include <string>
+#include <vector>
+
 namespace atelier {
 namespace {
 
@@ -28,6 +32,7 @@ struct Nvml::Api {
   nvmlReturn_t (*init)() = nullptr;
   nvmlReturn_t (*shutdown)() = nullptr;
   nvmlReturn_t (*handle_by_index)(unsigned int, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*handle_by_uuid)(const char*, nvmlDevice_t*) = nullptr;  // optional
   nvmlReturn_t (*utilization)(nvmlDevice_t, NvmlUtilization*) = nullptr;
   nvmlReturn_t (*memory)(nvmlDevice_t, NvmlMemory*) = nullptr;
   nvmlReturn_t (*temperature)(nvmlDevice_t, int, unsigned int*) = nullptr;
@@ -49,6 +54,7 @@ std::unique_ptr<Nvml> Nvml::open() {
                   sym(api->utilization, "nvmlDeviceGetUtilizationRates") && sym(api->memory, "nvmlDeviceGetMemoryInfo") &&
                   sym(api->temperature, "nvmlDeviceGetTemperature") && sym(api->power, "nvmlDeviceGetPowerUsage") &&
                   sym(api->clock, "nvmlDeviceGetClockInfo");
+  sym(api->handle_by_uuid, "nvmlDeviceGetHandleByUUID");
   if (!ok || api->init() != kNvmlSuccess) {
     dlclose(lib);
     return nullptr;
@@ -98,9 +104,38 @@ std::optional<double> NvmlUtilizationSampler::stop() {
   return kPercent * sum_ / samples_;
 }
 
+std::optional<NvmlSelector> nvml_selector(const char* visible, int cuda_index) {
+  if (cuda_index < 0) return std::nullopt;
+  if (visible == nullptr || *visible == '\0') return NvmlSelector{unsigned(cuda_index), ""};
+  std::vector<std::string> entries;
+  std::string cur;
+  for (const char* p = visible;; ++p) {
+    if (*p == ',' || *p == '\0') {
+      entries.push_back(cur);
+      cur.clear();
+      if (*p == '\0') break;
+    } else if (*p != ' ') {
+      cur += *p;
+    }
+  }
+  const auto is_uuid = [](const std::string& e) { return e.rfind("GPU-", 0) == 0 || e.rfind("MIG-", 0) == 0; };
+  const auto is_index = [](const std::string& e) { return !e.empty() && e.find_first_not_of("0123456789") == std::string::npos; };
+  // CUDA stops at the first entry that is neither: the devices after it are invisible.
+  for (int i = 0; i <= cuda_index; ++i)
+    if (size_t(i) >= entries.size() || !(is_uuid(entries[size_t(i)]) || is_index(entries[size_t(i)]))) return std::nullopt;
+  const std::string& e = entries[size_t(cuda_index)];
+  if (is_uuid(e)) return NvmlSelector{0, e};
+  return NvmlSelector{unsigned(std::stoul(e)), ""};
+}
+
 std::optional<GpuReading> Nvml::read(int index) const {
+  const std::optional<NvmlSelector> sel = nvml_selector(std::getenv("CUDA_VISIBLE_DEVICES"), index);
+  if (!sel) return std::nullopt;
   nvmlDevice_t dev = nullptr;
-  if (index < 0 || api_->handle_by_index(unsigned(index), &dev) != kNvmlSuccess) return std::nullopt;
+  const nvmlReturn_t found = sel->uuid.empty() ? api_->handle_by_index(sel->index, &dev)
+                             : api_->handle_by_uuid ? api_->handle_by_uuid(sel->uuid.c_str(), &dev)
+                                                    : nvmlReturn_t(-1);
+  if (found != kNvmlSuccess) return std::nullopt;
   GpuReading r;
   NvmlUtilization u{};
   if (api_->utilization(dev, &u) == kNvmlSuccess) r.utilization = u.gpu / 100.0;

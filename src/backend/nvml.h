@@ -1,17 +1,28 @@
 // NVIDIA Management Library readings (the server's per-device metrics, `atelier bench`'s utilization), opened
 // at run time with dlopen("libnvidia-ml.so.1") so that everything builds and runs on machines without a GPU
 // driver (the readings are then simply absent). Only the few functions used are declared here. Device
-// indices are CUDA's, as the server's device pool counts them (NVML enumerates the same GPUs in the same
-// order unless CUDA_VISIBLE_DEVICES reorders them).
+// indices are CUDA's, as the server's device pool counts them; CUDA_VISIBLE_DEVICES renumbers them (CUDA's
+// device i is the i-th GPU it lists, by NVML index or UUID), which read() follows. (With identical GPUs CUDA's
+// default order is NVML's PCI order; CUDA_DEVICE_ORDER=PCI_BUS_ID makes it so for mixed ones.)
 #pragma once
 #include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 
 namespace atelier {
+
+// Which GPU NVML should read for CUDA device `cuda_index` under CUDA_VISIBLE_DEVICES = `visible` (null or
+// empty: unset, the same index): an NVML index, or a UUID ("GPU-..."/"MIG-..." entries); nullopt when CUDA
+// cannot see that many devices.
+struct NvmlSelector {
+  unsigned index = 0;
+  std::string uuid;  // non-empty: select by UUID
+};
+std::optional<NvmlSelector> nvml_selector(const char* visible, int cuda_index);
 
 struct GpuReading {
   double utilization = 0;      // 0..1 (GPU busy fraction over NVML's last sample period)
