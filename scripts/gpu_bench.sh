@@ -5,42 +5,11 @@
 # JSON reports and logs go to $OUT (or /tmp/gpu_bench).
 #   device run: carry [".gpupack"], command "bash .gpupack/gpu_check.sh; bash .gpupack/gpu_bench.sh"
 set -uo pipefail
-cd "$(dirname "$0")/.."
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/.."
 out=${OUT:-/tmp/gpu_bench}
 mkdir -p "$out"
-if [[ -x .devicepack/bin/atelier ]]; then
-  run=(.devicepack/run)
-  atelier=.devicepack/bin/atelier
-  fixtures=$(pwd)/.devicepack/fixtures
-else
-  run=()
-  atelier=${BUILD_DIR:-build}/atelier
-  fixtures=$(pwd)/../shared/fixtures
-fi
-for name in libcudnn.so.9 libcublasLt.so.13 libcublas.so.13; do
-  if ! ldconfig -p 2>/dev/null | grep -q "$name"; then
-    found=$(find /usr/local/cuda/lib64 /usr/lib /opt -name "$name" 2>/dev/null | head -1)
-    [[ -n $found ]] && export LD_LIBRARY_PATH="$(dirname "$found"):${LD_LIBRARY_PATH:-}"
-  fi
-done
-
-bench() {  # bench NAME ARGS...: one JSON report, its text summary on the log
-  local name=$1
-  shift
-  echo "=== bench $name: $*"
-  "${run[@]}" "$atelier" bench --device cuda "$@" --json > "$out/$name.json" 2> "$out/$name.err"
-  local rc=$?
-  [[ $rc -eq 0 ]] || { echo "bench $name failed ($rc):"; tail -5 "$out/$name.err"; }
-  /usr/bin/env python3 - "$out/$name.json" <<'PY' 2>&1 | tail -3
-import json, sys
-r = json.load(open(sys.argv[1]))
-u = r.get("unet_ms", {})
-st = r.get("stages_s", {})
-print(f"  UNet ms min {u.get('min', 0):.3f} median {u.get('median', 0):.3f}; {r.get('unet_tflops_per_s', 0):.1f} TFLOP/s "
-      f"({r.get('pct_of_ceiling') or 0:.1f}% of ceiling); GPU busy {r.get('gpu_busy_pct')}%; {r.get('it_per_s', 0):.1f} it/s; "
-      f"{r.get('s_per_image', 0):.4f} s/image; VAE decode {st.get('vae_decode')} s; peak {r.get('peak_bytes_reserved', 0)/2**30:.2f} GiB")
-PY
-}
+source "$here/gpu_bench_env.sh"
 
 nvidia-smi dmon -s u -d 1 > "$out/dmon_b1.txt" 2>&1 &
 dmon=$!
@@ -67,7 +36,7 @@ ATELIER_GRAPHS=0 bench sd15_trace --config sd15 --steps 3 --batch 1 --warmup 1 -
 bench sd15_b8 --config sd15 --steps 10 --batch 8 --warmup 2
 bench sd15_1024 --config sd15 --steps 10 --batch 1 --width 1024 --height 1024 --warmup 2
 # FLUX.1-dev (28 steps) and Z-Image-Turbo (8 steps) at 1024², built-in full-size configurations, bf16 and fp8.
-OUT=$out bash "$(dirname "$0")/gpu_dit_bench.sh"
+OUT=$out bash "$here/gpu_dit_bench.sh"
 echo "=== NVML utilisation during sd15_b1 (nvidia-smi dmon, %)"
 awk '$1 ~ /^[0-9]+$/ {print $2}' "$out/dmon_b1.txt" | tr '\n' ' '
 echo

@@ -1,0 +1,37 @@
+# Sourced (from the repository root) by gpu_bench.sh and gpu_dit_bench.sh, in scripts/ or in a pack's
+# .gpupack/: which atelier binary to run (the pack's, or a build tree's), the CUDA libraries on the loader
+# path, and `bench NAME ARGS...`: one `atelier bench --device cuda ARGS --json` report in $out with its summary
+# line on the log. Needs $out.
+if [[ -x .devicepack/bin/atelier ]]; then
+  run=(.devicepack/run)
+  atelier=.devicepack/bin/atelier
+  fixtures=$(pwd)/.devicepack/fixtures
+else
+  run=()
+  atelier=${BUILD_DIR:-build}/atelier
+  fixtures=$(pwd)/../shared/fixtures
+fi
+for name in libcudnn.so.9 libcublasLt.so.13 libcublas.so.13; do
+  if ! ldconfig -p 2>/dev/null | grep -q "$name"; then
+    found=$(find /usr/local/cuda/lib64 /usr/lib /opt -name "$name" 2>/dev/null | head -1)
+    [[ -n $found ]] && export LD_LIBRARY_PATH="$(dirname "$found"):${LD_LIBRARY_PATH:-}"
+  fi
+done
+
+bench() {  # bench NAME ARGS...
+  local name=$1
+  shift
+  echo "=== bench $name: $*"
+  "${run[@]}" "$atelier" bench --device cuda "$@" --json > "$out/$name.json" 2> "$out/$name.err" ||
+    { echo "bench $name failed:"; tail -5 "$out/$name.err"; return; }
+  /usr/bin/env python3 - "$out/$name.json" <<'PY' 2>&1 | tail -3
+import json, sys
+r = json.load(open(sys.argv[1]))
+u = r.get("unet_ms", {})
+st = r.get("stages_s", {})
+print(f"  model call ms min {u.get('min', 0):.3f} median {u.get('median', 0):.3f}; {r.get('unet_tflops_per_s', 0):.1f} TFLOP/s "
+      f"({r.get('pct_of_ceiling') or 0:.1f}% of ceiling); GPU busy {r.get('gpu_busy_pct')}%; NVML {r.get('nvml_util_pct')}%; "
+      f"{r.get('it_per_s', 0):.1f} it/s; {r.get('s_per_image', 0):.4f} s/image; text {st.get('text_encode')} s, denoise "
+      f"{st.get('denoise')} s, VAE decode {st.get('vae_decode')} s; peak {r.get('peak_bytes_reserved', 0)/2**30:.2f} GiB")
+PY
+}
