@@ -65,10 +65,15 @@ def main():
         t = time.time()
         run_job(base, body)  # loads the model on every worker, records the graphs of batch 1
         load_s = time.time() - t
-        # Warm the batched shapes once (a graph per batch size is recorded on its second use).
-        threads = [threading.Thread(target=run_job, args=(base, dict(body, seed=100 + i))) for i in range(a.max_batch)]
-        for th in threads: th.start()
-        for th in threads: th.join()
+        # Warm the batched shapes of every worker: max_batch concurrent jobs per device (the router spreads
+        # them, so each worker sees batches up to max_batch), twice (a graph per batch size is recorded on
+        # its second use). Otherwise a second worker tunes and records its shapes inside the timed phase.
+        workers = len(a.devices.split(","))
+        for rnd in range(2):
+            threads = [threading.Thread(target=run_job, args=(base, dict(body, seed=100 + 100 * rnd + i)))
+                       for i in range(a.max_batch * workers)]
+            for th in threads: th.start()
+            for th in threads: th.join()
 
         t = time.time()
         for i in range(a.sequential):
