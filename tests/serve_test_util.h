@@ -1,6 +1,7 @@
 // Helpers for the server tests: an in-process server on a free port with the sd15-tiny model, an HTTP
 // client, JSON and image checks.
 #pragma once
+#include <cstdio>
 #include <httplib.h>
 
 #include <memory>
@@ -69,6 +70,7 @@ inline nlohmann::json parse(const std::string& body) {
 inline nlohmann::json post_json(httplib::Client& c, const std::string& path, const nlohmann::json& body, int* status) {
   auto r = c.Post(path.c_str(), body.dump(), "application/json");
   *status = r ? r->status : -1;
+  if (!r) std::fprintf(stderr, "POST %s: no response (%s)\n", path.c_str(), httplib::to_string(r.error()).c_str());
   return r ? parse(r->body) : nlohmann::json();
 }
 

@@ -3,6 +3,8 @@
 #include <httplib.h>
 
 #include <condition_variable>
+#include <sys/socket.h>
+
 #include <csignal>
 #include <filesystem>
 
@@ -16,6 +18,11 @@ namespace {
 
 constexpr int kKeepAliveTimeoutS = 5;
 constexpr int kReadTimeoutS = 30;
+// Pending connections the kernel keeps for the accept loop. httplib listens with 5 (CPPHTTPLIB_LISTEN_BACKLOG,
+// compiled into Debian's library): a burst of clients connecting at once overflowed it, and some connections
+// were reset after their request was sent ("no response (Read)" for 16 concurrent test clients on a loaded
+// machine). start() raises it on the bound socket.
+constexpr int kListenBacklog = 1024;
 constexpr int kWriteTimeoutS = 60;
 constexpr auto kStartTimeout = std::chrono::seconds(10);
 
@@ -46,6 +53,7 @@ struct Server::Impl {
   httplib::Server http;
   std::thread http_thread;
   int port = 0;
+  socket_t listen_socket = INVALID_SOCKET;  // captured by configure_http's socket options
   std::mutex stop_mu;
   std::condition_variable stop_cv;
   bool started = false, stopped = false, done = false;
@@ -63,6 +71,10 @@ void Server::Impl::configure_http() {
   http.set_payload_max_length(options.max_body_bytes);
   http.set_keep_alive_timeout(kKeepAliveTimeoutS);
   http.set_read_timeout(kReadTimeoutS, 0);
+  http.set_socket_options([this](socket_t sock) {  // called for the listening socket only
+    httplib::default_socket_options(sock);
+    listen_socket = sock;
+  });
   http.set_write_timeout(kWriteTimeoutS, 0);
   if (!options.cors_origin.empty())
     http.set_default_headers({{"Access-Control-Allow-Origin", options.cors_origin}, {"Vary", "Origin"}});
@@ -207,6 +219,8 @@ Status Server::start() {
   if (s.port <= 0)
     return invalid_argument("cannot listen on " + s.options.host + ":" + std::to_string(s.options.port) +
                             " (address in use, or not an address of this machine)");
+  // listen() again on a listening socket only changes its backlog (see kListenBacklog).
+  if (s.listen_socket != INVALID_SOCKET) ::listen(s.listen_socket, kListenBacklog);
   s.started = true;
   s.pool.start();
   s.scheduler->start();
