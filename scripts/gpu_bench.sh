@@ -7,8 +7,6 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
-out=${OUT:-/tmp/gpu_bench}
-mkdir -p "$out"
 source "$here/gpu_bench_env.sh"
 
 nvidia-smi dmon -s u -d 1 > "$out/dmon_b1.txt" 2>&1 &

@@ -1,7 +1,9 @@
 # Sourced (from the repository root) by gpu_bench.sh and gpu_dit_bench.sh, in scripts/ or in a pack's
 # .gpupack/: which atelier binary to run (the pack's, or a build tree's), the CUDA libraries on the loader
 # path, and `bench NAME ARGS...`: one `atelier bench --device cuda ARGS --json` report in $out with its summary
-# line on the log. Needs $out.
+# line on the log. Reports go to $out: $OUT, or /tmp/gpu_bench.
+out=${OUT:-/tmp/gpu_bench}
+mkdir -p "$out"
 if [[ -x .devicepack/bin/atelier ]]; then
   run=(.devicepack/run)
   atelier=.devicepack/bin/atelier

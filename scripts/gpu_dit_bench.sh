@@ -6,8 +6,6 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
-out=${OUT:-/tmp/gpu_bench}
-mkdir -p "$out"
 source "$here/gpu_bench_env.sh"
 
 for c in flux zimage; do
