@@ -3,6 +3,10 @@
 #include <cmath>
 #include <iostream>
 
+#include <unistd.h>
+
+#include "core/dtype.h"
+#include "io/safetensors.h"
 #include "models/common/table_cache.h"
 #include "models/flux/flux_transformer.h"
 #include "test_util.h"
@@ -138,6 +142,43 @@ TEST(FluxTransformerGolden, Fp8BlocksStayCloseToTheGoldens) {
     std::cout << "[flux] transformer fp8 " << key << ": rel L2 " << r << " against the f32 reference\n";
     EXPECT_LE(r, kFp8Tol) << key;
   }
+}
+
+// An FP8 checkpoint (block projections stored in f8e4m3, as ComfyUI's fp8 FLUX files) with --dtype fp8: the
+// stored weights are used as they are (row scales 1), not upcast and quantized again. Against the same file
+// upcast to f32 (the exact weights), only the activations' quantization differs; quantizing again adds the
+// weights' second rounding.
+TEST(FluxTransformerGolden, Fp8CheckpointKeepsItsStoredWeights) {
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  const WeightStore src = WeightStore::open({(dir / "model/transformer/diffusion_pytorch_model.safetensors").string()}).value();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& k : src.keys()) {
+    Tensor t = src.read(k).value();
+    const bool block = k.rfind("transformer_blocks.", 0) == 0 || k.rfind("single_transformer_blocks.", 0) == 0;
+    if (block && t.dim() == 2 && k.size() > 7 && k.compare(k.size() - 7, 7, ".weight") == 0) {
+      Tensor q = Tensor::empty(t.shape(), DType::F8E4M3);
+      for (int64_t i = 0; i < t.numel(); ++i) static_cast<uint8_t*>(q.raw())[i] = float_to_f8e4m3(t.data<float>()[i]);
+      t = q;
+    }
+    tensors.emplace_back(k, t);
+  }
+  const fs::path file = fs::temp_directory_path() / ("atelier_flux_fp8_" + std::to_string(::getpid()) + ".safetensors");
+  ASSERT_TRUE(write_safetensors(file.string(), tensors).is_ok());
+  const WeightStore store = WeightStore::open({file.string()}).value();
+  const FluxConfig cfg = folder_config(dir);
+  const FluxTransformer exact = FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, Device::cpu()).value();
+  const FluxTransformer kept = FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, Device::cpu(), DType::F32, "", true).value();
+  FluxTransformer requantized = FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, Device::cpu()).value();
+  requantized.quantize_fp8();
+  const std::vector<float> want = exact.forward(golden_inputs(0.5f)).value().to_vector();
+  const std::vector<float> k = kept.forward(golden_inputs(0.5f)).value().to_vector();
+  const double err_kept = test::rel_l2(k, want);
+  const double err_requantized = test::rel_l2(requantized.forward(golden_inputs(0.5f)).value().to_vector(), want);
+  std::cout << "[flux] fp8 checkpoint vs its exact weights: kept " << err_kept << ", quantized again " << err_requantized << "\n";
+  EXPECT_GT(err_kept, 0.0);  // the products ran in FP8
+  EXPECT_LT(err_kept, err_requantized);
+  EXPECT_LE(err_kept, kFp8Tol);
+  fs::remove(file);
 }
 
 TEST(FluxTransformerGolden, LoadErrorsListMissingKeys) {

@@ -144,7 +144,7 @@ Status load_diffusers(FluxModel& m, const fs::path& root, const FluxLoadOptions&
   ATELIER_ASSIGN_OR_RETURN(auto files, component_weight_files(root / "transformer", "diffusion_pytorch_model"));
   ATELIER_ASSIGN_OR_RETURN(auto store, WeightStore::open(files));
   ATELIER_ASSIGN_OR_RETURN(auto cfg, FluxConfig::from_file((root / "transformer" / "config.json").string()));
-  ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, o.device, flux_model_dtype(o)));
+  ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, o.device, flux_model_dtype(o), "", o.fp8));
   if (o.fp8) tr.quantize_fp8();
   m.transformer.emplace(std::move(tr));
   ATELIER_RETURN_IF_ERROR(set_text_encoders(
@@ -175,7 +175,7 @@ Status load_bfl(FluxModel& m, const fs::path& file, const FluxLoadOptions& o) {
     ATELIER_ASSIGN_OR_RETURN(auto c, FluxConfig::detect(store, FluxLayout::kBfl, *prefix));
     cfg = c;
   }
-  ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kBfl, *cfg, o.device, flux_model_dtype(o), *prefix));
+  ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kBfl, *cfg, o.device, flux_model_dtype(o), *prefix, o.fp8));
   if (o.fp8) tr.quantize_fp8();
   m.transformer.emplace(std::move(tr));
   if (o.vae.empty() || o.clip_l.empty() || o.t5.empty()) {

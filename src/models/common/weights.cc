@@ -136,6 +136,20 @@ void WeightLoader::optional_tensor(Tensor& field, const std::string& key, const 
 }
 
 void WeightLoader::linear(Linear& l, const std::string& key, int64_t in, int64_t out, bool bias) {
+  const std::string wk = file_key(key + ".weight");
+  const TensorInfo* info = keep_fp8_ && !store_->generator_ ? store_->info(wk) : nullptr;
+  if (info && info->dtype == DType::F8E4M3 && info->shape == Shape{out, in}) {
+    auto host = store_->read(wk, DType::F8E4M3);  // the stored bytes
+    if (!host) {
+      shared_->errors.push_back(host.status().message());
+      return;
+    }
+    l.weight = device_.is_cpu() ? *host : host->to(device_);
+    l.weight_scale = Tensor::full({out}, 1.0f, device_);
+    ++shared_->loaded;
+    if (bias) tensor(l.bias, key + ".bias", {out});
+    return;
+  }
   tensor(l.weight, key + ".weight", {out, in});
   if (bias) tensor(l.bias, key + ".bias", {out});
 }

@@ -77,6 +77,11 @@ class WeightLoader {
 
   // A loader scoped to `name` ("down_blocks.0" -> keys "down_blocks.0.<key>").
   WeightLoader scope(const std::string& name) const;
+  // Linear weights stored as f8e4m3 in the file are kept as they are (Linear::is_fp8, row scales 1) instead
+  // of converted to the compute dtype: an FP8 checkpoint run with FP8 products (`--dtype fp8`) uses exactly
+  // its stored weights. Scopes made after this call inherit it.
+  void keep_fp8_linears(bool keep) { keep_fp8_ = keep; }
+
   // Whether a canonical key (relative to this scope) exists in the file.
   bool has(const std::string& key) const;
   // Shape of a canonical key in the file, if present.
@@ -96,6 +101,7 @@ class WeightLoader {
   KeyMap map_;
   std::string prefix_;
   std::string scope_;
+  bool keep_fp8_ = false;
   std::shared_ptr<Shared> shared_;
 };
 

@@ -140,7 +140,7 @@ Tensor flux_apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 }
 
 Expected<FluxTransformer> FluxTransformer::load(const WeightStore& store, FluxLayout layout, const FluxConfig& c,
-                                                Device device, DType dtype, const std::string& prefix) {
+                                                Device device, DType dtype, const std::string& prefix, bool fp8_blocks) {
   FluxTransformer m;
   m.config_ = c;
   m.device_ = device;
@@ -159,13 +159,15 @@ Expected<FluxTransformer> FluxTransformer::load(const WeightStore& store, FluxLa
   load_embedder(w, m.timestep_embedder_, "time_text_embed.timestep_embedder", kTimeFeatures, d);
   if (c.guidance_embeds) load_embedder(w, m.guidance_embedder_, "time_text_embed.guidance_embedder", kTimeFeatures, d);
   load_embedder(w, m.text_embedder_, "time_text_embed.text_embedder", c.pooled_projection_dim, d);
+  WeightLoader blocks = w;  // the embedders and the final layer above and below always in the compute dtype
+  blocks.keep_fp8_linears(fp8_blocks);
   m.double_blocks_.resize(size_t(c.num_layers));
   for (int i = 0; i < c.num_layers; ++i) {
-    load_double(w.scope("transformer_blocks." + std::to_string(i)), layout, c, i, m.double_blocks_[size_t(i)]);
+    load_double(blocks.scope("transformer_blocks." + std::to_string(i)), layout, c, i, m.double_blocks_[size_t(i)]);
   }
   m.single_blocks_.resize(size_t(c.num_single_layers));
   for (int i = 0; i < c.num_single_layers; ++i) {
-    load_single(w.scope("single_transformer_blocks." + std::to_string(i)), layout, c, i, m.single_blocks_[size_t(i)]);
+    load_single(blocks.scope("single_transformer_blocks." + std::to_string(i)), layout, c, i, m.single_blocks_[size_t(i)]);
   }
   w.linear(m.norm_out_linear_, "norm_out.linear", d, kFinalMods * d);
   w.linear(m.proj_out_, "proj_out", d, c.out_channels);

@@ -53,8 +53,11 @@ struct FluxInputs {
 class FluxTransformer {
  public:
   // Reads every tensor from `store` in `layout` under `prefix`, checking shapes. CPU needs dtype f32.
+  // fp8_blocks: the blocks' projections stored in f8e4m3 are kept in FP8 (WeightLoader::keep_fp8_linears;
+  // quantize_fp8() then quantizes the others).
   static Expected<FluxTransformer> load(const WeightStore& store, FluxLayout layout, const FluxConfig& config,
-                                        Device device, DType dtype = DType::F32, const std::string& prefix = "");
+                                        Device device, DType dtype = DType::F32, const std::string& prefix = "",
+                                        bool fp8_blocks = false);
 
   const FluxConfig& config() const { return config_; }
   Device device() const { return device_; }
