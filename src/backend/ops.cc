@@ -356,6 +356,26 @@ Tensor rows_view(const Tensor& x) {
   }
   return contiguous(x).reshape({1, m, k});
 }
+
+Tensor linear_output(const Tensor& x, const Tensor& w, const char* w_name, const Tensor& b, const Tensor& residual,
+                     const std::string& op, float* beta) {
+  const std::string wn = w_name;
+  require(x.dim() >= 1 && x.size(-1) == w.size(1), op,
+          "x " + shape_str(x.shape()) + " does not match " + wn + " " + shape_str(w.shape()) + " (x [..., in], " + wn +
+              " [out, in])");
+  if (b.defined()) {
+    require_f32(b, op, "b");
+    require(b.dim() == 1 && b.size(0) == w.size(0), op, "bias must be [" + std::to_string(w.size(0)) + "], got " + shape_str(b.shape()));
+  }
+  Shape shape = x.shape();
+  shape.back() = w.size(0);
+  *beta = 0.0f;
+  if (!residual.defined()) return empty_like_shape(x, shape);
+  require_f32(residual, op, "residual");
+  require(residual.shape() == shape, op, "residual " + shape_str(residual.shape()) + " must have the output's shape " + shape_str(shape));
+  *beta = 1.0f;
+  return clone(residual);  // the product accumulates onto it
+}
 }  // namespace detail
 
 namespace {
@@ -365,28 +385,12 @@ Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp ac
   require_f32(w, op, "w");
   require_same_device(x, w, op);
   require(w.dim() == 2, op, "w must be [out, in], got " + shape_str(w.shape()));
-  require(x.dim() >= 1 && x.size(-1) == w.size(1), op,
-          "x " + shape_str(x.shape()) + " does not match w " + shape_str(w.shape()) + " (x [..., in], w [out, in])");
-  if (b.defined()) {
-    require_f32(b, op, "b");
-    require(b.dim() == 1 && b.size(0) == w.size(0), op, "bias must be [" + std::to_string(w.size(0)) + "], got " + shape_str(b.shape()));
-  }
-  Shape shape = x.shape();
-  shape.back() = w.size(0);
-  Tensor a = rows_view(x);
   GemmParams p;
+  Tensor out = linear_output(x, w, "w", b, residual, op, &p.beta);
+  Tensor a = rows_view(x);
   p.trans_b = true;  // w [out, in] is b^T
   Tensor bm = blas_operand(w.unsqueeze(0), &p.trans_b);
   p.epilogue = act;
-  Tensor out;
-  if (residual.defined()) {
-    require_f32(residual, op, "residual");
-    require(residual.shape() == shape, op, "residual " + shape_str(residual.shape()) + " must have the output's shape " + shape_str(shape));
-    out = clone(residual);  // gemm accumulates onto it (beta = 1)
-    p.beta = 1.0f;
-  } else {
-    out = empty_like_shape(x, shape);
-  }
   Tensor out3 = out.reshape({1, a.size(1), w.size(0)});
   trace::count_flops(gemm_flops(1, a.size(1), w.size(0), w.size(1)));
   backend_of(x).gemm(out3, a, bm, contiguous_opt(b), p);

@@ -43,25 +43,10 @@ Tensor linear_fp8(const Tensor& x, const Tensor& w8, const Tensor& ws, const Ten
   require(w8.dim() == 2 && w8.strides()[1] == 1, op, "w8 must be [out, in] with a unit last stride, got " + shape_str(w8.shape()));
   require(ws.dim() == 1 && ws.size(0) == w8.size(0) && ws.is_contiguous(), op,
           "ws must be [" + std::to_string(w8.size(0)) + "] contiguous, got " + shape_str(ws.shape()));
-  require(x.dim() >= 1 && x.size(-1) == w8.size(1), op,
-          "x " + shape_str(x.shape()) + " does not match w8 " + shape_str(w8.shape()) + " (x [..., in], w8 [out, in])");
-  if (b.defined()) {
-    require_f32(b, op, "b");
-    require(b.dim() == 1 && b.size(0) == w8.size(0), op, "bias must be [" + std::to_string(w8.size(0)) + "], got " + shape_str(b.shape()));
-  }
-  Shape shape = x.shape();
-  shape.back() = w8.size(0);
-  const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1), n = w8.size(0), k = w8.size(1);
-  Tensor out;
+  if (residual.defined()) require(residual.dtype() == x.dtype(), op, "residual must have x's dtype");
   float beta = 0.0f;
-  if (residual.defined()) {
-    require(residual.shape() == shape, op, "residual " + shape_str(residual.shape()) + " must have the output's shape " + shape_str(shape));
-    require(residual.dtype() == x.dtype(), op, "residual must have x's dtype");
-    out = clone(residual);  // the product accumulates onto it (beta = 1)
-    beta = 1.0f;
-  } else {
-    out = empty_like_shape(x, shape);
-  }
+  Tensor out = linear_output(x, w8, "w8", b, residual, op, &beta);
+  const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1), n = w8.size(0), k = w8.size(1);
   if (m == 0 || n == 0) return out;
   const Tensor r3 = rows_view(x);  // [1, m, k], rows possibly strided
   const Tensor rows(r3.buffer(), {m, k}, {r3.strides()[1], 1}, r3.dtype(), r3.offset());

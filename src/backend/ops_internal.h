@@ -24,5 +24,10 @@ Tensor contiguous_opt(const Tensor& x);
 // x [..., in] -> [1, M, in]: a view when the leading dims collapse into one row index with a unit inner
 // stride (e.g. a narrow of the last dim of a contiguous tensor), else a packed copy.
 Tensor rows_view(const Tensor& x);
+// What every linear layer checks and allocates, whatever its weight's storage: x [..., in] against w [out, in]
+// (named w_name in messages), the optional bias [out] and residual [..., out]; returns the output [..., out],
+// a copy of the residual (the product accumulates onto it: *beta = 1) or a fresh tensor in x's dtype (*beta = 0).
+Tensor linear_output(const Tensor& x, const Tensor& w, const char* w_name, const Tensor& b, const Tensor& residual,
+                     const std::string& op, float* beta);
 
 }  // namespace atelier::ops::detail
