@@ -92,13 +92,13 @@ Tensor CudaBackend::as_dtype(const Tensor& like, DType dtype) {
   return t;
 }
 
-void CudaBackend::run_gemm(const GemmCall& call) {
-  {
-    std::lock_guard<std::mutex> lock(engines_mu_);
-    if (!gemm_) gemm_ = std::make_unique<GemmEngine>(index_, stream_, alloc_);
-  }
-  gemm_->run(call, allow_tf32_);
+GemmEngine& CudaBackend::gemm_engine() {
+  std::lock_guard<std::mutex> lock(engines_mu_);
+  if (!gemm_) gemm_ = std::make_unique<GemmEngine>(index_, stream_, alloc_);
+  return *gemm_;
 }
+
+void CudaBackend::run_gemm(const GemmCall& call) { gemm_engine().run(call, allow_tf32_); }
 
 std::string CudaBackend::conv_impl_name() {
   std::lock_guard<std::mutex> lock(engines_mu_);

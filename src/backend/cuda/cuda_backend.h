@@ -105,6 +105,8 @@ class CudaBackend final : public Backend {
   void run_gemm(const GemmCall& call);
 
  private:
+  // The cuBLASLt engine of this device, made at first use.
+  GemmEngine& gemm_engine();
   // Attention through two batched GEMMs and a masked softmax, in chunks of queries (any dtype/head dims).
   void attention_gemm(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
   // The tensor-core flash kernel; returns false when the inputs are outside what it supports.

@@ -15,7 +15,6 @@ namespace {
 
 constexpr int kQuantThreads = 256;
 constexpr int kVec = 8;                // 16-bit elements per 16-byte load
-constexpr float kE4M3Max = 448.0f;     // largest finite e4m3 value (kF8E4M3Max on the host)
 
 __device__ __forceinline__ uint8_t to_e4m3(float v) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
@@ -41,7 +40,7 @@ __global__ void quantize_rows_kernel(uint8_t* q, float* scale, const T* x, int64
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(to_f32(row[c])));
   }
   amax = block_max(amax, scratch);
-  const float s = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, kE4M3Max) : 1.0f;
+  const float s = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, kF8E4M3Max) : 1.0f;
   if (threadIdx.x == 0) scale[blockIdx.x] = s;
   if (vec) {
     for (int64_t c = int64_t(threadIdx.x) * kVec; c < cols; c += int64_t(blockDim.x) * kVec) {
@@ -138,11 +137,7 @@ void CudaBackend::gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, cons
   call.beta = beta;
   call.bias = bias.defined() ? bias.raw() : nullptr;
   call.act = act;
-  {
-    std::lock_guard<std::mutex> lock(engines_mu_);
-    if (!gemm_) gemm_ = std::make_unique<GemmEngine>(index_, stream_, alloc_);
-  }
-  if (dt != DType::F32 && gemm_->run_fp8(call)) return;
+  if (dt != DType::F32 && gemm_engine().run_fp8(call)) return;
   // Fallback: both operands dequantized into out's dtype, then the ordinary product.
   ++fp8_gemm_stats().dequantized;
   DeviceGuard guard(index_);
