@@ -105,10 +105,12 @@ bool same_but_trailing_ones(Shape a, Shape b) {
 }
 }  // namespace
 
-void WeightLoader::tensor(Tensor& field, const std::string& key, const Shape& shape) {
+void WeightLoader::tensor(Tensor& field, const std::string& key, const Shape& shape) { load(field, key, shape, dtype_); }
+
+void WeightLoader::load(Tensor& field, const std::string& key, const Shape& shape, DType dtype) {
   const std::string fk = file_key(key);
   if (store_->generator_) {
-    field = store_->generator_(fk, shape, device_, dtype_);
+    field = store_->generator_(fk, shape, device_, dtype);
     ++shared_->loaded;
     return;
   }
@@ -121,7 +123,7 @@ void WeightLoader::tensor(Tensor& field, const std::string& key, const Shape& sh
     shared_->errors.push_back("tensor '" + fk + "' has shape " + shape_str(info->shape) + ", expected " + shape_str(shape));
     return;
   }
-  auto host = store_->read(fk, dtype_);
+  auto host = store_->read(fk, dtype);
   if (!host) {
     shared_->errors.push_back(host.status().message());
     return;
@@ -136,21 +138,10 @@ void WeightLoader::optional_tensor(Tensor& field, const std::string& key, const 
 }
 
 void WeightLoader::linear(Linear& l, const std::string& key, int64_t in, int64_t out, bool bias) {
-  const std::string wk = file_key(key + ".weight");
-  const TensorInfo* info = keep_fp8_ && !store_->generator_ ? store_->info(wk) : nullptr;
-  if (info && info->dtype == DType::F8E4M3 && info->shape == Shape{out, in}) {
-    auto host = store_->read(wk, DType::F8E4M3);  // the stored bytes
-    if (!host) {
-      shared_->errors.push_back(host.status().message());
-      return;
-    }
-    l.weight = device_.is_cpu() ? *host : host->to(device_);
-    l.weight_scale = Tensor::full({out}, 1.0f, device_);
-    ++shared_->loaded;
-    if (bias) tensor(l.bias, key + ".bias", {out});
-    return;
-  }
-  tensor(l.weight, key + ".weight", {out, in});
+  const TensorInfo* info = keep_fp8_ ? store_->info(file_key(key + ".weight")) : nullptr;
+  const bool keep = info && info->dtype == DType::F8E4M3;  // the stored bytes, as they are
+  load(l.weight, key + ".weight", {out, in}, keep ? DType::F8E4M3 : dtype_);
+  if (keep && l.weight.defined()) l.weight_scale = Tensor::full({out}, 1.0f, device_);
   if (bias) tensor(l.bias, key + ".bias", {out});
 }
 

@@ -91,6 +91,8 @@ class WeightLoader {
 
  private:
   std::string file_key(const std::string& key) const;
+  // tensor() in `dtype` (linear's f8e4m3 weights kept as stored).
+  void load(Tensor& field, const std::string& key, const Shape& shape, DType dtype);
   struct Shared {
     std::vector<std::string> errors;
     int loaded = 0;
