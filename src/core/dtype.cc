@@ -1,5 +1,7 @@
 #include "core/dtype.h"
 
+#include <cmath>
+
 namespace atelier {
 
 std::string_view dtype_name(DType t) {
@@ -79,19 +81,14 @@ uint8_t float_to_f8e4m3(float f) {
   const float mag = bits_to_float(mag_bits);
   if (mag >= kF8E4M3Max) return sign | kMaxFinite;
   if (mag < kMinNormal) {
-    // Subnormals are multiples of 2^-9: mag * 512 is exact, and rounding it to an integer (ties to even)
-    // is the e4m3 rounding; 8 becomes 0.0001.000, the smallest normal, as it should.
-    const float steps = mag * 512.0f;
-    float r = float(int(steps));
-    const float frac = steps - r;
-    if (frac > 0.5f || (frac == 0.5f && (int(r) & 1))) r += 1.0f;
-    return sign | uint8_t(r);
+    // Subnormals are multiples of 2^-9: mag * 512 is exact, and rounding it to an integer (nearbyint: ties to
+    // even in the default rounding mode) is the e4m3 rounding; 8 becomes 0.0001.000, the smallest normal.
+    return sign | uint8_t(std::nearbyint(mag * 512.0f));
   }
-  // Normal: keep 3 of the 23 mantissa bits, ties to even; a carry into the exponent is correct rounding.
+  // Normal: keep 3 of the 23 mantissa bits, ties to even; a carry into the exponent is correct rounding (and
+  // stays <= 448: nothing below 448 rounds up to the next step, 480).
   uint32_t r = mag_bits + 0x7ffffu + ((mag_bits >> 20) & 1u);
   r &= ~0xfffffu;
-  const float rounded = bits_to_float(r);
-  if (rounded > kF8E4M3Max) return sign | kMaxFinite;
   const uint32_t exp = (r >> 23) - 127 + 7, mant = (r >> 20) & 7u;
   return sign | uint8_t((exp << 3) | mant);
 }

@@ -139,13 +139,10 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
   // --text-encoder: Qwen3-4B with random weights in f32 (what ZImageLoadOptions gives it), encoding a prompt of
   // `tokens` ids (unpadded: what a real prompt of that length costs) whose features condition the transformer.
   std::optional<Qwen3Encoder> encoder;
-  const std::vector<int32_t> ids = [&] {
-    std::vector<int32_t> v(static_cast<size_t>(tokens));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = int32_t((i * 7919 + 13) % size_t(c.qwen3 ? c.qwen3->vocab_size : 1));
-    return v;
-  }();
+  std::vector<int32_t> ids;
   const std::vector<int32_t> mask(static_cast<size_t>(tokens), 1);
   if (o.text_encoder && c.qwen3) {
+    for (int64_t i = 0; i < tokens; ++i) ids.push_back(int32_t((i * 7919 + 13) % c.qwen3->vocab_size));
     trace::Scope load_range(kBenchLoadRange, Category::kStage);
     int64_t params = 0;
     ATELIER_ASSIGN_OR_RETURN(auto enc, make_random_qwen3_encoder(*c.qwen3, run.dev, DType::F32, o.seed + 1, &params));
