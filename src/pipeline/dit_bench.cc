@@ -147,6 +147,9 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
     int64_t params = 0;
     ATELIER_ASSIGN_OR_RETURN(auto enc, make_random_qwen3_encoder(*c.qwen3, run.dev, DType::F32, o.seed + 1, &params));
     encoder.emplace(std::move(enc));
+    backend_for(run.dev).synchronize();
+    load_range.finish();
+    run.report.load_s = trace::total_seconds(rec.events(), kBenchLoadRange);  // the transformer's and this
     run.report.conditioning = "Qwen3 text encoder (random weights, " + param_count(params) + " parameters in f32) on " +
                               std::to_string(tokens) + " prompt tokens, inside the timed run";
     run.report.model_kind += "; text encoder built";
