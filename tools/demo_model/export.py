@@ -85,6 +85,12 @@ def export_diffusers(out_dir, text_encoder, unet, vae, vae_scaling_factor, token
                 b.write(a.read())
 
 
+def exported_prediction(model_dir):
+    """The UNet target an exported folder was trained for: "v" (scheduler prediction_type v_prediction) or "epsilon"."""
+    with open(os.path.join(model_dir, "scheduler", "scheduler_config.json")) as f:
+        return "v" if json.load(f).get("prediction_type") == "v_prediction" else "epsilon"
+
+
 def load_exported(model_dir):
     """The torch modules of an exported folder, in float32 (for parity checks and evaluation)."""
     tcfg = json.load(open(os.path.join(model_dir, "text_encoder", "config.json")))

@@ -405,9 +405,10 @@ def main():
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--compile", action="store_true", help="torch.compile the UNet (only where seen to work)")
     ap.add_argument("--channels-last", action="store_true", help="UNet in channels_last (try bench_step.py first)")
-    ap.add_argument("--prediction", choices=["epsilon", "v"], default="epsilon",
+    ap.add_argument("--prediction", choices=["epsilon", "v"], default=None,
                     help="UNet target: the noise, or v (sqrt(ab) noise - sqrt(1-ab) x0), whose loss at high noise "
-                         "weighs the layout (positions) as much as the details; written to the scheduler config")
+                         "weighs the layout (positions) as much as the details; written to the scheduler config "
+                         "(default: the resumed model's, else epsilon)")
     ap.add_argument("--p-position", type=float, default=shapes.P_POSITION,
                     help="share of single-shape captions that name a position")
     ap.add_argument("--verbose-eval", action="store_true")
@@ -433,6 +434,8 @@ def main():
         diff, worst = shapes_torch.mean_abs_diff(n=32, w=a.size)
         log(t0, "render check: sdf vs supersampled mean abs diff %.2f/255 (worst image %.2f/255)" % (255 * diff, 255 * worst))
         assert diff < shapes_torch.MAX_MEAN_ABS_DIFF
+    if a.prediction is None:  # a resumed model keeps its target unless told otherwise
+        a.prediction = export.exported_prediction(a.resume) if a.resume else "epsilon"
     shapes.P_POSITION = a.p_position  # before the worker processes fork
     tok_dir = os.path.join(a.out, "tokenizer_src")
     bpe.write(tok_dir)
