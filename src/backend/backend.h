@@ -62,6 +62,9 @@ class Backend {
   // Copies between this device and the host (either direction); both tensors contiguous, same bytes.
   virtual void copy_between_devices(Tensor& dst, const Tensor& src) = 0;
   virtual void synchronize() {}
+  // Makes this device the calling thread's current one, for a thread that works on one device only (a
+  // server worker): every op then finds its device already current instead of switching to it and back.
+  virtual void bind_current_thread() {}
   // Bytes held by the allocator (live + cached), for metrics and leak tests.
   virtual size_t bytes_reserved() const { return 0; }
   virtual void release_cached() {}

@@ -1,5 +1,7 @@
 #include "serve/thread_pool.h"
 
+#include <omp.h>
+
 #include <algorithm>
 
 namespace atelier::serve {
@@ -31,6 +33,9 @@ size_t ThreadPool::pending() const {
 }
 
 void ThreadPool::run() {
+  // Each task is one image's work: parallel regions inside it would start an OpenMP team per pool thread,
+  // and several teams spinning at once take the cores the device workers need to keep their GPUs fed.
+  omp_set_num_threads(1);
   for (;;) {
     std::function<void()> task;
     {

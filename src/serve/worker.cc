@@ -13,6 +13,10 @@ namespace atelier::serve {
 namespace {
 
 constexpr double kBusyWindowS = 10.0;  // the busy ratio covers about the last 10 seconds
+// Latents decoded by one VAE call when several jobs finish together: the decode's activations grow with the
+// batch (a 512x512 image's largest is 128 channels at full resolution, 64 MB in f32), so a bound keeps a
+// burst of finishing jobs from needing gigabytes at once while still sharing the call's fixed costs.
+constexpr int64_t kMaxDecodeImages = 8;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -118,9 +122,13 @@ void Worker::update_load() {
   outstanding_ = work;
 }
 
-void Worker::add_busy(double seconds) {
+void Worker::add_busy(BusyKind kind, double seconds) {
   std::lock_guard<std::mutex> lock(busy_mu_);
   busy_total_s_ += seconds;
+  busy_by_kind_s_[int(kind)] += seconds;
+  ++count_by_kind_[int(kind)];
+  prompt_hits_ = int64_t(prompts_.hits());  // copied here: the cache itself belongs to the worker thread
+  prompt_misses_ = int64_t(prompts_.misses());
 }
 
 bool Worker::wait_for_work() {
@@ -144,6 +152,10 @@ void Worker::loop() {
   // CPU workers share the machine's cores: each computes with its own share (ICVs are per thread), so that
   // several workers do not oversubscribe the cores and stall each other's OpenMP barriers.
   if (device().is_cpu() && options_.cpu_threads > 0) omp_set_num_threads(options_.cpu_threads);
+  // A GPU worker's host work is launching and small conversions: an OpenMP team of its own would only spin
+  // on the cores that the other workers' threads need to keep their GPUs fed.
+  if (!device().is_cpu()) omp_set_num_threads(1);
+  backend_for(device()).bind_current_thread();
   while (wait_for_work()) {
     if (!healthy_) {
       probe();
@@ -216,11 +228,11 @@ void Worker::admit(const JobPtr& job) {
   aj->plan = std::move(*plan);
   const GenerateRequest& g = aj->plan.request;
   auto t0 = Clock::now();
-  auto cond = aj->pipe->encode_prompt(g.prompt, g.clip_skip, g.emphasis);
+  auto cond = encode_prompt(*aj, g.prompt);
   if (!cond) return fail(cond.status());
   Tensor uncond;
   if (aj->plan.guided()) {
-    auto u = aj->pipe->encode_prompt(g.negative_prompt, g.clip_skip, g.emphasis);
+    auto u = encode_prompt(*aj, g.negative_prompt);
     if (!u) return fail(u.status());
     uncond = *u;
   }
@@ -244,9 +256,15 @@ void Worker::admit(const JobPtr& job) {
   aj->total_calls = aj->samples.front().sampler->calls_remaining();
   aj->group = entry->name + "|" + shape_str(aj->samples.front().x.shape()) + "|" + shape_str(cond->shape());
   ++admissions_;
-  add_busy(since(t_admit));
+  add_busy(BusyKind::kAdmit, since(t_admit));
   job->set_progress(0, aj->total_calls);
   active_.push_back(std::move(aj));
+}
+
+Expected<Tensor> Worker::encode_prompt(const ActiveJob& aj, const std::string& text) {
+  const GenerateRequest& g = aj.plan.request;
+  return prompts_.get(aj.model, text, g.clip_skip, g.emphasis,
+                      [&] { return aj.pipe->encode_prompt(text, g.clip_skip, g.emphasis); });
 }
 
 void Worker::drop_cancelled() {
@@ -299,7 +317,7 @@ void Worker::run_call() {
   auto out = denoise_batch_step(*in_call.front()->model->unet, batch, want_denoised);
   backend_for(device()).synchronize();
   const double dt = since(t0);
-  add_busy(dt);
+  add_busy(BusyKind::kModelCall, dt);
   if (!out) {  // not a device problem: the request could not be batched (shape error) — fail those jobs
     for (ActiveJob* aj : in_call)
       aj->job->fail(out.status());
@@ -324,40 +342,67 @@ void Worker::run_call() {
     aj->reported_step = step;
     aj->job->set_progress(step, aj->total_calls);
   }
-  bool retired = false;
+  std::vector<std::unique_ptr<ActiveJob>> finished;
   for (auto it = active_.begin(); it != active_.end();) {
     if (!(*it)->done()) {
       ++it;
       continue;
     }
-    retire(**it);
+    finished.push_back(std::move(*it));
     it = active_.erase(it);
-    retired = true;
   }
+  const bool retired = !finished.empty();
+  if (retired) retire(std::move(finished));
   update_load();
   if (retired && hooks_.capacity_freed) hooks_.capacity_freed();
 }
 
-void Worker::retire(ActiveJob& aj) {
-  const auto t0 = Clock::now();
-  std::vector<Tensor> rows;
-  std::vector<int64_t> seeds;
-  for (size_t i = 0; i < aj.samples.size(); ++i) {
-    rows.push_back(aj.samples[i].x);
-    seeds.push_back(aj.prepared[i].seed);
+void Worker::retire(std::vector<std::unique_ptr<ActiveJob>> finished) {
+  // Every image row of the finished jobs, decoded in chunks of rows of one group (model and latent shape).
+  struct Row {
+    ActiveJob* aj;
+    size_t sample;
+  };
+  std::vector<Row> rows;
+  for (const auto& aj : finished)
+    for (size_t i = 0; i < aj->samples.size(); ++i) rows.push_back({aj.get(), i});
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.aj->group < b.aj->group; });
+  std::vector<std::vector<Tensor>> pixels(finished.size());  // per job: its [1, 3, H, W] rows on the host
+  auto job_index = [&](const ActiveJob* aj) {
+    for (size_t j = 0; j < finished.size(); ++j)
+      if (finished[j].get() == aj) return j;
+    return finished.size();
+  };
+  for (size_t begin = 0; begin < rows.size();) {
+    size_t end = begin + 1;
+    while (end < rows.size() && int64_t(end - begin) < kMaxDecodeImages && rows[end].aj->group == rows[begin].aj->group) ++end;
+    const auto t0 = Clock::now();
+    std::vector<Tensor> latents;
+    for (size_t r = begin; r < end; ++r) latents.push_back(rows[r].aj->samples[rows[r].sample].x);
+    const Tensor batch = latents.size() == 1 ? latents.front() : ops::concat(latents, 0);
+    const Tensor images01 = rows[begin].aj->pipe->decode(batch).to(Device::cpu());
+    const double dt = since(t0);
+    add_busy(BusyKind::kDecode, dt);
+    metrics_.observe(metric::kStage, {{"stage", "vae_decode"}}, dt);
+    for (size_t r = begin; r < end; ++r) pixels[job_index(rows[r].aj)].push_back(images01.narrow(0, int64_t(r - begin), 1));
+    begin = end;
   }
-  const Tensor latents = rows.size() == 1 ? rows.front() : ops::concat(rows, 0);
-  const Tensor images01 = aj.pipe->decode(latents).to(Device::cpu());
-  backend_for(device()).synchronize();
-  std::vector<GeneratedImage> images;
-  for (size_t i = 0; i < seeds.size(); ++i) images.push_back(aj.pipe->finish_image(aj.plan, images01, int(i), seeds[i]));
-  const double dt = since(t0);
-  add_busy(dt);
-  metrics_.observe(metric::kStage, {{"stage", "vae_decode"}}, dt);
-  // Encoding, base64 and saving happen on the host pool: the next model call does not wait for them.
-  host_pool_.submit([job = aj.job, images = std::move(images), dir = options_.output_dir, &metrics = metrics_] {
-    complete_job(job, images, dir, metrics);
-  });
+  // Pixels, infotext, encoding, base64 and saving happen on the host pool: the next model call does not wait.
+  for (size_t j = 0; j < finished.size(); ++j) {
+    ActiveJob& aj = *finished[j];
+    std::vector<int64_t> seeds;
+    for (const PreparedSample& p : aj.prepared) seeds.push_back(p.seed);
+    host_pool_.submit([job = aj.job, pipe = aj.pipe, plan = aj.plan, seeds = std::move(seeds), rows = std::move(pixels[j]),
+                       dir = options_.output_dir, &metrics = metrics_] {
+      std::vector<GeneratedImage> images;
+      const Status st = catch_status([&]() -> Status {
+        for (size_t i = 0; i < rows.size(); ++i) images.push_back(pipe->finish_image(plan, rows[i], 0, seeds[i]));
+        return Status::ok();
+      });
+      if (st.is_ok()) complete_job(job, images, dir, metrics);
+      else job->fail(st);
+    });
+  }
 }
 
 void Worker::fail_device(const Status& why) {
@@ -397,14 +442,18 @@ void Worker::probe() {
 }
 
 nlohmann::json Worker::status() const {
-  double busy;
-  {
-    std::lock_guard<std::mutex> lock(busy_mu_);
-    busy = busy_total_s_;
-  }
+  std::lock_guard<std::mutex> lock(busy_mu_);
+  // Where the worker's busy time went: what a slow device's figures are read against.
+  const nlohmann::json breakdown = {
+      {"admit_seconds", busy_by_kind_s_[int(BusyKind::kAdmit)]},   {"admissions", count_by_kind_[int(BusyKind::kAdmit)]},
+      {"model_call_seconds", busy_by_kind_s_[int(BusyKind::kModelCall)]},
+      {"model_calls", count_by_kind_[int(BusyKind::kModelCall)]},
+      {"decode_seconds", busy_by_kind_s_[int(BusyKind::kDecode)]}, {"decode_calls", count_by_kind_[int(BusyKind::kDecode)]},
+      {"prompt_cache_hits", prompt_hits_},                          {"prompt_cache_misses", prompt_misses_}};
   return {{"index", index_},      {"device", device().str()}, {"healthy", healthy()},
           {"load", load()},       {"max_batch", options_.max_batch}, {"outstanding_work", outstanding_work()},
-          {"models_loaded", models_.loaded()}, {"failures", failures_.load()}, {"busy_seconds", busy}};
+          {"models_loaded", models_.loaded()}, {"failures", failures_.load()}, {"busy_seconds", busy_total_s_},
+          {"busy", breakdown}};
 }
 
 void Worker::collect(MetricsRegistry& m) {

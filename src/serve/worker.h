@@ -5,7 +5,8 @@
 // Between calls, at the step boundary, the worker admits the jobs the scheduler assigned to it (text
 // encoding, initial latents), drops cancelled and timed-out jobs, and retires finished ones: their latents
 // are decoded on the worker and their images encoded on the host pool, so the next call never waits on
-// PNG encoding or on a client.
+// PNG encoding or on a client. Jobs that finish in the same call are decoded together, and encoded prompts
+// are cached (serve/prompt_cache.h): both are device work that everyone else's batch waits for.
 //
 // A failure of the device (an exception from the engine, e.g. a CUDA error, or the test hook) marks the
 // worker unhealthy and hands every job it holds back to the scheduler, which re-queues them at the front;
@@ -27,6 +28,7 @@
 #include "serve/job.h"
 #include "serve/metrics.h"
 #include "serve/model_registry.h"
+#include "serve/prompt_cache.h"
 #include "serve/thread_pool.h"
 
 namespace atelier::serve {
@@ -96,12 +98,14 @@ class Worker {
   bool wait_for_work();
   void admit(const JobPtr& job);
   void run_call();
-  void retire(ActiveJob& aj);
+  void retire(std::vector<std::unique_ptr<ActiveJob>> finished);
+  Expected<Tensor> encode_prompt(const ActiveJob& aj, const std::string& text);
   void drop_cancelled();
   void fail_device(const Status& why);
   void probe();
   void update_load();
-  void add_busy(double seconds);
+  enum class BusyKind { kAdmit, kModelCall, kDecode };
+  void add_busy(BusyKind kind, double seconds);
   Labels device_labels() const;
 
   const int index_;
@@ -129,11 +133,15 @@ class Worker {
   // Worker-thread state.
   std::list<std::unique_ptr<ActiveJob>> active_;
   std::string last_group_;
+  PromptCache prompts_;
   uint64_t admissions_ = 0;
 
   // Busy accounting for the busy ratio (guarded by busy_mu_).
   mutable std::mutex busy_mu_;
   double busy_total_s_ = 0;
+  double busy_by_kind_s_[3] = {};     // admission (text encoding), model calls, VAE decodes
+  int64_t count_by_kind_[3] = {};
+  int64_t prompt_hits_ = 0, prompt_misses_ = 0;
   std::deque<std::pair<Clock::time_point, double>> busy_marks_;  // (time, busy_total_s) for the window
 };
 

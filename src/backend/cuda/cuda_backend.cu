@@ -59,6 +59,8 @@ void CudaBackend::synchronize() {
   ATELIER_CUDA_OK(cudaStreamSynchronize(stream_));
 }
 
+void CudaBackend::bind_current_thread() { ATELIER_CUDA_OK(cudaSetDevice(index_)); }
+
 // dst and src contiguous with the same byte size; at least one of them on this device.
 void CudaBackend::copy_between_devices(Tensor& dst, const Tensor& src) {
   ATELIER_CHECK(dst.nbytes() == src.nbytes(), "copy_between_devices: size mismatch");

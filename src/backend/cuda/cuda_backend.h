@@ -43,6 +43,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Buffer> allocate(size_t bytes) override { return alloc_.allocate(bytes); }
   void copy_between_devices(Tensor& dst, const Tensor& src) override;
   void synchronize() override;
+  void bind_current_thread() override;
   size_t bytes_reserved() const override { return alloc_.bytes_reserved(); }
   void release_cached() override { alloc_.release_cached(); }
   // CUDA graphs (cuda_graph.cu).
