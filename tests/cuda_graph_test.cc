@@ -98,6 +98,45 @@ TEST(CudaGraph, UnetReplayEqualsEager) {
   }
 }
 
+// A server's batch sizes come and go: with the UNet's batch buckets, 3 rows run padded in the 4-row
+// recording, and the 4-row call after them replays the same recording (one capture for both sizes); the
+// padded call's rows equal an eager 3-row call's up to batch-size-dependent rounding.
+TEST(CudaGraph, BatchBucketsShareOneRecording) {
+  ATELIER_REQUIRE_CUDA();
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  auto store = WeightStore::open({(dir / "model/unet/diffusion_pytorch_model.safetensors").string()});
+  ASSERT_TRUE(store.has_value()) << store.status().message();
+  auto config = load_unet_config((dir / "model/unet/config.json").string());
+  ASSERT_TRUE(config.has_value()) << config.status().message();
+  const Tensor ctx1 = test::golden("sd15-tiny", "unet.context").to(cuda0()).narrow(0, 0, 1);
+  auto graphed = UNet::load(*store, UNetLayout::kDiffusers, *config, cuda0(), DType::F32);
+  ASSERT_TRUE(graphed.has_value()) << graphed.status().message();
+  UNet eager = *graphed;
+  eager.set_graph_options({.enabled = false});
+  ASSERT_FALSE(UNet::default_graph_options().batch_buckets.empty());
+  double worst = 0;
+  for (int call = 0; call < 6; ++call) {
+    const int64_t n = call < 3 ? 3 : 4;  // 3 rows: eager warm-up, capture of the 4-row bucket, replay; then 4 rows
+    const Tensor x = to_gpu(random_tensor({n, 4, 16, 16}, 60 + call));
+    std::vector<float> tv;
+    for (int64_t i = 0; i < n; ++i) tv.push_back(float(950 - 120 * i - 31 * call));
+    const Tensor t = Tensor::from_vector(tv, {n});
+    const Tensor ctx = ops::concat(std::vector<Tensor>(size_t(n), ctx1), 0);
+    auto a = graphed->forward(x, t, ctx);
+    auto b = eager.forward(x, t, ctx);
+    ASSERT_TRUE(a.has_value() && b.has_value());
+    ASSERT_EQ(a->shape(), b->shape()) << "the padded rows must not come back";
+    worst = std::max(worst, test::rel_l2(a->to_vector(), b->to_vector()));
+  }
+  const GraphRunner::Stats s = graphed->graphs().stats();
+  std::printf("[ figures  ] UNet, 3 rows then 4 rows: %lld captures, %lld replays, %lld eager; worst rel L2 vs eager %.3g\n",
+              (long long)s.captures, (long long)s.replays, (long long)s.eager_calls, worst);
+  EXPECT_EQ(s.captures, 1) << "3 and 4 rows must share the 4-row recording";
+  EXPECT_EQ(s.eager_calls, 1);
+  EXPECT_EQ(s.replays, 4);
+  EXPECT_LT(worst, 1e-5);
+}
+
 TEST(CudaGraph, TwoHundredGenerationsKeepMemoryFlat) {
   ATELIER_REQUIRE_CUDA();
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");

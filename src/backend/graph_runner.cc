@@ -1,5 +1,6 @@
 #include "backend/graph_runner.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -85,10 +86,38 @@ Tensor GraphRunner::record(Entry& e, const std::vector<Tensor>& inputs, Backend&
   return ops::clone(e.static_output);
 }
 
+namespace {
+
+// inputs with n rows -> the same inputs with `rows` rows: inputs whose leading dimension is n get their last
+// row repeated; others (a shared [1] timestep, say) are left as they are.
+std::vector<Tensor> pad_rows(const std::vector<Tensor>& inputs, int64_t n, int64_t rows) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : inputs) {
+    if (t.dim() == 0 || t.size(0) != n) {
+      out.push_back(t);
+      continue;
+    }
+    std::vector<Tensor> parts(size_t(rows - n), t.narrow(0, n - 1, 1));
+    parts.insert(parts.begin(), t);
+    out.push_back(ops::concat(parts, 0));
+  }
+  return out;
+}
+
+}  // namespace
+
 Tensor GraphRunner::run(const std::vector<Tensor>& inputs, Device device, const Fn& fn) {
   Backend& backend = backend_for(device);
   std::lock_guard<std::mutex> lock(mu_);
   if (!options_.enabled || !backend.can_capture()) return eager(inputs, device, fn);
+  const int64_t n = inputs.empty() || inputs.front().dim() == 0 ? 0 : inputs.front().size(0);
+  const auto bucket = std::lower_bound(options_.batch_buckets.begin(), options_.batch_buckets.end(), n);
+  if (n == 0 || bucket == options_.batch_buckets.end() || *bucket == n) return run_recorded(inputs, backend, fn);
+  return run_recorded(pad_rows(inputs, n, *bucket), backend, fn).narrow(0, 0, n);
+}
+
+Tensor GraphRunner::run_recorded(const std::vector<Tensor>& inputs, Backend& backend, const Fn& fn) {
+  const Device device = backend.device();
   Entry& e = entry_for(key_of(inputs, device));
   if (e.failed || e.calls < options_.warmup) {
     ++e.calls;

@@ -17,6 +17,14 @@
 //
 // Results are returned as fresh tensors (a device copy of the recording's output), so a caller may keep them
 // across calls. Thread-safe (calls are serialised).
+//
+// Batch buckets: a server's step-level batcher calls with whatever number of samples is active, and every
+// new batch size would be a new recording (an eager call, a capture, the memory of one more set of
+// activations). With `batch_buckets` set, a call whose inputs have N rows (the first input's leading
+// dimension) runs as the smallest bucket >= N: every input with N rows gets copies of its last row appended,
+// and the output's first N rows are returned. Rows do not mix in the function (a batch of independent
+// samples), so the N results are those of an N-row call up to the kernels' batch-size-dependent rounding.
+// Only recorded calls are padded; a device that runs eagerly (the CPU) computes exactly the N rows.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +47,7 @@ class GraphRunner {
     int warmup = 1;          // eager calls per shape before recording
     size_t max_entries = 4;  // recordings kept (least recently used dropped): each holds its activations
     bool enabled = true;     // false: always eager (also ATELIER_GRAPHS=0 in the environment)
+    std::vector<int64_t> batch_buckets;  // ascending; empty: every batch size is its own recording
   };
   struct Stats {
     int64_t eager_calls = 0, captures = 0, replays = 0, capture_failures = 0;
@@ -70,6 +79,7 @@ class GraphRunner {
   Entry& entry_for(const std::string& key);
   Tensor eager(const std::vector<Tensor>& inputs, Device device, const Fn& fn);  // under mu_
   Tensor record(Entry& e, const std::vector<Tensor>& inputs, Backend& backend, const Fn& fn);
+  Tensor run_recorded(const std::vector<Tensor>& inputs, Backend& backend, const Fn& fn);  // under mu_
 
   Options options_;
   mutable std::mutex mu_;

@@ -47,6 +47,12 @@ class UNet {
   GraphRunner& graphs() const { return *graphs_; }
   void set_graph_options(GraphRunner::Options options) { graphs_ = std::make_shared<GraphRunner>(options); }
 
+  // Recordings kept and batch buckets (see GraphRunner): a server batches 1..max_batch samples, twice that
+  // many UNet rows with CFG; the buckets keep that to a handful of recordings, all of which stay cached.
+  static GraphRunner::Options default_graph_options() {
+    return {.max_entries = 8, .batch_buckets = {1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64}};
+  }
+
   const UNetConfig& config() const { return config_; }
   Device device() const { return device_; }
   DType dtype() const { return dtype_; }
@@ -63,7 +69,7 @@ class UNet {
   UNetConfig config_;
   Device device_;
   DType dtype_;
-  std::shared_ptr<GraphRunner> graphs_ = std::make_shared<GraphRunner>();
+  std::shared_ptr<GraphRunner> graphs_ = std::make_shared<GraphRunner>(default_graph_options());
   Tensor freqs_;  // [1, block_out_channels[0] / 2] f32 on device_: the sinusoids' frequencies
   Linear time_linear_1_, time_linear_2_;
   Conv2d conv_in_;
