@@ -8,6 +8,11 @@ Standard library only (it runs on the GPU machine's python3). Prints a JSON repo
   speedup                 sequential / concurrent time per image
   nvml_util_pct           nvidia-smi utilisation samples during the concurrent phase
   engine_busy             per worker: seconds inside model calls / wall time of the concurrent phase
+  worker_busy             per worker, concurrent phase: seconds and counts of admissions (text encoding),
+                          model calls and VAE decodes, prompt cache hits and misses
+
+Every request has its own prompt (a shared negative prompt, as clients send), so the server's prompt cache
+saves the negative prompt's encoding and nothing else.
 
   python3 bench/serve_gpu_bench.py --atelier build/atelier --tokenizer DIR [--devices 0] [--concurrent 64]
 """
@@ -25,6 +30,11 @@ def call(base, method, path, body=None, timeout=600):
     req = urllib.request.Request(base + path, data=data, method=method, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read() or b"{}")
+
+
+def with_seed(body, seed):
+    """The request with its own seed and its own prompt (the seed names the study)."""
+    return dict(body, seed=seed, prompt=body["prompt"].rsplit(" ", 1)[0] + f" {seed}")
 
 
 def run_job(base, body):
@@ -60,7 +70,7 @@ def main():
         if "listening on" not in line:
             sys.exit(f"server did not start: {line!r}")
         base = line.split("listening on", 1)[1].strip()
-        body = {"prompt": "a lighthouse at dusk, oil painting", "negative_prompt": "blurry", "width": a.size,
+        body = {"prompt": "a lighthouse at dusk, oil painting, study 0", "negative_prompt": "blurry", "width": a.size,
                 "height": a.size, "steps": a.steps, "cfg_scale": 7, "sampler": "euler", "seed": 1}
         t = time.time()
         run_job(base, body)  # loads the model on every worker, records the graphs of batch 1
@@ -70,14 +80,14 @@ def main():
         # its second use). Otherwise a second worker tunes and records its shapes inside the timed phase.
         workers = len(a.devices.split(","))
         for rnd in range(2):
-            threads = [threading.Thread(target=run_job, args=(base, dict(body, seed=100 + 100 * rnd + i)))
+            threads = [threading.Thread(target=run_job, args=(base, with_seed(body, 100 + 100 * rnd + i)))
                        for i in range(a.max_batch * workers)]
             for th in threads: th.start()
             for th in threads: th.join()
 
         t = time.time()
         for i in range(a.sequential):
-            run_job(base, dict(body, seed=200 + i))
+            run_job(base, with_seed(body, 200 + i))
         seq = (time.time() - t) / a.sequential
 
         util = []
@@ -99,11 +109,12 @@ def main():
 
         def one(i):
             try:
-                run_job(base, dict(body, seed=1000 + i))
+                run_job(base, with_seed(body, 1000 + i))
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(str(e))
 
-        busy0 = [w.get("busy_seconds", 0) for w in call(base, "GET", "/v1/stats").get("workers", [])]
+        workers0 = call(base, "GET", "/v1/stats").get("workers", [])
+        busy0 = [w.get("busy_seconds", 0) for w in workers0]
         t = time.time()
         threads = [threading.Thread(target=one, args=(i,)) for i in range(a.concurrent)]
         for th in threads: th.start()
@@ -114,6 +125,8 @@ def main():
         sampler.join()
         conc = conc_total / a.concurrent
         busy = [round((w.get("busy_seconds", 0) - b0) / conc_total, 3) for w, b0 in zip(stats.get("workers", []), busy0)]
+        worker_busy = [{k: round(v - w0.get("busy", {}).get(k, 0), 3) for k, v in w.get("busy", {}).items()}
+                       for w, w0 in zip(stats.get("workers", []), workers0)]
         steady = util[2:-2] if len(util) > 6 else util
         report = {
             "devices": a.devices, "size": a.size, "steps": a.steps, "max_batch": a.max_batch,
@@ -124,6 +137,7 @@ def main():
             "errors": errors[:5], "error_count": len(errors),
             "nvml_util_pct_mean": [round(sum(g) / len(g), 1) for g in zip(*steady)] if steady else None,
             "engine_busy": busy,
+            "worker_busy": worker_busy,
             "batch_size_hist": stats.get("metrics", {}).get("atelier_batch_size", {}),
         }
         print(json.dumps(report, indent=1))
