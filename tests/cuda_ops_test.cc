@@ -102,6 +102,30 @@ TEST(CudaOps, AllocatorReusesBlocksAndReleasesThem) {
   EXPECT_LE(test::rel_l2(second, first), 1e-6);
 }
 
+// A request takes a cached block of a larger class (up to twice its size) instead of a new cudaMalloc:
+// batches that shrink by a few rows reuse what the larger ones left. Smaller than half the block: a new one.
+TEST(CudaOps, AllocatorServesSmallerRequestsFromLargerCachedBlocks) {
+  ATELIER_REQUIRE_CUDA();
+  auto& be = static_cast<cuda::CudaBackend&>(backend_for(cuda0()));
+  auto count = [&](const char* name) {
+    for (const auto& [k, v] : be.counters())
+      if (k == name) return int64_t(v);
+    ADD_FAILURE() << "no counter " << name;
+    return int64_t(-1);
+  };
+  be.synchronize();
+  be.release_cached();
+  constexpr int64_t kMiB = int64_t(1) << 20;
+  { Tensor big = Tensor::empty({48 * kMiB / 4}, DType::F32, cuda0()); }  // a 48 MiB block, now cached
+  const int64_t mallocs = count("cuda_mallocs"), reuses = count("allocator_larger_reuses");
+  { Tensor smaller = Tensor::empty({30 * kMiB / 4}, DType::F32, cuda0()); }  // 30 MiB: served by the 48 MiB block
+  EXPECT_EQ(count("cuda_mallocs"), mallocs);
+  EXPECT_EQ(count("allocator_larger_reuses"), reuses + 1);
+  { Tensor tiny = Tensor::empty({8 * kMiB / 4}, DType::F32, cuda0()); }  // 8 MiB: under half of it, its own block
+  EXPECT_EQ(count("cuda_mallocs"), mallocs + 1);
+  be.release_cached();
+}
+
 TEST(CudaOps, OutOfMemoryIsAnErrorNotACrash) {
   ATELIER_REQUIRE_CUDA();
   try {
@@ -286,7 +310,8 @@ TEST(CudaOps, LincombAndAffineMatchCpu) {
 
 TEST(CudaOps, GluMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
-  for (const Shape& s : {Shape{7, 2}, Shape{2, 77, 2 * 1280}, Shape{3, 5, 2 * 13}}) {
+  // Widths of whole 16-byte vectors take the vectorised kernel (1280, 8), the others the scalar one.
+  for (const Shape& s : {Shape{7, 2}, Shape{2, 77, 2 * 1280}, Shape{3, 5, 2 * 13}, Shape{9, 2 * 8}}) {
     for (UnaryOp act : {UnaryOp::kGelu, UnaryOp::kSilu, UnaryOp::kGeluTanh}) {
       const auto fn = [act](const std::vector<Tensor>& in) { return ops::glu(in[0], act); };
       EXPECT_PARITY("glu " + shape_str(s) + " act " + std::to_string(int(act)), fn, {random_tensor(s, 71, 2.0f)}, DType::F32, 2e-6);

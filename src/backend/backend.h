@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include <utility>
 
 #include "core/tensor.h"
 #include "core/trace.h"
@@ -68,6 +69,9 @@ class Backend {
   // Bytes held by the allocator (live + cached), for metrics and leak tests.
   virtual size_t bytes_reserved() const { return 0; }
   virtual void release_cached() {}
+  // Named figures of the backend's own bookkeeping (device allocations made and their host time, ...), for a
+  // server's status: what a stalled worker is read against.
+  virtual std::vector<std::pair<std::string, double>> counters() const { return {}; }
 
   // --- recorded execution -------------------------------------------------------------------------
   // Records the device work that `fn` enqueues on this device instead of running it, and returns it for

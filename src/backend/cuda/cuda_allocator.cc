@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_allocator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -56,15 +57,17 @@ void* DeviceAllocator::malloc_or_retry(size_t size) {
 }
 
 std::shared_ptr<Buffer> DeviceAllocator::allocate(size_t bytes) {
-  const size_t size = round_size(bytes);
+  size_t size = round_size(bytes);  // becomes the size of the block taken when a larger cached one serves
   void* p = nullptr;
   std::shared_ptr<Pool> pool;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pool = routing_;
     auto& list = pool ? pool->free : free_;
-    auto it = list.find(size);
-    if (it != list.end()) {
+    auto it = list.lower_bound(size);  // the smallest cached block that fits
+    if (it != list.end() && it->first <= size * kMaxReuseFactor) {
+      stats_.larger_reuses += it->first != size;
+      size = it->first;  // the block keeps its class: it returns to it when freed
       p = it->second;
       list.erase(it);
       (pool ? pool_free_ : cached_) -= size;
@@ -72,11 +75,13 @@ std::shared_ptr<Buffer> DeviceAllocator::allocate(size_t bytes) {
   }
   if (!p) {
     DeviceGuard guard(device_);
+    const auto t0 = std::chrono::steady_clock::now();
     p = malloc_or_retry(size);
-    if (pool) {
-      std::lock_guard<std::mutex> lock(mu_);
-      adopt(pool.get(), p, size);
-    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.mallocs;
+    stats_.malloc_seconds += dt;
+    if (pool) adopt(pool.get(), p, size);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -137,6 +142,11 @@ void DeviceAllocator::close_pool(const std::shared_ptr<Pool>& pool) {
 size_t DeviceAllocator::bytes_reserved() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cached_ + in_use_ + pool_free_;
+}
+
+DeviceAllocator::Stats DeviceAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
 }
 
 size_t DeviceAllocator::bytes_in_use() const {

@@ -2,8 +2,12 @@
 // to the next allocation at once: anything that still reads it was enqueued earlier on the same stream and
 // runs first (stream-ordered reuse, no events). Blocks are kept in size classes (eighths of the next power of
 // two, at least 256 B below 1 MiB and 2 MiB above; see round_size), so the same shapes allocated every step
-// of a denoising loop never reach cudaMalloc after the first step. On cudaMalloc failure the cache is freed
-// and the allocation retried once before an out-of-memory error is thrown.
+// of a denoising loop never reach cudaMalloc after the first step. A request takes the smallest cached block
+// of its class or a larger one up to kMaxReuseFactor times its size: a server's batches change size from
+// call to call, and cudaMalloc is expensive beyond its own time: with every GPU of a process in one virtual
+// address space, it holds a process-wide driver lock that stalls the other devices' workers in their copies
+// and launches (measured: tens of ms per model call on the second GPU). On cudaMalloc failure the cache is
+// freed and the allocation retried once before an out-of-memory error is thrown.
 //
 // Also: the pinned host staging ring that host<->device copies go through.
 #pragma once
@@ -30,6 +34,13 @@ class DeviceAllocator {
   // Syncs the stream and returns every cached block to the driver.
   void release_cached();
   static size_t round_size(size_t bytes);
+  static constexpr size_t kMaxReuseFactor = 2;  // a cached block serves requests down to half its size
+  struct Stats {
+    int64_t mallocs = 0;          // cudaMalloc calls
+    double malloc_seconds = 0;    // host time inside them
+    int64_t larger_reuses = 0;    // requests served by a cached block of a larger class
+  };
+  Stats stats() const;
 
   // Private pools for recorded work (CUDA graphs). While a pool is open every allocation is taken from it
   // (or from cudaMalloc, the block then belonging to it) and every freed block goes to it, also blocks
@@ -55,6 +66,7 @@ class DeviceAllocator {
   cudaStream_t stream_;
   mutable std::mutex mu_;
   std::multimap<size_t, void*> free_;  // size class -> blocks
+  Stats stats_;                        // under mu_
   size_t cached_ = 0;
   size_t in_use_ = 0;
   size_t pool_free_ = 0;                        // bytes cached in pools (reserved, not in use)

@@ -46,6 +46,11 @@ class CudaBackend final : public Backend {
   void bind_current_thread() override;
   size_t bytes_reserved() const override { return alloc_.bytes_reserved(); }
   void release_cached() override { alloc_.release_cached(); }
+  std::vector<std::pair<std::string, double>> counters() const override {
+    const DeviceAllocator::Stats a = alloc_.stats();
+    return {{"cuda_mallocs", double(a.mallocs)}, {"cuda_malloc_seconds", a.malloc_seconds},
+            {"allocator_larger_reuses", double(a.larger_reuses)}, {"bytes_reserved", double(bytes_reserved())}};
+  }
   // CUDA graphs (cuda_graph.cu).
   std::unique_ptr<CapturedWork> capture(const std::function<void()>& fn) override;
   bool can_capture() const override { return true; }
