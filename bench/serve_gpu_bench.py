@@ -32,6 +32,9 @@ def call(base, method, path, body=None, timeout=600):
         return json.loads(r.read() or b"{}")
 
 
+POLL_S = 0.02  # how often a client polls its job (--poll-ms)
+
+
 def with_seed(body, seed):
     """The request with its own seed and its own prompt (the seed names the study)."""
     return dict(body, seed=seed, prompt=body["prompt"].rsplit(" ", 1)[0] + f" {seed}")
@@ -45,7 +48,7 @@ def run_job(base, body):
             if j["state"] != "done":
                 raise RuntimeError(f"job {job['id']} {j['state']}: {j.get('error')}")
             return j
-        time.sleep(0.02)
+        time.sleep(POLL_S)
 
 
 def main():
@@ -59,7 +62,10 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--poll-ms", type=float, default=20)
     a = ap.parse_args()
+    global POLL_S
+    POLL_S = a.poll_ms / 1000
 
     server = subprocess.Popen(a.launcher.split() + [a.atelier, "serve", "--model", "sd15=builtin:sd15", "--tokenizer", a.tokenizer,
                                "--devices", a.devices, "--port", "0", "--max-queue", str(4 * a.concurrent),
@@ -129,7 +135,7 @@ def main():
                        for w, w0 in zip(stats.get("workers", []), workers0)]
         steady = util[2:-2] if len(util) > 6 else util
         report = {
-            "devices": a.devices, "size": a.size, "steps": a.steps, "max_batch": a.max_batch,
+            "devices": a.devices, "poll_ms": a.poll_ms, "size": a.size, "steps": a.steps, "max_batch": a.max_batch,
             "first_request_s": round(load_s, 2),
             "sequential_s_per_image": round(seq, 4), "concurrent": a.concurrent,
             "concurrent_total_s": round(conc_total, 2), "concurrent_s_per_image": round(conc, 4),
@@ -138,6 +144,9 @@ def main():
             "nvml_util_pct_mean": [round(sum(g) / len(g), 1) for g in zip(*steady)] if steady else None,
             "engine_busy": busy,
             "worker_busy": worker_busy,
+            "worker_graphs": [w.get("graphs") for w in stats.get("workers", [])],
+            "device_counters": [{k: round(v - w0.get("device_counters", {}).get(k, 0), 3) for k, v in w.get("device_counters", {}).items()}
+                                for w, w0 in zip(stats.get("workers", []), workers0)],
             "batch_size_hist": stats.get("metrics", {}).get("atelier_batch_size", {}),
         }
         print(json.dumps(report, indent=1))

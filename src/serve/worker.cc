@@ -156,6 +156,7 @@ void Worker::loop() {
   // on the cores that the other workers' threads need to keep their GPUs fed.
   if (!device().is_cpu()) omp_set_num_threads(1);
   backend_for(device()).bind_current_thread();
+  call_timer_ = backend_for(device()).make_device_timer();
   while (wait_for_work()) {
     if (!healthy_) {
       probe();
@@ -261,6 +262,16 @@ void Worker::admit(const JobPtr& job) {
   active_.push_back(std::move(aj));
 }
 
+// After a model call (device synchronized): its device time and the UNet's recording statistics, for status().
+void Worker::note_call(uint64_t timed, double enqueue_s, const GraphRunner::Stats& g) {
+  const auto span = timed ? call_timer_->resolve(timed) : std::nullopt;
+  std::lock_guard<std::mutex> lock(busy_mu_);
+  model_call_enqueue_s_ += enqueue_s;
+  if (span) model_call_device_s_ += span->dur_us * 1e-6;
+  graphs_ = {{"eager_calls", g.eager_calls}, {"captures", g.captures}, {"replays", g.replays},
+             {"capture_failures", g.capture_failures}, {"pool_bytes", g.pool_bytes}, {"last_failure", g.last_failure}};
+}
+
 Expected<Tensor> Worker::encode_prompt(const ActiveJob& aj, const std::string& text) {
   const GenerateRequest& g = aj.plan.request;
   return prompts_.get(aj.model, text, g.clip_skip, g.emphasis,
@@ -314,10 +325,15 @@ void Worker::run_call() {
   if (fail_next_call_.exchange(false)) throw Error("injected device failure (test hook)");
 
   const auto t0 = Clock::now();
-  auto out = denoise_batch_step(*in_call.front()->model->unet, batch, want_denoised);
+  const uint64_t timed = call_timer_ ? call_timer_->begin("model_call", trace::Category::kCall) : 0;
+  const UNet& unet = *in_call.front()->model->unet;
+  auto out = denoise_batch_step(unet, batch, want_denoised);
+  if (timed) call_timer_->end(timed);
+  const double enqueue_s = since(t0);  // host time to enqueue the call; the rest is waiting for the device
   backend_for(device()).synchronize();
   const double dt = since(t0);
   add_busy(BusyKind::kModelCall, dt);
+  note_call(timed, enqueue_s, unet.graphs().stats());
   if (!out) {  // not a device problem: the request could not be batched (shape error) — fail those jobs
     for (ActiveJob* aj : in_call)
       aj->job->fail(out.status());
@@ -449,11 +465,14 @@ nlohmann::json Worker::status() const {
       {"model_call_seconds", busy_by_kind_s_[int(BusyKind::kModelCall)]},
       {"model_calls", count_by_kind_[int(BusyKind::kModelCall)]},
       {"decode_seconds", busy_by_kind_s_[int(BusyKind::kDecode)]}, {"decode_calls", count_by_kind_[int(BusyKind::kDecode)]},
-      {"prompt_cache_hits", prompt_hits_},                          {"prompt_cache_misses", prompt_misses_}};
+      {"prompt_cache_hits", prompt_hits_},                          {"prompt_cache_misses", prompt_misses_},
+      {"model_call_device_seconds", model_call_device_s_}, {"model_call_enqueue_seconds", model_call_enqueue_s_}};
+  nlohmann::json device_counters = nlohmann::json::object();
+  for (const auto& [name, value] : backend_for(device()).counters()) device_counters[name] = value;
   return {{"index", index_},      {"device", device().str()}, {"healthy", healthy()},
           {"load", load()},       {"max_batch", options_.max_batch}, {"outstanding_work", outstanding_work()},
           {"models_loaded", models_.loaded()}, {"failures", failures_.load()}, {"busy_seconds", busy_total_s_},
-          {"busy", breakdown}};
+          {"busy", breakdown}, {"graphs", graphs_}, {"device_counters", device_counters}};
 }
 
 void Worker::collect(MetricsRegistry& m) {

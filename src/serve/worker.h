@@ -25,6 +25,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/graph_runner.h"
+#include "core/trace.h"
 #include "serve/job.h"
 #include "serve/metrics.h"
 #include "serve/model_registry.h"
@@ -100,6 +102,7 @@ class Worker {
   void run_call();
   void retire(std::vector<std::unique_ptr<ActiveJob>> finished);
   Expected<Tensor> encode_prompt(const ActiveJob& aj, const std::string& text);
+  void note_call(uint64_t timed, double enqueue_s, const GraphRunner::Stats& graphs);
   void drop_cancelled();
   void fail_device(const Status& why);
   void probe();
@@ -134,6 +137,7 @@ class Worker {
   std::list<std::unique_ptr<ActiveJob>> active_;
   std::string last_group_;
   PromptCache prompts_;
+  std::unique_ptr<trace::DeviceTimer> call_timer_;  // times model calls on the device (null on the CPU)
   uint64_t admissions_ = 0;
 
   // Busy accounting for the busy ratio (guarded by busy_mu_).
@@ -142,6 +146,9 @@ class Worker {
   double busy_by_kind_s_[3] = {};     // admission (text encoding), model calls, VAE decodes
   int64_t count_by_kind_[3] = {};
   int64_t prompt_hits_ = 0, prompt_misses_ = 0;
+  double model_call_enqueue_s_ = 0;  // host time spent enqueueing model calls (the rest waits for the device)
+  double model_call_device_s_ = 0;  // device time of the model calls (CUDA events); 0 where unmeasured
+  nlohmann::json graphs_;           // the last called UNet's recording statistics (GraphRunner::Stats)
   std::deque<std::pair<Clock::time_point, double>> busy_marks_;  // (time, busy_total_s) for the window
 };
 
