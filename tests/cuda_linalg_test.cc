@@ -295,8 +295,11 @@ TEST(CudaOps, GroupNormMatchesCpu) {
 TEST(CudaOps, LayerNormAndRmsNormMatchCpu) {
   ATELIER_REQUIRE_CUDA();
   // Rows up to 1024 take the warp-per-row RMS kernel (a head dim of 128: FLUX and Z-Image q/k norms; 27 rows:
-  // a last block only partly filled), longer rows the block-per-row kernel.
-  for (const Shape& s : {Shape{7, 13}, Shape{3, 77, 768}, Shape{2, 5000}, Shape{4096, 320}, Shape{1, 1}, Shape{3, 9, 128}}) {
+  // a last block only partly filled), longer rows the block-per-row kernel. Layer norm: rows of whole 16-byte
+  // vectors up to 1536 bf16 / 768 f32 elements take its warp-per-row kernel (SD's 320/640/1280 channels; 1280
+  // in f32 and the odd widths take the block kernel).
+  for (const Shape& s : {Shape{7, 13}, Shape{3, 77, 768}, Shape{2, 5000}, Shape{4096, 320}, Shape{1, 1}, Shape{3, 9, 128},
+                         Shape{5, 1280}, Shape{11, 1536}}) {
     const int64_t d = s.back();
     for (float offset : {0.0f, 50.0f}) {
       const Tensor x = random_tensor(s, 51, 1.0f, offset), g = random_tensor({d}, 52), b = random_tensor({d}, 53);

@@ -153,6 +153,26 @@ __global__ void glu_kernel(T* out, const T* x, Index rows, Index h, UnaryOp act)
   }
 }
 
+// Vectorised: each thread writes kVec<T> consecutive outputs from two 16-byte loads (h % kVec == 0, aligned
+// rows). The scalar kernel's per-element divisions and 2-byte accesses ran SD's GEGLU at about a third of the
+// memory bandwidth (3.6 ms of a batch-16 UNet step on the H200).
+template <typename T, typename Index>
+__global__ void glu_vec_kernel(T* out, const T* x, Index rows, Index hv, UnaryOp act) {
+  constexpr int V = kVec<T>;
+  const Index n = rows * hv;
+  const Index step = Index(gridDim.x) * blockDim.x;
+  const auto* xv = reinterpret_cast<const Pack<T>*>(x);
+  auto* ov = reinterpret_cast<Pack<T>*>(out);
+  for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const Index r = i / hv, c = i - r * hv;
+    const Pack<T> a = xv[int64_t(r) * 2 * hv + c], g = xv[int64_t(r) * 2 * hv + hv + c];
+    Pack<T> o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) o.v[e] = from_f32<T>(to_f32(a.v[e]) * apply_unary(to_f32(g.v[e]), act));
+    ov[i] = o;
+  }
+}
+
 // --- softmax ----------------------------------------------------------------------------------------------
 
 // One block per row: max, sum of exponentials, scaled write (the CPU backend's order of operations).
@@ -271,7 +291,11 @@ void CudaBackend::glu(Tensor& out, const Tensor& x, UnaryOp act) {
   const int64_t n = rows * h;
   dispatch_float(out.dtype(), "glu", [&](auto tag) {
     using T = decltype(tag);
-    if (fits_u32(2 * n))
+    constexpr int V = kVec<T>;
+    if (aligned16(x.data<T>()) && aligned16(out.data<T>()) && h % V == 0 && fits_u32(2 * n)) {
+      const uint32_t hv = uint32_t(h / V);
+      glu_vec_kernel<T, uint32_t><<<grid_for(n / V), kThreads, 0, stream_>>>(out.data<T>(), x.data<T>(), uint32_t(rows), hv, act);
+    } else if (fits_u32(2 * n))
       glu_kernel<T, uint32_t><<<grid_for(n), kThreads, 0, stream_>>>(out.data<T>(), x.data<T>(), uint32_t(rows), uint32_t(h), act);
     else
       glu_kernel<T, uint64_t><<<grid_for(n), kThreads, 0, stream_>>>(out.data<T>(), x.data<T>(), uint64_t(rows), uint64_t(h), act);

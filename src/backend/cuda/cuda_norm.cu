@@ -210,6 +210,70 @@ __global__ void layer_norm_kernel(T* y, const T* x, NormAffine aff, int64_t d, f
   }
 }
 
+// Short rows (FLUX's and Z-Image's q/k norms over a head dim of 128): one warp per row, kWarpRowsPerBlock rows
+// per block. One block of 64 threads per 128-element row spent most of its time starting blocks and in
+// barriers (152 calls, 8.5 ms of a FLUX 1024² step on the H200).
+constexpr int kWarpRowsPerBlock = 8;
+constexpr int64_t kMaxWarpRow = 1024;
+
+// Rows of up to kWarpLnMaxVecs vectors (SD's 320/640/1280 channels in bf16): one warp per row, the row held in
+// registers, so x is read once and there is no block barrier. One block per row spent the SD UNet's layer norms
+// in barriers and re-reads of 320-element rows (3.0 ms of a batch-16 step on the H200, ~0.7 TB/s). Same
+// statistics and normalisation as layer_norm_kernel.
+constexpr int kWarpLnMaxVecs = 6;  // per lane: 6 x 32 lanes x 8 bf16 = 1536 elements (768 in f32)
+
+template <typename T>
+__global__ void layer_norm_warp_kernel(T* y, const T* x, NormAffine aff, int64_t rows, int64_t d, float eps) {
+  constexpr int V = Vec<T>::kWidth;
+  const int64_t row = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;  // whole warps leave together
+  const int lane = threadIdx.x % 32;
+  const int64_t nvec = d / V;
+  const auto* xp = reinterpret_cast<const Vec<T>*>(x + row * d);
+  auto* yp = reinterpret_cast<Vec<T>*>(y + row * d);
+  float vals[kWarpLnMaxVecs][V];
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kWarpLnMaxVecs; ++j) {
+    const int64_t vi = int64_t(j) * 32 + lane;
+    const Vec<T> v = vi < nvec ? xp[vi] : Vec<T>{};
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      vals[j][e] = to_f32(v.v[e]);
+      s += vals[j][e];
+    }
+  }
+  const float mean = warp_sum(s) / float(d);
+  float dev = 0.0f, sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kWarpLnMaxVecs; ++j) {
+    if (int64_t(j) * 32 + lane >= nvec) continue;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float v = vals[j][e] - mean;
+      dev += v;
+      sq += v * v;
+    }
+  }
+  const float corr = warp_sum(dev) / float(d);
+  const float var = fmaxf(warp_sum(sq) / float(d) - corr * corr, 0.0f);
+  const float rstd = 1.0f / sqrtf(var + eps);
+#pragma unroll
+  for (int j = 0; j < kWarpLnMaxVecs; ++j) {
+    const int64_t vi = int64_t(j) * 32 + lane;
+    if (vi >= nvec) continue;
+    Vec<T> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const int64_t c = vi * V + e;
+      const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, c) : 1.0f;
+      const float b = aff.beta ? load_any(aff.beta, aff.beta_dtype, c) : 0.0f;
+      out.v[e] = from_f32<T>(((vals[j][e] - mean) - corr) * rstd * g + b);
+    }
+    yp[vi] = out;
+  }
+}
+
 template <typename T>
 __global__ void rms_norm_kernel(T* y, const T* x, NormAffine aff, int64_t d, float eps) {
   __shared__ float scratch[32];
@@ -227,11 +291,6 @@ __global__ void rms_norm_kernel(T* y, const T* x, NormAffine aff, int64_t d, flo
   }
 }
 
-// Short rows (FLUX's and Z-Image's q/k norms over a head dim of 128): one warp per row, kWarpRowsPerBlock rows
-// per block. One block of 64 threads per 128-element row spent most of its time starting blocks and in
-// barriers (152 calls, 8.5 ms of a FLUX 1024² step on the H200).
-constexpr int kWarpRowsPerBlock = 8;
-constexpr int64_t kMaxWarpRow = 1024;
 
 template <typename T>
 __global__ void rms_norm_warp_kernel(T* y, const T* x, NormAffine aff, int64_t rows, int64_t d, float eps) {
@@ -447,7 +506,16 @@ void CudaBackend::layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, 
   DeviceGuard guard(index_);
   dispatch_float(x.dtype(), "layer_norm", [&](auto tag) {
     using T = decltype(tag);
-    layer_norm_kernel<T><<<unsigned(rows), row_threads(d), 0, stream_>>>(out.data<T>(), x.data<T>(), affine_of(gamma, beta), d, eps);
+    constexpr int V = Vec<T>::kWidth;
+    const bool aligned = reinterpret_cast<uintptr_t>(x.data<T>()) % sizeof(Vec<T>) == 0 &&
+                         reinterpret_cast<uintptr_t>(out.data<T>()) % sizeof(Vec<T>) == 0;
+    if (aligned && d % V == 0 && d <= int64_t(kWarpLnMaxVecs) * 32 * V) {
+      const unsigned blocks = unsigned((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock);
+      layer_norm_warp_kernel<T><<<blocks, kWarpRowsPerBlock * 32, 0, stream_>>>(out.data<T>(), x.data<T>(),
+                                                                               affine_of(gamma, beta), rows, d, eps);
+    } else {
+      layer_norm_kernel<T><<<unsigned(rows), row_threads(d), 0, stream_>>>(out.data<T>(), x.data<T>(), affine_of(gamma, beta), d, eps);
+    }
   });
   ATELIER_CUDA_LAUNCHED();
 }
