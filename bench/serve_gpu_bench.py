@@ -32,7 +32,7 @@ def call(base, method, path, body=None, timeout=600):
         return json.loads(r.read() or b"{}")
 
 
-POLL_S = 0.02  # how often a client polls its job (--poll-ms)
+POLL_S = 0.0  # > 0: clients poll their job this often (--poll-ms) instead of reading its events
 
 
 def with_seed(body, seed):
@@ -41,14 +41,28 @@ def with_seed(body, seed):
 
 
 def run_job(base, body):
+    """Submits a job and waits for its end: on its server-sent events (what a client of the native API does;
+    one blocked read per job), or by polling GET /v1/jobs/{id} every --poll-ms when that is set."""
     job = call(base, "POST", "/v1/jobs", body)
-    while True:
-        j = call(base, "GET", f"/v1/jobs/{job['id']}?images=0")
-        if j["state"] in ("done", "failed", "cancelled"):
-            if j["state"] != "done":
-                raise RuntimeError(f"job {job['id']} {j['state']}: {j.get('error')}")
-            return j
-        time.sleep(POLL_S)
+    if POLL_S > 0:
+        while True:
+            j = call(base, "GET", f"/v1/jobs/{job['id']}?images=0")
+            if j["state"] in ("done", "failed", "cancelled"):
+                if j["state"] != "done":
+                    raise RuntimeError(f"job {job['id']} {j['state']}: {j.get('error')}")
+                return j
+            time.sleep(POLL_S)
+    with urllib.request.urlopen(base + f"/v1/jobs/{job['id']}/events", timeout=600) as r:
+        event = ""
+        for raw in r:
+            line = raw.decode().rstrip("\r\n")
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and event in ("done", "failed", "cancelled"):
+                if event != "done":
+                    raise RuntimeError(f"job {job['id']} {event}: {line[5:].strip()}")
+                return json.loads(line[5:])
+    raise RuntimeError(f"job {job['id']}: the event stream ended before the job did")
 
 
 def main():
@@ -62,7 +76,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--max-batch", type=int, default=16)
-    ap.add_argument("--poll-ms", type=float, default=20)
+    ap.add_argument("--poll-ms", type=float, default=0, help="poll every N ms instead of reading the job's events")
     a = ap.parse_args()
     global POLL_S
     POLL_S = a.poll_ms / 1000
