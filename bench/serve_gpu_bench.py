@@ -159,6 +159,10 @@ def main():
             "engine_busy": busy,
             "worker_busy": worker_busy,
             "worker_graphs": [w.get("graphs") for w in stats.get("workers", [])],
+            "host_profile": [{k: [v["count"] - w0.get("host_profile", {}).get(k, {}).get("count", 0),
+                                  round(v["seconds"] - w0.get("host_profile", {}).get(k, {}).get("seconds", 0), 3)]
+                              for k, v in w.get("host_profile", {}).items()}
+                             for w, w0 in zip(stats.get("workers", []), workers0)],
             "device_counters": [{k: round(v - w0.get("device_counters", {}).get(k, 0), 3) for k, v in w.get("device_counters", {}).items()}
                                 for w, w0 in zip(stats.get("workers", []), workers0)],
             "batch_size_hist": stats.get("metrics", {}).get("atelier_batch_size", {}),

@@ -3,6 +3,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <optional>
 
 #include "backend/ops.h"
 #include "pipeline/sd_batch.h"
@@ -157,6 +159,11 @@ void Worker::loop() {
   if (!device().is_cpu()) omp_set_num_threads(1);
   backend_for(device()).bind_current_thread();
   call_timer_ = backend_for(device()).make_device_timer();
+  std::optional<trace::ThreadAttach> attach;
+  if (const char* v = std::getenv("ATELIER_SERVE_PROFILE"); v && std::string(v) == "1") {
+    profile_ = std::make_unique<trace::Recorder>(trace::bit(trace::Category::kCall) | trace::bit(trace::Category::kOp));
+    attach.emplace(*profile_);
+  }
   while (wait_for_work()) {
     if (!healthy_) {
       probe();
@@ -272,6 +279,18 @@ void Worker::note_call(uint64_t timed, double enqueue_s, const GraphRunner::Stat
              {"capture_failures", g.capture_failures}, {"pool_bytes", g.pool_bytes}, {"last_failure", g.last_failure}};
 }
 
+void Worker::fold_profile() {
+  const std::vector<trace::Event> events = profile_->events();
+  profile_->clear();
+  std::lock_guard<std::mutex> lock(busy_mu_);
+  for (const trace::Event& e : events) {
+    if (e.depth > 0) continue;  // nested ops are inside their caller's range
+    auto& [count, seconds] = profile_totals_[e.name];
+    ++count;
+    seconds += e.seconds();
+  }
+}
+
 Expected<Tensor> Worker::encode_prompt(const ActiveJob& aj, const std::string& text) {
   const GenerateRequest& g = aj.plan.request;
   return prompts_.get(aj.model, text, g.clip_skip, g.emphasis,
@@ -334,6 +353,7 @@ void Worker::run_call() {
   const double dt = since(t0);
   add_busy(BusyKind::kModelCall, dt);
   note_call(timed, enqueue_s, unet.graphs().stats());
+  if (profile_) fold_profile();
   if (!out) {  // not a device problem: the request could not be batched (shape error) — fail those jobs
     for (ActiveJob* aj : in_call)
       aj->job->fail(out.status());
@@ -467,12 +487,14 @@ nlohmann::json Worker::status() const {
       {"decode_seconds", busy_by_kind_s_[int(BusyKind::kDecode)]}, {"decode_calls", count_by_kind_[int(BusyKind::kDecode)]},
       {"prompt_cache_hits", prompt_hits_},                          {"prompt_cache_misses", prompt_misses_},
       {"model_call_device_seconds", model_call_device_s_}, {"model_call_enqueue_seconds", model_call_enqueue_s_}};
+  nlohmann::json host_profile = nlohmann::json::object();
+  for (const auto& [name, cs] : profile_totals_) host_profile[name] = {{"count", cs.first}, {"seconds", cs.second}};
   nlohmann::json device_counters = nlohmann::json::object();
   for (const auto& [name, value] : backend_for(device()).counters()) device_counters[name] = value;
   return {{"index", index_},      {"device", device().str()}, {"healthy", healthy()},
           {"load", load()},       {"max_batch", options_.max_batch}, {"outstanding_work", outstanding_work()},
           {"models_loaded", models_.loaded()}, {"failures", failures_.load()}, {"busy_seconds", busy_total_s_},
-          {"busy", breakdown}, {"graphs", graphs_}, {"device_counters", device_counters}};
+          {"busy", breakdown}, {"graphs", graphs_}, {"device_counters", device_counters}, {"host_profile", host_profile}};
 }
 
 void Worker::collect(MetricsRegistry& m) {

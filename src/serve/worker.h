@@ -17,6 +17,7 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -138,6 +139,10 @@ class Worker {
   std::string last_group_;
   PromptCache prompts_;
   std::unique_ptr<trace::DeviceTimer> call_timer_;  // times model calls on the device (null on the CPU)
+  // ATELIER_SERVE_PROFILE=1: the worker thread's op and call ranges, summed by name after each model call
+  // (host time: what the thread spent enqueueing, or blocked, in each) and shown in status() as "host_profile".
+  std::unique_ptr<trace::Recorder> profile_;
+  void fold_profile();
   uint64_t admissions_ = 0;
 
   // Busy accounting for the busy ratio (guarded by busy_mu_).
@@ -149,6 +154,7 @@ class Worker {
   double model_call_enqueue_s_ = 0;  // host time spent enqueueing model calls (the rest waits for the device)
   double model_call_device_s_ = 0;  // device time of the model calls (CUDA events); 0 where unmeasured
   nlohmann::json graphs_;           // the last called UNet's recording statistics (GraphRunner::Stats)
+  std::map<std::string, std::pair<int64_t, double>> profile_totals_;  // range name -> (count, host seconds)
   std::deque<std::pair<Clock::time_point, double>> busy_marks_;  // (time, busy_total_s) for the window
 };
 
