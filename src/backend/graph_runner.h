@@ -63,6 +63,7 @@ class GraphRunner {
   Tensor run(const std::vector<Tensor>& inputs, Device device, const Fn& fn);
 
   Stats stats() const;
+  const Options& options() const { return options_; }
   // Drops every recording (their memory returns to the device's cache).
   void clear();
 

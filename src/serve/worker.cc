@@ -20,6 +20,14 @@ constexpr double kBusyWindowS = 10.0;  // the busy ratio covers about the last 1
 // burst of finishing jobs from needing gigabytes at once while still sharing the call's fixed costs.
 constexpr int64_t kMaxDecodeImages = 8;
 
+// Rows of a VAE decode call: the largest power of two <= min(left, kMaxDecodeImages), so that decodes come in
+// four shapes (1, 2, 4, 8 images) that the warm-up plans, instead of any count that happens to finish together.
+int64_t decode_chunk(int64_t left) {
+  int64_t c = 1;
+  while (c * 2 <= std::min(left, kMaxDecodeImages)) c *= 2;
+  return c;
+}
+
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 }  // namespace
@@ -263,6 +271,7 @@ void Worker::admit(const JobPtr& job) {
   }
   aj->total_calls = aj->samples.front().sampler->calls_remaining();
   aj->group = entry->name + "|" + shape_str(aj->samples.front().x.shape()) + "|" + shape_str(cond->shape());
+  warm_up(*aj);
   ++admissions_;
   add_busy(BusyKind::kAdmit, since(t_admit));
   job->set_progress(0, aj->total_calls);
@@ -277,6 +286,38 @@ void Worker::note_call(uint64_t timed, double enqueue_s, const GraphRunner::Stat
   if (span) model_call_device_s_ += span->dur_us * 1e-6;
   graphs_ = {{"eager_calls", g.eager_calls}, {"captures", g.captures}, {"replays", g.replays},
              {"capture_failures", g.capture_failures}, {"pool_bytes", g.pool_bytes}, {"last_failure", g.last_failure}};
+}
+
+// The first job of a group (a model and its latent and conditioning shapes) on a device that records its
+// work: every UNet batch bucket up to the worker's largest call is planned (convolution, attention and GEMM
+// plans are timed on first sight of a shape) and recorded, and every decode chunk planned, before the job
+// joins a batch. Without it those plans were made inside the batches that first needed them: on a two-GPU
+// server, one to two seconds of timing runs per new bucket, in the middle of everyone's requests.
+void Worker::warm_up(const ActiveJob& aj) {
+  const std::string key = std::to_string(reinterpret_cast<uintptr_t>(aj.model.get())) + "|" + aj.group;
+  if (warmed_.count(key) || !backend_for(device()).can_capture()) return;
+  warmed_.insert(key);
+  const auto t0 = Clock::now();
+  const UNet& unet = *aj.model->unet;
+  const DenoiseSample& s = aj.samples.front();
+  const int64_t most_rows = int64_t(std::max(1, options_.max_batch)) * (s.guided() ? 2 : 1);
+  for (int64_t rows : unet.graphs().options().batch_buckets) {
+    if (rows > most_rows) break;
+    if (s.guided() && rows % 2 == 1) continue;  // guided samples come with their uncond rows: always even
+    Shape xs = s.x.shape(), cs = s.cond.shape();
+    xs[0] = cs[0] = rows;
+    const Tensor x = Tensor::zeros(xs, s.x.dtype(), device()), ctx = Tensor::zeros(cs, s.cond.dtype(), device());
+    const Tensor t = Tensor::full({rows}, 500.0f, device());
+    for (int call = 0; call <= unet.graphs().options().warmup; ++call)  // the eager call(s), then the recording
+      if (auto out = unet.forward(x, t, ctx); !out) return;  // the real call will report it
+  }
+  for (int64_t n = 1; n <= kMaxDecodeImages; n *= 2) {
+    Shape xs = s.x.shape();
+    xs[0] = n;
+    aj.pipe->decode(Tensor::zeros(xs, s.x.dtype(), device()));
+  }
+  backend_for(device()).synchronize();
+  metrics_.observe(metric::kStage, {{"stage", "warm_up"}}, since(t0));
 }
 
 void Worker::fold_profile() {
@@ -410,8 +451,9 @@ void Worker::retire(std::vector<std::unique_ptr<ActiveJob>> finished) {
     return finished.size();
   };
   for (size_t begin = 0; begin < rows.size();) {
-    size_t end = begin + 1;
-    while (end < rows.size() && int64_t(end - begin) < kMaxDecodeImages && rows[end].aj->group == rows[begin].aj->group) ++end;
+    size_t same = begin + 1;
+    while (same < rows.size() && rows[same].aj->group == rows[begin].aj->group) ++same;
+    const size_t end = begin + size_t(decode_chunk(int64_t(same - begin)));
     const auto t0 = Clock::now();
     std::vector<Tensor> latents;
     for (size_t r = begin; r < end; ++r) latents.push_back(rows[r].aj->samples[rows[r].sample].x);

@@ -18,6 +18,7 @@
 #include <functional>
 #include <list>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -104,6 +105,7 @@ class Worker {
   void retire(std::vector<std::unique_ptr<ActiveJob>> finished);
   Expected<Tensor> encode_prompt(const ActiveJob& aj, const std::string& text);
   void note_call(uint64_t timed, double enqueue_s, const GraphRunner::Stats& graphs);
+  void warm_up(const ActiveJob& aj);
   void drop_cancelled();
   void fail_device(const Status& why);
   void probe();
@@ -138,6 +140,7 @@ class Worker {
   std::list<std::unique_ptr<ActiveJob>> active_;
   std::string last_group_;
   PromptCache prompts_;
+  std::set<std::string> warmed_;  // groups (model identity + shapes) whose device shapes are planned and recorded
   std::unique_ptr<trace::DeviceTimer> call_timer_;  // times model calls on the device (null on the CPU)
   // ATELIER_SERVE_PROFILE=1: the worker thread's op and call ranges, summed by name after each model call
   // (host time: what the thread spent enqueueing, or blocked, in each) and shown in status() as "host_profile".
