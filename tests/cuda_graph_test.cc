@@ -63,16 +63,20 @@ TEST(CudaGraph, UnrecordableFunctionRunsEagerly) {
   EXPECT_EQ(ops::affine(to_gpu(Tensor::full({4}, 1.0f)), 3.0f).to_vector()[3], 3.0f);
 }
 
+// The sd15-tiny fixture's UNet on the GPU in `dtype`.
+Expected<UNet> load_tiny_unet(const std::filesystem::path& dir, DType dtype) {
+  ATELIER_ASSIGN_OR_RETURN(WeightStore store,
+                           WeightStore::open({(dir / "model/unet/diffusion_pytorch_model.safetensors").string()}));
+  ATELIER_ASSIGN_OR_RETURN(UNetConfig config, load_unet_config((dir / "model/unet/config.json").string()));
+  return UNet::load(store, UNetLayout::kDiffusers, config, cuda0(), dtype);
+}
+
 TEST(CudaGraph, UnetReplayEqualsEager) {
   ATELIER_REQUIRE_CUDA();
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
-  auto store = WeightStore::open({(dir / "model/unet/diffusion_pytorch_model.safetensors").string()});
-  ASSERT_TRUE(store.has_value()) << store.status().message();
-  auto config = load_unet_config((dir / "model/unet/config.json").string());
-  ASSERT_TRUE(config.has_value()) << config.status().message();
   const Tensor ctx = test::golden("sd15-tiny", "unet.context").to(cuda0());
   for (DType dt : {DType::F32, DType::BF16}) {
-    auto graphed = UNet::load(*store, UNetLayout::kDiffusers, *config, cuda0(), dt);
+    auto graphed = load_tiny_unet(dir, dt);
     ASSERT_TRUE(graphed.has_value()) << graphed.status().message();
     UNet eager = *graphed;  // shares the weights
     eager.set_graph_options({.enabled = false});
@@ -104,12 +108,8 @@ TEST(CudaGraph, UnetReplayEqualsEager) {
 TEST(CudaGraph, BatchBucketsShareOneRecording) {
   ATELIER_REQUIRE_CUDA();
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
-  auto store = WeightStore::open({(dir / "model/unet/diffusion_pytorch_model.safetensors").string()});
-  ASSERT_TRUE(store.has_value()) << store.status().message();
-  auto config = load_unet_config((dir / "model/unet/config.json").string());
-  ASSERT_TRUE(config.has_value()) << config.status().message();
   const Tensor ctx1 = test::golden("sd15-tiny", "unet.context").to(cuda0()).narrow(0, 0, 1);
-  auto graphed = UNet::load(*store, UNetLayout::kDiffusers, *config, cuda0(), DType::F32);
+  auto graphed = load_tiny_unet(dir, DType::F32);
   ASSERT_TRUE(graphed.has_value()) << graphed.status().message();
   UNet eager = *graphed;
   eager.set_graph_options({.enabled = false});
