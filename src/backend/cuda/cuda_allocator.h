@@ -4,10 +4,11 @@
 // two, at least 256 B below 1 MiB and 2 MiB above; see round_size), so the same shapes allocated every step
 // of a denoising loop never reach cudaMalloc after the first step. A request takes the smallest cached block
 // of its class or a larger one up to kMaxReuseFactor times its size: a server's batches change size from
-// call to call, and cudaMalloc is expensive beyond its own time: with every GPU of a process in one virtual
-// address space, it holds a process-wide driver lock that stalls the other devices' workers in their copies
-// and launches (measured: tens of ms per model call on the second GPU). On cudaMalloc failure the cache is
-// freed and the allocation retried once before an out-of-memory error is thrown.
+// call to call, and every new block is a cudaMalloc (with all GPUs of a process in one address space, a call
+// that takes the driver's process-wide locks). Counted in stats(): on the two-H200 server benchmark 45-157
+// calls, 4-12 ms in all per run, so not what had stalled the second GPU's worker (that was plan timing of
+// new batch sizes: docs/performance.md, session 6). On cudaMalloc failure the cache is freed and the
+// allocation retried once before an out-of-memory error is thrown.
 //
 // Also: the pinned host staging ring that host<->device copies go through.
 #pragma once
