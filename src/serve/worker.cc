@@ -134,7 +134,6 @@ void Worker::update_load() {
 
 void Worker::add_busy(BusyKind kind, double seconds) {
   std::lock_guard<std::mutex> lock(busy_mu_);
-  busy_total_s_ += seconds;
   busy_by_kind_s_[int(kind)] += seconds;
   ++count_by_kind_[int(kind)];
   prompt_hits_ = int64_t(prompts_.hits());  // copied here: the cache itself belongs to the worker thread
@@ -284,8 +283,7 @@ void Worker::note_call(uint64_t timed, double enqueue_s, const GraphRunner::Stat
   std::lock_guard<std::mutex> lock(busy_mu_);
   model_call_enqueue_s_ += enqueue_s;
   if (span) model_call_device_s_ += span->dur_us * 1e-6;
-  graphs_ = {{"eager_calls", g.eager_calls}, {"captures", g.captures}, {"replays", g.replays},
-             {"capture_failures", g.capture_failures}, {"pool_bytes", g.pool_bytes}, {"last_failure", g.last_failure}};
+  graph_stats_ = g;
 }
 
 // The first job of a group (a model and its latent and conditioning shapes) on a device that records its
@@ -294,9 +292,11 @@ void Worker::note_call(uint64_t timed, double enqueue_s, const GraphRunner::Stat
 // joins a batch. Without it those plans were made inside the batches that first needed them: on a two-GPU
 // server, one to two seconds of timing runs per new bucket, in the middle of everyone's requests.
 void Worker::warm_up(const ActiveJob& aj) {
-  const std::string key = std::to_string(reinterpret_cast<uintptr_t>(aj.model.get())) + "|" + aj.group;
-  if (warmed_.count(key) || !backend_for(device()).can_capture()) return;
-  warmed_.insert(key);
+  if (!backend_for(device()).can_capture()) return;
+  std::erase_if(warmed_, [](const auto& w) { return w.first.expired(); });
+  for (const auto& [model, group] : warmed_)
+    if (model.lock() == aj.model && group == aj.group) return;
+  warmed_.emplace_back(aj.model, aj.group);
   const auto t0 = Clock::now();
   const UNet& unet = *aj.model->unet;
   const DenoiseSample& s = aj.samples.front();
@@ -437,32 +437,28 @@ void Worker::run_call() {
 void Worker::retire(std::vector<std::unique_ptr<ActiveJob>> finished) {
   // Every image row of the finished jobs, decoded in chunks of rows of one group (model and latent shape).
   struct Row {
-    ActiveJob* aj;
+    size_t job;  // index into finished
     size_t sample;
   };
   std::vector<Row> rows;
-  for (const auto& aj : finished)
-    for (size_t i = 0; i < aj->samples.size(); ++i) rows.push_back({aj.get(), i});
-  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.aj->group < b.aj->group; });
+  for (size_t j = 0; j < finished.size(); ++j)
+    for (size_t i = 0; i < finished[j]->samples.size(); ++i) rows.push_back({j, i});
+  auto group_of = [&](const Row& r) -> const std::string& { return finished[r.job]->group; };
+  std::stable_sort(rows.begin(), rows.end(), [&](const Row& a, const Row& b) { return group_of(a) < group_of(b); });
   std::vector<std::vector<Tensor>> pixels(finished.size());  // per job: its [1, 3, H, W] rows on the host
-  auto job_index = [&](const ActiveJob* aj) {
-    for (size_t j = 0; j < finished.size(); ++j)
-      if (finished[j].get() == aj) return j;
-    return finished.size();
-  };
   for (size_t begin = 0; begin < rows.size();) {
     size_t same = begin + 1;
-    while (same < rows.size() && rows[same].aj->group == rows[begin].aj->group) ++same;
+    while (same < rows.size() && group_of(rows[same]) == group_of(rows[begin])) ++same;
     const size_t end = begin + size_t(decode_chunk(int64_t(same - begin)));
     const auto t0 = Clock::now();
     std::vector<Tensor> latents;
-    for (size_t r = begin; r < end; ++r) latents.push_back(rows[r].aj->samples[rows[r].sample].x);
+    for (size_t r = begin; r < end; ++r) latents.push_back(finished[rows[r].job]->samples[rows[r].sample].x);
     const Tensor batch = latents.size() == 1 ? latents.front() : ops::concat(latents, 0);
-    const Tensor images01 = rows[begin].aj->pipe->decode(batch).to(Device::cpu());
+    const Tensor images01 = finished[rows[begin].job]->pipe->decode(batch).to(Device::cpu());
     const double dt = since(t0);
     add_busy(BusyKind::kDecode, dt);
     metrics_.observe(metric::kStage, {{"stage", "vae_decode"}}, dt);
-    for (size_t r = begin; r < end; ++r) pixels[job_index(rows[r].aj)].push_back(images01.narrow(0, int64_t(r - begin), 1));
+    for (size_t r = begin; r < end; ++r) pixels[rows[r].job].push_back(images01.narrow(0, int64_t(r - begin), 1));
     begin = end;
   }
   // Pixels, infotext, encoding, base64 and saving happen on the host pool: the next model call does not wait.
@@ -529,14 +525,18 @@ nlohmann::json Worker::status() const {
       {"decode_seconds", busy_by_kind_s_[int(BusyKind::kDecode)]}, {"decode_calls", count_by_kind_[int(BusyKind::kDecode)]},
       {"prompt_cache_hits", prompt_hits_},                          {"prompt_cache_misses", prompt_misses_},
       {"model_call_device_seconds", model_call_device_s_}, {"model_call_enqueue_seconds", model_call_enqueue_s_}};
+  const GraphRunner::Stats& g = graph_stats_;
+  const nlohmann::json graphs = {{"eager_calls", g.eager_calls},   {"captures", g.captures},
+                                 {"replays", g.replays},           {"capture_failures", g.capture_failures},
+                                 {"pool_bytes", g.pool_bytes},     {"last_failure", g.last_failure}};
   nlohmann::json host_profile = nlohmann::json::object();
   for (const auto& [name, cs] : profile_totals_) host_profile[name] = {{"count", cs.first}, {"seconds", cs.second}};
   nlohmann::json device_counters = nlohmann::json::object();
   for (const auto& [name, value] : backend_for(device()).counters()) device_counters[name] = value;
   return {{"index", index_},      {"device", device().str()}, {"healthy", healthy()},
           {"load", load()},       {"max_batch", options_.max_batch}, {"outstanding_work", outstanding_work()},
-          {"models_loaded", models_.loaded()}, {"failures", failures_.load()}, {"busy_seconds", busy_total_s_},
-          {"busy", breakdown}, {"graphs", graphs_}, {"device_counters", device_counters}, {"host_profile", host_profile}};
+          {"models_loaded", models_.loaded()}, {"failures", failures_.load()}, {"busy_seconds", busy_total_s()},
+          {"busy", breakdown}, {"graphs", graphs}, {"device_counters", device_counters}, {"host_profile", host_profile}};
 }
 
 void Worker::collect(MetricsRegistry& m) {
@@ -547,14 +547,15 @@ void Worker::collect(MetricsRegistry& m) {
   m.set(metric::kModelsLoaded, l, double(models_.loaded()));
   std::lock_guard<std::mutex> lock(busy_mu_);
   const auto now = Clock::now();
-  m.set(metric::kDeviceBusySeconds, l, busy_total_s_);
+  const double busy_total = busy_total_s();
+  m.set(metric::kDeviceBusySeconds, l, busy_total);
   // Ratio over the window: keep marks of the last kBusyWindowS seconds (at least one older mark).
-  busy_marks_.push_back({now, busy_total_s_});
+  busy_marks_.push_back({now, busy_total});
   while (busy_marks_.size() > 2 && std::chrono::duration<double>(now - busy_marks_[1].first).count() > kBusyWindowS)
     busy_marks_.pop_front();
   const auto& [t_old, b_old] = busy_marks_.front();
   const double span = std::chrono::duration<double>(now - t_old).count();
-  m.set(metric::kDeviceBusy, l, span > 0 ? std::min(1.0, (busy_total_s_ - b_old) / span) : 0.0);
+  m.set(metric::kDeviceBusy, l, span > 0 ? std::min(1.0, (busy_total - b_old) / span) : 0.0);
 }
 
 }  // namespace atelier::serve

@@ -18,7 +18,6 @@
 #include <functional>
 #include <list>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -140,7 +139,9 @@ class Worker {
   std::list<std::unique_ptr<ActiveJob>> active_;
   std::string last_group_;
   PromptCache prompts_;
-  std::set<std::string> warmed_;  // groups (model identity + shapes) whose device shapes are planned and recorded
+  // Groups whose device shapes are planned and recorded, with the model they were warmed on: a model evicted
+  // and loaded again is a new one (its recordings are gone), even at the same address.
+  std::vector<std::pair<std::weak_ptr<SdModel>, std::string>> warmed_;
   std::unique_ptr<trace::DeviceTimer> call_timer_;  // times model calls on the device (null on the CPU)
   // ATELIER_SERVE_PROFILE=1: the worker thread's op and call ranges, summed by name after each model call
   // (host time: what the thread spent enqueueing, or blocked, in each) and shown in status() as "host_profile".
@@ -150,13 +151,13 @@ class Worker {
 
   // Busy accounting for the busy ratio (guarded by busy_mu_).
   mutable std::mutex busy_mu_;
-  double busy_total_s_ = 0;
   double busy_by_kind_s_[3] = {};     // admission (text encoding), model calls, VAE decodes
+  double busy_total_s() const { return busy_by_kind_s_[0] + busy_by_kind_s_[1] + busy_by_kind_s_[2]; }
   int64_t count_by_kind_[3] = {};
   int64_t prompt_hits_ = 0, prompt_misses_ = 0;
   double model_call_enqueue_s_ = 0;  // host time spent enqueueing model calls (the rest waits for the device)
   double model_call_device_s_ = 0;  // device time of the model calls (CUDA events); 0 where unmeasured
-  nlohmann::json graphs_;           // the last called UNet's recording statistics (GraphRunner::Stats)
+  GraphRunner::Stats graph_stats_;  // the last called UNet's recording statistics
   std::map<std::string, std::pair<int64_t, double>> profile_totals_;  // range name -> (count, host seconds)
   std::deque<std::pair<Clock::time_point, double>> busy_marks_;  // (time, busy_total_s) for the window
 };
