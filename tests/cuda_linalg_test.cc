@@ -292,6 +292,63 @@ TEST(CudaOps, GroupNormMatchesCpu) {
   }
 }
 
+// x [N, C, H, W] as a channels-last tensor of the same values (the layout the GPU keeps SD's activations in).
+Tensor channels_last(const Tensor& x) { return ops::contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}); }
+
+// Channels-last group norm (the NHWC kernels: per-channel chunk sums, a warp per group merging them) at SD's
+// channel counts, including the up blocks' concatenations (960, 1920, 2560) and a large mean; 12 channels are
+// not whole 16-byte vectors and go through NCHW copies. The output stays channels-last.
+TEST(CudaOps, ChannelsLastGroupNormMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  struct Case { Shape x; int groups; float offset; };
+  const Case cases[] = {{{2, 320, 64, 64}, 32, 0.0f}, {{2, 2560, 8, 8}, 32, 0.0f}, {{1, 1920, 16, 16}, 32, 0.0f},
+                        {{2, 960, 32, 32}, 32, 100.0f}, {{3, 64, 5, 7}, 4, 0.0f}, {{2, 12, 5, 5}, 4, 0.0f},
+                        {{16, 640, 32, 32}, 32, 0.0f}};
+  for (const Case& c : cases) {
+    const Tensor x = random_tensor(c.x, 61, 1.0f, c.offset), g = random_tensor({c.x[1]}, 62), b = random_tensor({c.x[1]}, 63);
+    for (UnaryOp act : {UnaryOp::kIdentity, UnaryOp::kSilu}) {
+      const int groups = c.groups;
+      const auto fn = [groups, act](const std::vector<Tensor>& in) {
+        const Tensor y = ops::group_norm(channels_last(in[0]), groups, in[1], in[2], 1e-5f, act);
+        if (!in[0].device().is_cpu() && in[0].dtype() != DType::F32) EXPECT_TRUE(y.is_channels_last()) << shape_str(y.strides());
+        return y;
+      };
+      const std::string what = "channels-last group_norm " + shape_str(c.x) + " act " + std::to_string(int(act));
+      for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b}), dt);
+    }
+  }
+}
+
+// Convolutions reading and writing channels-last with the addend in their output pass: a per-sample bias (the
+// resnets' time embedding) and a residual, channels-last or not, with and without a bias, at channel counts with
+// and without whole 16-byte vectors.
+TEST(CudaOps, ChannelsLastConvWithAddendMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
+  struct Case { Shape x; int64_t o; int k; };
+  const Case cases[] = {{{2, 320, 32, 32}, 320, 3}, {{2, 64, 9, 7}, 128, 3}, {{2, 640, 16, 16}, 320, 1}, {{1, 32, 8, 8}, 4, 3}};
+  for (const Case& c : cases) {
+    const int64_t fan_in = c.x[1] * c.k * c.k;
+    const Tensor x = random_tensor(c.x, 71), w = random_tensor({c.o, c.x[1], c.k, c.k}, 72, 1.0f / std::sqrt(float(fan_in)));
+    const Tensor b = random_tensor({c.o}, 73), temb = random_tensor({c.x[0], c.o, 1, 1}, 74);
+    const Tensor res = random_tensor({c.x[0], c.o, c.x[2], c.x[3]}, 75);
+    const Conv2dParams p{1, 1, c.k / 2, c.k / 2};
+    const auto per_sample = [p](const std::vector<Tensor>& in) { return ops::conv2d(channels_last(in[0]), in[1], in[2], p, in[3]); };
+    const auto residual_cl = [p](const std::vector<Tensor>& in) { return ops::conv2d(channels_last(in[0]), in[1], in[2], p, channels_last(in[3])); };
+    const auto residual_nchw_no_bias = [p](const std::vector<Tensor>& in) { return ops::conv2d(in[0], in[1], Tensor(), p, in[2]); };
+    const std::string what = "conv2d " + shape_str(c.x) + " -> " + std::to_string(c.o);
+    for (DType dt : kLowp) {
+      EXPECT_PARITY(what + " + per-sample addend", per_sample, std::vector<Tensor>({x, w, b, temb}), dt);
+      EXPECT_PARITY(what + " + channels-last residual", residual_cl, std::vector<Tensor>({x, w, b, res}), dt);
+      EXPECT_PARITY(what + " + NCHW residual, no bias", residual_nchw_no_bias, std::vector<Tensor>({x, w, res}), dt);
+    }
+    EXPECT_PARITY(what + " f32 + per-sample addend", per_sample, std::vector<Tensor>({x, w, b, temb}), DType::F32);
+    test::cuda_be().set_conv_impl(cuda::ConvImpl::kIm2col);  // channels-last operands through the NCHW path's copies
+    EXPECT_PARITY(what + " im2col + channels-last residual", residual_cl, std::vector<Tensor>({x, w, b, res}), DType::BF16);
+    test::cuda_be().set_conv_impl(cuda::ConvImpl::kAuto);
+  }
+}
+
 TEST(CudaOps, LayerNormAndRmsNormMatchCpu) {
   ATELIER_REQUIRE_CUDA();
   // Rows up to 1024 take the warp-per-row RMS kernel (a head dim of 128: FLUX and Z-Image q/k norms; 27 rows:

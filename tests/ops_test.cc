@@ -9,6 +9,7 @@
 #include "backend/ops.h"
 #include "core/dtype.h"
 #include "ops_test_util.h"
+#include "test_util.h"
 
 namespace atelier {
 namespace {
@@ -289,6 +290,39 @@ TEST(OpsLayout, ConcatAlongEachDim) {
     }
   }
   EXPECT_THROW(ops::concat({a, random_tensor({2, 4, 4}, 4)}, 2), Error);
+}
+
+// Channels-last activations (the GPU's layout), run on the CPU through its test switch: convolution outputs
+// are channels-last, group norm, elementwise ops, channel concat and upsampling keep the layout, and every
+// value equals the NCHW run's; the convolution's addend (a per-sample bias, a residual) equals a separate add.
+TEST(OpsLayout, ChannelsLastPropagatesWithTheSameValues) {
+  const Tensor x = random_tensor({2, 16, 5, 6}, 1), w = random_tensor({8, 16, 3, 3}, 2, 0.1f), b = random_tensor({8}, 3);
+  const Tensor temb = random_tensor({2, 8, 1, 1}, 4), skip = random_tensor({2, 8, 5, 6}, 5);
+  const Conv2dParams p{1, 1, 1, 1};
+  const auto chain = [&](std::vector<Tensor>* stages) {
+    const Tensor y = ops::conv2d(x, w, b, p, temb);
+    const Tensor n = ops::group_norm(y, 4, Tensor(), Tensor(), 1e-5f, UnaryOp::kSilu);
+    const Tensor r = ops::conv2d(n, random_tensor({8, 8, 3, 3}, 6, 0.1f), b, p, y);  // residual addend, channels-last
+    const Tensor s = ops::add(r, ops::conv2d(skip, random_tensor({8, 8, 1, 1}, 7), Tensor(), {}));
+    const Tensor c = ops::concat({s, ops::silu(r)}, 1);
+    const Tensor u = ops::upsample_nearest2d(c, 2);
+    *stages = {y, n, r, s, c, u};
+  };
+  std::vector<Tensor> nchw, cl;
+  chain(&nchw);
+  {
+    test::ChannelsLastOnCpu on;
+    chain(&cl);
+  }
+  const char* names[] = {"conv + per-sample addend", "group norm", "conv + residual addend", "add", "concat", "upsample"};
+  for (size_t i = 0; i < nchw.size(); ++i) {
+    EXPECT_TRUE(nchw[i].is_contiguous()) << names[i];
+    EXPECT_TRUE(cl[i].is_channels_last()) << names[i] << ": " << shape_str(cl[i].strides());
+    EXPECT_EQ(cl[i].to_vector(), nchw[i].to_vector()) << names[i];
+  }
+  // The addend equals conv + add.
+  const Tensor sep = ops::add(ops::conv2d(x, w, b, p), temb);
+  EXPECT_EQ(nchw[0].to_vector(), sep.to_vector());
 }
 
 TEST(OpsLayout, ChunkGivesViews) {

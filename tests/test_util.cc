@@ -6,9 +6,13 @@
 #include <memory>
 #include <mutex>
 
+#include "backend/cpu/cpu_backend.h"
 #include "io/safetensors.h"
 
 namespace atelier::test {
+
+ChannelsLastOnCpu::ChannelsLastOnCpu() { cpu_backend().set_channels_last_for_tests(true); }
+ChannelsLastOnCpu::~ChannelsLastOnCpu() { cpu_backend().set_channels_last_for_tests(false); }
 
 std::optional<std::filesystem::path> fixtures_root() {
   if (const char* env = std::getenv("ATELIER_FIXTURES"); env && *env) {

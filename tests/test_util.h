@@ -19,6 +19,15 @@ std::optional<std::filesystem::path> fixture(const std::string& name);
 // Golden tensor `key` of fixture `name` (e.g. "sd15-tiny", "unet.out.t999") as a host f32 tensor.
 Tensor golden(const std::string& name, const std::string& key);
 
+// While alive, the CPU backend keeps image activations channels-last (CpuBackend::set_channels_last_for_tests):
+// the op layer's channels-last paths, which the GPU takes, run where CI can check them.
+struct ChannelsLastOnCpu {
+  ChannelsLastOnCpu();
+  ~ChannelsLastOnCpu();
+  ChannelsLastOnCpu(const ChannelsLastOnCpu&) = delete;
+  ChannelsLastOnCpu& operator=(const ChannelsLastOnCpu&) = delete;
+};
+
 // ||a - b|| / ||b||
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b);
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);

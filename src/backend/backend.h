@@ -73,6 +73,15 @@ class Backend {
   // server's status: what a stalled worker is read against.
   virtual std::vector<std::pair<std::string, double>> counters() const { return {}; }
 
+  // Whether image activations of `dtype` should live channels-last on this device (Tensor::
+  // empty_channels_last): the op layer then makes convolution outputs channels-last, and group norm,
+  // elementwise ops, concat and upsampling keep that layout, so that no convolution transposes its input or
+  // output and a transformer's tokens are a view of the image. Off (everything NCHW) by default.
+  virtual bool prefers_channels_last(DType dtype) const {
+    (void)dtype;
+    return false;
+  }
+
   // --- recorded execution -------------------------------------------------------------------------
   // Records the device work that `fn` enqueues on this device instead of running it, and returns it for
   // replay. `fn` must stay on the device: no copies from or to the host, no synchronisation. Devices that
@@ -128,11 +137,17 @@ class Backend {
   // (quantize_rows_fp8); bias [N] in out's dtype, optional.
   virtual void gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws,
                         const Tensor& bias, float beta, UnaryOp act) = 0;
-  // x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] optional -> out [N, O, Ho, Wo].
-  virtual void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) = 0;
+  // x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] optional -> out [N, O, Ho, Wo] = conv(x) + bias +
+  // addend, addend optional: a view with out's shape (zero strides broadcast, e.g. a per-sample [N, O, 1, 1]
+  // time embedding or a full residual), added in the convolution's output pass where the device can.
+  // x and out are contiguous or, where prefers_channels_last(dtype) says so, channels-last (each
+  // independently; w contiguous).
+  virtual void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+                      const Tensor& addend) = 0;
 
   // --- normalisation ------------------------------------------------------------------------------
   // x [N, C, *] normalised over (C/groups, *) per group; gamma/beta [C] optional; act fused after the affine.
+  // x and out are both contiguous or, where prefers_channels_last(dtype) says so, both channels-last 4-D.
   virtual void group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) = 0;
   // Over the last dim D; gamma/beta [D] optional.
   virtual void layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) = 0;

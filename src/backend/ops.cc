@@ -55,6 +55,15 @@ Tensor empty_like_shape(const Tensor& x, const Shape& shape) { return Tensor::em
 // Contiguous unless the optional tensor is undefined.
 Tensor contiguous_opt(const Tensor& x) { return x.defined() ? contiguous(x) : x; }
 
+bool wants_channels_last(const Tensor& x) { return x.dim() == 4 && backend_of(x).prefers_channels_last(x.dtype()); }
+
+Tensor empty_like_layout(const Tensor& x, const Shape& shape) {
+  if (x.is_channels_last() && x.shape() == shape) return Tensor::empty_channels_last(shape, x.dtype(), x.device());
+  return empty_like_shape(x, shape);
+}
+
+Tensor nhwc_order(const Tensor& x) { return x.permute({0, 2, 3, 1}); }
+
 // x (any rank <= shape's) viewed with `shape` by numpy broadcasting: missing leading dims and size-1 dims
 // get stride 0.
 Tensor broadcast_to(const Tensor& x, const Shape& shape, const std::string& op) {
@@ -172,11 +181,22 @@ Tensor concat(const std::vector<Tensor>& xs, int dim) {
     total += x.shape()[d];
   }
   shape[d] = total;
-  Tensor out = empty_like_shape(first, shape);
+  // Channels-last inputs (a UNet's skip connections) give a channels-last output: each part is then a
+  // copy of [N, H, W, C_i] rows into [N, H, W, C] rows.
+  bool channels_last = d == 1 && wants_channels_last(first);
+  for (const Tensor& x : xs) channels_last = channels_last && x.is_channels_last();
+  Tensor out = channels_last ? Tensor::empty_channels_last(shape, first.dtype(), first.device()) : empty_like_shape(first, shape);
   int64_t at = 0;
   for (const Tensor& x : xs) {
     Tensor part = out.narrow(d, at, x.shape()[d]);
-    if (x.numel() > 0) backend_of(x).copy(part, x);
+    if (x.numel() > 0) {
+      if (channels_last) {
+        Tensor dst = nhwc_order(part);
+        backend_of(x).copy(dst, nhwc_order(x));
+      } else {
+        backend_of(x).copy(part, x);
+      }
+    }
     at += x.shape()[d];
   }
   return out;
@@ -204,6 +224,17 @@ Tensor upsample_nearest2d(const Tensor& x, int factor) {
   require(x.dim() == 4, "upsample_nearest2d", "expects x [N, C, H, W], got " + shape_str(x.shape()));
   require(factor >= 1, "upsample_nearest2d", "factor must be a positive integer, got " + std::to_string(factor));
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), f = factor;
+  if (x.is_channels_last() && wants_channels_last(x)) {
+    // Channels-last stays so: one strided copy in [N, H, f, W, f, C] order, each input pixel's channel
+    // run repeated f x f times (zero strides over the two f dims).
+    Tensor out = Tensor::empty_channels_last({n, c, h * f, w * f}, x.dtype(), x.device());
+    const int64_t wo = w * f;
+    Tensor dst(out.buffer(), {n, h, f, w, f, c}, {h * f * wo * c, f * wo * c, wo * c, f * c, c, 1}, out.dtype(), out.offset());
+    const Shape& s = x.strides();
+    const Tensor src(x.buffer(), {n, h, f, w, f, c}, {s[0], s[2], 0, s[3], 0, s[1]}, x.dtype(), x.offset());
+    if (out.numel() > 0) backend_of(x).copy(dst, src);
+    return out;
+  }
   Tensor out = empty_like_shape(x, {n, c, h * f, w * f});
   if (out.numel() > 0) backend_of(x).upsample_nearest2d(out, x, factor);
   return out;
@@ -247,8 +278,13 @@ Tensor embedding(const Tensor& ids, const Tensor& table) {
 Tensor unary(const Tensor& x, UnaryOp op) {
   trace::Scope range("unary", Category::kOp);
   require_f32(x, "unary", "x");
-  Tensor xc = contiguous(x);
-  Tensor out = empty_like_shape(xc, xc.shape());
+  Tensor xc = x.is_channels_last() ? x : contiguous(x);
+  Tensor out = empty_like_layout(xc, xc.shape());
+  if (xc.is_channels_last()) {  // same layout: elementwise over the packed [N, H, W, C] order
+    Tensor o = nhwc_order(out);
+    backend_of(x).unary(o, nhwc_order(xc), op);
+    return out;
+  }
   backend_of(x).unary(out, xc, op);
   return out;
 }
@@ -260,8 +296,16 @@ Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op) {
   require_same_device(a, b, "binary");
   require(a.dtype() == b.dtype(), "binary", "a and b have different dtypes");
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), "binary");
-  Tensor out = empty_like_shape(a, shape);
-  backend_of(a).binary(out, broadcast_to(a, shape, "binary"), broadcast_to(b, shape, "binary"), op);
+  // The output takes a channels-last operand's layout (residual adds between convolution outputs).
+  const Tensor& like = a.is_channels_last() && a.shape() == shape ? a : b;
+  Tensor out = empty_like_layout(like, shape);
+  const Tensor ab = broadcast_to(a, shape, "binary"), bb = broadcast_to(b, shape, "binary");
+  if (out.is_channels_last()) {
+    Tensor o = nhwc_order(out);
+    backend_of(a).binary(o, nhwc_order(ab), nhwc_order(bb), op);
+    return out;
+  }
+  backend_of(a).binary(out, ab, bb, op);
   return out;
 }
 
@@ -444,7 +488,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, floa
   return out;
 }
 
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p) {
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& addend) {
   trace::Scope range("conv2d", Category::kOp);
   const std::string op = "conv2d";
   require_f32(x, op, "x");
@@ -465,11 +509,20 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dPar
   const int64_t hp = x.size(2) + 2 * p.pad_h, wp = x.size(3) + 2 * p.pad_w;
   require(hp >= ekh && wp >= ekw, op, "kernel " + shape_str(w.shape()) + " larger than the padded input " + shape_str(x.shape()));
   const int64_t ho = (hp - ekh) / p.stride_h + 1, wo = (wp - ekw) / p.stride_w + 1;
-  Tensor out = empty_like_shape(x, {x.size(0), o, ho, wo});
+  const Shape out_shape{x.size(0), o, ho, wo};
+  Tensor add;
+  if (addend.defined()) {
+    require_f32(addend, op, "addend");
+    require_same_device(x, addend, op);
+    add = broadcast_to(addend.dtype() == x.dtype() ? addend : cast(addend, x.dtype()), out_shape, op);
+  }
+  const bool channels_last = wants_channels_last(x);
+  Tensor out = channels_last ? Tensor::empty_channels_last(out_shape, x.dtype(), x.device()) : empty_like_shape(x, out_shape);
   // Every output element is a dot product over (C/g) * kh * kw inputs.
   trace::count_flops(gemm_flops(x.size(0), o * ho, wo, (c / g) * w.size(2) * w.size(3)));
   if (range.active()) range.set_detail(shape_str(x.shape()) + " * " + shape_str(w.shape()) + " -> " + shape_str(out.shape()));
-  backend_of(x).conv2d(out, contiguous(x), contiguous(w), contiguous_opt(b), p);
+  const Tensor xin = channels_last && x.is_channels_last() ? x : contiguous(x);
+  backend_of(x).conv2d(out, xin, contiguous(w), contiguous_opt(b), p, add);
   return out;
 }
 
@@ -491,8 +544,8 @@ Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor
   require(groups >= 1 && x.size(1) % groups == 0, op, "channels " + std::to_string(x.size(1)) + " not divisible by groups " + std::to_string(groups));
   require_affine(gamma, x.size(1), op, "gamma");
   require_affine(beta, x.size(1), op, "beta");
-  Tensor xc = contiguous(x);
-  Tensor out = empty_like_shape(xc, xc.shape());
+  Tensor xc = x.is_channels_last() && wants_channels_last(x) ? x : contiguous(x);
+  Tensor out = empty_like_layout(xc, xc.shape());
   backend_of(x).group_norm(out, xc, contiguous_opt(gamma), contiguous_opt(beta), groups, eps, act);
   return out;
 }

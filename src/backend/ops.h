@@ -66,8 +66,10 @@ std::pair<Tensor, Tensor> quantize_rows_fp8(const Tensor& w);
 // optional residual (the output's shape) added as linear_residual does.
 Tensor linear_fp8(const Tensor& x, const Tensor& w8, const Tensor& ws, const Tensor& b = {},
                   UnaryOp act = UnaryOp::kIdentity, const Tensor& residual = {});
-// x [N, C, H, W], w [O, C/g, kh, kw], b [O] optional -> [N, O, Ho, Wo]
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p);
+// x [N, C, H, W], w [O, C/g, kh, kw], b [O] optional -> [N, O, Ho, Wo] (+ addend, optional, broadcastable
+// to the output: a per-sample [N, O, 1, 1] bias or a residual, added in the convolution's output pass).
+// Channels-last on a device that prefers it (Backend::prefers_channels_last); the values are the same.
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& addend = {});
 
 // --- normalisation --------------------------------------------------------------------------------
 // x [N, C, *]: statistics per (sample, group); gamma/beta [C]; act fused (GroupNorm+SiLU).

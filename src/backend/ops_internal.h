@@ -21,6 +21,13 @@ Backend& backend_of(const Tensor& x);
 Tensor empty_like_shape(const Tensor& x, const Shape& shape);
 // Contiguous unless the optional tensor is undefined.
 Tensor contiguous_opt(const Tensor& x);
+// Image activations channels-last (Backend::prefers_channels_last): whether x's device wants 4-D tensors of
+// x's dtype in that layout; a new tensor of `shape` in x's layout (channels-last when x is and has that
+// shape, else contiguous); an [N, C, H, W] view as [N, H, W, C] (contiguous when x is channels-last), in
+// which the strided kernels see long unit-stride runs.
+bool wants_channels_last(const Tensor& x);
+Tensor empty_like_layout(const Tensor& x, const Shape& shape);
+Tensor nhwc_order(const Tensor& x);
 // x [..., in] -> [1, M, in]: a view when the leading dims collapse into one row index with a unit inner
 // stride (e.g. a narrow of the last dim of a contiguous tensor), else a packed copy.
 Tensor rows_view(const Tensor& x);

@@ -56,6 +56,12 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device dev) {
   return Tensor(backend_for(dev).allocate(bytes), shape, dtype);
 }
 
+Tensor Tensor::empty_channels_last(const Shape& nchw, DType dtype, Device dev) {
+  ATELIER_CHECK(nchw.size() == 4, "empty_channels_last: [N, C, H, W] expected, got " + shape_str(nchw));
+  const Tensor nhwc = empty({nchw[0], nchw[2], nchw[3], nchw[1]}, dtype, dev);
+  return nhwc.permute({0, 3, 1, 2});
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device dev) {
   Tensor t = empty(shape, dtype, dev);
   backend_for(dev).fill(t, 0.0f);
@@ -89,6 +95,13 @@ bool Tensor::is_contiguous() const {
     acc *= shape_[i];
   }
   return true;
+}
+
+bool Tensor::is_channels_last() const {
+  if (dim() != 4 || is_contiguous()) return false;
+  const int64_t c = shape_[1], h = shape_[2], w = shape_[3];
+  const auto same = [&](int d, int64_t stride) { return shape_[d] == 1 || strides_[d] == stride; };
+  return same(1, 1) && same(3, c) && same(2, w * c) && same(0, h * w * c);
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {

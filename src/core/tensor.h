@@ -65,6 +65,9 @@ class Tensor {
   // Host f32 tensor holding a copy of `values` (size must equal numel).
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape);
   static Tensor full(const Shape& shape, float value, Device dev = Device::cpu());
+  // New uninitialised [N, C, H, W] tensor stored channels-last: element (n, c, h, w) at
+  // ((n * H + h) * W + w) * C + c, the layout the GPU's convolutions read and write without transposes.
+  static Tensor empty_channels_last(const Shape& nchw, DType dtype, Device dev);
 
   bool defined() const { return buf_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -77,6 +80,9 @@ class Tensor {
   int64_t offset() const { return offset_; }
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
   bool is_contiguous() const;
+  // A 4-D [N, C, H, W] tensor packed channels-last (see empty_channels_last), and not also contiguous
+  // (a tensor with C == 1 or H == W == 1 is both; it counts as contiguous).
+  bool is_channels_last() const;
   const std::shared_ptr<Buffer>& buffer() const { return buf_; }
 
   void* raw() const { return static_cast<char*>(buf_->data()) + offset_ * int64_t(dtype_size(dtype_)); }

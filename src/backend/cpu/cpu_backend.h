@@ -2,6 +2,8 @@
 // Each op family lives in its own file (cpu_copy.cc, cpu_elementwise.cc, cpu_gemm.cc, cpu_conv.cc,
 // cpu_norm.cc, cpu_attention.cc).
 #pragma once
+#include <atomic>
+
 #include "backend/backend.h"
 #include "backend/cpu/cpu_allocator.h"
 
@@ -31,7 +33,8 @@ class CpuBackend final : public Backend {
   void quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) override;
   void gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws, const Tensor& bias,
                 float beta, UnaryOp act) override;
-  void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) override;
+  void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+              const Tensor& addend) override;
 
   void group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) override;
   void layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) override;
@@ -42,8 +45,17 @@ class CpuBackend final : public Backend {
 
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) override;
 
+  // Channels-last activations on the CPU, for tests only: the CPU computes NCHW (its convolution and group
+  // norm run on packed copies), so this costs copies and gains nothing, but it runs the op layer's
+  // channels-last paths and every model with them where CI can check them against the goldens.
+  bool prefers_channels_last(DType) const override { return channels_last_for_tests_.load(); }
+  void set_channels_last_for_tests(bool on) { channels_last_for_tests_.store(on); }
+
  private:
+  void conv2d_nchw(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
+
   CpuAllocator alloc_;
+  std::atomic<bool> channels_last_for_tests_{false};
 };
 
 CpuBackend& cpu_backend();

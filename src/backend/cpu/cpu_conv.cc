@@ -73,8 +73,26 @@ void im2col_block(float* col, const float* x, const ConvGeometry& g, int64_t p0,
 
 }  // namespace
 
+// x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] optional, addend optional (a view with out's shape);
+// x and out contiguous or channels-last (the arithmetic runs on NCHW copies: the CPU's im2col and Winograd
+// paths are NCHW) -> out [N, O, Ho, Wo] = conv + bias + addend, the addend added after the bias as a
+// separate add would.
+void CpuBackend::conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+                        const Tensor& addend) {
+  if (out.numel() == 0) return;
+  Tensor xc = x;
+  if (!x.is_contiguous()) {
+    xc = Tensor::empty(x.shape(), x.dtype(), device());
+    copy(xc, x);
+  }
+  Tensor oc = out.is_contiguous() ? out : Tensor::empty(out.shape(), out.dtype(), device());
+  conv2d_nchw(oc, xc, w, bias, p);
+  if (addend.defined()) binary(oc, oc, addend, BinaryOp::kAdd);
+  if (oc.raw() != out.raw()) copy(out, oc);
+}
+
 // x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] optional, all contiguous -> out [N, O, Ho, Wo].
-void CpuBackend::conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
+void CpuBackend::conv2d_nchw(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
   ConvGeometry g{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3),
                  out.size(2), out.size(3), p.groups, x.size(1) / p.groups, w.size(0) / p.groups, 0, p};
   g.kc = g.cg * g.kh * g.kw;

@@ -72,7 +72,11 @@ class CudaBackend final : public Backend {
   void quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) override;
   void gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws, const Tensor& bias,
                 float beta, UnaryOp act) override;
-  void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) override;
+  void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+              const Tensor& addend) override;
+  // Channels-last where the convolutions run channels-last: 16-bit data on cuDNN (ConvImpl kAuto or kCudnn,
+  // ATELIER_CONV_NHWC not 0); f32 and forced NCHW/im2col keep NCHW.
+  bool prefers_channels_last(DType dtype) const override;
 
   void group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) override;
   void layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) override;
@@ -120,8 +124,13 @@ class CudaBackend final : public Backend {
   // cuDNN's fused SDPA (unmasked bf16/f16); false when it declines or our kernel measured faster (kAuto).
   bool attention_cudnn(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
   void conv2d_im2col(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
-  // cuDNN in NHWC: x transposed in, out transposed back with the bias added; false when cuDNN declines.
-  bool conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, bool w_persistent);
+  // cuDNN in NHWC: x read in place when channels-last (else transposed in), the result written in place when
+  // out is channels-last (else transposed back), bias and addend added in one output pass; false when cuDNN
+  // declines (nothing written to out).
+  bool conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, bool w_persistent,
+                   const Tensor& addend);
+  // Group norm of channels-last x into channels-last out (cuda_norm.cu); false where its kernels do not apply.
+  bool group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act);
   // w [O, C, kh, kw] as [O, kh, kw, C], cached per weight buffer when `persistent` (model weights).
   Tensor nhwc_weight(const Tensor& w, bool persistent);
   // A tensor of `like`'s shape in `dtype` (a cast copy, or `like` itself when it already has it).

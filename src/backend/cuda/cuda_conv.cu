@@ -1,5 +1,6 @@
 // 2-D convolution on the GPU: cuDNN (loaded at run time, see cuda_conv.h), or im2col + cuBLASLt GEMM when
-// cuDNN is missing or rejects a case. Bias is added by a small kernel after either.
+// cuDNN is missing or rejects a case. Bias (and an optional addend: a time embedding, a residual) is added by one
+// output pass after either: in place on channels-last outputs, in the NCHW transpose otherwise.
 #include "backend/cuda/cuda_conv.h"
 #include "backend/cuda/cuda_conv_graph.h"
 
@@ -10,6 +11,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -179,6 +181,88 @@ void launch_transpose(void* out, const void* in, DType dt, int64_t n, int64_t a,
   ATELIER_CUDA_LAUNCHED();
 }
 
+// y [N, P, O] (channels-last) += bias[o] + addend(n, o, p), in f32, rounded once. V channels per thread (V = 1
+// when O is not a multiple of the vector width). The addend's common forms need no pixel arithmetic: laid out
+// as y (a channels-last residual: the same flat index) or one vector per sample (the resnets' time embedding:
+// strides [so, 1, 0, 0]); any other view is read through its four strides. I is the index type (32-bit when
+// the tensor allows: 64-bit divisions would make this memory-bound pass arithmetic-bound).
+enum class AddendForm { kNone, kSameLayout, kPerSample, kStrided };
+
+struct EpilogueAddend {
+  const void* data = nullptr;
+  AddendForm form = AddendForm::kNone;
+  int64_t sn = 0, so = 0, sh = 0, sw = 0;
+};
+
+template <typename T, int V, typename I>
+__global__ void nhwc_epilogue_kernel(T* y, const void* bias, DType bias_dtype, EpilogueAddend add, I vectors, I p_count, I vo,
+                                     I wo) {
+  struct alignas(sizeof(T) * V) Pack {
+    T v[V];
+  };
+  for (I i = I(global_thread()); i < vectors; i += I(grid_threads())) {
+    const I o0 = (i % vo) * V;
+    Pack out = reinterpret_cast<Pack*>(y)[i];
+    float acc[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] = to_f32(out.v[e]) + (bias ? load_any(bias, bias_dtype, o0 + e) : 0.0f);
+    const T* a = static_cast<const T*>(add.data);
+    if (add.form == AddendForm::kSameLayout) {
+      const Pack av = reinterpret_cast<const Pack*>(a)[i];
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] += to_f32(av.v[e]);
+    } else if (add.form == AddendForm::kPerSample) {
+      const I n = i / (vo * p_count);
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] += to_f32(a[int64_t(n) * add.sn + (o0 + e) * add.so]);
+    } else if (add.form == AddendForm::kStrided) {
+      const I row = i / vo, n = row / p_count, px = row % p_count;
+      const T* at = a + int64_t(n) * add.sn + int64_t(o0) * add.so + int64_t(px / wo) * add.sh + int64_t(px % wo) * add.sw;
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] += to_f32(at[e * add.so]);
+    }
+#pragma unroll
+    for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(acc[e]);
+    reinterpret_cast<Pack*>(y)[i] = out;
+  }
+}
+
+// out channels-last [N, O, Ho, Wo] += bias + addend (either optional) in one pass.
+void launch_nhwc_epilogue(Tensor& out, const Tensor& bias, const Tensor& addend, cudaStream_t s) {
+  if (!bias.defined() && !addend.defined()) return;
+  const int64_t n = out.size(0), o = out.size(1), p = out.size(2) * out.size(3), wo = out.size(3);
+  EpilogueAddend add;
+  if (addend.defined()) {
+    ATELIER_CHECK(addend.dtype() == out.dtype() && addend.shape() == out.shape(), "conv2d: addend must be a view of the output's shape and dtype");
+    const Shape& st = addend.strides();
+    add = {addend.raw(), AddendForm::kStrided, st[0], st[1], st[2], st[3]};
+    if (st == out.strides()) add.form = AddendForm::kSameLayout;
+    else if ((st[2] == 0 || out.size(2) == 1) && (st[3] == 0 || wo == 1)) add.form = AddendForm::kPerSample;
+  }
+  const void* bias_ptr = bias.defined() ? bias.raw() : nullptr;
+  const DType bias_dt = bias.defined() ? bias.dtype() : DType::F32;
+  dispatch_float(out.dtype(), "conv2d", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kV = 16 / int(sizeof(T));
+    // Vectors need whole 16-byte channel runs in both buffers (the same-layout addend is read as vectors too).
+    const bool vec = o % kV == 0 && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0 &&
+                     (add.form != AddendForm::kSameLayout || reinterpret_cast<uintptr_t>(add.data) % 16 == 0);
+    const int64_t width = vec ? kV : 1, vectors = n * p * o / width;
+    auto launch = [&](auto v_tag, auto i_tag) {
+      constexpr int W = decltype(v_tag)::value;
+      using I = decltype(i_tag);
+      nhwc_epilogue_kernel<T, W, I><<<grid_for(vectors), kThreads, 0, s>>>(static_cast<T*>(out.raw()), bias_ptr, bias_dt, add,
+                                                                          I(vectors), I(p), I(o / W), I(wo));
+    };
+    const bool small = n * p * o < (int64_t(1) << 31);
+    if (vec && small) launch(std::integral_constant<int, kV>{}, uint32_t{});
+    else if (vec) launch(std::integral_constant<int, kV>{}, int64_t{});
+    else if (small) launch(std::integral_constant<int, 1>{}, uint32_t{});
+    else launch(std::integral_constant<int, 1>{}, int64_t{});
+  });
+  ATELIER_CUDA_LAUNCHED();
+}
+
 }  // namespace
 
 // --- ConvEngine ------------------------------------------------------------------------------------------------
@@ -318,16 +402,21 @@ bool ConvEngine::forward(void* y, const void* x, const void* w, DType dtype, con
 
 // --- the backend op ---------------------------------------------------------------------------------------------
 
-// x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] optional, all contiguous -> out [N, O, Ho, Wo].
+bool CudaBackend::prefers_channels_last(DType dtype) const {
+  return conv_nhwc_ && (conv_impl_ == ConvImpl::kAuto || conv_impl_ == ConvImpl::kCudnn) && dtype != DType::F32 &&
+         load_cudnn(nullptr) != nullptr;
+}
+
+// x [N, C, H, W] contiguous or channels-last, w [O, C/groups, kh, kw] contiguous, bias [O] optional, addend
+// optional (a view with out's shape) -> out [N, O, Ho, Wo] (contiguous or channels-last) = conv + bias + addend.
 // x and w in out's dtype (cast otherwise).
-void CudaBackend::conv2d(Tensor& out, const Tensor& x_in, const Tensor& w_in, const Tensor& bias, const Conv2dParams& p) {
+void CudaBackend::conv2d(Tensor& out, const Tensor& x_in, const Tensor& w_in, const Tensor& bias, const Conv2dParams& p,
+                         const Tensor& addend) {
   if (out.numel() == 0) return;
   NvtxRange range("conv2d");
   DeviceGuard guard(index_);
   const DType dt = out.dtype();
   const Tensor x = as_dtype(x_in, dt), w = as_dtype(w_in, dt);
-  const ConvShape s{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), out.size(2), out.size(3)};
-  bool done = false;
   if (conv_impl_ != ConvImpl::kIm2col) {
     {
       std::lock_guard<std::mutex> lock(engines_mu_);
@@ -335,16 +424,27 @@ void CudaBackend::conv2d(Tensor& out, const Tensor& x_in, const Tensor& w_in, co
     }
     const bool nhwc = conv_nhwc_ && (conv_impl_ == ConvImpl::kAuto || conv_impl_ == ConvImpl::kCudnn) && dt != DType::F32 &&
                       p.groups == 1 && conv_->available();
-    if (nhwc && conv2d_nhwc(out, x, w, bias, p, w_in.dtype() == dt)) return;
-    done = conv_->forward(out.raw(), x.raw(), w.raw(), dt, s, p, !allow_tf32_, alloc_);
+    if (nhwc && conv2d_nhwc(out, x, w, bias, p, w_in.dtype() == dt, addend)) return;
+  }
+  // The NCHW paths (legacy cuDNN, im2col) on contiguous buffers; channels-last operands go through copies.
+  Tensor xc = x, oc = out;
+  if (!x.is_contiguous()) {
+    xc = Tensor::empty(x.shape(), dt, device());
+    copy(xc, x);
+  }
+  if (!out.is_contiguous()) oc = Tensor::empty(out.shape(), dt, device());
+  const ConvShape s{xc.size(0), xc.size(1), xc.size(2), xc.size(3), w.size(0), w.size(2), w.size(3), oc.size(2), oc.size(3)};
+  bool done = false;
+  if (conv_impl_ != ConvImpl::kIm2col) {
+    done = conv_->forward(oc.raw(), xc.raw(), w.raw(), dt, s, p, !allow_tf32_, alloc_);
     if (!done && (conv_impl_ == ConvImpl::kCudnn || conv_impl_ == ConvImpl::kCudnnNchw))
       throw Error(unsupported("conv2d: cuDNN was asked for but " +
                               (conv_->available() ? std::string("has no algorithm for this case") : conv_->why_unavailable())));
   }
-  if (!done) {
-    conv2d_im2col(out, x, w, Tensor(), p);
-  }
-  if (bias.defined()) launch_channel_bias(out.raw(), dt, bias, s.n, s.o, s.ho * s.wo, stream_);
+  if (!done) conv2d_im2col(oc, xc, w, Tensor(), p);
+  if (bias.defined()) launch_channel_bias(oc.raw(), dt, bias, s.n, s.o, s.ho * s.wo, stream_);
+  if (addend.defined()) binary(oc, oc, addend, BinaryOp::kAdd);
+  if (oc.raw() != out.raw()) copy(out, oc);
 }
 
 Tensor CudaBackend::nhwc_weight(const Tensor& w, bool persistent) {
@@ -369,16 +469,26 @@ Tensor CudaBackend::nhwc_weight(const Tensor& w, bool persistent) {
 }
 
 bool CudaBackend::conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
-                              bool w_persistent) {
+                              bool w_persistent, const Tensor& addend) {
   const DType dt = out.dtype();
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3), o = w.size(0), ho = out.size(2), wo = out.size(3);
   const ConvShape s{n, c, h, wd, o, w.size(2), w.size(3), ho, wo};
-  Tensor xn = Tensor::empty({n, h, wd, c}, dt, device());
-  launch_transpose(xn.raw(), x.raw(), dt, n, c, h * wd, Tensor(), stream_);  // [N, C, HW] -> [N, HW, C]
+  // A channels-last tensor (or a contiguous one with C == 1 or H == W == 1, the same bytes) is read in place.
+  const bool x_nhwc = x.is_channels_last() || c == 1, out_nhwc = out.is_channels_last() || o == 1;
+  Tensor xn = x;
+  if (!x_nhwc) {
+    xn = Tensor::empty({n, h, wd, c}, dt, device());
+    launch_transpose(xn.raw(), x.raw(), dt, n, c, h * wd, Tensor(), stream_);  // [N, C, HW] -> [N, HW, C]
+  }
   const Tensor wn = nhwc_weight(w, w_persistent);
-  Tensor yn = Tensor::empty({n, ho, wo, o}, dt, device());
+  Tensor yn = out_nhwc ? out : Tensor::empty({n, ho, wo, o}, dt, device());
   if (!conv_->forward(yn.raw(), xn.raw(), wn.raw(), dt, s, p, !allow_tf32_, alloc_, /*nhwc=*/true)) return false;
+  if (out_nhwc) {
+    launch_nhwc_epilogue(out, bias, addend, stream_);
+    return true;
+  }
   launch_transpose(out.raw(), yn.raw(), dt, n, ho * wo, o, bias, stream_);  // [N, HW, O] -> [N, O, HW] + bias
+  if (addend.defined()) binary(out, out, addend, BinaryOp::kAdd);
   return true;
 }
 

@@ -185,6 +185,134 @@ __global__ void group_apply_vec_kernel(T* y, const T* x, const GroupStats* stats
   }
 }
 
+// --- GroupNorm over channels-last x [N, P, C] (P pixels) -----------------------------------------------------
+// A group's channels are strided runs of each pixel's row. Block (chunk k, sample n) has thread (r0, v) walk rows
+// r0, r0 + rows_per_pass, ... of its chunk over the V channels of column vector v (16-byte loads, several rows in
+// flight), summing deviations from a per-(chunk, group) shift: the group's first channel in the chunk's first
+// row, so that the f32 sums keep the spread under a large mean, as the NCHW kernels' two passes do. The block
+// sums its threads' channels per group in shared memory and writes one ChunkStats-like entry per group; one
+// warp per (sample, group) merges the chunks (Chan's formula, in double) and writes each channel's scale and
+// shift (rstd * gamma, beta - mean * rstd * gamma), which the apply pass reads as one float2 per channel.
+
+struct GroupChunk {
+  float shift;  // the group's first channel in the chunk's first row
+  float dev;    // sum over the chunk's elements of the group of (x - shift)
+  float sq;     // sum of (x - shift)^2
+};
+
+constexpr int kNhwcStatsThreads = 256;  // block size target of the statistics kernel (columns x rows per pass)
+constexpr int kNhwcUnroll = 4;          // rows a thread loads before it accumulates (memory parallelism)
+constexpr int kNhwcMaxRowsPerThread = 16;
+
+template <typename T>
+__global__ void group_stats_nhwc_kernel(GroupChunk* out, const T* x, int64_t p_count, int64_t c, int groups, int64_t rows_per_chunk,
+                                        int rows_per_pass) {
+  constexpr int V = Vec<T>::kWidth;
+  extern __shared__ float partial[];  // [rows_per_pass][c][2]
+  const int64_t vc = c / V, cg = c / groups, n = blockIdx.y, k = blockIdx.x;
+  const int64_t r_begin = k * rows_per_chunk, r_end = min(p_count, r_begin + rows_per_chunk);
+  const int64_t v = threadIdx.x % vc, r0 = threadIdx.x / vc;
+  const T* sample = x + n * p_count * c;
+  const T* col = sample + v * V;
+  float shift[V], dev[V], sq[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    shift[e] = to_f32(sample[r_begin * c + (v * V + e) / cg * cg]);
+    dev[e] = sq[e] = 0.0f;
+  }
+  const auto add = [&](const Vec<T>& xv) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float d = to_f32(xv.v[e]) - shift[e];
+      dev[e] += d;
+      sq[e] += d * d;
+    }
+  };
+  int64_t r = r_begin + r0;
+  for (; r + (kNhwcUnroll - 1) * rows_per_pass < r_end; r += kNhwcUnroll * rows_per_pass) {
+    Vec<T> xv[kNhwcUnroll];
+#pragma unroll
+    for (int u = 0; u < kNhwcUnroll; ++u) xv[u] = *reinterpret_cast<const Vec<T>*>(col + (r + u * rows_per_pass) * c);
+#pragma unroll
+    for (int u = 0; u < kNhwcUnroll; ++u) add(xv[u]);
+  }
+  for (; r < r_end; r += rows_per_pass) add(*reinterpret_cast<const Vec<T>*>(col + r * c));
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    partial[(r0 * c + v * V + e) * 2] = dev[e];
+    partial[(r0 * c + v * V + e) * 2 + 1] = sq[e];
+  }
+  __syncthreads();
+  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+    float d = 0.0f, q = 0.0f;
+    for (int rr = 0; rr < rows_per_pass; ++rr)
+      for (int64_t ch = g * cg; ch < (g + 1) * cg; ++ch) {
+        d += partial[(rr * c + ch) * 2];
+        q += partial[(rr * c + ch) * 2 + 1];
+      }
+    out[(n * gridDim.x + k) * groups + g] = {to_f32(sample[r_begin * c + g * cg]), d, q};
+  }
+}
+
+// One warp per (sample, group): lanes merge strided chunks, the warp merges the lanes, then the lanes write the
+// group's channels' (scale, shift).
+__global__ void group_merge_nhwc_kernel(float2* scale_shift, const GroupChunk* chunks, NormAffine aff, int64_t samples, int groups,
+                                        int64_t c, int64_t chunk_count, int64_t rows_per_chunk, int64_t p_count, float eps) {
+  const int64_t item = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (item >= samples * groups) return;  // whole warps leave together
+  const int64_t n = item / groups, g = item % groups, cg = c / groups;
+  double cnt = 0.0, mean = 0.0, m2 = 0.0;
+  for (int64_t k = lane; k < chunk_count; k += 32) {
+    const GroupChunk s = chunks[(n * chunk_count + k) * groups + g];
+    const double nb = double(min(rows_per_chunk, p_count - k * rows_per_chunk) * cg);
+    const double mb = double(s.shift) + double(s.dev) / nb;
+    const double m2b = fmax(double(s.sq) - double(s.dev) * double(s.dev) / nb, 0.0);
+    const double delta = mb - mean, total = cnt + nb;
+    mean += delta * nb / total;
+    m2 += m2b + delta * delta * cnt * nb / total;
+    cnt = total;
+  }
+  for (int off = 16; off > 0; off /= 2) {
+    const double cb = __shfl_down_sync(0xffffffffu, cnt, off), mb = __shfl_down_sync(0xffffffffu, mean, off);
+    const double m2b = __shfl_down_sync(0xffffffffu, m2, off);
+    if (cb > 0.0) {
+      const double delta = mb - mean, total = cnt + cb;
+      mean += delta * cb / total;
+      m2 += m2b + delta * delta * cnt * cb / total;
+      cnt = total;
+    }
+  }
+  mean = __shfl_sync(0xffffffffu, mean, 0);
+  const double rstd = 1.0 / sqrt(__shfl_sync(0xffffffffu, m2 / cnt, 0) + double(eps));
+  for (int64_t ch = g * cg + lane; ch < (g + 1) * cg; ch += 32) {
+    const double gam = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, ch) : 1.0f;
+    const double bet = aff.beta ? load_any(aff.beta, aff.beta_dtype, ch) : 0.0f;
+    const double sc = rstd * gam;
+    scale_shift[n * c + ch] = make_float2(float(sc), float(bet - mean * sc));
+  }
+}
+
+// y = act(x * scale[n, c] + shift[n, c]); I is the index type (32-bit when the tensor allows: no 64-bit divisions).
+template <typename T, typename I>
+__global__ void group_apply_nhwc_kernel(T* y, const T* x, const float2* scale_shift, I vectors, I vecs_per_sample, I vc, int64_t c,
+                                        UnaryOp act) {
+  constexpr int V = Vec<T>::kWidth;
+  for (I i = I(global_thread()); i < vectors; i += I(grid_threads())) {
+    const I n = i / vecs_per_sample, c0 = (i % vc) * V;
+    const Vec<T> in = reinterpret_cast<const Vec<T>*>(x)[i];
+    const float4* ss = reinterpret_cast<const float4*>(scale_shift + int64_t(n) * c + c0);
+    Vec<T> o;
+#pragma unroll
+    for (int e = 0; e < V; e += 2) {
+      const float4 p = ss[e / 2];
+      o.v[e] = from_f32<T>(apply_unary(fmaf(to_f32(in.v[e]), p.x, p.y), act));
+      o.v[e + 1] = from_f32<T>(apply_unary(fmaf(to_f32(in.v[e + 1]), p.z, p.w), act));
+    }
+    reinterpret_cast<Vec<T>*>(y)[i] = o;
+  }
+}
+
 // One block per row of d elements.
 template <typename T>
 __global__ void layer_norm_kernel(T* y, const T* x, NormAffine aff, int64_t d, float eps) {
@@ -454,10 +582,21 @@ int row_threads(int64_t d) { return d <= 256 ? 64 : d <= 1024 ? 128 : kNormThrea
 
 }  // namespace
 
-// x [N, C, S] contiguous (S = product of the trailing dims); statistics per (n, group of C/groups channels).
+// x [N, C, S] contiguous (S = product of the trailing dims), or x and out channels-last [N, C, H, W];
+// statistics per (n, group of C/groups channels).
 void CudaBackend::group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) {
   const int64_t n = x.size(0), c = x.size(1);
   if (x.numel() == 0) return;
+  if (x.is_channels_last() || out.is_channels_last()) {
+    if (x.is_channels_last() && out.is_channels_last() && x.dtype() == out.dtype() && group_norm_nhwc(out, x, gamma, beta, groups, eps, act))
+      return;
+    // Outside the channels-last kernels' cases (odd channel counts, f32 rows too wide): through NCHW copies.
+    Tensor xc = Tensor::empty(x.shape(), x.dtype(), device()), oc = Tensor::empty(out.shape(), out.dtype(), device());
+    copy(xc, x);
+    group_norm(oc, xc, gamma, beta, groups, eps, act);
+    copy(out, oc);
+    return;
+  }
   ATELIER_CHECK(x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype(), "group_norm: contiguous tensors of one dtype expected");
   NvtxRange range("group_norm");
   DeviceGuard guard(index_);
@@ -493,6 +632,53 @@ void CudaBackend::group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, 
                                                                 groups, act);
   });
   ATELIER_CUDA_LAUNCHED();
+}
+
+// x, out channels-last [N, C, H, W] (buffers [N, P, C]); false (nothing enqueued) where the kernels do not
+// apply: C not a multiple of the vector width, a row too wide for one block, unaligned buffers.
+bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps,
+                                  UnaryOp act) {
+  const int64_t n = x.size(0), c = x.size(1), p = x.size(2) * x.size(3);
+  bool done = false;
+  dispatch_float(x.dtype(), "group_norm", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = Vec<T>::kWidth;
+    const int64_t vc = c / V;
+    if (c % V != 0 || vc > 1024 || reinterpret_cast<uintptr_t>(x.raw()) % kVecBytes != 0 ||
+        reinterpret_cast<uintptr_t>(out.raw()) % kVecBytes != 0)
+      return;
+    const int rows_per_pass = int(std::max<int64_t>(1, kNhwcStatsThreads / vc));
+    const size_t smem = size_t(rows_per_pass) * size_t(c) * 2 * sizeof(float);
+    if (smem > 48 * 1024 || n > 65535) return;
+    // About four blocks per SM, each thread several rows (up to kNhwcMaxRowsPerThread).
+    const int64_t rows_per_thread =
+        std::clamp<int64_t>(n * p / (int64_t(rows_per_pass) * 4 * std::max(sm_count_, 1)), 1, kNhwcMaxRowsPerThread);
+    const int64_t rows_per_chunk = rows_per_pass * rows_per_thread;
+    const int64_t chunks = (p + rows_per_chunk - 1) / rows_per_chunk;
+    if (chunks > 65535) return;
+    NvtxRange range("group_norm");
+    DeviceGuard guard(index_);
+    std::shared_ptr<Buffer> partial = alloc_.allocate(size_t(n * chunks * groups) * sizeof(GroupChunk));
+    std::shared_ptr<Buffer> table = alloc_.allocate(size_t(n * c) * sizeof(float2));
+    auto* ps = static_cast<GroupChunk*>(partial->data());
+    auto* ss = static_cast<float2*>(table->data());
+    group_stats_nhwc_kernel<T><<<dim3(unsigned(chunks), unsigned(n)), unsigned(vc * rows_per_pass), smem, stream_>>>(
+        ps, x.data<T>(), p, c, groups, rows_per_chunk, rows_per_pass);
+    constexpr int kMergeThreads = 128;
+    const int64_t warps = n * groups;
+    group_merge_nhwc_kernel<<<unsigned((warps * 32 + kMergeThreads - 1) / kMergeThreads), kMergeThreads, 0, stream_>>>(
+        ss, ps, affine_of(gamma, beta), n, groups, c, chunks, rows_per_chunk, p, eps);
+    const int64_t vectors = n * p * vc;
+    if (vectors < (int64_t(1) << 31))
+      group_apply_nhwc_kernel<T, uint32_t><<<grid_for(vectors), kThreads, 0, stream_>>>(
+          out.data<T>(), x.data<T>(), ss, uint32_t(vectors), uint32_t(p * vc), uint32_t(vc), c, act);
+    else
+      group_apply_nhwc_kernel<T, int64_t><<<grid_for(vectors), kThreads, 0, stream_>>>(out.data<T>(), x.data<T>(), ss, vectors,
+                                                                                      p * vc, vc, c, act);
+    ATELIER_CUDA_LAUNCHED();
+    done = true;
+  });
+  return done;
 }
 
 // x [R, D] contiguous, normalised per row.
