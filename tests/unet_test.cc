@@ -335,6 +335,25 @@ TEST(UnetForward, OneTimestepPerSample) {
   EXPECT_LE(test::rel_l2(shared.to_vector(), test::golden("sd15-tiny", "unet.out.t500").to_vector()), kGoldenTol);
 }
 
+// The GPU keeps activations channels-last (Backend::prefers_channels_last); the CPU backend's test switch runs
+// the same op-layer paths on the CPU, whose arithmetic is the NCHW one: the output must be the same bits.
+TEST(UnetForward, ChannelsLastActivationsGiveTheSameOutput) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  const UNet u = load_tiny({dir}, UNetLayout::kDiffusers);
+  const Tensor x = test::golden("sd15-tiny", "unet.in");
+  const Tensor ctx = test::golden("sd15-tiny", "unet.context");
+  const std::vector<float> nchw = run(u, x, {500.0f, 500.0f}, ctx).to_vector();
+  std::vector<float> channels_last;
+  {
+    test::ChannelsLastOnCpu on;
+    const Tensor out = run(u, x, {500.0f, 500.0f}, ctx);
+    EXPECT_TRUE(out.is_contiguous()) << "the UNet's output must be contiguous whatever the activations' layout";
+    channels_last = out.to_vector();
+  }
+  EXPECT_EQ(channels_last, nchw);
+  EXPECT_LE(test::rel_l2(channels_last, test::golden("sd15-tiny", "unet.out.t500").to_vector()), kGoldenTol);
+}
+
 TEST(UnetForward, OddLatentSizesKeepTheirShape) {
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
   const UNet u = load_tiny({dir}, UNetLayout::kCompVis);

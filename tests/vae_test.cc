@@ -155,6 +155,18 @@ TEST(VaeGolden, Sd15CompVisSingleFile) {
   check_sd15(Vae::load(store, VaeLayout::kCompVis, config, Device::cpu()).value(), "compvis");
 }
 
+TEST(VaeGolden, Sd15ChannelsLastActivations) {
+  ATELIER_REQUIRE_FIXTURE(sd, "sd15-tiny");
+  const WeightStore store = folder_store(sd);
+  const Vae vae = Vae::load(store, VaeLayout::kDiffusers, folder_config(sd), Device::cpu()).value();
+  const std::vector<float> nchw = vae.decode(test::golden("sd15-tiny", "vae.decode.in")).to_vector();
+  test::ChannelsLastOnCpu on;
+  check_sd15(vae, "channels-last");
+  const Tensor decoded = vae.decode(test::golden("sd15-tiny", "vae.decode.in"));
+  EXPECT_TRUE(decoded.is_contiguous());
+  EXPECT_EQ(decoded.to_vector(), nchw);
+}
+
 void check_flux(const Vae& vae, const std::string& label) {
   expect_close("flux " + label + " decode", vae.decode(test::golden("flux-tiny", "vae.decode.in")),
                test::golden("flux-tiny", "vae.decode.out"));

@@ -44,8 +44,9 @@ struct Conv2d {
   Tensor weight;  // [out, in/groups, kh, kw]
   Tensor bias;    // [out] or undefined
   Conv2dParams params;
-  // x [N, in, H, W] -> [N, out, Ho, Wo]
-  Tensor operator()(const Tensor& x) const { return ops::conv2d(x, weight, bias, params); }
+  // x [N, in, H, W] -> [N, out, Ho, Wo] (+ addend broadcastable to it: a per-sample [N, out, 1, 1] bias or a
+  // residual, added in the convolution's output pass)
+  Tensor operator()(const Tensor& x, const Tensor& addend = {}) const { return ops::conv2d(x, weight, bias, params, addend); }
 };
 
 struct GroupNorm {

@@ -295,7 +295,8 @@ Tensor UNet::run(const Tensor& x_in, const Tensor& timesteps, const Tensor& cont
   for (const auto& u : up_) h = u.forward(h, temb_act, context, skips);
   ATELIER_CHECK(skips.empty(), "UNet left skip connections unused");
   h = conv_out_(norm_out_(h, UnaryOp::kSilu));
-  return h.dtype() == DType::F32 ? h : ops::cast(h, DType::F32);
+  // f32 and contiguous whatever the activations' layout (samplers combine whole tensors).
+  return h.dtype() == DType::F32 ? ops::contiguous(h) : ops::cast(h, DType::F32);
 }
 
 }  // namespace atelier

@@ -59,11 +59,10 @@ void ResnetBlock::build(const ParamSource& p, int64_t in, int64_t out, int64_t t
 
 Tensor ResnetBlock::forward(const Tensor& x, const Tensor& temb_act) const {
   const int64_t batch = x.size(0);
-  Tensor h = conv1(norm1(x, UnaryOp::kSilu));
   const Tensor t = time_emb_proj(temb_act);  // [B, out]: one time bias per sample and channel
-  h = ops::add(h, t.reshape({batch, t.size(1), 1, 1}));
-  h = conv2(norm2(h, UnaryOp::kSilu));
-  Tensor out = ops::add(conv_shortcut.weight.defined() ? conv_shortcut(x) : x, h);
+  Tensor h = conv1(norm1(x, UnaryOp::kSilu), t.reshape({batch, t.size(1), 1, 1}));
+  // The residual joins in conv2's output pass (diffusers adds it after: the same sum, rounded once more there).
+  Tensor out = conv2(norm2(h, UnaryOp::kSilu), conv_shortcut.weight.defined() ? conv_shortcut(x) : x);
   // diffusers divides by output_scale_factor; only SD variants with a factor other than 1 pay for it.
   if (output_scale != 1.0f) out = ops::div(out, Tensor::full({1}, output_scale, out.device()));
   return out;
@@ -71,15 +70,27 @@ Tensor ResnetBlock::forward(const Tensor& x, const Tensor& temb_act) const {
 
 // --- Attention ----------------------------------------------------------------------------------------
 
-void Attention::build(const ParamSource& p, int64_t dim, int64_t kv_dim, int num_heads) {
+void Attention::build(const ParamSource& p, int64_t dim, int64_t kv_dim, int num_heads, bool self_attention) {
   p.linear(to_q, "to_q", dim, dim, /*bias=*/false);
   p.linear(to_k, "to_k", kv_dim, dim, /*bias=*/false);
   p.linear(to_v, "to_v", kv_dim, dim, /*bias=*/false);
   p.linear(to_out, "to_out.0", dim, dim);
   heads = num_heads;
+  // A source that lists keys only (no tensors) leaves them undefined: nothing to fuse then.
+  if (self_attention && to_q.weight.defined() && to_k.weight.defined() && to_v.weight.defined()) {
+    to_qkv.weight = ops::concat({to_q.weight, to_k.weight, to_v.weight}, 0);
+    to_q = to_qkv.output_rows(0, dim);
+    to_k = to_qkv.output_rows(dim, dim);
+    to_v = to_qkv.output_rows(2 * dim, dim);
+  }
 }
 
 Tensor Attention::attend(const Tensor& x, const Tensor& kv) const {
+  if (!kv.defined() && to_qkv.weight.defined()) {
+    const Tensor qkv = to_qkv(x);  // [B, S, 3 dim]; q, k, v are views of it
+    const int64_t dim = to_q.out_features();
+    return ops::multi_head_attention(qkv.narrow(2, 0, dim), qkv.narrow(2, dim, dim), qkv.narrow(2, 2 * dim, dim), heads);
+  }
   const Tensor& src = kv.defined() ? kv : x;
   return ops::multi_head_attention(to_q(x), to_k(src), to_v(src), heads);
 }
@@ -89,9 +100,9 @@ Tensor Attention::attend(const Tensor& x, const Tensor& kv) const {
 void TransformerBlock::build(const ParamSource& p, int64_t dim, int64_t cross_dim, int heads, bool only_cross) {
   only_cross_attention = only_cross;
   p.layer_norm(norm1, "norm1", dim, kLayerNormEps);
-  attn1.build(p.scope("attn1"), dim, only_cross ? cross_dim : dim, heads);
+  attn1.build(p.scope("attn1"), dim, only_cross ? cross_dim : dim, heads, /*self_attention=*/!only_cross);
   p.layer_norm(norm2, "norm2", dim, kLayerNormEps);
-  attn2.build(p.scope("attn2"), dim, cross_dim, heads);
+  attn2.build(p.scope("attn2"), dim, cross_dim, heads, /*self_attention=*/false);
   p.layer_norm(norm3, "norm3", dim, kLayerNormEps);
   const int64_t inner = kFeedForwardMult * dim;
   p.linear(ff_in, "ff.net.0.proj", dim, 2 * inner);
@@ -122,12 +133,12 @@ void Transformer2D::build(const ParamSource& p, int64_t channels, int64_t cross_
 
 Tensor Transformer2D::forward(const Tensor& x, const Tensor& context) const {
   const int64_t b = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
-  // [B, C, H, W] -> [B, H*W, C]: one token per pixel.
-  Tensor seq = ops::contiguous(norm(x).permute({0, 2, 3, 1})).reshape({b, h * w, c});
-  seq = proj_in(seq);
+  // [B, C, H, W] -> [B, H*W, C]: one token per pixel (a view, no copy, of a channels-last image).
+  const auto tokens = [&](const Tensor& img) { return ops::contiguous(img.permute({0, 2, 3, 1})).reshape({b, h * w, c}); };
+  Tensor seq = proj_in(tokens(norm(x)));
   for (const auto& blk : blocks) seq = blk.forward(seq, context);
-  seq = proj_out(seq);
-  return ops::add(seq.reshape({b, h, w, c}).permute({0, 3, 1, 2}), x);
+  seq = proj_out.with_residual(seq, tokens(x));
+  return seq.reshape({b, h, w, c}).permute({0, 3, 1, 2});  // channels-last view of the tokens
 }
 
 // --- Down / mid / up blocks ---------------------------------------------------------------------------

@@ -50,9 +50,13 @@ struct ResnetBlock {
 // fuses it with the residual add.
 struct Attention {
   Linear to_q, to_k, to_v, to_out;
+  // Self-attention only: to_q, to_k and to_v stacked [3 dim, dim] (the three become views of it), so that one
+  // GEMM reads x once instead of three reading it each.
+  Linear to_qkv;
   int heads = 8;
 
-  void build(const ParamSource& p, int64_t dim, int64_t kv_dim, int heads);
+  // self_attention: k and v project x itself (not a context), and the projections are fused.
+  void build(const ParamSource& p, int64_t dim, int64_t kv_dim, int heads, bool self_attention);
   // x [B, S, dim], kv [B, Skv, kv_dim] -> heads merged, before to_out: [B, S, dim]
   Tensor attend(const Tensor& x, const Tensor& kv) const;
 };

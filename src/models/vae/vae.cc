@@ -11,7 +11,8 @@ Error bad_input(const std::string& m) { return Error(invalid_argument("vae: " + 
 
 Tensor scalar(float v, Device dev) { return Tensor::full({1}, v, dev); }
 
-Tensor to_f32(const Tensor& x) { return x.dtype() == DType::F32 ? x : ops::cast(x, DType::F32); }
+// f32 and contiguous (the cast writes a packed copy; a channels-last f32 tensor is packed by ops::contiguous).
+Tensor to_f32(const Tensor& x) { return x.dtype() == DType::F32 ? ops::contiguous(x) : ops::cast(x, DType::F32); }
 
 }  // namespace
 

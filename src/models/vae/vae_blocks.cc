@@ -57,10 +57,10 @@ void VaeResnet::bind(VaeParamSource& p, const std::string& key, int64_t in, int6
 }
 
 Tensor VaeResnet::operator()(const Tensor& x) const {
-  Tensor h = conv1(norm1(x, UnaryOp::kSilu));
-  h = conv2(norm2(h, UnaryOp::kSilu));  // dropout is 0 at inference
+  const Tensor h = conv1(norm1(x, UnaryOp::kSilu));
   const Tensor shortcut = conv_shortcut.weight.defined() ? conv_shortcut(x) : x;
-  return ops::add(shortcut, h);  // output_scale_factor is 1 in the VAE
+  // dropout is 0 at inference, output_scale_factor 1 in the VAE; the residual joins in conv2's output pass
+  return conv2(norm2(h, UnaryOp::kSilu), shortcut);
 }
 
 // --- attention -----------------------------------------------------------------------------------
@@ -81,14 +81,14 @@ void VaeAttention::bind(VaeParamSource& p, const std::string& key, int64_t chann
 
 Tensor VaeAttention::operator()(const Tensor& x) const {
   const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  const Tensor normed = norm(x);
-  const Tensor tokens = ops::contiguous(normed.reshape({B, C, H * W}).transpose(1, 2));  // [B, HW, C]
-  const Tensor fused = qkv(tokens);                                                       // [B, HW, 3C]
+  // [B, C, H, W] -> [B, HW, C] (a view, no copy, of a channels-last image)
+  const auto tokens = [&](const Tensor& img) { return ops::contiguous(img.permute({0, 2, 3, 1})).reshape({B, H * W, C}); };
+  const Tensor fused = qkv(tokens(norm(x)));  // [B, HW, 3C]
   // One head of width C: views [B, 1, HW, C] into the fused projection (unit last-dim stride).
   auto head = [&](int i) { return fused.narrow(2, i * C, C).unsqueeze(1); };
   const Tensor attended = ops::attention(head(0), head(1), head(2));  // scale 1/sqrt(C)
-  const Tensor projected = proj_out(attended.reshape({B, H * W, C}));  // [B, HW, C]
-  return ops::add(x.reshape({B, C, H * W}), projected.transpose(1, 2)).reshape({B, C, H, W});
+  const Tensor out = proj_out.with_residual(attended.reshape({B, H * W, C}), tokens(x));  // [B, HW, C]
+  return out.reshape({B, H, W, C}).permute({0, 3, 1, 2});  // channels-last view
 }
 
 // --- mid block and levels ------------------------------------------------------------------------
