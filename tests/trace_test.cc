@@ -107,8 +107,8 @@ TEST(Trace, OpRangesCarryFlopsShapesAndNesting) {
   trace::Recorder rec(trace::bit(Category::kOp));
   {
     trace::ThreadAttach a(rec);
-    // linear_residual clones its residual (an op inside an op: depth 1)
-    (void)ops::linear_residual(ramp({2, 3, 8}), ramp({5, 8}), ramp({5}), ramp({2, 3, 5}));
+    // linear_residual packs a transposed residual (an op inside an op: depth 1; a contiguous one is read in place)
+    (void)ops::linear_residual(ramp({2, 3, 8}), ramp({5, 8}), ramp({5}), ramp({2, 5, 3}).transpose(1, 2));
   }
   const auto ev = rec.events();
   const auto outer = trace::named(ev, "linear_residual");

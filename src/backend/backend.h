@@ -38,6 +38,9 @@ struct GemmParams {
   float alpha = 1.0f;
   float beta = 0.0f;     // out = alpha * a@b + beta * out (+ bias); beta != 0 reads out (residual fusion)
   UnaryOp epilogue = UnaryOp::kIdentity;  // applied after bias
+  // When defined (contiguous, out's shape and dtype), beta's term reads it instead of out: out = alpha * a@b +
+  // beta * addend (+ bias), and out is only written (a residual without first copying it into out).
+  Tensor addend;
 };
 
 // Device work recorded once and replayed many times (a CUDA graph): the same kernels on the same addresses.

@@ -402,7 +402,7 @@ Tensor rows_view(const Tensor& x) {
 }
 
 Tensor linear_output(const Tensor& x, const Tensor& w, const char* w_name, const Tensor& b, const Tensor& residual,
-                     const std::string& op, float* beta) {
+                     const std::string& op, float* beta, Tensor* addend) {
   const std::string wn = w_name;
   require(x.dim() >= 1 && x.size(-1) == w.size(1), op,
           "x " + shape_str(x.shape()) + " does not match " + wn + " " + shape_str(w.shape()) + " (x [..., in], " + wn +
@@ -418,6 +418,10 @@ Tensor linear_output(const Tensor& x, const Tensor& w, const char* w_name, const
   require_f32(residual, op, "residual");
   require(residual.shape() == shape, op, "residual " + shape_str(residual.shape()) + " must have the output's shape " + shape_str(shape));
   *beta = 1.0f;
+  if (addend && residual.dtype() == x.dtype()) {  // the GEMM reads the residual where it is and writes a fresh output
+    *addend = contiguous(residual);
+    return empty_like_shape(x, shape);
+  }
   return clone(residual);  // the product accumulates onto it
 }
 }  // namespace detail
@@ -430,7 +434,8 @@ Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp ac
   require_same_device(x, w, op);
   require(w.dim() == 2, op, "w must be [out, in], got " + shape_str(w.shape()));
   GemmParams p;
-  Tensor out = linear_output(x, w, "w", b, residual, op, &p.beta);
+  Tensor out = linear_output(x, w, "w", b, residual, op, &p.beta, &p.addend);
+  if (p.addend.defined()) p.addend = p.addend.reshape({1, p.addend.numel() / w.size(0), w.size(0)});
   Tensor a = rows_view(x);
   p.trans_b = true;  // w [out, in] is b^T
   Tensor bm = blas_operand(w.unsqueeze(0), &p.trans_b);

@@ -34,7 +34,9 @@ Tensor rows_view(const Tensor& x);
 // What every linear layer checks and allocates, whatever its weight's storage: x [..., in] against w [out, in]
 // (named w_name in messages), the optional bias [out] and residual [..., out]; returns the output [..., out],
 // a copy of the residual (the product accumulates onto it: *beta = 1) or a fresh tensor in x's dtype (*beta = 0).
+// With `addend` given, a residual is not copied: *addend is the residual (contiguous) for GemmParams::addend and
+// the output is a fresh tensor.
 Tensor linear_output(const Tensor& x, const Tensor& w, const char* w_name, const Tensor& b, const Tensor& residual,
-                     const std::string& op, float* beta);
+                     const std::string& op, float* beta, Tensor* addend = nullptr);
 
 }  // namespace atelier::ops::detail

@@ -124,6 +124,7 @@ void CpuBackend::gemm(Tensor& out, const Tensor& a, const Tensor& b, const Tenso
   const float* biasp = bias.defined() ? bias.data<float>() : nullptr;
   float* cp = out.data<float>();
   if (out.numel() == 0) return;
+  if (p.addend.defined() && p.addend.raw() != out.raw()) copy(out, p.addend);  // then accumulate onto it (beta)
 
   // Tiles: each batch entry split into enough row (or column) blocks that the team has work.
   const int threads = cpu::max_threads();

@@ -135,7 +135,10 @@ GemmEngine::Plan* GemmEngine::plan_for(const GemmCall& call, bool allow_tf32, in
   const CmLayout lc = cm_layout(false, cm_m, cm_n, call.ldc);
   const uint32_t al_a = gemm_alignment(call.b.ptr, la.ld, call.b.batch_stride, dtype_size(call.b.dtype));
   const uint32_t al_b = gemm_alignment(call.a.ptr, lb.ld, call.a.batch_stride, dtype_size(call.a.dtype));
-  const uint32_t al_c = gemm_alignment(call.c, lc.ld, call.c_batch_stride, dtype_size(call.c_dtype));
+  // C's alignment, and the separate beta input's where there is one (both are read through C's layout).
+  const uint32_t al_c = std::min(gemm_alignment(call.c, lc.ld, call.c_batch_stride, dtype_size(call.c_dtype)),
+                                 call.c_in ? gemm_alignment(call.c_in, lc.ld, call.c_batch_stride, dtype_size(call.c_dtype))
+                                           : UINT32_MAX);
   const Key key{int64_t(call.a.dtype), int64_t(call.c_dtype), tf32, cm_m, cm_n, call.k, call.batch, la.ld, lb.ld, lc.ld,
                 call.b.batch_stride, call.a.batch_stride, call.c_batch_stride, call.b.trans, call.a.trans, epilogue,
                 al_a, al_b, al_c, 0};
@@ -265,7 +268,8 @@ bool GemmEngine::run_lt(const GemmCall& call, bool allow_tf32) {
     cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
   }
   const AlgoRun run = [&](const cublasLtMatmulAlgo_t& algo, size_t ws, void* out) {
-    return cublasLtMatmul(lt_, p->desc, &call.alpha, call.b.ptr, p->a, call.a.ptr, p->b, &call.beta, out, p->c, out, p->c,
+    const void* c_in = call.c_in ? call.c_in : out;
+    return cublasLtMatmul(lt_, p->desc, &call.alpha, call.b.ptr, p->a, call.a.ptr, p->b, &call.beta, c_in, p->c, out, p->c,
                           &algo, workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
   };
   if (!p->tuned) {
@@ -429,12 +433,24 @@ void GemmEngine::run(const GemmCall& call, bool allow_tf32) {
   ATELIER_CHECK(call.a.dtype == call.b.dtype, "gemm: A and B must share a dtype");
   DeviceGuard guard(device_);
   if (call.k == 0) {  // no products: C = act(beta * C + bias), as BLAS defines an empty sum
+    if (call.c_in && call.c_in != call.c) with_c_in_copied(call);
     launch_gemm_epilogue(call.c, call.c_dtype, call.m, call.n, call.ldc, call.batch, call.c_batch_stride, call.bias, call.act,
                          true, call.beta, stream_);
     return;
   }
   std::lock_guard<std::mutex> lock(mu_);  // plans (and the bias pointer set on a cached descriptor) are shared
-  if (!run_lt(call, allow_tf32)) run_classic(call, allow_tf32);
+  if (run_lt(call, allow_tf32)) return;
+  run_classic(with_c_in_copied(call), allow_tf32);
+}
+
+// The call with a separate beta input (c_in) first copied into C, for paths that read and write C in place.
+GemmCall GemmEngine::with_c_in_copied(const GemmCall& call) {
+  if (!call.c_in || call.c_in == call.c) return call;
+  const int64_t elems = (call.batch - 1) * call.c_batch_stride + (call.m - 1) * call.ldc + call.n;
+  ATELIER_CUDA_OK(cudaMemcpyAsync(call.c, call.c_in, size_t(elems) * dtype_size(call.c_dtype), cudaMemcpyDeviceToDevice, stream_));
+  GemmCall c = call;
+  c.c_in = nullptr;
+  return c;
 }
 
 // --- the backend op ---------------------------------------------------------------------------------------------
@@ -469,6 +485,11 @@ void CudaBackend::gemm(Tensor& out, const Tensor& a_in, const Tensor& b_in, cons
   c.c_batch_stride = c.m * c.n;
   c.alpha = p.alpha;
   c.beta = p.beta;
+  if (p.addend.defined()) {
+    ATELIER_CHECK(p.addend.is_contiguous() && p.addend.shape() == out.shape() && p.addend.dtype() == dt,
+                  "gemm: the addend must be contiguous with out's shape and dtype");
+    c.c_in = p.addend.raw();
+  }
   c.bias = bias.defined() ? bias.raw() : nullptr;
   c.act = p.epilogue;
   run_gemm(c);

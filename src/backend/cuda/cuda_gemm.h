@@ -37,6 +37,7 @@ struct GemmCall {
   int64_t m = 0, n = 0, k = 0, batch = 1;
   GemmOperand a, b;
   void* c = nullptr;
+  const void* c_in = nullptr;  // beta's term reads this (C's layout) instead of C when set; C is then only written
   DType c_dtype = DType::F32;
   int64_t ldc = 0;
   int64_t c_batch_stride = 0;
@@ -102,6 +103,8 @@ class GemmEngine {
   // (ATELIER_GEMM_AUTOTUNE=0: the heuristics' first); nothing is timed while the stream is being captured.
   void tune(Plan* p, double flops, size_t out_bytes, const AlgoRun& run);
   void run_classic(const GemmCall& call, bool allow_tf32);
+  // The call with its separate beta input (c_in) copied into C first (enqueued), for the paths that read C in place.
+  GemmCall with_c_in_copied(const GemmCall& call);
 
   int device_;
   cudaStream_t stream_;
