@@ -349,6 +349,30 @@ TEST(CudaOps, ChannelsLastConvWithAddendMatchesCpu) {
   }
 }
 
+// Channel concatenation and nearest upsampling of channels-last tensors keep the layout and copy whole 16-byte
+// channel runs where they can (channel counts of whole vectors); 12 channels take the element-wise copy.
+TEST(CudaOps, ChannelsLastConcatAndUpsampleMatchCpu) {
+  ATELIER_REQUIRE_CUDA();
+  const Shape shapes[][2] = {{{2, 320, 16, 16}, {2, 640, 16, 16}}, {{1, 12, 5, 7}, {1, 24, 5, 7}}, {{2, 256, 9, 11}, {2, 256, 9, 11}}};
+  for (const auto& sh : shapes) {
+    const Tensor a = random_tensor(sh[0], 81), b = random_tensor(sh[1], 82);
+    const auto cat = [](const std::vector<Tensor>& in) {
+      const Tensor y = ops::concat({channels_last(in[0]), channels_last(in[1])}, 1);
+      if (!in[0].device().is_cpu() && in[0].dtype() != DType::F32) EXPECT_TRUE(y.is_channels_last()) << shape_str(y.strides());
+      return y;
+    };
+    const auto up = [](const std::vector<Tensor>& in) {
+      const Tensor y = ops::upsample_nearest2d(channels_last(in[0]), 2);
+      if (!in[0].device().is_cpu() && in[0].dtype() != DType::F32) EXPECT_TRUE(y.is_channels_last()) << shape_str(y.strides());
+      return y;
+    };
+    for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+      EXPECT_PARITY("channels-last concat " + shape_str(sh[0]) + " + " + shape_str(sh[1]), cat, std::vector<Tensor>({a, b}), dt);
+      EXPECT_PARITY("channels-last upsample " + shape_str(sh[0]), up, std::vector<Tensor>({a}), dt);
+    }
+  }
+}
+
 TEST(CudaOps, LayerNormAndRmsNormMatchCpu) {
   ATELIER_REQUIRE_CUDA();
   // Rows up to 1024 take the warp-per-row RMS kernel (a head dim of 128: FLUX and Z-Image q/k norms; 27 rows:

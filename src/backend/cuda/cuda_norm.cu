@@ -293,22 +293,35 @@ __global__ void group_merge_nhwc_kernel(float2* scale_shift, const GroupChunk* c
   }
 }
 
-// y = act(x * scale[n, c] + shift[n, c]); I is the index type (32-bit when the tensor allows: no 64-bit divisions).
+// y = act(x * scale[n, c] + shift[n, c]); I is the index type (32-bit when the tensor allows: no 64-bit
+// divisions). The block size and so the grid's thread count are whole multiples of the row's vc column vectors,
+// so a thread keeps one column: its channels' scale and shift are loaded once per sample, not per vector.
 template <typename T, typename I>
 __global__ void group_apply_nhwc_kernel(T* y, const T* x, const float2* scale_shift, I vectors, I vecs_per_sample, I vc, int64_t c,
                                         UnaryOp act) {
   constexpr int V = Vec<T>::kWidth;
-  for (I i = I(global_thread()); i < vectors; i += I(grid_threads())) {
-    const I n = i / vecs_per_sample, c0 = (i % vc) * V;
+  const I first = I(global_thread()), step = I(grid_threads());
+  const I c0 = (first % vc) * V;
+  I loaded = ~I(0);
+  float sc[V], sh[V];
+  for (I i = first; i < vectors; i += step) {
+    const I n = i / vecs_per_sample;
+    if (n != loaded) {
+      const float4* ss = reinterpret_cast<const float4*>(scale_shift + int64_t(n) * c + c0);
+#pragma unroll
+      for (int e = 0; e < V; e += 2) {
+        const float4 p = ss[e / 2];
+        sc[e] = p.x;
+        sh[e] = p.y;
+        sc[e + 1] = p.z;
+        sh[e + 1] = p.w;
+      }
+      loaded = n;
+    }
     const Vec<T> in = reinterpret_cast<const Vec<T>*>(x)[i];
-    const float4* ss = reinterpret_cast<const float4*>(scale_shift + int64_t(n) * c + c0);
     Vec<T> o;
 #pragma unroll
-    for (int e = 0; e < V; e += 2) {
-      const float4 p = ss[e / 2];
-      o.v[e] = from_f32<T>(apply_unary(fmaf(to_f32(in.v[e]), p.x, p.y), act));
-      o.v[e + 1] = from_f32<T>(apply_unary(fmaf(to_f32(in.v[e + 1]), p.z, p.w), act));
-    }
+    for (int e = 0; e < V; ++e) o.v[e] = from_f32<T>(apply_unary(fmaf(to_f32(in.v[e]), sc[e], sh[e]), act));
     reinterpret_cast<Vec<T>*>(y)[i] = o;
   }
 }
@@ -669,12 +682,14 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& ga
     group_merge_nhwc_kernel<<<unsigned((warps * 32 + kMergeThreads - 1) / kMergeThreads), kMergeThreads, 0, stream_>>>(
         ss, ps, affine_of(gamma, beta), n, groups, c, chunks, rows_per_chunk, p, eps);
     const int64_t vectors = n * p * vc;
+    const int apply_threads = int(vc) * rows_per_pass;  // a whole number of rows (see group_apply_nhwc_kernel)
+    const unsigned apply_grid = grid_for(vectors, apply_threads);
     if (vectors < (int64_t(1) << 31))
-      group_apply_nhwc_kernel<T, uint32_t><<<grid_for(vectors), kThreads, 0, stream_>>>(
+      group_apply_nhwc_kernel<T, uint32_t><<<apply_grid, apply_threads, 0, stream_>>>(
           out.data<T>(), x.data<T>(), ss, uint32_t(vectors), uint32_t(p * vc), uint32_t(vc), c, act);
     else
-      group_apply_nhwc_kernel<T, int64_t><<<grid_for(vectors), kThreads, 0, stream_>>>(out.data<T>(), x.data<T>(), ss, vectors,
-                                                                                      p * vc, vc, c, act);
+      group_apply_nhwc_kernel<T, int64_t><<<apply_grid, apply_threads, 0, stream_>>>(out.data<T>(), x.data<T>(), ss, vectors,
+                                                                                     p * vc, vc, c, act);
     ATELIER_CUDA_LAUNCHED();
     done = true;
   });
