@@ -208,6 +208,14 @@ int run(int iters) {
     const Tensor x = random_on({2, 320, 64, 64}, DType::BF16, dev), g = random_on({320}, DType::BF16, dev);
     const double bytes = 2.0 * double(x.nbytes());
     print({"group_norm+silu 2x320x64x64 bf16", time_ms(be, iters, [&] { ops::group_norm(x, 32, g, g, 1e-5f, UnaryOp::kSilu); }), bytes, "GB/s"});
+    // Channels-last (the layout SD's activations have on the GPU) against NCHW at a UNet and a VAE shape.
+    for (const Shape& s : {Shape{16, 320, 64, 64}, Shape{1, 128, 512, 512}}) {
+      const Tensor nchw = random_on(s, DType::BF16, dev), gs = random_on({s[1]}, DType::BF16, dev);
+      const Tensor cl = ops::contiguous(nchw.permute({0, 2, 3, 1})).permute({0, 3, 1, 2});
+      for (const Tensor* t : {&nchw, &cl})
+        print({"group_norm+silu " + shape_str(s) + (t == &cl ? " channels-last" : " NCHW"),
+               time_ms(be, iters, [&] { ops::group_norm(*t, 32, gs, gs, 1e-5f, UnaryOp::kSilu); }), 2.0 * double(t->nbytes()), "GB/s"});
+    }
     const Tensor t = random_on({2 * 4096, 320}, DType::BF16, dev);
     print({"layer_norm 8192x320 bf16", time_ms(be, iters, [&] { ops::layer_norm(t, g, g, 1e-5f); }), 2.0 * double(t.nbytes()), "GB/s"});
     print({"add 2x320x64x64 bf16", time_ms(be, iters, [&] { ops::add(x, x); }), 3.0 * double(x.nbytes()), "GB/s"});
