@@ -243,14 +243,21 @@ __global__ void group_stats_nhwc_kernel(GroupChunk* out, const T* x, int64_t p_c
     partial[(r0 * c + v * V + e) * 2 + 1] = sq[e];
   }
   __syncthreads();
-  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+  // A warp per group sums its rows_per_pass x cg entries (the block's full warps; blockDim >= 128): a thread
+  // per group walking them alone (4-way bank conflicts) took as long as the block's loads.
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, warps = int(blockDim.x) / 32;
+  if (warp >= warps) return;
+  const int64_t entries = int64_t(rows_per_pass) * cg;
+  for (int64_t g = warp; g < groups; g += warps) {
     float d = 0.0f, q = 0.0f;
-    for (int rr = 0; rr < rows_per_pass; ++rr)
-      for (int64_t ch = g * cg; ch < (g + 1) * cg; ++ch) {
-        d += partial[(rr * c + ch) * 2];
-        q += partial[(rr * c + ch) * 2 + 1];
-      }
-    out[(n * gridDim.x + k) * groups + g] = {to_f32(sample[r_begin * c + g * cg]), d, q};
+    for (int64_t e = lane; e < entries; e += 32) {
+      const int64_t at = ((e / cg) * c + g * cg + e % cg) * 2;
+      d += partial[at];
+      q += partial[at + 1];
+    }
+    d = warp_sum(d);
+    q = warp_sum(q);
+    if (lane == 0) out[(n * gridDim.x + k) * groups + g] = {to_f32(sample[r_begin * c + g * cg]), d, q};
   }
 }
 
@@ -293,36 +300,33 @@ __global__ void group_merge_nhwc_kernel(float2* scale_shift, const GroupChunk* c
   }
 }
 
-// y = act(x * scale[n, c] + shift[n, c]); I is the index type (32-bit when the tensor allows: no 64-bit
-// divisions). The block size and so the grid's thread count are whole multiples of the row's vc column vectors,
-// so a thread keeps one column: its channels' scale and shift are loaded once per sample, not per vector.
-template <typename T, typename I>
-__global__ void group_apply_nhwc_kernel(T* y, const T* x, const float2* scale_shift, I vectors, I vecs_per_sample, I vc, int64_t c,
+// y = act(x * scale[n, c] + shift[n, c]) over sample blockIdx.y. A block is rows_per_pass whole rows of vc
+// column vectors, so a thread keeps one column (its V channels' scale and shift loaded once) and walks rows
+// r0 + k * gridDim.x * rows_per_pass: no per-vector index arithmetic beyond an add.
+template <typename T>
+__global__ void group_apply_nhwc_kernel(T* y, const T* x, const float2* scale_shift, int64_t p_count, int64_t c, int rows_per_pass,
                                         UnaryOp act) {
   constexpr int V = Vec<T>::kWidth;
-  const I first = I(global_thread()), step = I(grid_threads());
-  const I c0 = (first % vc) * V;
-  I loaded = ~I(0);
+  const int64_t vc = c / V, n = blockIdx.y, v = threadIdx.x % vc;
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_pass + threadIdx.x / vc, step = int64_t(gridDim.x) * rows_per_pass;
   float sc[V], sh[V];
-  for (I i = first; i < vectors; i += step) {
-    const I n = i / vecs_per_sample;
-    if (n != loaded) {
-      const float4* ss = reinterpret_cast<const float4*>(scale_shift + int64_t(n) * c + c0);
+  const float4* ss = reinterpret_cast<const float4*>(scale_shift + n * c + v * V);
 #pragma unroll
-      for (int e = 0; e < V; e += 2) {
-        const float4 p = ss[e / 2];
-        sc[e] = p.x;
-        sh[e] = p.y;
-        sc[e + 1] = p.z;
-        sh[e + 1] = p.w;
-      }
-      loaded = n;
-    }
-    const Vec<T> in = reinterpret_cast<const Vec<T>*>(x)[i];
+  for (int e = 0; e < V; e += 2) {
+    const float4 p = ss[e / 2];
+    sc[e] = p.x;
+    sh[e] = p.y;
+    sc[e + 1] = p.z;
+    sh[e + 1] = p.w;
+  }
+  const Vec<T>* xs = reinterpret_cast<const Vec<T>*>(x + n * p_count * c) + v;
+  Vec<T>* ys = reinterpret_cast<Vec<T>*>(y + n * p_count * c) + v;
+  for (int64_t r = r0; r < p_count; r += step) {
+    const Vec<T> in = xs[r * vc];
     Vec<T> o;
 #pragma unroll
     for (int e = 0; e < V; ++e) o.v[e] = from_f32<T>(apply_unary(fmaf(to_f32(in.v[e]), sc[e], sh[e]), act));
-    reinterpret_cast<Vec<T>*>(y)[i] = o;
+    ys[r * vc] = o;
   }
 }
 
@@ -681,15 +685,11 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& ga
     const int64_t warps = n * groups;
     group_merge_nhwc_kernel<<<unsigned((warps * 32 + kMergeThreads - 1) / kMergeThreads), kMergeThreads, 0, stream_>>>(
         ss, ps, affine_of(gamma, beta), n, groups, c, chunks, rows_per_chunk, p, eps);
-    const int64_t vectors = n * p * vc;
-    const int apply_threads = int(vc) * rows_per_pass;  // a whole number of rows (see group_apply_nhwc_kernel)
-    const unsigned apply_grid = grid_for(vectors, apply_threads);
-    if (vectors < (int64_t(1) << 31))
-      group_apply_nhwc_kernel<T, uint32_t><<<apply_grid, apply_threads, 0, stream_>>>(
-          out.data<T>(), x.data<T>(), ss, uint32_t(vectors), uint32_t(p * vc), uint32_t(vc), c, act);
-    else
-      group_apply_nhwc_kernel<T, int64_t><<<apply_grid, apply_threads, 0, stream_>>>(out.data<T>(), x.data<T>(), ss, vectors,
-                                                                                     p * vc, vc, c, act);
+    // A row per thread (as many loads in flight as there are vectors: at batch 2 fewer threads walking several
+    // rows each measured slower), up to the grid's limit, past which threads walk more rows.
+    const int64_t apply_blocks = std::clamp<int64_t>((p + rows_per_pass - 1) / rows_per_pass, 1, 65535);
+    group_apply_nhwc_kernel<T><<<dim3(unsigned(apply_blocks), unsigned(n)), unsigned(vc * rows_per_pass), 0, stream_>>>(
+        out.data<T>(), x.data<T>(), ss, p, c, rows_per_pass, act);
     ATELIER_CUDA_LAUNCHED();
     done = true;
   });
