@@ -8,6 +8,8 @@ Standard library only (it runs on the GPU machine's python3). Prints a JSON repo
   speedup                 sequential / concurrent time per image
   nvml_util_pct           nvidia-smi utilisation samples during the concurrent phase
   engine_busy             per worker: seconds inside model calls / wall time of the concurrent phase
+  worker_timeline         per worker, concurrent phase: idle seconds before its first busy span (ramp-up),
+                          between spans and after its last (tail), and the samples of each model call
   worker_busy             per worker, concurrent phase: seconds and counts of admissions (text encoding),
                           model calls and VAE decodes, prompt cache hits and misses
 
@@ -133,7 +135,9 @@ def main():
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(str(e))
 
-        workers0 = call(base, "GET", "/v1/stats").get("workers", [])
+        stats0 = call(base, "GET", "/v1/stats")
+        workers0 = stats0.get("workers", [])
+        clock0 = stats0.get("clock_s", 0.0)
         busy0 = [w.get("busy_seconds", 0) for w in workers0]
         t = time.time()
         threads = [threading.Thread(target=one, args=(i,)) for i in range(a.concurrent)]
@@ -148,6 +152,20 @@ def main():
         worker_busy = [{k: round(v - w0.get("busy", {}).get(k, 0), 3) for k, v in w.get("busy", {}).items()}
                        for w, w0 in zip(stats.get("workers", []), workers0)]
         steady = util[2:-2] if len(util) > 6 else util
+        # Each worker's timeline over the concurrent phase (server clock): idle before its first span (ramp-up),
+        # between spans (gaps) and after its last span (tail, up to the closing /v1/stats read).
+        clock1 = stats.get("clock_s", 0.0)
+        worker_timeline = []
+        for w in stats.get("workers", []):
+            spans = [sp for sp in w.get("timeline", []) if sp[0] >= clock0]
+            if not spans:
+                worker_timeline.append(None)
+                continue
+            gaps = sum(max(0.0, b[0] - a_[1]) for a_, b in zip(spans, spans[1:]))
+            calls = [sp for sp in spans if sp[2] == "model_call"]
+            worker_timeline.append({"ramp_s": round(spans[0][0] - clock0, 3), "tail_s": round(clock1 - spans[-1][1], 3),
+                                    "gaps_s": round(gaps, 3), "spans": len(spans),
+                                    "rows_per_call": [sp[3] for sp in calls]})
         report = {
             "devices": a.devices, "poll_ms": a.poll_ms, "size": a.size, "steps": a.steps, "max_batch": a.max_batch,
             "first_request_s": round(load_s, 2),
@@ -158,6 +176,7 @@ def main():
             "nvml_util_pct_mean": [round(sum(g) / len(g), 1) for g in zip(*steady)] if steady else None,
             "engine_busy": busy,
             "worker_busy": worker_busy,
+            "worker_timeline": worker_timeline,
             "worker_graphs": [w.get("graphs") for w in stats.get("workers", [])],
             "host_profile": [{k: [v["count"] - w0.get("host_profile", {}).get(k, {}).get("count", 0),
                                   round(v["seconds"] - w0.get("host_profile", {}).get(k, {}).get("seconds", 0), 3)]

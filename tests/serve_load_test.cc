@@ -94,6 +94,26 @@ TEST(ServeLoad, SixteenConcurrentClientsAnsweredOnceWithBatching) {
   EXPECT_EQ(samples, kClients * 2.0);  // every sample's 2 steps, each counted once
   EXPECT_EQ(test::prom_value(m->body, "atelier_jobs_total{state=\"done\"}"), kClients);
   EXPECT_EQ(test::prom_value(m->body, "atelier_images_total"), kClients);
+
+  // The workers' timelines (/v1/stats): the same model calls and samples, spans in order on one clock.
+  const auto st = nlohmann::json::parse(s->client()->Get("/v1/stats")->body);
+  double timeline_calls = 0, timeline_samples = 0;
+  for (const auto& w : st["workers"]) {
+    double last_end = 0;
+    for (const auto& span : w["timeline"]) {
+      const double start = span[0].get<double>(), end = span[1].get<double>();
+      EXPECT_LE(start, end);
+      EXPECT_GE(start, last_end - 1e-6) << "spans of one worker overlap or are out of order";
+      EXPECT_LE(end, st["clock_s"].get<double>());
+      last_end = end;
+      if (span[2] == "model_call") {
+        ++timeline_calls;
+        timeline_samples += span[3].get<double>();
+      }
+    }
+  }
+  EXPECT_EQ(timeline_calls, calls);
+  EXPECT_EQ(timeline_samples, samples);
 }
 
 TEST(ServeLoad, FullQueueAnswers429WithRetryAfter) {

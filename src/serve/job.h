@@ -27,6 +27,8 @@
 namespace atelier::serve {
 
 using Clock = std::chrono::steady_clock;
+// Clock's reading in seconds: the time base of the workers' timelines and of /v1/stats' "clock_s".
+inline double steady_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 enum class JobState { kQueued, kRunning, kDone, kFailed, kCancelled };
 const char* job_state_name(JobState s);

@@ -37,6 +37,7 @@ void add_ops_routes(httplib::Server& http, ServerContext& ctx) {
                          {"jobs_stored", ctx.store.size()},
                          {"models", models},
                          {"uptime_s", uptime},
+                         {"clock_s", steady_seconds()},  // the time base of each worker's "timeline"
                          {"version", ATELIER_VERSION}});
   });
 

@@ -132,8 +132,11 @@ void Worker::update_load() {
   outstanding_ = work;
 }
 
-void Worker::add_busy(BusyKind kind, double seconds) {
+void Worker::add_busy(BusyKind kind, double seconds, int rows) {
+  const double end = steady_seconds();
   std::lock_guard<std::mutex> lock(busy_mu_);
+  timeline_.push_back({end - seconds, end, kind, rows});
+  if (timeline_.size() > kTimelineSpans) timeline_.pop_front();
   busy_by_kind_s_[int(kind)] += seconds;
   ++count_by_kind_[int(kind)];
   prompt_hits_ = int64_t(prompts_.hits());  // copied here: the cache itself belongs to the worker thread
@@ -392,7 +395,7 @@ void Worker::run_call() {
   const double enqueue_s = since(t0);  // host time to enqueue the call; the rest is waiting for the device
   backend_for(device()).synchronize();
   const double dt = since(t0);
-  add_busy(BusyKind::kModelCall, dt);
+  add_busy(BusyKind::kModelCall, dt, int(batch.size()));
   note_call(timed, enqueue_s, unet.graphs().stats());
   if (profile_) fold_profile();
   if (!out) {  // not a device problem: the request could not be batched (shape error) — fail those jobs
@@ -533,10 +536,15 @@ nlohmann::json Worker::status() const {
   for (const auto& [name, cs] : profile_totals_) host_profile[name] = {{"count", cs.first}, {"seconds", cs.second}};
   nlohmann::json device_counters = nlohmann::json::object();
   for (const auto& [name, value] : backend_for(device()).counters()) device_counters[name] = value;
+  // [start, end, kind, rows] per span, oldest first; kinds as in "busy": admit, model_call, decode.
+  static const char* kKindNames[] = {"admit", "model_call", "decode"};
+  nlohmann::json timeline = nlohmann::json::array();
+  for (const Span& s : timeline_) timeline.push_back({s.start_s, s.end_s, kKindNames[int(s.kind)], s.rows});
   return {{"index", index_},      {"device", device().str()}, {"healthy", healthy()},
           {"load", load()},       {"max_batch", options_.max_batch}, {"outstanding_work", outstanding_work()},
           {"models_loaded", models_.loaded()}, {"failures", failures_.load()}, {"busy_seconds", busy_total_s()},
-          {"busy", breakdown}, {"graphs", graphs}, {"device_counters", device_counters}, {"host_profile", host_profile}};
+          {"busy", breakdown}, {"graphs", graphs}, {"device_counters", device_counters}, {"host_profile", host_profile},
+          {"timeline", timeline}};
 }
 
 void Worker::collect(MetricsRegistry& m) {

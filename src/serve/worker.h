@@ -110,7 +110,8 @@ class Worker {
   void probe();
   void update_load();
   enum class BusyKind { kAdmit, kModelCall, kDecode };
-  void add_busy(BusyKind kind, double seconds);
+  // Adds a busy span of `seconds` ending now; `rows`: the samples of a model call (0 for other kinds).
+  void add_busy(BusyKind kind, double seconds, int rows = 0);
   Labels device_labels() const;
 
   const int index_;
@@ -160,6 +161,14 @@ class Worker {
   GraphRunner::Stats graph_stats_;  // the last called UNet's recording statistics
   std::map<std::string, std::pair<int64_t, double>> profile_totals_;  // range name -> (count, host seconds)
   std::deque<std::pair<Clock::time_point, double>> busy_marks_;  // (time, busy_total_s) for the window
+  // The last kTimelineSpans busy spans (status()'s "timeline"): when a run's ramp-up, gaps and tail happen.
+  struct Span {
+    double start_s, end_s;  // steady clock, seconds (the clock /v1/stats reports as "clock_s")
+    BusyKind kind;
+    int rows;
+  };
+  static constexpr size_t kTimelineSpans = 1024;
+  std::deque<Span> timeline_;
 };
 
 }  // namespace atelier::serve
