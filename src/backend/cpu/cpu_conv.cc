@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/packed_operands.h"
 
 namespace atelier {
 namespace {
@@ -80,15 +81,10 @@ void im2col_block(float* col, const float* x, const ConvGeometry& g, int64_t p0,
 void CpuBackend::conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
                         const Tensor& addend) {
   if (out.numel() == 0) return;
-  Tensor xc = x;
-  if (!x.is_contiguous()) {
-    xc = Tensor::empty(x.shape(), x.dtype(), device());
-    copy(xc, x);
-  }
-  Tensor oc = out.is_contiguous() ? out : Tensor::empty(out.shape(), out.dtype(), device());
-  conv2d_nchw(oc, xc, w, bias, p);
-  if (addend.defined()) binary(oc, oc, addend, BinaryOp::kAdd);
-  if (oc.raw() != out.raw()) copy(out, oc);
+  through_packed(*this, out, x, [&](Tensor& oc, const Tensor& xc) {
+    conv2d_nchw(oc, xc, w, bias, p);
+    if (addend.defined()) binary(oc, oc, addend, BinaryOp::kAdd);
+  });
 }
 
 // x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] optional, all contiguous -> out [N, O, Ho, Wo].

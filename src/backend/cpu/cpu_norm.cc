@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/packed_operands.h"
 
 namespace atelier {
 namespace {
@@ -119,12 +120,8 @@ Moments moments(const float* x, int64_t n, float eps) {
 // which is (x - mean) / sqrt(var + eps) * gamma + beta without the cancellation of x * scale - mean * scale
 // when the mean is large against the spread.
 void CpuBackend::group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) {
-  if (x.is_channels_last()) {  // tests' channels-last mode (set_channels_last_for_tests): NCHW copies
-    Tensor xc = Tensor::empty(x.shape(), x.dtype(), device()), oc = Tensor::empty(x.shape(), x.dtype(), device());
-    copy(xc, x);
-    group_norm(oc, xc, gamma, beta, groups, eps, act);
-    copy(out, oc);
-    return;
+  if (!x.is_contiguous() || !out.is_contiguous()) {  // tests' channels-last mode (set_channels_last_for_tests)
+    return through_packed(*this, out, x, [&](Tensor& oc, const Tensor& xc) { group_norm(oc, xc, gamma, beta, groups, eps, act); });
   }
   const int64_t n = x.size(0), c = x.size(1);
   const int64_t s = c ? x.numel() / (n * c) : 0;

@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_nvtx.h"
+#include "backend/packed_operands.h"
 
 namespace atelier::cuda {
 
@@ -422,29 +423,24 @@ void CudaBackend::conv2d(Tensor& out, const Tensor& x_in, const Tensor& w_in, co
       std::lock_guard<std::mutex> lock(engines_mu_);
       if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
     }
-    const bool nhwc = conv_nhwc_ && (conv_impl_ == ConvImpl::kAuto || conv_impl_ == ConvImpl::kCudnn) && dt != DType::F32 &&
-                      p.groups == 1 && conv_->available();
+    // The channels-last path where this device keeps activations so (ungrouped 16-bit convolutions on cuDNN).
+    const bool nhwc = prefers_channels_last(dt) && p.groups == 1 && conv_->available();
     if (nhwc && conv2d_nhwc(out, x, w, bias, p, w_in.dtype() == dt, addend)) return;
   }
   // The NCHW paths (legacy cuDNN, im2col) on contiguous buffers; channels-last operands go through copies.
-  Tensor xc = x, oc = out;
-  if (!x.is_contiguous()) {
-    xc = Tensor::empty(x.shape(), dt, device());
-    copy(xc, x);
-  }
-  if (!out.is_contiguous()) oc = Tensor::empty(out.shape(), dt, device());
-  const ConvShape s{xc.size(0), xc.size(1), xc.size(2), xc.size(3), w.size(0), w.size(2), w.size(3), oc.size(2), oc.size(3)};
-  bool done = false;
-  if (conv_impl_ != ConvImpl::kIm2col) {
-    done = conv_->forward(oc.raw(), xc.raw(), w.raw(), dt, s, p, !allow_tf32_, alloc_);
-    if (!done && (conv_impl_ == ConvImpl::kCudnn || conv_impl_ == ConvImpl::kCudnnNchw))
-      throw Error(unsupported("conv2d: cuDNN was asked for but " +
-                              (conv_->available() ? std::string("has no algorithm for this case") : conv_->why_unavailable())));
-  }
-  if (!done) conv2d_im2col(oc, xc, w, Tensor(), p);
-  if (bias.defined()) launch_channel_bias(oc.raw(), dt, bias, s.n, s.o, s.ho * s.wo, stream_);
-  if (addend.defined()) binary(oc, oc, addend, BinaryOp::kAdd);
-  if (oc.raw() != out.raw()) copy(out, oc);
+  through_packed(*this, out, x, [&](Tensor& oc, const Tensor& xc) {
+    const ConvShape s{xc.size(0), xc.size(1), xc.size(2), xc.size(3), w.size(0), w.size(2), w.size(3), oc.size(2), oc.size(3)};
+    bool done = false;
+    if (conv_impl_ != ConvImpl::kIm2col) {
+      done = conv_->forward(oc.raw(), xc.raw(), w.raw(), dt, s, p, !allow_tf32_, alloc_);
+      if (!done && (conv_impl_ == ConvImpl::kCudnn || conv_impl_ == ConvImpl::kCudnnNchw))
+        throw Error(unsupported("conv2d: cuDNN was asked for but " +
+                                (conv_->available() ? std::string("has no algorithm for this case") : conv_->why_unavailable())));
+    }
+    if (!done) conv2d_im2col(oc, xc, w, Tensor(), p);
+    if (bias.defined()) launch_channel_bias(oc.raw(), dt, bias, s.n, s.o, s.ho * s.wo, stream_);
+    if (addend.defined()) binary(oc, oc, addend, BinaryOp::kAdd);
+  });
 }
 
 Tensor CudaBackend::nhwc_weight(const Tensor& w, bool persistent) {

@@ -433,9 +433,8 @@ void GemmEngine::run(const GemmCall& call, bool allow_tf32) {
   ATELIER_CHECK(call.a.dtype == call.b.dtype, "gemm: A and B must share a dtype");
   DeviceGuard guard(device_);
   if (call.k == 0) {  // no products: C = act(beta * C + bias), as BLAS defines an empty sum
-    if (call.c_in && call.c_in != call.c) with_c_in_copied(call);
-    launch_gemm_epilogue(call.c, call.c_dtype, call.m, call.n, call.ldc, call.batch, call.c_batch_stride, call.bias, call.act,
-                         true, call.beta, stream_);
+    const GemmCall c = with_c_in_copied(call);
+    launch_gemm_epilogue(c.c, c.c_dtype, c.m, c.n, c.ldc, c.batch, c.c_batch_stride, c.bias, c.act, true, c.beta, stream_);
     return;
   }
   std::lock_guard<std::mutex> lock(mu_);  // plans (and the bias pointer set on a cached descriptor) are shared

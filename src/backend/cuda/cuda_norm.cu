@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_nvtx.h"
+#include "backend/packed_operands.h"
 
 namespace atelier::cuda {
 namespace {
@@ -608,11 +609,7 @@ void CudaBackend::group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, 
     if (x.is_channels_last() && out.is_channels_last() && x.dtype() == out.dtype() && group_norm_nhwc(out, x, gamma, beta, groups, eps, act))
       return;
     // Outside the channels-last kernels' cases (odd channel counts, f32 rows too wide): through NCHW copies.
-    Tensor xc = Tensor::empty(x.shape(), x.dtype(), device()), oc = Tensor::empty(out.shape(), out.dtype(), device());
-    copy(xc, x);
-    group_norm(oc, xc, gamma, beta, groups, eps, act);
-    copy(out, oc);
-    return;
+    return through_packed(*this, out, x, [&](Tensor& oc, const Tensor& xc) { group_norm(oc, xc, gamma, beta, groups, eps, act); });
   }
   ATELIER_CHECK(x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype(), "group_norm: contiguous tensors of one dtype expected");
   NvtxRange range("group_norm");
