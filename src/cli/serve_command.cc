@@ -31,7 +31,7 @@ void add_serve_command(CLI::App& app, serve::ServeOptions& o) {
   c->add_option("--max-images", o.limits.max_images, "Most images per request")->capture_default_str();
   c->add_option("--timeout-s", o.default_timeout_s, "Default per-request timeout, seconds (0 = none)")->capture_default_str();
   c->add_option("--http-threads", o.http_threads, "Concurrent HTTP connections")->capture_default_str();
-  c->add_option("--host-threads", o.host_threads, "Threads encoding images")->capture_default_str();
+  c->add_option("--host-threads", o.host_threads, "Threads encoding images (0 = half the cores, 2 to 16)")->capture_default_str();
   c->add_option("--cpu-threads", o.cpu_threads, "Threads per CPU worker (default: the cores divided among CPU workers)");
   c->add_option("--max-models", o.max_models_per_device, "Models resident per device (LRU)")->capture_default_str();
   c->add_option("--model-memory-mb", o.model_memory_mb, "Model weight budget per device, MiB (0 = none)")->capture_default_str();

@@ -19,7 +19,7 @@ void add_worker_command(CLI::App& app, serve::redis::RedisWorkerOptions& o) {
   c->add_option("--max-batch", o.max_batch, "Samples per batched model call, per device")->capture_default_str();
   c->add_option("--batch-window-ms", o.batch_window_ms, "An idle device waits this long to gather a batch")->capture_default_str();
   c->add_option("--cpu-threads", o.cpu_threads, "Threads per CPU worker (default: the cores divided among CPU workers)");
-  c->add_option("--host-threads", o.host_threads, "Threads encoding images")->capture_default_str();
+  c->add_option("--host-threads", o.host_threads, "Threads encoding images (0 = half the cores, 2 to 16)")->capture_default_str();
   c->add_option("--max-models", o.max_models_per_device, "Models resident per device (LRU)")->capture_default_str();
   c->add_option("--model-memory-mb", o.model_memory_mb, "Model weight budget per device, MiB (0 = none)")->capture_default_str();
   c->add_option("--output-dir", o.output_dir, "Save images here (a path shared with the gateways); larger ones are only referenced");

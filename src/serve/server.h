@@ -32,7 +32,7 @@ struct ServeOptions {
   ServeLimits limits;
   double default_timeout_s = 600;        // per job unless the request gives one (0 = none)
   int http_threads = 64;                 // concurrent connections (each SSE stream or waiting call holds one)
-  int host_threads = 2;                  // image encoding pool
+  int host_threads = 0;                  // image encoding pool; 0 = ThreadPool::default_size()
   int cpu_threads = 0;                   // OpenMP threads per CPU worker; 0 = the cores divided among CPU workers
   size_t max_models_per_device = 2;
   size_t model_memory_mb = 0;            // per device; 0 = no budget

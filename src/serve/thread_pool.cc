@@ -6,8 +6,19 @@
 
 namespace atelier::serve {
 
+namespace {
+constexpr int kMinDefaultThreads = 2;
+constexpr int kMaxDefaultThreads = 16;
+}  // namespace
+
+int ThreadPool::default_size() {
+  const int cores = int(std::thread::hardware_concurrency());
+  return std::clamp(cores / 2, kMinDefaultThreads, kMaxDefaultThreads);
+}
+
 ThreadPool::ThreadPool(int threads) {
-  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { run(); });
+  const int n = threads > 0 ? threads : default_size();
+  for (int i = 0; i < n; ++i) threads_.emplace_back([this] { run(); });
 }
 
 ThreadPool::~ThreadPool() {

@@ -35,7 +35,7 @@ struct RedisWorkerOptions {
   int max_batch = 8;
   int batch_window_ms = 0;
   int cpu_threads = 0;
-  int host_threads = 2;
+  int host_threads = 0;  // 0 = ThreadPool::default_size()
   int probe_interval_ms = 1000;
   size_t max_models_per_device = 2;
   size_t model_memory_mb = 0;
