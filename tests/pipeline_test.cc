@@ -219,5 +219,30 @@ TEST(SdGenerate, EmphasisIsOptInAndChangesOnlyWeightedPrompts) {
   EXPECT_GT(test::rel_l2(literal->to_vector(), weighted->to_vector()), 1e-3);
 }
 
+// The server's batched admission: several prompts in one text-encoder call give each prompt what encoding it
+// alone gives (weighted and plain, the empty prompt, a repeated one), in the order asked.
+TEST(SdGenerate, PromptsEncodedTogetherMatchOneAtATime) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  auto model = load(dir, false);
+  ASSERT_TRUE(model);
+  SdPipeline pipe(model);
+  const std::vector<std::string> texts = {"a red circle", "a (red:1.5) circle", "", "blurry, low quality", "a red circle"};
+  for (bool emphasis : {false, true}) {
+    auto together = pipe.encode_prompts(texts, 1, emphasis);
+    ASSERT_TRUE(together) << together.status().message();
+    ASSERT_EQ(together->size(), texts.size());
+    for (size_t i = 0; i < texts.size(); ++i) {
+      auto alone = pipe.encode_prompt(texts[i], 1, emphasis);
+      ASSERT_TRUE(alone);
+      EXPECT_EQ((*together)[i].shape(), alone->shape()) << texts[i];
+      EXPECT_LE(test::rel_l2((*together)[i].to_vector(), alone->to_vector()), 1e-6) << "'" << texts[i] << "' emphasis " << emphasis;
+    }
+    // Each row is its own text's (not a neighbour's): the second prompt differs from the first.
+    const double d = test::rel_l2((*together)[1].to_vector(), (*together)[0].to_vector());
+    EXPECT_GT(d, 1e-3);
+  }
+  EXPECT_FALSE(pipe.encode_prompts({"a (red:1.5", "ok"}, 9, true).has_value());  // clip skip 9: a clear error
+}
+
 }  // namespace
 }  // namespace atelier

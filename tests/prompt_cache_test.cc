@@ -1,6 +1,6 @@
 // The server worker's prompt cache: a prompt is encoded once per model, clip skip and emphasis; a model that
 // was unloaded never gets another model's (or its own stale) encodings; least recently used entries go first;
-// failures are not cached.
+// failures are not cached; encodings put in by a batched prefetch are hits.
 #include <gtest/gtest.h>
 
 #include "pipeline/sd_model.h"
@@ -73,6 +73,30 @@ TEST(PromptCache, FailuresAreNotCached) {
   EXPECT_FALSE(cache.get(m, "p", 9, true, failing).has_value());
   EXPECT_EQ(calls, 2);
   EXPECT_EQ(cache.size(), 0u);
+}
+
+// The worker's batched prefetch puts encodings in; admissions then hit them without encoding.
+TEST(PromptCache, PutEntriesAreHitsAndFollowTheSameRules) {
+  PromptCache cache(2);
+  CountingEncoder enc;
+  auto m = std::make_shared<SdModel>();
+  EXPECT_FALSE(cache.contains(m, "a", 1, true));
+  cache.put(m, "a", 1, true, Tensor::full({1, 2, 3}, 7.0f));
+  EXPECT_TRUE(cache.contains(m, "a", 1, true));
+  EXPECT_FALSE(cache.contains(m, "a", 2, true));
+  EXPECT_EQ(cache.hits(), 0u);  // contains() is not a hit
+  EXPECT_EQ(tag(cache.get(m, "a", 1, true, enc.fn())), 7.0f);
+  EXPECT_EQ(enc.calls, 0);
+  cache.put(m, "a", 1, true, Tensor::full({1, 2, 3}, 8.0f));  // replaces, no duplicate
+  EXPECT_EQ(cache.size(), 1u);
+  EXPECT_EQ(tag(cache.get(m, "a", 1, true, enc.fn())), 8.0f);
+  cache.put(m, "b", 1, true, Tensor::full({1, 2, 3}, 9.0f));
+  cache.put(m, "c", 1, true, Tensor::full({1, 2, 3}, 10.0f));  // capacity 2: "a" (least recent) goes
+  EXPECT_FALSE(cache.contains(m, "a", 1, true));
+  EXPECT_TRUE(cache.contains(m, "b", 1, true) && cache.contains(m, "c", 1, true));
+  m.reset();  // unloaded: its entries are never returned
+  auto other = std::make_shared<SdModel>();
+  EXPECT_FALSE(cache.contains(other, "b", 1, true));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "pipeline/sd_pipeline.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -18,12 +19,6 @@ namespace {
 using trace::Category;
 
 constexpr uint32_t kRandomSeedRange = 0xffffffffu;  // A1111 draws random seeds below 2^32
-
-Tensor ids_tensor(const std::vector<int32_t>& ids, Device dev) {
-  Tensor t = Tensor::empty({1, int64_t(ids.size())}, DType::I32);
-  std::memcpy(t.raw(), ids.data(), ids.size() * sizeof(int32_t));
-  return t.to(dev);
-}
 
 }  // namespace
 
@@ -63,18 +58,56 @@ std::string a1111_schedule_name(const std::string& schedule) {
 }
 
 Expected<Tensor> SdPipeline::encode_prompt(const std::string& text, int clip_skip, bool emphasis) const {
+  ATELIER_ASSIGN_OR_RETURN(std::vector<Tensor> one, encode_prompts({text}, clip_skip, emphasis));
+  return one.front();
+}
+
+Expected<std::vector<Tensor>> SdPipeline::encode_prompts(const std::vector<std::string>& texts, int clip_skip,
+                                                         bool emphasis) const {
   const SdModel& m = *model_;
   const Device dev = m.unet->device();
   trace::Scope range(stage::kTextEncode, Category::kStage);
   if (clip_skip > m.text_encoder->max_clip_skip())
     return invalid_argument("clip skip " + std::to_string(clip_skip) + " is more than this text encoder allows (" +
                             std::to_string(m.text_encoder->max_clip_skip()) + ")");
-  if (!emphasis) return m.text_encoder->forward(ids_tensor(m.tokenizer->encode(text), dev), clip_skip);
-  ATELIER_ASSIGN_OR_RETURN(auto chunks, parse_prompt_attention(text));
-  WeightedTokens wt = encode_weighted(*m.tokenizer, chunks);
-  ATELIER_ASSIGN_OR_RETURN(Tensor hidden, m.text_encoder->forward(ids_tensor(wt.ids, dev), clip_skip));
-  Tensor weights = Tensor::from_vector(wt.weights, {1, int64_t(wt.weights.size())}).to(dev);
-  return apply_emphasis(hidden, weights);
+  std::vector<WeightedTokens> tokens;
+  for (const std::string& text : texts) {
+    if (!emphasis) {
+      tokens.push_back({m.tokenizer->encode(text), {}});
+      continue;
+    }
+    ATELIER_ASSIGN_OR_RETURN(auto chunks, parse_prompt_attention(text));
+    tokens.push_back(encode_weighted(*m.tokenizer, chunks));
+  }
+  std::vector<Tensor> out(texts.size());
+  std::vector<bool> done(texts.size(), false);
+  for (size_t first = 0; first < texts.size(); ++first) {  // one call per token count, rows in text order
+    if (done[first]) continue;
+    const size_t len = tokens[first].ids.size();
+    std::vector<size_t> rows;
+    std::vector<int32_t> ids;
+    for (size_t i = first; i < texts.size(); ++i)
+      if (!done[i] && tokens[i].ids.size() == len) {
+        rows.push_back(i);
+        ids.insert(ids.end(), tokens[i].ids.begin(), tokens[i].ids.end());
+        done[i] = true;
+      }
+    Tensor host_ids = Tensor::empty({int64_t(rows.size()), int64_t(len)}, DType::I32);
+    std::memcpy(host_ids.raw(), ids.data(), ids.size() * sizeof(int32_t));
+    ATELIER_ASSIGN_OR_RETURN(Tensor hidden, m.text_encoder->forward(host_ids.to(dev), clip_skip));
+    for (size_t r = 0; r < rows.size(); ++r) {
+      Tensor row = hidden.narrow(0, int64_t(r), 1);
+      const std::vector<float>& w = tokens[rows[r]].weights;
+      // A prompt without (word:weight) markup has every weight 1, where A1111's rescaling is the identity:
+      // skipping it is exact and spares a device-to-host copy of the hidden states.
+      if (emphasis && std::any_of(w.begin(), w.end(), [](float v) { return v != 1.0f; })) {
+        Tensor weights = Tensor::from_vector(w, {1, int64_t(w.size())}).to(dev);
+        ATELIER_ASSIGN_OR_RETURN(row, apply_emphasis(row, weights));
+      }
+      out[rows[r]] = row;
+    }
+  }
+  return out;
 }
 
 Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samplers, Tensor x, const Tensor& cond,

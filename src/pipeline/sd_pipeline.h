@@ -95,6 +95,10 @@ class SdPipeline {
   GeneratedImage finish_image(const GenerationPlan& plan, const Tensor& images01, int row, int64_t seed) const;
   // text -> [1, 77, D] conditioning (clip_skip in A1111 numbering; emphasis = A1111 (word:1.2) weights).
   Expected<Tensor> encode_prompt(const std::string& text, int clip_skip, bool emphasis) const;
+  // Several texts in one text-encoder call (rows of equal token count share it): one [1, 77, D] per text, in
+  // order, as encode_prompt gives them. What a server admitting a burst of requests wants: one call's
+  // launches instead of one per prompt.
+  Expected<std::vector<Tensor>> encode_prompts(const std::vector<std::string>& texts, int clip_skip, bool emphasis) const;
   // Runs every sampler to the end. x [B, C, h, w] initial latents (row b belongs to samplers[b]);
   // cond/uncond [B, 77, D]; cfg_scale <= 1 skips the unconditional rows (diffusers' rule).
   // Opens the trace ranges model_call / unet / sampler_step per call; `times` (optional) gets call_ms.

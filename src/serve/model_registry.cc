@@ -119,6 +119,13 @@ Expected<std::shared_ptr<SdModel>> ModelCache::acquire(const ModelEntry& entry, 
   return model;
 }
 
+std::shared_ptr<SdModel> ModelCache::resident(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Slot& s : slots_)
+    if (s.name == name) return s.model;
+  return nullptr;
+}
+
 void ModelCache::evict_for(size_t incoming) {
   auto over = [&] {
     size_t total = incoming, count = 1;

@@ -63,6 +63,8 @@ class ModelCache {
   // The model on this device, loading it (and evicting) when needed. `load_s` receives the load time
   // (0 when resident). Called from the worker thread only.
   Expected<std::shared_ptr<SdModel>> acquire(const ModelEntry& entry, double* load_s);
+  // The model when it is resident (nothing loaded, the LRU order unchanged), else nullptr.
+  std::shared_ptr<SdModel> resident(const std::string& name) const;
   void clear();  // after a device failure: replicas on a failed device are not trusted
   size_t loaded() const;
   size_t bytes() const;

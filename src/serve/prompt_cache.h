@@ -31,6 +31,10 @@ class PromptCache {
   // The cached encoding of (model, text, clip_skip, emphasis), or encode() (cached when it succeeds).
   Expected<Tensor> get(const std::shared_ptr<SdModel>& model, const std::string& text, int clip_skip, bool emphasis,
                        const Encode& encode);
+  // Whether (model, text, clip_skip, emphasis) is cached (no hit counted, no reordering).
+  bool contains(const std::shared_ptr<SdModel>& model, const std::string& text, int clip_skip, bool emphasis);
+  // Caches an encoding made elsewhere (a batched prefetch), as the most recently used entry.
+  void put(const std::shared_ptr<SdModel>& model, const std::string& text, int clip_skip, bool emphasis, const Tensor& value);
 
   size_t size() const { return entries_.size(); }
   uint64_t hits() const { return hits_; }
@@ -45,6 +49,9 @@ class PromptCache {
     bool emphasis = false;
     Tensor value;  // [1, tokens, hidden] on the model's device
   };
+  // The live entry for the key (entries of unloaded models are dropped on the way), or end().
+  std::list<Entry>::iterator find(const SdModel* model, const std::string& text, int clip_skip, bool emphasis);
+
   size_t capacity_;
   std::list<Entry> entries_;  // most recently used first
   uint64_t hits_ = 0, misses_ = 0;

@@ -100,6 +100,7 @@ class Worker {
   void loop();
   bool wait_for_work();
   void admit(const JobPtr& job);
+  void prefetch_prompts(const std::deque<JobPtr>& jobs);
   void run_call();
   void retire(std::vector<std::unique_ptr<ActiveJob>> finished);
   Expected<Tensor> encode_prompt(const ActiveJob& aj, const std::string& text);
@@ -156,6 +157,7 @@ class Worker {
   double busy_total_s() const { return busy_by_kind_s_[0] + busy_by_kind_s_[1] + busy_by_kind_s_[2]; }
   int64_t count_by_kind_[3] = {};
   int64_t prompt_hits_ = 0, prompt_misses_ = 0;
+  int64_t prompts_prefetched_ = 0, prefetch_calls_ = 0;  // prompts encoded ahead of admission, and their calls
   double model_call_enqueue_s_ = 0;  // host time spent enqueueing model calls (the rest waits for the device)
   double model_call_device_s_ = 0;  // device time of the model calls (CUDA events); 0 where unmeasured
   GraphRunner::Stats graph_stats_;  // the last called UNet's recording statistics
