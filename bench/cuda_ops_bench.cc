@@ -209,18 +209,30 @@ int run(int iters) {
     const double bytes = 2.0 * double(x.nbytes());
     print({"group_norm+silu 2x320x64x64 bf16", time_ms(be, iters, [&] { ops::group_norm(x, 32, g, g, 1e-5f, UnaryOp::kSilu); }), bytes, "GB/s"});
     // Channels-last (the layout SD's activations have on the GPU) against NCHW at a UNet and a VAE shape.
-    for (const Shape& s : {Shape{16, 320, 64, 64}, Shape{1, 128, 512, 512}}) {
+    // The batch-16 UNet's levels (16 = 8 images with CFG), a batch-2 one, the VAE's widest; NCHW beside two.
+    for (const Shape& s : {Shape{16, 320, 64, 64}, Shape{1, 128, 512, 512}, Shape{2, 320, 64, 64}, Shape{16, 640, 32, 32},
+                           Shape{16, 1280, 16, 16}, Shape{16, 2560, 8, 8}}) {
       const Tensor nchw = random_on(s, DType::BF16, dev), gs = random_on({s[1]}, DType::BF16, dev);
       const Tensor cl = ops::contiguous(nchw.permute({0, 2, 3, 1})).permute({0, 3, 1, 2});
-      for (const Tensor* t : {&nchw, &cl})
+      const bool with_nchw = s[0] != 2 && s[1] <= 320;
+      for (const Tensor* t : {&cl, &nchw}) {
+        if (t == &nchw && !with_nchw) continue;
         print({"group_norm+silu " + shape_str(s) + (t == &cl ? " channels-last" : " NCHW"),
                time_ms(be, iters, [&] { ops::group_norm(*t, 32, gs, gs, 1e-5f, UnaryOp::kSilu); }), 2.0 * double(t->nbytes()), "GB/s"});
+      }
     }
-    const Tensor t = random_on({2 * 4096, 320}, DType::BF16, dev);
-    print({"layer_norm 8192x320 bf16", time_ms(be, iters, [&] { ops::layer_norm(t, g, g, 1e-5f); }), 2.0 * double(t.nbytes()), "GB/s"});
+    for (const int64_t tokens : {int64_t(2 * 4096), int64_t(16 * 4096)}) {
+      const Tensor t = random_on({tokens, 320}, DType::BF16, dev);
+      print({"layer_norm " + std::to_string(tokens) + "x320 bf16", time_ms(be, iters, [&] { ops::layer_norm(t, g, g, 1e-5f); }),
+             2.0 * double(t.nbytes()), "GB/s"});
+      const Tensor ff = random_on({tokens, 2 * 1280}, DType::BF16, dev);
+      print({"glu (GEGLU) " + std::to_string(tokens) + "x2560 bf16", time_ms(be, iters, [&] { ops::glu(ff, UnaryOp::kGelu); }),
+             1.5 * double(ff.nbytes()), "GB/s"});
+    }
     print({"add 2x320x64x64 bf16", time_ms(be, iters, [&] { ops::add(x, x); }), 3.0 * double(x.nbytes()), "GB/s"});
-    const Tensor ff = random_on({2 * 4096, 2 * 1280}, DType::BF16, dev);
-    print({"glu (GEGLU) 8192x2560 bf16", time_ms(be, iters, [&] { ops::glu(ff, UnaryOp::kGelu); }), 1.5 * double(ff.nbytes()), "GB/s"});
+    // FLUX's q/k norms at 1024²: 4608 tokens x 24 heads of 128.
+    const Tensor qk = random_on({4608 * 24, 128}, DType::BF16, dev), gq = random_on({128}, DType::BF16, dev);
+    print({"rms_norm 110592x128 bf16", time_ms(be, iters, [&] { ops::rms_norm(qk, gq, 1e-6f); }), 2.0 * double(qk.nbytes()), "GB/s"});
   }
   be.synchronize();
   return 0;

@@ -296,14 +296,15 @@ TEST(CudaOps, GroupNormMatchesCpu) {
 Tensor channels_last(const Tensor& x) { return ops::contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}); }
 
 // Channels-last group norm (the NHWC kernels: per-channel chunk sums, a warp per group merging them) at SD's
-// channel counts, including the up blocks' concatenations (960, 1920, 2560) and a large mean; 12 channels are
-// not whole 16-byte vectors and go through NCHW copies. The output stays channels-last.
+// channel counts, including the up blocks' concatenations (960, 1920, 2560) and a large mean; a VAE-like shape
+// with hundreds of chunks per group and a large mean (the merge's unrolled loop, its common reference); 12
+// channels are not whole 16-byte vectors and go through NCHW copies. The output stays channels-last.
 TEST(CudaOps, ChannelsLastGroupNormMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   struct Case { Shape x; int groups; float offset; };
   const Case cases[] = {{{2, 320, 64, 64}, 32, 0.0f}, {{2, 2560, 8, 8}, 32, 0.0f}, {{1, 1920, 16, 16}, 32, 0.0f},
                         {{2, 960, 32, 32}, 32, 100.0f}, {{3, 64, 5, 7}, 4, 0.0f}, {{2, 12, 5, 5}, 4, 0.0f},
-                        {{16, 640, 32, 32}, 32, 0.0f}};
+                        {{16, 640, 32, 32}, 32, 0.0f}, {{1, 128, 256, 256}, 32, 100.0f}};
   for (const Case& c : cases) {
     const Tensor x = random_tensor(c.x, 61, 1.0f, c.offset), g = random_tensor({c.x[1]}, 62), b = random_tensor({c.x[1]}, 63);
     for (UnaryOp act : {UnaryOp::kIdentity, UnaryOp::kSilu}) {
@@ -375,12 +376,13 @@ TEST(CudaOps, ChannelsLastConcatAndUpsampleMatchCpu) {
 
 TEST(CudaOps, LayerNormAndRmsNormMatchCpu) {
   ATELIER_REQUIRE_CUDA();
-  // Rows up to 1024 take the warp-per-row RMS kernel (a head dim of 128: FLUX and Z-Image q/k norms; 27 rows:
-  // a last block only partly filled), longer rows the block-per-row kernel. Layer norm: rows of whole 16-byte
+  // RMS: rows of 8, 16 or 32 whole 16-byte vectors take the vector kernel, several rows per warp (a head dim of
+  // 128: FLUX and Z-Image q/k norms, 27 rows: a last block only partly filled; 64: 33 rows), other rows up to
+  // 1024 the warp-per-row kernel, longer rows the block-per-row kernel. Layer norm: rows of whole 16-byte
   // vectors up to 1536 bf16 / 768 f32 elements take its warp-per-row kernel (SD's 320/640/1280 channels; 1280
   // in f32 and the odd widths take the block kernel).
   for (const Shape& s : {Shape{7, 13}, Shape{3, 77, 768}, Shape{2, 5000}, Shape{4096, 320}, Shape{1, 1}, Shape{3, 9, 128},
-                         Shape{5, 1280}, Shape{11, 1536}}) {
+                         Shape{5, 1280}, Shape{11, 1536}, Shape{33, 64}}) {
     const int64_t d = s.back();
     for (float offset : {0.0f, 50.0f}) {
       const Tensor x = random_tensor(s, 51, 1.0f, offset), g = random_tensor({d}, 52), b = random_tensor({d}, 53);

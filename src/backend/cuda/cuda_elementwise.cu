@@ -44,12 +44,12 @@ __global__ void unary_kernel(T* out, const T* x, int64_t n, UnaryOp op, bool vec
     for (int64_t i = global_thread(); i < packs; i += grid_threads()) {
       Pack<T> p = reinterpret_cast<const Pack<T>*>(x)[i];
 #pragma unroll
-      for (int j = 0; j < V; ++j) p.v[j] = from_f32<T>(apply_unary(to_f32(p.v[j]), op));
+      for (int j = 0; j < V; ++j) p.v[j] = from_f32<T>(apply_unary_for<T>(to_f32(p.v[j]), op));
       reinterpret_cast<Pack<T>*>(out)[i] = p;
     }
     start = packs * V;
   }
-  for (int64_t i = start + global_thread(); i < n; i += grid_threads()) out[i] = from_f32<T>(apply_unary(to_f32(x[i]), op));
+  for (int64_t i = start + global_thread(); i < n; i += grid_threads()) out[i] = from_f32<T>(apply_unary_for<T>(to_f32(x[i]), op));
 }
 
 // --- binary -----------------------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ __global__ void glu_kernel(T* out, const T* x, Index rows, Index h, UnaryOp act)
   for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const Index r = i / h, c = i % h;
     const T* xr = x + int64_t(r) * 2 * h;
-    out[i] = from_f32<T>(to_f32(xr[c]) * apply_unary(to_f32(xr[h + c]), act));
+    out[i] = from_f32<T>(to_f32(xr[c]) * apply_unary_for<T>(to_f32(xr[h + c]), act));
   }
 }
 
@@ -168,7 +168,7 @@ __global__ void glu_vec_kernel(T* out, const T* x, Index rows, Index hv, UnaryOp
     const Pack<T> a = xv[int64_t(r) * 2 * hv + c], g = xv[int64_t(r) * 2 * hv + hv + c];
     Pack<T> o;
 #pragma unroll
-    for (int e = 0; e < V; ++e) o.v[e] = from_f32<T>(to_f32(a.v[e]) * apply_unary(to_f32(g.v[e]), act));
+    for (int e = 0; e < V; ++e) o.v[e] = from_f32<T>(to_f32(a.v[e]) * apply_unary_for<T>(to_f32(g.v[e]), act));
     ov[i] = o;
   }
 }

@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_norm_common.cuh"
 #include "backend/cuda/cuda_nvtx.h"
 #include "backend/packed_operands.h"
 
@@ -36,12 +37,6 @@ struct GroupStats {
   float center;    // the group mean rounded to f32
   float residual;  // mean - center
   float rstd;
-};
-
-struct NormAffine {
-  const void* gamma = nullptr;
-  const void* beta = nullptr;
-  DType gamma_dtype = DType::F32, beta_dtype = DType::F32;
 };
 
 // Chunk k of group blockIdx.y covers elements [k * chunk, min(count, (k + 1) * chunk)) of that group.
@@ -103,7 +98,7 @@ __global__ void group_apply_kernel(T* y, const T* x, const GroupStats* stats, No
     const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, c) : 1.0f;
     const float b = aff.beta ? load_any(aff.beta, aff.beta_dtype, c) : 0.0f;
     const float v = ((to_f32(x[base + i]) - st.center) - st.residual) * st.rstd * g + b;
-    y[base + i] = from_f32<T>(apply_unary(v, act));
+    y[base + i] = from_f32<T>(apply_unary_for<T>(v, act));
   }
 }
 
@@ -112,14 +107,7 @@ __global__ void group_apply_kernel(T* y, const T* x, const GroupStats* stats, No
 // 16-byte aligned (every SD shape): the statistics pass reads x once (the scalar kernel reads it twice), the
 // apply pass loads gamma/beta once per vector. Same arithmetic as the scalar kernels.
 
-constexpr int kVecBytes = 16;
 constexpr int kVecsPerThread = 4;
-
-template <typename T>
-struct alignas(kVecBytes) Vec {
-  static constexpr int kWidth = kVecBytes / int(sizeof(T));
-  T v[kWidth];
-};
 
 template <typename T>
 constexpr int64_t vec_chunk() {
@@ -181,153 +169,8 @@ __global__ void group_apply_vec_kernel(T* y, const T* x, const GroupStats* stats
     Vec<T> out;
 #pragma unroll
     for (int e = 0; e < V; ++e)
-      out.v[e] = from_f32<T>(apply_unary(((to_f32(in.v[e]) - st.center) - st.residual) * st.rstd * g + b, act));
+      out.v[e] = from_f32<T>(apply_unary_for<T>(((to_f32(in.v[e]) - st.center) - st.residual) * st.rstd * g + b, act));
     yp[vi] = out;
-  }
-}
-
-// --- GroupNorm over channels-last x [N, P, C] (P pixels) -----------------------------------------------------
-// A group's channels are strided runs of each pixel's row. Block (chunk k, sample n) has thread (r0, v) walk rows
-// r0, r0 + rows_per_pass, ... of its chunk over the V channels of column vector v (16-byte loads, several rows in
-// flight), summing deviations from a per-(chunk, group) shift: the group's first channel in the chunk's first
-// row, so that the f32 sums keep the spread under a large mean, as the NCHW kernels' two passes do. The block
-// sums its threads' channels per group in shared memory and writes one ChunkStats-like entry per group; one
-// warp per (sample, group) merges the chunks (Chan's formula, in double) and writes each channel's scale and
-// shift (rstd * gamma, beta - mean * rstd * gamma), which the apply pass reads as one float2 per channel.
-
-struct GroupChunk {
-  float shift;  // the group's first channel in the chunk's first row
-  float dev;    // sum over the chunk's elements of the group of (x - shift)
-  float sq;     // sum of (x - shift)^2
-};
-
-constexpr int kNhwcStatsThreads = 256;  // block size target of the statistics kernel (columns x rows per pass)
-constexpr int kNhwcUnroll = 4;          // rows a thread loads before it accumulates (memory parallelism)
-constexpr int kNhwcMaxRowsPerThread = 16;
-
-template <typename T>
-__global__ void group_stats_nhwc_kernel(GroupChunk* out, const T* x, int64_t p_count, int64_t c, int groups, int64_t rows_per_chunk,
-                                        int rows_per_pass) {
-  constexpr int V = Vec<T>::kWidth;
-  extern __shared__ float partial[];  // [rows_per_pass][c][2]
-  const int64_t vc = c / V, cg = c / groups, n = blockIdx.y, k = blockIdx.x;
-  const int64_t r_begin = k * rows_per_chunk, r_end = min(p_count, r_begin + rows_per_chunk);
-  const int64_t v = threadIdx.x % vc, r0 = threadIdx.x / vc;
-  const T* sample = x + n * p_count * c;
-  const T* col = sample + v * V;
-  float shift[V], dev[V], sq[V];
-#pragma unroll
-  for (int e = 0; e < V; ++e) {
-    shift[e] = to_f32(sample[r_begin * c + (v * V + e) / cg * cg]);
-    dev[e] = sq[e] = 0.0f;
-  }
-  const auto add = [&](const Vec<T>& xv) {
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const float d = to_f32(xv.v[e]) - shift[e];
-      dev[e] += d;
-      sq[e] += d * d;
-    }
-  };
-  int64_t r = r_begin + r0;
-  for (; r + (kNhwcUnroll - 1) * rows_per_pass < r_end; r += kNhwcUnroll * rows_per_pass) {
-    Vec<T> xv[kNhwcUnroll];
-#pragma unroll
-    for (int u = 0; u < kNhwcUnroll; ++u) xv[u] = *reinterpret_cast<const Vec<T>*>(col + (r + u * rows_per_pass) * c);
-#pragma unroll
-    for (int u = 0; u < kNhwcUnroll; ++u) add(xv[u]);
-  }
-  for (; r < r_end; r += rows_per_pass) add(*reinterpret_cast<const Vec<T>*>(col + r * c));
-#pragma unroll
-  for (int e = 0; e < V; ++e) {
-    partial[(r0 * c + v * V + e) * 2] = dev[e];
-    partial[(r0 * c + v * V + e) * 2 + 1] = sq[e];
-  }
-  __syncthreads();
-  // A warp per group sums its rows_per_pass x cg entries (the block's full warps; blockDim >= 128): a thread
-  // per group walking them alone (4-way bank conflicts) took as long as the block's loads.
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, warps = int(blockDim.x) / 32;
-  if (warp >= warps) return;
-  const int64_t entries = int64_t(rows_per_pass) * cg;
-  for (int64_t g = warp; g < groups; g += warps) {
-    float d = 0.0f, q = 0.0f;
-    for (int64_t e = lane; e < entries; e += 32) {
-      const int64_t at = ((e / cg) * c + g * cg + e % cg) * 2;
-      d += partial[at];
-      q += partial[at + 1];
-    }
-    d = warp_sum(d);
-    q = warp_sum(q);
-    if (lane == 0) out[(n * gridDim.x + k) * groups + g] = {to_f32(sample[r_begin * c + g * cg]), d, q};
-  }
-}
-
-// One warp per (sample, group): lanes merge strided chunks, the warp merges the lanes, then the lanes write the
-// group's channels' (scale, shift).
-__global__ void group_merge_nhwc_kernel(float2* scale_shift, const GroupChunk* chunks, NormAffine aff, int64_t samples, int groups,
-                                        int64_t c, int64_t chunk_count, int64_t rows_per_chunk, int64_t p_count, float eps) {
-  const int64_t item = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (item >= samples * groups) return;  // whole warps leave together
-  const int64_t n = item / groups, g = item % groups, cg = c / groups;
-  double cnt = 0.0, mean = 0.0, m2 = 0.0;
-  for (int64_t k = lane; k < chunk_count; k += 32) {
-    const GroupChunk s = chunks[(n * chunk_count + k) * groups + g];
-    const double nb = double(min(rows_per_chunk, p_count - k * rows_per_chunk) * cg);
-    const double mb = double(s.shift) + double(s.dev) / nb;
-    const double m2b = fmax(double(s.sq) - double(s.dev) * double(s.dev) / nb, 0.0);
-    const double delta = mb - mean, total = cnt + nb;
-    mean += delta * nb / total;
-    m2 += m2b + delta * delta * cnt * nb / total;
-    cnt = total;
-  }
-  for (int off = 16; off > 0; off /= 2) {
-    const double cb = __shfl_down_sync(0xffffffffu, cnt, off), mb = __shfl_down_sync(0xffffffffu, mean, off);
-    const double m2b = __shfl_down_sync(0xffffffffu, m2, off);
-    if (cb > 0.0) {
-      const double delta = mb - mean, total = cnt + cb;
-      mean += delta * cb / total;
-      m2 += m2b + delta * delta * cnt * cb / total;
-      cnt = total;
-    }
-  }
-  mean = __shfl_sync(0xffffffffu, mean, 0);
-  const double rstd = 1.0 / sqrt(__shfl_sync(0xffffffffu, m2 / cnt, 0) + double(eps));
-  for (int64_t ch = g * cg + lane; ch < (g + 1) * cg; ch += 32) {
-    const double gam = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, ch) : 1.0f;
-    const double bet = aff.beta ? load_any(aff.beta, aff.beta_dtype, ch) : 0.0f;
-    const double sc = rstd * gam;
-    scale_shift[n * c + ch] = make_float2(float(sc), float(bet - mean * sc));
-  }
-}
-
-// y = act(x * scale[n, c] + shift[n, c]) over sample blockIdx.y. A block is rows_per_pass whole rows of vc
-// column vectors, so a thread keeps one column (its V channels' scale and shift loaded once) and walks rows
-// r0 + k * gridDim.x * rows_per_pass: no per-vector index arithmetic beyond an add.
-template <typename T>
-__global__ void group_apply_nhwc_kernel(T* y, const T* x, const float2* scale_shift, int64_t p_count, int64_t c, int rows_per_pass,
-                                        UnaryOp act) {
-  constexpr int V = Vec<T>::kWidth;
-  const int64_t vc = c / V, n = blockIdx.y, v = threadIdx.x % vc;
-  const int64_t r0 = int64_t(blockIdx.x) * rows_per_pass + threadIdx.x / vc, step = int64_t(gridDim.x) * rows_per_pass;
-  float sc[V], sh[V];
-  const float4* ss = reinterpret_cast<const float4*>(scale_shift + n * c + v * V);
-#pragma unroll
-  for (int e = 0; e < V; e += 2) {
-    const float4 p = ss[e / 2];
-    sc[e] = p.x;
-    sh[e] = p.y;
-    sc[e + 1] = p.z;
-    sh[e + 1] = p.w;
-  }
-  const Vec<T>* xs = reinterpret_cast<const Vec<T>*>(x + n * p_count * c) + v;
-  Vec<T>* ys = reinterpret_cast<Vec<T>*>(y + n * p_count * c) + v;
-  for (int64_t r = r0; r < p_count; r += step) {
-    const Vec<T> in = xs[r * vc];
-    Vec<T> o;
-#pragma unroll
-    for (int e = 0; e < V; ++e) o.v[e] = from_f32<T>(apply_unary(fmaf(to_f32(in.v[e]), sc[e], sh[e]), act));
-    ys[r * vc] = o;
   }
 }
 
@@ -365,10 +208,12 @@ constexpr int64_t kMaxWarpRow = 1024;
 // Rows of up to kWarpLnMaxVecs vectors (SD's 320/640/1280 channels in bf16): one warp per row, the row held in
 // registers, so x is read once and there is no block barrier. One block per row spent the SD UNet's layer norms
 // in barriers and re-reads of 320-element rows (3.0 ms of a batch-16 step on the H200, ~0.7 TB/s). Same
-// statistics and normalisation as layer_norm_kernel.
+// statistics and normalisation as layer_norm_kernel. The kernel is compiled per row length in vectors per lane
+// (kMaxVecs): sized for the longest row, a 320-channel row kept registers for six vectors where it uses two,
+// and the occupancy that cost left too few loads in flight (1.3 TB/s on 65536 x 320).
 constexpr int kWarpLnMaxVecs = 6;  // per lane: 6 x 32 lanes x 8 bf16 = 1536 elements (768 in f32)
 
-template <typename T>
+template <typename T, int kMaxVecs>
 __global__ void layer_norm_warp_kernel(T* y, const T* x, NormAffine aff, int64_t rows, int64_t d, float eps) {
   constexpr int V = Vec<T>::kWidth;
   const int64_t row = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
@@ -377,10 +222,10 @@ __global__ void layer_norm_warp_kernel(T* y, const T* x, NormAffine aff, int64_t
   const int64_t nvec = d / V;
   const auto* xp = reinterpret_cast<const Vec<T>*>(x + row * d);
   auto* yp = reinterpret_cast<Vec<T>*>(y + row * d);
-  float vals[kWarpLnMaxVecs][V];
+  float vals[kMaxVecs][V];
   float s = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kWarpLnMaxVecs; ++j) {
+  for (int j = 0; j < kMaxVecs; ++j) {
     const int64_t vi = int64_t(j) * 32 + lane;
     const Vec<T> v = vi < nvec ? xp[vi] : Vec<T>{};
 #pragma unroll
@@ -392,7 +237,7 @@ __global__ void layer_norm_warp_kernel(T* y, const T* x, NormAffine aff, int64_t
   const float mean = warp_sum(s) / float(d);
   float dev = 0.0f, sq = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kWarpLnMaxVecs; ++j) {
+  for (int j = 0; j < kMaxVecs; ++j) {
     if (int64_t(j) * 32 + lane >= nvec) continue;
 #pragma unroll
     for (int e = 0; e < V; ++e) {
@@ -405,16 +250,16 @@ __global__ void layer_norm_warp_kernel(T* y, const T* x, NormAffine aff, int64_t
   const float var = fmaxf(warp_sum(sq) / float(d) - corr * corr, 0.0f);
   const float rstd = 1.0f / sqrtf(var + eps);
 #pragma unroll
-  for (int j = 0; j < kWarpLnMaxVecs; ++j) {
+  for (int j = 0; j < kMaxVecs; ++j) {
     const int64_t vi = int64_t(j) * 32 + lane;
     if (vi >= nvec) continue;
     Vec<T> out;
+    float g[V], b[V];
+    load_param_run<T>(g, aff.gamma, aff.gamma_dtype, vi * V, 1.0f);
+    load_param_run<T>(b, aff.beta, aff.beta_dtype, vi * V, 0.0f);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      const int64_t c = vi * V + e;
-      const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, c) : 1.0f;
-      const float b = aff.beta ? load_any(aff.beta, aff.beta_dtype, c) : 0.0f;
-      out.v[e] = from_f32<T>(((vals[j][e] - mean) - corr) * rstd * g + b);
+      out.v[e] = from_f32<T>(((vals[j][e] - mean) - corr) * rstd * g[e] + b[e]);
     }
     yp[vi] = out;
   }
@@ -455,6 +300,36 @@ __global__ void rms_norm_warp_kernel(T* y, const T* x, NormAffine aff, int64_t r
     const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, j) : 1.0f;
     yr[j] = from_f32<T>(to_f32(xr[j]) * rstd * g);
   }
+}
+
+// Rows of exactly LANES 16-byte vectors (FLUX's and Z-Image's q/k norms: 128 bf16 = 16 vectors): LANES lanes
+// per row, one load and one store each, 32 / LANES rows per warp. The warp-per-row kernel above moves 2-byte
+// elements four per lane and loaded gamma element by element (1.5 TB/s; 4.4 ms of a FLUX step).
+constexpr int kRmsVecThreads = 256;
+
+template <typename T, int LANES>
+__global__ void rms_norm_vec_kernel(T* y, const T* x, NormAffine aff, int64_t rows, float eps) {
+  constexpr int V = Vec<T>::kWidth;
+  const int64_t row = int64_t(blockIdx.x) * (kRmsVecThreads / LANES) + threadIdx.x / LANES;
+  const int lane = int(threadIdx.x) % LANES;
+  const bool live = row < rows;  // every lane takes part in the shuffles below
+  const Vec<T> v = live ? reinterpret_cast<const Vec<T>*>(x + row * LANES * V)[lane] : Vec<T>{};
+  float f[V], q = 0.0f;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    f[e] = to_f32(v.v[e]);
+    q += f[e] * f[e];
+  }
+#pragma unroll
+  for (int m = LANES / 2; m > 0; m >>= 1) q += __shfl_xor_sync(0xffffffffu, q, m);
+  if (!live) return;
+  const float rstd = 1.0f / sqrtf(q / float(LANES * V) + eps);
+  float g[V];
+  load_param_run<T>(g, aff.gamma, aff.gamma_dtype, int64_t(lane) * V, 1.0f);
+  Vec<T> o;
+#pragma unroll
+  for (int e = 0; e < V; ++e) o.v[e] = from_f32<T>(f[e] * rstd * g[e]);
+  reinterpret_cast<Vec<T>*>(y + row * LANES * V)[lane] = o;
 }
 
 // The per-sample vectors and residual of norm_modulate, as raw pointers (null: not applied).
@@ -583,19 +458,6 @@ void dispatch_norm_kind(NormKind kind, Fn&& fn) {
   }
 }
 
-NormAffine affine_of(const Tensor& gamma, const Tensor& beta) {
-  NormAffine a;
-  if (gamma.defined()) {
-    a.gamma = gamma.raw();
-    a.gamma_dtype = gamma.dtype();
-  }
-  if (beta.defined()) {
-    a.beta = beta.raw();
-    a.beta_dtype = beta.dtype();
-  }
-  return a;
-}
-
 int row_threads(int64_t d) { return d <= 256 ? 64 : d <= 1024 ? 128 : kNormThreads; }
 
 }  // namespace
@@ -648,51 +510,6 @@ void CudaBackend::group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, 
   ATELIER_CUDA_LAUNCHED();
 }
 
-// x, out channels-last [N, C, H, W] (buffers [N, P, C]); false (nothing enqueued) where the kernels do not
-// apply: C not a multiple of the vector width, a row too wide for one block, unaligned buffers.
-bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps,
-                                  UnaryOp act) {
-  const int64_t n = x.size(0), c = x.size(1), p = x.size(2) * x.size(3);
-  bool done = false;
-  dispatch_float(x.dtype(), "group_norm", [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int V = Vec<T>::kWidth;
-    const int64_t vc = c / V;
-    if (c % V != 0 || vc > 1024 || reinterpret_cast<uintptr_t>(x.raw()) % kVecBytes != 0 ||
-        reinterpret_cast<uintptr_t>(out.raw()) % kVecBytes != 0)
-      return;
-    const int rows_per_pass = int(std::max<int64_t>(1, kNhwcStatsThreads / vc));
-    const size_t smem = size_t(rows_per_pass) * size_t(c) * 2 * sizeof(float);
-    if (smem > 48 * 1024 || n > 65535) return;
-    // About four blocks per SM, each thread several rows (up to kNhwcMaxRowsPerThread).
-    const int64_t rows_per_thread =
-        std::clamp<int64_t>(n * p / (int64_t(rows_per_pass) * 4 * std::max(sm_count_, 1)), 1, kNhwcMaxRowsPerThread);
-    const int64_t rows_per_chunk = rows_per_pass * rows_per_thread;
-    const int64_t chunks = (p + rows_per_chunk - 1) / rows_per_chunk;
-    if (chunks > 65535) return;
-    NvtxRange range("group_norm");
-    DeviceGuard guard(index_);
-    std::shared_ptr<Buffer> partial = alloc_.allocate(size_t(n * chunks * groups) * sizeof(GroupChunk));
-    std::shared_ptr<Buffer> table = alloc_.allocate(size_t(n * c) * sizeof(float2));
-    auto* ps = static_cast<GroupChunk*>(partial->data());
-    auto* ss = static_cast<float2*>(table->data());
-    group_stats_nhwc_kernel<T><<<dim3(unsigned(chunks), unsigned(n)), unsigned(vc * rows_per_pass), smem, stream_>>>(
-        ps, x.data<T>(), p, c, groups, rows_per_chunk, rows_per_pass);
-    constexpr int kMergeThreads = 128;
-    const int64_t warps = n * groups;
-    group_merge_nhwc_kernel<<<unsigned((warps * 32 + kMergeThreads - 1) / kMergeThreads), kMergeThreads, 0, stream_>>>(
-        ss, ps, affine_of(gamma, beta), n, groups, c, chunks, rows_per_chunk, p, eps);
-    // A row per thread (as many loads in flight as there are vectors: at batch 2 fewer threads walking several
-    // rows each measured slower), up to the grid's limit, past which threads walk more rows.
-    const int64_t apply_blocks = std::clamp<int64_t>((p + rows_per_pass - 1) / rows_per_pass, 1, 65535);
-    group_apply_nhwc_kernel<T><<<dim3(unsigned(apply_blocks), unsigned(n)), unsigned(vc * rows_per_pass), 0, stream_>>>(
-        out.data<T>(), x.data<T>(), ss, p, c, rows_per_pass, act);
-    ATELIER_CUDA_LAUNCHED();
-    done = true;
-  });
-  return done;
-}
-
 // x [R, D] contiguous, normalised per row.
 void CudaBackend::layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
   const int64_t d = x.size(-1);
@@ -709,8 +526,17 @@ void CudaBackend::layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, 
                          reinterpret_cast<uintptr_t>(out.data<T>()) % sizeof(Vec<T>) == 0;
     if (aligned && d % V == 0 && d <= int64_t(kWarpLnMaxVecs) * 32 * V) {
       const unsigned blocks = unsigned((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock);
-      layer_norm_warp_kernel<T><<<blocks, kWarpRowsPerBlock * 32, 0, stream_>>>(out.data<T>(), x.data<T>(),
-                                                                               affine_of(gamma, beta), rows, d, eps);
+      const auto launch = [&](auto vecs) {
+        layer_norm_warp_kernel<T, decltype(vecs)::value><<<blocks, kWarpRowsPerBlock * 32, 0, stream_>>>(
+            out.data<T>(), x.data<T>(), affine_of(gamma, beta), rows, d, eps);
+      };
+      switch ((d / V + 31) / 32) {  // vectors per lane
+        case 1: launch(std::integral_constant<int, 1>{}); break;
+        case 2: launch(std::integral_constant<int, 2>{}); break;
+        case 3: launch(std::integral_constant<int, 3>{}); break;
+        case 4: launch(std::integral_constant<int, 4>{}); break;
+        default: launch(std::integral_constant<int, kWarpLnMaxVecs>{}); break;
+      }
     } else {
       layer_norm_kernel<T><<<unsigned(rows), row_threads(d), 0, stream_>>>(out.data<T>(), x.data<T>(), affine_of(gamma, beta), d, eps);
     }
@@ -762,7 +588,20 @@ void CudaBackend::rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, fl
   DeviceGuard guard(index_);
   dispatch_float(x.dtype(), "rms_norm", [&](auto tag) {
     using T = decltype(tag);
-    if (d <= kMaxWarpRow) {
+    constexpr int V = Vec<T>::kWidth;
+    const bool aligned = reinterpret_cast<uintptr_t>(x.data<T>()) % kVecBytes == 0 &&
+                         reinterpret_cast<uintptr_t>(out.data<T>()) % kVecBytes == 0;
+    const int64_t lanes = d / V;
+    if (aligned && d % V == 0 && (lanes == 8 || lanes == 16 || lanes == 32)) {
+      const unsigned blocks = unsigned((rows * lanes + kRmsVecThreads - 1) / kRmsVecThreads);
+      const auto launch = [&](auto l) {
+        rms_norm_vec_kernel<T, decltype(l)::value><<<blocks, kRmsVecThreads, 0, stream_>>>(out.data<T>(), x.data<T>(),
+                                                                                        affine_of(gamma, Tensor()), rows, eps);
+      };
+      if (lanes == 8) launch(std::integral_constant<int, 8>{});
+      else if (lanes == 16) launch(std::integral_constant<int, 16>{});
+      else launch(std::integral_constant<int, 32>{});
+    } else if (d <= kMaxWarpRow) {
       const unsigned blocks = unsigned((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock);
       rms_norm_warp_kernel<T><<<blocks, 32 * kWarpRowsPerBlock, 0, stream_>>>(out.data<T>(), x.data<T>(), affine_of(gamma, Tensor()),
                                                                                rows, d, eps);

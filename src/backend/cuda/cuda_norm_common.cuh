@@ -1,0 +1,66 @@
+// What the normalisation kernel files share (cuda_norm.cu: NCHW group norm, layer/RMS norms, norm_modulate;
+// cuda_group_norm_nhwc.cu: channels-last group norm): the affine parameters as the kernels see them and the
+// 16-byte vector type their loads and stores use.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cuda/cuda_device.cuh"
+#include "core/tensor.h"
+
+namespace atelier::cuda {
+
+// gamma/beta as raw pointers with their dtypes (either may be absent: gamma 1, beta 0).
+struct NormAffine {
+  const void* gamma = nullptr;
+  const void* beta = nullptr;
+  DType gamma_dtype = DType::F32, beta_dtype = DType::F32;
+};
+
+inline NormAffine affine_of(const Tensor& gamma, const Tensor& beta) {
+  NormAffine a;
+  if (gamma.defined()) {
+    a.gamma = gamma.raw();
+    a.gamma_dtype = gamma.dtype();
+  }
+  if (beta.defined()) {
+    a.beta = beta.raw();
+    a.beta_dtype = beta.dtype();
+  }
+  return a;
+}
+
+constexpr int kVecBytes = 16;
+
+template <typename T>
+struct alignas(kVecBytes) Vec {
+  static constexpr int kWidth = kVecBytes / int(sizeof(T));
+  T v[kWidth];
+};
+
+// Parameter p (gamma or beta) at channels c0 .. c0 + W - 1 into out[], `fallback` where p is absent. A vector
+// load where p is stored as T and the run is 16-byte aligned (the common case: weights cast to the compute
+// dtype), element loads otherwise: a dtype switch per element cost more than the row's own loads in the
+// layer norms of SD's 320-channel tokens.
+template <typename T, int W>
+__device__ __forceinline__ void load_param_run(float (&out)[W], const void* p, DType dtype, int64_t c0, float fallback) {
+  if (p == nullptr) {
+#pragma unroll
+    for (int e = 0; e < W; ++e) out[e] = fallback;
+    return;
+  }
+  constexpr DType kT = std::is_same_v<T, float> ? DType::F32 : std::is_same_v<T, __half> ? DType::F16 : DType::BF16;
+  const T* tp = static_cast<const T*>(p) + c0;
+  if constexpr (W == Vec<T>::kWidth) {
+    if (dtype == kT && reinterpret_cast<uintptr_t>(tp) % kVecBytes == 0) {
+      const Vec<T> v = *reinterpret_cast<const Vec<T>*>(tp);
+#pragma unroll
+      for (int e = 0; e < W; ++e) out[e] = to_f32(v.v[e]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < W; ++e) out[e] = load_any(p, dtype, c0 + e);
+}
+
+}  // namespace atelier::cuda
