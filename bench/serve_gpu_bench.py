@@ -79,6 +79,7 @@ def main():
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--poll-ms", type=float, default=0, help="poll every N ms instead of reading the job's events")
+    ap.add_argument("--stats-out", default="", help="also write the server's /v1/stats after the concurrent phase here")
     a = ap.parse_args()
     global POLL_S
     POLL_S = a.poll_ms / 1000
@@ -145,6 +146,9 @@ def main():
         for th in threads: th.join()
         conc_total = time.time() - t
         stats = call(base, "GET", "/v1/stats")
+        if a.stats_out:
+            with open(a.stats_out, "w") as f:
+                json.dump({"clock0_s": clock0, "stats": stats}, f)
         stop.set()
         sampler.join()
         conc = conc_total / a.concurrent
