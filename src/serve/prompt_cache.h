@@ -37,6 +37,7 @@ class PromptCache {
   void put(const std::shared_ptr<SdModel>& model, const std::string& text, int clip_skip, bool emphasis, const Tensor& value);
 
   size_t size() const { return entries_.size(); }
+  size_t capacity() const { return capacity_; }
   uint64_t hits() const { return hits_; }
   uint64_t misses() const { return misses_; }
 

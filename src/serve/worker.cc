@@ -287,6 +287,8 @@ void Worker::admit(const JobPtr& job) {
 // models already resident (loading stays admission's business); a failure leaves each prompt to its own
 // admission, which reports it.
 void Worker::prefetch_prompts(const std::deque<JobPtr>& jobs) {
+  // At most half the cache per burst: entries put in must still be there when their admissions ask.
+  const size_t max_prompts = prompts_.capacity() / 2;
   if (jobs.size() < 2) return;
   const auto t0 = Clock::now();
   struct Group {
@@ -296,6 +298,7 @@ void Worker::prefetch_prompts(const std::deque<JobPtr>& jobs) {
     std::vector<std::string> texts;
   };
   std::vector<Group> groups;
+  size_t wanted = 0;
   for (const JobPtr& job : jobs) {
     if (job->cancel_requested()) continue;
     const GenerateRequest& g = job->request().gen;
@@ -307,9 +310,11 @@ void Worker::prefetch_prompts(const std::deque<JobPtr>& jobs) {
     });
     if (it == groups.end()) it = groups.insert(groups.end(), Group{model, g.clip_skip, g.emphasis, {}});
     for (const std::string* text : {&g.prompt, g.cfg_scale > 1.0f ? &g.negative_prompt : nullptr})
-      if (text && std::find(it->texts.begin(), it->texts.end(), *text) == it->texts.end() &&
-          !prompts_.contains(model, *text, g.clip_skip, g.emphasis))
+      if (text && wanted < max_prompts && std::find(it->texts.begin(), it->texts.end(), *text) == it->texts.end() &&
+          !prompts_.contains(model, *text, g.clip_skip, g.emphasis)) {
         it->texts.push_back(*text);
+        ++wanted;
+      }
   }
   int64_t prompts = 0, calls = 0;
   for (const Group& gr : groups) {
