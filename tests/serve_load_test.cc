@@ -116,6 +116,55 @@ TEST(ServeLoad, SixteenConcurrentClientsAnsweredOnceWithBatching) {
   EXPECT_EQ(timeline_samples, samples);
 }
 
+// Jobs reaching the worker together (the batch window gathers them) have their prompts encoded in one
+// text-encoder call, once the model is resident; each job still gets its own prompt's image.
+TEST(ServeLoad, PromptsOfABurstAreEncodedTogether) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  ServeOptions o = test::tiny_options();
+  o.max_batch = 16;
+  o.batch_window_ms = 300;
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  int status = 0;
+  auto first = post_json(*c, "/v1/jobs", job(1, 2, 32), &status);  // loads the model
+  ASSERT_EQ(status, 202);
+  ASSERT_EQ(test::wait_job(*c, first.value("id", ""))["state"], "done");
+  constexpr int kBurst = 6;
+  std::vector<std::string> ids(kBurst);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kBurst; ++i)
+    clients.emplace_back([&, i] {
+      auto ci = s->client();
+      int st = 0;
+      nlohmann::json body = job(100 + i, 2, 32);
+      body["prompt"] = "a red circle, variant " + std::to_string(i);
+      ids[size_t(i)] = post_json(*ci, "/v1/jobs", body, &st).value("id", "");
+      EXPECT_EQ(st, 202);
+    });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < kBurst; ++i) {
+    const auto done = test::wait_job(*c, ids[size_t(i)]);
+    EXPECT_EQ(done.value("state", ""), "done");
+    const auto& imgs = done.value("images", nlohmann::json::array());
+    ASSERT_EQ(imgs.size(), 1u);
+    auto bytes = base64_decode(imgs[0]["data"].get<std::string>(), "image", 1 << 24);
+    ASSERT_TRUE(bytes);
+    auto text = read_infotext(*bytes);
+    ASSERT_TRUE(text);
+    EXPECT_NE(text->find("variant " + std::to_string(i)), std::string::npos) << *text;  // its own prompt
+  }
+  const auto st = nlohmann::json::parse(c->Get("/v1/stats")->body);
+  double prefetched = 0, calls = 0;
+  for (const auto& w : st["workers"]) {
+    prefetched += w["busy"].value("prompts_prefetched", 0.0);
+    calls += w["busy"].value("prefetch_calls", 0.0);
+  }
+  EXPECT_GE(prefetched, 2.0) << st["workers"].dump().substr(0, 400);
+  EXPECT_GE(calls, 1.0);
+  EXPECT_LE(calls, prefetched / 2.0);  // each call encoded several prompts
+}
+
 TEST(ServeLoad, FullQueueAnswers429WithRetryAfter) {
   ATELIER_REQUIRE_TINY_MODEL();
   ServeOptions o = test::tiny_options();
