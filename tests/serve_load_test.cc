@@ -36,12 +36,17 @@ int64_t infotext_seed(const std::string& b64) {
   return at == std::string::npos ? -1 : std::stoll(text->substr(at + 6));
 }
 
-TEST(ServeLoad, SixteenConcurrentClientsAnsweredOnceWithBatching) {
-  ATELIER_REQUIRE_TINY_MODEL();
+// The tiny model's server batching up to 16 samples, an idle worker gathering arrivals for `window_ms`.
+std::unique_ptr<RunningServer> batching_server(int window_ms) {
   ServeOptions o = test::tiny_options();
   o.max_batch = 16;
-  o.batch_window_ms = 50;
-  auto s = RunningServer::start(o);
+  o.batch_window_ms = window_ms;
+  return RunningServer::start(o);
+}
+
+TEST(ServeLoad, SixteenConcurrentClientsAnsweredOnceWithBatching) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  auto s = batching_server(50);
   ASSERT_TRUE(s);
   std::mutex mu;
   std::vector<int64_t> seeds_seen;
@@ -120,10 +125,7 @@ TEST(ServeLoad, SixteenConcurrentClientsAnsweredOnceWithBatching) {
 // text-encoder call, once the model is resident; each job still gets its own prompt's image.
 TEST(ServeLoad, PromptsOfABurstAreEncodedTogether) {
   ATELIER_REQUIRE_TINY_MODEL();
-  ServeOptions o = test::tiny_options();
-  o.max_batch = 16;
-  o.batch_window_ms = 300;
-  auto s = RunningServer::start(o);
+  auto s = batching_server(300);
   ASSERT_TRUE(s);
   auto c = s->client();
   int status = 0;
