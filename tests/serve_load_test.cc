@@ -157,11 +157,13 @@ TEST(ServeLoad, PromptsOfABurstAreEncodedTogether) {
     EXPECT_NE(text->find("variant " + std::to_string(i)), std::string::npos) << *text;  // its own prompt
   }
   const auto st = nlohmann::json::parse(c->Get("/v1/stats")->body);
-  double prefetched = 0, calls = 0;
+  double prefetched = 0, calls = 0, admissions = 0;
   for (const auto& w : st["workers"]) {
     prefetched += w["busy"].value("prompts_prefetched", 0.0);
     calls += w["busy"].value("prefetch_calls", 0.0);
+    admissions += w["busy"].value("admissions", 0.0);
   }
+  EXPECT_EQ(admissions, kBurst + 1.0) << "jobs admitted, not admission spans (a prefetch is one too)";
   EXPECT_GE(prefetched, 2.0) << st["workers"].dump().substr(0, 400);
   EXPECT_GE(calls, 1.0);
   EXPECT_LE(calls, prefetched / 2.0);  // each call encoded several prompts

@@ -574,7 +574,7 @@ nlohmann::json Worker::status() const {
   std::lock_guard<std::mutex> lock(busy_mu_);
   // Where the worker's busy time went: what a slow device's figures are read against.
   const nlohmann::json breakdown = {
-      {"admit_seconds", busy_by_kind_s_[int(BusyKind::kAdmit)]},   {"admissions", count_by_kind_[int(BusyKind::kAdmit)]},
+      {"admit_seconds", busy_by_kind_s_[int(BusyKind::kAdmit)]},   {"admissions", admissions_.load()},
       {"model_call_seconds", busy_by_kind_s_[int(BusyKind::kModelCall)]},
       {"model_calls", count_by_kind_[int(BusyKind::kModelCall)]},
       {"decode_seconds", busy_by_kind_s_[int(BusyKind::kDecode)]}, {"decode_calls", count_by_kind_[int(BusyKind::kDecode)]},

@@ -149,7 +149,9 @@ class Worker {
   // (host time: what the thread spent enqueueing, or blocked, in each) and shown in status() as "host_profile".
   std::unique_ptr<trace::Recorder> profile_;
   void fold_profile();
-  uint64_t admissions_ = 0;
+  // Jobs admitted: status()'s "admissions". Not the count of admission busy spans, which also holds the
+  // batched prompt prefetches (their time is admission time).
+  std::atomic<uint64_t> admissions_{0};
 
   // Busy accounting for the busy ratio (guarded by busy_mu_).
   mutable std::mutex busy_mu_;

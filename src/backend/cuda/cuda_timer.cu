@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
