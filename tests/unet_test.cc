@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 
+#include "core/trace.h"
 #include "io/safetensors.h"
 #include "models/common/weights.h"
 #include "models/sd/unet_keymap_compvis.h"
@@ -352,6 +353,32 @@ TEST(UnetForward, ChannelsLastActivationsGiveTheSameOutput) {
   }
   EXPECT_EQ(channels_last, nchw);
   EXPECT_LE(test::rel_l2(channels_last, test::golden("sd15-tiny", "unet.out.t500").to_vector()), kGoldenTol);
+}
+
+// Every resnet's time projection reads the same [B, temb] input and every cross-attention's keys and values
+// the same context: the UNet makes each of the two one GEMM (one linear op per call) instead of one per block
+// (54 small GEMMs per SD 1.5 call), and the result still matches diffusers (the goldens above).
+TEST(UnetForward, SharedInputProjectionsAreOneGemmEach) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  const UNet u = load_tiny({dir}, UNetLayout::kDiffusers);
+  const Tensor x = test::golden("sd15-tiny", "unet.in");
+  const Tensor ctx = test::golden("sd15-tiny", "unet.context");
+  trace::Recorder rec(trace::bit(trace::Category::kOp));
+  {
+    trace::ThreadAttach attach(rec);
+    const Tensor out = run(u, x, {500.0f, 500.0f}, ctx);
+    EXPECT_LE(test::rel_l2(out.to_vector(), test::golden("sd15-tiny", "unet.out.t500").to_vector()), kGoldenTol);
+  }
+  const std::string temb_in = shape_str({x.size(0), int64_t(u.config().time_embed_dim)}) + " x ";
+  const std::string context_in = shape_str(ctx.shape()) + " x ";
+  int from_temb = 0, from_context = 0;
+  for (const trace::Event& e : rec.events()) {
+    if (std::string(e.name) != "linear" || e.depth != 0) continue;
+    from_temb += e.detail.rfind(temb_in, 0) == 0;
+    from_context += e.detail.rfind(context_in, 0) == 0;
+  }
+  EXPECT_EQ(from_temb, 2) << "time_embedding.linear_2 and one projection for every resnet";
+  EXPECT_EQ(from_context, 1) << "one projection of the context for every cross-attention's keys and values";
 }
 
 TEST(UnetForward, OddLatentSizesKeepTheirShape) {

@@ -178,6 +178,57 @@ void UNet::build(const ParamSource& p) {
 
   p.group_norm(norm_out_, "conv_norm_out", c0, c.norm_num_groups, c.norm_eps);
   p.conv(conv_out_, "conv_out", c0, c.out_channels, c.conv_out_kernel);
+  stack_shared_projections();
+}
+
+void UNet::stack_shared_projections() {
+  std::vector<ResnetBlock*> resnets;
+  std::vector<Attention*> cross;  // attentions whose keys and values come from the context
+  const auto visit = [&](std::vector<ResnetBlock>& rs, std::vector<Transformer2D>& ts) {
+    for (auto& r : rs) resnets.push_back(&r);
+    for (auto& t : ts)
+      for (auto& b : t.blocks) {
+        if (b.only_cross_attention) cross.push_back(&b.attn1);
+        cross.push_back(&b.attn2);
+      }
+  };
+  for (auto& d : down_) visit(d.resnets, d.attentions);
+  visit(mid_.resnets, mid_.attentions);
+  for (auto& u : up_) visit(u.resnets, u.attentions);
+  // A source that lists keys only (no tensors) leaves the weights undefined: nothing to stack then.
+  const bool bound = std::all_of(resnets.begin(), resnets.end(), [](const ResnetBlock* r) {
+    return r->time_emb_proj.weight.defined() && r->time_emb_proj.bias.defined();
+  }) && std::all_of(cross.begin(), cross.end(), [](const Attention* a) { return a->to_k.weight.defined() && a->to_v.weight.defined(); });
+  if (!bound) return;
+  if (!resnets.empty()) {
+    std::vector<Tensor> w, b;
+    int64_t col = 0;
+    for (ResnetBlock* r : resnets) {
+      w.push_back(r->time_emb_proj.weight);
+      b.push_back(r->time_emb_proj.bias);
+      r->time_col = col;
+      col += r->time_emb_proj.out_features();
+    }
+    time_proj_.weight = ops::concat(w, 0);
+    time_proj_.bias = ops::concat(b, 0);
+    for (ResnetBlock* r : resnets) r->time_emb_proj = time_proj_.output_rows(r->time_col, r->time_emb_proj.out_features());
+  }
+  if (!cross.empty()) {
+    std::vector<Tensor> w;
+    int64_t col = 0;
+    for (Attention* a : cross) {
+      w.push_back(a->to_k.weight);
+      w.push_back(a->to_v.weight);
+      a->k_col = col;
+      a->v_col = col + a->to_k.out_features();
+      col = a->v_col + a->to_v.out_features();
+    }
+    context_kv_.weight = ops::concat(w, 0);
+    for (Attention* a : cross) {
+      a->to_k = context_kv_.output_rows(a->k_col, a->to_k.out_features());
+      a->to_v = context_kv_.output_rows(a->v_col, a->to_v.out_features());
+    }
+  }
 }
 
 Expected<UNet> UNet::load(const WeightStore& store, UNetLayout layout, const UNetConfig& config, Device device,
@@ -283,16 +334,19 @@ Tensor UNet::run(const Tensor& x_in, const Tensor& timesteps, const Tensor& cont
 
   const Tensor features = in_dtype(device_timestep_features(timesteps, batch));
   const Tensor temb = time_linear_2_(time_linear_1_(features, UnaryOp::kSilu));
-  const Tensor temb_act = ops::silu(temb);  // every resnet applies SiLU before its time projection
-  const Tensor context = in_dtype(context_in);
+  UNetConditioning cond;
+  cond.temb_act = ops::silu(temb);  // every resnet applies SiLU before its time projection
+  cond.context = in_dtype(context_in);
+  if (time_proj_.weight.defined()) cond.time_proj = time_proj_(cond.temb_act);
+  if (context_kv_.weight.defined()) cond.context_kv = context_kv_(cond.context);
 
   Tensor h = in_dtype(x_in);
   if (c.center_input_sample) h = ops::affine(h, 2.0f, -1.0f);
   h = conv_in_(h);
   std::vector<Tensor> skips{h};
-  for (const auto& d : down_) h = d.forward(h, temb_act, context, skips);
-  if (c.has_mid_block()) h = mid_.forward(h, temb_act, context);
-  for (const auto& u : up_) h = u.forward(h, temb_act, context, skips);
+  for (const auto& d : down_) h = d.forward(h, cond, skips);
+  if (c.has_mid_block()) h = mid_.forward(h, cond);
+  for (const auto& u : up_) h = u.forward(h, cond, skips);
   ATELIER_CHECK(skips.empty(), "UNet left skip connections unused");
   h = conv_out_(norm_out_(h, UnaryOp::kSilu));
   // f32 and contiguous whatever the activations' layout (samplers combine whole tensors).

@@ -65,6 +65,9 @@ class UNet {
   // Same shapes as forward; inputs already checked.
   Tensor run(const Tensor& x, const Tensor& timesteps, const Tensor& context) const;
   Tensor device_timestep_features(const Tensor& timesteps, int64_t batch) const;
+  // Stacks every resnet's time_emb_proj into time_proj_ and every cross-attention's to_k/to_v into context_kv_
+  // (the per-block Linears become views of the stacked weights); nothing where weights are not bound.
+  void stack_shared_projections();
 
   UNetConfig config_;
   Device device_;
@@ -78,6 +81,8 @@ class UNet {
   std::vector<UpBlock> up_;
   GroupNorm norm_out_;
   Conv2d conv_out_;
+  Linear time_proj_;   // [sum of the resnets' out channels, temb]: every resnet's time_emb_proj, stacked
+  Linear context_kv_;  // [sum over cross-attentions of 2 dim, cross_dim]: every to_k and to_v of the context
 };
 
 // diffusers' sinusoidal timestep features (get_timestep_embedding with max_period 10000), in f32 as torch

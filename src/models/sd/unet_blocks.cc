@@ -57,10 +57,13 @@ void ResnetBlock::build(const ParamSource& p, int64_t in, int64_t out, int64_t t
   if (in != out) p.conv(conv_shortcut, "conv_shortcut", in, out, 1);
 }
 
-Tensor ResnetBlock::forward(const Tensor& x, const Tensor& temb_act) const {
-  const int64_t batch = x.size(0);
-  const Tensor t = time_emb_proj(temb_act);  // [B, out]: one time bias per sample and channel
-  Tensor h = conv1(norm1(x, UnaryOp::kSilu), t.reshape({batch, t.size(1), 1, 1}));
+Tensor ResnetBlock::forward(const Tensor& x, const UNetConditioning& cond) const {
+  // [B, out, 1, 1]: one time bias per sample and channel (a view of the stacked projection where there is one)
+  const int64_t out_channels = time_emb_proj.out_features();
+  const Tensor t = cond.time_proj.defined() && time_col >= 0
+                       ? cond.time_proj.narrow(1, time_col, out_channels).unsqueeze(2).unsqueeze(3)
+                       : time_emb_proj(cond.temb_act).reshape({x.size(0), out_channels, 1, 1});
+  Tensor h = conv1(norm1(x, UnaryOp::kSilu), t);
   // The residual joins in conv2's output pass (diffusers adds it after: the same sum, rounded once more there).
   Tensor out = conv2(norm2(h, UnaryOp::kSilu), conv_shortcut.weight.defined() ? conv_shortcut(x) : x);
   // diffusers divides by output_scale_factor; only SD variants with a factor other than 1 pay for it.
@@ -85,7 +88,11 @@ void Attention::build(const ParamSource& p, int64_t dim, int64_t kv_dim, int num
   }
 }
 
-Tensor Attention::attend(const Tensor& x, const Tensor& kv) const {
+Tensor Attention::attend(const Tensor& x, const Tensor& kv, const Tensor& kv_proj) const {
+  if (kv.defined() && kv_proj.defined() && k_col >= 0) {
+    const int64_t dim = to_k.out_features();
+    return ops::multi_head_attention(to_q(x), kv_proj.narrow(2, k_col, dim), kv_proj.narrow(2, v_col, dim), heads);
+  }
   if (!kv.defined() && to_qkv.weight.defined()) {
     const Tensor qkv = to_qkv(x);  // [B, S, 3 dim]; q, k, v are views of it
     const int64_t dim = to_q.out_features();
@@ -109,11 +116,11 @@ void TransformerBlock::build(const ParamSource& p, int64_t dim, int64_t cross_di
   p.linear(ff_out, "ff.net.2", inner, dim);
 }
 
-Tensor TransformerBlock::forward(const Tensor& x, const Tensor& context) const {
+Tensor TransformerBlock::forward(const Tensor& x, const UNetConditioning& cond) const {
   Tensor h = x;
-  Tensor a = attn1.attend(norm1(h), only_cross_attention ? context : Tensor());
+  Tensor a = only_cross_attention ? attn1.attend(norm1(h), cond.context, cond.context_kv) : attn1.attend(norm1(h), Tensor());
   h = attn1.to_out.with_residual(a, h);
-  a = attn2.attend(norm2(h), context);
+  a = attn2.attend(norm2(h), cond.context, cond.context_kv);
   h = attn2.to_out.with_residual(a, h);
   const Tensor g = ops::glu(ff_in(norm3(h)), UnaryOp::kGelu);  // GEGLU: value * gelu(gate)
   return ff_out.with_residual(g, h);
@@ -131,24 +138,23 @@ void Transformer2D::build(const ParamSource& p, int64_t channels, int64_t cross_
   p.linear(proj_out, "proj_out", channels, channels);
 }
 
-Tensor Transformer2D::forward(const Tensor& x, const Tensor& context) const {
+Tensor Transformer2D::forward(const Tensor& x, const UNetConditioning& cond) const {
   const int64_t b = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
   // [B, C, H, W] -> [B, H*W, C]: one token per pixel (a view, no copy, of a channels-last image).
   const auto tokens = [&](const Tensor& img) { return ops::contiguous(img.permute({0, 2, 3, 1})).reshape({b, h * w, c}); };
   Tensor seq = proj_in(tokens(norm(x)));
-  for (const auto& blk : blocks) seq = blk.forward(seq, context);
+  for (const auto& blk : blocks) seq = blk.forward(seq, cond);
   seq = proj_out.with_residual(seq, tokens(x));
   return seq.reshape({b, h, w, c}).permute({0, 3, 1, 2});  // channels-last view of the tokens
 }
 
 // --- Down / mid / up blocks ---------------------------------------------------------------------------
 
-Tensor DownBlock::forward(const Tensor& x, const Tensor& temb_act, const Tensor& context,
-                          std::vector<Tensor>& skips) const {
+Tensor DownBlock::forward(const Tensor& x, const UNetConditioning& cond, std::vector<Tensor>& skips) const {
   Tensor h = x;
   for (size_t j = 0; j < resnets.size(); ++j) {
-    h = resnets[j].forward(h, temb_act);
-    if (!attentions.empty()) h = attentions[j].forward(h, context);
+    h = resnets[j].forward(h, cond);
+    if (!attentions.empty()) h = attentions[j].forward(h, cond);
     skips.push_back(h);
   }
   if (downsampler.weight.defined()) {
@@ -159,24 +165,23 @@ Tensor DownBlock::forward(const Tensor& x, const Tensor& temb_act, const Tensor&
   return h;
 }
 
-Tensor MidBlock::forward(const Tensor& x, const Tensor& temb_act, const Tensor& context) const {
-  Tensor h = resnets[0].forward(x, temb_act);
+Tensor MidBlock::forward(const Tensor& x, const UNetConditioning& cond) const {
+  Tensor h = resnets[0].forward(x, cond);
   for (size_t j = 0; j < attentions.size(); ++j) {
-    h = attentions[j].forward(h, context);
-    h = resnets[j + 1].forward(h, temb_act);
+    h = attentions[j].forward(h, cond);
+    h = resnets[j + 1].forward(h, cond);
   }
   return h;
 }
 
-Tensor UpBlock::forward(const Tensor& x, const Tensor& temb_act, const Tensor& context,
-                        std::vector<Tensor>& skips) const {
+Tensor UpBlock::forward(const Tensor& x, const UNetConditioning& cond, std::vector<Tensor>& skips) const {
   Tensor h = x;
   for (size_t j = 0; j < resnets.size(); ++j) {
     ATELIER_CHECK(!skips.empty(), "UNet up block ran out of skip connections");
     h = ops::concat({h, skips.back()}, 1);
     skips.pop_back();
-    h = resnets[j].forward(h, temb_act);
-    if (!attentions.empty()) h = attentions[j].forward(h, context);
+    h = resnets[j].forward(h, cond);
+    if (!attentions.empty()) h = attentions[j].forward(h, cond);
   }
   if (upsampler.weight.defined()) {
     ATELIER_CHECK(!skips.empty(), "UNet upsampler has no skip connection to take its size from");

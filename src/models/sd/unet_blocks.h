@@ -33,6 +33,18 @@ class ParamSource {
   std::string scope_;
 };
 
+// What every block of one UNet call shares. The projections of the two inputs every block reads the same way
+// (the time embedding: each resnet's time_emb_proj; the text context: each cross-attention's to_k and to_v)
+// are made for all blocks at once, one GEMM each (UNet::stack_shared_projections): at SD 1.5's batch 2 they were
+// 54 GEMMs of 4-6 us each, mostly launch and weight reads. Blocks whose column offset is unset (-1) project
+// for themselves.
+struct UNetConditioning {
+  Tensor temb_act;    // [B, temb]: the time embedding after SiLU
+  Tensor time_proj;   // [B, sum of the resnets' out channels]: resnet r's projection at columns [r.time_col, + out)
+  Tensor context;     // [B, Sc, cross_dim]
+  Tensor context_kv;  // [B, Sc, sum over cross-attentions of 2 dim]: keys at k_col, values at v_col
+};
+
 // diffusers' ResnetBlock2D with the default time-embedding mode (added after conv1).
 struct ResnetBlock {
   GroupNorm norm1, norm2;
@@ -40,10 +52,11 @@ struct ResnetBlock {
   Linear time_emb_proj;
   Conv2d conv_shortcut;        // 1x1, only when in != out channels (weight undefined otherwise)
   float output_scale = 1.0f;   // output = (shortcut + h) / output_scale
+  int64_t time_col = -1;       // time_emb_proj's columns in UNetConditioning::time_proj (-1: not stacked)
 
   void build(const ParamSource& p, int64_t in, int64_t out, int64_t temb, int groups, float eps);
-  // x [B, in, H, W], temb_act [B, temb] (SiLU already applied, shared by all resnets) -> [B, out, H, W]
-  Tensor forward(const Tensor& x, const Tensor& temb_act) const;
+  // x [B, in, H, W] -> [B, out, H, W]
+  Tensor forward(const Tensor& x, const UNetConditioning& cond) const;
 };
 
 // Multi-head attention with bias-free q/k/v projections; the output projection is left to the caller, who
@@ -54,11 +67,14 @@ struct Attention {
   // GEMM reads x once instead of three reading it each.
   Linear to_qkv;
   int heads = 8;
+  // Attention to the context: to_k's and to_v's columns in UNetConditioning::context_kv (-1: not stacked).
+  int64_t k_col = -1, v_col = -1;
 
   // self_attention: k and v project x itself (not a context), and the projections are fused.
   void build(const ParamSource& p, int64_t dim, int64_t kv_dim, int heads, bool self_attention);
-  // x [B, S, dim], kv [B, Skv, kv_dim] -> heads merged, before to_out: [B, S, dim]
-  Tensor attend(const Tensor& x, const Tensor& kv) const;
+  // x [B, S, dim], kv [B, Skv, kv_dim] (undefined: self-attention), kv_proj [B, Skv, *] (the stacked projection
+  // of kv, or undefined) -> heads merged, before to_out: [B, S, dim]
+  Tensor attend(const Tensor& x, const Tensor& kv, const Tensor& kv_proj = {}) const;
 };
 
 // LayerNorm -> self-attention, LayerNorm -> cross-attention, LayerNorm -> GEGLU feed-forward, each residual.
@@ -69,8 +85,8 @@ struct TransformerBlock {
   bool only_cross_attention = false;    // attn1 attends to the context as well
 
   void build(const ParamSource& p, int64_t dim, int64_t cross_dim, int heads, bool only_cross);
-  // x [B, S, dim], context [B, Sc, cross_dim] -> [B, S, dim]
-  Tensor forward(const Tensor& x, const Tensor& context) const;
+  // x [B, S, dim] -> [B, S, dim]
+  Tensor forward(const Tensor& x, const UNetConditioning& cond) const;
 };
 
 // Transformer2DModel (continuous input): GroupNorm -> proj_in -> transformer blocks -> proj_out -> + input.
@@ -83,8 +99,8 @@ struct Transformer2D {
 
   void build(const ParamSource& p, int64_t channels, int64_t cross_dim, int heads, int depth, int groups,
              bool only_cross);
-  // x [B, C, H, W], context [B, Sc, cross_dim] -> [B, C, H, W]
-  Tensor forward(const Tensor& x, const Tensor& context) const;
+  // x [B, C, H, W] -> [B, C, H, W]
+  Tensor forward(const Tensor& x, const UNetConditioning& cond) const;
 };
 
 // One down level: resnets (each followed by an attention in CrossAttnDownBlock2D) and an optional stride-2
@@ -96,7 +112,7 @@ struct DownBlock {
   bool pad_before_downsample = false;     // downsample_padding 0: pad right/bottom by 1 first (diffusers)
 
   // x [B, Cin, H, W] -> [B, Cout, H', W'] (H' = ceil(H / 2) when downsampling)
-  Tensor forward(const Tensor& x, const Tensor& temb_act, const Tensor& context, std::vector<Tensor>& skips) const;
+  Tensor forward(const Tensor& x, const UNetConditioning& cond, std::vector<Tensor>& skips) const;
 };
 
 // UNetMidBlock2DCrossAttn: resnet, then (attention, resnet) pairs.
@@ -105,7 +121,7 @@ struct MidBlock {
   std::vector<Transformer2D> attentions;
 
   // x [B, C, H, W] -> same
-  Tensor forward(const Tensor& x, const Tensor& temb_act, const Tensor& context) const;
+  Tensor forward(const Tensor& x, const UNetConditioning& cond) const;
 };
 
 // One up level: each resnet takes the running tensor concatenated with the last skip; optional nearest
@@ -117,7 +133,7 @@ struct UpBlock {
 
   // x [B, Cprev, h, w] -> [B, Cout, H, W]; consumes resnets.size() skips from the back of `skips`, and
   // upsamples to the size of the skip left on top (when there is an upsampler).
-  Tensor forward(const Tensor& x, const Tensor& temb_act, const Tensor& context, std::vector<Tensor>& skips) const;
+  Tensor forward(const Tensor& x, const UNetConditioning& cond, std::vector<Tensor>& skips) const;
 };
 
 // x [B, C, h, w] -> [B, C, H, W] with H in {2h - 1, 2h}, W in {2w - 1, 2w}: torch's nearest interpolation
