@@ -322,12 +322,15 @@ TEST(CudaOps, ChannelsLastGroupNormMatchesCpu) {
 
 // Convolutions reading and writing channels-last with the addend in their output pass: a per-sample bias (the
 // resnets' time embedding) and a residual, channels-last or not, with and without a bias, at channel counts with
-// and without whole 16-byte vectors.
+// and without whole 16-byte vectors, and with fewer than 8 channels in or out.
 TEST(CudaOps, ChannelsLastConvWithAddendMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
   struct Case { Shape x; int64_t o; int k; };
-  const Case cases[] = {{{2, 320, 32, 32}, 320, 3}, {{2, 64, 9, 7}, 128, 3}, {{2, 640, 16, 16}, 320, 1}, {{1, 32, 8, 8}, 4, 3}};
+  // The last three have fewer than 8 channels in or out (the UNet's conv_in and conv_out, the VAE's conv_out:
+  // no whole 16-byte channel vectors, cuDNN's generic engines).
+  const Case cases[] = {{{2, 320, 32, 32}, 320, 3}, {{2, 64, 9, 7}, 128, 3}, {{2, 640, 16, 16}, 320, 1}, {{1, 32, 8, 8}, 4, 3},
+                        {{2, 4, 16, 16}, 320, 3}, {{2, 320, 12, 10}, 4, 3}, {{1, 128, 16, 16}, 3, 3}};
   for (const Case& c : cases) {
     const int64_t fan_in = c.x[1] * c.k * c.k;
     const Tensor x = random_tensor(c.x, 71), w = random_tensor({c.o, c.x[1], c.k, c.k}, 72, 1.0f / std::sqrt(float(fan_in)));
