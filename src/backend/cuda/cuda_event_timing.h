@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <vector>
 
 namespace atelier::cuda {
 
@@ -31,6 +32,31 @@ inline float time_runs(const EventPair& ev, cudaStream_t stream, int runs, const
       cudaEventElapsedTime(&ms, ev.start, ev.stop) != cudaSuccess)
     return -1.0f;
   return ms / float(runs);
+}
+
+// Each candidate's best of `rounds` turns of `runs` back-to-back calls (mean device ms per call), after one
+// warm-up call each; -1 for a candidate whose warm-up or a run fails (it takes no further turns). Why turns:
+// timed one after the other, the candidates met the GPU at different clocks (a process's first calls plan
+// while the clocks still ramp) and cache states, and the choice between plans within a few percent of each
+// other changed from one process to the next (cuDNN's SDPA at SD's head dim 40: 140 against 153 us per call).
+// Synchronises: never call it while the stream is being captured.
+inline std::vector<float> time_in_turns(const EventPair& ev, cudaStream_t stream, int rounds, int runs,
+                                        const std::vector<std::function<bool()>>& candidates) {
+  std::vector<float> best(candidates.size(), -1.0f);
+  std::vector<bool> alive(candidates.size());
+  for (size_t i = 0; i < candidates.size(); ++i) alive[i] = time_runs(ev, stream, 1, candidates[i]) >= 0.0f;
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (!alive[i]) continue;
+      const float ms = time_runs(ev, stream, runs, candidates[i]);
+      if (ms < 0.0f) {
+        alive[i] = false;
+        best[i] = -1.0f;
+      } else if (best[i] < 0.0f || ms < best[i]) {
+        best[i] = ms;
+      }
+    }
+  return best;
 }
 
 // Whether work enqueued on `stream` now would be recorded into a CUDA graph (then nothing may be timed).

@@ -19,7 +19,8 @@ namespace atelier::cuda {
 namespace {
 
 constexpr int kHeuristicCandidates = 8;
-constexpr int kTimedRuns = 3;  // timed runs per candidate algorithm, after one warm-up
+constexpr int kTimedRuns = 3;     // timed runs per candidate algorithm and turn, after one warm-up
+constexpr int kTimingRounds = 3;  // turns (time_in_turns): each algorithm's best is kept
 // Only products of at least this many FLOPs are tuned (about 70 us at 700 TFLOP/s: FLUX's and Z-Image's
 // projections, SD's at large batches). Below it the kernels are short, the heuristics' choice is within noise,
 // and timing every new shape costs the server's step-level batcher (a new batch size is a new shape) more
@@ -216,15 +217,15 @@ void GemmEngine::tune(Plan* p, double flops, size_t out_bytes, const AlgoRun& ru
     return;  // no room to time: keep the heuristics' first choice
   }
   EventPair ev;
+  std::vector<std::function<bool()>> runs;
+  for (const auto& [algo, ws] : p->candidates) runs.push_back([&, algo = algo, ws = ws] { return run(algo, ws, scratch->data()); });
+  const std::vector<float> ms = time_in_turns(ev, stream_, kTimingRounds, kTimedRuns, runs);
   float best = -1.0f;
-  for (const auto& [algo, ws] : p->candidates) {
-    const auto once = [&, algo = algo, ws = ws] { return run(algo, ws, scratch->data()); };
-    if (time_runs(ev, stream_, 1, once) < 0.0f) continue;  // warm-up (and a check that it runs)
-    const float ms = time_runs(ev, stream_, kTimedRuns, once);
-    if (ms >= 0.0f && (best < 0.0f || ms < best)) {
-      best = ms;
-      p->algo = algo;
-      p->workspace = ws;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    if (ms[i] >= 0.0f && (best < 0.0f || ms[i] < best)) {
+      best = ms[i];
+      p->algo = p->candidates[i].first;
+      p->workspace = p->candidates[i].second;
     }
   }
 }

@@ -16,7 +16,8 @@ using namespace cudnn_graph;
 
 constexpr int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidScale = 5;
 constexpr size_t kMaxCandidates = 4;  // heuristics' first plans timed per shape
-constexpr int kTimedRuns = 3;         // timed runs of each candidate (and of our kernel), after one warm-up
+constexpr int kTimedRuns = 3;         // timed runs of each candidate (and of our kernel) per turn, after one warm-up
+constexpr int kTimingRounds = 3;      // turns (time_in_turns): each candidate's best is kept
 // cuDNN is taken only when it is at least this much faster than our kernel: below that the difference is
 // noise, and our kernel has no planning or library-version risk.
 constexpr float kMinGain = 0.97f;
@@ -155,16 +156,19 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
   int64_t max_ws = 0;
   for (const Candidate& c : candidates) max_ws = std::max(max_ws, c.workspace);
   std::shared_ptr<Buffer> ws = max_ws > 0 ? alloc.allocate(size_t(max_ws)) : nullptr;
+  // cuDNN's plans and our kernel (last) in turns, each its best turn.
+  std::vector<std::function<bool()>> runs;
+  for (const Candidate& c : candidates)
+    runs.push_back([&, cp = &c] { return execute_sdpa(a, handle, cp->plan, out, q, k, v, scale, ws ? ws->data() : nullptr, &why); });
+  if (ours) runs.push_back(ours);
+  const std::vector<float> ms = time_in_turns(events, stream_, kTimingRounds, kTimedRuns, runs);
   size_t best = candidates.size();
   for (size_t i = 0; i < candidates.size(); ++i) {
-    Candidate& c = candidates[i];
-    const auto run = [&] { return execute_sdpa(a, handle, c.plan, out, q, k, v, scale, ws ? ws->data() : nullptr, &why); };
-    c.ms = time_runs(events, stream_, 1, run) >= 0.0f ? time_runs(events, stream_, kTimedRuns, run) : -1.0f;
-    if (c.ms >= 0.0f && (best == candidates.size() || c.ms < candidates[best].ms)) best = i;
+    candidates[i].ms = ms[i];
+    if (ms[i] >= 0.0f && (best == candidates.size() || ms[i] < candidates[best].ms)) best = i;
   }
   if (best == candidates.size()) return decline("every plan failed to execute (" + why + ")");
-  float ours_ms = -1.0f;
-  if (ours && time_runs(events, stream_, 1, ours) >= 0.0f) ours_ms = time_runs(events, stream_, kTimedRuns, ours);
+  const float ours_ms = ours ? ms.back() : -1.0f;
   plan->use_cudnn = ours_ms < 0.0f || candidates[best].ms < kMinGain * ours_ms;
   plan->chosen = std::move(candidates[best]);
   (plan->use_cudnn ? counters().cudnn : counters().ours).fetch_add(1);
