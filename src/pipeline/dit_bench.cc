@@ -232,7 +232,7 @@ Expected<BenchReport> run_dit_bench(const BenchOptions& o, const BuiltinDitConfi
     ATELIER_RETURN_IF_ERROR(c.flux ? run_flux(run, rec) : run_zimage(run, rec));
     backend_for(dev).synchronize();
     rec.resolve_device_times();
-    summarize_bench(rec.events(), stage::kModelCall, o.text_encoder, r);
+    summarize_bench(rec.events(), rec.origin_ns(), stage::kModelCall, o.text_encoder, r);
     r.ran = true;
     return Status::ok();
   });

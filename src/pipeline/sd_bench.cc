@@ -122,9 +122,22 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Where the device work of the top-level ops enqueued in host range [from, to) ends (host ns): the device may
+// still run the last of them after the host's range closed (a denoise loop need not synchronize at its end; the
+// Z-Image benchmark reported 103% busy against the host's span alone).
+int64_t device_work_end_ns(const std::vector<trace::Event>& ev, int64_t origin_ns, int64_t from, int64_t to) {
+  constexpr double kNsPerUs = 1e3;
+  int64_t end = to;
+  for (const trace::Event& e : ev)
+    if (e.category == trace::Category::kOp && e.depth == 0 && e.start_ns >= from && e.start_ns + e.dur_ns <= to && e.device_dur_us >= 0)
+      end = std::max(end, origin_ns + int64_t((e.device_start_us + e.device_dur_us) * kNsPerUs));
+  return end;
+}
+
 }  // namespace
 
-void summarize_bench(const std::vector<trace::Event>& ev, const char* call_range, bool has_text_encoder, BenchReport& r) {
+void summarize_bench(const std::vector<trace::Event>& ev, int64_t origin_ns, const char* call_range, bool has_text_encoder,
+                     BenchReport& r) {
   for (const trace::Event* e : trace::named(ev, call_range)) {
     r.unet_ms.push_back(e->busy_seconds() * 1e3);  // device time where resolved: host time measures launches there
     r.unet_flops = std::max(r.unet_flops, e->flops);  // the same every call; max guards a partial range
@@ -151,8 +164,10 @@ void summarize_bench(const std::vector<trace::Event>& ev, const char* call_range
     if (wall <= 0) continue;
     r.op_time_pct = kPercent * trace::op_busy_seconds(ev, from, to) / wall;
     if (r.device != "cpu") {
+      // Kernel time over the span from the loop's start to the end of its device work.
       const double busy = trace::device_busy_seconds(ev, from, to);
-      if (busy > 0) r.gpu_busy_pct = kPercent * busy / wall;
+      const double span = double(device_work_end_ns(ev, origin_ns, from, to) - from) * 1e-9;
+      if (busy > 0) r.gpu_busy_pct = kPercent * busy / span;
     }
   }
 }
@@ -270,7 +285,7 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
     backend_for(dev).synchronize();
     if (nvml) r.nvml_util_pct = nvml->stop();
     rec.resolve_device_times();
-    summarize_bench(rec.events(), stage::kUnet, m.text_encoder.has_value(), r);
+    summarize_bench(rec.events(), rec.origin_ns(), stage::kUnet, m.text_encoder.has_value(), r);
     if (!m.text_encoder) r.conditioning = "seeded random context " + shape_str({r.unet_batch, l.context_tokens, m.unet->config().cross_attention_dim[0]}) + " (no text encoder)";
     r.ran = true;
     return Status::ok();

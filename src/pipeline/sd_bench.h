@@ -127,8 +127,8 @@ Status run_traced(Device device, const std::function<Status(trace::Recorder&)>& 
 std::unique_ptr<NvmlUtilizationSampler> start_utilization_sampler(Device device);
 // Fills the measured figures of `r` from the timed run's events: per-call times and FLOPs from the ranges
 // named `call_range` (stage::kUnet for SD, stage::kModelCall for the transformers), stage times, it/s,
-// s/image, TFLOP/s, % of ceiling, busy %.
-void summarize_bench(const std::vector<trace::Event>& events, const char* call_range, bool has_text_encoder,
+// s/image, TFLOP/s, % of ceiling, busy %. `origin_ns` is the recorder's origin (device times count from it).
+void summarize_bench(const std::vector<trace::Event>& events, int64_t origin_ns, const char* call_range, bool has_text_encoder,
                      BenchReport& r);
 
 }  // namespace atelier
