@@ -15,7 +15,6 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/nvml.h"
-#include "core/trace.h"
 #include "pipeline/builtin_models.h"
 #include "pipeline/sd_bench.h"
 #include "pipeline/sd_pipeline.h"
@@ -60,36 +59,22 @@ fs::path temp_file(const std::string& name) {
 TEST(Bench, GpuBusyCountsTheDeviceTailAfterTheLoop) {
   using trace::Category;
   constexpr int64_t kOrigin = 1'000'000'000;  // the recorder's origin (host ns); device times count from it
-  const auto event = [](const char* name, Category c, int64_t start_ns, int64_t dur_ns, double dev_start_us, double dev_dur_us) {
-    trace::Event e;
-    e.name = name;
-    e.category = c;
-    e.start_ns = start_ns;
-    e.dur_ns = dur_ns;
-    e.device_start_us = dev_start_us;
-    e.device_dur_us = dev_dur_us;
-    return e;
+  const auto busy_pct = [](const std::vector<trace::Event>& ev) {
+    BenchReport r;
+    r.device = "cuda:0";
+    r.batch = 1;
+    summarize_bench(ev, kOrigin, "unet", false, r);
+    return r.gpu_busy_pct.value_or(-1.0);
   };
-  std::vector<trace::Event> ev;
   // The host enqueues two ops in 0.2 ms and closes the loop's range at 1 ms; the device runs them from 0.1 to
   // 1.3 ms after the origin with a 0.1 ms gap between them: 1.1 ms of kernels over a 1.3 ms span.
-  ev.push_back(event("denoise", Category::kStage, kOrigin, 1'000'000, -1, -1));
-  ev.push_back(event("linear", Category::kOp, kOrigin + 10'000, 50'000, 100, 500));
-  ev.push_back(event("linear", Category::kOp, kOrigin + 100'000, 50'000, 700, 600));
-  BenchReport r;
-  r.device = "cuda:0";
-  r.batch = 1;
-  summarize_bench(ev, kOrigin, "unet", false, r);
-  ASSERT_TRUE(r.gpu_busy_pct.has_value());
-  EXPECT_NEAR(*r.gpu_busy_pct, 100.0 * 1.1 / 1.3, 1e-6);
+  std::vector<trace::Event> ev{test::trace_event("denoise", Category::kStage, kOrigin, 1'000'000, -1, -1),
+                               test::trace_event("linear", Category::kOp, kOrigin + 10'000, 50'000, 100, 500),
+                               test::trace_event("linear", Category::kOp, kOrigin + 100'000, 50'000, 700, 600)};
+  EXPECT_NEAR(busy_pct(ev), 100.0 * 1.1 / 1.3, 1e-6);
   // Device work that ends inside the host's range: the host's span is the denominator.
   ev[2].device_dur_us = 200;  // 0.7 .. 0.9 ms
-  BenchReport early;
-  early.device = "cuda:0";
-  early.batch = 1;
-  summarize_bench(ev, kOrigin, "unet", false, early);
-  ASSERT_TRUE(early.gpu_busy_pct.has_value());
-  EXPECT_NEAR(*early.gpu_busy_pct, 100.0 * 0.7 / 1.0, 1e-6);
+  EXPECT_NEAR(busy_pct(ev), 100.0 * 0.7 / 1.0, 1e-6);
 }
 
 TEST(Bench, JsonOnTinyFixtureHasEveryField) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/trace.h"
 
 namespace atelier::test {
 
@@ -27,6 +28,21 @@ struct ChannelsLastOnCpu {
   ChannelsLastOnCpu(const ChannelsLastOnCpu&) = delete;
   ChannelsLastOnCpu& operator=(const ChannelsLastOnCpu&) = delete;
 };
+
+// A recorded range as the trace recorder keeps it: host start and duration (ns), device start and duration (us
+// since the recorder's origin; -1: not device-timed), op nesting depth.
+inline trace::Event trace_event(const char* name, trace::Category c, int64_t start_ns, int64_t dur_ns, double dev_start_us,
+                                double dev_dur_us, int depth = 0) {
+  trace::Event e;
+  e.name = name;
+  e.category = c;
+  e.start_ns = start_ns;
+  e.dur_ns = dur_ns;
+  e.depth = depth;
+  e.device_start_us = dev_start_us;
+  e.device_dur_us = dev_dur_us;
+  return e;
+}
 
 // ||a - b|| / ||b||
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b);

@@ -11,6 +11,7 @@
 
 #include "backend/ops.h"
 #include "core/trace.h"
+#include "test_util.h"
 
 namespace atelier {
 namespace {
@@ -232,14 +233,7 @@ namespace {
 
 trace::Event device_event(trace::Category c, int64_t start_ns, int64_t dur_ns, double dev_start_us, double dev_dur_us,
                           int depth = 0) {
-  trace::Event e;
-  e.category = c;
-  e.start_ns = start_ns;
-  e.dur_ns = dur_ns;
-  e.depth = depth;
-  e.device_start_us = dev_start_us;
-  e.device_dur_us = dev_dur_us;
-  return e;
+  return test::trace_event("op", c, start_ns, dur_ns, dev_start_us, dev_dur_us, depth);
 }
 
 // GPU busy %: the union of the top-level ops' device spans (overlaps count once); nested ops (depth > 0),
