@@ -65,6 +65,28 @@ TEST(ZImageTransformer, OutputsMatchGoldensThroughBothLayouts) {
   }
 }
 
+// The SwiGLU feed-forward of every block (noise and context refiners, layers) is one GEMM over the stacked
+// [w3; w1] and one glu pass (not two GEMMs, a SiLU pass and a product), with the goldens' output.
+TEST(ZImageTransformer, FeedForwardIsOneStackedGemmAndOneGlu) {
+  ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
+  auto config = ZImageConfig::from_file((dir / "model/transformer/config.json").string());
+  ASSERT_TRUE(config) << config.status().message();
+  auto store = WeightStore::open({layout_file(dir, ZImageLayout::kDiffusers).string()});
+  ASSERT_TRUE(store) << store.status().message();
+  auto model = ZImageTransformer::load(*store, *config, Device::cpu());
+  ASSERT_TRUE(model) << model.status().message();
+  trace::Recorder rec(trace::bit(trace::Category::kOp));
+  {
+    trace::ThreadAttach attach(rec);
+    auto out = model->forward(test::golden("zimage-tiny", "transformer.in.x"), 0.5f, test::golden("zimage-tiny", "transformer.in.cap"));
+    ASSERT_TRUE(out) << out.status().message();
+    EXPECT_LE(test::rel_l2(out->to_vector(), test::golden("zimage-tiny", "transformer.out.t0.5").to_vector()), kOutTol);
+  }
+  int glu = 0;
+  for (const trace::Event& e : rec.events()) glu += std::string(e.name) == "glu" && e.depth == 0;
+  EXPECT_EQ(glu, 2 * config->n_refiner_layers + config->n_layers);
+}
+
 // --dtype fp8 (block projections in e4m3): within a few percent of the f32 goldens.
 TEST(ZImageTransformer, Fp8BlocksStayCloseToTheGoldens) {
   ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");

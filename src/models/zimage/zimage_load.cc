@@ -190,6 +190,10 @@ Expected<ZImageTransformer> ZImageTransformer::load(const WeightStore& store, co
   w.linear(m.final_adaLN_, "all_final_layer." + patch_key + ".adaLN_modulation.1", c.adaln_dim(), d);
   w.linear(m.final_linear_, "all_final_layer." + patch_key + ".linear", d, patch_in);
   ATELIER_RETURN_IF_ERROR(w.finish());
+  ATELIER_RETURN_IF_ERROR(catch_status([&] {
+    m.stack_feed_forward();
+    return Status::ok();
+  }));
   return m;
 }
 

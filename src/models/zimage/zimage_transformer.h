@@ -65,6 +65,8 @@ struct ZImageBlock {
   RMSNorm norm_q, norm_k;           // over head_dim
   RMSNorm attention_norm1, attention_norm2, ffn_norm1, ffn_norm2;
   Linear w1, w2, w3;                // SwiGLU feed-forward: w2(silu(w1 x) * w3 x)
+  Linear w31;                       // [w3; w1] stacked (w3 and w1 are views of it), when both are bound: one GEMM
+                                    // gives (value, gate) for ops::glu's value * silu(gate)
   Linear adaLN_modulation;          // [4 dim, adaln_dim] (scale_msa, gate_msa, scale_mlp, gate_mlp); absent
                                     // in the context refiner
 };
@@ -84,6 +86,8 @@ class ZImageTransformer {
   // Every block projection (attention, feed-forward, adaLN) to FP8 with per-row scales (Linear::quantize_fp8);
   // the embedders and the final layer stay in the compute dtype. `--dtype fp8`.
   void quantize_fp8();
+  // Stacks every block's w3 and w1 into w31 (see ZImageBlock); load() calls it.
+  void stack_feed_forward();
 
  private:
   // x [1, S, dim], adaln [1, adaln_dim] or undefined, cos/sin [S, 1, hd/2, 1] -> [1, S, dim]
