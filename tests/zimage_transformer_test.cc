@@ -18,6 +18,14 @@ fs::path layout_file(const fs::path& dir, ZImageLayout layout) {
                                             : dir / "zimage-tiny-transformer.original.safetensors";
 }
 
+// The zimage-tiny transformer from its diffusers folder, and its config.
+Expected<std::pair<ZImageTransformer, ZImageConfig>> load_tiny_diffusers(const fs::path& dir) {
+  ATELIER_ASSIGN_OR_RETURN(ZImageConfig config, ZImageConfig::from_file((dir / "model/transformer/config.json").string()));
+  ATELIER_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open({layout_file(dir, ZImageLayout::kDiffusers).string()}));
+  ATELIER_ASSIGN_OR_RETURN(ZImageTransformer model, ZImageTransformer::load(store, config, Device::cpu()));
+  return std::pair{std::move(model), std::move(config)};
+}
+
 TEST(ZImageTransformer, DetectsLayoutsAndConfig) {
   ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
   auto from_json = ZImageConfig::from_file((dir / "model/transformer/config.json").string());
@@ -69,35 +77,29 @@ TEST(ZImageTransformer, OutputsMatchGoldensThroughBothLayouts) {
 // [w3; w1] and one glu pass (not two GEMMs, a SiLU pass and a product), with the goldens' output.
 TEST(ZImageTransformer, FeedForwardIsOneStackedGemmAndOneGlu) {
   ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
-  auto config = ZImageConfig::from_file((dir / "model/transformer/config.json").string());
-  ASSERT_TRUE(config) << config.status().message();
-  auto store = WeightStore::open({layout_file(dir, ZImageLayout::kDiffusers).string()});
-  ASSERT_TRUE(store) << store.status().message();
-  auto model = ZImageTransformer::load(*store, *config, Device::cpu());
-  ASSERT_TRUE(model) << model.status().message();
+  auto loaded = load_tiny_diffusers(dir);
+  ASSERT_TRUE(loaded) << loaded.status().message();
+  auto& [model, config] = *loaded;
   trace::Recorder rec(trace::bit(trace::Category::kOp));
   {
     trace::ThreadAttach attach(rec);
-    auto out = model->forward(test::golden("zimage-tiny", "transformer.in.x"), 0.5f, test::golden("zimage-tiny", "transformer.in.cap"));
+    auto out = model.forward(test::golden("zimage-tiny", "transformer.in.x"), 0.5f, test::golden("zimage-tiny", "transformer.in.cap"));
     ASSERT_TRUE(out) << out.status().message();
     EXPECT_LE(test::rel_l2(out->to_vector(), test::golden("zimage-tiny", "transformer.out.t0.5").to_vector()), kOutTol);
   }
   int glu = 0;
   for (const trace::Event& e : rec.events()) glu += std::string(e.name) == "glu" && e.depth == 0;
-  EXPECT_EQ(glu, 2 * config->n_refiner_layers + config->n_layers);
+  EXPECT_EQ(glu, 2 * config.n_refiner_layers + config.n_layers);
 }
 
 // --dtype fp8 (block projections in e4m3): within a few percent of the f32 goldens.
 TEST(ZImageTransformer, Fp8BlocksStayCloseToTheGoldens) {
   ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
-  auto config = ZImageConfig::from_file((dir / "model/transformer/config.json").string());
-  ASSERT_TRUE(config) << config.status().message();
-  auto store = WeightStore::open({layout_file(dir, ZImageLayout::kDiffusers).string()});
-  ASSERT_TRUE(store) << store.status().message();
-  auto model = ZImageTransformer::load(*store, *config, Device::cpu());
-  ASSERT_TRUE(model) << model.status().message();
-  model->quantize_fp8();
-  auto out = model->forward(test::golden("zimage-tiny", "transformer.in.x"), 0.5f, test::golden("zimage-tiny", "transformer.in.cap"));
+  auto loaded = load_tiny_diffusers(dir);
+  ASSERT_TRUE(loaded) << loaded.status().message();
+  auto& [model, config] = *loaded;
+  model.quantize_fp8();
+  auto out = model.forward(test::golden("zimage-tiny", "transformer.in.x"), 0.5f, test::golden("zimage-tiny", "transformer.in.cap"));
   ASSERT_TRUE(out) << out.status().message();
   const double r = test::rel_l2(out->to_vector(), test::golden("zimage-tiny", "transformer.out.t0.5").to_vector());
   std::printf("[zimage] fp8 blocks transformer.out.t0.5 rel L2 %.3g against the f32 reference\n", r);
