@@ -250,6 +250,9 @@ TEST(Trace, DeviceBusySecondsIsTheUnionOfTopLevelOps) {
   ev.push_back(device_event(Category::kOp, 330'000, 5'000, -1, -1));     // not timed
   ev.push_back(device_event(Category::kOp, 900'000, 5'000, 1000, 500));  // outside the window
   EXPECT_NEAR(trace::device_busy_seconds(ev, 0, 500'000) * 1e6, 50 + 320, 1e-6);
+  // Where the same ops' device work ends: the graph replay's overlapping op, not the nested or outside ones.
+  EXPECT_NEAR(trace::device_end_us(ev, 0, 500'000), 420, 1e-9);
+  EXPECT_EQ(trace::device_end_us(ev, 600'000, 700'000), -1);
 }
 
 }  // namespace

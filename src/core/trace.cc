@@ -263,6 +263,13 @@ double device_busy_seconds(const std::vector<Event>& events, int64_t from_ns, in
   return busy_us * 1e-6;
 }
 
+double device_end_us(const std::vector<Event>& events, int64_t from_ns, int64_t to_ns) {
+  double end = -1;
+  for (const Event& e : events)
+    if (top_op_in(e, from_ns, to_ns) && e.device_dur_us >= 0) end = std::max(end, e.device_start_us + e.device_dur_us);
+  return end;
+}
+
 bool has_device_times(const std::vector<Event>& events, int64_t from_ns, int64_t to_ns) {
   bool any = false;
   for (const Event& e : events) {

@@ -215,5 +215,9 @@ bool has_device_times(const std::vector<Event>& events, int64_t from_ns, int64_t
 // top-level ops (depth 0) in that window; overlaps count once, ranges without device times are ignored. A
 // call replayed as a recorded graph is one top-level op range ("graph_replay", backend/graph_runner.h).
 double device_busy_seconds(const std::vector<Event>& events, int64_t from_ns, int64_t to_ns);
+// Where the device work of those same top-level ops ends (us since the recorder's origin, as device_start_us);
+// -1 when none has a device time. It may lie after to_ns: the device runs what the host enqueued last after
+// the host's range closed, unless something synchronized.
+double device_end_us(const std::vector<Event>& events, int64_t from_ns, int64_t to_ns);
 
 }  // namespace atelier::trace

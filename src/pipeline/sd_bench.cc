@@ -122,18 +122,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Where the device work of the top-level ops enqueued in host range [from, to) ends (host ns): the device may
-// still run the last of them after the host's range closed (a denoise loop need not synchronize at its end; the
-// Z-Image benchmark reported 103% busy against the host's span alone).
-int64_t device_work_end_ns(const std::vector<trace::Event>& ev, int64_t origin_ns, int64_t from, int64_t to) {
-  constexpr double kNsPerUs = 1e3;
-  int64_t end = to;
-  for (const trace::Event& e : ev)
-    if (e.category == trace::Category::kOp && e.depth == 0 && e.start_ns >= from && e.start_ns + e.dur_ns <= to && e.device_dur_us >= 0)
-      end = std::max(end, origin_ns + int64_t((e.device_start_us + e.device_dur_us) * kNsPerUs));
-  return end;
-}
-
 }  // namespace
 
 void summarize_bench(const std::vector<trace::Event>& ev, int64_t origin_ns, const char* call_range, bool has_text_encoder,
@@ -165,8 +153,10 @@ void summarize_bench(const std::vector<trace::Event>& ev, int64_t origin_ns, con
     r.op_time_pct = kPercent * trace::op_busy_seconds(ev, from, to) / wall;
     if (r.device != "cpu") {
       // Kernel time over the span from the loop's start to the end of its device work.
+      // (The loop need not synchronize at its end: the Z-Image benchmark reported 103% against the host's span.)
       const double busy = trace::device_busy_seconds(ev, from, to);
-      const double span = double(device_work_end_ns(ev, origin_ns, from, to) - from) * 1e-9;
+      const double device_end_ns = double(origin_ns) + trace::device_end_us(ev, from, to) * 1e3;
+      const double span = (std::max(double(to), device_end_ns) - double(from)) * 1e-9;
       if (busy > 0) r.gpu_busy_pct = kPercent * busy / span;
     }
   }
