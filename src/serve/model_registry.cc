@@ -98,11 +98,9 @@ Expected<std::shared_ptr<SdModel>> ModelCache::acquire(const ModelEntry& entry, 
   if (load_s) *load_s = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = slots_.begin(); it != slots_.end(); ++it) {
-      if (it->name == entry.name) {
-        slots_.splice(slots_.begin(), slots_, it);
-        return slots_.front().model;
-      }
+    if (auto it = find_slot(slots_, entry.name); it != slots_.end()) {
+      slots_.splice(slots_.begin(), slots_, it);
+      return slots_.front().model;
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -121,9 +119,8 @@ Expected<std::shared_ptr<SdModel>> ModelCache::acquire(const ModelEntry& entry, 
 
 std::shared_ptr<SdModel> ModelCache::resident(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const Slot& s : slots_)
-    if (s.name == name) return s.model;
-  return nullptr;
+  const auto it = find_slot(slots_, name);
+  return it != slots_.end() ? it->model : nullptr;
 }
 
 void ModelCache::evict_for(size_t incoming) {

@@ -6,6 +6,7 @@
 // ModelCache: one per worker. Loads a model onto the worker's device on first use and evicts the least
 // recently used models that no running job holds when the memory budget or the model count is exceeded.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -80,6 +81,11 @@ class ModelCache {
   ModelCacheOptions options_;
   mutable std::mutex mu_;    // guards slots_ for the metrics readers
   std::list<Slot> slots_;    // most recently used first
+  // The slot of model `name` in `slots` (slots_, const or not; under mu_), or its end().
+  template <typename Slots>
+  static auto find_slot(Slots& slots, const std::string& name) {
+    return std::find_if(slots.begin(), slots.end(), [&](const Slot& s) { return s.name == name; });
+  }
 };
 
 // Weight bytes of a loaded model (text encoder + UNet + VAE).
