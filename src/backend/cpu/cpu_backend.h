@@ -17,6 +17,8 @@ class CpuBackend final : public Backend {
   std::shared_ptr<Buffer> allocate(size_t bytes) override { return alloc_.allocate(bytes); }
   void copy_between_devices(Tensor& dst, const Tensor& src) override;
   size_t bytes_reserved() const override { return alloc_.bytes_reserved(); }
+  // Bytes of live tensors (the rest of bytes_reserved() is freed blocks kept for reuse).
+  size_t bytes_in_use() const { return alloc_.bytes_in_use(); }
   void release_cached() override { alloc_.release_cached(); }
 
   void copy(Tensor& dst, const Tensor& src) override;
