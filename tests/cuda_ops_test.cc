@@ -345,6 +345,29 @@ TEST(CudaOps, RopeMatchesCpu) {
   }
 }
 
+// rope with its RMS-norm prologue (FLUX's and Z-Image's q/k norms), reading heads out of a fused q/k/v
+// projection [B, N, 3, H, D] in place, positions along dim 1 (Z-Image) or 2 (FLUX, permuted). Head dims 128
+// and 64 take the 16-bit vector kernel (16 and 8 lanes), 16 and 6 the warp-per-row kernel; f32 always the latter.
+TEST(CudaOps, RopeWithRmsNormMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  for (int seq_dim : {1, 2}) {
+    for (const Shape& s : {Shape{1, 77, 3, 4, 128}, Shape{2, 9, 3, 3, 64}, Shape{2, 7, 3, 3, 16}, Shape{1, 5, 3, 2, 6}}) {
+      const int64_t n = s[1], d = s[4];
+      for (bool gamma : {true, false}) {
+        const auto fn = [seq_dim, gamma](const std::vector<Tensor>& in) {
+          const Tensor k = in[0].select(2, 1);  // [B, N, H, D], token stride 3 H D
+          const Tensor x = seq_dim == 2 ? k.permute({0, 2, 1, 3}) : k;
+          return ops::rope(x, in[1], in[2], seq_dim, {.on = true, .gamma = gamma ? in[3] : Tensor(), .eps = 1e-6f});
+        };
+        const std::vector<Tensor> in{random_tensor(s, 97, 3.0f), random_tensor({n, d / 2}, 98), random_tensor({n, d / 2}, 99),
+                                     random_tensor({d}, 100)};
+        for (DType dt : {DType::F32, DType::BF16, DType::F16})
+          EXPECT_PARITY("rope+rms " + shape_str(s) + " seq dim " + std::to_string(seq_dim) + (gamma ? " gamma" : ""), fn, in, dt);
+      }
+    }
+  }
+}
+
 TEST(CudaOps, NormModulateMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   // FLUX's row width (3072) and small ones; every kind with each modulation the models use. Widths that are

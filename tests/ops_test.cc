@@ -180,6 +180,27 @@ TEST(OpsRope, EqualsTheUnfusedSequenceOnViewsAlongEitherDim) {
   EXPECT_THROW(ops::rope(random_tensor({1, 2, 3, 4}, 1), random_tensor({2, 2}, 2), random_tensor({2, 2}, 3), 2), Error);
 }
 
+TEST(OpsRope, WithRmsNormEqualsRmsNormThenRope) {
+  for (int seq_dim : {1, 2}) {
+    // The heads of a fused q/k/v projection: [B, N, 3, H, D] with q selected, permuted as FLUX passes it.
+    const Tensor qkv = random_tensor({2, 5, 3, 4, 8}, 51 + seq_dim, 3.0f);
+    const Tensor x = seq_dim == 2 ? qkv.select(2, 1).permute({0, 2, 1, 3}) : qkv.select(2, 1);
+    const int64_t s = x.size(seq_dim);
+    const Tensor cos = random_tensor({s, 4}, 61), sin = random_tensor({s, 4}, 62), gamma = random_tensor({8}, 63);
+    for (const Tensor& g : {gamma, Tensor()}) {
+      const Tensor got = ops::rope(x, cos, sin, seq_dim, {.on = true, .gamma = g, .eps = 1e-6f});
+      const Tensor want = ops::rope(ops::rms_norm(x, g, 1e-6f), cos, sin, seq_dim);
+      EXPECT_TRUE(got.is_contiguous());
+      ASSERT_EQ(got.shape(), want.shape());
+      const std::vector<float> gv = got.to_vector(), wv = want.to_vector();
+      for (size_t i = 0; i < gv.size(); ++i) ASSERT_EQ(gv[i], wv[i]) << "seq_dim " << seq_dim << " at " << i;
+    }
+  }
+  EXPECT_THROW(ops::rope(random_tensor({1, 2, 3, 4}, 1), random_tensor({3, 2}, 2), random_tensor({3, 2}, 3), 2,
+                         {.on = true, .gamma = random_tensor({5}, 4), .eps = 1e-6f}),
+               Error);
+}
+
 TEST(OpsNormModulate, EqualsTheUnfusedSequence) {
   const Tensor x = random_tensor({2, 5, 24}, 41), res = random_tensor({2, 5, 24}, 42), gamma = random_tensor({24}, 43);
   const Tensor scale = random_tensor({2, 1, 24}, 44), shift = random_tensor({2, 1, 24}, 45), gate = random_tensor({2, 1, 24}, 46);

@@ -24,6 +24,13 @@ enum class NormKind { kNone, kLayer, kRms };
 struct NormModulation {
   Tensor scale, shift, gate, residual;
 };
+// An RMS norm over each row of rope's input, applied before the rotation (the q/k norms of FLUX and Z-Image):
+// off unless `on`; gamma [D] optional (any float dtype).
+struct RopeRms {
+  bool on = false;
+  Tensor gamma;
+  float eps = 0.0f;
+};
 
 struct Conv2dParams {
   int stride_h = 1, stride_w = 1;
@@ -168,8 +175,10 @@ class Backend {
   // x [B, A, C, D] (any strides, unit last stride), positions along dim seq_dim (1 or 2, size S); cos/sin
   // [S, D/2] contiguous in x's dtype; out [B, A, C, D] contiguous: each pair (x0, x1) = (x[2i], x[2i+1])
   // becomes (x0 c - x1 s, x0 s + x1 c) with (c, s) of (position, i), every product rounded to the dtype
-  // before the sum (as the unfused mul/sub/add ops of the reference round).
-  virtual void rope(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim) = 0;
+  // before the sum (as the unfused mul/sub/add ops of the reference round). With rms.on, each row of D is
+  // first normalised as rms_norm does (x / sqrt(mean(x^2) + eps) * gamma, rounded to the dtype as rms_norm
+  // writes it) and the rotation applies to that: the q/k norm and RoPE in one pass, x read once.
+  virtual void rope(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) = 0;
 
   // --- attention ----------------------------------------------------------------------------------
   // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] with H % Hk == 0 (grouped-query attention);

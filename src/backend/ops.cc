@@ -617,7 +617,7 @@ Tensor norm_modulate(const Tensor& x, NormKind kind, float eps, const Tensor& ga
 
 // --- rotary position embedding --------------------------------------------------------------------
 
-Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim) {
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) {
   trace::Scope range("rope", Category::kOp);
   const std::string op = "rope";
   require_f32(x, op, "x");
@@ -632,9 +632,14 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim) 
   require(cos.dtype() == x.dtype() && sin.dtype() == x.dtype(), op, "cos/sin must have x's dtype");
   require(cos.numel() == s * d / 2 && sin.numel() == s * d / 2, op,
           "cos/sin must hold [" + std::to_string(s) + ", " + std::to_string(d / 2) + "] values, got " + shape_str(cos.shape()));
+  RopeRms rc;
+  if (rms.on) {
+    require_affine(rms.gamma, d, op, "rms gamma");
+    rc = {true, contiguous_opt(rms.gamma), rms.eps};
+  }
   const Tensor xs = x.strides()[3] == 1 ? x : contiguous(x);
   Tensor out = empty_like_shape(x, x.shape());
-  backend_of(x).rope(out, xs, contiguous(cos).reshape({s, d / 2}), contiguous(sin).reshape({s, d / 2}), seq_dim);
+  backend_of(x).rope(out, xs, contiguous(cos).reshape({s, d / 2}), contiguous(sin).reshape({s, d / 2}), seq_dim, rc);
   return out;
 }
 

@@ -89,8 +89,9 @@ Tensor norm_modulate(const Tensor& x, NormKind kind, float eps, const Tensor& ga
 // x [B, A, C, D] (a strided view is fine: FLUX passes q permuted to [B, H, N, D]), positions along dim
 // seq_dim (1 or 2); cos/sin hold [S, D/2] values (any shape of that size) in x's dtype. Interleaved pairs
 // (x[2i], x[2i+1]) rotated as complex numbers by cos + i sin -> [B, A, C, D] contiguous. One pass instead of
-// the reference's copy, four products, two sums and a concat.
-Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim);
+// the reference's copy, four products, two sums and a concat. With rms.on, rope(rms_norm(x, gamma, eps), ...)
+// in the same pass (the same values: each normalised row rounded to the dtype before the rotation).
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms = {});
 
 // --- attention ------------------------------------------------------------------------------------
 // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv]; H % Hk == 0; mask additive, broadcastable to

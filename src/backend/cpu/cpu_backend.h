@@ -43,7 +43,7 @@ class CpuBackend final : public Backend {
   void rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) override;
   void norm_modulate(Tensor& out, const Tensor& x, NormKind kind, float eps, const Tensor& gamma,
                      const NormModulation& m) override;
-  void rope(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim) override;
+  void rope(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) override;
 
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) override;
 

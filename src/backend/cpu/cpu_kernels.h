@@ -51,6 +51,10 @@ double exp_span_sum(float* x, int64_t n, float shift);
 // max of x[0..n) (-inf for n == 0).
 float max_span(const float* x, int64_t n);
 
+// RMS norm of one row: o[i] = x[i] * rstd * g[i] (g null: 1) with rstd = 1 / sqrt(mean(x^2) + eps), the
+// mean's sum taken in blocks of f32 added in f64. Backend::rms_norm and the normalising rope share it.
+void rms_row(float* o, const float* x, int64_t n, float eps, const float* g);
+
 // One-time OpenBLAS set-up (core selection, single-threaded mode); called when the CPU backend is
 // created and again (cheaply) before each product.
 void init_blas();

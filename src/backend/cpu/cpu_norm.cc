@@ -165,6 +165,13 @@ void CpuBackend::layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, c
 }
 
 // x [R, D] contiguous: y = x / sqrt(mean(x^2) + eps) * gamma.
+namespace cpu {
+void rms_row(float* o, const float* x, int64_t n, float eps, const float* g) {
+  const float rstd = float(1.0 / std::sqrt(sum_squares(x, n) / double(n) + double(eps)));
+  rms_span(o, x, n, rstd, g);
+}
+}  // namespace cpu
+
 void CpuBackend::rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) {
   const int64_t d = x.size(-1);
   const int64_t rows = d ? x.numel() / d : 0;
@@ -173,10 +180,7 @@ void CpuBackend::rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, flo
   const float* g = gamma.defined() ? gamma.data<float>() : nullptr;
 #pragma omp parallel for schedule(static) if (x.numel() > kParallelElems)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = xp + r * d;
-    float* o = op + r * d;
-    const float rstd = float(1.0 / std::sqrt(sum_squares(xr, d) / double(d) + double(eps)));
-    rms_span(o, xr, d, rstd, g);
+    cpu::rms_row(op + r * d, xp + r * d, d, eps, g);
   }
 }
 

@@ -2,6 +2,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_norm_common.cuh"
 #include "backend/cuda/cuda_nvtx.h"
 
 namespace atelier::cuda {
@@ -70,10 +71,124 @@ __global__ void rope_vec_kernel(T* out, const T* x, const T* cos, const T* sin, 
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// x's row `row` of the output order (b, j, k): its first element.
+template <typename T>
+__device__ __forceinline__ const T* row_of(const T* x, const RopeShape& sh, int64_t row) {
+  const int64_t k = row % sh.c, ij = row / sh.c;
+  return x + (ij / sh.a) * sh.s0 + (ij % sh.a) * sh.s1 + k * sh.s2;
+}
+
+__device__ __forceinline__ int64_t position_of(const RopeShape& sh, int64_t row) {
+  return sh.seq_dim == 1 ? (row / sh.c) % sh.a : row % sh.c;
+}
+
+// The rotation of one pair read after the RMS norm: x0, x1 normalised values already rounded to T.
+template <typename T>
+__device__ __forceinline__ void rotate_pair(T* o, float x0, float x1, float c, float s) {
+  const auto r = [](float v) { return to_f32(from_f32<T>(v)); };
+  o[0] = from_f32<T>(r(x0 * c) - r(x1 * s));
+  o[1] = from_f32<T>(r(x0 * s) + r(x1 * c));
+}
+
+// RMS norm then rotation, 16-bit rows of LANES 16-byte vectors (FLUX's and Z-Image's heads of 128: 16 lanes
+// of 8 elements): the lanes of a row share the sum of squares by shuffles, in rms_norm_vec_kernel's order (the
+// same rstd, so the same values as rms_norm followed by rope). Every lane takes part in the shuffles.
+constexpr int kRopeRmsThreads = 256;
+
+template <typename T, int LANES>
+__global__ void rope_rms_vec_kernel(T* out, const T* x, const T* cos, const T* sin, RopeShape sh, NormAffine aff,
+                                    float eps, int64_t rows) {
+  constexpr int V = Vec<T>::kWidth, P = V / 2;
+  const int64_t row = int64_t(blockIdx.x) * (kRopeRmsThreads / LANES) + threadIdx.x / LANES;
+  const int lane = int(threadIdx.x) % LANES;
+  const bool live = row < rows;
+  const Vec<T> v = live ? reinterpret_cast<const Vec<T>*>(row_of(x, sh, row))[lane] : Vec<T>{};
+  float f[V], q = 0.0f;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    f[e] = to_f32(v.v[e]);
+    q += f[e] * f[e];
+  }
+#pragma unroll
+  for (int m = LANES / 2; m > 0; m >>= 1) q += __shfl_xor_sync(0xffffffffu, q, m);
+  if (!live) return;
+  const float rstd = 1.0f / sqrtf(q / float(LANES * V) + eps);
+  float g[V];
+  load_param_run<T>(g, aff.gamma, aff.gamma_dtype, int64_t(lane) * V, 1.0f);
+  const int64_t t = position_of(sh, row) * sh.half + int64_t(lane) * P;
+  union {
+    uint2 u;
+    T v[P];
+  } c, s;
+  c.u = *reinterpret_cast<const uint2*>(cos + t);
+  s.u = *reinterpret_cast<const uint2*>(sin + t);
+  Vec<T> o;
+#pragma unroll
+  for (int e = 0; e < P; ++e) {
+    const float x0 = to_f32(from_f32<T>(f[2 * e] * rstd * g[2 * e]));
+    const float x1 = to_f32(from_f32<T>(f[2 * e + 1] * rstd * g[2 * e + 1]));
+    rotate_pair<T>(&o.v[2 * e], x0, x1, to_f32(c.v[e]), to_f32(s.v[e]));
+  }
+  reinterpret_cast<Vec<T>*>(out + row * 2 * sh.half)[lane] = o;
+}
+
+// Any row width and dtype: one warp per row (the sum of squares as rms_norm_warp_kernel takes it).
+constexpr int kRopeRmsWarps = 8;
+
+template <typename T>
+__global__ void rope_rms_warp_kernel(T* out, const T* x, const T* cos, const T* sin, RopeShape sh, NormAffine aff,
+                                     float eps, int64_t rows) {
+  const int64_t row = int64_t(blockIdx.x) * kRopeRmsWarps + threadIdx.x / 32;
+  const int lane = int(threadIdx.x) % 32;
+  if (row >= rows) return;  // the whole warp: its lanes share the row
+  const T* xr = row_of(x, sh, row);
+  const int64_t d = 2 * sh.half;
+  float q = 0.0f;
+  for (int64_t j = lane; j < d; j += 32) {
+    const float v = to_f32(xr[j]);
+    q += v * v;
+  }
+  const float rstd = 1.0f / sqrtf(warp_sum(q) / float(d) + eps);
+  const auto norm = [&](int64_t j) {
+    const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, j) : 1.0f;
+    return to_f32(from_f32<T>(to_f32(xr[j]) * rstd * g));
+  };
+  const int64_t t0 = position_of(sh, row) * sh.half;
+  T* o = out + row * d;
+  for (int64_t p = lane; p < sh.half; p += 32)
+    rotate_pair<T>(o + 2 * p, norm(2 * p), norm(2 * p + 1), to_f32(cos[t0 + p]), to_f32(sin[t0 + p]));
+}
+
+// rope with the RMS norm first (rms.on): the vector kernel where rows are 8, 16 or 32 aligned 16-byte vectors
+// of a 16-bit type, the warp kernel otherwise.
+template <typename T>
+void launch_rope_rms(cudaStream_t stream, T* out, const T* x, const T* cos, const T* sin, const RopeShape& sh,
+                     const RopeRms& rms, int64_t rows) {
+  constexpr int V = Vec<T>::kWidth;
+  const NormAffine aff = affine_of(rms.gamma, Tensor());
+  const int64_t lanes = 2 * sh.half / V;
+  const bool vec = sizeof(T) == 2 && 2 * sh.half == lanes * V && (lanes == 8 || lanes == 16 || lanes == 32) &&
+                   sh.s0 % V == 0 && sh.s1 % V == 0 && sh.s2 % V == 0 && aligned(x, 16) && aligned(out, 16) &&
+                   aligned(cos, 8) && aligned(sin, 8);
+  if (vec) {
+    const unsigned blocks = unsigned((rows * lanes + kRopeRmsThreads - 1) / kRopeRmsThreads);
+    const auto launch = [&](auto l) {
+      rope_rms_vec_kernel<T, decltype(l)::value><<<blocks, kRopeRmsThreads, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps, rows);
+    };
+    if (lanes == 8) launch(std::integral_constant<int, 8>{});
+    else if (lanes == 16) launch(std::integral_constant<int, 16>{});
+    else launch(std::integral_constant<int, 32>{});
+  } else {
+    const unsigned blocks = unsigned((rows + kRopeRmsWarps - 1) / kRopeRmsWarps);
+    rope_rms_warp_kernel<T><<<blocks, 32 * kRopeRmsWarps, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps, rows);
+  }
+}
+
 }  // namespace
 
-// x [B, A, C, D] strided (unit last stride), cos/sin [S, D/2] contiguous -> out [B, A, C, D] contiguous.
-void CudaBackend::rope(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim) {
+// x [B, A, C, D] strided (unit last stride), cos/sin [S, D/2] contiguous -> out [B, A, C, D] contiguous;
+// rms.on: each row RMS-normalised first (gamma [D] optional).
+void CudaBackend::rope(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) {
   const int64_t pairs = out.numel() / 2;
   if (pairs == 0) return;
   ATELIER_CHECK(out.is_contiguous() && x.strides()[3] == 1 && cos.is_contiguous() && sin.is_contiguous() &&
@@ -87,6 +202,10 @@ void CudaBackend::rope(Tensor& out, const Tensor& x, const Tensor& cos, const Te
                    sh.s2 % 8 == 0 && aligned(x.raw(), 16) && aligned(out.raw(), 16) && aligned(cos.raw(), 8) && aligned(sin.raw(), 8);
   dispatch_float(out.dtype(), "rope", [&](auto tag) {
     using T = decltype(tag);
+    if (rms.on) {
+      launch_rope_rms<T>(stream_, out.data<T>(), x.data<T>(), cos.data<T>(), sin.data<T>(), sh, rms, pairs * 2 / x.size(3));
+      return;
+    }
     if constexpr (sizeof(T) == 2) {
       if (vec) {
         const int64_t groups = pairs / kPairsPerThread;
