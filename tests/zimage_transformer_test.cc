@@ -1,6 +1,8 @@
 // Z-Image transformer vs the zimage-tiny goldens, through the diffusers folder and the original single file.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "models/zimage/zimage_transformer.h"
 #include "test_util.h"
 
@@ -90,6 +92,31 @@ TEST(ZImageTransformer, FeedForwardIsOneStackedGemmAndOneGlu) {
   int glu = 0;
   for (const trace::Event& e : rec.events()) glu += std::string(e.name) == "glu" && e.depth == 0;
   EXPECT_EQ(glu, 2 * config.n_refiner_layers + config.n_layers);
+}
+
+// Each block's q/k/v is one GEMM over the stacked [to_q; to_k; to_v] and the q/k RMS norms run inside the
+// rope pass: per modulated block five GEMMs (adaLN, q/k/v, out, [w3; w1], w2), per context-refiner block
+// four; two ropes per block; the only rms_norm ops are the caption embedder's and the context refiner's
+// unmodulated attention_norm1 / ffn_norm1.
+TEST(ZImageTransformer, QkvIsOneGemmAndTheQkNormsRunInTheRope) {
+  ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
+  auto loaded = load_tiny_diffusers(dir);
+  ASSERT_TRUE(loaded) << loaded.status().message();
+  auto& [model, config] = *loaded;
+  trace::Recorder rec(trace::bit(trace::Category::kOp));
+  {
+    trace::ThreadAttach attach(rec);
+    auto out = model.forward(test::golden("zimage-tiny", "transformer.in.x"), 0.5f, test::golden("zimage-tiny", "transformer.in.cap"));
+    ASSERT_TRUE(out) << out.status().message();
+  }
+  std::map<std::string, int> n;
+  for (const trace::Event& e : rec.events())
+    if (e.depth == 0) ++n[e.name];
+  const int modulated = config.n_refiner_layers + config.n_layers, refiner = config.n_refiner_layers;
+  constexpr int kOtherGemms = 6;  // x embedder, timestep MLP (2), caption linear, final adaLN and linear
+  EXPECT_EQ(n["linear"], 5 * modulated + 4 * refiner + kOtherGemms);
+  EXPECT_EQ(n["rope"], 2 * (modulated + refiner));
+  EXPECT_EQ(n["rms_norm"], 1 + 2 * refiner);
 }
 
 // --dtype fp8 (block projections in e4m3): within a few percent of the f32 goldens.

@@ -1,7 +1,9 @@
 // Typed building blocks for model definitions. Field names follow checkpoint keys (weight, bias), so a
 // model struct reads like its state dict; the forward passes call only the op API (backend/ops.h).
 #pragma once
+#include <array>
 #include <tuple>
+#include <vector>
 
 #include "backend/ops.h"
 
@@ -71,6 +73,23 @@ struct RMSNorm {
   float eps = 1e-6f;
   Tensor operator()(const Tensor& x) const { return ops::rms_norm(x, weight, eps); }
 };
+
+// The rows of `parts` stacked into `stacked` (one GEMM gives every part's outputs), each part then a view of
+// its rows: a view of the parts' own buffer where they already lie there in order (a fused checkpoint
+// tensor: no copy), else a concatenation (the parts' own tensors are freed). Returns false, changing
+// nothing, where stacking does not apply: a part unbound or in FP8 (a file's per-tensor scales), biases on
+// some parts only, widths or dtypes that differ.
+bool stack_linears(Linear& stacked, const std::vector<Linear*>& parts);
+// Each part a view of its rows of `stacked` again (after stacked.quantize_fp8(), say), in order.
+void point_into(const Linear& stacked, const std::vector<Linear*>& parts);
+
+// x [B, N, in] -> q, k, v as heads [B, N, H, D]: views of one [B, N, 3, H, D] output where `qkv` (the three
+// stacked) is bound, else three GEMMs.
+std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const Linear& k, const Linear& v, const Tensor& x,
+                                int64_t heads);
+
+// ops::rope's RMS prologue for a q/k norm (null: none; an unbound weight: no gamma).
+inline RopeRms rope_rms(const RMSNorm* n) { return n ? RopeRms{true, n->weight, n->eps} : RopeRms{}; }
 
 struct Embedding {
   Tensor weight;  // [V, D]

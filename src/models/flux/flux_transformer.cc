@@ -91,17 +91,10 @@ Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale) {
   return ops::norm_modulate(x, NormKind::kLayer, kNormEps, Tensor(), {.scale = scale, .shift = shift});
 }
 
-// x [B, N, D] -> heads [B, N, H, hd] after the RMS norm over hd (norm may be an undefined weight: none).
-Tensor heads(const Tensor& x, int h, const RMSNorm* norm) {
-  Tensor t = x.reshape({x.size(0), x.size(1), h, x.size(2) / h});
-  return norm ? (*norm)(t) : t;
-}
-
-// q/k/v [B, N, H, hd] over the joint sequence -> attention output [B, N, H*hd], RoPE applied to q and k.
-Tensor joint_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos, const Tensor& sin) {
-  const Tensor qh = flux_apply_rope(q.permute({0, 2, 1, 3}), cos, sin);  // rope reads the view, writes [B, H, N, hd]
-  const Tensor kh = flux_apply_rope(k.permute({0, 2, 1, 3}), cos, sin);
-  return ops::attention_merged(qh, kh, v.permute({0, 2, 1, 3}));  // [B, N, H*hd]
+// q or k heads [B, N, H, hd] (a view) -> RMS-normalised over hd and rotated, [B, H, N, hd]: one pass that
+// reads the projection's output in place (ops::rope with its norm prologue) and writes the attention layout.
+Tensor norm_rope(const Tensor& x, const RMSNorm& norm, const Tensor& cos, const Tensor& sin) {
+  return ops::rope(x.permute({0, 2, 1, 3}), cos, sin, 2, rope_rms(&norm));
 }
 
 // residual + gate * y; gate [B, 1, D]; one pass.
@@ -182,16 +175,43 @@ Expected<FluxTransformer> FluxTransformer::load(const WeightStore& store, FluxLa
     });
     ATELIER_RETURN_IF_ERROR(st);
   }
+  m.stack_projections();
   return m;
 }
 
+void FluxTransformer::stack_projections() {
+  for (FluxDoubleBlock& b : double_blocks_) {
+    stack_linears(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});
+    stack_linears(b.add_qkv, {&b.add_q_proj, &b.add_k_proj, &b.add_v_proj});
+  }
+  for (FluxSingleBlock& b : single_blocks_) stack_linears(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});
+}
+
+namespace {
+// A stacked projection quantized as one (per-row scales: the same bytes as its parts apart), its parts
+// pointed into it again; the parts themselves where it is unbound.
+void quantize_stacked(Linear& stacked, const std::vector<Linear*>& parts) {
+  if (!stacked.weight.defined()) {
+    for (Linear* p : parts) p->quantize_fp8();
+    return;
+  }
+  stacked.quantize_fp8();
+  point_into(stacked, parts);
+}
+}  // namespace
+
 void FluxTransformer::quantize_fp8() {
-  for (FluxDoubleBlock& b : double_blocks_)
-    for (Linear* l : {&b.norm1_linear, &b.norm1_context_linear, &b.to_q, &b.to_k, &b.to_v, &b.add_q_proj, &b.add_k_proj,
-                      &b.add_v_proj, &b.to_out, &b.to_add_out, &b.ff_proj, &b.ff_out, &b.ff_context_proj, &b.ff_context_out})
+  for (FluxDoubleBlock& b : double_blocks_) {
+    quantize_stacked(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});
+    quantize_stacked(b.add_qkv, {&b.add_q_proj, &b.add_k_proj, &b.add_v_proj});
+    for (Linear* l : {&b.norm1_linear, &b.norm1_context_linear, &b.to_out, &b.to_add_out, &b.ff_proj, &b.ff_out,
+                      &b.ff_context_proj, &b.ff_context_out})
       l->quantize_fp8();
-  for (FluxSingleBlock& b : single_blocks_)
-    for (Linear* l : {&b.norm_linear, &b.to_q, &b.to_k, &b.to_v, &b.proj_mlp, &b.proj_out}) l->quantize_fp8();
+  }
+  for (FluxSingleBlock& b : single_blocks_) {
+    quantize_stacked(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});
+    for (Linear* l : {&b.norm_linear, &b.proj_mlp, &b.proj_out}) l->quantize_fp8();
+  }
 }
 
 Tensor FluxTransformer::in_dtype(const Tensor& x) const { return x.dtype() == dtype_ ? x : ops::cast(x, dtype_); }
@@ -214,12 +234,15 @@ void FluxTransformer::double_block(const FluxDoubleBlock& b, Tensor& img, Tensor
   const auto mi = modulations(b.norm1_linear, temb_act, kDoubleMods);          // shift, scale, gate (attn), (mlp)
   const auto mt = modulations(b.norm1_context_linear, temb_act, kDoubleMods);
   const Tensor ni = modulate(img, mi[0], mi[1]), nt = modulate(txt, mt[0], mt[1]);
-  // Joint sequence: text first, then image (as the ids are concatenated).
-  const Tensor q = ops::concat({heads(b.add_q_proj(nt), h, &b.norm_added_q), heads(b.to_q(ni), h, &b.norm_q)}, 1);
-  const Tensor k = ops::concat({heads(b.add_k_proj(nt), h, &b.norm_added_k), heads(b.to_k(ni), h, &b.norm_k)}, 1);
-  const Tensor v = ops::concat({heads(b.add_v_proj(nt), h, nullptr), heads(b.to_v(ni), h, nullptr)}, 1);
-  const Tensor a = joint_attention(q, k, v, cos, sin);
+  const auto [qi, ki, vi] = qkv_heads(b.to_qkv, b.to_q, b.to_k, b.to_v, ni, h);  // [B, L, H, hd] each
+  const auto [qt, kt, vt] = qkv_heads(b.add_qkv, b.add_q_proj, b.add_k_proj, b.add_v_proj, nt, h);
+  // Joint sequence: text first, then image (as the ids are concatenated); each stream's rows of the tables.
   const int64_t s = txt.size(1), l = img.size(1);
+  const Tensor cos_t = cos.narrow(0, 0, s), sin_t = sin.narrow(0, 0, s), cos_i = cos.narrow(0, s, l), sin_i = sin.narrow(0, s, l);
+  const Tensor q = ops::concat({norm_rope(qt, b.norm_added_q, cos_t, sin_t), norm_rope(qi, b.norm_q, cos_i, sin_i)}, 2);
+  const Tensor k = ops::concat({norm_rope(kt, b.norm_added_k, cos_t, sin_t), norm_rope(ki, b.norm_k, cos_i, sin_i)}, 2);
+  const Tensor v = ops::concat({vt, vi}, 1).permute({0, 2, 1, 3});
+  const Tensor a = ops::attention_merged(q, k, v);  // [B, S + L, H * hd]
   img = gated_add(img, mi[2], b.to_out(ops::contiguous(a.narrow(1, s, l))));
   txt = gated_add(txt, mt[2], b.to_add_out(ops::contiguous(a.narrow(1, 0, s))));
   const Tensor fi = b.ff_out(b.ff_proj(modulate(img, mi[3], mi[4]), UnaryOp::kGeluTanh));
@@ -234,8 +257,8 @@ Tensor FluxTransformer::single_block(const FluxSingleBlock& b, const Tensor& x, 
   const auto m = modulations(b.norm_linear, temb_act, kSingleMods);  // shift, scale, gate
   const Tensor n = modulate(x, m[0], m[1]);
   const Tensor mlp = b.proj_mlp(n, UnaryOp::kGeluTanh);
-  const Tensor a = joint_attention(heads(b.to_q(n), h, &b.norm_q), heads(b.to_k(n), h, &b.norm_k),
-                                   heads(b.to_v(n), h, nullptr), cos, sin);
+  const auto [q, k, v] = qkv_heads(b.to_qkv, b.to_q, b.to_k, b.to_v, n, h);
+  const Tensor a = ops::attention_merged(norm_rope(q, b.norm_q, cos, sin), norm_rope(k, b.norm_k, cos, sin), v.permute({0, 2, 1, 3}));
   // proj_out(concat(a, mlp)) as two GEMMs over the weight's column blocks (views, read in place), the
   // second accumulating onto the first: the [B, N, d + mlp] concat is never written (2.7 ms of a 1024²
   // step on the H200). The sum is rounded once more than in one GEMM: within the bf16 noise.

@@ -28,6 +28,8 @@ struct FluxMlpEmbedder {
 struct FluxDoubleBlock {
   Linear norm1_linear, norm1_context_linear;  // norm1.linear / norm1_context.linear: 6 modulations each
   Linear to_q, to_k, to_v, add_q_proj, add_k_proj, add_v_proj;  // attn.*
+  Linear to_qkv, add_qkv;  // [to_q; to_k; to_v] and [add_q_proj; ...] stacked (the six are views of them): one
+                           // GEMM per stream (stack_linears; unbound where stacking does not apply)
   RMSNorm norm_q, norm_k, norm_added_q, norm_added_k;          // attn.* over head_dim
   Linear to_out, to_add_out;                                    // attn.to_out.0, attn.to_add_out
   Linear ff_proj, ff_out, ff_context_proj, ff_context_out;      // ff(.context).net.0.proj / net.2
@@ -36,6 +38,7 @@ struct FluxDoubleBlock {
 struct FluxSingleBlock {
   Linear norm_linear;          // norm.linear: 3 modulations
   Linear to_q, to_k, to_v;     // attn.*
+  Linear to_qkv;               // the three stacked (they are views of it), as in FluxDoubleBlock
   RMSNorm norm_q, norm_k;      // attn.*
   Linear proj_mlp, proj_out;   // proj_out takes [attention, mlp] concatenated
 };
@@ -68,6 +71,8 @@ class FluxTransformer {
   // Every projection of the double and single blocks (attention, MLP, adaLN modulation) to FP8 with per-row
   // scales (Linear::quantize_fp8); the embedders and the final layer stay in the compute dtype. `--dtype fp8`.
   void quantize_fp8();
+  // Stacks every block's q/k/v projections (to_qkv, add_qkv); load() calls it.
+  void stack_projections();
 
  private:
   // x in the model's dtype (a copy unless it already is).

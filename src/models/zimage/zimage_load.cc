@@ -191,7 +191,7 @@ Expected<ZImageTransformer> ZImageTransformer::load(const WeightStore& store, co
   w.linear(m.final_linear_, "all_final_layer." + patch_key + ".linear", d, patch_in);
   ATELIER_RETURN_IF_ERROR(w.finish());
   ATELIER_RETURN_IF_ERROR(catch_status([&] {
-    m.stack_feed_forward();
+    m.stack_projections();
     return Status::ok();
   }));
   return m;

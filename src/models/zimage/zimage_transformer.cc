@@ -28,8 +28,10 @@ Tensor pad_rows(const Tensor& x, const Tensor& pad_token, int64_t pad) {
 }
 
 // Complex (interleaved-pair) rotary embedding: x [1, S, H, hd], cos/sin [S, 1, hd/2, 1] -> same as x; each
-// pair (x[2i], x[2i+1]) is multiplied, as a complex number, by cos + i sin.
-Tensor rope_complex(const Tensor& x, const Tensor& cos, const Tensor& sin) { return ops::rope(x, cos, sin, 1); }
+// pair (x[2i], x[2i+1]) is multiplied, as a complex number, by cos + i sin; after the RMS norm `norm` (null: none).
+Tensor rope_complex(const Tensor& x, const Tensor& cos, const Tensor& sin, const RMSNorm* norm) {
+  return ops::rope(x, cos, sin, 1, rope_rms(norm));
+}
 
 // n [1, S, dim] -> w2(silu(w1 n) * w3 n) [1, S, dim]. With w31 stacked: one GEMM and ops::glu's one pass (the
 // product is taken from the f32 SiLU, one rounding fewer in 16-bit than the separate ops; as SD's GEGLU).
@@ -40,36 +42,35 @@ Tensor feed_forward(const ZImageBlock& b, const Tensor& n) {
 
 }  // namespace
 
-namespace {
-// w3 and w1 as the two halves of the stacked w31 (views of its rows, and of its row scales once quantized).
-void point_into_w31(ZImageBlock& b) {
-  const int64_t ff = b.w31.out_features() / 2;
-  b.w3 = b.w31.output_rows(0, ff);
-  b.w1 = b.w31.output_rows(ff, ff);
-}
-}  // namespace
-
-void ZImageTransformer::stack_feed_forward() {
+void ZImageTransformer::stack_projections() {
   for (auto* blocks : {&noise_refiner_, &context_refiner_, &layers_})
     for (ZImageBlock& b : *blocks) {
-      // Files stored in FP8 keep their two tensors (their scales are per tensor, not per row).
-      if (!b.w1.weight.defined() || !b.w3.weight.defined() || b.w1.is_fp8() || b.w3.is_fp8() || b.w1.bias.defined()) continue;
-      b.w31.weight = ops::concat({b.w3.weight, b.w1.weight}, 0);
-      point_into_w31(b);
+      // Files stored in FP8 keep their tensors (their scales are per tensor, not per row): stack_linears
+      // leaves them. The original layout's fused qkv tensor is taken as it lies (a view, no copy).
+      stack_linears(b.w31, {&b.w3, &b.w1});
+      stack_linears(b.qkv, {&b.to_q, &b.to_k, &b.to_v});
     }
 }
+
+namespace {
+// A stacked projection quantized as one (per-row scales: the same bytes as quantizing its parts apart), its
+// parts pointed into it again; the parts themselves where it is unbound.
+void quantize_stacked(Linear& stacked, const std::vector<Linear*>& parts) {
+  if (!stacked.weight.defined()) {
+    for (Linear* p : parts) p->quantize_fp8();
+    return;
+  }
+  stacked.quantize_fp8();
+  point_into(stacked, parts);
+}
+}  // namespace
 
 void ZImageTransformer::quantize_fp8() {
   for (auto* blocks : {&noise_refiner_, &context_refiner_, &layers_})
     for (ZImageBlock& b : *blocks) {
-      for (Linear* l : {&b.to_q, &b.to_k, &b.to_v, &b.to_out, &b.w2, &b.adaLN_modulation}) l->quantize_fp8();
-      if (b.w31.weight.defined()) {
-        b.w31.quantize_fp8();  // per-row scales: the same bytes as quantizing w3 and w1 apart
-        point_into_w31(b);
-      } else {
-        b.w1.quantize_fp8();
-        b.w3.quantize_fp8();
-      }
+      for (Linear* l : {&b.to_out, &b.w2, &b.adaLN_modulation}) l->quantize_fp8();
+      quantize_stacked(b.w31, {&b.w3, &b.w1});
+      quantize_stacked(b.qkv, {&b.to_q, &b.to_k, &b.to_v});
     }
 }
 
@@ -110,14 +111,12 @@ std::pair<Tensor, Tensor> ZImageTransformer::rope(const std::vector<std::array<i
 }
 
 Tensor ZImageTransformer::attention(const ZImageBlock& b, const Tensor& x, const Tensor& cos, const Tensor& sin) const {
-  const int64_t s = x.size(1), h = config_.n_heads, hd = config_.head_dim();
-  Tensor q = b.to_q(x).reshape({1, s, h, hd});
-  Tensor k = b.to_k(x).reshape({1, s, h, hd});
-  Tensor v = b.to_v(x).reshape({1, s, h, hd});
-  if (b.norm_q.weight.defined()) q = b.norm_q(q);
-  if (b.norm_k.weight.defined()) k = b.norm_k(k);
-  q = rope_complex(q, cos, sin);
-  k = rope_complex(k, cos, sin);
+  const int64_t h = config_.n_heads;
+  // q/k/v heads [1, S, H, hd] (views of one GEMM's output); the q/k norms (when the model has them) in the
+  // rope's pass.
+  const auto [qh, kh, v] = qkv_heads(b.qkv, b.to_q, b.to_k, b.to_v, x, h);
+  const Tensor q = rope_complex(qh, cos, sin, b.norm_q.weight.defined() ? &b.norm_q : nullptr);
+  const Tensor k = rope_complex(kh, cos, sin, b.norm_k.weight.defined() ? &b.norm_k : nullptr);
   return b.to_out(ops::attention_merged(q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3})));
 }
 

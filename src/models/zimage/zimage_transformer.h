@@ -61,7 +61,8 @@ Expected<ZImageLayout> detect_zimage_layout(const WeightStore& store, std::strin
 bool is_zimage_transformer(const WeightStore& store);
 
 struct ZImageBlock {
-  Linear to_q, to_k, to_v, to_out;  // no biases; q/k/v may be views of one fused qkv weight
+  Linear to_q, to_k, to_v, to_out;  // no biases; q/k/v are views of qkv once stacked
+  Linear qkv;                       // [to_q; to_k; to_v] stacked (the file's fused tensor, or a copy): one GEMM
   RMSNorm norm_q, norm_k;           // over head_dim
   RMSNorm attention_norm1, attention_norm2, ffn_norm1, ffn_norm2;
   Linear w1, w2, w3;                // SwiGLU feed-forward: w2(silu(w1 x) * w3 x)
@@ -86,8 +87,8 @@ class ZImageTransformer {
   // Every block projection (attention, feed-forward, adaLN) to FP8 with per-row scales (Linear::quantize_fp8);
   // the embedders and the final layer stay in the compute dtype. `--dtype fp8`.
   void quantize_fp8();
-  // Stacks every block's w3 and w1 into w31 (see ZImageBlock); load() calls it.
-  void stack_feed_forward();
+  // Stacks every block's w3 and w1 into w31 and q/k/v into qkv (see ZImageBlock); load() calls it.
+  void stack_projections();
 
  private:
   // x [1, S, dim], adaln [1, adaln_dim] or undefined, cos/sin [S, 1, hd/2, 1] -> [1, S, dim]
