@@ -75,6 +75,21 @@ TEST(ZImageTransformer, OutputsMatchGoldensThroughBothLayouts) {
   }
 }
 
+// Op counts (depth-0 op ranges by name) of one traced forward at t = 0.5, its output checked against the golden.
+std::map<std::string, int> traced_forward_ops(const ZImageTransformer& model) {
+  trace::Recorder rec(trace::bit(trace::Category::kOp));
+  {
+    trace::ThreadAttach attach(rec);
+    auto out = model.forward(test::golden("zimage-tiny", "transformer.in.x"), 0.5f, test::golden("zimage-tiny", "transformer.in.cap"));
+    EXPECT_TRUE(out) << out.status().message();
+    if (out) EXPECT_LE(test::rel_l2(out->to_vector(), test::golden("zimage-tiny", "transformer.out.t0.5").to_vector()), kOutTol);
+  }
+  std::map<std::string, int> n;
+  for (const trace::Event& e : rec.events())
+    if (e.depth == 0) ++n[e.name];
+  return n;
+}
+
 // The SwiGLU feed-forward of every block (noise and context refiners, layers) is one GEMM over the stacked
 // [w3; w1] and one glu pass (not two GEMMs, a SiLU pass and a product), with the goldens' output.
 TEST(ZImageTransformer, FeedForwardIsOneStackedGemmAndOneGlu) {
@@ -82,16 +97,7 @@ TEST(ZImageTransformer, FeedForwardIsOneStackedGemmAndOneGlu) {
   auto loaded = load_tiny_diffusers(dir);
   ASSERT_TRUE(loaded) << loaded.status().message();
   auto& [model, config] = *loaded;
-  trace::Recorder rec(trace::bit(trace::Category::kOp));
-  {
-    trace::ThreadAttach attach(rec);
-    auto out = model.forward(test::golden("zimage-tiny", "transformer.in.x"), 0.5f, test::golden("zimage-tiny", "transformer.in.cap"));
-    ASSERT_TRUE(out) << out.status().message();
-    EXPECT_LE(test::rel_l2(out->to_vector(), test::golden("zimage-tiny", "transformer.out.t0.5").to_vector()), kOutTol);
-  }
-  int glu = 0;
-  for (const trace::Event& e : rec.events()) glu += std::string(e.name) == "glu" && e.depth == 0;
-  EXPECT_EQ(glu, 2 * config.n_refiner_layers + config.n_layers);
+  EXPECT_EQ(traced_forward_ops(model)["glu"], 2 * config.n_refiner_layers + config.n_layers);
 }
 
 // Each block's q/k/v is one GEMM over the stacked [to_q; to_k; to_v] and the q/k RMS norms run inside the
@@ -103,15 +109,7 @@ TEST(ZImageTransformer, QkvIsOneGemmAndTheQkNormsRunInTheRope) {
   auto loaded = load_tiny_diffusers(dir);
   ASSERT_TRUE(loaded) << loaded.status().message();
   auto& [model, config] = *loaded;
-  trace::Recorder rec(trace::bit(trace::Category::kOp));
-  {
-    trace::ThreadAttach attach(rec);
-    auto out = model.forward(test::golden("zimage-tiny", "transformer.in.x"), 0.5f, test::golden("zimage-tiny", "transformer.in.cap"));
-    ASSERT_TRUE(out) << out.status().message();
-  }
-  std::map<std::string, int> n;
-  for (const trace::Event& e : rec.events())
-    if (e.depth == 0) ++n[e.name];
+  auto n = traced_forward_ops(model);
   const int modulated = config.n_refiner_layers + config.n_layers, refiner = config.n_refiner_layers;
   constexpr int kOtherGemms = 6;  // x embedder, timestep MLP (2), caption linear, final adaLN and linear
   EXPECT_EQ(n["linear"], 5 * modulated + 4 * refiner + kOtherGemms);

@@ -101,18 +101,11 @@ __global__ void rope_rms_vec_kernel(T* out, const T* x, const T* cos, const T* s
   constexpr int V = Vec<T>::kWidth, P = V / 2;
   const int64_t row = int64_t(blockIdx.x) * (kRopeRmsThreads / LANES) + threadIdx.x / LANES;
   const int lane = int(threadIdx.x) % LANES;
-  const bool live = row < rows;
+  const bool live = row < rows;  // every lane takes part in the shuffles of vec_row_rstd
   const Vec<T> v = live ? reinterpret_cast<const Vec<T>*>(row_of(x, sh, row))[lane] : Vec<T>{};
-  float f[V], q = 0.0f;
-#pragma unroll
-  for (int e = 0; e < V; ++e) {
-    f[e] = to_f32(v.v[e]);
-    q += f[e] * f[e];
-  }
-#pragma unroll
-  for (int m = LANES / 2; m > 0; m >>= 1) q += __shfl_xor_sync(0xffffffffu, q, m);
+  float f[V];
+  const float rstd = vec_row_rstd<T, LANES>(v, f, eps);
   if (!live) return;
-  const float rstd = 1.0f / sqrtf(q / float(LANES * V) + eps);
   float g[V];
   load_param_run<T>(g, aff.gamma, aff.gamma_dtype, int64_t(lane) * V, 1.0f);
   const int64_t t = position_of(sh, row) * sh.half + int64_t(lane) * P;

@@ -47,6 +47,15 @@ void point_into(const Linear& stacked, const std::vector<Linear*>& parts) {
   }
 }
 
+void quantize_stacked(Linear& stacked, const std::vector<Linear*>& parts) {
+  if (!stacked.weight.defined()) {
+    for (Linear* p : parts) p->quantize_fp8();
+    return;
+  }
+  stacked.quantize_fp8();
+  point_into(stacked, parts);
+}
+
 std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const Linear& k, const Linear& v, const Tensor& x,
                                 int64_t heads) {
   const int64_t b = x.size(0), n = x.size(1);

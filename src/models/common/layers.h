@@ -82,6 +82,9 @@ struct RMSNorm {
 bool stack_linears(Linear& stacked, const std::vector<Linear*>& parts);
 // Each part a view of its rows of `stacked` again (after stacked.quantize_fp8(), say), in order.
 void point_into(const Linear& stacked, const std::vector<Linear*>& parts);
+// `--dtype fp8` on a stacked projection: quantized as one (per-row scales: the same bytes as its parts
+// apart) and its parts pointed into it again; where it is unbound (not stacked), each part on its own.
+void quantize_stacked(Linear& stacked, const std::vector<Linear*>& parts);
 
 // x [B, N, in] -> q, k, v as heads [B, N, H, D]: views of one [B, N, 3, H, D] output where `qkv` (the three
 // stacked) is bound, else three GEMMs.

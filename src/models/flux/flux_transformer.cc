@@ -187,19 +187,6 @@ void FluxTransformer::stack_projections() {
   for (FluxSingleBlock& b : single_blocks_) stack_linears(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});
 }
 
-namespace {
-// A stacked projection quantized as one (per-row scales: the same bytes as its parts apart), its parts
-// pointed into it again; the parts themselves where it is unbound.
-void quantize_stacked(Linear& stacked, const std::vector<Linear*>& parts) {
-  if (!stacked.weight.defined()) {
-    for (Linear* p : parts) p->quantize_fp8();
-    return;
-  }
-  stacked.quantize_fp8();
-  point_into(stacked, parts);
-}
-}  // namespace
-
 void FluxTransformer::quantize_fp8() {
   for (FluxDoubleBlock& b : double_blocks_) {
     quantize_stacked(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});

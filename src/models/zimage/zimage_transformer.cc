@@ -52,19 +52,6 @@ void ZImageTransformer::stack_projections() {
     }
 }
 
-namespace {
-// A stacked projection quantized as one (per-row scales: the same bytes as quantizing its parts apart), its
-// parts pointed into it again; the parts themselves where it is unbound.
-void quantize_stacked(Linear& stacked, const std::vector<Linear*>& parts) {
-  if (!stacked.weight.defined()) {
-    for (Linear* p : parts) p->quantize_fp8();
-    return;
-  }
-  stacked.quantize_fp8();
-  point_into(stacked, parts);
-}
-}  // namespace
-
 void ZImageTransformer::quantize_fp8() {
   for (auto* blocks : {&noise_refiner_, &context_refiner_, &layers_})
     for (ZImageBlock& b : *blocks) {
