@@ -18,6 +18,11 @@ for c in flux zimage; do
     flag=${v:+--fp8}
     bench ${c}${v}_trace --config $c --steps 2 --warmup 1 $flag --trace "$out/${c}${v}_events.trace.json"
     /usr/bin/env python3 bench/trace_ops.py "$out/${c}${v}_events.trace.json" --call model_call > "$out/${c}${v}_ops.txt" 2>&1
+    # The GEMMs by operand shapes (which fall short of the ceiling).
+    gemm=linear
+    [[ -n $v ]] && gemm=linear_fp8
+    /usr/bin/env python3 bench/trace_ops.py "$out/${c}${v}_events.trace.json" --call model_call --shapes $gemm --top 40 \
+      > "$out/${c}${v}_gemm_shapes.txt" 2>&1
     head -14 "$out/${c}${v}_ops.txt"
   done
 done

@@ -79,13 +79,8 @@ void Attention::build(const ParamSource& p, int64_t dim, int64_t kv_dim, int num
   p.linear(to_v, "to_v", kv_dim, dim, /*bias=*/false);
   p.linear(to_out, "to_out.0", dim, dim);
   heads = num_heads;
-  // A source that lists keys only (no tensors) leaves them undefined: nothing to fuse then.
-  if (self_attention && to_q.weight.defined() && to_k.weight.defined() && to_v.weight.defined()) {
-    to_qkv.weight = ops::concat({to_q.weight, to_k.weight, to_v.weight}, 0);
-    to_q = to_qkv.output_rows(0, dim);
-    to_k = to_qkv.output_rows(dim, dim);
-    to_v = to_qkv.output_rows(2 * dim, dim);
-  }
+  // A source that lists keys only (no tensors) leaves them undefined: stack_linears fuses nothing then.
+  if (self_attention) stack_linears(to_qkv, {&to_q, &to_k, &to_v});
 }
 
 Tensor Attention::attend(const Tensor& x, const Tensor& kv, const Tensor& kv_proj) const {
