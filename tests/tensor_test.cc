@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "backend/cpu/cpu_allocator.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 
@@ -42,4 +43,34 @@ TEST(Tensor, DeviceParse) {
   EXPECT_NE(Device::parse("gpu").status().message().find("supported"), std::string::npos);
 }
 
+}  // namespace atelier
+
+namespace atelier {
+namespace {
+
+// The CPU pool serves a request from a cached block of its own size class or a larger one up to twice its
+// size (a batch smaller than the last reuses its blocks), not from one larger than that, and a freed block
+// returns to its own class.
+TEST(CpuAllocator, ServesSmallerRequestsFromLargerCachedBlocks) {
+  CpuAllocator pool;
+  constexpr size_t kMiB = size_t(1) << 20;
+  { auto big = pool.allocate(8 * kMiB); }
+  EXPECT_EQ(pool.bytes_reserved(), 8 * kMiB);
+  {
+    auto smaller = pool.allocate(5 * kMiB);  // served by the cached 8 MiB block: nothing new reserved
+    EXPECT_EQ(pool.bytes_reserved(), 8 * kMiB);
+    EXPECT_EQ(pool.bytes_in_use(), 8 * kMiB);
+  }
+  EXPECT_EQ(pool.bytes_in_use(), 0u);
+  {
+    auto small = pool.allocate(3 * kMiB);  // 8 MiB is more than twice 3: a block of its own
+    EXPECT_EQ(pool.bytes_reserved(), 11 * kMiB);
+    auto again = pool.allocate(8 * kMiB);  // the 8 MiB block went back to its class
+    EXPECT_EQ(pool.bytes_reserved(), 11 * kMiB);
+  }
+  pool.release_cached();
+  EXPECT_EQ(pool.bytes_reserved(), 0u);
+}
+
+}  // namespace
 }  // namespace atelier

@@ -17,12 +17,13 @@ size_t CpuAllocator::round_size(size_t bytes) {
 }
 
 std::shared_ptr<Buffer> CpuAllocator::allocate(size_t bytes) {
-  const size_t size = round_size(bytes);
+  size_t size = round_size(bytes);  // becomes the size of the block taken when a larger cached one serves
   void* p = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(size);
-    if (it != free_.end()) {
+    auto it = free_.lower_bound(size);  // the smallest cached block that fits
+    if (it != free_.end() && it->first <= size * kMaxReuseFactor) {
+      size = it->first;  // the block keeps its class: it returns to it when freed
       p = it->second;
       free_.erase(it);
       cached_ -= size;
