@@ -18,6 +18,8 @@ quick=${GPU_BENCH_QUICK:-0}
 # Without cuDNN's graph-API convolutions and without its SDPA node: what each gives the replayed step.
 ATELIER_CUDNN_GRAPH=0 bench sd15_b1_legacy_conv --config sd15 --steps 20 --batch 1 --warmup 2
 ATELIER_CUDNN_SDPA=0 bench sd15_b1_flash_only --config sd15 --steps 20 --batch 1 --warmup 2
+# Group norms merged inside their apply kernel (off by default until measured; docs/cuda.md).
+ATELIER_GN_APPLY_MERGE=1 bench sd15_b1_gn_apply_merge --config sd15 --steps 20 --batch 1 --warmup 2
 if [[ $quick != 1 ]]; then
   ATELIER_GRAPHS=0 bench sd15_b1_nographs --config sd15 --steps 20 --batch 1 --warmup 2
   ATELIER_CONV_NHWC=0 bench sd15_b1_nchw --config sd15 --steps 20 --batch 1 --warmup 2
@@ -32,6 +34,7 @@ fi
 ATELIER_GRAPHS=0 bench sd15_trace --config sd15 --steps 3 --batch 1 --warmup 1 --trace "$out/sd15_events.trace.json"
 /usr/bin/env python3 bench/trace_ops.py "$out/sd15_events.trace.json" --call unet 2>&1 | tee "$out/sd15_ops.txt"
 bench sd15_b8 --config sd15 --steps 10 --batch 8 --warmup 2
+ATELIER_GN_APPLY_MERGE=1 bench sd15_b8_gn_apply_merge --config sd15 --steps 10 --batch 8 --warmup 2
 bench sd15_1024 --config sd15 --steps 10 --batch 1 --width 1024 --height 1024 --warmup 2
 # FLUX.1-dev (28 steps) and Z-Image-Turbo (8 steps) at 1024², built-in full-size configurations, bf16 and fp8.
 OUT=$out bash "$here/gpu_dit_bench.sh"

@@ -35,6 +35,7 @@ struct ImplGuard {
     test::cuda_be().set_flash_block_rows(0);
     test::cuda_be().set_flash_key_tile(0);
     test::cuda_be().set_allow_tf32(false);
+    test::cuda_be().set_group_norm_apply_merge(false);
   }
 };
 
@@ -298,9 +299,12 @@ Tensor channels_last(const Tensor& x) { return ops::contiguous(x.permute({0, 2, 
 // Channels-last group norm (the NHWC kernels: per-channel chunk sums, a warp per group merging them) at SD's
 // channel counts, including the up blocks' concatenations (960, 1920, 2560) and a large mean; a VAE-like shape
 // with hundreds of chunks per group and a large mean (the merge's unrolled loop, its common reference); 12
-// channels are not whole 16-byte vectors and go through NCHW copies. The output stays channels-last.
+// channels are not whole 16-byte vectors and go through NCHW copies. The output stays channels-last. Each case
+// also with the merge inside the apply kernel (set_group_norm_apply_merge: the small cases and the 16-sample one
+// take it).
 TEST(CudaOps, ChannelsLastGroupNormMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
   struct Case { Shape x; int groups; float offset; };
   const Case cases[] = {{{2, 320, 64, 64}, 32, 0.0f}, {{2, 2560, 8, 8}, 32, 0.0f}, {{1, 1920, 16, 16}, 32, 0.0f},
                         {{2, 960, 32, 32}, 32, 100.0f}, {{3, 64, 5, 7}, 4, 0.0f}, {{2, 12, 5, 5}, 4, 0.0f},
@@ -314,8 +318,12 @@ TEST(CudaOps, ChannelsLastGroupNormMatchesCpu) {
         if (!in[0].device().is_cpu() && in[0].dtype() != DType::F32) EXPECT_TRUE(y.is_channels_last()) << shape_str(y.strides());
         return y;
       };
-      const std::string what = "channels-last group_norm " + shape_str(c.x) + " act " + std::to_string(int(act));
-      for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b}), dt);
+      for (bool merge_in_apply : {false, true}) {
+        test::cuda_be().set_group_norm_apply_merge(merge_in_apply);
+        const std::string what = "channels-last group_norm " + shape_str(c.x) + " act " + std::to_string(int(act)) +
+                                 (merge_in_apply ? " (merged in apply)" : "");
+        for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b}), dt);
+      }
     }
   }
 }

@@ -50,6 +50,7 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
       staging_(index),
       allow_tf32_(env_flag("ATELIER_CUDA_TF32")) {
   conv_nhwc_ = !env_is("ATELIER_CONV_NHWC", "0");
+  gn_apply_merge_ = env_flag("ATELIER_GN_APPLY_MERGE");
 }
 
 CudaBackend::~CudaBackend() = default;

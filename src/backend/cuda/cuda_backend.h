@@ -111,6 +111,11 @@ class CudaBackend final : public Backend {
   static constexpr int kFlashNarrowKeys = 1;
   static constexpr int kFlashWideKeys = 2;
   void set_flash_key_tile(int mode) { flash_key_tile_ = mode; }
+  // Channels-last group norms of at most 8 MB (or with enough samples to fill the device at 16 chunks each):
+  // at most 16 statistics chunks per sample, merged by every block of the apply kernel instead of by a merge
+  // kernel of its own: one launch fewer per group norm (61 per SD UNet call, ~5 us each at batch 2). Off by
+  // default until measured on a GPU (docs/cuda.md); also ATELIER_GN_APPLY_MERGE=1.
+  void set_group_norm_apply_merge(bool on) { gn_apply_merge_ = on; }
   // Enqueues one GEMM (used by conv2d's im2col path and the general attention path too).
   void run_gemm(const GemmCall& call);
 
@@ -159,6 +164,7 @@ class CudaBackend final : public Backend {
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   int flash_block_rows_ = 0;
   int flash_key_tile_ = 0;
+  bool gn_apply_merge_ = false;
 };
 
 // The backend of cuda:`index` (throws atelier::Error when that device is not available).

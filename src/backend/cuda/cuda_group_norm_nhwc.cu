@@ -9,6 +9,8 @@
 // writes one GroupChunk per group. Merge: one warp per (sample, group) combines the chunks (in double, about a
 // common reference) and writes each channel's (scale, shift) = (rstd * gamma, beta - mean * rstd * gamma).
 // Apply: y = act(x * scale + shift), a thread keeping one column's scale/shift in registers and walking rows.
+// Small group norms may merge inside the apply kernel instead (set_group_norm_apply_merge): each apply block
+// merges its sample's (at most kApplyMergeChunks) chunks into shared memory first, the same arithmetic.
 //
 // Index arithmetic is 32-bit except for buffer offsets: 64-bit divisions (dozens of instructions each) in the
 // reduction and in every apply thread's setup cost about as much as the loads themselves.
@@ -113,13 +115,10 @@ __global__ void group_stats_nhwc_kernel(GroupChunk* out, const T* x, int64_t p_c
 // chunks per group.) Then the lanes write the group's channels' (scale, shift).
 constexpr int kMergeUnroll = 8;
 
-__global__ void group_merge_nhwc_kernel(float2* scale_shift, const GroupChunk* chunks, NormAffine aff, int samples, int groups, int c,
-                                        int chunk_count, int rows_per_chunk, int64_t p_count, float eps) {
-  const int item = int((int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32);
-  const int lane = int(threadIdx.x) % 32;
-  if (item >= samples * groups) return;  // whole warps leave together
-  const int n = item / groups, g = item % groups, cg = c / groups;
-  const GroupChunk* mine = chunks + int64_t(n) * chunk_count * groups + g;  // chunk k at mine[k * groups]
+// Group g of sample n's chunks (chunk k at mine[k * groups]) merged by one warp, as described above; every lane
+// returns the group's mean and rstd. The whole warp must call it.
+__device__ __forceinline__ void merge_group_stats(const GroupChunk* mine, int groups, int chunk_count, int rows_per_chunk, int64_t p_count,
+                                  int cg, float eps, int lane, double& mean, double& rstd) {
   const double ref = double(mine[0].shift);
   double sum = 0.0, sum_sq = 0.0;
   const auto add = [&](const GroupChunk& s, int k) {
@@ -142,27 +141,36 @@ __global__ void group_merge_nhwc_kernel(float2* scale_shift, const GroupChunk* c
     sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, off);
   }
   const double count = double(p_count) * cg, d_mean = sum / count;
-  const double mean = ref + d_mean;
-  const double rstd = 1.0 / sqrt(fmax(sum_sq / count - d_mean * d_mean, 0.0) + double(eps));
+  mean = ref + d_mean;
+  rstd = 1.0 / sqrt(fmax(sum_sq / count - d_mean * d_mean, 0.0) + double(eps));
+}
+
+// Group g's channels' (scale, shift) from its mean and rstd into table[ch] (lanes stride the channels).
+__device__ __forceinline__ void write_group_scale_shift(float2* table, NormAffine aff, int g, int cg, int lane, double mean, double rstd) {
   for (int ch = g * cg + lane; ch < (g + 1) * cg; ch += 32) {
     const double gam = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, ch) : 1.0f;
     const double bet = aff.beta ? load_any(aff.beta, aff.beta_dtype, ch) : 0.0f;
     const double sc = rstd * gam;
-    scale_shift[int64_t(n) * c + ch] = make_float2(float(sc), float(bet - mean * sc));
+    table[ch] = make_float2(float(sc), float(bet - mean * sc));
   }
 }
 
-// y = act(x * scale[n, c] + shift[n, c]) over sample blockIdx.y. A block is rows_per_pass whole rows of vc
-// column vectors, so a thread keeps one column (its V channels' scale and shift loaded once) and walks rows
-// r0 + k * gridDim.x * rows_per_pass, kApplyUnroll loads in flight.
-template <typename T>
-__global__ void group_apply_nhwc_kernel(T* y, const T* x, const float2* scale_shift, int64_t p_count, int c, int rows_per_pass,
-                                        UnaryOp act) {
-  constexpr int V = Vec<T>::kWidth;
-  const int vc = c / V, n = int(blockIdx.y), v = int(threadIdx.x) % vc;
-  const int64_t r0 = int64_t(blockIdx.x) * rows_per_pass + int(threadIdx.x) / vc, step = int64_t(gridDim.x) * rows_per_pass;
-  float sc[V], sh[V];
-  const float4* ss = reinterpret_cast<const float4*>(scale_shift + int64_t(n) * c + v * V);
+__global__ void group_merge_nhwc_kernel(float2* scale_shift, const GroupChunk* chunks, NormAffine aff, int samples, int groups, int c,
+                                        int chunk_count, int rows_per_chunk, int64_t p_count, float eps) {
+  const int item = int((int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32);
+  const int lane = int(threadIdx.x) % 32;
+  if (item >= samples * groups) return;  // whole warps leave together
+  const int n = item / groups, g = item % groups, cg = c / groups;
+  double mean, rstd;
+  merge_group_stats(chunks + int64_t(n) * chunk_count * groups + g, groups, chunk_count, rows_per_chunk, p_count, cg, eps, lane,
+                    mean, rstd);
+  write_group_scale_shift(scale_shift + int64_t(n) * c, aff, g, cg, lane, mean, rstd);
+}
+
+// A thread's V channels' (scale, shift) from a [c] table of float2 (global or shared memory).
+template <int V>
+__device__ __forceinline__ void load_scale_shift(float (&sc)[V], float (&sh)[V], const float2* table, int v) {
+  const float4* ss = reinterpret_cast<const float4*>(table + v * V);
 #pragma unroll
   for (int e = 0; e < V; e += 2) {
     const float4 p = ss[e / 2];
@@ -171,8 +179,15 @@ __global__ void group_apply_nhwc_kernel(T* y, const T* x, const float2* scale_sh
     sc[e + 1] = p.z;
     sh[e + 1] = p.w;
   }
-  const Vec<T>* xs = reinterpret_cast<const Vec<T>*>(x + int64_t(n) * p_count * c) + v;
-  Vec<T>* ys = reinterpret_cast<Vec<T>*>(y + int64_t(n) * p_count * c) + v;
+}
+
+// The apply loop of one thread: column v of sample n, rows r0, r0 + step, ... (kApplyUnroll loads in flight).
+template <typename T>
+__device__ __forceinline__ void apply_column(T* y, const T* x, const float (&sc)[Vec<T>::kWidth], const float (&sh)[Vec<T>::kWidth],
+                                             int64_t p_count, int vc, int v, int64_t r0, int64_t step, UnaryOp act) {
+  constexpr int V = Vec<T>::kWidth;
+  const Vec<T>* xs = reinterpret_cast<const Vec<T>*>(x) + v;
+  Vec<T>* ys = reinterpret_cast<Vec<T>*>(y) + v;
   const auto apply = [&](const Vec<T>& in) {
     Vec<T> o;
 #pragma unroll
@@ -188,6 +203,51 @@ __global__ void group_apply_nhwc_kernel(T* y, const T* x, const float2* scale_sh
     for (int u = 0; u < kApplyUnroll; ++u)
       if (r + u * step < p_count) ys[(r + u * step) * vc] = apply(in[u]);
   }
+}
+
+// y = act(x * scale[n, c] + shift[n, c]) over sample blockIdx.y. A block is rows_per_pass whole rows of vc
+// column vectors, so a thread keeps one column (its V channels' scale and shift loaded once) and walks rows
+// r0 + k * gridDim.x * rows_per_pass, kApplyUnroll loads in flight.
+template <typename T>
+__global__ void group_apply_nhwc_kernel(T* y, const T* x, const float2* scale_shift, int64_t p_count, int c, int rows_per_pass,
+                                        UnaryOp act) {
+  constexpr int V = Vec<T>::kWidth;
+  const int vc = c / V, n = int(blockIdx.y), v = int(threadIdx.x) % vc;
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_pass + int(threadIdx.x) / vc, step = int64_t(gridDim.x) * rows_per_pass;
+  float sc[V], sh[V];
+  load_scale_shift<V>(sc, sh, scale_shift + int64_t(n) * c, v);
+  apply_column<T>(y + int64_t(n) * p_count * c, x + int64_t(n) * p_count * c, sc, sh, p_count, vc, v, r0, step, act);
+}
+
+// group_apply_nhwc_kernel with the merge first: the block's full warps merge sample blockIdx.y's groups (their
+// chunk_count <= kApplyMergeChunks chunks each) into a shared [c] (scale, shift) table, then every thread
+// applies as above. Every block repeats the merge: 16 chunks of 32 groups are ~6 KB of L2-resident reads.
+constexpr int kApplyMergeChunks = 16;
+constexpr int64_t kApplyMergeMaxBytes = int64_t(8) << 20;  // "small": SD's group norms up to 64x64x320 at batch 2 (5 MB)
+constexpr size_t kApplyMergeMaxSmem = 32 * 1024;           // the [c] table: up to 4096 channels
+
+template <typename T>
+__global__ void group_apply_merge_nhwc_kernel(T* y, const T* x, const GroupChunk* chunks, NormAffine aff, int groups,
+                                              int chunk_count, int rows_per_chunk, int64_t p_count, int c, int rows_per_pass,
+                                              float eps, UnaryOp act) {
+  constexpr int V = Vec<T>::kWidth;
+  extern __shared__ float4 table_mem[];  // float4: the 16-byte alignment of load_scale_shift's reads
+  float2* table = reinterpret_cast<float2*>(table_mem);  // [c]
+  const int vc = c / V, n = int(blockIdx.y), v = int(threadIdx.x) % vc, cg = c / groups;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, warps = int(blockDim.x) / 32;
+  if (warp < warps) {  // a last partial warp only waits (the merge's shuffles need whole warps)
+    for (int g = warp; g < groups; g += warps) {
+      double mean, rstd;
+      merge_group_stats(chunks + int64_t(n) * chunk_count * groups + g, groups, chunk_count, rows_per_chunk, p_count, cg, eps,
+                        lane, mean, rstd);
+      write_group_scale_shift(table, aff, g, cg, lane, mean, rstd);
+    }
+  }
+  __syncthreads();
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_pass + int(threadIdx.x) / vc, step = int64_t(gridDim.x) * rows_per_pass;
+  float sc[V], sh[V];
+  load_scale_shift<V>(sc, sh, table, v);
+  apply_column<T>(y + int64_t(n) * p_count * c, x + int64_t(n) * p_count * c, sc, sh, p_count, vc, v, r0, step, act);
 }
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -236,25 +296,47 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& ga
     // H200). Capping the apply pass at 4 rows per thread (more waves for large tensors, which ncu timed 15%
     // faster in isolation) measured slower in the models (UNet step 6.67 -> 6.73 ms, VAE decode 7.58 -> 7.84).
     const int64_t stats_wave = resident_blocks(reinterpret_cast<const void*>(&group_stats_nhwc_kernel<T>), threads, smem, sm_count_);
-    const int64_t chunks_wanted = std::max<int64_t>(1, stats_wave / n);
-    const int64_t rows_per_thread = std::clamp<int64_t>(ceil_div(ceil_div(p, chunks_wanted), rows_per_pass), 1, kNhwcMaxRowsPerThread);
-    const int64_t rows_per_chunk = rows_per_pass * rows_per_thread;
+    // Rows per chunk for `wanted` chunks per sample (a thread walks at most kNhwcMaxRowsPerThread rows).
+    const auto rows_per_chunk_for = [&](int64_t wanted) {
+      return rows_per_pass * std::clamp<int64_t>(ceil_div(ceil_div(p, wanted), rows_per_pass), 1, kNhwcMaxRowsPerThread);
+    };
+    int64_t rows_per_chunk = rows_per_chunk_for(std::max<int64_t>(1, stats_wave / n));
+    // Merged inside the apply kernel: small tensors (whose statistics pass is short with few chunks) or enough
+    // samples to fill the device with kApplyMergeChunks chunks each; the [c] table must fit in shared memory.
+    const size_t table_smem = size_t(c) * sizeof(float2);
+    bool merge_in_apply = gn_apply_merge_ && table_smem <= kApplyMergeMaxSmem &&
+                          (n * p * c * int64_t(sizeof(T)) <= kApplyMergeMaxBytes || 2 * n * kApplyMergeChunks >= sm_count_);
+    if (merge_in_apply) {
+      const int64_t few = rows_per_chunk_for(std::min<int64_t>(kApplyMergeChunks, std::max<int64_t>(1, stats_wave / n)));
+      merge_in_apply = ceil_div(p, few) <= kApplyMergeChunks;
+      if (merge_in_apply) rows_per_chunk = few;
+    }
     const int64_t chunks = ceil_div(p, rows_per_chunk);
     if (chunks > kMaxGridY || n * chunks * groups > (int64_t(1) << 31)) return;
     NvtxRange range("group_norm");
     std::shared_ptr<Buffer> partial = alloc_.allocate(size_t(n * chunks * groups) * sizeof(GroupChunk));
-    std::shared_ptr<Buffer> table = alloc_.allocate(size_t(n * c) * sizeof(float2));
     auto* ps = static_cast<GroupChunk*>(partial->data());
-    auto* ss = static_cast<float2*>(table->data());
     group_stats_nhwc_kernel<T><<<dim3(unsigned(chunks), unsigned(n)), unsigned(threads), smem, stream_>>>(
         ps, x.data<T>(), p, int(c), groups, int(rows_per_chunk), rows_per_pass);
-    const int64_t warps = n * groups;
-    group_merge_nhwc_kernel<<<unsigned((warps * 32 + kMergeThreads - 1) / kMergeThreads), kMergeThreads, 0, stream_>>>(
-        ss, ps, affine_of(gamma, beta), int(n), groups, int(c), int(chunks), int(rows_per_chunk), p, eps);
-    const int64_t apply_wave = resident_blocks(reinterpret_cast<const void*>(&group_apply_nhwc_kernel<T>), threads, 0, sm_count_);
-    const int64_t apply_blocks = std::clamp<int64_t>(std::min(std::max<int64_t>(1, apply_wave / n), ceil_div(p, rows_per_pass)), 1, kMaxGridY);
-    group_apply_nhwc_kernel<T><<<dim3(unsigned(apply_blocks), unsigned(n)), unsigned(threads), 0, stream_>>>(
-        out.data<T>(), x.data<T>(), ss, p, int(c), rows_per_pass, act);
+    const auto apply_blocks = [&](const void* kernel, size_t apply_smem) {
+      const int64_t wave = resident_blocks(kernel, threads, apply_smem, sm_count_);
+      return unsigned(std::clamp<int64_t>(std::min(std::max<int64_t>(1, wave / n), ceil_div(p, rows_per_pass)), 1, kMaxGridY));
+    };
+    if (merge_in_apply) {
+      const unsigned blocks = apply_blocks(reinterpret_cast<const void*>(&group_apply_merge_nhwc_kernel<T>), table_smem);
+      group_apply_merge_nhwc_kernel<T><<<dim3(blocks, unsigned(n)), unsigned(threads), table_smem, stream_>>>(
+          out.data<T>(), x.data<T>(), ps, affine_of(gamma, beta), groups, int(chunks), int(rows_per_chunk), p, int(c),
+          rows_per_pass, eps, act);
+    } else {
+      std::shared_ptr<Buffer> table = alloc_.allocate(size_t(n * c) * sizeof(float2));
+      auto* ss = static_cast<float2*>(table->data());
+      const int64_t warps = n * groups;
+      group_merge_nhwc_kernel<<<unsigned((warps * 32 + kMergeThreads - 1) / kMergeThreads), kMergeThreads, 0, stream_>>>(
+          ss, ps, affine_of(gamma, beta), int(n), groups, int(c), int(chunks), int(rows_per_chunk), p, eps);
+      const unsigned blocks = apply_blocks(reinterpret_cast<const void*>(&group_apply_nhwc_kernel<T>), 0);
+      group_apply_nhwc_kernel<T><<<dim3(blocks, unsigned(n)), unsigned(threads), 0, stream_>>>(out.data<T>(), x.data<T>(), ss, p,
+                                                                                              int(c), rows_per_pass, act);
+    }
     ATELIER_CUDA_LAUNCHED();
     done = true;
   });
