@@ -2,12 +2,10 @@
 // both golden timesteps through the diffusers folder and the BFL single file.
 #include <cmath>
 #include <iostream>
-#include <map>
 
 #include <unistd.h>
 
 #include "core/dtype.h"
-#include "core/trace.h"
 #include "io/safetensors.h"
 #include "models/common/table_cache.h"
 #include "models/flux/flux_transformer.h"
@@ -130,19 +128,6 @@ TEST(FluxTransformerGolden, BflSingleFile) {
   check_goldens(FluxTransformer::load(store, FluxLayout::kBfl, cfg, Device::cpu()).value(), "bfl");
 }
 
-// Op counts of one traced forward (depth-0 op ranges by name).
-std::map<std::string, int> traced_ops(const FluxTransformer& m, const FluxInputs& in) {
-  trace::Recorder rec(trace::bit(trace::Category::kOp));
-  {
-    trace::ThreadAttach attach(rec);
-    EXPECT_TRUE(m.forward(in));
-  }
-  std::map<std::string, int> n;
-  for (const trace::Event& e : rec.events())
-    if (e.depth == 0) ++n[e.name];
-  return n;
-}
-
 // Each stream's q/k/v is one GEMM (to_qkv, add_qkv: the BFL file's fused tensor as it lies, the diffusers
 // folder's three stacked at load) and the q/k RMS norms run inside the rope pass: per double block ten GEMMs
 // (two modulations, two q/k/v, two output projections, four feed-forward) and four ropes, per single block
@@ -156,12 +141,12 @@ TEST(FluxTransformerGolden, QkvIsOneGemmPerStreamAndTheNormsRunInTheRope) {
                                                       : dir / "model/transformer/diffusion_pytorch_model.safetensors").string()}).value();
     const FluxConfig cfg = bfl ? FluxConfig::detect(store, FluxLayout::kBfl).value() : folder_config(dir);
     const FluxTransformer m = FluxTransformer::load(store, layout, cfg, Device::cpu()).value();
-    const auto n = traced_ops(m, golden_inputs(0.5f));
+    auto n = test::count_by_name(test::top_level_ops([&] { EXPECT_TRUE(m.forward(golden_inputs(0.5f))); }));
     const int embedders = 2 + 2 * (cfg.guidance_embeds ? 3 : 2) + 2;  // x/context, MLP embedders, final layer
-    EXPECT_EQ(n.count("linear") ? n.at("linear") : 0, 10 * cfg.num_layers + 4 * cfg.num_single_layers + embedders);
-    EXPECT_EQ(n.count("linear_residual") ? n.at("linear_residual") : 0, cfg.num_single_layers);
-    EXPECT_EQ(n.count("rope") ? n.at("rope") : 0, 4 * cfg.num_layers + 2 * cfg.num_single_layers);
-    EXPECT_EQ(n.count("rms_norm"), 0u);
+    EXPECT_EQ(n["linear"], 10 * cfg.num_layers + 4 * cfg.num_single_layers + embedders);
+    EXPECT_EQ(n["linear_residual"], cfg.num_single_layers);
+    EXPECT_EQ(n["rope"], 4 * cfg.num_layers + 2 * cfg.num_single_layers);
+    EXPECT_EQ(n["rms_norm"], 0);
   }
 }
 

@@ -45,6 +45,24 @@ Tensor golden(const std::string& name, const std::string& key) {
   return f->load(key, DType::F32).value();
 }
 
+std::vector<trace::Event> top_level_ops(const std::function<void()>& fn) {
+  trace::Recorder rec(trace::bit(trace::Category::kOp));
+  {
+    trace::ThreadAttach attach(rec);
+    fn();
+  }
+  std::vector<trace::Event> out;
+  for (const trace::Event& e : rec.events())
+    if (e.depth == 0) out.push_back(e);
+  return out;
+}
+
+std::map<std::string, int> count_by_name(const std::vector<trace::Event>& ops) {
+  std::map<std::string, int> n;
+  for (const trace::Event& e : ops) ++n[e.name];
+  return n;
+}
+
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +30,12 @@ struct ChannelsLastOnCpu {
   ChannelsLastOnCpu(const ChannelsLastOnCpu&) = delete;
   ChannelsLastOnCpu& operator=(const ChannelsLastOnCpu&) = delete;
 };
+
+// The top-level op ranges (category kOp, depth 0) that fn records on this thread, in order: what a model's
+// forward calls, for tests that count its GEMMs, norms or ropes.
+std::vector<trace::Event> top_level_ops(const std::function<void()>& fn);
+// Those ranges counted by op name.
+std::map<std::string, int> count_by_name(const std::vector<trace::Event>& ops);
 
 // A recorded range as the trace recorder keeps it: host start and duration (ns), device start and duration (us
 // since the recorder's origin; -1: not device-timed), op nesting depth.

@@ -1,8 +1,6 @@
 // Z-Image transformer vs the zimage-tiny goldens, through the diffusers folder and the original single file.
 #include <gtest/gtest.h>
 
-#include <map>
-
 #include "models/zimage/zimage_transformer.h"
 #include "test_util.h"
 
@@ -77,17 +75,11 @@ TEST(ZImageTransformer, OutputsMatchGoldensThroughBothLayouts) {
 
 // Op counts (depth-0 op ranges by name) of one traced forward at t = 0.5, its output checked against the golden.
 std::map<std::string, int> traced_forward_ops(const ZImageTransformer& model) {
-  trace::Recorder rec(trace::bit(trace::Category::kOp));
-  {
-    trace::ThreadAttach attach(rec);
+  return test::count_by_name(test::top_level_ops([&] {
     auto out = model.forward(test::golden("zimage-tiny", "transformer.in.x"), 0.5f, test::golden("zimage-tiny", "transformer.in.cap"));
-    EXPECT_TRUE(out) << out.status().message();
-    if (out) EXPECT_LE(test::rel_l2(out->to_vector(), test::golden("zimage-tiny", "transformer.out.t0.5").to_vector()), kOutTol);
-  }
-  std::map<std::string, int> n;
-  for (const trace::Event& e : rec.events())
-    if (e.depth == 0) ++n[e.name];
-  return n;
+    ASSERT_TRUE(out) << out.status().message();
+    EXPECT_LE(test::rel_l2(out->to_vector(), test::golden("zimage-tiny", "transformer.out.t0.5").to_vector()), kOutTol);
+  }));
 }
 
 // The SwiGLU feed-forward of every block (noise and context refiners, layers) is one GEMM over the stacked
