@@ -22,6 +22,6 @@ checks=$!
 CUDA_VISIBLE_DEVICES=0 OUT=$out/bench GPU_BENCH_QUICK=1 bash "$here/gpu_bench.sh" > "$out/bench.log" 2>&1
 wait "$checks"
 echo "=== GPU tests (GPU $test_gpu)"
-grep -E "tests? (passed|failed)|FAILED|gpu_check exit" "$out/check.log" | tail -15
+grep -E "=== GPU test summary|  (skipped|FAILED):|=== gpu_check: tests exited|gpu_check exit status" "$out/check.log" | tail -20
 echo "=== benches (GPU 0)"
 grep -E "^=== bench|model call ms|failed" "$out/bench.log"
