@@ -16,7 +16,11 @@ gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
 test_gpu=0
 (( gpus > 1 )) && test_gpu=1
 (CUDA_VISIBLE_DEVICES=$test_gpu OUT=$out/check bash "$here/gpu_check.sh" > "$out/check.log" 2>&1
- echo "gpu_check exit status $?" >> "$out/check.log") &
+ echo "gpu_check exit status $?" >> "$out/check.log"
+ # The model goldens and graph replay again with the switches that are off by default (docs/cuda.md).
+ CUDA_VISIBLE_DEVICES=$test_gpu ATELIER_GN_APPLY_MERGE=1 ATELIER_FIXTURES=$PWD/.devicepack/fixtures .devicepack/run \
+   .devicepack/bin/tests/atelier_gpu_tests --gtest_filter='CudaModels.*:CudaGraph*' > "$out/check_gn_apply_merge.log" 2>&1
+ echo "gpu_check exit status $? (CudaModels.*:CudaGraph* with ATELIER_GN_APPLY_MERGE=1)" >> "$out/check.log") &
 checks=$!
 (( gpus > 1 )) || wait "$checks"
 CUDA_VISIBLE_DEVICES=0 OUT=$out/bench GPU_BENCH_QUICK=1 bash "$here/gpu_bench.sh" > "$out/bench.log" 2>&1
