@@ -166,6 +166,21 @@ TEST(FluxTransformerGolden, Fp8BlocksStayCloseToTheGoldens) {
   }
 }
 
+// With FP8 blocks, a single block's modulated input is quantized once for its two GEMMs (MLP and q/k/v): one
+// quantization op at the top level per single block; every other FP8 product quantizes its own input inside.
+TEST(FluxTransformerGolden, Fp8SingleBlocksQuantizeTheirInputOnce) {
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  const WeightStore store = WeightStore::open({(dir / "model/transformer/diffusion_pytorch_model.safetensors").string()}).value();
+  const FluxConfig cfg = folder_config(dir);
+  FluxTransformer m = FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, Device::cpu()).value();
+  m.quantize_fp8();
+  const std::vector<trace::Event> ops = test::top_level_ops([&] { EXPECT_TRUE(m.forward(golden_inputs(0.5f))); });
+  auto n = test::count_by_name(ops);
+  EXPECT_EQ(n["quantize_activation_fp8"], cfg.num_single_layers);
+  // Per double block 10 FP8 products, per single block 5 (modulation, q/k/v, MLP, proj_out's two column blocks).
+  EXPECT_EQ(n["linear_fp8"], 10 * cfg.num_layers + 5 * cfg.num_single_layers);
+}
+
 // An FP8 checkpoint (block projections stored in f8e4m3, as ComfyUI's fp8 FLUX files) with --dtype fp8: the
 // stored weights are used as they are (row scales 1), not upcast and quantized again. Against the same file
 // upcast to f32 (the exact weights), only the activations' quantization differs; quantizing again adds the

@@ -66,6 +66,15 @@ std::pair<Tensor, Tensor> quantize_rows_fp8(const Tensor& w);
 // optional residual (the output's shape) added as linear_residual does.
 Tensor linear_fp8(const Tensor& x, const Tensor& w8, const Tensor& ws, const Tensor& b = {},
                   UnaryOp act = UnaryOp::kIdentity, const Tensor& residual = {});
+// An activation x [..., in] with its rows quantized as linear_fp8 quantizes them (q [m, in] f8e4m3, scale [m]
+// f32, m = rows of x), once for several FP8 products that read x; q undefined: not quantized (yet).
+struct Fp8Rows {
+  Tensor x, q, scale;
+};
+Fp8Rows quantize_activation_fp8(const Tensor& x);
+// linear_fp8 from rows quantized already (quantized here when x.q is undefined): the same values.
+Tensor linear_fp8(const Fp8Rows& x, const Tensor& w8, const Tensor& ws, const Tensor& b = {},
+                  UnaryOp act = UnaryOp::kIdentity, const Tensor& residual = {});
 // x [N, C, H, W], w [O, C/g, kh, kw], b [O] optional -> [N, O, Ho, Wo] (+ addend, optional, broadcastable
 // to the output: a per-sample [N, O, 1, 1] bias or a residual, added in the convolution's output pass).
 // Channels-last on a device that prefers it (Backend::prefers_channels_last); the values are the same.

@@ -29,7 +29,25 @@ std::pair<Tensor, Tensor> quantize_rows_fp8(const Tensor& w) {
 }
 
 // x [..., in] -> [..., out]; w8 [out, in] f8e4m3, ws [out] f32, b [out] and residual [..., out] optional.
+Fp8Rows quantize_activation_fp8(const Tensor& x) {
+  trace::Scope range("quantize_activation_fp8", trace::Category::kOp);
+  const std::string op = "linear_fp8";
+  require_f32(x, op, "x");
+  const int64_t k = x.dim() > 0 ? x.size(-1) : 0, m = x.numel() / std::max<int64_t>(k, 1);
+  Fp8Rows r{x, Tensor::empty({m, k}, DType::F8E4M3, x.device()), Tensor::empty({m}, DType::F32, x.device())};
+  if (m == 0 || k == 0) return r;
+  const Tensor r3 = rows_view(x);  // [1, m, k], rows possibly strided
+  const Tensor rows(r3.buffer(), {m, k}, {r3.strides()[1], 1}, r3.dtype(), r3.offset());
+  backend_of(x).quantize_rows_fp8(r.q, r.scale, rows);
+  return r;
+}
+
 Tensor linear_fp8(const Tensor& x, const Tensor& w8, const Tensor& ws, const Tensor& b, UnaryOp act, const Tensor& residual) {
+  return linear_fp8(Fp8Rows{x, Tensor(), Tensor()}, w8, ws, b, act, residual);
+}
+
+Tensor linear_fp8(const Fp8Rows& xr, const Tensor& w8, const Tensor& ws, const Tensor& b, UnaryOp act, const Tensor& residual) {
+  const Tensor& x = xr.x;
   trace::Scope range("linear_fp8", trace::Category::kOp);
   if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w8.shape()) + "^T");
   const std::string op = "linear_fp8";
@@ -48,16 +66,13 @@ Tensor linear_fp8(const Tensor& x, const Tensor& w8, const Tensor& ws, const Ten
   Tensor out = linear_output(x, w8, "w8", b, residual, op, &beta);
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1), n = w8.size(0), k = w8.size(1);
   if (m == 0 || n == 0) return out;
-  const Tensor r3 = rows_view(x);  // [1, m, k], rows possibly strided
-  const Tensor rows(r3.buffer(), {m, k}, {r3.strides()[1], 1}, r3.dtype(), r3.offset());
-  Tensor x8 = Tensor::empty({m, k}, DType::F8E4M3, x.device());
-  Tensor xs = Tensor::empty({m}, DType::F32, x.device());
-  Backend& be = backend_of(x);
-  be.quantize_rows_fp8(x8, xs, rows);
+  const Fp8Rows q = xr.q.defined() ? xr : quantize_activation_fp8(x);
+  require(q.q.dim() == 2 && q.q.size(0) == m && q.q.size(1) == k && q.scale.numel() == m, op,
+          "quantized rows " + shape_str(q.q.shape()) + " do not match x " + shape_str(x.shape()));
   Tensor out2 = out.reshape({m, n});
   const Tensor bias = b.defined() ? (b.dtype() == x.dtype() ? contiguous(b) : cast(b, x.dtype())) : Tensor();
   trace::count_flops(gemm_flops(1, m, n, k));
-  be.gemm_fp8(out2, x8, xs, w8, ws, bias, beta, act);
+  backend_of(x).gemm_fp8(out2, q.q, q.scale, w8, ws, bias, beta, act);
   return out;
 }
 

@@ -56,9 +56,9 @@ void quantize_stacked(Linear& stacked, const std::vector<Linear*>& parts) {
   point_into(stacked, parts);
 }
 
-std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const Linear& k, const Linear& v, const Tensor& x,
+std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const Linear& k, const Linear& v, const ops::Fp8Rows& x,
                                 int64_t heads) {
-  const int64_t b = x.size(0), n = x.size(1);
+  const int64_t b = x.x.size(0), n = x.x.size(1);
   if (qkv.weight.defined()) {
     const Tensor all = qkv(x);
     const Tensor h5 = all.reshape({b, n, 3, heads, all.size(2) / (3 * heads)});
@@ -66,6 +66,12 @@ std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const Linear
   }
   const auto split = [&](const Tensor& t) { return t.reshape({b, n, heads, t.size(2) / heads}); };
   return {split(q(x)), split(k(x)), split(v(x))};
+}
+
+ops::Fp8Rows rows_for(const Tensor& x, const std::vector<const Linear*>& readers) {
+  for (const Linear* l : readers)
+    if (l->is_fp8()) return ops::quantize_activation_fp8(x);
+  return {x, Tensor(), Tensor()};
 }
 
 }  // namespace atelier

@@ -18,6 +18,12 @@ struct Linear {
     if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, act);
     return ops::linear(x, weight, bias, act);
   }
+  // The same from x's rows quantized already (ops::Fp8Rows: one quantization for several FP8 layers that read
+  // x; quantized here when they are not); a layer not in FP8 reads x itself.
+  Tensor operator()(const ops::Fp8Rows& x, UnaryOp act = UnaryOp::kIdentity) const {
+    if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, act);
+    return ops::linear(x.x, weight, bias, act);
+  }
   // x [..., in] -> residual + x @ weight^T + bias, residual [..., out] (one fused epilogue).
   Tensor with_residual(const Tensor& x, const Tensor& residual) const {
     if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, UnaryOp::kIdentity, residual);
@@ -88,8 +94,14 @@ void quantize_stacked(Linear& stacked, const std::vector<Linear*>& parts);
 
 // x [B, N, in] -> q, k, v as heads [B, N, H, D]: views of one [B, N, 3, H, D] output where `qkv` (the three
 // stacked) is bound, else three GEMMs.
-std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const Linear& k, const Linear& v, const Tensor& x,
+std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const Linear& k, const Linear& v, const ops::Fp8Rows& x,
                                 int64_t heads);
+inline std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const Linear& k, const Linear& v, const Tensor& x,
+                                       int64_t heads) {
+  return qkv_heads(qkv, q, k, v, ops::Fp8Rows{x, Tensor(), Tensor()}, heads);
+}
+// x as ops::Fp8Rows for the layers that read it: quantized once where any of them is in FP8, else as it is.
+ops::Fp8Rows rows_for(const Tensor& x, const std::vector<const Linear*>& readers);
 
 // ops::rope's RMS prologue for a q/k norm (null: none; an unbound weight: no gamma).
 inline RopeRms rope_rms(const RMSNorm* n) { return n ? RopeRms{true, n->weight, n->eps} : RopeRms{}; }

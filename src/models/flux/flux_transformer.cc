@@ -242,7 +242,8 @@ Tensor FluxTransformer::single_block(const FluxSingleBlock& b, const Tensor& x, 
                                      const Tensor& cos, const Tensor& sin) const {
   const int h = config_.num_heads;
   const auto m = modulations(b.norm_linear, temb_act, kSingleMods);  // shift, scale, gate
-  const Tensor n = modulate(x, m[0], m[1]);
+  // n feeds the MLP and the q/k/v GEMMs: with FP8 blocks its rows are quantized once for both.
+  const ops::Fp8Rows n = rows_for(modulate(x, m[0], m[1]), {&b.proj_mlp, &b.to_q});
   const Tensor mlp = b.proj_mlp(n, UnaryOp::kGeluTanh);
   const auto [q, k, v] = qkv_heads(b.to_qkv, b.to_q, b.to_k, b.to_v, n, h);
   const Tensor a = ops::attention_merged(norm_rope(q, b.norm_q, cos, sin), norm_rope(k, b.norm_k, cos, sin), v.permute({0, 2, 1, 3}));
