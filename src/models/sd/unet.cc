@@ -200,33 +200,27 @@ void UNet::stack_shared_projections() {
     return r->time_emb_proj.weight.defined() && r->time_emb_proj.bias.defined();
   }) && std::all_of(cross.begin(), cross.end(), [](const Attention* a) { return a->to_k.weight.defined() && a->to_v.weight.defined(); });
   if (!bound) return;
-  if (!resnets.empty()) {
-    std::vector<Tensor> w, b;
+  // Each block keeps where its columns of the stacked output start (its part is a view of those rows).
+  std::vector<Linear*> time_parts;
+  for (ResnetBlock* r : resnets) time_parts.push_back(&r->time_emb_proj);
+  if (stack_linears(time_proj_, time_parts)) {
     int64_t col = 0;
     for (ResnetBlock* r : resnets) {
-      w.push_back(r->time_emb_proj.weight);
-      b.push_back(r->time_emb_proj.bias);
       r->time_col = col;
       col += r->time_emb_proj.out_features();
     }
-    time_proj_.weight = ops::concat(w, 0);
-    time_proj_.bias = ops::concat(b, 0);
-    for (ResnetBlock* r : resnets) r->time_emb_proj = time_proj_.output_rows(r->time_col, r->time_emb_proj.out_features());
   }
-  if (!cross.empty()) {
-    std::vector<Tensor> w;
+  std::vector<Linear*> kv_parts;
+  for (Attention* a : cross) {
+    kv_parts.push_back(&a->to_k);
+    kv_parts.push_back(&a->to_v);
+  }
+  if (stack_linears(context_kv_, kv_parts)) {
     int64_t col = 0;
     for (Attention* a : cross) {
-      w.push_back(a->to_k.weight);
-      w.push_back(a->to_v.weight);
       a->k_col = col;
       a->v_col = col + a->to_k.out_features();
       col = a->v_col + a->to_v.out_features();
-    }
-    context_kv_.weight = ops::concat(w, 0);
-    for (Attention* a : cross) {
-      a->to_k = context_kv_.output_rows(a->k_col, a->to_k.out_features());
-      a->to_v = context_kv_.output_rows(a->v_col, a->to_v.out_features());
     }
   }
 }
