@@ -296,9 +296,10 @@ TEST(ServeLoad, FiveHundredRequestsKeepResidentMemoryFlat) {
   o.max_finished_jobs = 32;  // native results are kept for polling; bounded
   auto s = RunningServer::start(o);
   ASSERT_TRUE(s);
-  std::atomic<int> next{0}, ok{0};
-  // Requests [next, last) from kThreads clients at once; returns when every one is answered.
-  auto run_until = [&](int last) {
+  std::atomic<int> ok{0};
+  // Requests [first, last) from kThreads clients at once; returns when every one is answered.
+  auto run_requests = [&](int first, int last) {
+    std::atomic<int> next{first};
     auto run = [&] {
       auto c = s->client();
       for (int i; (i = next++) < last;) {
@@ -311,15 +312,14 @@ TEST(ServeLoad, FiveHundredRequestsKeepResidentMemoryFlat) {
           ok += status == 202 && test::wait_job(*c, r["id"])["state"] == "done";
         }
       }
-      next = last;  // the counter went past `last` once per client
     };
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) threads.emplace_back(run);
     for (auto& t : threads) t.join();
   };
-  run_until(kWarmup);
+  run_requests(0, kWarmup);
   const QuietMemory warm = quiet_memory();
-  run_until(kRequests);
+  run_requests(kWarmup, kRequests);
   const QuietMemory end = quiet_memory();
   EXPECT_EQ(ok.load(), kRequests);
   constexpr double kMiB = 1 << 20;

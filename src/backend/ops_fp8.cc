@@ -28,7 +28,7 @@ std::pair<Tensor, Tensor> quantize_rows_fp8(const Tensor& w) {
   return {q, scale};
 }
 
-// x [..., in] -> [..., out]; w8 [out, in] f8e4m3, ws [out] f32, b [out] and residual [..., out] optional.
+// x [..., in] -> its rows [m, in] as f8e4m3 with [m] f32 scales (and x itself).
 Fp8Rows quantize_activation_fp8(const Tensor& x) {
   trace::Scope range("quantize_activation_fp8", trace::Category::kOp);
   const std::string op = "linear_fp8";
@@ -42,6 +42,7 @@ Fp8Rows quantize_activation_fp8(const Tensor& x) {
   return r;
 }
 
+// x [..., in] -> [..., out]; w8 [out, in] f8e4m3, ws [out] f32, b [out] and residual [..., out] optional.
 Tensor linear_fp8(const Tensor& x, const Tensor& w8, const Tensor& ws, const Tensor& b, UnaryOp act, const Tensor& residual) {
   return linear_fp8(Fp8Rows{x, Tensor(), Tensor()}, w8, ws, b, act, residual);
 }

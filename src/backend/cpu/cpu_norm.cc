@@ -164,7 +164,6 @@ void CpuBackend::layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, c
   }
 }
 
-// x [R, D] contiguous: y = x / sqrt(mean(x^2) + eps) * gamma.
 namespace cpu {
 void rms_row(float* o, const float* x, int64_t n, float eps, const float* g) {
   const float rstd = float(1.0 / std::sqrt(sum_squares(x, n) / double(n) + double(eps)));
@@ -172,6 +171,7 @@ void rms_row(float* o, const float* x, int64_t n, float eps, const float* g) {
 }
 }  // namespace cpu
 
+// x [R, D] contiguous: y = x / sqrt(mean(x^2) + eps) * gamma.
 void CpuBackend::rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) {
   const int64_t d = x.size(-1);
   const int64_t rows = d ? x.numel() / d : 0;

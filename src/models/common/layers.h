@@ -15,8 +15,7 @@ struct Linear {
   Tensor weight_scale;  // [out] f32 row scales of an f8e4m3 weight; undefined otherwise
   // x [..., in] -> [..., out]
   Tensor operator()(const Tensor& x, UnaryOp act = UnaryOp::kIdentity) const {
-    if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, act);
-    return ops::linear(x, weight, bias, act);
+    return (*this)(ops::Fp8Rows{x, Tensor(), Tensor()}, act);
   }
   // The same from x's rows quantized already (ops::Fp8Rows: one quantization for several FP8 layers that read
   // x; quantized here when they are not); a layer not in FP8 reads x itself.

@@ -175,7 +175,10 @@ Expected<FluxTransformer> FluxTransformer::load(const WeightStore& store, FluxLa
     });
     ATELIER_RETURN_IF_ERROR(st);
   }
-  m.stack_projections();
+  ATELIER_RETURN_IF_ERROR(catch_status([&] {
+    m.stack_projections();
+    return Status::ok();
+  }));
   return m;
 }
 
