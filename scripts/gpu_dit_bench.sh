@@ -12,11 +12,12 @@ for c in flux zimage; do
   bench ${c}_1024 --config $c --warmup 1
   bench ${c}_1024_fp8 --config $c --warmup 1 --fp8
 done
-# Where a traced step spends its device time (eager; tracing adds a little), bf16 and fp8.
+# Where a traced step spends its device time (eager, graphs off: a replay is one range; tracing adds a
+# little), bf16 and fp8.
 for c in flux zimage; do
   for v in "" _fp8; do
     flag=${v:+--fp8}
-    bench ${c}${v}_trace --config $c --steps 2 --warmup 1 $flag --trace "$out/${c}${v}_events.trace.json"
+    ATELIER_GRAPHS=0 bench ${c}${v}_trace --config $c --steps 2 --warmup 1 $flag --trace "$out/${c}${v}_events.trace.json"
     /usr/bin/env python3 bench/trace_ops.py "$out/${c}${v}_events.trace.json" --call model_call > "$out/${c}${v}_ops.txt" 2>&1
     # The GEMMs by operand shapes (which fall short of the ceiling).
     gemm=linear

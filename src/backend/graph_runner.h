@@ -58,6 +58,14 @@ class GraphRunner {
   GraphRunner();
   explicit GraphRunner(Options options);
 
+  // For a diffusion transformer's forward (FLUX, Z-Image): one call per step (two with CFG, whose captions
+  // may differ in length), each recording holding GBs of activations at 1024²: two are kept.
+  static Options dit_options() {
+    Options o;
+    o.max_entries = 2;
+    return o;
+  }
+
   // inputs: defined tensors on any device (copied to `device` as needed) -> fn's output (a fresh tensor on
   // `device`). Shapes, dtypes and devices of the inputs select the recording.
   Tensor run(const std::vector<Tensor>& inputs, Device device, const Fn& fn);

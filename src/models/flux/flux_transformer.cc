@@ -183,6 +183,7 @@ Expected<FluxTransformer> FluxTransformer::load(const WeightStore& store, FluxLa
 }
 
 void FluxTransformer::stack_projections() {
+  graphs_ = std::make_shared<GraphRunner>(graphs_->options());  // as in quantize_fp8
   for (FluxDoubleBlock& b : double_blocks_) {
     stack_linears(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});
     stack_linears(b.add_qkv, {&b.add_q_proj, &b.add_k_proj, &b.add_v_proj});
@@ -191,6 +192,8 @@ void FluxTransformer::stack_projections() {
 }
 
 void FluxTransformer::quantize_fp8() {
+  // Recordings read the weights they were made with: a fresh runner (not shared with copies of the model).
+  graphs_ = std::make_shared<GraphRunner>(graphs_->options());
   for (FluxDoubleBlock& b : double_blocks_) {
     quantize_stacked(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});
     quantize_stacked(b.add_qkv, {&b.add_q_proj, &b.add_k_proj, &b.add_v_proj});
@@ -279,10 +282,18 @@ Tensor FluxTransformer::run(const FluxInputs& in) const {
     auto [cos_h, sin_h] = flux_rope_tables(ids, c.axes_dims_rope, c.rope_theta);
     return std::vector<Tensor>{ops::cast(cos_h, dtype_).to(device_), ops::cast(sin_h, dtype_).to(device_)};
   });
-  const Tensor &cos = tables[0], &sin = tables[1];
+  // Everything below reads no host value: on CUDA it is recorded once per shape and replayed (the tables
+  // are inputs too: they follow the ids' values, not only their shapes).
+  return graphs_->run({in.hidden_states, in.encoder_hidden_states, temb_act, tables[0], tables[1]}, device_,
+                      [this](const std::vector<Tensor>& v) { return transform(v[0], v[1], v[2], v[3], v[4]); });
+}
+
+Tensor FluxTransformer::transform(const Tensor& hidden, const Tensor& context, const Tensor& temb_act,
+                                  const Tensor& cos, const Tensor& sin) const {
+  const int64_t s = context.size(1), l = hidden.size(1);
   // Inputs in the weights' dtype (a bf16 model is fed f32 latents and text states); the output back in f32.
-  Tensor img = x_embedder_(in_dtype(in.hidden_states.to(device_)));
-  Tensor txt = context_embedder_(in_dtype(in.encoder_hidden_states.to(device_)));
+  Tensor img = x_embedder_(in_dtype(hidden));
+  Tensor txt = context_embedder_(in_dtype(context));
   for (const FluxDoubleBlock& b : double_blocks_) double_block(b, img, txt, temb_act, cos, sin);
   Tensor x = ops::concat({txt, img}, 1);
   for (const FluxSingleBlock& b : single_blocks_) x = single_block(b, x, temb_act, cos, sin);

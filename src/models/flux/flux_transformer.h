@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/graph_runner.h"
 #include "models/common/layers.h"
 #include "models/common/table_cache.h"
 #include "models/common/weights.h"
@@ -65,8 +66,14 @@ class FluxTransformer {
   const FluxConfig& config() const { return config_; }
   Device device() const { return device_; }
 
-  // -> velocity [B, L, out_channels] f32 on the model's device (inputs of any float dtype).
+  // -> velocity [B, L, out_channels] f32 on the model's device (inputs of any float dtype). The blocks run
+  // through graphs(): on CUDA, replayed as one recorded graph from the second call of a shape on.
   Expected<Tensor> forward(const FluxInputs& in) const;
+
+  // The recorded-execution cache of forward() (see backend/graph_runner.h): statistics, and a way to switch
+  // recording off (tests compare the two). A copy of the model shares it until one of them sets new options.
+  GraphRunner& graphs() const { return *graphs_; }
+  void set_graph_options(GraphRunner::Options options) { graphs_ = std::make_shared<GraphRunner>(options); }
 
   // Every projection of the double and single blocks (attention, MLP, adaLN modulation) to FP8 with per-row
   // scales (Linear::quantize_fp8); the embedders and the final layer stay in the compute dtype. `--dtype fp8`.
@@ -79,8 +86,14 @@ class FluxTransformer {
   Tensor in_dtype(const Tensor& x) const;
   // temb [B, D] from timesteps, guidance and pooled text.
   Tensor conditioning(const FluxInputs& in) const;
-  // x [B, L, in] etc. -> [B, L, out]; throws on shape errors.
+  // x [B, L, in] etc. -> [B, L, out]; throws on shape errors. The host-side work (timestep features, rotary
+  // tables) runs here, the rest in transform() through graphs_.
   Tensor run(const FluxInputs& in) const;
+  // hidden [B, L, in_channels], context [B, S, joint_attention_dim] (any float dtype, on the device),
+  // temb_act silu(temb) [B, D], cos/sin [S + L, head_dim / 2] -> velocity [B, L, out_channels] f32. Reads no
+  // host value: recordable.
+  Tensor transform(const Tensor& hidden, const Tensor& context, const Tensor& temb_act, const Tensor& cos,
+                   const Tensor& sin) const;
   // Runs one double block in place on (img [B, L, D], txt [B, S, D]).
   void double_block(const FluxDoubleBlock& b, Tensor& img, Tensor& txt, const Tensor& temb_act,
                     const Tensor& cos, const Tensor& sin) const;
@@ -97,6 +110,7 @@ class FluxTransformer {
   std::vector<FluxSingleBlock> single_blocks_;
   Linear norm_out_linear_, proj_out_;  // norm_out.linear: (scale, shift)
   std::shared_ptr<TableCache> rope_cache_ = std::make_shared<TableCache>();  // cos, sin of the last ids
+  std::shared_ptr<GraphRunner> graphs_ = std::make_shared<GraphRunner>(GraphRunner::dit_options());
 };
 
 // FluxPosEmbed: ids [N, 3] (f32, any device) -> cos, sin [N, head_dim / 2] f32 host tensors, one entry per

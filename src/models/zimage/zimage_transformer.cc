@@ -43,6 +43,8 @@ Tensor feed_forward(const ZImageBlock& b, const Tensor& n) {
 }  // namespace
 
 void ZImageTransformer::stack_projections() {
+  // Recordings read the weights they were made with: a fresh runner (not shared with copies of the model).
+  graphs_ = std::make_shared<GraphRunner>(graphs_->options());
   for (auto* blocks : {&noise_refiner_, &context_refiner_, &layers_})
     for (ZImageBlock& b : *blocks) {
       // Files stored in FP8 keep their tensors (their scales are per tensor, not per row): stack_linears
@@ -53,6 +55,7 @@ void ZImageTransformer::stack_projections() {
 }
 
 void ZImageTransformer::quantize_fp8() {
+  graphs_ = std::make_shared<GraphRunner>(graphs_->options());  // as in stack_projections
   for (auto* blocks : {&noise_refiner_, &context_refiner_, &layers_})
     for (ZImageBlock& b : *blocks) {
       for (Linear* l : {&b.to_out, &b.w2, &b.adaLN_modulation}) l->quantize_fp8();
@@ -156,31 +159,45 @@ Expected<Tensor> ZImageTransformer::forward(const Tensor& latents, float t, cons
       auto [cc, cs] = rope(cap_pos);
       return std::vector<Tensor>{ic, is, cc, cs, ops::concat({ic, cc}, 0), ops::concat({is, cs}, 0)};
     });
-    const Tensor &img_cos = tables[0], &img_sin = tables[1], &cap_cos = tables[2], &cap_sin = tables[3];
-
-    // Patchify "c (f pf) (h ph) (w pw) -> (f h w) (pf ph pw c)", embed, pad, refine.
-    Tensor lat = ops::contiguous(as_dtype(latents.device() == device_ ? latents : latents.to(device_), dtype_));
-    Tensor patches = ops::contiguous(lat.reshape({c, ft, pf, ht, p, wt, p}).permute({1, 3, 5, 2, 4, 6, 0}))
-                         .reshape({n_img, pf * p * p * c});
-    Tensor x = pad_rows(x_embedder_(patches), x_pad_token_, img_pad).unsqueeze(0);
-    for (const auto& b : noise_refiner_) x = block_forward(b, x, adaln, img_cos, img_sin);
-
-    Tensor cap = as_dtype(caption.device() == device_ ? caption : caption.to(device_), dtype_);
-    Tensor ctx = pad_rows(cap_linear_(cap_norm_(cap)), cap_pad_token_, cap_pad).unsqueeze(0);
-    for (const auto& b : context_refiner_) ctx = block_forward(b, ctx, Tensor(), cap_cos, cap_sin);
-
-    // One stream: image tokens then caption tokens.
-    Tensor u = ops::concat({x, ctx}, 1);
-    const Tensor &u_cos = tables[4], &u_sin = tables[5];
-    for (const auto& b : layers_) u = block_forward(b, u, adaln, u_cos, u_sin);
-
-    // Final layer: LayerNorm (no affine) scaled by 1 + adaLN(silu(c)), then the patch projection.
-    const Tensor scale = final_adaLN_(ops::silu(adaln));  // applied as 1 + scale
-    Tensor out = final_linear_(ops::norm_modulate(u, NormKind::kLayer, kFinalNormEps, Tensor(), {.scale = scale}));
-    // Unpatchify "(f h w) (pf ph pw c) -> c (f pf) (h ph) (w pw)" from the image tokens.
-    Tensor img = out.select(0, 0).narrow(0, 0, n_img).reshape({ft, ht, wt, pf, p, p, c});
-    return as_dtype(ops::contiguous(img.permute({6, 0, 3, 1, 4, 2, 5})).reshape({c, f, h, w}), DType::F32);
+    std::vector<Tensor> inputs{latents, caption, adaln};
+    inputs.insert(inputs.end(), tables.begin(), tables.end());
+    // The tables are inputs too (copied into the recording's buffers): the cache may drop the tensors a
+    // recording would otherwise read.
+    return graphs_->run(inputs, device_, [this](const std::vector<Tensor>& v) {
+      return transform(v[0], v[1], v[2], std::vector<Tensor>(v.begin() + 3, v.end()));
+    });
   });
+}
+
+Tensor ZImageTransformer::transform(const Tensor& latents, const Tensor& caption, const Tensor& adaln,
+                                    const std::vector<Tensor>& tables) const {
+  const int64_t c = config_.in_channels, p = config_.patch_size, pf = config_.f_patch_size;
+  const int64_t f = latents.size(1), h = latents.size(2), w = latents.size(3);
+  const int64_t ft = f / pf, ht = h / p, wt = w / p, n_img = ft * ht * wt;
+  const int64_t n_cap = caption.size(0), cap_pad = padding_for(n_cap), img_pad = padding_for(n_img);
+  const Tensor &img_cos = tables[0], &img_sin = tables[1], &cap_cos = tables[2], &cap_sin = tables[3];
+
+  // Patchify "c (f pf) (h ph) (w pw) -> (f h w) (pf ph pw c)", embed, pad, refine.
+  Tensor lat = ops::contiguous(as_dtype(latents, dtype_));
+  Tensor patches = ops::contiguous(lat.reshape({c, ft, pf, ht, p, wt, p}).permute({1, 3, 5, 2, 4, 6, 0}))
+                       .reshape({n_img, pf * p * p * c});
+  Tensor x = pad_rows(x_embedder_(patches), x_pad_token_, img_pad).unsqueeze(0);
+  for (const auto& b : noise_refiner_) x = block_forward(b, x, adaln, img_cos, img_sin);
+
+  Tensor ctx = pad_rows(cap_linear_(cap_norm_(as_dtype(caption, dtype_))), cap_pad_token_, cap_pad).unsqueeze(0);
+  for (const auto& b : context_refiner_) ctx = block_forward(b, ctx, Tensor(), cap_cos, cap_sin);
+
+  // One stream: image tokens then caption tokens.
+  Tensor u = ops::concat({x, ctx}, 1);
+  const Tensor &u_cos = tables[4], &u_sin = tables[5];
+  for (const auto& b : layers_) u = block_forward(b, u, adaln, u_cos, u_sin);
+
+  // Final layer: LayerNorm (no affine) scaled by 1 + adaLN(silu(c)), then the patch projection.
+  const Tensor scale = final_adaLN_(ops::silu(adaln));  // applied as 1 + scale
+  Tensor out = final_linear_(ops::norm_modulate(u, NormKind::kLayer, kFinalNormEps, Tensor(), {.scale = scale}));
+  // Unpatchify "(f h w) (pf ph pw c) -> c (f pf) (h ph) (w pw)" from the image tokens.
+  Tensor img = out.select(0, 0).narrow(0, 0, n_img).reshape({ft, ht, wt, pf, p, p, c});
+  return as_dtype(ops::contiguous(img.permute({6, 0, 3, 1, 4, 2, 5})).reshape({c, f, h, w}), DType::F32);
 }
 
 }  // namespace atelier

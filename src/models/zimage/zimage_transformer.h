@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/graph_runner.h"
 #include "models/common/layers.h"
 #include "models/common/table_cache.h"
 #include "models/common/weights.h"
@@ -82,7 +83,13 @@ class ZImageTransformer {
 
   // One sample: latents [C, F, H, W], t in [0, 1] (the pipeline's (1000 - timestep) / 1000), caption
   // features [L, cap_feat_dim] -> the model output [C, F, H, W] (the pipeline negates it for the scheduler).
+  // Past the timestep features and rotary tables (host work), the call runs through graphs(): on CUDA, replayed
+  // as one recorded graph from the second call of a shape on.
   Expected<Tensor> forward(const Tensor& latents, float t, const Tensor& caption) const;
+
+  // The recorded-execution cache of forward() (see backend/graph_runner.h), as FluxTransformer's.
+  GraphRunner& graphs() const { return *graphs_; }
+  void set_graph_options(GraphRunner::Options options) { graphs_ = std::make_shared<GraphRunner>(options); }
 
   // Every block projection (attention, feed-forward, adaLN) to FP8 with per-row scales (Linear::quantize_fp8);
   // the embedders and the final layer stay in the compute dtype. `--dtype fp8`.
@@ -91,6 +98,10 @@ class ZImageTransformer {
   void stack_projections();
 
  private:
+  // latents [C, F, H, W] (any float dtype, on the device), caption [L, cap_feat_dim], adaln [1, adaln_dim],
+  // tables: the rotary (cos, sin) of the image, the caption and the unified stream -> [C, F, H, W] f32. Reads
+  // no host value: recordable.
+  Tensor transform(const Tensor& latents, const Tensor& caption, const Tensor& adaln, const std::vector<Tensor>& tables) const;
   // x [1, S, dim], adaln [1, adaln_dim] or undefined, cos/sin [S, 1, hd/2, 1] -> [1, S, dim]
   Tensor block_forward(const ZImageBlock& b, const Tensor& x, const Tensor& adaln, const Tensor& cos, const Tensor& sin) const;
   // x [1, S, dim] -> attention output [1, S, dim]
@@ -112,6 +123,7 @@ class ZImageTransformer {
   // Rotary tables of the last position layout: image, caption, and the unified stream's (cos, sin) each.
   std::shared_ptr<TableCache> rope_cache_ = std::make_shared<TableCache>();
   Linear final_adaLN_, final_linear_;
+  std::shared_ptr<GraphRunner> graphs_ = std::make_shared<GraphRunner>(GraphRunner::dit_options());
 };
 
 }  // namespace atelier
