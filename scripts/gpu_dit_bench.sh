@@ -9,8 +9,8 @@ cd "$here/.."
 source "$here/gpu_bench_env.sh"
 
 for c in flux zimage; do
-  bench ${c}_1024 --config $c --warmup 1
-  bench ${c}_1024_fp8 --config $c --warmup 1 --fp8
+  bench ${c}_1024 --config $c --warmup 2
+  bench ${c}_1024_fp8 --config $c --warmup 2 --fp8
 done
 # Where a traced step spends its device time (eager, graphs off: a replay is one range; tracing adds a
 # little), bf16 and fp8.

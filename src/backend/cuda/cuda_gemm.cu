@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -18,7 +19,10 @@
 namespace atelier::cuda {
 namespace {
 
+// Algorithms asked of cuBLASLt's heuristics per shape (all timed for tuned shapes); ATELIER_GEMM_CANDIDATES
+// sets another count (at most kMaxHeuristicCandidates) to see whether the heuristics' later ones win.
 constexpr int kHeuristicCandidates = 8;
+constexpr int kMaxHeuristicCandidates = 64;
 constexpr int kTimedRuns = 3;     // timed runs per candidate algorithm and turn, after one warm-up
 constexpr int kTimingRounds = 3;  // turns (time_in_turns): each algorithm's best is kept
 // Only products of at least this many FLOPs are tuned (about 70 us at 700 TFLOP/s: FLUX's and Z-Image's
@@ -183,9 +187,15 @@ bool GemmEngine::choose_algorithms(Plan* p, uint32_t align_a, uint32_t align_b, 
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
-  cublasLtMatmulHeuristicResult_t results[kHeuristicCandidates] = {};
+  static const int wanted = [] {
+    const char* v = std::getenv("ATELIER_GEMM_CANDIDATES");
+    const int n = v ? std::atoi(v) : 0;
+    return n > 0 ? std::min(n, kMaxHeuristicCandidates) : kHeuristicCandidates;
+  }();
+  cublasLtMatmulHeuristicResult_t results[kMaxHeuristicCandidates] = {};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->c, p->c, pref, kHeuristicCandidates, results, &found);
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->c, p->c, pref, wanted, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
   for (int i = 0; i < found; ++i)

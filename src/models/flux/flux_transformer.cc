@@ -79,8 +79,7 @@ void load_single(WeightLoader w, FluxLayout layout, const FluxConfig& c, int i, 
 }
 
 // [B, k*D] modulation vector -> k contiguous [B, 1, D] parts (broadcast over the sequence).
-std::vector<Tensor> modulations(const Linear& lin, const Tensor& temb_act, int k) {
-  const Tensor emb = lin(temb_act);
+std::vector<Tensor> modulations(const Tensor& emb, int k) {
   std::vector<Tensor> parts = ops::chunk(emb, k, 1);
   for (Tensor& p : parts) p = ops::contiguous(p).unsqueeze(1);
   return parts;
@@ -189,6 +188,15 @@ void FluxTransformer::stack_projections() {
     stack_linears(b.add_qkv, {&b.add_q_proj, &b.add_k_proj, &b.add_v_proj});
   }
   for (FluxSingleBlock& b : single_blocks_) stack_linears(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});
+  stack_linears(modulation_, modulation_parts());
+}
+
+std::vector<Linear*> FluxTransformer::modulation_parts() {
+  std::vector<Linear*> parts;
+  for (FluxDoubleBlock& b : double_blocks_) parts.insert(parts.end(), {&b.norm1_linear, &b.norm1_context_linear});
+  for (FluxSingleBlock& b : single_blocks_) parts.push_back(&b.norm_linear);
+  parts.push_back(&norm_out_linear_);
+  return parts;
 }
 
 void FluxTransformer::quantize_fp8() {
@@ -197,14 +205,25 @@ void FluxTransformer::quantize_fp8() {
   for (FluxDoubleBlock& b : double_blocks_) {
     quantize_stacked(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});
     quantize_stacked(b.add_qkv, {&b.add_q_proj, &b.add_k_proj, &b.add_v_proj});
-    for (Linear* l : {&b.norm1_linear, &b.norm1_context_linear, &b.to_out, &b.to_add_out, &b.ff_proj, &b.ff_out,
-                      &b.ff_context_proj, &b.ff_context_out})
+    for (Linear* l : {&b.to_out, &b.to_add_out, &b.ff_proj, &b.ff_out, &b.ff_context_proj, &b.ff_context_out})
       l->quantize_fp8();
   }
   for (FluxSingleBlock& b : single_blocks_) {
     quantize_stacked(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});
-    for (Linear* l : {&b.norm_linear, &b.proj_mlp, &b.proj_out}) l->quantize_fp8();
+    for (Linear* l : {&b.proj_mlp, &b.proj_out}) l->quantize_fp8();
   }
+  // The blocks' modulation linears (norm_out.linear, the final layer's, stays in the compute dtype: it is
+  // not stacked then; its rows are the stack's last, so they are cut off and kept as they are).
+  std::vector<Linear*> parts = modulation_parts();
+  parts.pop_back();
+  if (modulation_.weight.defined()) {
+    const Linear final_layer = norm_out_linear_;
+    modulation_ = modulation_.output_rows(0, modulation_.out_features() - final_layer.out_features());
+    // Copies: views would keep the whole compute-dtype stack alive.
+    norm_out_linear_ = Linear{ops::clone(final_layer.weight),
+                              final_layer.bias.defined() ? ops::clone(final_layer.bias) : Tensor(), Tensor()};
+  }
+  quantize_stacked(modulation_, parts);
 }
 
 Tensor FluxTransformer::in_dtype(const Tensor& x) const { return x.dtype() == dtype_ ? x : ops::cast(x, dtype_); }
@@ -221,11 +240,11 @@ Tensor FluxTransformer::conditioning(const FluxInputs& in) const {
   return ops::add(temb, embed(text_embedder_, in_dtype(in.pooled.to(device_))));
 }
 
-void FluxTransformer::double_block(const FluxDoubleBlock& b, Tensor& img, Tensor& txt, const Tensor& temb_act,
-                                   const Tensor& cos, const Tensor& sin) const {
+void FluxTransformer::double_block(const FluxDoubleBlock& b, Tensor& img, Tensor& txt, const Tensor& mod_img,
+                                   const Tensor& mod_txt, const Tensor& cos, const Tensor& sin) const {
   const int h = config_.num_heads;
-  const auto mi = modulations(b.norm1_linear, temb_act, kDoubleMods);          // shift, scale, gate (attn), (mlp)
-  const auto mt = modulations(b.norm1_context_linear, temb_act, kDoubleMods);
+  const auto mi = modulations(mod_img, kDoubleMods);  // shift, scale, gate (attn), (mlp)
+  const auto mt = modulations(mod_txt, kDoubleMods);
   const Tensor ni = modulate(img, mi[0], mi[1]), nt = modulate(txt, mt[0], mt[1]);
   const auto [qi, ki, vi] = qkv_heads(b.to_qkv, b.to_q, b.to_k, b.to_v, ni, h);  // [B, L, H, hd] each
   const auto [qt, kt, vt] = qkv_heads(b.add_qkv, b.add_q_proj, b.add_k_proj, b.add_v_proj, nt, h);
@@ -244,10 +263,10 @@ void FluxTransformer::double_block(const FluxDoubleBlock& b, Tensor& img, Tensor
   txt = gated_add(txt, mt[5], ft);
 }
 
-Tensor FluxTransformer::single_block(const FluxSingleBlock& b, const Tensor& x, const Tensor& temb_act,
-                                     const Tensor& cos, const Tensor& sin) const {
+Tensor FluxTransformer::single_block(const FluxSingleBlock& b, const Tensor& x, const Tensor& mod, const Tensor& cos,
+                                     const Tensor& sin) const {
   const int h = config_.num_heads;
-  const auto m = modulations(b.norm_linear, temb_act, kSingleMods);  // shift, scale, gate
+  const auto m = modulations(mod, kSingleMods);  // shift, scale, gate
   // n feeds the MLP and the q/k/v GEMMs: with FP8 blocks its rows are quantized once for both.
   const ops::Fp8Rows n = rows_for(modulate(x, m[0], m[1]), {&b.proj_mlp, &b.to_q});
   const Tensor mlp = b.proj_mlp(n, UnaryOp::kGeluTanh);
@@ -294,11 +313,24 @@ Tensor FluxTransformer::transform(const Tensor& hidden, const Tensor& context, c
   // Inputs in the weights' dtype (a bf16 model is fed f32 latents and text states); the output back in f32.
   Tensor img = x_embedder_(in_dtype(hidden));
   Tensor txt = context_embedder_(in_dtype(context));
-  for (const FluxDoubleBlock& b : double_blocks_) double_block(b, img, txt, temb_act, cos, sin);
+  // Every modulation from one GEMV where they are stacked (modulation_), each linear's columns in
+  // modulation_parts() order; else one GEMV each.
+  const Tensor all_mods = modulation_.weight.defined() ? modulation_(temb_act) : Tensor();
+  int64_t at = 0;
+  const auto mod = [&](const Linear& lin) {
+    const int64_t n = lin.out_features();
+    if (!all_mods.defined() || at + n > all_mods.size(1)) return lin(temb_act);
+    at += n;
+    return all_mods.narrow(1, at - n, n);
+  };
+  for (const FluxDoubleBlock& b : double_blocks_) {
+    const Tensor mod_img = mod(b.norm1_linear);
+    double_block(b, img, txt, mod_img, mod(b.norm1_context_linear), cos, sin);
+  }
   Tensor x = ops::concat({txt, img}, 1);
-  for (const FluxSingleBlock& b : single_blocks_) x = single_block(b, x, temb_act, cos, sin);
+  for (const FluxSingleBlock& b : single_blocks_) x = single_block(b, x, mod(b.norm_linear), cos, sin);
   img = ops::contiguous(x.narrow(1, s, l));
-  const auto mo = modulations(norm_out_linear_, temb_act, kFinalMods);  // scale, shift
+  const auto mo = modulations(mod(norm_out_linear_), kFinalMods);  // scale, shift
   const Tensor out = proj_out_(modulate(img, mo[1], mo[0]));
   return out.dtype() == DType::F32 ? out : ops::cast(out, DType::F32);
 }
