@@ -7,6 +7,11 @@
 #   device run: carry [".gpupack"], command "bash .gpupack/gpu_check.sh", timeout_s 600
 #
 #   [BUILD_DIR=build] scripts/gpu_pack.sh [DEST]     (BUILD_DIR configured with -DATELIER_CUDA=ON)
+#
+# The device tool refuses a carry whose working tree (tracked files: ~22 MB, most of it models/demo; plus the
+# pack, ~45 MB) passes 64 MiB. models/demo is not needed there: untrack it for the call, then restore it:
+#   git rm -r -q --cached models/demo && echo models/demo/ >> .git/info/exclude     # before the call
+#   git reset -q models/demo && sed -i '/^models\/demo\/$/d' .git/info/exclude       # after it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -57,6 +62,6 @@ grep -qx '/.gpupack/' "$exclude" 2>/dev/null || echo '/.gpupack/' >> "$exclude"
 rm -f "$dest/.gpupack/atelier-gpu.tar.gz"
 XZ_OPT="-T0 -9" tar -C "$work" -cJf "$dest/.gpupack/atelier-gpu.tar.xz" .devicepack
 cp "$root/scripts/gpu_check.sh" "$root/scripts/gpu_bench.sh" "$root/scripts/gpu_dit_bench.sh" "$root/scripts/gpu_bench_env.sh" \
-  "$root/scripts/gpu_session.sh" "$dest/.gpupack/"
+  "$root/scripts/gpu_session.sh" "$root/scripts/gpu_dit_compare.sh" "$dest/.gpupack/"
 echo "gpu_pack: $(du -sm "$dest/.gpupack" | cut -f1) MiB in $dest/.gpupack"
 echo "  run on the GPU machine with: carry [\".gpupack\"], command \"bash .gpupack/gpu_check.sh\", timeout_s 600"
