@@ -175,6 +175,9 @@ Expected<Tensor> FluxPipeline::denoise(sampling::FlowMatchEuler& s, Tensor x, co
       if (!progress(sp)) return cancelled("generation cancelled");
     }
   }
+  // The denoise stage ends when its device work does: a replayed step returns before the GPU finishes it, and
+  // the stage timings (trace, bench) would otherwise hand the last steps to the VAE decode.
+  backend_for(x.device()).synchronize();
   return x;
 }
 

@@ -103,6 +103,7 @@ Expected<Tensor> ZImagePipeline::denoise(const Tensor& noise, const Tensor& cond
         if (!progress(p)) return cancelled("Z-Image: cancelled at step " + std::to_string(i + 1));
       }
     }
+    backend_for(x.device()).synchronize();  // the stage ends with its device work (as FluxPipeline::denoise)
     return x;
   });
 }
