@@ -167,9 +167,11 @@ TEST(FluxTransformerGolden, Fp8BlocksStayCloseToTheGoldens) {
   }
 }
 
-// With FP8 blocks, a single block's modulated input is quantized once for its two GEMMs (MLP and q/k/v): one
-// quantization op at the top level per single block; every other FP8 product quantizes its own input inside.
-TEST(FluxTransformerGolden, Fp8SingleBlocksQuantizeTheirInputOnce) {
+// With FP8 blocks, every adaLN-modulated input of an FP8 product is quantized by its norm_modulate pass
+// (ops::norm_modulate_fp8): four per double block (each stream's q/k/v and feed-forward inputs), one per single
+// block (read by its MLP and q/k/v GEMMs alike); no quantization op of its own at the top level. The other FP8
+// products (attention output, GELU output) quantize their input inside.
+TEST(FluxTransformerGolden, Fp8ModulatedInputsAreQuantizedInTheirNormPass) {
   ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
   const WeightStore store = WeightStore::open({(dir / "model/transformer/diffusion_pytorch_model.safetensors").string()}).value();
   const FluxConfig cfg = folder_config(dir);
@@ -177,7 +179,8 @@ TEST(FluxTransformerGolden, Fp8SingleBlocksQuantizeTheirInputOnce) {
   m.quantize_fp8();
   const std::vector<trace::Event> ops = test::top_level_ops([&] { EXPECT_TRUE(m.forward(golden_inputs(0.5f))); });
   auto n = test::count_by_name(ops);
-  EXPECT_EQ(n["quantize_activation_fp8"], cfg.num_single_layers);
+  EXPECT_EQ(n["quantize_activation_fp8"], 0);
+  EXPECT_EQ(n["norm_modulate_fp8"], 4 * cfg.num_layers + cfg.num_single_layers);
   // Per double block 8 FP8 products, per single block 4 (q/k/v, MLP, proj_out's two column blocks), and one
   // for every block's modulation (stacked; the final layer's stays in the compute dtype: a `linear`).
   EXPECT_EQ(n["linear_fp8"], 8 * cfg.num_layers + 4 * cfg.num_single_layers + 1);

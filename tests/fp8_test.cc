@@ -111,6 +111,23 @@ std::vector<float> reference_fp8_linear(const Tensor& x2, const Tensor& w, const
   return out;
 }
 
+// norm_modulate_fp8: the norm_modulate result and its rows quantized as quantize_activation_fp8 quantizes
+// them (the CPU backend runs the two; the CUDA backend's one pass is held to the same bytes in cuda_fp8_test).
+TEST(Fp8, NormModulateFp8IsNormModulateThenItsQuantizedRows) {
+  const Tensor x = random_tensor({2, 5, 24}, 61, 3.0f), scale = random_tensor({2, 1, 24}, 62), shift = random_tensor({2, 1, 24}, 63);
+  const NormModulation m{.scale = scale, .shift = shift};
+  const ops::Fp8Rows r = ops::norm_modulate_fp8(x, NormKind::kLayer, 1e-6f, Tensor(), m);
+  const Tensor want = ops::norm_modulate(x, NormKind::kLayer, 1e-6f, Tensor(), m);
+  const ops::Fp8Rows wq = ops::quantize_activation_fp8(want);
+  EXPECT_EQ(r.x.to_vector(), want.to_vector());
+  ASSERT_EQ(r.q.shape(), (Shape{10, 24}));
+  const auto* got = static_cast<const uint8_t*>(r.q.raw());
+  const auto* ref = static_cast<const uint8_t*>(wq.q.raw());
+  EXPECT_EQ(std::vector<uint8_t>(got, got + r.q.numel()), std::vector<uint8_t>(ref, ref + wq.q.numel()));
+  EXPECT_EQ(r.scale.to_vector(), wq.scale.to_vector());
+  EXPECT_THROW(ops::norm_modulate_fp8(x, NormKind::kLayer, 1e-6f, Tensor(), {.gate = scale}), Error);  // a gate needs a residual
+}
+
 TEST(Fp8, LinearIsTheScaledProductOfTheQuantizedOperands) {
   const Tensor x = random_tensor({2, 3, 40}, 2), w = random_tensor({24, 40}, 3, 0.2f), b = random_tensor({24}, 4);
   const auto [wq, ws] = ops::quantize_rows_fp8(w);

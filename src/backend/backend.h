@@ -170,6 +170,14 @@ class Backend {
   // (adaLN modulation and gated residuals of DiT blocks in one pass.)
   virtual void norm_modulate(Tensor& out, const Tensor& x, NormKind kind, float eps, const Tensor& gamma,
                              const NormModulation& m) = 0;
+  // norm_modulate, and its rows quantized as quantize_rows_fp8 quantizes them: q [B*T, D] f8e4m3, scale
+  // [B*T] f32 (an FP8 GEMM's input). The same values as the two calls, which is what this default does; a
+  // backend may do it in one pass (CUDA: the row is in registers when its amax is taken).
+  virtual void norm_modulate_fp8(Tensor& out, Tensor& q, Tensor& scale, const Tensor& x, NormKind kind, float eps,
+                                 const Tensor& gamma, const NormModulation& m) {
+    norm_modulate(out, x, kind, eps, gamma, m);
+    quantize_rows_fp8(q, scale, out.reshape({q.size(0), q.size(1)}));
+  }
 
   // --- rotary position embedding ------------------------------------------------------------------
   // x [B, A, C, D] (any strides, unit last stride), positions along dim seq_dim (1 or 2, size S); cos/sin

@@ -580,9 +580,10 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps) {
   return out;
 }
 
-Tensor norm_modulate(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m) {
-  trace::Scope range("norm_modulate", Category::kOp);
-  const std::string op = "norm_modulate";
+namespace {
+// norm_modulate's inputs checked (op names the caller), its modulation made contiguous [B, D] / [B, T, D].
+NormModulation checked_modulation(const Tensor& x, NormKind kind, const Tensor& gamma, const NormModulation& m,
+                                  const std::string& op) {
   require_f32(x, op, "x");
   require(x.dim() == 3, op, "expects x [B, T, D], got " + shape_str(x.shape()));
   const int64_t b = x.size(0), d = x.size(2);
@@ -609,10 +610,28 @@ Tensor norm_modulate(const Tensor& x, NormKind kind, float eps, const Tensor& ga
     mc.residual = contiguous(m.residual);
   }
   require(!mc.gate.defined() || mc.residual.defined(), op, "a gate needs a residual");
+  return mc;
+}
+}  // namespace
+
+Tensor norm_modulate(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m) {
+  trace::Scope range("norm_modulate", Category::kOp);
+  const NormModulation mc = checked_modulation(x, kind, gamma, m, "norm_modulate");
   Tensor xc = contiguous(x);
   Tensor out = empty_like_shape(xc, xc.shape());
   backend_of(x).norm_modulate(out, xc, kind, eps, contiguous_opt(gamma), mc);
   return out;
+}
+
+Fp8Rows norm_modulate_fp8(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m) {
+  trace::Scope range("norm_modulate_fp8", Category::kOp);
+  const NormModulation mc = checked_modulation(x, kind, gamma, m, "norm_modulate_fp8");
+  Tensor xc = contiguous(x);
+  const int64_t rows = x.size(0) * x.size(1), d = x.size(2);
+  Fp8Rows r{empty_like_shape(xc, xc.shape()), Tensor::empty({rows, d}, DType::F8E4M3, x.device()),
+            Tensor::empty({rows}, DType::F32, x.device())};
+  backend_of(x).norm_modulate_fp8(r.x, r.q, r.scale, xc, kind, eps, contiguous_opt(gamma), mc);
+  return r;
 }
 
 // --- rotary position embedding --------------------------------------------------------------------

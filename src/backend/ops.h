@@ -93,6 +93,9 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps);
 // hold [B, D] values ([B, 1, D] as models keep them), residual is [B, T, D]. One pass for the adaLN
 // modulation and gated residuals of FLUX and Z-Image blocks, rounded step by step as the unfused ops.
 Tensor norm_modulate(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m);
+// The same, with the result's rows also quantized for FP8 products (Fp8Rows: x the [B, T, D] result, q/scale
+// what quantize_activation_fp8 of it gives), in one pass where the backend can (CUDA).
+Fp8Rows norm_modulate_fp8(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m);
 
 // --- rotary position embedding --------------------------------------------------------------------
 // x [B, A, C, D] (a strided view is fine: FLUX passes q permuted to [B, H, N, D]), positions along dim

@@ -74,4 +74,11 @@ ops::Fp8Rows rows_for(const Tensor& x, const std::vector<const Linear*>& readers
   return {x, Tensor(), Tensor()};
 }
 
+ops::Fp8Rows norm_modulate_for(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m,
+                               const std::vector<const Linear*>& readers) {
+  for (const Linear* l : readers)
+    if (l->is_fp8()) return ops::norm_modulate_fp8(x, kind, eps, gamma, m);
+  return {ops::norm_modulate(x, kind, eps, gamma, m), Tensor(), Tensor()};
+}
+
 }  // namespace atelier

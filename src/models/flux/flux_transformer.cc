@@ -89,6 +89,10 @@ std::vector<Tensor> modulations(const Tensor& emb, int k) {
 Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale) {
   return ops::norm_modulate(x, NormKind::kLayer, kNormEps, Tensor(), {.scale = scale, .shift = shift});
 }
+// The same for the layers that read it: with FP8 layers its rows are quantized in the same pass.
+ops::Fp8Rows modulate_for(const Tensor& x, const Tensor& shift, const Tensor& scale, const std::vector<const Linear*>& readers) {
+  return norm_modulate_for(x, NormKind::kLayer, kNormEps, Tensor(), {.scale = scale, .shift = shift}, readers);
+}
 
 // q or k heads [B, N, H, hd] (a view) -> RMS-normalised over hd and rotated, [B, H, N, hd]: one pass that
 // reads the projection's output in place (ops::rope with its norm prologue) and writes the attention layout.
@@ -245,7 +249,7 @@ void FluxTransformer::double_block(const FluxDoubleBlock& b, Tensor& img, Tensor
   const int h = config_.num_heads;
   const auto mi = modulations(mod_img, kDoubleMods);  // shift, scale, gate (attn), (mlp)
   const auto mt = modulations(mod_txt, kDoubleMods);
-  const Tensor ni = modulate(img, mi[0], mi[1]), nt = modulate(txt, mt[0], mt[1]);
+  const ops::Fp8Rows ni = modulate_for(img, mi[0], mi[1], {&b.to_q}), nt = modulate_for(txt, mt[0], mt[1], {&b.add_q_proj});
   const auto [qi, ki, vi] = qkv_heads(b.to_qkv, b.to_q, b.to_k, b.to_v, ni, h);  // [B, L, H, hd] each
   const auto [qt, kt, vt] = qkv_heads(b.add_qkv, b.add_q_proj, b.add_k_proj, b.add_v_proj, nt, h);
   // Joint sequence: text first, then image (as the ids are concatenated); each stream's rows of the tables.
@@ -257,9 +261,9 @@ void FluxTransformer::double_block(const FluxDoubleBlock& b, Tensor& img, Tensor
   const Tensor a = ops::attention_merged(q, k, v);  // [B, S + L, H * hd]
   img = gated_add(img, mi[2], b.to_out(ops::contiguous(a.narrow(1, s, l))));
   txt = gated_add(txt, mt[2], b.to_add_out(ops::contiguous(a.narrow(1, 0, s))));
-  const Tensor fi = b.ff_out(b.ff_proj(modulate(img, mi[3], mi[4]), UnaryOp::kGeluTanh));
+  const Tensor fi = b.ff_out(b.ff_proj(modulate_for(img, mi[3], mi[4], {&b.ff_proj}), UnaryOp::kGeluTanh));
   img = gated_add(img, mi[5], fi);
-  const Tensor ft = b.ff_context_out(b.ff_context_proj(modulate(txt, mt[3], mt[4]), UnaryOp::kGeluTanh));
+  const Tensor ft = b.ff_context_out(b.ff_context_proj(modulate_for(txt, mt[3], mt[4], {&b.ff_context_proj}), UnaryOp::kGeluTanh));
   txt = gated_add(txt, mt[5], ft);
 }
 
@@ -268,7 +272,7 @@ Tensor FluxTransformer::single_block(const FluxSingleBlock& b, const Tensor& x, 
   const int h = config_.num_heads;
   const auto m = modulations(mod, kSingleMods);  // shift, scale, gate
   // n feeds the MLP and the q/k/v GEMMs: with FP8 blocks its rows are quantized once for both.
-  const ops::Fp8Rows n = rows_for(modulate(x, m[0], m[1]), {&b.proj_mlp, &b.to_q});
+  const ops::Fp8Rows n = modulate_for(x, m[0], m[1], {&b.proj_mlp, &b.to_q});
   const Tensor mlp = b.proj_mlp(n, UnaryOp::kGeluTanh);
   const auto [q, k, v] = qkv_heads(b.to_qkv, b.to_q, b.to_k, b.to_v, n, h);
   const Tensor a = ops::attention_merged(norm_rope(q, b.norm_q, cos, sin), norm_rope(k, b.norm_k, cos, sin), v.permute({0, 2, 1, 3}));

@@ -33,9 +33,9 @@ Tensor rope_complex(const Tensor& x, const Tensor& cos, const Tensor& sin, const
   return ops::rope(x, cos, sin, 1, rope_rms(norm));
 }
 
-// n [1, S, dim] -> w2(silu(w1 n) * w3 n) [1, S, dim]. With w31 stacked: one GEMM and ops::glu's one pass (the
+// n [1, S, dim] (its rows quantized already where the layers are in FP8) -> w2(silu(w1 n) * w3 n) [1, S, dim]. With w31 stacked: one GEMM and ops::glu's one pass (the
 // product is taken from the f32 SiLU, one rounding fewer in 16-bit than the separate ops; as SD's GEGLU).
-Tensor feed_forward(const ZImageBlock& b, const Tensor& n) {
+Tensor feed_forward(const ZImageBlock& b, const ops::Fp8Rows& n) {
   if (b.w31.weight.defined()) return b.w2(ops::glu(b.w31(n), UnaryOp::kSilu));
   return b.w2(ops::mul(b.w1(n, UnaryOp::kSilu), b.w3(n)));
 }
@@ -100,7 +100,7 @@ std::pair<Tensor, Tensor> ZImageTransformer::rope(const std::vector<std::array<i
           on_device(as_dtype(Tensor::from_vector(s, {seq, 1, half, 1}), dtype_), device_)};
 }
 
-Tensor ZImageTransformer::attention(const ZImageBlock& b, const Tensor& x, const Tensor& cos, const Tensor& sin) const {
+Tensor ZImageTransformer::attention(const ZImageBlock& b, const ops::Fp8Rows& x, const Tensor& cos, const Tensor& sin) const {
   const int64_t h = config_.n_heads;
   // q/k/v heads [1, S, H, hd] (views of one GEMM's output); the q/k norms (when the model has them) in the
   // rope's pass.
@@ -117,18 +117,21 @@ Tensor ZImageTransformer::block_forward(const ZImageBlock& b, const Tensor& x, c
   const auto norm = [](const RMSNorm& nrm, const Tensor& v, const NormModulation& m) {
     return ops::norm_modulate(v, NormKind::kRms, nrm.eps, nrm.weight, m);
   };
+  const auto plain = [](const Tensor& t) { return ops::Fp8Rows{t, Tensor(), Tensor()}; };
   if (!b.adaLN_modulation.weight.defined()) {  // context refiner: no modulation
-    Tensor y = norm(b.attention_norm2, attention(b, b.attention_norm1(x), cos, sin), {.residual = x});
-    const Tensor n = b.ffn_norm1(y);
-    return norm(b.ffn_norm2, feed_forward(b, n), {.residual = y});
+    Tensor y = norm(b.attention_norm2, attention(b, plain(b.attention_norm1(x)), cos, sin), {.residual = x});
+    return norm(b.ffn_norm2, feed_forward(b, plain(b.ffn_norm1(y))), {.residual = y});
   }
   // scale_msa, gate_msa, scale_mlp, gate_mlp: each [1, 1, dim]; scales are applied as 1 + s, gates tanh(g).
   std::vector<Tensor> mod = ops::chunk(b.adaLN_modulation(adaln).unsqueeze(1), 4, 2);
   const Tensor gate_msa = ops::unary(mod[1], UnaryOp::kTanh), gate_mlp = ops::unary(mod[3], UnaryOp::kTanh);
-  Tensor attn = attention(b, norm(b.attention_norm1, x, {.scale = mod[0]}), cos, sin);
+  // The modulated inputs of the q/k/v and feed-forward GEMMs: with FP8 layers, quantized in the norm's pass.
+  const auto modulated = [](const RMSNorm& nrm, const Tensor& v, const Tensor& scale, const Linear& reader) {
+    return norm_modulate_for(v, NormKind::kRms, nrm.eps, nrm.weight, {.scale = scale}, {&reader});
+  };
+  Tensor attn = attention(b, modulated(b.attention_norm1, x, mod[0], b.to_q), cos, sin);
   Tensor y = norm(b.attention_norm2, attn, {.gate = gate_msa, .residual = x});
-  Tensor n = norm(b.ffn_norm1, y, {.scale = mod[2]});
-  return norm(b.ffn_norm2, feed_forward(b, n), {.gate = gate_mlp, .residual = y});
+  return norm(b.ffn_norm2, feed_forward(b, modulated(b.ffn_norm1, y, mod[2], b.w1)), {.gate = gate_mlp, .residual = y});
 }
 
 Expected<Tensor> ZImageTransformer::forward(const Tensor& latents, float t, const Tensor& caption) const {

@@ -104,8 +104,8 @@ class ZImageTransformer {
   Tensor transform(const Tensor& latents, const Tensor& caption, const Tensor& adaln, const std::vector<Tensor>& tables) const;
   // x [1, S, dim], adaln [1, adaln_dim] or undefined, cos/sin [S, 1, hd/2, 1] -> [1, S, dim]
   Tensor block_forward(const ZImageBlock& b, const Tensor& x, const Tensor& adaln, const Tensor& cos, const Tensor& sin) const;
-  // x [1, S, dim] -> attention output [1, S, dim]
-  Tensor attention(const ZImageBlock& b, const Tensor& x, const Tensor& cos, const Tensor& sin) const;
+  // x [1, S, dim] (its rows quantized already where the projections are in FP8) -> attention output [1, S, dim]
+  Tensor attention(const ZImageBlock& b, const ops::Fp8Rows& x, const Tensor& cos, const Tensor& sin) const;
   // t -> adaLN conditioning [1, adaln_dim]
   Tensor timestep_embedding(float t) const;
   // Rotary cos/sin [S, 1, hd/2, 1] for position ids [S, 3] (host).
