@@ -234,6 +234,39 @@ int run(int iters) {
     const Tensor qk = random_on({4608 * 24, 128}, DType::BF16, dev), gq = random_on({128}, DType::BF16, dev);
     print({"rms_norm 110592x128 bf16", time_ms(be, iters, [&] { ops::rms_norm(qk, gq, 1e-6f); }), 2.0 * double(qk.nbytes()), "GB/s"});
   }
+  {  // DiT glue at FLUX's 1024² sizes (4096 image tokens, 3072 channels): bytes read + written.
+    const int64_t l = 4096, d = 3072;
+    const Tensor x = random_on({1, l, d}, DType::BF16, dev), res = random_on({1, l, d}, DType::BF16, dev);
+    const Tensor sc = random_on({1, 1, d}, DType::BF16, dev, 0.2f), sh = random_on({1, 1, d}, DType::BF16, dev, 0.2f);
+    const double row_bytes = double(x.nbytes());
+    print({"norm_modulate layer*(1+scale)+shift 4096x3072",
+           time_ms(be, iters, [&] { ops::norm_modulate(x, NormKind::kLayer, 1e-6f, Tensor(), {.scale = sc, .shift = sh}); }),
+           2.0 * row_bytes, "GB/s"});
+    print({"norm_modulate res+gate*x 4096x3072",
+           time_ms(be, iters, [&] { ops::norm_modulate(x, NormKind::kNone, 0.0f, Tensor(), {.gate = sc, .residual = res}); }),
+           3.0 * row_bytes, "GB/s"});
+    for (bool fused : {true, false}) {  // one pass, or norm_modulate then quantize_rows_fp8
+      be.set_fused_fp8_norm_modulate(fused);
+      print({std::string("norm_modulate_fp8 layer 4096x3072") + (fused ? "" : " (two passes)"),
+             time_ms(be, iters, [&] { ops::norm_modulate_fp8(x, NormKind::kLayer, 1e-6f, Tensor(), {.scale = sc, .shift = sh}); }),
+             2.5 * row_bytes, "GB/s"});
+    }
+    be.set_fused_fp8_norm_modulate(true);
+    for (const Shape& s : {Shape{4096, 3072}, Shape{4096, 12288}, Shape{4608, 15360}}) {
+      const Tensor a = random_on(s, DType::BF16, dev);
+      print({"quantize_rows_fp8 " + shape_str(s), time_ms(be, iters, [&] { ops::quantize_rows_fp8(a); }), 1.5 * double(a.nbytes()), "GB/s"});
+    }
+    // q of the stacked q/k/v GEMM's output ([1, L, 3 x 3072]) normalised and rotated into [1, 24, L, 128].
+    const Tensor qkv = random_on({1, l, 3 * d}, DType::BF16, dev), gq = random_on({128}, DType::BF16, dev);
+    const Tensor cs = random_on({l, 64}, DType::BF16, dev), sn = random_on({l, 64}, DType::BF16, dev);
+    const Tensor q = qkv.reshape({1, l, 3, 24, 128}).select(2, 0).permute({0, 2, 1, 3});
+    RopeRms rms;
+    rms.on = true;
+    rms.gamma = gq;
+    rms.eps = 1e-6f;
+    print({"rope with RMS norm, FLUX q 1x24x4096x128 from q/k/v", time_ms(be, iters, [&] { ops::rope(q, cs, sn, 2, rms); }), 2.0 * row_bytes,
+           "GB/s"});
+  }
   be.synchronize();
   return 0;
 }

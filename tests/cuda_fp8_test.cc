@@ -41,17 +41,64 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
 
 TEST(CudaFp8, QuantizeRowsMakesTheCpuBytes) {
   ATELIER_REQUIRE_CUDA();
-  // 3072 columns: the 16-byte vector path; 37: the scalar path; a row of zeros; large and tiny magnitudes.
-  for (const Shape& shape : {Shape{9, 3072}, Shape{5, 37}, Shape{1, 18432}}) {
+  // Rows in registers (3072, 12288, 15360 columns: 1, 8 and 8 vectors per thread), the two-read vector kernel
+  // (18432: too long to hold), the scalar path (37); a row of zeros; large and tiny magnitudes; rows scaled to
+  // 1e-15 (the reciprocal division's smallest scales) and 1e-25 (below them: IEEE division).
+  for (const Shape& shape : {Shape{9, 3072}, Shape{4, 12288}, Shape{5, 15360}, Shape{5, 37}, Shape{1, 18432}}) {
     Tensor raw = random_tensor(shape, 1, 5.0f);
     float* p = raw.data<float>();
     for (int64_t c = 0; c < shape[1]; ++c) p[c] = 0.0f;
     if (shape[0] > 2) p[shape[1] + 3] = 3.0e4f, p[2 * shape[1]] = 1.0e-6f;
+    if (shape[0] > 4)
+      for (int64_t c = 0; c < shape[1]; ++c) p[3 * shape[1] + c] *= 1e-15f, p[4 * shape[1] + c] *= 1e-25f;
     const Tensor x = test::rounded(raw, DType::BF16);  // the values both backends see
     const auto [qc, sc] = ops::quantize_rows_fp8(x);
     const auto [qg, sg] = ops::quantize_rows_fp8(to_gpu(x, DType::BF16));
     EXPECT_EQ(bytes_of(qg), bytes_of(qc)) << shape_str(shape);
     EXPECT_EQ(ops::to_device(sg, Device::cpu()).to_vector(), sc.to_vector()) << shape_str(shape);
+  }
+}
+
+// norm_modulate_fp8 in one pass (the vector kernel quantizes the rows it holds) against its two passes
+// (norm_modulate, then quantize_rows_fp8: set_fused_fp8_norm_modulate(false)): the same result bits, the same
+// e4m3 bytes and row scales, for FLUX's adaLN (layer norm, scale, shift), Z-Image's (RMS with gamma, scale)
+// and a gated residual; 3072 and 40 columns take the fused kernel (3 x 401 rows: blocks of four rows), 18 the
+// two passes either way; a zero row.
+TEST(CudaFp8, NormModulateFp8InOnePassMakesTheBytesOfTwo) {
+  ATELIER_REQUIRE_CUDA();
+  cuda::CudaBackend& be = test::cuda_be();
+  for (const Shape& s : {Shape{2, 9, 3072}, Shape{3, 401, 3072}, Shape{1, 7, 40}, Shape{1, 3, 18}}) {
+    const int64_t d = s[2];
+    Tensor raw = random_tensor(s, 111, 3.0f);
+    // Row 0 of x: zeros. Where the output row stays zero (RMS norm with scale only) its scale is 1.
+    for (int64_t c = 0; c < d; ++c) raw.data<float>()[c] = 0.0f;
+    for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+      const auto dev = [&](const Tensor& t) { return to_gpu(test::rounded(t, dt), dt); };
+      const Tensor x = dev(raw), res = dev(random_tensor(s, 112)), gamma = dev(random_tensor({d}, 113));
+      const Tensor scale = dev(random_tensor({s[0], 1, d}, 114)), shift = dev(random_tensor({s[0], 1, d}, 115));
+      const Tensor gate = dev(random_tensor({s[0], 1, d}, 116));
+      const struct {
+        const char* what;
+        NormKind kind;
+        Tensor gamma;
+        NormModulation m;
+      } cases[] = {{"layer * (1 + scale) + shift", NormKind::kLayer, Tensor(), {.scale = scale, .shift = shift}},
+                   {"rms * gamma * (1 + scale)", NormKind::kRms, gamma, {.scale = scale}},
+                   {"res + gate * x", NormKind::kNone, Tensor(), {.gate = gate, .residual = res}}};
+      for (const auto& c : cases) {
+        const std::string what = std::string(c.what) + " " + shape_str(s) + " " + std::string(dtype_name(dt));
+        be.set_fused_fp8_norm_modulate(true);
+        const ops::Fp8Rows one = ops::norm_modulate_fp8(x, c.kind, 1e-6f, c.gamma, c.m);
+        be.set_fused_fp8_norm_modulate(false);
+        const ops::Fp8Rows two = ops::norm_modulate_fp8(x, c.kind, 1e-6f, c.gamma, c.m);
+        be.set_fused_fp8_norm_modulate(true);
+        EXPECT_EQ(bytes_of(ops::cast(one.x, DType::F32)), bytes_of(ops::cast(two.x, DType::F32))) << what;
+        EXPECT_EQ(bytes_of(one.q), bytes_of(two.q)) << what;
+        EXPECT_EQ(ops::to_device(one.scale, Device::cpu()).to_vector(), ops::to_device(two.scale, Device::cpu()).to_vector()) << what;
+        if (c.kind == NormKind::kRms)
+          EXPECT_EQ(ops::to_device(one.scale, Device::cpu()).to_vector()[0], 1.0f) << what << ": the zero row's scale";
+      }
+    }
   }
 }
 

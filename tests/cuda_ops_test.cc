@@ -373,7 +373,9 @@ TEST(CudaOps, NormModulateMatchesCpu) {
   // FLUX's row width (3072) and small ones; every kind with each modulation the models use. Widths that are
   // multiples of the 16-byte vector take the register-resident kernel (3072, 40; 20 in f32), the others the
   // scalar one (20 in 16 bits, 18).
-  for (const Shape& s : {Shape{2, 9, 3072}, Shape{1, 7, 40}, Shape{2, 3, 20}, Shape{1, 3, 18}}) {
+  // 3 x 401 rows of 3072: enough rows for blocks of four (norm_modulate_rows_kernel), samples changing inside
+  // a block.
+  for (const Shape& s : {Shape{2, 9, 3072}, Shape{3, 401, 3072}, Shape{1, 7, 40}, Shape{2, 3, 20}, Shape{1, 3, 18}}) {
     const int64_t d = s[2];
     const std::vector<Tensor> in{random_tensor(s, 101, 2.0f), random_tensor(s, 102), random_tensor({d}, 103),
                                  random_tensor({s[0], 1, d}, 104), random_tensor({s[0], 1, d}, 105), random_tensor({s[0], 1, d}, 106)};

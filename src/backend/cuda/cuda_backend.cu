@@ -51,6 +51,7 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
       allow_tf32_(env_flag("ATELIER_CUDA_TF32")) {
   conv_nhwc_ = !env_is("ATELIER_CONV_NHWC", "0");
   gn_apply_merge_ = env_flag("ATELIER_GN_APPLY_MERGE");
+  fused_fp8_norm_modulate_ = !env_is("ATELIER_FUSED_FP8_NORM", "0");
 }
 
 CudaBackend::~CudaBackend() = default;

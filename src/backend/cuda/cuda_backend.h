@@ -83,6 +83,8 @@ class CudaBackend final : public Backend {
   void rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) override;
   void norm_modulate(Tensor& out, const Tensor& x, NormKind kind, float eps, const Tensor& gamma,
                      const NormModulation& m) override;
+  void norm_modulate_fp8(Tensor& out, Tensor& q, Tensor& scale, const Tensor& x, NormKind kind, float eps,
+                         const Tensor& gamma, const NormModulation& m) override;
   void rope(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) override;
 
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) override;
@@ -113,9 +115,13 @@ class CudaBackend final : public Backend {
   void set_flash_key_tile(int mode) { flash_key_tile_ = mode; }
   // Channels-last group norms of at most 8 MB (or with enough samples to fill the device at 16 chunks each):
   // at most 16 statistics chunks per sample, merged by every block of the apply kernel instead of by a merge
-  // kernel of its own: one launch fewer per group norm (61 per SD UNet call, ~5 us each at batch 2). Off by
-  // default until measured on a GPU (docs/cuda.md); also ATELIER_GN_APPLY_MERGE=1.
+  // kernel of its own: one launch fewer per group norm (61 per SD UNet call, ~5 us each at batch 2). Off:
+  // measured slower on the H200 (SD step 7.02 against 6.49 ms at batch 2, session 11); also ATELIER_GN_APPLY_MERGE=1.
   void set_group_norm_apply_merge(bool on) { gn_apply_merge_ = on; }
+  // norm_modulate_fp8 in one pass (the vector kernel quantizes the rows it holds); off: norm_modulate, then
+  // quantize_rows_fp8, as Backend's default (the parity test compares the two; the same bytes). Also
+  // ATELIER_FUSED_FP8_NORM=0.
+  void set_fused_fp8_norm_modulate(bool on) { fused_fp8_norm_modulate_ = on; }
   // Enqueues one GEMM (used by conv2d's im2col path and the general attention path too).
   void run_gemm(const GemmCall& call);
 
@@ -165,6 +171,7 @@ class CudaBackend final : public Backend {
   int flash_block_rows_ = 0;
   int flash_key_tile_ = 0;
   bool gn_apply_merge_ = false;
+  bool fused_fp8_norm_modulate_ = true;
 };
 
 // The backend of cuda:`index` (throws atelier::Error when that device is not available).

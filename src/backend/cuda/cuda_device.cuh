@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -125,6 +126,19 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return t;
 }
 
+// Two sums over the block at once (each in block_sum's order, so the same bits as two calls), one barrier
+// pair instead of two. `scratch` holds 64 floats of shared memory.
+__device__ __forceinline__ void block_sum2(float& a, float& b, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  a = warp_sum(a);
+  b = warp_sum(b);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = a, scratch[32 + warp] = b;
+  __syncthreads();
+  a = warp_sum(lane < warps ? scratch[lane] : 0.0f);
+  b = warp_sum(lane < warps ? scratch[32 + lane] : 0.0f);
+}
+
 __device__ __forceinline__ float block_max(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   v = warp_max(v);
@@ -134,6 +148,43 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   float t = lane < warps ? scratch[lane] : -INFINITY;
   t = warp_max(t);
   return t;
+}
+
+// --- FP8 rows (quantize_rows_fp8, and kernels that quantize their own output rows the same way) -----------
+
+// A row's scale from its amax: amax / 448 (IEEE division, as the CPU backend), 1 for a zero or non-finite row.
+__device__ __forceinline__ float fp8_row_scale(float amax) {
+  return amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, kF8E4M3Max) : 1.0f;
+}
+
+// v / s (IEEE division) rounded to e4m3, round-to-nearest-even with saturation.
+__device__ __forceinline__ uint8_t to_e4m3_scaled(float v, float s) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v, s), __NV_SATFINITE, __NV_E4M3));
+}
+
+// v / s for the many v of one row over its one scale s, the same bits as __fdiv_rn(v, s): the reciprocal
+// once per row, then per value one product and Markstein's correction (r = RN(1/s) and q within an ulp of v/s
+// make RN(q + (v - q s) r) the correctly rounded quotient, the remainder exact by FMA). A row quantization
+// ran out of issue slots on the IEEE division (its reciprocal and fix-ups per element, ~35% of the memory
+// bandwidth). Scales below 2^-60 (near-zero rows, where the remainder of a value near an e4m3 rounding
+// boundary could underflow) take the division itself.
+struct RowDivider {
+  float s, r;
+  bool fast;
+  __device__ __forceinline__ float operator()(float v) const {
+    if (!fast) return __fdiv_rn(v, s);
+    const float q = __fmul_rn(v, r);
+    const float rem = __fmaf_rn(-q, s, v);
+    return rem == 0.0f ? q : __fmaf_rn(rem, r, q);  // (a zero remainder keeps q, and -0's sign)
+  }
+  // Two values to their e4m3 bytes (one paired conversion), low byte first.
+  __device__ __forceinline__ uint16_t e4m3x2(float lo, float hi) const {
+    return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2((*this)(lo), (*this)(hi)), __NV_SATFINITE, __NV_E4M3));
+  }
+};
+
+__device__ __forceinline__ RowDivider row_divider(float scale) {
+  return RowDivider{scale, __fdiv_rn(1.0f, scale), scale >= 0x1p-60f && scale <= 0x1p60f};
 }
 
 // Grid-stride loop bounds helper: total threads in the grid.

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_gemm.h"
+#include "backend/cuda/cuda_norm_common.cuh"
 #include "backend/cuda/cuda_nvtx.h"
 
 namespace atelier::cuda {
@@ -15,10 +16,6 @@ namespace {
 
 constexpr int kQuantThreads = 256;
 constexpr int kVec = 8;                // 16-bit elements per 16-byte load
-
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
-}
 
 // One block per row: amax over the row, scale = amax / 448, then each element divided (IEEE, as the CPU
 // backend does, so that both make the same bytes) and rounded to e4m3. The row is read twice; the second
@@ -40,7 +37,7 @@ __global__ void quantize_rows_kernel(uint8_t* q, float* scale, const T* x, int64
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(to_f32(row[c])));
   }
   amax = block_max(amax, scratch);
-  const float s = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, kF8E4M3Max) : 1.0f;
+  const float s = fp8_row_scale(amax);
   if (threadIdx.x == 0) scale[blockIdx.x] = s;
   if (vec) {
     for (int64_t c = int64_t(threadIdx.x) * kVec; c < cols; c += int64_t(blockDim.x) * kVec) {
@@ -49,12 +46,74 @@ __global__ void quantize_rows_kernel(uint8_t* q, float* scale, const T* x, int64
       uint2 packed;
       uint8_t* b = reinterpret_cast<uint8_t*>(&packed);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) b[i] = to_e4m3(__fdiv_rn(to_f32(e[i]), s));
+      for (int i = 0; i < kVec; ++i) b[i] = to_e4m3_scaled(to_f32(e[i]), s);
       *reinterpret_cast<uint2*>(out + c) = packed;
     }
   } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = to_e4m3(__fdiv_rn(to_f32(row[c]), s));
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = to_e4m3_scaled(to_f32(row[c]), s);
   }
+}
+
+// The same for 16-bit rows of at most kRegRowMaxVecs 16-byte vectors, held in registers: VPT vectors per
+// thread, all loaded before the row's amax is reduced (one read of the row, VPT loads in flight per thread),
+// the division through RowDivider and the bytes converted in pairs. The kernel above re-reads the row and
+// divides element by element: instruction-bound at ~35% of the memory bandwidth (ncu, FLUX FP8 step).
+constexpr int kRegRowMaxThreads = 256;
+constexpr int kRegRowMaxVpt = 8;
+constexpr int64_t kRegRowMaxVecs = int64_t(kRegRowMaxThreads) * kRegRowMaxVpt;
+
+template <typename T, int VPT>
+__global__ void __launch_bounds__(kRegRowMaxThreads) quantize_rows_reg_kernel(uint8_t* q, float* scale, const T* x, int64_t cols,
+                                                                             int64_t ld) {
+  static_assert(sizeof(T) == 2, "16-bit rows");
+  __shared__ float scratch[32];
+  const Vec<T>* row = reinterpret_cast<const Vec<T>*>(x + int64_t(blockIdx.x) * ld);
+  const int vecs = int(cols / kVec);
+  Vec<T> v[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int c = int(threadIdx.x) + i * int(blockDim.x);
+    v[i] = c < vecs ? row[c] : Vec<T>{};
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) amax = fmaxf(amax, fabsf(to_f32(v[i].v[e])));
+  const float s = fp8_row_scale(block_max(amax, scratch));
+  if (threadIdx.x == 0) scale[blockIdx.x] = s;
+  const RowDivider div = row_divider(s);
+  uint2* out = reinterpret_cast<uint2*>(q + int64_t(blockIdx.x) * cols);
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int c = int(threadIdx.x) + i * int(blockDim.x);
+    if (c >= vecs) continue;
+    uint16_t b[kVec / 2];
+#pragma unroll
+    for (int e = 0; e < kVec / 2; ++e) b[e] = div.e4m3x2(to_f32(v[i].v[2 * e]), to_f32(v[i].v[2 * e + 1]));
+    out[c] = make_uint2(uint32_t(b[0]) | uint32_t(b[1]) << 16, uint32_t(b[2]) | uint32_t(b[3]) << 16);
+  }
+}
+
+// Launches quantize_rows_reg_kernel with the fewest vectors per thread that cover the row in at most
+// kRegRowMaxThreads threads; false where the row is longer (the two-read kernel runs).
+template <typename T>
+bool launch_quantize_rows_reg(cudaStream_t stream, uint8_t* q, float* scale, const T* x, int64_t rows, int64_t cols, int64_t ld) {
+  const int64_t vecs = cols / kVec;
+  if (vecs > kRegRowMaxVecs) return false;
+  int vpt = 1;
+  while (int64_t(vpt) * kRegRowMaxThreads < vecs) vpt *= 2;
+  const int threads = int((vecs + vpt - 1) / vpt + 31) / 32 * 32;
+  const auto go = [&](auto k) {
+    quantize_rows_reg_kernel<T, decltype(k)::value><<<unsigned(rows), threads, 0, stream>>>(q, scale, x, cols, ld);
+  };
+  switch (vpt) {
+    case 1: go(std::integral_constant<int, 1>{}); break;
+    case 2: go(std::integral_constant<int, 2>{}); break;
+    case 4: go(std::integral_constant<int, 4>{}); break;
+    default: go(std::integral_constant<int, kRegRowMaxVpt>{}); break;
+  }
+  return true;
 }
 
 // out [R, C] (contiguous, T) = e4m3 q [R, C] (row stride ldq) * scale[r]: the fallback's dequantization.
@@ -108,6 +167,11 @@ void CudaBackend::quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) {
   dispatch_float(x.dtype(), "quantize_rows_fp8", [&](auto tag) {
     using T = decltype(tag);
     const bool vec = sizeof(T) == 2 && cols % kVec == 0 && ld % kVec == 0 && aligned16(x.raw()) && aligned16(q.raw());
+    if constexpr (sizeof(T) == 2) {
+      if (vec &&
+          launch_quantize_rows_reg<T>(stream_, static_cast<uint8_t*>(q.raw()), scale.data<float>(), x.data<T>(), rows, cols, ld))
+        return;
+    }
     quantize_rows_kernel<T><<<unsigned(rows), kQuantThreads, 0, stream_>>>(static_cast<uint8_t*>(q.raw()), scale.data<float>(),
                                                                             x.data<T>(), cols, ld, vec);
   });

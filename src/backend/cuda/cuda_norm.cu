@@ -23,7 +23,6 @@
 namespace atelier::cuda {
 namespace {
 
-constexpr int kNormThreads = 256;
 constexpr int64_t kGroupChunk = 4096;     // elements per statistics block, at least
 constexpr int64_t kMaxGroupChunks = 256;  // chunks per group, at most (bounds the merge loop)
 
@@ -325,134 +324,6 @@ __global__ void rms_norm_vec_kernel(T* y, const T* x, NormAffine aff, int64_t ro
   reinterpret_cast<Vec<T>*>(y + row * LANES * V)[lane] = o;
 }
 
-// The per-sample vectors and residual of norm_modulate, as raw pointers (null: not applied).
-template <typename T>
-struct ModulationPtrs {
-  const T *scale = nullptr, *shift = nullptr, *gate = nullptr, *residual = nullptr;
-};
-
-// One block per row of d elements (row r of sample r / t): the row statistics of layer_norm_kernel or
-// rms_norm_kernel (the same formulas and block reductions), then the modulation with
-// a rounding after every step, as the unfused ops round.
-template <typename T, NormKind KIND>
-__global__ void norm_modulate_kernel(T* y, const T* x, NormAffine aff, ModulationPtrs<T> m, int64_t t, int64_t d, float eps) {
-  __shared__ float scratch[32];
-  const int64_t row = blockIdx.x, sample = row / t;
-  const T* xr = x + row * d;
-  T* yr = y + row * d;
-  float mean = 0.0f, corr = 0.0f, rstd = 1.0f;
-  if constexpr (KIND == NormKind::kLayer) {
-    float s = 0.0f;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) s += to_f32(xr[j]);
-    mean = block_sum(s, scratch) / float(d);
-    float dev = 0.0f, sq = 0.0f;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      const float v = to_f32(xr[j]) - mean;
-      dev += v;
-      sq += v * v;
-    }
-    corr = block_sum(dev, scratch) / float(d);
-    const float var = fmaxf(block_sum(sq, scratch) / float(d) - corr * corr, 0.0f);
-    rstd = 1.0f / sqrtf(var + eps);
-  } else if constexpr (KIND == NormKind::kRms) {
-    float q = 0.0f;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      const float v = to_f32(xr[j]);
-      q += v * v;
-    }
-    rstd = 1.0f / sqrtf(block_sum(q, scratch) / float(d) + eps);
-  }
-  const auto r = [](float v) { return to_f32(from_f32<T>(v)); };
-  const int64_t vec = sample * d;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, j) : 1.0f;
-    float v;
-    if constexpr (KIND == NormKind::kLayer) v = r(((to_f32(xr[j]) - mean) - corr) * rstd * g);
-    else if constexpr (KIND == NormKind::kRms) v = r(to_f32(xr[j]) * rstd * g);
-    else v = to_f32(xr[j]);
-    if (m.scale) v = r(v * r(1.0f + to_f32(m.scale[vec + j])));
-    if (m.shift) v = r(v + to_f32(m.shift[vec + j]));
-    if (m.gate) v = r(to_f32(m.gate[vec + j]) * v);
-    if (m.residual) v = to_f32(m.residual[row * d + j]) + v;
-    yr[j] = from_f32<T>(v);
-  }
-}
-
-// The same with the row held in registers: one 16-byte vector of x per thread (d / width threads, rounded up
-// to whole warps), read once from memory; the modulation vectors and the residual are read as vectors too.
-// Taken when d is a multiple of the vector width, d / width <= 1024 and every buffer is 16-byte aligned
-// (FLUX's 3072 and Z-Image's 3840 channels). The scalar kernel reads each row three times, element by element.
-template <typename T, NormKind KIND>
-__global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, ModulationPtrs<T> m, int64_t t, int64_t d, float eps) {
-  constexpr int W = Vec<T>::kWidth;
-  __shared__ float scratch[32];
-  const int64_t row = blockIdx.x, sample = row / t;
-  const bool active = int64_t(threadIdx.x) * W < d;
-  const int64_t j0 = int64_t(threadIdx.x) * W;
-  Vec<T> xv{};
-  if (active) xv = *reinterpret_cast<const Vec<T>*>(x + row * d + j0);
-  float mean = 0.0f, corr = 0.0f, rstd = 1.0f;
-  if constexpr (KIND == NormKind::kLayer) {
-    float s = 0.0f;
-#pragma unroll
-    for (int e = 0; e < W; ++e) s += to_f32(xv.v[e]);
-    mean = block_sum(s, scratch) / float(d);
-    float dev = 0.0f, sq = 0.0f;
-    if (active) {
-#pragma unroll
-      for (int e = 0; e < W; ++e) {
-        const float v = to_f32(xv.v[e]) - mean;
-        dev += v;
-        sq += v * v;
-      }
-    }
-    corr = block_sum(dev, scratch) / float(d);
-    const float var = fmaxf(block_sum(sq, scratch) / float(d) - corr * corr, 0.0f);
-    rstd = 1.0f / sqrtf(var + eps);
-  } else if constexpr (KIND == NormKind::kRms) {
-    float q = 0.0f;
-#pragma unroll
-    for (int e = 0; e < W; ++e) q += to_f32(xv.v[e]) * to_f32(xv.v[e]);
-    rstd = 1.0f / sqrtf(block_sum(q, scratch) / float(d) + eps);
-  }
-  if (!active) return;  // after the last block reduction (they synchronise the whole block)
-  const auto r = [](float v) { return to_f32(from_f32<T>(v)); };
-  const auto vec_at = [](const T* p, int64_t at) { return *reinterpret_cast<const Vec<T>*>(p + at); };
-  const int64_t vec = sample * d + j0;
-  Vec<T> sc{}, sh{}, gt{}, rs{}, out;
-  if (m.scale) sc = vec_at(m.scale, vec);
-  if (m.shift) sh = vec_at(m.shift, vec);
-  if (m.gate) gt = vec_at(m.gate, vec);
-  if (m.residual) rs = vec_at(m.residual, row * d + j0);
-#pragma unroll
-  for (int e = 0; e < W; ++e) {
-    const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, j0 + e) : 1.0f;
-    float v;
-    if constexpr (KIND == NormKind::kLayer) v = r(((to_f32(xv.v[e]) - mean) - corr) * rstd * g);
-    else if constexpr (KIND == NormKind::kRms) v = r(to_f32(xv.v[e]) * rstd * g);
-    else v = to_f32(xv.v[e]);
-    if (m.scale) v = r(v * r(1.0f + to_f32(sc.v[e])));
-    if (m.shift) v = r(v + to_f32(sh.v[e]));
-    if (m.gate) v = r(to_f32(gt.v[e]) * v);
-    if (m.residual) v = to_f32(rs.v[e]) + v;
-    out.v[e] = from_f32<T>(v);
-  }
-  *reinterpret_cast<Vec<T>*>(y + row * d + j0) = out;
-}
-
-// Calls fn(std::integral_constant<NormKind, K>{}) for the runtime `kind`: the kernels take it as a template
-// argument so that each kind's unused statistics are compiled out.
-template <typename Fn>
-void dispatch_norm_kind(NormKind kind, Fn&& fn) {
-  switch (kind) {
-    case NormKind::kLayer: fn(std::integral_constant<NormKind, NormKind::kLayer>{}); return;
-    case NormKind::kRms: fn(std::integral_constant<NormKind, NormKind::kRms>{}); return;
-    case NormKind::kNone: fn(std::integral_constant<NormKind, NormKind::kNone>{}); return;
-  }
-}
-
-int row_threads(int64_t d) { return d <= 256 ? 64 : d <= 1024 ? 128 : kNormThreads; }
-
 }  // namespace
 
 // x [N, C, S] contiguous (S = product of the trailing dims), or x and out channels-last [N, C, H, W];
@@ -533,39 +404,6 @@ void CudaBackend::layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, 
     } else {
       layer_norm_kernel<T><<<unsigned(rows), row_threads(d), 0, stream_>>>(out.data<T>(), x.data<T>(), affine_of(gamma, beta), d, eps);
     }
-  });
-  ATELIER_CUDA_LAUNCHED();
-}
-
-// x, out [B, T, D] contiguous; gamma [D]; m.scale/shift/gate [B, D]; m.residual [B, T, D] (Backend::norm_modulate).
-void CudaBackend::norm_modulate(Tensor& out, const Tensor& x, NormKind kind, float eps, const Tensor& gamma,
-                                const NormModulation& m) {
-  const int64_t t = x.size(1), d = x.size(2), rows = x.size(0) * t;
-  if (rows == 0 || d == 0) return;
-  ATELIER_CHECK(x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype(), "norm_modulate: contiguous tensors of one dtype expected");
-  ATELIER_CHECK(rows < (int64_t(1) << 31), "norm_modulate: too many rows");
-  NvtxRange range("norm_modulate");
-  DeviceGuard guard(index_);
-  dispatch_float(x.dtype(), "norm_modulate", [&](auto tag) {
-    using T = decltype(tag);
-    ModulationPtrs<T> p;
-    if (m.scale.defined()) p.scale = m.scale.data<T>();
-    if (m.shift.defined()) p.shift = m.shift.data<T>();
-    if (m.gate.defined()) p.gate = m.gate.data<T>();
-    if (m.residual.defined()) p.residual = m.residual.data<T>();
-    const NormAffine aff = affine_of(gamma, Tensor());
-    const unsigned blocks = unsigned(rows);
-    constexpr int W = Vec<T>::kWidth;
-    const auto al = [](const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % kVecBytes == 0; };
-    const bool vec = d % W == 0 && d / W <= 1024 && al(x.raw()) && al(out.raw()) && al(p.scale) && al(p.shift) && al(p.gate) &&
-                     al(p.residual);
-    dispatch_norm_kind(kind, [&](auto k) {
-      constexpr NormKind K = decltype(k)::value;
-      if (vec)
-        norm_modulate_vec_kernel<T, K><<<blocks, int((d / W + 31) / 32 * 32), 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
-      else
-        norm_modulate_kernel<T, K><<<blocks, row_threads(d), 0, stream_>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
-    });
   });
   ATELIER_CUDA_LAUNCHED();
 }

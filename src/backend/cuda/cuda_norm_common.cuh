@@ -1,6 +1,7 @@
-// What the normalisation kernel files share (cuda_norm.cu: NCHW group norm, layer/RMS norms, norm_modulate;
-// cuda_group_norm_nhwc.cu: channels-last group norm): the affine parameters as the kernels see them and the
-// 16-byte vector type their loads and stores use.
+// What the normalisation kernel files share (cuda_norm.cu: NCHW group norm, layer/RMS norms;
+// cuda_norm_modulate.cu: adaLN modulation; cuda_group_norm_nhwc.cu: channels-last group norm): the affine
+// parameters as the kernels see them, the 16-byte vector type their loads and stores use, the block size of
+// the block-per-row kernels.
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -31,6 +32,10 @@ inline NormAffine affine_of(const Tensor& gamma, const Tensor& beta) {
 }
 
 constexpr int kVecBytes = 16;
+
+// Threads of the one-block-per-row normalisation kernels, and how many a row of d elements gets.
+constexpr int kNormThreads = 256;
+inline int row_threads(int64_t d) { return d <= 256 ? 64 : d <= 1024 ? 128 : kNormThreads; }
 
 template <typename T>
 struct alignas(kVecBytes) Vec {

@@ -71,15 +71,19 @@ __global__ void rope_vec_kernel(T* out, const T* x, const T* cos, const T* sin, 
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// x's row `row` of the output order (b, j, k): its first element.
-template <typename T>
-__device__ __forceinline__ const T* row_of(const T* x, const RopeShape& sh, int64_t row) {
-  const int64_t k = row % sh.c, ij = row / sh.c;
-  return x + (ij / sh.a) * sh.s0 + (ij % sh.a) * sh.s1 + k * sh.s2;
-}
+// x's row `row` of the output order (b, j, k): its first element, and the row's position in the tables.
+// The divisions run in 32 bits where the row count allows (every model's): a 64-bit division or remainder
+// is a long software sequence, and every thread of the normalising kernels makes two to four of them for
+// its 8 elements.
+struct RopeRow {
+  int64_t offset, position;
+};
 
-__device__ __forceinline__ int64_t position_of(const RopeShape& sh, int64_t row) {
-  return sh.seq_dim == 1 ? (row / sh.c) % sh.a : row % sh.c;
+template <typename Index>
+__device__ __forceinline__ RopeRow rope_row(const RopeShape& sh, int64_t row64) {
+  const Index row = Index(row64), c = Index(sh.c), a = Index(sh.a);
+  const Index k = row % c, ij = row / c, j = ij % a, b = ij / a;
+  return {int64_t(b) * sh.s0 + int64_t(j) * sh.s1 + int64_t(k) * sh.s2, int64_t(sh.seq_dim == 1 ? j : k)};
 }
 
 // The rotation of one pair read after the RMS norm: x0, x1 normalised values already rounded to T.
@@ -95,20 +99,21 @@ __device__ __forceinline__ void rotate_pair(T* o, float x0, float x1, float c, f
 // same rstd, so the same values as rms_norm followed by rope). Every lane takes part in the shuffles.
 constexpr int kRopeRmsThreads = 256;
 
-template <typename T, int LANES>
+template <typename T, int LANES, typename Index>
 __global__ void rope_rms_vec_kernel(T* out, const T* x, const T* cos, const T* sin, RopeShape sh, NormAffine aff,
                                     float eps, int64_t rows) {
   constexpr int V = Vec<T>::kWidth, P = V / 2;
   const int64_t row = int64_t(blockIdx.x) * (kRopeRmsThreads / LANES) + threadIdx.x / LANES;
   const int lane = int(threadIdx.x) % LANES;
   const bool live = row < rows;  // every lane takes part in the shuffles of vec_row_rstd
-  const Vec<T> v = live ? reinterpret_cast<const Vec<T>*>(row_of(x, sh, row))[lane] : Vec<T>{};
+  const RopeRow rr = rope_row<Index>(sh, live ? row : 0);
+  const Vec<T> v = live ? reinterpret_cast<const Vec<T>*>(x + rr.offset)[lane] : Vec<T>{};
   float f[V];
   const float rstd = vec_row_rstd<T, LANES>(v, f, eps);
   if (!live) return;
   float g[V];
   load_param_run<T>(g, aff.gamma, aff.gamma_dtype, int64_t(lane) * V, 1.0f);
-  const int64_t t = position_of(sh, row) * sh.half + int64_t(lane) * P;
+  const int64_t t = rr.position * sh.half + int64_t(lane) * P;
   union {
     uint2 u;
     T v[P];
@@ -128,13 +133,14 @@ __global__ void rope_rms_vec_kernel(T* out, const T* x, const T* cos, const T* s
 // Any row width and dtype: one warp per row (the sum of squares as rms_norm_warp_kernel takes it).
 constexpr int kRopeRmsWarps = 8;
 
-template <typename T>
+template <typename T, typename Index>
 __global__ void rope_rms_warp_kernel(T* out, const T* x, const T* cos, const T* sin, RopeShape sh, NormAffine aff,
                                      float eps, int64_t rows) {
   const int64_t row = int64_t(blockIdx.x) * kRopeRmsWarps + threadIdx.x / 32;
   const int lane = int(threadIdx.x) % 32;
   if (row >= rows) return;  // the whole warp: its lanes share the row
-  const T* xr = row_of(x, sh, row);
+  const RopeRow rr = rope_row<Index>(sh, row);
+  const T* xr = x + rr.offset;
   const int64_t d = 2 * sh.half;
   float q = 0.0f;
   for (int64_t j = lane; j < d; j += 32) {
@@ -146,7 +152,7 @@ __global__ void rope_rms_warp_kernel(T* out, const T* x, const T* cos, const T* 
     const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, j) : 1.0f;
     return to_f32(from_f32<T>(to_f32(xr[j]) * rstd * g));
   };
-  const int64_t t0 = position_of(sh, row) * sh.half;
+  const int64_t t0 = rr.position * sh.half;
   T* o = out + row * d;
   for (int64_t p = lane; p < sh.half; p += 32)
     rotate_pair<T>(o + 2 * p, norm(2 * p), norm(2 * p + 1), to_f32(cos[t0 + p]), to_f32(sin[t0 + p]));
@@ -163,18 +169,24 @@ void launch_rope_rms(cudaStream_t stream, T* out, const T* x, const T* cos, cons
   const bool vec = sizeof(T) == 2 && 2 * sh.half == lanes * V && (lanes == 8 || lanes == 16 || lanes == 32) &&
                    sh.s0 % V == 0 && sh.s1 % V == 0 && sh.s2 % V == 0 && aligned(x, 16) && aligned(out, 16) &&
                    aligned(cos, 8) && aligned(sin, 8);
-  if (vec) {
-    const unsigned blocks = unsigned((rows * lanes + kRopeRmsThreads - 1) / kRopeRmsThreads);
-    const auto launch = [&](auto l) {
-      rope_rms_vec_kernel<T, decltype(l)::value><<<blocks, kRopeRmsThreads, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps, rows);
-    };
-    if (lanes == 8) launch(std::integral_constant<int, 8>{});
-    else if (lanes == 16) launch(std::integral_constant<int, 16>{});
-    else launch(std::integral_constant<int, 32>{});
-  } else {
-    const unsigned blocks = unsigned((rows + kRopeRmsWarps - 1) / kRopeRmsWarps);
-    rope_rms_warp_kernel<T><<<blocks, 32 * kRopeRmsWarps, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps, rows);
-  }
+  const auto with_index = [&](auto index) {
+    using Index = decltype(index);
+    if (vec) {
+      const unsigned blocks = unsigned((rows * lanes + kRopeRmsThreads - 1) / kRopeRmsThreads);
+      const auto launch = [&](auto l) {
+        rope_rms_vec_kernel<T, decltype(l)::value, Index><<<blocks, kRopeRmsThreads, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps,
+                                                                                                 rows);
+      };
+      if (lanes == 8) launch(std::integral_constant<int, 8>{});
+      else if (lanes == 16) launch(std::integral_constant<int, 16>{});
+      else launch(std::integral_constant<int, 32>{});
+    } else {
+      const unsigned blocks = unsigned((rows + kRopeRmsWarps - 1) / kRopeRmsWarps);
+      rope_rms_warp_kernel<T, Index><<<blocks, 32 * kRopeRmsWarps, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps, rows);
+    }
+  };
+  if (fits_u32(rows)) with_index(uint32_t{});
+  else with_index(uint64_t{});
 }
 
 }  // namespace

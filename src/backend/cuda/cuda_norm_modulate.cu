@@ -1,0 +1,288 @@
+// adaLN modulation on the GPU (Backend::norm_modulate / norm_modulate_fp8): a row's layer or RMS norm (or
+// none), then (1 + scale), shift, gate and residual, each step rounded as the unfused ops round; with FP8
+// readers the output rows quantized in the same pass. Two kernels: one block per row with the row in
+// registers (16-byte aligned rows of up to 1024 vectors: FLUX's 3072 and Z-Image's 3840 channels), and a
+// scalar one (unaligned or odd widths).
+//
+// Measured on the H200 (docs/performance.md, session 12): the register kernel is instruction-bound, not
+// memory-bound, on FLUX's layer-norm rows (~1 TB/s; ncu: SM throughput 71%, ~850 instructions per thread for
+// its 8 elements, of which the per-row statistics and indexing are about half). A warp-per-row variant (the
+// row as 12 vectors per lane, shuffles only) was no faster: 166 registers, 12.5% occupancy.
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_norm_common.cuh"
+#include "backend/cuda/cuda_nvtx.h"
+
+namespace atelier::cuda {
+namespace {
+
+// The per-sample vectors and residual of norm_modulate, as raw pointers (null: not applied).
+template <typename T>
+struct ModulationPtrs {
+  const T *scale = nullptr, *shift = nullptr, *gate = nullptr, *residual = nullptr;
+};
+
+// One block per row of d elements (row r of sample r / t): the row statistics of layer_norm_kernel or
+// rms_norm_kernel (the same formulas and block reductions), then the modulation with
+// a rounding after every step, as the unfused ops round.
+template <typename T, NormKind KIND>
+__global__ void norm_modulate_kernel(T* y, const T* x, NormAffine aff, ModulationPtrs<T> m, int64_t t, int64_t d, float eps) {
+  __shared__ float scratch[64];  // block_sum2's two halves
+  const int64_t row = blockIdx.x, sample = row / t;
+  const T* xr = x + row * d;
+  T* yr = y + row * d;
+  float mean = 0.0f, corr = 0.0f, rstd = 1.0f;
+  if constexpr (KIND == NormKind::kLayer) {
+    float s = 0.0f;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) s += to_f32(xr[j]);
+    mean = block_sum(s, scratch) / float(d);
+    float dev = 0.0f, sq = 0.0f;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const float v = to_f32(xr[j]) - mean;
+      dev += v;
+      sq += v * v;
+    }
+    block_sum2(dev, sq, scratch);
+    corr = dev / float(d);
+    const float var = fmaxf(sq / float(d) - corr * corr, 0.0f);
+    rstd = 1.0f / sqrtf(var + eps);
+  } else if constexpr (KIND == NormKind::kRms) {
+    float q = 0.0f;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const float v = to_f32(xr[j]);
+      q += v * v;
+    }
+    rstd = 1.0f / sqrtf(block_sum(q, scratch) / float(d) + eps);
+  }
+  const auto r = [](float v) { return to_f32(from_f32<T>(v)); };
+  const int64_t vec = sample * d;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float g = aff.gamma ? load_any(aff.gamma, aff.gamma_dtype, j) : 1.0f;
+    float v;
+    if constexpr (KIND == NormKind::kLayer) v = r(((to_f32(xr[j]) - mean) - corr) * rstd * g);
+    else if constexpr (KIND == NormKind::kRms) v = r(to_f32(xr[j]) * rstd * g);
+    else v = to_f32(xr[j]);
+    if (m.scale) v = r(v * r(1.0f + to_f32(m.scale[vec + j])));
+    if (m.shift) v = r(v + to_f32(m.shift[vec + j]));
+    if (m.gate) v = r(to_f32(m.gate[vec + j]) * v);
+    if (m.residual) v = to_f32(m.residual[row * d + j]) + v;
+    yr[j] = from_f32<T>(v);
+  }
+}
+
+// One thread's vector of a norm_modulate row: the normalised x (statistics and gamma's values g given), then
+// the modulation read at vec (the per-sample vectors) and at res (the residual), every step rounded to T as
+// the unfused ops round.
+template <typename T, NormKind KIND>
+__device__ __forceinline__ Vec<T> modulate_vec(const Vec<T>& xv, const float (&g)[Vec<T>::kWidth], const ModulationPtrs<T>& m,
+                                               int64_t vec, int64_t res, float mean, float corr, float rstd) {
+  constexpr int W = Vec<T>::kWidth;
+  const auto r = [](float v) { return to_f32(from_f32<T>(v)); };
+  const auto vec_at = [](const T* p, int64_t at) { return *reinterpret_cast<const Vec<T>*>(p + at); };
+  Vec<T> sc{}, sh{}, gt{}, rs{}, out;
+  if (m.scale) sc = vec_at(m.scale, vec);
+  if (m.shift) sh = vec_at(m.shift, vec);
+  if (m.gate) gt = vec_at(m.gate, vec);
+  if (m.residual) rs = vec_at(m.residual, res);
+#pragma unroll
+  for (int e = 0; e < W; ++e) {
+    float v;
+    if constexpr (KIND == NormKind::kLayer) v = r(((to_f32(xv.v[e]) - mean) - corr) * rstd * g[e]);
+    else if constexpr (KIND == NormKind::kRms) v = r(to_f32(xv.v[e]) * rstd * g[e]);
+    else v = to_f32(xv.v[e]);
+    if (m.scale) v = r(v * r(1.0f + to_f32(sc.v[e])));
+    if (m.shift) v = r(v + to_f32(sh.v[e]));
+    if (m.gate) v = r(to_f32(gt.v[e]) * v);
+    if (m.residual) v = to_f32(rs.v[e]) + v;
+    out.v[e] = from_f32<T>(v);
+  }
+  return out;
+}
+
+// N bytes (4 or 8: a vector of 4 f32 or 8 16-bit values as e4m3) to p, aligned to N, in one store.
+template <int N>
+__device__ __forceinline__ void store_bytes(uint8_t* p, const uint8_t* b) {
+  static_assert(N == 4 || N == 8, "e4m3 vectors of 4 or 8 bytes");
+  if constexpr (N == 8) *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(b);
+  else *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(b);
+}
+
+// Where norm_modulate_vec_kernel also quantizes its output rows to FP8 (null: it does not): q [rows, d] e4m3,
+// scale [rows] f32, as quantize_rows_fp8 makes them.
+struct Fp8RowsOut {
+  uint8_t* q = nullptr;
+  float* scale = nullptr;
+};
+
+// The same with the row held in registers: VPT 16-byte vectors of x per thread (vector c of the row in
+// thread c % blockDim, d / width / VPT threads rounded up to whole warps), read once from memory; the
+// modulation vectors and the residual are read as vectors too. Taken when d is a multiple of the vector
+// width, the row fits (at most 1024 threads) and every buffer is 16-byte aligned (FLUX's 3072 and Z-Image's
+// 3840 channels). The scalar kernel reads each row three times, element by element. With f8.q set, the
+// rounded output row, still in registers, is quantized too (norm_modulate_fp8): its amax, the row scale and
+// the e4m3 bytes of quantize_rows_fp8 (cuda_fp8.cu: RowDivider, paired conversions), without reading the row
+// again.
+//
+// Why several vectors per thread: the kernel is instruction-bound, not memory-bound, and about half of a
+// one-vector thread's instructions were per row (block reductions, the statistics' divisions, indexing):
+// ~850 per thread for 8 elements (ncu, FLUX's [4096, 3072] layer-norm rows at ~1 TB/s). Four vectors per
+// thread run those once per 32 elements.
+template <typename T, NormKind KIND, int VPT>
+__global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, ModulationPtrs<T> m, int64_t t, int64_t d, float eps,
+                                         Fp8RowsOut f8) {
+  constexpr int W = Vec<T>::kWidth;
+  __shared__ float scratch[64];  // block_sum2's two halves
+  // 32-bit division (rows < 2^31): the 64-bit one is a long software sequence run by every thread.
+  const int64_t row = blockIdx.x, sample = uint32_t(blockIdx.x) / uint32_t(t);
+  const int nvec = int(d / W);
+  const auto col = [&](int i) { return int(threadIdx.x) + i * int(blockDim.x); };  // this thread's vector i
+  Vec<T> xv[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) xv[i] = col(i) < nvec ? *reinterpret_cast<const Vec<T>*>(x + row * d + int64_t(col(i)) * W) : Vec<T>{};
+  float mean = 0.0f, corr = 0.0f, rstd = 1.0f;
+  if constexpr (KIND == NormKind::kLayer) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+#pragma unroll
+      for (int e = 0; e < W; ++e) s += to_f32(xv[i].v[e]);
+    mean = block_sum(s, scratch) / float(d);
+    float dev = 0.0f, sq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (col(i) >= nvec) continue;
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const float v = to_f32(xv[i].v[e]) - mean;
+        dev += v;
+        sq += v * v;
+      }
+    }
+    block_sum2(dev, sq, scratch);
+    corr = dev / float(d);
+    const float var = fmaxf(sq / float(d) - corr * corr, 0.0f);
+    rstd = 1.0f / sqrtf(var + eps);
+  } else if constexpr (KIND == NormKind::kRms) {
+    float q = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+#pragma unroll
+      for (int e = 0; e < W; ++e) q += to_f32(xv[i].v[e]) * to_f32(xv[i].v[e]);
+    rstd = 1.0f / sqrtf(block_sum(q, scratch) / float(d) + eps);
+  }
+  if (col(0) >= nvec && !f8.q) return;  // after the last block reduction (they synchronise the whole block)
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (col(i) >= nvec) continue;
+    const int64_t j0 = int64_t(col(i)) * W;
+    float g[W];
+    load_param_run<T>(g, aff.gamma, aff.gamma_dtype, j0, 1.0f);
+    xv[i] = modulate_vec<T, KIND>(xv[i], g, m, sample * d + j0, row * d + j0, mean, corr, rstd);  // now the output
+    *reinterpret_cast<Vec<T>*>(y + row * d + j0) = xv[i];
+#pragma unroll
+    for (int e = 0; e < W; ++e) amax = fmaxf(amax, fabsf(to_f32(xv[i].v[e])));
+  }
+  if (!f8.q) return;
+  const float qs = fp8_row_scale(block_max(amax, scratch));  // every thread takes part in the reduction
+  if (threadIdx.x == 0) f8.scale[row] = qs;
+  const RowDivider div = row_divider(qs);
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (col(i) >= nvec) continue;
+    union alignas(8) {
+      uint16_t pairs[W / 2];
+      uint8_t bytes[W];
+    } b;
+#pragma unroll
+    for (int e = 0; e < W / 2; ++e) b.pairs[e] = div.e4m3x2(to_f32(xv[i].v[2 * e]), to_f32(xv[i].v[2 * e + 1]));
+    store_bytes<W>(f8.q + row * d + int64_t(col(i)) * W, b.bytes);
+  }
+}
+
+// Vectors per thread of norm_modulate_vec_kernel: kModVecsPerThread for rows of at least kModWideRowVecs
+// vectors (FLUX's 384, Z-Image's 480), one below (fewer threads would leave short rows' blocks nearly empty).
+constexpr int kModVecsPerThread = 4;
+constexpr int64_t kModWideRowVecs = 128;
+
+// Calls fn(std::integral_constant<NormKind, K>{}) for the runtime `kind`: the kernels take it as a template
+// argument so that each kind's unused statistics are compiled out.
+template <typename Fn>
+void dispatch_norm_kind(NormKind kind, Fn&& fn) {
+  switch (kind) {
+    case NormKind::kLayer: fn(std::integral_constant<NormKind, NormKind::kLayer>{}); return;
+    case NormKind::kRms: fn(std::integral_constant<NormKind, NormKind::kRms>{}); return;
+    case NormKind::kNone: fn(std::integral_constant<NormKind, NormKind::kNone>{}); return;
+  }
+}
+
+// x, out [B, T, D] contiguous; gamma [D]; m.scale/shift/gate [B, D]; m.residual [B, T, D] (Backend::norm_modulate).
+// With f8.q set, only the vector kernel runs (it quantizes the rows too); returns false, launching nothing,
+// where it cannot take the call.
+bool launch_norm_modulate(cudaStream_t stream, int device, Tensor& out, const Tensor& x, NormKind kind, float eps,
+                          const Tensor& gamma, const NormModulation& m, const Fp8RowsOut& f8) {
+  const int64_t t = x.size(1), d = x.size(2), rows = x.size(0) * t;
+  if (rows == 0 || d == 0) return true;
+  ATELIER_CHECK(x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype(), "norm_modulate: contiguous tensors of one dtype expected");
+  ATELIER_CHECK(rows < (int64_t(1) << 31), "norm_modulate: too many rows");
+  NvtxRange range(f8.q ? "norm_modulate_fp8" : "norm_modulate");
+  DeviceGuard guard(device);
+  bool launched = false;
+  dispatch_float(x.dtype(), "norm_modulate", [&](auto tag) {
+    using T = decltype(tag);
+    ModulationPtrs<T> p;
+    if (m.scale.defined()) p.scale = m.scale.data<T>();
+    if (m.shift.defined()) p.shift = m.shift.data<T>();
+    if (m.gate.defined()) p.gate = m.gate.data<T>();
+    if (m.residual.defined()) p.residual = m.residual.data<T>();
+    const NormAffine aff = affine_of(gamma, Tensor());
+    constexpr int W = Vec<T>::kWidth;
+    const auto al = [](const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % kVecBytes == 0; };
+    const bool vec = d % W == 0 && d / W <= 1024 && al(x.raw()) && al(out.raw()) && al(p.scale) && al(p.shift) && al(p.gate) &&
+                     al(p.residual) && reinterpret_cast<uintptr_t>(f8.q) % W == 0;
+    if (!vec && f8.q) return;
+    launched = true;
+    dispatch_norm_kind(kind, [&](auto k) {
+      constexpr NormKind K = decltype(k)::value;
+      if (vec) {
+        const int64_t nvec = d / W;
+        const auto launch = [&](auto vpt) {
+          constexpr int kVpt = decltype(vpt)::value;
+          const int threads = int((nvec + kVpt - 1) / kVpt + 31) / 32 * 32;
+          norm_modulate_vec_kernel<T, K, kVpt><<<unsigned(rows), threads, 0, stream>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps, f8);
+        };
+        if (nvec >= kModWideRowVecs) launch(std::integral_constant<int, kModVecsPerThread>{});
+        else launch(std::integral_constant<int, 1>{});
+      } else {
+        norm_modulate_kernel<T, K><<<unsigned(rows), row_threads(d), 0, stream>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps);
+      }
+    });
+  });
+  ATELIER_CUDA_LAUNCHED();
+  return launched;
+}
+
+}  // namespace
+
+void CudaBackend::norm_modulate(Tensor& out, const Tensor& x, NormKind kind, float eps, const Tensor& gamma,
+                                const NormModulation& m) {
+  launch_norm_modulate(stream_, index_, out, x, kind, eps, gamma, m, Fp8RowsOut{});
+}
+
+// The output rows quantized in the same pass where a vector kernel takes the call (rows in registers);
+// elsewhere the two passes of Backend's default.
+void CudaBackend::norm_modulate_fp8(Tensor& out, Tensor& q, Tensor& scale, const Tensor& x, NormKind kind, float eps,
+                                    const Tensor& gamma, const NormModulation& m) {
+  ATELIER_CHECK(q.is_contiguous() && scale.is_contiguous() && q.numel() == x.numel() && scale.numel() * x.size(2) == x.numel(),
+                "norm_modulate_fp8: q [rows, D] and scale [rows] contiguous expected");
+  if (!fused_fp8_norm_modulate_ ||
+      !launch_norm_modulate(stream_, index_, out, x, kind, eps, gamma, m,
+                            Fp8RowsOut{static_cast<uint8_t*>(q.raw()), scale.data<float>()}))
+    Backend::norm_modulate_fp8(out, q, scale, x, kind, eps, gamma, m);
+}
+
+}  // namespace atelier::cuda
