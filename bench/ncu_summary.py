@@ -18,6 +18,7 @@ import sys
 
 def short_name(name):
     """Kernel name without template arguments and parameters: 'group_apply_nhwc_kernel'."""
+    name = name.replace("(anonymous namespace)::", "")
     name = re.sub(r"\(.*$", "", name)
     depth, out = 0, []
     for ch in name:

@@ -1,31 +1,24 @@
 #!/usr/bin/env bash
 # On a GPU machine (after gpu_check.sh unpacked the pack, or with BUILD_DIR set): the DiT benches of
-# gpu_dit_bench.sh against execution switches — CUDA graphs off (ATELIER_GRAPHS=0) and 32 cuBLASLt heuristic
-# candidates timed per GEMM shape instead of 8 (ATELIER_GEMM_CANDIDATES=32) — with nvidia-smi's power and
-# clock samples during the FLUX bf16 run (is a long GEMM-bound step held back by the power limit?), and
-# SD 1.5 batch 8 with the same GEMM switch. Reports in $OUT (default /tmp/gpu_bench).
+# gpu_dit_bench.sh against an execution switch, off in one run of the same build —
+#   ATELIER_FUSED_FP8_NORM=0   adaLN-modulated FP8 inputs quantized in a pass of their own
+# and SD 1.5 batch 1 / 8. Then the eager op breakdowns of a FLUX step (bf16 and FP8, GEMMs by shape) and an
+# Nsight Compute profile of the glue kernels. Reports in $OUT (default /tmp/gpu_bench: the device tool returns
+# a limited number of files, so a call may point OUT elsewhere and copy back the .txt summaries and the log).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
 source "$here/gpu_bench_env.sh"
 
-nvidia-smi dmon -s pc -d 1 > "$out/dmon_flux.txt" 2>&1 &
-dmon=$!
-bench flux_1024 --config flux --warmup 2
-kill $dmon 2>/dev/null
-echo "=== power (W) and SM clock (MHz) samples during flux_1024 (nvidia-smi dmon)"
-awk '$1 ~ /^[0-9]+$/ {printf "%s/%s ", $2, $(NF-1)}' "$out/dmon_flux.txt"
-echo
-ATELIER_GRAPHS=0 bench flux_1024_nographs --config flux --warmup 2
-ATELIER_GEMM_CANDIDATES=32 bench flux_1024_cand32 --config flux --warmup 2
 bench flux_1024_fp8 --config flux --warmup 2 --fp8
-ATELIER_GEMM_CANDIDATES=32 bench flux_1024_fp8_cand32 --config flux --warmup 2 --fp8
-bench zimage_1024 --config zimage --warmup 2
-ATELIER_GRAPHS=0 bench zimage_1024_nographs --config zimage --warmup 2
+ATELIER_FUSED_FP8_NORM=0 bench flux_1024_fp8_nofusednorm --config flux --warmup 2 --fp8
+bench flux_1024 --config flux --warmup 2
 bench zimage_1024_fp8 --config zimage --warmup 2 --fp8
+ATELIER_FUSED_FP8_NORM=0 bench zimage_1024_fp8_nofusednorm --config zimage --warmup 2 --fp8
+bench zimage_1024 --config zimage --warmup 2
+bench sd15_b1 --config sd15 --steps 20 --warmup 2
 bench sd15_b8 --config sd15 --steps 10 --batch 8 --warmup 2
-ATELIER_GEMM_CANDIDATES=32 bench sd15_b8_cand32 --config sd15 --steps 10 --batch 8 --warmup 2
-# Op breakdown of an eager FP8 FLUX step (the stacked modulation GEMV among the GEMMs by shape).
+# Op breakdown of an eager FLUX step (GEMMs by shape).
 for v in "" _fp8; do
   flag=${v:+--fp8}
   gemm=linear
@@ -34,5 +27,21 @@ for v in "" _fp8; do
   /usr/bin/env python3 bench/trace_ops.py "$out/flux${v}_events.trace.json" --call model_call > "$out/flux${v}_ops.txt" 2>&1
   /usr/bin/env python3 bench/trace_ops.py "$out/flux${v}_events.trace.json" --call model_call --shapes $gemm --top 40 \
     > "$out/flux${v}_gemm_shapes.txt" 2>&1
+  head -16 "$out/flux${v}_ops.txt"
   rm -f "$out/flux${v}_events.trace.json"
 done
+# Memory-bound glue kernels of one eager FP8 FLUX step under Nsight Compute (time and DRAM throughput each):
+# which passes run below the bandwidth.
+if command -v ncu > /dev/null || [[ -x /usr/local/cuda/bin/ncu ]]; then
+  ncu_bin=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  ATELIER_GRAPHS=0 ATELIER_CUDA_PROFILE_RANGE=model_call:1 timeout 240 "${run[@]}" "$ncu_bin" --profile-from-start off \
+    --clock-control none --cache-control none -k 'regex:rope_|norm_modulate|quantize_rows|copy_' --csv \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum \
+    "$atelier" bench --device cuda --config flux --fp8 --steps 1 --warmup 1 --trace "$out/ncu_flux.trace.json" \
+    > "$out/ncu_flux_glue.csv" 2> "$out/ncu_flux_glue.err"
+  /usr/bin/env python3 bench/ncu_summary.py "$out/ncu_flux_glue.csv" --top 30 > "$out/ncu_flux_glue.txt" 2>&1
+  head -40 "$out/ncu_flux_glue.txt"
+  rm -f "$out/ncu_flux.trace.json"
+else
+  echo "ncu not found: no kernel profile"
+fi
