@@ -26,6 +26,15 @@ struct ModulationPtrs {
   const T *scale = nullptr, *shift = nullptr, *gate = nullptr, *residual = nullptr;
 };
 
+// A layer norm's correction and 1 / std from this thread's sums of deviations from the mean and of their
+// squares (reduced over the block here; scratch: 64 floats): the refined mean is mean + corr, the variance
+// sq / d - corr^2 (cuda_norm.cu's header says why).
+__device__ __forceinline__ void layer_norm_finish(float dev, float sq, int64_t d, float eps, float* scratch, float& corr, float& rstd) {
+  block_sum2(dev, sq, scratch);
+  corr = dev / float(d);
+  rstd = 1.0f / sqrtf(fmaxf(sq / float(d) - corr * corr, 0.0f) + eps);
+}
+
 // One block per row of d elements (row r of sample r / t): the row statistics of layer_norm_kernel or
 // rms_norm_kernel (the same formulas and block reductions), then the modulation with
 // a rounding after every step, as the unfused ops round.
@@ -46,10 +55,7 @@ __global__ void norm_modulate_kernel(T* y, const T* x, NormAffine aff, Modulatio
       dev += v;
       sq += v * v;
     }
-    block_sum2(dev, sq, scratch);
-    corr = dev / float(d);
-    const float var = fmaxf(sq / float(d) - corr * corr, 0.0f);
-    rstd = 1.0f / sqrtf(var + eps);
+    layer_norm_finish(dev, sq, d, eps, scratch, corr, rstd);
   } else if constexpr (KIND == NormKind::kRms) {
     float q = 0.0f;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
@@ -162,10 +168,7 @@ __global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, Modul
         sq += v * v;
       }
     }
-    block_sum2(dev, sq, scratch);
-    corr = dev / float(d);
-    const float var = fmaxf(sq / float(d) - corr * corr, 0.0f);
-    rstd = 1.0f / sqrtf(var + eps);
+    layer_norm_finish(dev, sq, d, eps, scratch, corr, rstd);
   } else if constexpr (KIND == NormKind::kRms) {
     float q = 0.0f;
 #pragma unroll
