@@ -23,10 +23,15 @@ using test::random_tensor;
 
 constexpr int kCalls = 5;  // one eager warm-up, one recording, three replays
 
-void print_stats(const char* what, const GraphRunner::Stats& s, double worst) {
+// After kCalls calls of each: the recorded model's stats printed, its worst difference to the eager one zero,
+// one recording (the second call) replayed from the third on.
+void expect_replay_equals_eager(const char* what, const GraphRunner::Stats& s, double worst) {
   std::printf("[ figures  ] %s: graph vs eager worst rel L2 %.3g over %d calls; %lld captures, %lld replays, "
               "%.1f MiB pool\n",
               what, worst, kCalls, (long long)s.captures, (long long)s.replays, double(s.pool_bytes) / (1 << 20));
+  EXPECT_EQ(worst, 0.0) << what << ": the same kernels on the same data must give the same bits";
+  EXPECT_EQ(s.captures, 1) << what << ": " << s.last_failure;
+  EXPECT_EQ(s.replays, kCalls - 2) << what;
 }
 
 // FLUX inputs of call `call`: fresh latents, text and timestep; the image ids shift with the call, so that the
@@ -62,11 +67,7 @@ TEST(CudaGraph, FluxReplayEqualsEager) {
       const Tensor a = graphed.forward(in).value(), b = eager.forward(in).value();
       worst = std::max(worst, test::rel_l2(a.to_vector(), b.to_vector()));
     }
-    const GraphRunner::Stats s = graphed.graphs().stats();
-    print_stats(fp8 ? "flux-tiny fp8 blocks" : "flux-tiny bf16", s, worst);
-    EXPECT_EQ(worst, 0.0) << "the same kernels on the same data must give the same bits";
-    EXPECT_EQ(s.captures, 1) << s.last_failure;
-    EXPECT_EQ(s.replays, kCalls - 2);
+    expect_replay_equals_eager(fp8 ? "flux-tiny fp8 blocks" : "flux-tiny bf16", graphed.graphs().stats(), worst);
     EXPECT_EQ(eager.graphs().stats().captures, 0);
   }
 }
@@ -89,11 +90,7 @@ TEST(CudaGraph, ZImageReplayEqualsEager) {
       const Tensor a = graphed.forward(latents, t, caption).value(), b = eager.forward(latents, t, caption).value();
       worst = std::max(worst, test::rel_l2(a.to_vector(), b.to_vector()));
     }
-    const GraphRunner::Stats s = graphed.graphs().stats();
-    print_stats(fp8 ? "zimage-tiny fp8 blocks" : "zimage-tiny bf16", s, worst);
-    EXPECT_EQ(worst, 0.0) << "the same kernels on the same data must give the same bits";
-    EXPECT_EQ(s.captures, 1) << s.last_failure;
-    EXPECT_EQ(s.replays, kCalls - 2);
+    expect_replay_equals_eager(fp8 ? "zimage-tiny fp8 blocks" : "zimage-tiny bf16", graphed.graphs().stats(), worst);
   }
 }
 

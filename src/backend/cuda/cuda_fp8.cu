@@ -83,15 +83,11 @@ __global__ void __launch_bounds__(kRegRowMaxThreads) quantize_rows_reg_kernel(ui
   const float s = fp8_row_scale(block_max(amax, scratch));
   if (threadIdx.x == 0) scale[blockIdx.x] = s;
   const RowDivider div = row_divider(s);
-  uint2* out = reinterpret_cast<uint2*>(q + int64_t(blockIdx.x) * cols);
+  uint8_t* out = q + int64_t(blockIdx.x) * cols;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int c = int(threadIdx.x) + i * int(blockDim.x);
-    if (c >= vecs) continue;
-    uint16_t b[kVec / 2];
-#pragma unroll
-    for (int e = 0; e < kVec / 2; ++e) b[e] = div.e4m3x2(to_f32(v[i].v[2 * e]), to_f32(v[i].v[2 * e + 1]));
-    out[c] = make_uint2(uint32_t(b[0]) | uint32_t(b[1]) << 16, uint32_t(b[2]) | uint32_t(b[3]) << 16);
+    if (c < vecs) store_e4m3(out + int64_t(c) * kVec, v[i], div);
   }
 }
 

@@ -43,6 +43,21 @@ struct alignas(kVecBytes) Vec {
   T v[kWidth];
 };
 
+// A vector's values over their row's scale as e4m3 bytes (RowDivider, paired conversions), element 0 first,
+// written to p (aligned to the W bytes: 8 for a 16-bit vector, 4 for f32) in one store.
+template <typename T>
+__device__ __forceinline__ void store_e4m3(uint8_t* p, const Vec<T>& v, const RowDivider& div) {
+  constexpr int W = Vec<T>::kWidth;
+  static_assert(W == 4 || W == 8, "e4m3 vectors of 4 or 8 bytes");
+  uint32_t w[W / 4];
+#pragma unroll
+  for (int k = 0; k < W / 4; ++k)
+    w[k] = uint32_t(div.e4m3x2(to_f32(v.v[4 * k]), to_f32(v.v[4 * k + 1]))) |
+           uint32_t(div.e4m3x2(to_f32(v.v[4 * k + 2]), to_f32(v.v[4 * k + 3]))) << 16;
+  if constexpr (W == 8) *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  else *reinterpret_cast<uint32_t*>(p) = w[0];
+}
+
 // Parameter p (gamma or beta) at channels c0 .. c0 + W - 1 into out[], `fallback` where p is absent. A vector
 // load where p is stored as T and the run is 16-byte aligned (the common case: weights cast to the compute
 // dtype), element loads otherwise: a dtype switch per element cost more than the row's own loads in the

@@ -109,14 +109,6 @@ __device__ __forceinline__ Vec<T> modulate_vec(const Vec<T>& xv, const float (&g
   return out;
 }
 
-// N bytes (4 or 8: a vector of 4 f32 or 8 16-bit values as e4m3) to p, aligned to N, in one store.
-template <int N>
-__device__ __forceinline__ void store_bytes(uint8_t* p, const uint8_t* b) {
-  static_assert(N == 4 || N == 8, "e4m3 vectors of 4 or 8 bytes");
-  if constexpr (N == 8) *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(b);
-  else *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(b);
-}
-
 // Where norm_modulate_vec_kernel also quantizes its output rows to FP8 (null: it does not): q [rows, d] e4m3,
 // scale [rows] f32, as quantize_rows_fp8 makes them.
 struct Fp8RowsOut {
@@ -195,16 +187,8 @@ __global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, Modul
   if (threadIdx.x == 0) f8.scale[row] = qs;
   const RowDivider div = row_divider(qs);
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    if (col(i) >= nvec) continue;
-    union alignas(8) {
-      uint16_t pairs[W / 2];
-      uint8_t bytes[W];
-    } b;
-#pragma unroll
-    for (int e = 0; e < W / 2; ++e) b.pairs[e] = div.e4m3x2(to_f32(xv[i].v[2 * e]), to_f32(xv[i].v[2 * e + 1]));
-    store_bytes<W>(f8.q + row * d + int64_t(col(i)) * W, b.bytes);
-  }
+  for (int i = 0; i < VPT; ++i)
+    if (col(i) < nvec) store_e4m3(f8.q + row * d + int64_t(col(i)) * W, xv[i], div);
 }
 
 // Vectors per thread of norm_modulate_vec_kernel: kModVecsPerThread for rows of at least kModWideRowVecs

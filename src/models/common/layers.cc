@@ -68,12 +68,6 @@ std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const Linear
   return {split(q(x)), split(k(x)), split(v(x))};
 }
 
-ops::Fp8Rows rows_for(const Tensor& x, const std::vector<const Linear*>& readers) {
-  for (const Linear* l : readers)
-    if (l->is_fp8()) return ops::quantize_activation_fp8(x);
-  return {x, Tensor(), Tensor()};
-}
-
 ops::Fp8Rows norm_modulate_for(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m,
                                const std::vector<const Linear*>& readers) {
   for (const Linear* l : readers)

@@ -99,8 +99,6 @@ inline std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const
                                        int64_t heads) {
   return qkv_heads(qkv, q, k, v, ops::Fp8Rows{x, Tensor(), Tensor()}, heads);
 }
-// x as ops::Fp8Rows for the layers that read it: quantized once where any of them is in FP8, else as it is.
-ops::Fp8Rows rows_for(const Tensor& x, const std::vector<const Linear*>& readers);
 // ops::norm_modulate of x (x [B, T, D]) as ops::Fp8Rows for the layers that read it: where any of them is in
 // FP8, its rows quantized in the same pass (ops::norm_modulate_fp8), else not quantized.
 ops::Fp8Rows norm_modulate_for(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m,
