@@ -400,16 +400,16 @@ FinishResult RedisWorkerNode::Impl::finish(RedisClient& c, InFlight& f) {
     if (state == JobState::kFailed && err.code() == ErrorCode::kCancelled) data["timed_out"] = true;
   }
   std::vector<std::string> args = {o.name, f.epoch, job_state_name(state),
-                                   data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), ttl};
+                                   data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), ttl,
+                                   kGroup, f.entry};
   args.insert(args.end(), fields.begin(), fields.end());
-  auto r = c.eval(scripts::kFinish, {job_key(id), events_key(id)}, args);
+  auto r = c.eval(scripts::kFinish, {job_key(id), events_key(id), f.stream}, args);
   if (!r) {
     std::fprintf(stderr, "worker %s: storing the outcome of %s failed: %s\n", o.name.c_str(), id.c_str(), r.status().message().c_str());
     return FinishResult::kRetry;
   }
   if (r->as_int() == 0) return FinishResult::kLost;  // another worker holds the job now: the entry is theirs
-  ack(c, f.stream, f.entry);
-  ++jobs_done;
+  ++jobs_done;  // the script acknowledged and deleted the stream entry with the outcome
   return FinishResult::kStored;
 }
 

@@ -64,18 +64,25 @@ if ARGV[3] == 'started' then redis.call('HINCRBY', KEYS[1], 'attempts', 1) end
 return 1
 )lua"};
 
-// Worker: the job's outcome. KEYS: job hash, events stream. ARGV: owner, epoch, state (done | failed |
-// cancelled), event data JSON, ttl_s, then field/value pairs. 1 = written (ack), 2 = it was already
-// finished (ack), 0 = another worker holds the job now (do not ack: the entry is theirs).
+// Worker: the job's outcome. KEYS: job hash, events stream, jobs stream. ARGV: owner, epoch, state (done |
+// failed | cancelled), event data JSON, ttl_s, consumer group, stream entry, then field/value pairs.
+// 1 = written, 2 = it was already finished, 0 = another worker holds the job now (the entry is theirs and
+// stays). On 1 and 2 the stream entry is acknowledged and deleted in the same step, so no reader ever sees
+// a finished job whose entry is still queued.
 inline const RedisScript kFinish{R"lua(
 local st = redis.call('HGET', KEYS[1], 'state')
-if st == 'done' or st == 'failed' or st == 'cancelled' then return 2 end
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'state', ARGV[3])
-for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-redis.call('XADD', KEYS[2], '*', 'type', ARGV[3], 'data', ARGV[4])
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[5])
+local finished = st == 'done' or st == 'failed' or st == 'cancelled'
+if not finished then
+  if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[2] then return 0 end
+  redis.call('HSET', KEYS[1], 'state', ARGV[3])
+  for i = 8, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+  redis.call('XADD', KEYS[2], '*', 'type', ARGV[3], 'data', ARGV[4])
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  redis.call('EXPIRE', KEYS[2], ARGV[5])
+end
+redis.call('XACK', KEYS[3], ARGV[6], ARGV[7])
+redis.call('XDEL', KEYS[3], ARGV[7])
+if finished then return 2 end
 return 1
 )lua"};
 
