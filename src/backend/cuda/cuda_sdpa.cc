@@ -35,9 +35,9 @@ bool enabled() {
   return on;
 }
 
-// The [B, H, S, D] strides of a view, with size-1 dims given the stride of a packed layout (their stride is
-// never used to address, but cuDNN checks that the layout is a permutation of a packed one).
-std::array<int64_t, 4> strides_of(const Tensor& t) {
+}  // namespace sdpa_detail
+
+std::array<int64_t, 4> sdpa_strides(const Tensor& t) {
   std::array<int64_t, 4> s{};
   for (int i = 0; i < 4; ++i) s[i] = t.strides()[i];
   for (int i = 2; i >= 0; --i)
@@ -45,13 +45,15 @@ std::array<int64_t, 4> strides_of(const Tensor& t) {
   return s;
 }
 
-std::string shape_text(const Tensor& q, const Tensor& k) {
+std::string sdpa_shape_text(const Tensor& q, const Tensor& k) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "%s q[%lld,%lld,%lld,%lld] kv[%lld,%lld,%lld]", std::string(dtype_name(q.dtype())).c_str(), (long long)q.size(0),
                 (long long)q.size(1), (long long)q.size(2), (long long)q.size(3), (long long)k.size(1), (long long)k.size(2),
                 (long long)k.size(3));
   return buf;
 }
+
+namespace sdpa_detail {
 
 // The operation graph of one SDPA node, f32 softmax and accumulation (the node's only mode for 16-bit data).
 struct OpGraph {
@@ -63,7 +65,7 @@ OpGraph build_graph(Builder& b, cudnnHandle_t handle, const Tensor& out, const T
   const cudnnDataType_t dt = q.dtype() == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
   const auto desc = [&](int64_t uid, const Tensor& t) {
     const int64_t dims[4] = {t.size(0), t.size(1), t.size(2), t.size(3)};
-    const std::array<int64_t, 4> st = strides_of(t);
+    const std::array<int64_t, 4> st = sdpa_strides(t);
     return tensor(b, uid, dt, 4, dims, st.data());
   };
   g.q = desc(kUidQ, q);
@@ -71,7 +73,7 @@ OpGraph build_graph(Builder& b, cudnnHandle_t handle, const Tensor& out, const T
   g.v = desc(kUidV, v);
   g.o = desc(kUidO, out);
   const int64_t one = 1;
-  g.scale = tensor(b, kUidScale, CUDNN_DATA_FLOAT, 1, &one, &one, /*by_value=*/true);
+  g.scale = tensor(b, kUidScale, CUDNN_DATA_FLOAT, 1, &one, &one, TensorKind::kByValue);
 
   g.op = b.create(CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, "SDPA forward op (cuDNN >= 9.13.1)");
   b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, g.q, "sdpa q");
@@ -127,7 +129,7 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
   const CudnnGraphApi& a = *api_;
   const auto handle = static_cast<cudnnHandle_t>(handle_);
   Plan* plan = plans_.emplace(key, std::make_unique<Plan>()).first->second.get();
-  const std::string what = log_enabled() ? shape_text(q, k) : std::string();
+  const std::string what = log_enabled() ? sdpa_shape_text(q, k) : std::string();
   const auto decline = [&](const std::string& why) {
     counters().declined.fetch_add(1);
     if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa] %s: our kernel (cuDNN declined: %s)\n", what.c_str(), why.c_str());
@@ -187,7 +189,7 @@ bool CudnnSdpa::forward(Tensor& out, const Tensor& q, const Tensor& k, const Ten
   if (v.size(3) != q.size(3) || k.size(3) != q.size(3) || q.size(1) % k.size(1) != 0) return false;
   for (const Tensor* t : {static_cast<const Tensor*>(&out), &q, &k, &v})
     if (t->strides()[3] != 1 || reinterpret_cast<uintptr_t>(t->raw()) % uintptr_t(kAlignment) != 0) return false;
-  const std::array<int64_t, 4> qs = strides_of(q), ks = strides_of(k), vs = strides_of(v), os = strides_of(out);
+  const std::array<int64_t, 4> qs = sdpa_strides(q), ks = sdpa_strides(k), vs = sdpa_strides(v), os = sdpa_strides(out);
   const Key key{int64_t(dt), q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), qs[0], qs[1], qs[2],
                 ks[0],       ks[1],     ks[2],     vs[0],     vs[1],     vs[2],     os[0],     os[1],     os[2], ours ? 1 : 0};
   std::lock_guard<std::mutex> lock(mu_);
@@ -200,7 +202,7 @@ bool CudnnSdpa::forward(Tensor& out, const Tensor& q, const Tensor& k, const Ten
     plan->use_cudnn = false;  // never again for this shape
     counters().declined.fetch_add(1);
     if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa] %s: execution failed (%s), our kernel from now on\n",
-                                    shape_text(q, k).c_str(), why.c_str());
+                                    sdpa_shape_text(q, k).c_str(), why.c_str());
     return false;
   }
   counters().runs.fetch_add(1);

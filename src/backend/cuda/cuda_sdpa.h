@@ -41,6 +41,12 @@ struct SdpaStats {
 };
 SdpaStats sdpa_stats();
 
+// The [B, H, S, D] strides of an attention operand as cuDNN's graphs take them: size-1 dims get the stride of
+// a packed layout (never used to address, but cuDNN checks that the layout is a permutation of a packed one).
+std::array<int64_t, 4> sdpa_strides(const Tensor& t);
+// "bf16 q[B,H,S,D] kv[Hk,Sk,D]": a shape in the ATELIER_CUDNN_LOG lines.
+std::string sdpa_shape_text(const Tensor& q, const Tensor& k);
+
 class CudnnSdpa {
  public:
   // library: cuDNN's dlopen handle; handle: the device's cudnnHandle_t, bound to `stream`. Neither is owned.

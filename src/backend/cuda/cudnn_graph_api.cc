@@ -84,17 +84,16 @@ void Builder::set_handle(const Descriptor& d, cudnnBackendAttributeName_t name, 
 // --- graphs --------------------------------------------------------------------------------------------------------
 
 Descriptor tensor(Builder& b, int64_t uid, cudnnDataType_t dt, int rank, const int64_t* dims, const int64_t* strides,
-                  bool by_value) {
+                  TensorKind kind) {
   Descriptor t = b.create(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor");
   b.set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "tensor data type");
   b.set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, rank, dims, "tensor dims");
   b.set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, rank, strides, "tensor strides");
   b.set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor uid");
   b.set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &kAlignment, "tensor alignment");
-  if (by_value) {
-    const bool yes = true;
-    b.set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &yes, "tensor by value");
-  }
+  const bool yes = true;
+  if (kind == TensorKind::kByValue) b.set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &yes, "tensor by value");
+  if (kind == TensorKind::kVirtual) b.set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes, "tensor virtual");
   b.finalize(t, "tensor finalize");
   return t;
 }

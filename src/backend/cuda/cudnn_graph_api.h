@@ -81,10 +81,12 @@ class Builder {
   std::string why_;
 };
 
-// A finalized tensor descriptor: `rank` dims and strides (elements), 16-byte alignment declared. by_value:
-// a host scalar passed in the variant pack (e.g. an attention scale).
+// What a tensor of a graph is: device memory in the variant pack, a host scalar passed in the variant pack
+// (e.g. an attention scale), or an intermediate that lives only inside the fused kernel.
+enum class TensorKind { kMemory, kByValue, kVirtual };
+// A finalized tensor descriptor: `rank` dims and strides (elements), 16-byte alignment declared.
 Descriptor tensor(Builder& b, int64_t uid, cudnnDataType_t dt, int rank, const int64_t* dims, const int64_t* strides,
-                  bool by_value = false);
+                  TensorKind kind = TensorKind::kMemory);
 // A finalized operation graph of the given operations.
 Descriptor operation_graph(Builder& b, cudnnHandle_t handle, const std::vector<cudnnBackendDescriptor_t>& ops);
 
