@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_sdpa_fp8.h"
 #include "backend/ops.h"
 
 namespace atelier {
@@ -163,6 +164,22 @@ int run(int iters) {
                      v = random_on({c.b, c.h, c.sk, c.d}, dt, dev);
         print({"attention auto " + shape + " " + std::string(dtype_name(dt)) + " (" + c.what + ")",
                time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+        if (c.d == 128 && dt == DType::BF16) {  // the DiT blocks' FP8 attention, quantization passes included
+          std::string why;
+          const Tensor merged = Tensor::empty({c.b, c.sq, c.h, c.d}, dt, dev);
+          Tensor out = merged.permute({0, 2, 1, 3});
+          be.set_fp8_attention(true);
+          if (be.fp8_attention_takes(out, q, k, v, &why)) {
+            print({"  same, FP8 (q/k/v quantized per tensor, cuDNN FP8 graph)",
+                   time_ms(be, iters, [&] { ops::attention_merged_fp8(q, k, v); }), flops, "TFLOP/s"});
+            const cuda::SdpaFp8Stats st = cuda::sdpa_fp8_stats();
+            std::printf("  FP8 attention: %lld shapes planned, %lld declined, %lld runs\n", (long long)st.planned,
+                        (long long)st.declined, (long long)st.runs);
+          } else {
+            std::printf("  same, FP8: not taken (%s)\n", why.c_str());
+          }
+          be.set_fp8_attention(cuda::CudaBackend::fp8_attention_default());
+        }
         be.set_attention_impl(cuda::AttentionImpl::kFlash);
         print({"  same, flash kernel", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
         be.set_attention_impl(cuda::AttentionImpl::kCudnnSdpa);

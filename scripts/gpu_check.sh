@@ -7,7 +7,7 @@
 #   From a pack made by scripts/gpu_pack.sh:  device run, carry [".gpupack"], command "bash .gpupack/gpu_check.sh"
 #                                             (gpu_pack.sh puts a copy of this script there)
 #   From a build tree on a machine with a GPU: BUILD_DIR=build scripts/gpu_check.sh   (runs ctest -L gpu)
-# Extra arguments select tests (e.g. --gtest_filter='CudaOps.Flash*').
+# Extra arguments select tests (e.g. --gtest_filter='CudaOps.Flash*'); BENCH=0 skips the micro-benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu_check}
@@ -80,11 +80,13 @@ else
   (( ${#names[@]} > 0 )) || status=2
 fi
 
-echo "=== CUDA micro-benchmarks"
-"${run[@]}" "$bench" 2>&1 | tee "$out/cuda_ops_bench.txt"
-# The convolutions again on cuDNN's legacy API (graph-API path off), for the comparison in docs/cuda.md.
-echo "=== convolutions with ATELIER_CUDNN_GRAPH=0"
-ATELIER_CUDNN_GRAPH=0 "${run[@]}" "$bench" 2>&1 | grep -E "^\| conv|^device" | tee "$out/cuda_ops_bench_legacy_conv.txt"
+if [[ ${BENCH:-1} != 0 ]]; then  # BENCH=0: tests only
+  echo "=== CUDA micro-benchmarks"
+  "${run[@]}" "$bench" 2>&1 | tee "$out/cuda_ops_bench.txt"
+  # The convolutions again on cuDNN's legacy API (graph-API path off), for the comparison in docs/cuda.md.
+  echo "=== convolutions with ATELIER_CUDNN_GRAPH=0"
+  ATELIER_CUDNN_GRAPH=0 "${run[@]}" "$bench" 2>&1 | grep -E "^\| conv|^device" | tee "$out/cuda_ops_bench_legacy_conv.txt"
+fi
 
 echo "=== gpu_check: tests exited with status $status"
 exit "$status"

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_gemm.h"
+#include "backend/cuda/cuda_sdpa_fp8.h"
 #include "backend/ops.h"
 #include "cuda_test_util.h"
 #include "models/common/layers.h"
@@ -151,6 +152,50 @@ TEST(CudaFp8, LinearOnAColumnViewOfTheWeight) {
   Linear g{ops::to_device(l.weight, test::cuda0()), Tensor(), ops::to_device(l.weight_scale, test::cuda0())};
   const Tensor got = g.input_columns(256, 1024)(to_gpu(x, DType::BF16));
   EXPECT_LE(test::rel_l2(ops::cast(got, DType::F32).to_vector(), want.to_vector()), kFp8ParityTol);
+}
+
+// FP8 attention (the DiT blocks' with --dtype fp8) on the GPU against the CPU's definition: the same per-tensor
+// quantization of q, k, v; the CPU then computes in f32, cuDNN's FP8 kernel takes the probabilities and the
+// output through e4m3 as well. e4m3 keeps 3 mantissa bits (a relative rounding error of up to 2^-4, ~2.5% RMS
+// over many values), and O's rounding is not averaged away: rel L2 ~0.03 is the format, a wrong scale, layout
+// or head gives O(1). On Hopper the FP8 path must run (not the 16-bit fallback).
+constexpr double kFp8AttentionTol = 0.05;
+
+TEST(CudaFp8, AttentionMatchesTheCpu) {
+  ATELIER_REQUIRE_CUDA();
+  cuda::CudaBackend& be = test::cuda_be();
+  be.set_fp8_attention(true);  // off by default until measured (CudaBackend::set_fp8_attention)
+  struct Restore {
+    cuda::CudaBackend& be;
+    ~Restore() { be.set_fp8_attention(cuda::CudaBackend::fp8_attention_default()); }
+  } restore{be};
+  std::string why;
+  {
+    const Tensor probe = to_gpu(random_tensor({1, 1, 32, 64}, 1), DType::BF16);
+    Tensor out = Tensor::empty(probe.shape(), DType::BF16, test::cuda0());
+    if (!be.fp8_attention_takes(out, probe, probe, probe, &why)) GTEST_SKIP() << "no FP8 attention here: " << why;
+  }
+  struct Case { int64_t b, h, sq, sk, d; };
+  // FLUX-like (head dim 128, queries as a strided view), unequal lengths at head dim 64, flux-tiny's head dim 16.
+  for (const Case& c : {Case{1, 4, 512, 512, 128}, Case{2, 3, 200, 333, 64}, Case{1, 2, 24, 24, 16}}) {
+    const Tensor q_rows = test::rounded(random_tensor({c.b, c.sq, c.h, c.d}, 21, 2.0f), DType::BF16);
+    const Tensor q = q_rows.permute({0, 2, 1, 3});  // [B, H, Sq, D] with the heads' stride of a merged layout
+    const Tensor k = test::rounded(random_tensor({c.b, c.h, c.sk, c.d}, 22, 2.0f), DType::BF16);
+    const Tensor v = test::rounded(random_tensor({c.b, c.h, c.sk, c.d}, 23, 3.0f), DType::BF16);
+    const Tensor want = ops::attention_merged_fp8(q, k, v);
+    const Tensor exact = ops::attention_merged(q, k, v);
+    const int64_t runs0 = cuda::sdpa_fp8_stats().runs;
+    const Tensor gq = to_gpu(q_rows, DType::BF16).permute({0, 2, 1, 3});
+    const Tensor got = ops::attention_merged_fp8(gq, to_gpu(k, DType::BF16), to_gpu(v, DType::BF16));
+    ASSERT_EQ(got.shape(), want.shape());
+    ASSERT_EQ(cuda::sdpa_fp8_stats().runs, runs0 + 1) << "the FP8 path did not run (ATELIER_CUDNN_LOG=1 says why)";
+    const std::vector<float> g = ops::cast(got, DType::F32).to_vector();
+    const double err = test::rel_l2(g, want.to_vector());
+    std::printf("[ figures  ] attention fp8 %lldx%lldx%lldx%lld d%lld: GPU vs CPU rel L2 %.3g; GPU fp8 vs f32 attention %.3g, "
+                "CPU fp8 vs f32 %.3g\n", (long long)c.b, (long long)c.h, (long long)c.sq, (long long)c.sk, (long long)c.d, err,
+                test::rel_l2(g, exact.to_vector()), test::rel_l2(want.to_vector(), exact.to_vector()));
+    EXPECT_LE(err, kFp8AttentionTol) << c.sq << "x" << c.sk << " d" << c.d;
+  }
 }
 
 // The FLUX fixture's transformer with --dtype fp8 blocks: cuda:0 (bf16 activations) against the CPU (f32

@@ -184,6 +184,9 @@ TEST(FluxTransformerGolden, Fp8ModulatedInputsAreQuantizedInTheirNormPass) {
   // Per double block 8 FP8 products, per single block 4 (q/k/v, MLP, proj_out's two column blocks), and one
   // for every block's modulation (stacked; the final layer's stays in the compute dtype: a `linear`).
   EXPECT_EQ(n["linear_fp8"], 8 * cfg.num_layers + 4 * cfg.num_single_layers + 1);
+  // Every block's attention in FP8 as well (q, k, v quantized per tensor: ops::attention_merged_fp8).
+  EXPECT_EQ(n["attention_fp8"], cfg.num_layers + cfg.num_single_layers);
+  EXPECT_EQ(n["attention"], 0);
 }
 
 // An FP8 checkpoint (block projections stored in f8e4m3, as ComfyUI's fp8 FLUX files) with --dtype fp8: the

@@ -194,6 +194,15 @@ class Backend {
   // with a unit last stride, contiguous or a [B, Sq, H, Dv] buffer seen through a permute (heads merged).
   // q/k/v may be strided views (e.g. heads split out of a fused projection) with a unit last-dim stride.
   virtual void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) = 0;
+  // FP8 attention (DiT blocks with --dtype fp8): q [B, H, Sq, D], k/v [B, H, Sk, D] (no mask, no grouped
+  // heads), each quantized per tensor as quantize_rows_fp8 quantizes a row: s = amax / 448 (1 for zeros), x8 =
+  // e4m3(x / s) with IEEE division, nearest even, saturation (the same bytes on every backend); out = the
+  // attention of the dequantized s * x8. A device's FP8 kernel may take the probabilities and the output
+  // through e4m3 too (cuDNN's does: 2^-4 relative per element, averaged over the keys); the CPU computes them
+  // in f32. A backend without FP8 attention for a case runs attention() on q, k, v (this default).
+  virtual void attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
+    attention(out, q, k, v, Tensor(), scale);
+  }
 
  protected:
   // For attention paths that write contiguous [B, H, Sq, Dv] rows only: attention into a contiguous

@@ -667,9 +667,10 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, 
 namespace {
 // Validates, then runs attention into a fresh output: [B, H, Sq, Dv] contiguous, or with merged_heads the
 // same values in a [B, Sq, H, Dv] buffer (returned in that shape), written there by the backend directly.
-Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale, bool merged_heads) {
-  trace::Scope range("attention", Category::kOp);
-  const std::string op = "attention";
+Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale, bool merged_heads,
+                      bool fp8 = false) {
+  trace::Scope range(fp8 ? "attention_fp8" : "attention", Category::kOp);
+  const std::string op = fp8 ? "attention_fp8" : "attention";
   require_f32(q, op, "q");
   require_f32(k, op, "k");
   require_f32(v, op, "v");
@@ -702,7 +703,12 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const T
   // Q K^T and P V, as torch counts scaled_dot_product_attention; the softmax is not counted.
   trace::count_flops(gemm_flops(b * h, sq, sk, d) + gemm_flops(b * h, sq, dv, sk));
   if (range.active()) range.set_detail("q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape()));
-  backend_of(q).attention(out_view, unit_last(q), unit_last(k), unit_last(v), mask4, scale);
+  if (fp8) {
+    require(!mask.defined() && hk == h, op, "takes no mask and as many k/v heads as q heads");
+    backend_of(q).attention_fp8(out_view, unit_last(q), unit_last(k), unit_last(v), scale);
+  } else {
+    backend_of(q).attention(out_view, unit_last(q), unit_last(k), unit_last(v), mask4, scale);
+  }
   return out;
 }
 }  // namespace
@@ -713,6 +719,11 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 
 Tensor attention_merged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {
   Tensor out = attention_impl(q, k, v, mask, scale, /*merged_heads=*/true);  // [B, Sq, H, Dv]
+  return out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
+}
+
+Tensor attention_merged_fp8(const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
+  Tensor out = attention_impl(q, k, v, Tensor(), scale, /*merged_heads=*/true, /*fp8=*/true);  // [B, Sq, H, Dv]
   return out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
 }
 

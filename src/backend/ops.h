@@ -112,6 +112,9 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 // The same values as attention(...).permute(0, 2, 1, 3) reshaped to [B, Sq, H*Dv] (heads merged), written
 // there directly: no separate copy to merge the heads.
 Tensor attention_merged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {}, float scale = 0.0f);
+// attention_merged with q, k, v quantized to FP8 (e4m3) per tensor, as Backend::attention_fp8 defines it (the
+// attention of FLUX's and Z-Image's --dtype fp8 blocks): no mask, as many k/v heads as q heads.
+Tensor attention_merged_fp8(const Tensor& q, const Tensor& k, const Tensor& v, float scale = 0.0f);
 // Convenience for [B, S, H*D] sequences: splits heads, attends, merges -> [B, Sq, H*Dv].
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads = 0,
                             const Tensor& mask = {});

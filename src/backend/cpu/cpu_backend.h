@@ -46,6 +46,8 @@ class CpuBackend final : public Backend {
   void rope(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) override;
 
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) override;
+  // q, k, v quantized per tensor (the bytes CUDA makes), attention in f32 of the dequantized values (cpu_fp8.cc).
+  void attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale) override;
 
   // Channels-last activations on the CPU, for tests only: the CPU computes NCHW (its convolution and group
   // norm run on packed copies), so this costs copies and gains nothing, but it runs the op layer's
@@ -54,6 +56,8 @@ class CpuBackend final : public Backend {
   void set_channels_last_for_tests(bool on) { channels_last_for_tests_.store(on); }
 
  private:
+  // x [B, H, S, D] -> contiguous f32 s * e4m3(x / s), quantized per tensor (attention_fp8's operands).
+  Tensor fp8_tensor_values(const Tensor& x);
   void conv2d_nchw(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
 
   CpuAllocator alloc_;

@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_init.h"
 #include "backend/cuda/cuda_sdpa.h"
+#include "backend/cuda/cuda_sdpa_fp8.h"
 
 namespace atelier {
 namespace cuda {
@@ -44,6 +45,7 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
     : index_(index),
       name_("cuda:" + std::to_string(index) + " (" + prop.name + ")"),
       sm_count_(prop.multiProcessorCount),
+      cc_major_(prop.major),
       max_smem_optin_(prop.sharedMemPerBlockOptin),
       stream_(make_stream(index)),
       alloc_(index, stream_),
@@ -52,7 +54,10 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
   conv_nhwc_ = !env_is("ATELIER_CONV_NHWC", "0");
   gn_apply_merge_ = env_flag("ATELIER_GN_APPLY_MERGE");
   fused_fp8_norm_modulate_ = !env_is("ATELIER_FUSED_FP8_NORM", "0");
+  fp8_attention_ = fp8_attention_default();
 }
+
+bool CudaBackend::fp8_attention_default() { return env_flag("ATELIER_FP8_ATTENTION"); }
 
 CudaBackend::~CudaBackend() = default;
 

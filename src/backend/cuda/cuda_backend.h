@@ -19,6 +19,7 @@ namespace atelier::cuda {
 class GemmEngine;
 class ConvEngine;
 class CudnnSdpa;
+class CudnnSdpaFp8;
 struct GemmCall;
 
 // Which convolution implementation to use (tests force each one). kAuto prefers cuDNN when it loads, in
@@ -88,6 +89,8 @@ class CudaBackend final : public Backend {
   void rope(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) override;
 
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) override;
+  // cuDNN's fused FP8 attention (cuda_fp8_attention.cu) where fp8_attention_takes the case, else attention().
+  void attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale) override;
 
   // --- CUDA-specific controls (benchmarks, tests) ---------------------------------------------------
   cudaStream_t stream() const { return stream_; }
@@ -105,6 +108,16 @@ class CudaBackend final : public Backend {
   // Whether cuDNN's fused SDPA node can be used on this machine; *why says why not (cuDNN missing or older
   // than 9.13.1, ATELIER_CUDNN_SDPA=0).
   bool cudnn_sdpa_available(std::string* why);
+  // FP8 attention for attention_fp8 (the DiT blocks under --dtype fp8). Off by default until it has run on a
+  // GPU (written in session 13 without device time; docs/cuda.md "FP8 attention" says how to check it): off,
+  // attention_fp8 runs attention() as before. Also ATELIER_FP8_ATTENTION=1.
+  void set_fp8_attention(bool on) { fp8_attention_ = on; }
+  // The default: ATELIER_FP8_ATTENTION set and not 0.
+  static bool fp8_attention_default();
+  // Whether attention_fp8 runs FP8 attention for these operands (*why: why not): switched on, Hopper or newer,
+  // cuDNN's FP8 graph available, bf16/f16 operands of equal heads and head dims (a multiple of 16 up to 256),
+  // 16-byte aligned rows, a dense output, a shape cuDNN has not declined.
+  bool fp8_attention_takes(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, std::string* why);
   // Queries per block of the flash kernel: 64 or 128 (two m-tiles per warp), 0 = chosen per call from the
   // grid size. Tests and benchmarks force each.
   void set_flash_block_rows(int rows) { flash_block_rows_ = rows; }
@@ -134,6 +147,8 @@ class CudaBackend final : public Backend {
   bool attention_flash(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
   // cuDNN's fused SDPA (unmasked bf16/f16); false when it declines or our kernel measured faster (kAuto).
   bool attention_cudnn(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
+  // Makes sdpa_fp8_ (with conv_'s cuDNN handle); false with *why when cuDNN's FP8 graph cannot be used.
+  bool cudnn_sdpa_fp8(std::string* why);
   void conv2d_im2col(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
   // cuDNN in NHWC: x read in place when channels-last (else transposed in), the result written in place when
   // out is channels-last (else transposed back), bias and addend added in one output pass; false when cuDNN
@@ -150,6 +165,7 @@ class CudaBackend final : public Backend {
   int index_;
   std::string name_;
   int sm_count_ = 0;
+  int cc_major_ = 0;  // compute capability
   size_t max_smem_optin_ = 0;
   cudaStream_t stream_ = nullptr;
   DeviceAllocator alloc_;
@@ -157,6 +173,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<GemmEngine> gemm_;
   std::unique_ptr<ConvEngine> conv_;
   std::unique_ptr<CudnnSdpa> sdpa_;  // created with conv_ (it shares cuDNN's handle), lazily
+  std::unique_ptr<CudnnSdpaFp8> sdpa_fp8_;  // likewise
   std::mutex engines_mu_;
   bool allow_tf32_ = false;
   ConvImpl conv_impl_ = ConvImpl::kAuto;
@@ -172,6 +189,7 @@ class CudaBackend final : public Backend {
   int flash_key_tile_ = 0;
   bool gn_apply_merge_ = false;
   bool fused_fp8_norm_modulate_ = true;
+  bool fp8_attention_ = false;
 };
 
 // The backend of cuda:`index` (throws atelier::Error when that device is not available).

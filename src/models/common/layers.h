@@ -104,6 +104,12 @@ inline std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const
 ops::Fp8Rows norm_modulate_for(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m,
                                const std::vector<const Linear*>& readers);
 
+// Heads-merged attention q [B, H, Sq, D], k/v [B, H, Sk, D] -> [B, Sq, H*D]; with fp8 (DiT blocks under
+// --dtype fp8) q, k, v in FP8 as ops::attention_merged_fp8 takes them.
+inline Tensor attention_merged_for(bool fp8, const Tensor& q, const Tensor& k, const Tensor& v) {
+  return fp8 ? ops::attention_merged_fp8(q, k, v) : ops::attention_merged(q, k, v);
+}
+
 // ops::rope's RMS prologue for a q/k norm (null: none; an unbound weight: no gamma).
 inline RopeRms rope_rms(const RMSNorm* n) { return n ? RopeRms{true, n->weight, n->eps} : RopeRms{}; }
 

@@ -206,6 +206,7 @@ std::vector<Linear*> FluxTransformer::modulation_parts() {
 void FluxTransformer::quantize_fp8() {
   // Recordings read the weights they were made with: a fresh runner (not shared with copies of the model).
   graphs_ = std::make_shared<GraphRunner>(graphs_->options());
+  fp8_attention_ = true;
   for (FluxDoubleBlock& b : double_blocks_) {
     quantize_stacked(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});
     quantize_stacked(b.add_qkv, {&b.add_q_proj, &b.add_k_proj, &b.add_v_proj});
@@ -258,7 +259,7 @@ void FluxTransformer::double_block(const FluxDoubleBlock& b, Tensor& img, Tensor
   const Tensor q = ops::concat({norm_rope(qt, b.norm_added_q, cos_t, sin_t), norm_rope(qi, b.norm_q, cos_i, sin_i)}, 2);
   const Tensor k = ops::concat({norm_rope(kt, b.norm_added_k, cos_t, sin_t), norm_rope(ki, b.norm_k, cos_i, sin_i)}, 2);
   const Tensor v = ops::concat({vt, vi}, 1).permute({0, 2, 1, 3});
-  const Tensor a = ops::attention_merged(q, k, v);  // [B, S + L, H * hd]
+  const Tensor a = attention_merged_for(fp8_attention_, q, k, v);  // [B, S + L, H * hd]
   img = gated_add(img, mi[2], b.to_out(ops::contiguous(a.narrow(1, s, l))));
   txt = gated_add(txt, mt[2], b.to_add_out(ops::contiguous(a.narrow(1, 0, s))));
   const Tensor fi = b.ff_out(b.ff_proj(modulate_for(img, mi[3], mi[4], {&b.ff_proj}), UnaryOp::kGeluTanh));
@@ -275,7 +276,8 @@ Tensor FluxTransformer::single_block(const FluxSingleBlock& b, const Tensor& x, 
   const ops::Fp8Rows n = modulate_for(x, m[0], m[1], {&b.proj_mlp, &b.to_q});
   const Tensor mlp = b.proj_mlp(n, UnaryOp::kGeluTanh);
   const auto [q, k, v] = qkv_heads(b.to_qkv, b.to_q, b.to_k, b.to_v, n, h);
-  const Tensor a = ops::attention_merged(norm_rope(q, b.norm_q, cos, sin), norm_rope(k, b.norm_k, cos, sin), v.permute({0, 2, 1, 3}));
+  const Tensor a = attention_merged_for(fp8_attention_, norm_rope(q, b.norm_q, cos, sin), norm_rope(k, b.norm_k, cos, sin),
+                                        v.permute({0, 2, 1, 3}));
   // proj_out(concat(a, mlp)) as two GEMMs over the weight's column blocks (views, read in place), the
   // second accumulating onto the first: the [B, N, d + mlp] concat is never written (2.7 ms of a 1024²
   // step on the H200). The sum is rounded once more than in one GEMM: within the bf16 noise.

@@ -1,0 +1,226 @@
+// FP8 attention on the GPU (Backend::attention_fp8): q, k and v quantized per tensor (one amax pass over the
+// three, one quantizing pass that also writes the scalars cuDNN reads), cuDNN's fused FP8 flash attention
+// (cuda_sdpa_fp8.h), and its e4m3 output dequantized into `out`. Everything stays on the stream (no host
+// value), so a DiT step with FP8 attention replays as a CUDA graph.
+//
+// Budget at FLUX 1024² (q/k/v [1, 24, 4608, 128] bf16, 28 MB each): the two passes read 170 MB and write
+// 42 MB, the output pass reads 14 MB and writes 28 MB: ~0.07 ms at 3.5 TB/s, against the ~0.2 ms FP8 saves
+// in the products (0.46 ms per attention in bf16).
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_conv.h"
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_norm_common.cuh"
+#include "backend/cuda/cuda_nvtx.h"
+#include "backend/cuda/cuda_sdpa_fp8.h"
+#include "backend/cuda/cudnn_graph_api.h"
+
+namespace atelier::cuda {
+namespace {
+
+using S = Fp8AttentionScalars;
+constexpr int kOperands = 3;          // q, k, v
+constexpr int kPassThreads = 256;
+constexpr int kMaxPassBlocks = 1024;  // per operand: grid-stride beyond that (~8 blocks per SM on 132 SMs)
+// O8 = e4m3(O * scale_o) with scale_o = kOutputHeadroom / s_v: |O| <= amax(v) = 448 s_v up to P's e4m3
+// rounding (the probabilities of a row may sum to a little over 1), so half the range is kept free.
+constexpr float kOutputHeadroom = 0.5f;
+
+// One [B, H, S, D] 16-bit operand: strides in elements (unit last stride), its rows as 16-byte vectors.
+struct Operand {
+  const void* x = nullptr;
+  uint8_t* q = nullptr;  // [B, H, S, D] contiguous e4m3
+  uint32_t heads = 0, seq = 0;
+  int64_t sb = 0, sh = 0, ss = 0;
+  uint32_t units = 0;  // 16-byte vectors in the tensor (B * H * S * D / 8)
+};
+struct Operands {
+  Operand op[kOperands];
+  uint32_t vecs_per_row = 0;  // D / 8
+};
+
+// Element offset of vector u of operand o (32-bit index arithmetic: the tensors have < 2^32 vectors).
+__device__ __forceinline__ int64_t vector_offset(const Operand& o, uint32_t u, uint32_t vecs_per_row) {
+  const uint32_t row = u / vecs_per_row, c = u - row * vecs_per_row;
+  const uint32_t hs = o.heads * o.seq;
+  const uint32_t b = row / hs, rem = row - b * hs, h = rem / o.seq, s = rem - h * o.seq;
+  return int64_t(b) * o.sb + int64_t(h) * o.sh + int64_t(s) * o.ss + int64_t(c) * 8;
+}
+
+// amax[o] = max |x| over operand o = blockIdx.y; amax starts at zero (its float bits ordered as unsigned).
+template <typename T>
+__global__ void __launch_bounds__(kPassThreads) fp8_amax_kernel(Operands ops, float* scalars) {
+  const Operand& o = ops.op[blockIdx.y];
+  float amax = 0.0f;
+  for (uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < o.units; u += gridDim.x * blockDim.x) {
+    const Vec<T> v = *reinterpret_cast<const Vec<T>*>(static_cast<const T*>(o.x) + vector_offset(o, u, ops.vecs_per_row));
+#pragma unroll
+    for (int e = 0; e < Vec<T>::kWidth; ++e) amax = fmaxf(amax, fabsf(to_f32(v.v[e])));
+  }
+  __shared__ float scratch[32];
+  amax = block_max(amax, scratch);  // one atomic per block: ~1000 per operand instead of one per warp
+  if (threadIdx.x == 0 && amax > 0.0f)
+    atomicMax(reinterpret_cast<unsigned*>(S::at(scalars, S::Slot(S::kAmaxQ + blockIdx.y))), __float_as_uint(amax));
+}
+
+// q[o] = e4m3(x / s) with s = amax / 448 as quantize_rows_fp8 takes it per row (RowDivider: the IEEE quotient),
+// written contiguously; the first thread also writes the scalars cuDNN's graph reads.
+template <typename T>
+__global__ void __launch_bounds__(kPassThreads) fp8_quantize_kernel(Operands ops, float* scalars) {
+  const Operand& o = ops.op[blockIdx.y];
+  const float s = fp8_row_scale(*S::at(scalars, S::Slot(S::kAmaxQ + blockIdx.y)));
+  const RowDivider div = row_divider(s);
+  for (uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < o.units; u += gridDim.x * blockDim.x) {
+    const Vec<T> v = *reinterpret_cast<const Vec<T>*>(static_cast<const T*>(o.x) + vector_offset(o, u, ops.vecs_per_row));
+    store_e4m3(o.q + int64_t(u) * Vec<T>::kWidth, v, div);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *S::at(scalars, S::Slot(S::kDescaleQ + blockIdx.y)) = s;
+    if (blockIdx.y == 2) {  // v: the output's scale follows from it
+      *S::at(scalars, S::kDescaleS) = 1.0f / kF8E4M3Max;
+      *S::at(scalars, S::kScaleS) = kF8E4M3Max;
+      *S::at(scalars, S::kScaleO) = kOutputHeadroom / s;
+      *S::at(scalars, S::kDescaleO) = s / kOutputHeadroom;
+    }
+  }
+}
+
+// out[i] = o8[i] * descale_o over n elements of one dense layout (n a multiple of 8).
+template <typename T>
+__global__ void fp8_dequantize_kernel(T* out, const uint8_t* o8, int64_t vectors, const float* scalars) {
+  const float d = *S::at(scalars, S::kDescaleO);
+  for (int64_t i = global_thread(); i < vectors; i += grid_threads()) {
+    const uint2 raw = reinterpret_cast<const uint2*>(o8)[i];
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(&raw);
+    Vec<T> v;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const __nv_fp8_e4m3 f = *reinterpret_cast<const __nv_fp8_e4m3*>(b + e);
+      v.v[e] = from_f32<T>(float(f) * d);
+    }
+    reinterpret_cast<Vec<T>*>(out)[i] = v;
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether `t` is one dense layout: a permutation of a packed one (contiguous, or heads merged).
+bool dense(const Tensor& t) {
+  int64_t expect = 1;
+  std::array<int, 4> order{0, 1, 2, 3};
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return t.strides()[a] < t.strides()[b]; });
+  for (int i : order) {
+    if (t.size(i) != 1 && t.strides()[i] != expect) return false;
+    expect *= t.size(i);
+  }
+  return true;
+}
+
+Operand operand_of(const Tensor& x, Tensor& q8) {
+  Operand o;
+  o.x = x.raw();
+  o.q = static_cast<uint8_t*>(q8.raw());
+  o.heads = uint32_t(x.size(1));
+  o.seq = uint32_t(x.size(2));
+  o.sb = x.strides()[0];
+  o.sh = x.strides()[1];
+  o.ss = x.strides()[2];
+  o.units = uint32_t(x.numel() / 8);
+  return o;
+}
+
+}  // namespace
+
+bool CudaBackend::fp8_attention_takes(const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, std::string* why) {
+  const auto no = [&](const char* reason) {
+    if (why) *why = reason;
+    return false;
+  };
+  if (!fp8_attention_) return no("FP8 attention is off (CudaBackend::set_fp8_attention, ATELIER_FP8_ATTENTION=1)");
+  if (cc_major_ < 9) return no("FP8 attention needs Hopper (sm_90) or newer");
+  const DType dt = q.dtype();
+  if ((dt != DType::BF16 && dt != DType::F16) || k.dtype() != dt || v.dtype() != dt || out.dtype() != dt)
+    return no("FP8 attention takes bf16/f16 q, k, v and output of one dtype");
+  const int64_t d = q.size(3);
+  if (k.size(1) != q.size(1) || k.size(3) != d || v.size(3) != d || d % 16 != 0 || d > 256)
+    return no("FP8 attention takes equal q/k/v heads and head dims, a multiple of 16 up to 256");
+  for (const Tensor* t : {&out, &q, &k, &v}) {
+    if (t->strides()[3] != 1 || !aligned16(t->raw())) return no("FP8 attention needs unit last strides, 16-byte aligned");
+    for (int i = 0; i < 3; ++i)
+      if (t->strides()[i] % 8 != 0) return no("FP8 attention needs rows of whole 16-byte vectors");
+    if (t->numel() / 8 >= (int64_t(1) << 31)) return no("FP8 attention operands over 2^31 vectors");
+  }
+  if (!dense(out)) return no("FP8 attention writes a dense output (contiguous or heads merged)");
+  std::string reason;
+  if (!cudnn_sdpa_fp8(&reason)) {
+    if (why) *why = reason;
+    return false;
+  }
+  if (sdpa_fp8_->declined_before(q, k)) return no("cuDNN declined this shape before");
+  return true;
+}
+
+// q [B, H, Sq, D], k/v [B, H, Sk, D] 16-bit (unit last stride), out [B, H, Sq, D] dense (contiguous or heads
+// merged). cuDNN's FP8 attention where it takes the case, else attention() on q, k, v.
+void CudaBackend::attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
+  if (out.numel() == 0) return;
+  DeviceGuard guard(index_);
+  if (!fp8_attention_takes(out, q, k, v, nullptr)) return attention(out, q, k, v, Tensor(), scale);
+  NvtxRange range("attention_fp8");
+  Tensor scalars = Tensor::empty({int64_t(S::bytes() / sizeof(float))}, DType::F32, device());
+  ATELIER_CUDA_OK(cudaMemsetAsync(scalars.raw(), 0, S::bytes(), stream_));
+  Tensor q8 = Tensor::empty(q.shape(), DType::F8E4M3, device());
+  Tensor k8 = Tensor::empty(k.shape(), DType::F8E4M3, device());
+  Tensor v8 = Tensor::empty(v.shape(), DType::F8E4M3, device());
+  Operands ops;
+  ops.op[0] = operand_of(q, q8);
+  ops.op[1] = operand_of(k, k8);
+  ops.op[2] = operand_of(v, v8);
+  ops.vecs_per_row = uint32_t(q.size(3) / 8);
+  uint32_t most = 0;
+  for (const Operand& o : ops.op) most = std::max(most, o.units);
+  const dim3 grid(std::min<unsigned>(grid_for(most, kPassThreads), kMaxPassBlocks), kOperands);
+  float* sc = scalars.data<float>();
+  if (q.dtype() == DType::BF16) {
+    fp8_amax_kernel<__nv_bfloat16><<<grid, kPassThreads, 0, stream_>>>(ops, sc);
+    fp8_quantize_kernel<__nv_bfloat16><<<grid, kPassThreads, 0, stream_>>>(ops, sc);
+  } else {
+    fp8_amax_kernel<__half><<<grid, kPassThreads, 0, stream_>>>(ops, sc);
+    fp8_quantize_kernel<__half><<<grid, kPassThreads, 0, stream_>>>(ops, sc);
+  }
+  ATELIER_CUDA_LAUNCHED();
+  // The e4m3 output in out's layout, so that the dequantization is one flat pass.
+  Tensor o8(Tensor::empty({out.numel()}, DType::F8E4M3, device()).buffer(), out.shape(), out.strides(), DType::F8E4M3, 0);
+  std::string why;
+  if (!sdpa_fp8_->forward(o8, q8, k8, v8, scale, sc, alloc_, &why)) {
+    if (cudnn_graph::log_enabled()) std::fprintf(stderr, "[cudnn sdpa fp8] 16-bit attention instead: %s\n", why.c_str());
+    return attention(out, q, k, v, Tensor(), scale);
+  }
+  const int64_t vectors = out.numel() / 8;
+  if (out.dtype() == DType::BF16)
+    fp8_dequantize_kernel<__nv_bfloat16><<<grid_for(vectors), kThreads, 0, stream_>>>(out.data<__nv_bfloat16>(),
+                                                                                      static_cast<const uint8_t*>(o8.raw()), vectors, sc);
+  else
+    fp8_dequantize_kernel<__half><<<grid_for(vectors), kThreads, 0, stream_>>>(out.data<__half>(),
+                                                                              static_cast<const uint8_t*>(o8.raw()), vectors, sc);
+  ATELIER_CUDA_LAUNCHED();
+}
+
+bool CudaBackend::cudnn_sdpa_fp8(std::string* why) {
+  {
+    std::lock_guard<std::mutex> lock(engines_mu_);
+    if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
+    if (!sdpa_fp8_) sdpa_fp8_ = std::make_unique<CudnnSdpaFp8>(conv_->library(), conv_->handle(), stream_);
+  }
+  if (!sdpa_fp8_->available() && why)
+    *why = conv_->available() ? sdpa_fp8_->why_unavailable() : "cuDNN not loaded: " + conv_->why_unavailable();
+  return sdpa_fp8_->available();
+}
+
+}  // namespace atelier::cuda
