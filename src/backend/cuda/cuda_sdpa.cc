@@ -110,12 +110,7 @@ struct CudnnSdpa::Plan {
 };
 
 CudnnSdpa::CudnnSdpa(void* library, void* handle, cudaStream_t stream) : handle_(handle), stream_(stream) {
-  if (!enabled()) {
-    why_ = "off by ATELIER_CUDNN_SDPA=0";
-    return;
-  }
-  api_ = handle ? load_api(library, &why_) : nullptr;
-  if (!handle) why_ = "no cuDNN handle";
+  api_ = load_api_for(library, handle, enabled(), "off by ATELIER_CUDNN_SDPA=0", &why_);  // (why_ is constructed by now)
 }
 
 CudnnSdpa::~CudnnSdpa() { plans_.clear(); }
@@ -139,24 +134,13 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
   Builder b(a);
   plan->graph = build_graph(b, handle, out, q, k, v);
   if (!b.ok()) return decline(b.why());
-  std::vector<Candidate> candidates;
-  std::string why = "heuristics gave no engine configuration";
-  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    if (!candidates.empty()) break;
-    for (Descriptor& cfg : engine_configs(a, plan->graph.graph, mode, &why)) {
-      if (candidates.size() >= kMaxCandidates) break;
-      Candidate c;
-      c.engine = engine_info(a, cfg);
-      c.cfg = std::move(cfg);
-      if (make_plan(a, handle, c, &why)) candidates.push_back(std::move(c));
-    }
-  }
+  std::string why;
+  std::vector<Candidate> candidates = plan_candidates(a, handle, plan->graph.graph, kMaxCandidates, &why);
   if (candidates.empty()) return decline(why);
 
   // Time each candidate, and our kernel, on the real buffers (the caller's real call overwrites `out`).
   EventPair events;
-  int64_t max_ws = 0;
-  for (const Candidate& c : candidates) max_ws = std::max(max_ws, c.workspace);
+  const int64_t max_ws = max_workspace(candidates);
   std::shared_ptr<Buffer> ws = max_ws > 0 ? alloc.allocate(size_t(max_ws)) : nullptr;
   // cuDNN's plans and our kernel (last) in turns, each its best turn.
   std::vector<std::function<bool()>> runs;
@@ -164,11 +148,7 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
     runs.push_back([&, cp = &c] { return execute_sdpa(a, handle, cp->plan, out, q, k, v, scale, ws ? ws->data() : nullptr, &why); });
   if (ours) runs.push_back(ours);
   const std::vector<float> ms = time_in_turns(events, stream_, kTimingRounds, kTimedRuns, runs);
-  size_t best = candidates.size();
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    candidates[i].ms = ms[i];
-    if (ms[i] >= 0.0f && (best == candidates.size() || ms[i] < candidates[best].ms)) best = i;
-  }
+  const size_t best = fastest(candidates, ms);
   if (best == candidates.size()) return decline("every plan failed to execute (" + why + ")");
   const float ours_ms = ours ? ms.back() : -1.0f;
   plan->use_cudnn = ours_ms < 0.0f || candidates[best].ms < kMinGain * ours_ms;

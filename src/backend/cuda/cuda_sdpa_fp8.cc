@@ -213,12 +213,7 @@ struct CudnnSdpaFp8::Plan {
 };
 
 CudnnSdpaFp8::CudnnSdpaFp8(void* library, void* handle, cudaStream_t stream) : handle_(handle), stream_(stream) {
-  if (!enabled()) {
-    why_ = "off by ATELIER_CUDNN_SDPA=0";
-    return;
-  }
-  api_ = handle ? load_api(library, &why_) : nullptr;
-  if (!handle) why_ = "no cuDNN handle";
+  api_ = load_api_for(library, handle, enabled(), "off by ATELIER_CUDNN_SDPA=0", &why_);  // (why_ is constructed by now)
 }
 
 CudnnSdpaFp8::~CudnnSdpaFp8() { plans_.clear(); }
@@ -244,22 +239,11 @@ CudnnSdpaFp8::Plan* CudnnSdpaFp8::plan_for(const Key& key, Tensor& o8, const Ten
   Builder b(a);
   plan->graph = build_graph(b, handle, o8, q8, k8, v8);
   if (!b.ok()) return decline(b.why());
-  std::vector<Candidate> candidates;
-  std::string why = "heuristics gave no engine configuration";
-  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    if (!candidates.empty()) break;
-    for (Descriptor& cfg : engine_configs(a, plan->graph.graph, mode, &why)) {
-      if (candidates.size() >= kMaxCandidates) break;
-      Candidate c;
-      c.engine = engine_info(a, cfg);
-      c.cfg = std::move(cfg);
-      if (make_plan(a, handle, c, &why)) candidates.push_back(std::move(c));
-    }
-  }
+  std::string why;
+  std::vector<Candidate> candidates = plan_candidates(a, handle, plan->graph.graph, kMaxCandidates, &why);
   if (candidates.empty()) return decline(why);
 
-  int64_t max_ws = 0;
-  for (const Candidate& c : candidates) max_ws = std::max(max_ws, c.workspace);
+  const int64_t max_ws = max_workspace(candidates);
   std::shared_ptr<Buffer> ws = max_ws > 0 ? alloc.allocate(size_t(max_ws)) : nullptr;
   size_t best = 0;
   if (candidates.size() > 1) {  // timed in turns on the real buffers (the caller's call overwrites o8)
@@ -269,12 +253,7 @@ CudnnSdpaFp8::Plan* CudnnSdpaFp8::plan_for(const Key& key, Tensor& o8, const Ten
       runs.push_back([&, cp = &c] {
         return execute_fp8(a, handle, cp->plan, o8, q8, k8, v8, scale, scalars, ws ? ws->data() : nullptr, &why);
       });
-    const std::vector<float> ms = time_in_turns(events, stream_, kTimingRounds, kTimedRuns, runs);
-    best = candidates.size();
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      candidates[i].ms = ms[i];
-      if (ms[i] >= 0.0f && (best == candidates.size() || ms[i] < candidates[best].ms)) best = i;
-    }
+    best = fastest(candidates, time_in_turns(events, stream_, kTimingRounds, kTimedRuns, runs));
     if (best == candidates.size()) return decline("every plan failed to execute (" + why + ")");
   }
   plan->ok = true;

@@ -30,6 +30,18 @@ const CudnnGraphApi* load_api(void* library, std::string* why) {
   return api.release();
 }
 
+const CudnnGraphApi* load_api_for(void* library, void* handle, bool on, const char* off_reason, std::string* why) {
+  if (!on) {
+    *why = off_reason;
+    return nullptr;
+  }
+  if (!handle) {
+    *why = "no cuDNN handle";
+    return nullptr;
+  }
+  return load_api(library, why);
+}
+
 // --- Descriptor ----------------------------------------------------------------------------------------------------
 
 Descriptor::Descriptor(const CudnnGraphApi* api, cudnnBackendDescriptorType_t type) : api_(api) {
@@ -194,6 +206,38 @@ bool make_plan(const CudnnGraphApi& a, cudnnHandle_t handle, Candidate& c, std::
     return false;
   }
   return true;
+}
+
+std::vector<Candidate> plan_candidates(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& graph,
+                                       size_t max_candidates, std::string* why) {
+  std::vector<Candidate> candidates;
+  *why = "heuristics gave no engine configuration";
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    if (!candidates.empty()) break;
+    for (Descriptor& cfg : engine_configs(a, graph, mode, why)) {
+      if (candidates.size() >= max_candidates) break;
+      Candidate c;
+      c.engine = engine_info(a, cfg);
+      c.cfg = std::move(cfg);
+      if (make_plan(a, handle, c, why)) candidates.push_back(std::move(c));
+    }
+  }
+  return candidates;
+}
+
+int64_t max_workspace(const std::vector<Candidate>& candidates) {
+  int64_t ws = 0;
+  for (const Candidate& c : candidates) ws = std::max(ws, c.workspace);
+  return ws;
+}
+
+size_t fastest(std::vector<Candidate>& candidates, const std::vector<float>& ms) {
+  size_t best = candidates.size();
+  for (size_t i = 0; i < candidates.size() && i < ms.size(); ++i) {
+    candidates[i].ms = ms[i];
+    if (ms[i] >= 0.0f && (best == candidates.size() || ms[i] < candidates[best].ms)) best = i;
+  }
+  return best;
 }
 
 bool execute(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& plan, const std::vector<int64_t>& uids,

@@ -38,6 +38,9 @@ bool log_enabled();
 // The backend entry points of `library` (cuDNN's dlopen handle); one table per call, kept for the process's
 // life (like the library). Null with *why set when an entry point is missing.
 const CudnnGraphApi* load_api(void* library, std::string* why);
+// load_api for a path that runs on the device's cuDNN handle and may be switched off: null with *why set to
+// `off_reason` when !on, to "no cuDNN handle" without one, or to load_api's reason.
+const CudnnGraphApi* load_api_for(void* library, void* handle, bool on, const char* off_reason, std::string* why);
 
 // One backend descriptor, destroyed with its owner (move-only).
 class Descriptor {
@@ -113,6 +116,16 @@ struct Candidate {
 };
 // Finalizes c.plan from c.cfg; false (with *why) when it fails or needs more than kMaxWorkspace.
 bool make_plan(const CudnnGraphApi& a, cudnnHandle_t handle, Candidate& c, std::string* why);
+
+// Execution plans for `graph`: the first `max_candidates` configurations of heuristics mode A that finalize
+// (FALLBACK's when A gives none); empty with *why when there are none.
+std::vector<Candidate> plan_candidates(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& graph,
+                                       size_t max_candidates, std::string* why);
+// The largest workspace the candidates need.
+int64_t max_workspace(const std::vector<Candidate>& candidates);
+// Records each candidate's time (ms[i], time_in_turns's order) and returns the fastest one's index, or
+// candidates.size() when none ran.
+size_t fastest(std::vector<Candidate>& candidates, const std::vector<float>& ms);
 
 // Enqueues one execution of `plan` with the tensors `uids[i]` at `pointers[i]` (host pointers for by-value
 // scalars) and `workspace` (as large as the plan asked for).
