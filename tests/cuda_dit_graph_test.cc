@@ -23,6 +23,14 @@ using test::random_tensor;
 
 constexpr int kCalls = 5;  // one eager warm-up, one recording, three replays
 
+// bf16 blocks; FP8 blocks with 16-bit attention (CUDA's default); FP8 blocks with FP8 attention (cuDNN's FP8
+// graph and the quantization passes around it, recorded like the rest).
+struct Mode {
+  bool fp8_blocks, fp8_attention;
+  const char* what;
+};
+constexpr Mode kModes[] = {{false, false, "bf16"}, {true, false, "fp8 blocks"}, {true, true, "fp8 blocks + fp8 attention"}};
+
 // After kCalls calls of each: the recorded model's stats printed, its worst difference to the eager one zero,
 // one recording (the second call) replayed from the third on.
 void expect_replay_equals_eager(const char* what, const GraphRunner::Stats& s, double worst) {
@@ -56,7 +64,9 @@ TEST(CudaGraph, FluxReplayEqualsEager) {
   ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
   const WeightStore store = WeightStore::open({(dir / "model/transformer/diffusion_pytorch_model.safetensors").string()}).value();
   const FluxConfig cfg = FluxConfig::from_file((dir / "model/transformer/config.json").string()).value();
-  for (bool fp8 : {false, true}) {
+  for (const Mode& mode : kModes) {
+    const bool fp8 = mode.fp8_blocks;
+    const test::Fp8AttentionScope fp8_attention(mode.fp8_attention);
     FluxTransformer graphed = FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, cuda0(), DType::BF16).value();
     if (fp8) graphed.quantize_fp8();
     FluxTransformer eager = graphed;  // the same weights
@@ -67,7 +77,7 @@ TEST(CudaGraph, FluxReplayEqualsEager) {
       const Tensor a = graphed.forward(in).value(), b = eager.forward(in).value();
       worst = std::max(worst, test::rel_l2(a.to_vector(), b.to_vector()));
     }
-    expect_replay_equals_eager(fp8 ? "flux-tiny fp8 blocks" : "flux-tiny bf16", graphed.graphs().stats(), worst);
+    expect_replay_equals_eager((std::string("flux-tiny ") + mode.what).c_str(), graphed.graphs().stats(), worst);
     EXPECT_EQ(eager.graphs().stats().captures, 0);
   }
 }
@@ -77,7 +87,9 @@ TEST(CudaGraph, ZImageReplayEqualsEager) {
   ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
   const ZImageConfig cfg = ZImageConfig::from_file((dir / "model/transformer/config.json").string()).value();
   const WeightStore store = WeightStore::open({(dir / "model/transformer/diffusion_pytorch_model.safetensors").string()}).value();
-  for (bool fp8 : {false, true}) {
+  for (const Mode& mode : kModes) {
+    const bool fp8 = mode.fp8_blocks;
+    const test::Fp8AttentionScope fp8_attention(mode.fp8_attention);
     ZImageTransformer graphed = ZImageTransformer::load(store, cfg, cuda0(), DType::BF16).value();
     if (fp8) graphed.quantize_fp8();
     ZImageTransformer eager = graphed;
@@ -90,7 +102,7 @@ TEST(CudaGraph, ZImageReplayEqualsEager) {
       const Tensor a = graphed.forward(latents, t, caption).value(), b = eager.forward(latents, t, caption).value();
       worst = std::max(worst, test::rel_l2(a.to_vector(), b.to_vector()));
     }
-    expect_replay_equals_eager(fp8 ? "zimage-tiny fp8 blocks" : "zimage-tiny bf16", graphed.graphs().stats(), worst);
+    expect_replay_equals_eager((std::string("zimage-tiny ") + mode.what).c_str(), graphed.graphs().stats(), worst);
   }
 }
 

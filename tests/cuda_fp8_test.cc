@@ -164,11 +164,7 @@ constexpr double kFp8AttentionTol = 0.05;
 TEST(CudaFp8, AttentionMatchesTheCpu) {
   ATELIER_REQUIRE_CUDA();
   cuda::CudaBackend& be = test::cuda_be();
-  be.set_fp8_attention(true);  // off by default until measured (CudaBackend::set_fp8_attention)
-  struct Restore {
-    cuda::CudaBackend& be;
-    ~Restore() { be.set_fp8_attention(cuda::CudaBackend::fp8_attention_default()); }
-  } restore{be};
+  const test::Fp8AttentionScope fp8_attention(true);  // off by default until measured
   std::string why;
   {
     const Tensor probe = to_gpu(random_tensor({1, 1, 32, 64}, 1), DType::BF16);

@@ -35,6 +35,15 @@ inline std::string cuda_unavailable_reason() {
 
 inline cuda::CudaBackend& cuda_be() { return static_cast<cuda::CudaBackend&>(backend_for(cuda0())); }
 
+// cuda:0's FP8 attention switched on (or off) for a scope, then back to its default (CudaBackend::
+// set_fp8_attention: off until it has been measured).
+struct Fp8AttentionScope {
+  explicit Fp8AttentionScope(bool on) { cuda_be().set_fp8_attention(on); }
+  ~Fp8AttentionScope() { cuda_be().set_fp8_attention(cuda::CudaBackend::fp8_attention_default()); }
+  Fp8AttentionScope(const Fp8AttentionScope&) = delete;
+  Fp8AttentionScope& operator=(const Fp8AttentionScope&) = delete;
+};
+
 // Output rounding allowance per dtype: one unit roundoff of the stored result.
 inline double output_ulp(DType t) { return t == DType::BF16 ? 1.0 / 256 : t == DType::F16 ? 1.0 / 2048 : 0.0; }
 
