@@ -20,7 +20,7 @@ using S = Fp8AttentionScalars;
 // Tensors in device memory (the variant pack) and the by-value attention scale.
 enum Uid : int64_t {
   kUidQ = 1, kUidK, kUidV, kUidO, kUidScale, kUidDescaleQ, kUidDescaleK, kUidDescaleV, kUidDescaleS, kUidScaleS,
-  kUidScaleO, kUidAmaxS, kUidAmaxO,
+  kUidScaleO, kUidAmaxS, kUidAmaxO, kUidStats,
   kUidVirtual = 100  // intermediates count up from here
 };
 constexpr size_t kMaxCandidates = 4;  // heuristics' first plans timed per shape
@@ -118,13 +118,27 @@ class GraphBuilder {
   std::vector<cudnnBackendDescriptor_t> ops_;
 };
 
+// How the softmax's log-sum-exp statistics appear in the graph. cuDNN's frontend emits them as a virtual
+// tensor for inference (the first form); the training form (statistics written to memory, as Transformer
+// Engine builds it) is the pattern most used, and the form without them the simplest. They are tried in this
+// order until cuDNN's heuristics offer an engine: written without a GPU at hand, the graph must not depend on
+// one guess of what the fusion engine recognises.
+enum class StatsForm { kVirtual, kNone, kInMemory };
+constexpr StatsForm kStatsForms[] = {StatsForm::kVirtual, StatsForm::kNone, StatsForm::kInMemory};
+const char* stats_form_name(StatsForm f) {
+  return f == StatsForm::kVirtual ? "virtual statistics" : f == StatsForm::kNone ? "no statistics" : "statistics in memory";
+}
+
 struct OpGraph {
   std::vector<std::unique_ptr<Descriptor>> nodes;  // tensors and operations the graph refers to
   Descriptor graph;
+  StatsForm stats = StatsForm::kVirtual;
 };
 
-// The graph of cuda_sdpa_fp8.h's formula for q8 [B, H, Sq, D], k8/v8 [B, H, Sk, D], o8 [B, H, Sq, D].
-OpGraph build_graph(Builder& b, cudnnHandle_t handle, const Tensor& o8, const Tensor& q8, const Tensor& k8, const Tensor& v8) {
+// The graph of cuda_sdpa_fp8.h's formula for q8 [B, H, Sq, D], k8/v8 [B, H, Sk, D], o8 [B, H, Sq, D]; the
+// statistics (when in memory) [B, H, Sq, 1] f32 contiguous.
+OpGraph build_graph(Builder& b, cudnnHandle_t handle, const Tensor& o8, const Tensor& q8, const Tensor& k8, const Tensor& v8,
+                    StatsForm stats_form) {
   GraphBuilder g(b);
   const int64_t bs = q8.size(0), h = q8.size(1), sq = q8.size(2), d = q8.size(3), sk = k8.size(2);
   constexpr cudnnDataType_t kF8 = CUDNN_DATA_FP8_E4M3, kF32 = CUDNN_DATA_FLOAT;
@@ -159,10 +173,14 @@ OpGraph build_graph(Builder& b, cudnnHandle_t handle, const Tensor& o8, const Te
   g.pointwise(CUDNN_POINTWISE_EXP, shifted, nullptr, e);
   const Descriptor& sum = g.virtual4(kF32, rows);
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, sum);
-  const Descriptor& log_sum = g.virtual4(kF32, rows);
-  g.pointwise(CUDNN_POINTWISE_LOG, sum, nullptr, log_sum);
-  const Descriptor& stats = g.virtual4(kF32, rows);
-  g.pointwise(CUDNN_POINTWISE_ADD, max, &log_sum, stats);
+  if (stats_form != StatsForm::kNone) {
+    const Descriptor& log_sum = g.virtual4(kF32, rows);
+    g.pointwise(CUDNN_POINTWISE_LOG, sum, nullptr, log_sum);
+    const Descriptor& stats = stats_form == StatsForm::kVirtual
+                                  ? g.virtual4(kF32, rows)
+                                  : g.tensor4(kUidStats, kF32, rows, nullptr, TensorKind::kMemory);
+    g.pointwise(CUDNN_POINTWISE_ADD, max, &log_sum, stats);
+  }
   const Descriptor& p = g.virtual4(kF32, scores);
   g.pointwise(CUDNN_POINTWISE_DIV, e, &sum, p);
   // P into e4m3
@@ -182,18 +200,28 @@ OpGraph build_graph(Builder& b, cudnnHandle_t handle, const Tensor& o8, const Te
   OpGraph out;
   out.graph = operation_graph(b, handle, g.ops());
   out.nodes = g.release();
+  out.stats = stats_form;
   return out;
 }
 
-bool execute_fp8(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& plan, Tensor& o8, const Tensor& q8,
-                 const Tensor& k8, const Tensor& v8, float scale, float* sc, void* workspace, std::string* why) {
+// Bytes of the statistics a graph of StatsForm::kInMemory writes for q8 [B, H, Sq, D].
+int64_t stats_bytes(const Tensor& q8) { return q8.size(0) * q8.size(1) * q8.size(2) * int64_t(sizeof(float)); }
+
+// One execution; `stats` [B, H, Sq] f32 when the graph writes them (else unused).
+bool execute_fp8(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& plan, StatsForm form, Tensor& o8,
+                 const Tensor& q8, const Tensor& k8, const Tensor& v8, float scale, float* sc, void* stats, void* workspace,
+                 std::string* why) {
   const auto slot = [&](S::Slot s) { return static_cast<void*>(S::at(sc, s)); };
-  return execute(a, handle, plan,
-                 {kUidQ, kUidK, kUidV, kUidO, kUidScale, kUidDescaleQ, kUidDescaleK, kUidDescaleV, kUidDescaleS, kUidScaleS,
-                  kUidScaleO, kUidAmaxS, kUidAmaxO},
-                 {q8.raw(), k8.raw(), v8.raw(), o8.raw(), &scale, slot(S::kDescaleQ), slot(S::kDescaleK), slot(S::kDescaleV),
-                  slot(S::kDescaleS), slot(S::kScaleS), slot(S::kScaleO), slot(S::kAmaxS), slot(S::kAmaxO)},
-                 workspace, why);
+  std::vector<int64_t> uids = {kUidQ,         kUidK,         kUidV,         kUidO,      kUidScale, kUidDescaleQ, kUidDescaleK,
+                               kUidDescaleV, kUidDescaleS, kUidScaleS,    kUidScaleO, kUidAmaxS, kUidAmaxO};
+  std::vector<void*> ptrs = {q8.raw(),           o8.raw() == nullptr ? nullptr : k8.raw(), v8.raw(), o8.raw(), &scale,
+                             slot(S::kDescaleQ), slot(S::kDescaleK), slot(S::kDescaleV), slot(S::kDescaleS),
+                             slot(S::kScaleS),   slot(S::kScaleO),   slot(S::kAmaxS),    slot(S::kAmaxO)};
+  if (form == StatsForm::kInMemory) {
+    uids.push_back(kUidStats);
+    ptrs.push_back(stats);
+  }
+  return execute(a, handle, plan, uids, ptrs, workspace, why);
 }
 
 }  // namespace sdpa_fp8_detail
@@ -236,22 +264,31 @@ CudnnSdpaFp8::Plan* CudnnSdpaFp8::plan_for(const Key& key, Tensor& o8, const Ten
     return plan;  // ok stays false: remembered
   };
 
-  Builder b(a);
-  plan->graph = build_graph(b, handle, o8, q8, k8, v8);
-  if (!b.ok()) return decline(b.why());
-  std::string why;
-  std::vector<Candidate> candidates = plan_candidates(a, handle, plan->graph.graph, kMaxCandidates, &why);
-  if (candidates.empty()) return decline(why);
+  // The graph forms in turn (kStatsForms) until the heuristics offer an engine that makes a plan.
+  std::vector<Candidate> candidates;
+  std::string why, reasons;
+  for (StatsForm form : kStatsForms) {
+    Builder b(a);
+    plan->graph = build_graph(b, handle, o8, q8, k8, v8, form);
+    if (b.ok()) candidates = plan_candidates(a, handle, plan->graph.graph, kMaxCandidates, &why);
+    else why = b.why();
+    if (!candidates.empty()) break;
+    reasons += std::string(reasons.empty() ? "" : "; ") + stats_form_name(form) + ": " + why;
+  }
+  if (candidates.empty()) return decline(reasons);
 
   const int64_t max_ws = max_workspace(candidates);
   std::shared_ptr<Buffer> ws = max_ws > 0 ? alloc.allocate(size_t(max_ws)) : nullptr;
+  std::shared_ptr<Buffer> stats =
+      plan->graph.stats == StatsForm::kInMemory ? alloc.allocate(size_t(stats_bytes(q8))) : nullptr;
   size_t best = 0;
   if (candidates.size() > 1) {  // timed in turns on the real buffers (the caller's call overwrites o8)
     EventPair events;
     std::vector<std::function<bool()>> runs;
     for (const Candidate& c : candidates)
       runs.push_back([&, cp = &c] {
-        return execute_fp8(a, handle, cp->plan, o8, q8, k8, v8, scale, scalars, ws ? ws->data() : nullptr, &why);
+        return execute_fp8(a, handle, cp->plan, plan->graph.stats, o8, q8, k8, v8, scale, scalars,
+                           stats ? stats->data() : nullptr, ws ? ws->data() : nullptr, &why);
       });
     best = fastest(candidates, time_in_turns(events, stream_, kTimingRounds, kTimedRuns, runs));
     if (best == candidates.size()) return decline("every plan failed to execute (" + why + ")");
@@ -260,9 +297,10 @@ CudnnSdpaFp8::Plan* CudnnSdpaFp8::plan_for(const Key& key, Tensor& o8, const Ten
   plan->chosen = std::move(candidates[best]);
   counters().planned.fetch_add(1);
   if (log_enabled())
-    std::fprintf(stderr, "[cudnn sdpa fp8] %s: %zu plans, engine %lld, workspace %lld B, %.4f ms\n", what.c_str(),
-                 candidates.size(), (long long)plan->chosen.engine.index, (long long)plan->chosen.workspace,
-                 double(plan->chosen.ms));
+    std::fprintf(stderr, "[cudnn sdpa fp8] %s: %s, %zu plans, engine %lld, workspace %lld B, %.4f ms%s%s\n", what.c_str(),
+                 stats_form_name(plan->graph.stats), candidates.size(), (long long)plan->chosen.engine.index,
+                 (long long)plan->chosen.workspace, double(plan->chosen.ms), reasons.empty() ? "" : "; declined first: ",
+                 reasons.c_str());
   return plan;
 }
 
@@ -288,9 +326,11 @@ bool CudnnSdpaFp8::forward(Tensor& o8, const Tensor& q8, const Tensor& k8, const
   if (!plan) return fail("a new shape met during a CUDA graph capture is not planned");
   if (!plan->ok) return fail(plan->why);
   std::shared_ptr<Buffer> ws = plan->chosen.workspace > 0 ? alloc.allocate(size_t(plan->chosen.workspace)) : nullptr;
+  std::shared_ptr<Buffer> stats =
+      plan->graph.stats == StatsForm::kInMemory ? alloc.allocate(size_t(stats_bytes(q8))) : nullptr;
   std::string err;
-  if (!execute_fp8(*api_, static_cast<cudnnHandle_t>(handle_), plan->chosen.plan, o8, q8, k8, v8, scale, scalars,
-                   ws ? ws->data() : nullptr, &err)) {
+  if (!execute_fp8(*api_, static_cast<cudnnHandle_t>(handle_), plan->chosen.plan, plan->graph.stats, o8, q8, k8, v8, scale,
+                   scalars, stats ? stats->data() : nullptr, ws ? ws->data() : nullptr, &err)) {
     plan->ok = false;  // never again for this shape
     plan->why = "execution failed: " + err;
     declined_.insert({q8.size(0), q8.size(1), q8.size(2), k8.size(2), q8.size(3)});

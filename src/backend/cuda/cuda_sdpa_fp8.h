@@ -4,10 +4,14 @@
 //
 //   S = (Q8 K8^T) * scale * descale_q * descale_k         (matmul, three pointwise MULs)
 //   P = softmax(S)                                          (MAX, SUB, EXP, ADD reduction, LOG + ADD: the
-//                                                            statistics node the pattern carries, DIV)
+//                                                            log-sum-exp statistics, DIV)
 //   amax_s = max|P|;  P8 = e4m3(P * scale_s)                (AMAX reduction, MUL into an FP8 virtual tensor)
 //   O' = (P8 V8) * descale_s * descale_v;  amax_o = max|O'| (matmul, two MULs, AMAX)
 //   O8 = e4m3(O' * scale_o)
+//
+// The statistics are tried in three forms until cuDNN's heuristics offer an engine (virtual, as the frontend
+// builds inference graphs; left out; written to memory, as training graphs do): this was written without a GPU
+// at hand, and ATELIER_CUDNN_LOG=1 says which form planned and why the others did not.
 //
 // Inside cuDNN's kernel this is an online softmax: P is exp(S - running max) taken through e4m3 before the
 // final normalisation, so results differ from an f32 attention of the same Q8/K8/V8 by P's and O's e4m3
