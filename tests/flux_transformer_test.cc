@@ -148,6 +148,36 @@ TEST(FluxTransformerGolden, QkvIsOneGemmPerStreamAndTheNormsRunInTheRope) {
     EXPECT_EQ(n["linear_residual"], cfg.num_single_layers);
     EXPECT_EQ(n["rope"], 4 * cfg.num_layers + 2 * cfg.num_single_layers);
     EXPECT_EQ(n["rms_norm"], 0);
+    // The double blocks' q/k/v GEMMs and ropes write their streams' rows of joint buffers (no concatenation
+    // copies); the concats left are the position ids' (text, image) and the streams' before the single blocks.
+    EXPECT_EQ(n["concat"], 2);
+  }
+}
+
+// Batch 2 (the double blocks' general path: each stream's q/k/v concatenated) against each sample alone (the
+// batch-1 path: joint buffers filled in place): the same values.
+TEST(FluxTransformerGolden, BatchOfTwoMatchesEachSampleAlone) {
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  const WeightStore store = WeightStore::open({(dir / "model/transformer/diffusion_pytorch_model.safetensors").string()}).value();
+  const FluxTransformer m = FluxTransformer::load(store, FluxLayout::kDiffusers, folder_config(dir), Device::cpu()).value();
+  const FluxInputs one = golden_inputs(0.5f);
+  FluxInputs two = one;
+  const auto twice = [](const Tensor& x, float scale) { return ops::concat({x, ops::affine(x, scale)}, 0); };
+  two.hidden_states = twice(one.hidden_states, -0.5f);
+  two.encoder_hidden_states = twice(one.encoder_hidden_states, 0.75f);
+  two.pooled = twice(one.pooled, 1.5f);
+  two.timestep = {0.5f, 0.8f};
+  two.guidance = {kGuidance, 2.0f};
+  const Tensor both = m.forward(two).value();
+  for (int64_t i = 0; i < 2; ++i) {
+    FluxInputs alone = one;
+    alone.hidden_states = two.hidden_states.narrow(0, i, 1);
+    alone.encoder_hidden_states = two.encoder_hidden_states.narrow(0, i, 1);
+    alone.pooled = two.pooled.narrow(0, i, 1);
+    alone.timestep = {two.timestep[size_t(i)]};
+    alone.guidance = {two.guidance[size_t(i)]};
+    const std::vector<float> a = m.forward(alone).value().to_vector(), b = both.narrow(0, i, 1).to_vector();
+    EXPECT_REL_L2_LE(a, b, 1e-6);
   }
 }
 

@@ -73,6 +73,41 @@ TEST(OpsLinear, LeadingDimsAndStridedInput) {
   EXPECT_OPS_CLOSE(ops::linear(x, wt), ref);
 }
 
+// linear_into / linear_fp8_into / rope_into: the same values as the ops that allocate, written into row ranges
+// of one buffer (what FLUX's double blocks do with their streams); a destination that is not contiguous or of
+// the wrong shape or dtype is an error, not a silent copy.
+TEST(OpsInto, LinearRopeAndFp8IntoRowRangesOfOneBuffer) {
+  const Tensor a = random_tensor({1, 3, 16}, 11), b = random_tensor({1, 5, 16}, 12);
+  const Tensor w = random_tensor({8, 16}, 13), bias = random_tensor({8}, 14);
+  Tensor joint = Tensor::empty({1, 8, 8}, DType::F32, Device::cpu());
+  Tensor rows_a = joint.narrow(1, 0, 3), rows_b = joint.narrow(1, 3, 5);
+  ops::linear_into(rows_a, a, w, bias, UnaryOp::kSilu);
+  ops::linear_into(rows_b, b, w, bias, UnaryOp::kSilu);
+  EXPECT_EQ(joint.to_vector(), ops::concat({ops::linear(a, w, bias, UnaryOp::kSilu), ops::linear(b, w, bias, UnaryOp::kSilu)}, 1).to_vector());
+
+  const auto [w8, ws] = ops::quantize_rows_fp8(w);
+  ops::linear_fp8_into(rows_b, ops::quantize_activation_fp8(b), w8, ws, bias);
+  EXPECT_EQ(rows_b.to_vector(), ops::linear_fp8(b, w8, ws, bias).to_vector());
+
+  // Rope over [1, N, H, D] token-major rows (positions along dim 1), each part with its own RMS weight.
+  const Tensor x = random_tensor({1, 8, 2, 8}, 15), cos = random_tensor({8, 4}, 16), sin = random_tensor({8, 4}, 17);
+  Tensor roped = Tensor::empty(x.shape(), DType::F32, Device::cpu());
+  Tensor first = roped.narrow(1, 0, 3), rest = roped.narrow(1, 3, 5);
+  const RopeRms r1{true, random_tensor({8}, 18), 1e-6f}, r2{true, random_tensor({8}, 19), 1e-6f};
+  ops::rope_into(first, x.narrow(1, 0, 3), cos.narrow(0, 0, 3), sin.narrow(0, 0, 3), 1, r1);
+  ops::rope_into(rest, x.narrow(1, 3, 5), cos.narrow(0, 3, 5), sin.narrow(0, 3, 5), 1, r2);
+  EXPECT_EQ(first.to_vector(), ops::rope(x.narrow(1, 0, 3), cos.narrow(0, 0, 3), sin.narrow(0, 0, 3), 1, r1).to_vector());
+  EXPECT_EQ(rest.to_vector(), ops::rope(x.narrow(1, 3, 5), cos.narrow(0, 3, 5), sin.narrow(0, 3, 5), 1, r2).to_vector());
+
+  Tensor wide = Tensor::empty({1, 3, 16}, DType::F32, Device::cpu());
+  Tensor strided = wide.narrow(2, 0, 8);  // rows 16 apart: not contiguous
+  EXPECT_THROW(ops::linear_into(strided, a, w), Error);
+  EXPECT_THROW(ops::linear_into(rows_b, a, w), Error);  // 5 rows for a result of 3
+  Tensor half = Tensor::empty({1, 3, 8}, DType::F16, Device::cpu());
+  EXPECT_THROW(ops::linear_into(half, a, w), Error);
+  EXPECT_THROW(ops::rope_into(rows_a, x.narrow(1, 0, 3), cos.narrow(0, 0, 3), sin.narrow(0, 0, 3), 1), Error);
+}
+
 TEST(OpsMatmul, TransposesAndBatchBroadcasting) {
   const int64_t m = 13, k = 29, n = 7;
   for (int ta = 0; ta < 2; ++ta)

@@ -401,8 +401,15 @@ Tensor rows_view(const Tensor& x) {
   return contiguous(x).reshape({1, m, k});
 }
 
+void require_destination(const Tensor& into, const Tensor& x, const Shape& shape, const std::string& op) {
+  require(into.shape() == shape, op, "the destination " + shape_str(into.shape()) + " must have the result's shape " + shape_str(shape));
+  require(into.dtype() == x.dtype(), op, "the destination must have x's dtype");
+  require_same_device(x, into, op);
+  require(into.is_contiguous(), op, "the destination must be contiguous (e.g. a row range of a larger buffer)");
+}
+
 Tensor linear_output(const Tensor& x, const Tensor& w, const char* w_name, const Tensor& b, const Tensor& residual,
-                     const std::string& op, float* beta, Tensor* addend) {
+                     const std::string& op, float* beta, Tensor* addend, const Tensor& into) {
   const std::string wn = w_name;
   require(x.dim() >= 1 && x.size(-1) == w.size(1), op,
           "x " + shape_str(x.shape()) + " does not match " + wn + " " + shape_str(w.shape()) + " (x [..., in], " + wn +
@@ -414,6 +421,11 @@ Tensor linear_output(const Tensor& x, const Tensor& w, const char* w_name, const
   Shape shape = x.shape();
   shape.back() = w.size(0);
   *beta = 0.0f;
+  if (into.defined()) {
+    require(!residual.defined(), op, "takes a destination or a residual, not both");
+    require_destination(into, x, shape, op);
+    return into;
+  }
   if (!residual.defined()) return empty_like_shape(x, shape);
   require_f32(residual, op, "residual");
   require(residual.shape() == shape, op, "residual " + shape_str(residual.shape()) + " must have the output's shape " + shape_str(shape));
@@ -428,13 +440,14 @@ Tensor linear_output(const Tensor& x, const Tensor& w, const char* w_name, const
 
 namespace {
 
-Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act, const Tensor& residual, const std::string& op) {
+Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act, const Tensor& residual, const std::string& op,
+                   const Tensor& into = Tensor()) {
   require_f32(x, op, "x");
   require_f32(w, op, "w");
   require_same_device(x, w, op);
   require(w.dim() == 2, op, "w must be [out, in], got " + shape_str(w.shape()));
   GemmParams p;
-  Tensor out = linear_output(x, w, "w", b, residual, op, &p.beta, &p.addend);
+  Tensor out = linear_output(x, w, "w", b, residual, op, &p.beta, &p.addend, into);
   if (p.addend.defined()) p.addend = p.addend.reshape({1, p.addend.numel() / w.size(0), w.size(0)});
   Tensor a = rows_view(x);
   p.trans_b = true;  // w [out, in] is b^T
@@ -451,6 +464,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act) {
   trace::Scope range("linear", Category::kOp);
   if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w.shape()) + "^T");
   return linear_impl(x, w, b, act, Tensor(), "linear");
+}
+
+void linear_into(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act) {
+  trace::Scope range("linear", Category::kOp);
+  if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w.shape()) + "^T (into a view)");
+  require_defined(out, "linear_into", "out");
+  linear_impl(x, w, b, act, Tensor(), "linear_into", out);
 }
 
 Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual) {
@@ -636,9 +656,10 @@ Fp8Rows norm_modulate_fp8(const Tensor& x, NormKind kind, float eps, const Tenso
 
 // --- rotary position embedding --------------------------------------------------------------------
 
-Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) {
+namespace {
+Tensor rope_impl(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms, const Tensor& into) {
   trace::Scope range("rope", Category::kOp);
-  const std::string op = "rope";
+  const std::string op = into.defined() ? "rope_into" : "rope";
   require_f32(x, op, "x");
   require_f32(cos, op, "cos");
   require_f32(sin, op, "sin");
@@ -657,9 +678,20 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, 
     rc = {true, contiguous_opt(rms.gamma), rms.eps};
   }
   const Tensor xs = x.strides()[3] == 1 ? x : contiguous(x);
-  Tensor out = empty_like_shape(x, x.shape());
+  if (into.defined()) require_destination(into, x, x.shape(), op);
+  Tensor out = into.defined() ? into : empty_like_shape(x, x.shape());
   backend_of(x).rope(out, xs, contiguous(cos).reshape({s, d / 2}), contiguous(sin).reshape({s, d / 2}), seq_dim, rc);
   return out;
+}
+}  // namespace
+
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) {
+  return rope_impl(x, cos, sin, seq_dim, rms, Tensor());
+}
+
+void rope_into(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) {
+  require_defined(out, "rope_into", "out");
+  rope_impl(x, cos, sin, seq_dim, rms, out);
 }
 
 // --- attention ------------------------------------------------------------------------------------

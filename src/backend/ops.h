@@ -53,6 +53,9 @@ Tensor softmax(const Tensor& x);
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = {}, UnaryOp act = UnaryOp::kIdentity);
 // Same plus a residual of the output's shape: x @ w^T + b + residual (fused epilogue).
 Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual);
+// linear(x, w, b, act) written into `out` (contiguous, the result's shape, x's dtype and device): e.g. a row
+// range of a larger buffer that several projections fill, so that no concatenation copies them together.
+void linear_into(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b = {}, UnaryOp act = UnaryOp::kIdentity);
 // a [B, M, K] or [M, K], b [B, K, N] or [K, N] (transposes as flagged) -> [B, M, N]; batch 1 broadcasts.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false, float alpha = 1.0f);
 // --- FP8 (e4m3) linear layers -----------------------------------------------------------------------
@@ -75,6 +78,9 @@ Fp8Rows quantize_activation_fp8(const Tensor& x);
 // linear_fp8 from rows quantized already (quantized here when x.q is undefined): the same values.
 Tensor linear_fp8(const Fp8Rows& x, const Tensor& w8, const Tensor& ws, const Tensor& b = {},
                   UnaryOp act = UnaryOp::kIdentity, const Tensor& residual = {});
+// linear_fp8 into `out`, as linear_into.
+void linear_fp8_into(Tensor& out, const Fp8Rows& x, const Tensor& w8, const Tensor& ws, const Tensor& b = {},
+                     UnaryOp act = UnaryOp::kIdentity);
 // x [N, C, H, W], w [O, C/g, kh, kw], b [O] optional -> [N, O, Ho, Wo] (+ addend, optional, broadcastable
 // to the output: a per-sample [N, O, 1, 1] bias or a residual, added in the convolution's output pass).
 // Channels-last on a device that prefers it (Backend::prefers_channels_last); the values are the same.
@@ -104,6 +110,8 @@ Fp8Rows norm_modulate_fp8(const Tensor& x, NormKind kind, float eps, const Tenso
 // the reference's copy, four products, two sums and a concat. With rms.on, rope(rms_norm(x, gamma, eps), ...)
 // in the same pass (the same values: each normalised row rounded to the dtype before the rotation).
 Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms = {});
+// rope written into `out` (contiguous, x's shape, dtype and device), as linear_into.
+void rope_into(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms = {});
 
 // --- attention ------------------------------------------------------------------------------------
 // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv]; H % Hk == 0; mask additive, broadcastable to

@@ -47,7 +47,9 @@ Tensor linear_fp8(const Tensor& x, const Tensor& w8, const Tensor& ws, const Ten
   return linear_fp8(Fp8Rows{x, Tensor(), Tensor()}, w8, ws, b, act, residual);
 }
 
-Tensor linear_fp8(const Fp8Rows& xr, const Tensor& w8, const Tensor& ws, const Tensor& b, UnaryOp act, const Tensor& residual) {
+namespace {
+Tensor linear_fp8_impl(const Fp8Rows& xr, const Tensor& w8, const Tensor& ws, const Tensor& b, UnaryOp act, const Tensor& residual,
+                       const Tensor& into) {
   const Tensor& x = xr.x;
   trace::Scope range("linear_fp8", trace::Category::kOp);
   if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w8.shape()) + "^T");
@@ -64,7 +66,7 @@ Tensor linear_fp8(const Fp8Rows& xr, const Tensor& w8, const Tensor& ws, const T
           "ws must be [" + std::to_string(w8.size(0)) + "] contiguous, got " + shape_str(ws.shape()));
   if (residual.defined()) require(residual.dtype() == x.dtype(), op, "residual must have x's dtype");
   float beta = 0.0f;
-  Tensor out = linear_output(x, w8, "w8", b, residual, op, &beta);
+  Tensor out = linear_output(x, w8, "w8", b, residual, op, &beta, nullptr, into);
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1), n = w8.size(0), k = w8.size(1);
   if (m == 0 || n == 0) return out;
   const Fp8Rows q = xr.q.defined() ? xr : quantize_activation_fp8(x);
@@ -75,6 +77,16 @@ Tensor linear_fp8(const Fp8Rows& xr, const Tensor& w8, const Tensor& ws, const T
   trace::count_flops(gemm_flops(1, m, n, k));
   backend_of(x).gemm_fp8(out2, q.q, q.scale, w8, ws, bias, beta, act);
   return out;
+}
+}  // namespace
+
+Tensor linear_fp8(const Fp8Rows& xr, const Tensor& w8, const Tensor& ws, const Tensor& b, UnaryOp act, const Tensor& residual) {
+  return linear_fp8_impl(xr, w8, ws, b, act, residual, Tensor());
+}
+
+void linear_fp8_into(Tensor& out, const Fp8Rows& x, const Tensor& w8, const Tensor& ws, const Tensor& b, UnaryOp act) {
+  require_defined(out, "linear_fp8", "out");
+  linear_fp8_impl(x, w8, ws, b, act, Tensor(), out);
 }
 
 }  // namespace atelier::ops

@@ -36,7 +36,11 @@ Tensor rows_view(const Tensor& x);
 // a copy of the residual (the product accumulates onto it: *beta = 1) or a fresh tensor in x's dtype (*beta = 0).
 // With `addend` given, a residual is not copied: *addend is the residual (contiguous) for GemmParams::addend and
 // the output is a fresh tensor.
+// With `into` defined (and no residual), that tensor is checked (contiguous, the output's shape, x's dtype and
+// device) and returned instead of a fresh one: the *_into ops.
 Tensor linear_output(const Tensor& x, const Tensor& w, const char* w_name, const Tensor& b, const Tensor& residual,
-                     const std::string& op, float* beta, Tensor* addend = nullptr);
+                     const std::string& op, float* beta, Tensor* addend = nullptr, const Tensor& into = Tensor());
+// Checks that `into` can take an op's result of `shape` like x's (contiguous, x's dtype and device).
+void require_destination(const Tensor& into, const Tensor& x, const Shape& shape, const std::string& op);
 
 }  // namespace atelier::ops::detail

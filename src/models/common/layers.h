@@ -23,6 +23,11 @@ struct Linear {
     if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, act);
     return ops::linear(x.x, weight, bias, act);
   }
+  // The same written into `out` (contiguous [..., out]: e.g. rows of a buffer that several layers fill).
+  void into(Tensor& out, const ops::Fp8Rows& x, UnaryOp act = UnaryOp::kIdentity) const {
+    if (is_fp8()) return ops::linear_fp8_into(out, x, weight, weight_scale, bias, act);
+    ops::linear_into(out, x.x, weight, bias, act);
+  }
   // x [..., in] -> residual + x @ weight^T + bias, residual [..., out] (one fused epilogue).
   Tensor with_residual(const Tensor& x, const Tensor& residual) const {
     if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, UnaryOp::kIdentity, residual);

@@ -99,6 +99,10 @@ class FluxTransformer {
   // of norm1.linear / norm1_context.linear.
   void double_block(const FluxDoubleBlock& b, Tensor& img, Tensor& txt, const Tensor& mod_img, const Tensor& mod_txt,
                     const Tensor& cos, const Tensor& sin) const;
+  // A double block's attention inputs from its modulated text (nt [B, S, D]) and image (ni [B, L, D]) rows:
+  // q, k (RMS-normed, rotated) and v [B, H, S + L, hd], text first; cos/sin the joint sequence's tables.
+  std::array<Tensor, 3> joint_qkv(const FluxDoubleBlock& b, const ops::Fp8Rows& nt, const ops::Fp8Rows& ni,
+                                  const Tensor& cos, const Tensor& sin) const;
   // x [B, S+L, D], mod [B, 3 D] (norm.linear's output) -> same as x.
   Tensor single_block(const FluxSingleBlock& b, const Tensor& x, const Tensor& mod, const Tensor& cos,
                       const Tensor& sin) const;
