@@ -191,6 +191,11 @@ TEST(CudaFp8, AttentionMatchesTheCpu) {
                 "CPU fp8 vs f32 %.3g\n", (long long)c.b, (long long)c.h, (long long)c.sq, (long long)c.sk, (long long)c.d, err,
                 test::rel_l2(g, exact.to_vector()), test::rel_l2(want.to_vector(), exact.to_vector()));
     EXPECT_LE(err, kFp8AttentionTol) << c.sq << "x" << c.sk << " d" << c.d;
+    // q and k bounded in advance (no amax pass for them; the scale from the bound): the CPU's same definition.
+    const Fp8Bounds bounds{2.0f * std::sqrt(float(c.d)), 1.5f * std::sqrt(float(c.d))};
+    const Tensor want_b = ops::attention_merged_fp8(q, k, v, 0.0f, bounds);
+    const Tensor got_b = ops::attention_merged_fp8(gq, to_gpu(k, DType::BF16), to_gpu(v, DType::BF16), 0.0f, bounds);
+    EXPECT_LE(test::rel_l2(ops::cast(got_b, DType::F32).to_vector(), want_b.to_vector()), kFp8AttentionTol) << "with bounds";
   }
 }
 

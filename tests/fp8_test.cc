@@ -210,5 +210,39 @@ TEST(Fp8, AttentionQuantizesEachOperandPerTensor) {
   EXPECT_THROW(ops::attention_merged_fp8(rq, rk.narrow(1, 0, 1), rv.narrow(1, 0, 1)), Error);
 }
 
+// Fp8Bounds: q/k bounded in advance are quantized with bound / 448 and no amax. A bound equal to the amax gives
+// the amax's bytes, hence the same result; rms_rope_bound bounds what an RMS-normed rotation can produce, also
+// for a row whose whole energy sits in one pair (the worst case the bound is made for).
+TEST(Fp8, AttentionBoundsReplaceTheAmax) {
+  const Tensor q = random_tensor({1, 2, 9, 16}, 41), k = random_tensor({1, 2, 11, 16}, 42), v = random_tensor({1, 2, 11, 16}, 43);
+  const auto amax = [](const Tensor& t) {
+    float m = 0.0f;
+    for (float x : t.to_vector()) m = std::max(m, std::fabs(x));
+    return m;
+  };
+  EXPECT_EQ(ops::attention_merged_fp8(q, k, v, 0.0f, {amax(q), amax(k)}).to_vector(), ops::attention_merged_fp8(q, k, v).to_vector());
+  const Tensor loose = ops::attention_merged_fp8(q, k, v, 0.0f, {4 * amax(q), 4 * amax(k)});
+  EXPECT_LT(test::rel_l2(loose.to_vector(), ops::attention_merged(q, k, v).to_vector()), 0.1);
+  EXPECT_THROW(ops::attention_merged_fp8(q, k, v, 0.0f, {-1.0f, 0.0f}), Error);
+
+  constexpr int64_t kDim = 16;
+  const RMSNorm norm{random_tensor({kDim}, 44, 2.0f), 1e-6f};
+  const float bound = rms_rope_bound(norm, kDim);
+  Tensor x = random_tensor({1, 6, 2, kDim}, 45);
+  float* p = x.data<float>();
+  for (int64_t c = 0; c < kDim; ++c) p[c] = c == 4 ? 7.0f : (c == 5 ? -3.0f : 0.0f);  // row 0: one pair only
+  const Tensor cos = random_tensor({6, kDim / 2}, 46), sin = random_tensor({6, kDim / 2}, 47);
+  // Unit-norm angles, as rope tables hold.
+  Tensor c2 = cos, s2 = sin;
+  for (int64_t i = 0; i < cos.numel(); ++i) {
+    const float a = cos.data<float>()[i] * 3.0f;
+    c2.data<float>()[i] = std::cos(a);
+    s2.data<float>()[i] = std::sin(a);
+  }
+  const Tensor r = ops::rope(x, c2, s2, 1, rope_rms(&norm));
+  EXPECT_LE(amax(r), bound);
+  EXPECT_GT(amax(r), 0.5f * bound / 1.04f) << "the one-pair row comes near the bound";
+}
+
 }  // namespace
 }  // namespace atelier

@@ -32,6 +32,13 @@ struct RopeRms {
   float eps = 0.0f;
 };
 
+// Upper bounds of |q| and |k| known before an FP8 attention runs (0: unknown): such an operand is quantized
+// with the scale bound / 448 (values beyond it saturate) and no amax pass reads it. For q/k that an RMS norm
+// with weight gamma over D elements produced (and a rotation kept), sqrt(D) * max|gamma| bounds every element.
+struct Fp8Bounds {
+  float q = 0.0f, k = 0.0f;
+};
+
 struct Conv2dParams {
   int stride_h = 1, stride_w = 1;
   int pad_h = 0, pad_w = 0;
@@ -195,12 +202,15 @@ class Backend {
   // q/k/v may be strided views (e.g. heads split out of a fused projection) with a unit last-dim stride.
   virtual void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) = 0;
   // FP8 attention (DiT blocks with --dtype fp8): q [B, H, Sq, D], k/v [B, H, Sk, D] (no mask, no grouped
-  // heads), each quantized per tensor as quantize_rows_fp8 quantizes a row: s = amax / 448 (1 for zeros), x8 =
-  // e4m3(x / s) with IEEE division, nearest even, saturation (the same bytes on every backend); out = the
-  // attention of the dequantized s * x8. A device's FP8 kernel may take the probabilities and the output
-  // through e4m3 too (cuDNN's does: 2^-4 relative per element, averaged over the keys); the CPU computes them
-  // in f32. A backend without FP8 attention for a case runs attention() on q, k, v (this default).
-  virtual void attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
+  // heads), each quantized per tensor as quantize_rows_fp8 quantizes a row: s = amax / 448 (1 for zeros; or
+  // bound / 448 where `bounds` gives one), x8 = e4m3(x / s) with IEEE division, nearest even, saturation (the
+  // same bytes on every backend); out = the attention of the dequantized s * x8. A device's FP8 kernel may take
+  // the probabilities and the output through e4m3 too (cuDNN's does: 2^-4 relative per element, averaged over
+  // the keys); the CPU computes them in f32. A backend without FP8 attention for a case runs attention() on
+  // q, k, v (this default).
+  virtual void attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                             const Fp8Bounds& bounds) {
+    (void)bounds;
     attention(out, q, k, v, Tensor(), scale);
   }
 

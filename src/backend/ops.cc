@@ -700,7 +700,7 @@ namespace {
 // Validates, then runs attention into a fresh output: [B, H, Sq, Dv] contiguous, or with merged_heads the
 // same values in a [B, Sq, H, Dv] buffer (returned in that shape), written there by the backend directly.
 Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale, bool merged_heads,
-                      bool fp8 = false) {
+                      bool fp8 = false, const Fp8Bounds& bounds = {}) {
   trace::Scope range(fp8 ? "attention_fp8" : "attention", Category::kOp);
   const std::string op = fp8 ? "attention_fp8" : "attention";
   require_f32(q, op, "q");
@@ -737,7 +737,9 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const T
   if (range.active()) range.set_detail("q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape()));
   if (fp8) {
     require(!mask.defined() && hk == h, op, "takes no mask and as many k/v heads as q heads");
-    backend_of(q).attention_fp8(out_view, unit_last(q), unit_last(k), unit_last(v), scale);
+    require(bounds.q >= 0.0f && bounds.k >= 0.0f && std::isfinite(bounds.q) && std::isfinite(bounds.k), op,
+            "bounds must be finite and not negative (0: none)");
+    backend_of(q).attention_fp8(out_view, unit_last(q), unit_last(k), unit_last(v), scale, bounds);
   } else {
     backend_of(q).attention(out_view, unit_last(q), unit_last(k), unit_last(v), mask4, scale);
   }
@@ -754,8 +756,8 @@ Tensor attention_merged(const Tensor& q, const Tensor& k, const Tensor& v, const
   return out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
 }
 
-Tensor attention_merged_fp8(const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
-  Tensor out = attention_impl(q, k, v, Tensor(), scale, /*merged_heads=*/true, /*fp8=*/true);  // [B, Sq, H, Dv]
+Tensor attention_merged_fp8(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const Fp8Bounds& bounds) {
+  Tensor out = attention_impl(q, k, v, Tensor(), scale, /*merged_heads=*/true, /*fp8=*/true, bounds);  // [B, Sq, H, Dv]
   return out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
 }
 

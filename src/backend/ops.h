@@ -122,7 +122,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 Tensor attention_merged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {}, float scale = 0.0f);
 // attention_merged with q, k, v quantized to FP8 (e4m3) per tensor, as Backend::attention_fp8 defines it (the
 // attention of FLUX's and Z-Image's --dtype fp8 blocks): no mask, as many k/v heads as q heads.
-Tensor attention_merged_fp8(const Tensor& q, const Tensor& k, const Tensor& v, float scale = 0.0f);
+// `bounds`: |q| and |k| bounded in advance (Fp8Bounds: e.g. after an RMS norm), so that no amax pass reads them.
+Tensor attention_merged_fp8(const Tensor& q, const Tensor& k, const Tensor& v, float scale = 0.0f, const Fp8Bounds& bounds = {});
 // Convenience for [B, S, H*D] sequences: splits heads, attends, merges -> [B, Sq, H*Dv].
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads = 0,
                             const Tensor& mask = {});

@@ -47,7 +47,8 @@ class CpuBackend final : public Backend {
 
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) override;
   // q, k, v quantized per tensor (the bytes CUDA makes), attention in f32 of the dequantized values (cpu_fp8.cc).
-  void attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale) override;
+  void attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                     const Fp8Bounds& bounds) override;
 
   // Channels-last activations on the CPU, for tests only: the CPU computes NCHW (its convolution and group
   // norm run on packed copies), so this costs copies and gains nothing, but it runs the op layer's
@@ -56,8 +57,9 @@ class CpuBackend final : public Backend {
   void set_channels_last_for_tests(bool on) { channels_last_for_tests_.store(on); }
 
  private:
-  // x [B, H, S, D] -> contiguous f32 s * e4m3(x / s), quantized per tensor (attention_fp8's operands).
-  Tensor fp8_tensor_values(const Tensor& x);
+  // x [B, H, S, D] -> contiguous f32 s * e4m3(x / s), quantized per tensor (attention_fp8's operands): s =
+  // bound / 448 when bound > 0, else amax / 448.
+  Tensor fp8_tensor_values(const Tensor& x, float bound);
   void conv2d_nchw(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
 
   CpuAllocator alloc_;

@@ -30,15 +30,16 @@ void CpuBackend::quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) {
   }
 }
 
-// x [B, H, S, D] f32 (any strides) -> a contiguous copy holding s * e4m3(x / s), s = amax / 448 (1 for zeros):
-// the values an FP8 kernel computes with, quantized as quantize_rows_fp8 quantizes a row.
-Tensor CpuBackend::fp8_tensor_values(const Tensor& x) {
+// x [B, H, S, D] f32 (any strides) -> a contiguous copy holding s * e4m3(x / s), s = amax / 448 (1 for zeros;
+// bound / 448 with a bound): the values an FP8 kernel computes with, quantized as quantize_rows_fp8 quantizes a row.
+Tensor CpuBackend::fp8_tensor_values(const Tensor& x, float bound) {
   Tensor c = Tensor::empty(x.shape(), DType::F32, Device::cpu());
   copy(c, x);
   float* p = c.data<float>();
   const int64_t n = c.numel();
-  float amax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(p[i]));
+  float amax = bound;
+  if (bound <= 0.0f)
+    for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(p[i]));
   const float s = amax > 0.0f && std::isfinite(amax) ? amax / kF8E4M3Max : 1.0f;
 #pragma omp parallel for if (n >= kParallelRows * 4096) schedule(static)
   for (int64_t i = 0; i < n; ++i) p[i] = f8e4m3_to_float(float_to_f8e4m3(p[i] / s)) * s;
@@ -46,8 +47,9 @@ Tensor CpuBackend::fp8_tensor_values(const Tensor& x) {
 }
 
 // q [B, H, Sq, D], k/v [B, H, Sk, D] -> out [B, H, Sq, D]: Backend::attention_fp8 with f32 probabilities.
-void CpuBackend::attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
-  attention(out, fp8_tensor_values(q), fp8_tensor_values(k), fp8_tensor_values(v), Tensor(), scale);
+void CpuBackend::attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                               const Fp8Bounds& bounds) {
+  attention(out, fp8_tensor_values(q, bounds.q), fp8_tensor_values(k, bounds.k), fp8_tensor_values(v, 0.0f), Tensor(), scale);
 }
 
 // out [M, N] = act(xs[m] ws[n] (x8 . w8^T) + bias + beta * out); x8 [M, K], w8 [N, K] (row stride >= K).

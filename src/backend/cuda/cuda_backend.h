@@ -90,7 +90,8 @@ class CudaBackend final : public Backend {
 
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) override;
   // cuDNN's fused FP8 attention (cuda_fp8_attention.cu) where fp8_attention_takes the case, else attention().
-  void attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale) override;
+  void attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                     const Fp8Bounds& bounds) override;
 
   // --- CUDA-specific controls (benchmarks, tests) ---------------------------------------------------
   cudaStream_t stream() const { return stream_; }

@@ -4,8 +4,9 @@
 // value), so a DiT step with FP8 attention replays as a CUDA graph.
 //
 // Budget at FLUX 1024² (q/k/v [1, 24, 4608, 128] bf16, 28 MB each): the two passes read 170 MB and write
-// 42 MB, the output pass reads 14 MB and writes 28 MB: ~0.07 ms at 3.5 TB/s, against the ~0.2 ms FP8 saves
-// in the products (0.46 ms per attention in bf16).
+// 42 MB (114 MB read when the model bounds q and k: Fp8Bounds, after their RMS norms), the output pass reads
+// 14 MB and writes 28 MB: ~0.05-0.07 ms at 3.5 TB/s, against the ~0.2 ms FP8 saves in the products (0.46 ms
+// per attention in bf16).
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -39,6 +40,7 @@ struct Operand {
   uint32_t heads = 0, seq = 0;
   int64_t sb = 0, sh = 0, ss = 0;
   uint32_t units = 0;  // 16-byte vectors in the tensor (B * H * S * D / 8)
+  float bound = 0.0f;  // > 0: |x| <= bound is known (Fp8Bounds): no amax pass, the scale is bound / 448
 };
 struct Operands {
   Operand op[kOperands];
@@ -57,6 +59,7 @@ __device__ __forceinline__ int64_t vector_offset(const Operand& o, uint32_t u, u
 template <typename T>
 __global__ void __launch_bounds__(kPassThreads) fp8_amax_kernel(Operands ops, float* scalars) {
   const Operand& o = ops.op[blockIdx.y];
+  if (o.bound > 0.0f) return;  // its scale is known
   float amax = 0.0f;
   for (uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < o.units; u += gridDim.x * blockDim.x) {
     const Vec<T> v = *reinterpret_cast<const Vec<T>*>(static_cast<const T*>(o.x) + vector_offset(o, u, ops.vecs_per_row));
@@ -74,7 +77,7 @@ __global__ void __launch_bounds__(kPassThreads) fp8_amax_kernel(Operands ops, fl
 template <typename T>
 __global__ void __launch_bounds__(kPassThreads) fp8_quantize_kernel(Operands ops, float* scalars) {
   const Operand& o = ops.op[blockIdx.y];
-  const float s = fp8_row_scale(*S::at(scalars, S::Slot(S::kAmaxQ + blockIdx.y)));
+  const float s = fp8_row_scale(o.bound > 0.0f ? o.bound : *S::at(scalars, S::Slot(S::kAmaxQ + blockIdx.y)));
   const RowDivider div = row_divider(s);
   for (uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < o.units; u += gridDim.x * blockDim.x) {
     const Vec<T> v = *reinterpret_cast<const Vec<T>*>(static_cast<const T*>(o.x) + vector_offset(o, u, ops.vecs_per_row));
@@ -122,8 +125,9 @@ bool dense(const Tensor& t) {
   return true;
 }
 
-Operand operand_of(const Tensor& x, Tensor& q8) {
+Operand operand_of(const Tensor& x, Tensor& q8, float bound) {
   Operand o;
+  o.bound = bound;
   o.x = x.raw();
   o.q = static_cast<uint8_t*>(q8.raw());
   o.heads = uint32_t(x.size(1));
@@ -167,8 +171,10 @@ bool CudaBackend::fp8_attention_takes(const Tensor& out, const Tensor& q, const 
 }
 
 // q [B, H, Sq, D], k/v [B, H, Sk, D] 16-bit (unit last stride), out [B, H, Sq, D] dense (contiguous or heads
-// merged). cuDNN's FP8 attention where it takes the case, else attention() on q, k, v.
-void CudaBackend::attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
+// merged). cuDNN's FP8 attention where it takes the case, else attention() on q, k, v. q and k with a bound
+// (Fp8Bounds) skip the amax pass.
+void CudaBackend::attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                                const Fp8Bounds& bounds) {
   if (out.numel() == 0) return;
   DeviceGuard guard(index_);
   if (!fp8_attention_takes(out, q, k, v, nullptr)) return attention(out, q, k, v, Tensor(), scale);
@@ -179,9 +185,9 @@ void CudaBackend::attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, c
   Tensor k8 = Tensor::empty(k.shape(), DType::F8E4M3, device());
   Tensor v8 = Tensor::empty(v.shape(), DType::F8E4M3, device());
   Operands ops;
-  ops.op[0] = operand_of(q, q8);
-  ops.op[1] = operand_of(k, k8);
-  ops.op[2] = operand_of(v, v8);
+  ops.op[0] = operand_of(q, q8, bounds.q);
+  ops.op[1] = operand_of(k, k8, bounds.k);
+  ops.op[2] = operand_of(v, v8, 0.0f);
   ops.vecs_per_row = uint32_t(q.size(3) / 8);
   uint32_t most = 0;
   for (const Operand& o : ops.op) most = std::max(most, o.units);

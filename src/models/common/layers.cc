@@ -1,5 +1,8 @@
 #include "models/common/layers.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace atelier {
 
 namespace {
@@ -66,6 +69,16 @@ std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const Linear
   }
   const auto split = [&](const Tensor& t) { return t.reshape({b, n, heads, t.size(2) / heads}); };
   return {split(q(x)), split(k(x)), split(v(x))};
+}
+
+float rms_rope_bound(const RMSNorm& norm, int64_t dim) {
+  constexpr float kRoundingMargin = 1.0f + 1.0f / 32.0f;
+  float gamma_max = 1.0f;  // no weight: gamma = 1
+  if (norm.weight.defined()) {
+    gamma_max = 0.0f;
+    for (float g : ops::cast(norm.weight, DType::F32).to_vector()) gamma_max = std::max(gamma_max, std::fabs(g));
+  }
+  return float(std::sqrt(double(dim))) * gamma_max * kRoundingMargin;
 }
 
 ops::Fp8Rows norm_modulate_for(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m,

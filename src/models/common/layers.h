@@ -110,10 +110,16 @@ ops::Fp8Rows norm_modulate_for(const Tensor& x, NormKind kind, float eps, const 
                                const std::vector<const Linear*>& readers);
 
 // Heads-merged attention q [B, H, Sq, D], k/v [B, H, Sk, D] -> [B, Sq, H*D]; with fp8 (DiT blocks under
-// --dtype fp8) q, k, v in FP8 as ops::attention_merged_fp8 takes them.
-inline Tensor attention_merged_for(bool fp8, const Tensor& q, const Tensor& k, const Tensor& v) {
-  return fp8 ? ops::attention_merged_fp8(q, k, v) : ops::attention_merged(q, k, v);
+// --dtype fp8) q, k, v in FP8 as ops::attention_merged_fp8 takes them (with q/k bounds where known).
+inline Tensor attention_merged_for(bool fp8, const Tensor& q, const Tensor& k, const Tensor& v, const Fp8Bounds& bounds = {}) {
+  return fp8 ? ops::attention_merged_fp8(q, k, v, 0.0f, bounds) : ops::attention_merged(q, k, v);
 }
+
+// An upper bound of |x| for x RMS-normed over rows of `dim` elements with `norm`'s weight and then rotated
+// (rope): sqrt(dim) * max|gamma| (a row's whole energy in one pair), with room for the 16-bit roundings of the
+// norm and the rotation (< 1.2%); Fp8Bounds for FP8 attention. Reads the weight to the host: call it once, at
+// load or quantization time, not in a forward pass.
+float rms_rope_bound(const RMSNorm& norm, int64_t dim);
 
 // ops::rope's RMS prologue for a q/k norm (null: none; an unbound weight: no gamma).
 inline RopeRms rope_rms(const RMSNorm* n) { return n ? RopeRms{true, n->weight, n->eps} : RopeRms{}; }

@@ -207,6 +207,11 @@ void FluxTransformer::quantize_fp8() {
   // Recordings read the weights they were made with: a fresh runner (not shared with copies of the model).
   graphs_ = std::make_shared<GraphRunner>(graphs_->options());
   fp8_attention_ = true;
+  const int64_t hd = config_.head_dim;
+  for (FluxDoubleBlock& b : double_blocks_)  // q and k hold both streams' rows: the larger bound of the two
+    b.attn_bounds = {std::max(rms_rope_bound(b.norm_q, hd), rms_rope_bound(b.norm_added_q, hd)),
+                     std::max(rms_rope_bound(b.norm_k, hd), rms_rope_bound(b.norm_added_k, hd))};
+  for (FluxSingleBlock& b : single_blocks_) b.attn_bounds = {rms_rope_bound(b.norm_q, hd), rms_rope_bound(b.norm_k, hd)};
   for (FluxDoubleBlock& b : double_blocks_) {
     quantize_stacked(b.to_qkv, {&b.to_q, &b.to_k, &b.to_v});
     quantize_stacked(b.add_qkv, {&b.add_q_proj, &b.add_k_proj, &b.add_v_proj});
@@ -253,7 +258,7 @@ void FluxTransformer::double_block(const FluxDoubleBlock& b, Tensor& img, Tensor
   const ops::Fp8Rows ni = modulate_for(img, mi[0], mi[1], {&b.to_q}), nt = modulate_for(txt, mt[0], mt[1], {&b.add_q_proj});
   const auto [q, k, v] = joint_qkv(b, nt, ni, cos, sin);  // [B, H, S + L, hd] each
   const int64_t s = txt.size(1), l = img.size(1);
-  const Tensor a = attention_merged_for(fp8_attention_, q, k, v);  // [B, S + L, H * hd]
+  const Tensor a = attention_merged_for(fp8_attention_, q, k, v, b.attn_bounds);  // [B, S + L, H * hd]
   img = gated_add(img, mi[2], b.to_out(ops::contiguous(a.narrow(1, s, l))));
   txt = gated_add(txt, mt[2], b.to_add_out(ops::contiguous(a.narrow(1, 0, s))));
   const Tensor fi = b.ff_out(b.ff_proj(modulate_for(img, mi[3], mi[4], {&b.ff_proj}), UnaryOp::kGeluTanh));
@@ -303,7 +308,7 @@ Tensor FluxTransformer::single_block(const FluxSingleBlock& b, const Tensor& x, 
   const Tensor mlp = b.proj_mlp(n, UnaryOp::kGeluTanh);
   const auto [q, k, v] = qkv_heads(b.to_qkv, b.to_q, b.to_k, b.to_v, n, h);
   const Tensor a = attention_merged_for(fp8_attention_, norm_rope(q, b.norm_q, cos, sin), norm_rope(k, b.norm_k, cos, sin),
-                                        v.permute({0, 2, 1, 3}));
+                                        v.permute({0, 2, 1, 3}), b.attn_bounds);
   // proj_out(concat(a, mlp)) as two GEMMs over the weight's column blocks (views, read in place), the
   // second accumulating onto the first: the [B, N, d + mlp] concat is never written (2.7 ms of a 1024²
   // step on the H200). The sum is rounded once more than in one GEMM: within the bf16 noise.

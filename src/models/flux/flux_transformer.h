@@ -34,6 +34,7 @@ struct FluxDoubleBlock {
   RMSNorm norm_q, norm_k, norm_added_q, norm_added_k;          // attn.* over head_dim
   Linear to_out, to_add_out;                                    // attn.to_out.0, attn.to_add_out
   Linear ff_proj, ff_out, ff_context_proj, ff_context_out;      // ff(.context).net.0.proj / net.2
+  Fp8Bounds attn_bounds;  // not a checkpoint key: |q|, |k| bounds from the norms (quantize_fp8; FP8 attention)
 };
 
 struct FluxSingleBlock {
@@ -42,6 +43,7 @@ struct FluxSingleBlock {
   Linear to_qkv;               // the three stacked (they are views of it), as in FluxDoubleBlock
   RMSNorm norm_q, norm_k;      // attn.*
   Linear proj_mlp, proj_out;   // proj_out takes [attention, mlp] concatenated
+  Fp8Bounds attn_bounds;       // as in FluxDoubleBlock
 };
 
 struct FluxInputs {

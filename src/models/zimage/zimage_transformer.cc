@@ -57,8 +57,12 @@ void ZImageTransformer::stack_projections() {
 void ZImageTransformer::quantize_fp8() {
   graphs_ = std::make_shared<GraphRunner>(graphs_->options());  // as in stack_projections
   fp8_attention_ = true;
+  const int64_t hd = config_.head_dim();
   for (auto* blocks : {&noise_refiner_, &context_refiner_, &layers_})
     for (ZImageBlock& b : *blocks) {
+      // Bounds where q/k are RMS-normed (rope_complex's prologue); without the norms they are measured.
+      if (b.norm_q.weight.defined() && b.norm_k.weight.defined())
+        b.attn_bounds = {rms_rope_bound(b.norm_q, hd), rms_rope_bound(b.norm_k, hd)};
       for (Linear* l : {&b.to_out, &b.w2, &b.adaLN_modulation}) l->quantize_fp8();
       quantize_stacked(b.w31, {&b.w3, &b.w1});
       quantize_stacked(b.qkv, {&b.to_q, &b.to_k, &b.to_v});
@@ -108,7 +112,8 @@ Tensor ZImageTransformer::attention(const ZImageBlock& b, const ops::Fp8Rows& x,
   const auto [qh, kh, v] = qkv_heads(b.qkv, b.to_q, b.to_k, b.to_v, x, h);
   const Tensor q = rope_complex(qh, cos, sin, b.norm_q.weight.defined() ? &b.norm_q : nullptr);
   const Tensor k = rope_complex(kh, cos, sin, b.norm_k.weight.defined() ? &b.norm_k : nullptr);
-  return b.to_out(attention_merged_for(fp8_attention_, q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3})));
+  return b.to_out(attention_merged_for(fp8_attention_, q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}),
+                                       b.attn_bounds));
 }
 
 Tensor ZImageTransformer::block_forward(const ZImageBlock& b, const Tensor& x, const Tensor& adaln, const Tensor& cos,

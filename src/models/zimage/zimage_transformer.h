@@ -71,6 +71,7 @@ struct ZImageBlock {
                                     // gives (value, gate) for ops::glu's value * silu(gate)
   Linear adaLN_modulation;          // [4 dim, adaln_dim] (scale_msa, gate_msa, scale_mlp, gate_mlp); absent
                                     // in the context refiner
+  Fp8Bounds attn_bounds;            // not a checkpoint key: |q|, |k| bounds from the norms (quantize_fp8)
 };
 
 class ZImageTransformer {
