@@ -30,12 +30,12 @@ Counters& counters() {
   return c;
 }
 
-bool enabled() {
+}  // namespace sdpa_detail
+
+bool cudnn_sdpa_enabled() {
   static const bool on = !env_is("ATELIER_CUDNN_SDPA", "0");
   return on;
 }
-
-}  // namespace sdpa_detail
 
 std::array<int64_t, 4> sdpa_strides(const Tensor& t) {
   std::array<int64_t, 4> s{};
@@ -110,7 +110,7 @@ struct CudnnSdpa::Plan {
 };
 
 CudnnSdpa::CudnnSdpa(void* library, void* handle, cudaStream_t stream) : handle_(handle), stream_(stream) {
-  api_ = load_api_for(library, handle, enabled(), "off by ATELIER_CUDNN_SDPA=0", &why_);  // (why_ is constructed by now)
+  api_ = load_api_for(library, handle, cudnn_sdpa_enabled(), "off by ATELIER_CUDNN_SDPA=0", &why_);  // (why_ is constructed by now)
 }
 
 CudnnSdpa::~CudnnSdpa() { plans_.clear(); }

@@ -41,6 +41,9 @@ struct SdpaStats {
 };
 SdpaStats sdpa_stats();
 
+// Whether cuDNN's attention paths may be used (ATELIER_CUDNN_SDPA=0 switches both the SDPA node and the FP8
+// graph off).
+bool cudnn_sdpa_enabled();
 // The [B, H, S, D] strides of an attention operand as cuDNN's graphs take them: size-1 dims get the stride of
 // a packed layout (never used to address, but cuDNN checks that the layout is a permutation of a packed one).
 std::array<int64_t, 4> sdpa_strides(const Tensor& t);

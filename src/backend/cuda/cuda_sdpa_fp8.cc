@@ -35,11 +35,6 @@ Counters& counters() {
   return c;
 }
 
-bool enabled() {
-  static const bool on = !env_is("ATELIER_CUDNN_SDPA", "0");
-  return on;
-}
-
 // Builds the graph's nodes; every descriptor is kept alive here until the operation graph is finalized
 // (and with the plan after that: cuDNN may refer to them).
 class GraphBuilder {
@@ -241,7 +236,7 @@ struct CudnnSdpaFp8::Plan {
 };
 
 CudnnSdpaFp8::CudnnSdpaFp8(void* library, void* handle, cudaStream_t stream) : handle_(handle), stream_(stream) {
-  api_ = load_api_for(library, handle, enabled(), "off by ATELIER_CUDNN_SDPA=0", &why_);  // (why_ is constructed by now)
+  api_ = load_api_for(library, handle, cudnn_sdpa_enabled(), "off by ATELIER_CUDNN_SDPA=0", &why_);  // (why_ is constructed by now)
 }
 
 CudnnSdpaFp8::~CudnnSdpaFp8() { plans_.clear(); }
