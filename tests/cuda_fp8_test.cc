@@ -184,8 +184,18 @@ TEST(CudaFp8, AttentionMatchesTheCpu) {
     const Tensor gq = to_gpu(q_rows, DType::BF16).permute({0, 2, 1, 3});
     const Tensor got = ops::attention_merged_fp8(gq, to_gpu(k, DType::BF16), to_gpu(v, DType::BF16));
     ASSERT_EQ(got.shape(), want.shape());
-    ASSERT_EQ(cuda::sdpa_fp8_stats().runs, runs0 + 1) << "the FP8 path did not run (ATELIER_CUDNN_LOG=1 says why)";
     const std::vector<float> g = ops::cast(got, DType::F32).to_vector();
+    if (cuda::sdpa_fp8_stats().runs == runs0) {
+      // Declined: only the small head dims may be (FLUX's and Z-Image's 128 must run in FP8); the 16-bit
+      // attention then ran on q, k, v themselves.
+      Tensor probe_out = Tensor::empty(gq.shape(), DType::BF16, test::cuda0());
+      be.fp8_attention_takes(probe_out, gq, gq, gq, &why);
+      std::printf("[ figures  ] attention fp8 d%lld: cuDNN declined (%s); 16-bit attention vs f32 rel L2 %.3g\n", (long long)c.d,
+                  why.c_str(), test::rel_l2(g, exact.to_vector()));
+      ASSERT_NE(c.d, 128) << "the FP8 path did not run at head dim 128 (ATELIER_CUDNN_LOG=1 says why)";
+      EXPECT_LE(test::rel_l2(g, exact.to_vector()), 2e-2);
+      continue;
+    }
     const double err = test::rel_l2(g, want.to_vector());
     std::printf("[ figures  ] attention fp8 %lldx%lldx%lldx%lld d%lld: GPU vs CPU rel L2 %.3g; GPU fp8 vs f32 attention %.3g, "
                 "CPU fp8 vs f32 %.3g\n", (long long)c.b, (long long)c.h, (long long)c.sq, (long long)c.sk, (long long)c.d, err,
