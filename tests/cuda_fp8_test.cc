@@ -208,6 +208,22 @@ TEST(CudaFp8, AttentionMatchesTheCpu) {
       return m;
     };
     const Fp8Bounds bounds{2.0f * amax(q_rows), 1.5f * amax(k)};
+    // The result as an FP8 GEMM's input: cuDNN's e4m3 bytes with the output's one scale on every row, and x
+    // their dequantized values (bf16-rounded).
+    const ops::Fp8Rows rows = ops::attention_merged_fp8_rows(gq, to_gpu(k, DType::BF16), to_gpu(v, DType::BF16));
+    const std::vector<uint8_t> bytes = bytes_of(rows.q);
+    const std::vector<float> row_scale = ops::to_device(rows.scale, Device::cpu()).to_vector();
+    const std::vector<float> xr = ops::cast(rows.x, DType::F32).to_vector();
+    ASSERT_EQ(bytes.size(), xr.size());
+    const int64_t cols = c.h * c.d;
+    double worst = 0.0;
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      EXPECT_EQ(row_scale[i / size_t(cols)], row_scale[0]);
+      const double deq = double(f8e4m3_to_float(bytes[i])) * row_scale[i / size_t(cols)];
+      worst = std::max(worst, std::fabs(deq - double(xr[i])) / std::max(std::fabs(deq), 1e-6));
+    }
+    EXPECT_LE(worst, 1.0 / 256) << "x is not the rows' dequantized values";
+    EXPECT_LE(test::rel_l2(xr, want.to_vector()), kFp8AttentionTol);
     const Tensor want_b = ops::attention_merged_fp8(q, k, v, 0.0f, bounds);
     const Tensor got_b = ops::attention_merged_fp8(gq, to_gpu(k, DType::BF16), to_gpu(v, DType::BF16), 0.0f, bounds);
     EXPECT_LE(test::rel_l2(ops::cast(got_b, DType::F32).to_vector(), want_b.to_vector()), kFp8AttentionTol) << "with bounds";

@@ -213,6 +213,16 @@ class Backend {
     (void)bounds;
     attention(out, q, k, v, Tensor(), scale);
   }
+  // attention_fp8 that also hands over its e4m3 result for an FP8 GEMM: rows8 [B*Sq, H*Dv] f8e4m3 and
+  // row_scale [B*Sq] f32 (every row the output's per-tensor scale), out [B, H, Sq, Dv] a heads-merged view.
+  // False when the backend has no e4m3 output for the case (this default): then only `out` was written.
+  virtual bool attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, float scale, const Fp8Bounds& bounds) {
+    (void)rows8;
+    (void)row_scale;
+    attention_fp8(out, q, k, v, scale, bounds);
+    return false;
+  }
 
  protected:
   // For attention paths that write contiguous [B, H, Sq, Dv] rows only: attention into a contiguous

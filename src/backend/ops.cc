@@ -699,8 +699,10 @@ void rope_into(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& si
 namespace {
 // Validates, then runs attention into a fresh output: [B, H, Sq, Dv] contiguous, or with merged_heads the
 // same values in a [B, Sq, H, Dv] buffer (returned in that shape), written there by the backend directly.
+// With `rows` (FP8, heads merged): the result's rows as an FP8 GEMM's input too, from the backend's e4m3 output
+// where it has one, else quantized here (inside this op's trace range).
 Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale, bool merged_heads,
-                      bool fp8 = false, const Fp8Bounds& bounds = {}) {
+                      bool fp8 = false, const Fp8Bounds& bounds = {}, Fp8Rows* rows = nullptr) {
   trace::Scope range(fp8 ? "attention_fp8" : "attention", Category::kOp);
   const std::string op = fp8 ? "attention_fp8" : "attention";
   require_f32(q, op, "q");
@@ -739,7 +741,14 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const T
     require(!mask.defined() && hk == h, op, "takes no mask and as many k/v heads as q heads");
     require(bounds.q >= 0.0f && bounds.k >= 0.0f && std::isfinite(bounds.q) && std::isfinite(bounds.k), op,
             "bounds must be finite and not negative (0: none)");
-    backend_of(q).attention_fp8(out_view, unit_last(q), unit_last(k), unit_last(v), scale, bounds);
+    if (!rows) {
+      backend_of(q).attention_fp8(out_view, unit_last(q), unit_last(k), unit_last(v), scale, bounds);
+    } else {
+      const Tensor merged = out.reshape({b, sq, h * dv});
+      *rows = Fp8Rows{merged, Tensor::empty({b * sq, h * dv}, DType::F8E4M3, q.device()), Tensor::empty({b * sq}, DType::F32, q.device())};
+      if (!backend_of(q).attention_fp8_rows(out_view, rows->q, rows->scale, unit_last(q), unit_last(k), unit_last(v), scale, bounds))
+        *rows = quantize_activation_fp8(merged);
+    }
   } else {
     backend_of(q).attention(out_view, unit_last(q), unit_last(k), unit_last(v), mask4, scale);
   }
@@ -759,6 +768,12 @@ Tensor attention_merged(const Tensor& q, const Tensor& k, const Tensor& v, const
 Tensor attention_merged_fp8(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const Fp8Bounds& bounds) {
   Tensor out = attention_impl(q, k, v, Tensor(), scale, /*merged_heads=*/true, /*fp8=*/true, bounds);  // [B, Sq, H, Dv]
   return out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
+}
+
+Fp8Rows attention_merged_fp8_rows(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const Fp8Bounds& bounds) {
+  Fp8Rows rows;
+  attention_impl(q, k, v, Tensor(), scale, /*merged_heads=*/true, /*fp8=*/true, bounds, &rows);  // x [B, Sq, H * Dv]
+  return rows;
 }
 
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads, const Tensor& mask) {

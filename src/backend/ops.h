@@ -124,6 +124,12 @@ Tensor attention_merged(const Tensor& q, const Tensor& k, const Tensor& v, const
 // attention of FLUX's and Z-Image's --dtype fp8 blocks): no mask, as many k/v heads as q heads.
 // `bounds`: |q| and |k| bounded in advance (Fp8Bounds: e.g. after an RMS norm), so that no amax pass reads them.
 Tensor attention_merged_fp8(const Tensor& q, const Tensor& k, const Tensor& v, float scale = 0.0f, const Fp8Bounds& bounds = {});
+// attention_merged_fp8 whose result also comes as an FP8 GEMM's input (x [B, Sq, H*Dv], q [B*Sq, H*Dv] e4m3,
+// scale [B*Sq]): where the backend's FP8 attention writes e4m3 itself (cuDNN's on Hopper), those bytes with the
+// output's per-tensor scale for every row (no quantizing pass, no second rounding); else x's rows quantized as
+// quantize_activation_fp8 quantizes them.
+Fp8Rows attention_merged_fp8_rows(const Tensor& q, const Tensor& k, const Tensor& v, float scale = 0.0f,
+                                  const Fp8Bounds& bounds = {});
 // Convenience for [B, S, H*D] sequences: splits heads, attends, merges -> [B, Sq, H*Dv].
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads = 0,
                             const Tensor& mask = {});

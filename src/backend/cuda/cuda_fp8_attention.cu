@@ -94,10 +94,13 @@ __global__ void __launch_bounds__(kPassThreads) fp8_quantize_kernel(Operands ops
   }
 }
 
-// out[i] = o8[i] * descale_o over n elements of one dense layout (n a multiple of 8).
+// out[i] = o8[i] * descale_o over n elements of one dense layout (n a multiple of 8); row_scale (optional,
+// `rows` entries) filled with descale_o: the e4m3 output's rows as an FP8 GEMM reads them.
 template <typename T>
-__global__ void fp8_dequantize_kernel(T* out, const uint8_t* o8, int64_t vectors, const float* scalars) {
+__global__ void fp8_dequantize_kernel(T* out, const uint8_t* o8, int64_t vectors, const float* scalars, float* row_scale,
+                                      int64_t rows) {
   const float d = *S::at(scalars, S::kDescaleO);
+  for (int64_t i = global_thread(); i < rows; i += grid_threads()) row_scale[i] = d;
   for (int64_t i = global_thread(); i < vectors; i += grid_threads()) {
     const uint2 raw = reinterpret_cast<const uint2*>(o8)[i];
     const uint8_t* b = reinterpret_cast<const uint8_t*>(&raw);
@@ -175,9 +178,26 @@ bool CudaBackend::fp8_attention_takes(const Tensor& out, const Tensor& q, const 
 // (Fp8Bounds) skip the amax pass.
 void CudaBackend::attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                                 const Fp8Bounds& bounds) {
-  if (out.numel() == 0) return;
+  run_fp8_attention(out, q, k, v, scale, bounds, nullptr, nullptr);
+}
+
+// The same with rows8 [B*Sq, H*D] e4m3 and row_scale [B*Sq]: out must be heads-merged ([B, Sq, H, D] memory).
+bool CudaBackend::attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, float scale, const Fp8Bounds& bounds) {
+  const int64_t b = out.size(0), h = out.size(1), sq = out.size(2), d = out.size(3);
+  const bool merged = out.strides()[0] == sq * h * d && out.strides()[1] == d && out.strides()[2] == h * d && out.strides()[3] == 1;
+  const bool fits = merged && rows8.is_contiguous() && rows8.numel() == b * sq * h * d && row_scale.numel() == b * sq;
+  return run_fp8_attention(out, q, k, v, scale, bounds, fits ? &rows8 : nullptr, fits ? &row_scale : nullptr) && fits;
+}
+
+bool CudaBackend::run_fp8_attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                                    const Fp8Bounds& bounds, Tensor* rows8, Tensor* row_scale) {
+  if (out.numel() == 0) return false;
   DeviceGuard guard(index_);
-  if (!fp8_attention_takes(out, q, k, v, nullptr)) return attention(out, q, k, v, Tensor(), scale);
+  if (!fp8_attention_takes(out, q, k, v, nullptr)) {
+    attention(out, q, k, v, Tensor(), scale);
+    return false;
+  }
   NvtxRange range("attention_fp8");
   Tensor scalars = Tensor::empty({int64_t(S::bytes() / sizeof(float))}, DType::F32, device());
   ATELIER_CUDA_OK(cudaMemsetAsync(scalars.raw(), 0, S::bytes(), stream_));
@@ -201,21 +221,25 @@ void CudaBackend::attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, c
     fp8_quantize_kernel<__half><<<grid, kPassThreads, 0, stream_>>>(ops, sc);
   }
   ATELIER_CUDA_LAUNCHED();
-  // The e4m3 output in out's layout, so that the dequantization is one flat pass.
-  Tensor o8(Tensor::empty({out.numel()}, DType::F8E4M3, device()).buffer(), out.shape(), out.strides(), DType::F8E4M3, 0);
+  // The e4m3 output in out's layout (in rows8's bytes when given: [B, Sq, H, D] memory is [B*Sq, H*D] rows), so
+  // that the dequantization is one flat pass.
+  const std::shared_ptr<Buffer> o8_bytes = rows8 ? rows8->buffer() : Tensor::empty({out.numel()}, DType::F8E4M3, device()).buffer();
+  Tensor o8(o8_bytes, out.shape(), out.strides(), DType::F8E4M3, rows8 ? rows8->offset() : 0);
   std::string why;
   if (!sdpa_fp8_->forward(o8, q8, k8, v8, scale, sc, alloc_, &why)) {
     if (cudnn_graph::log_enabled()) std::fprintf(stderr, "[cudnn sdpa fp8] 16-bit attention instead: %s\n", why.c_str());
-    return attention(out, q, k, v, Tensor(), scale);
+    attention(out, q, k, v, Tensor(), scale);
+    return false;
   }
-  const int64_t vectors = out.numel() / 8;
+  const int64_t vectors = out.numel() / 8, rows = row_scale ? row_scale->numel() : 0;
+  float* rs = row_scale ? row_scale->data<float>() : nullptr;
+  const auto* o8p = static_cast<const uint8_t*>(o8.raw());
   if (out.dtype() == DType::BF16)
-    fp8_dequantize_kernel<__nv_bfloat16><<<grid_for(vectors), kThreads, 0, stream_>>>(out.data<__nv_bfloat16>(),
-                                                                                      static_cast<const uint8_t*>(o8.raw()), vectors, sc);
+    fp8_dequantize_kernel<__nv_bfloat16><<<grid_for(vectors), kThreads, 0, stream_>>>(out.data<__nv_bfloat16>(), o8p, vectors, sc, rs, rows);
   else
-    fp8_dequantize_kernel<__half><<<grid_for(vectors), kThreads, 0, stream_>>>(out.data<__half>(),
-                                                                              static_cast<const uint8_t*>(o8.raw()), vectors, sc);
+    fp8_dequantize_kernel<__half><<<grid_for(vectors), kThreads, 0, stream_>>>(out.data<__half>(), o8p, vectors, sc, rs, rows);
   ATELIER_CUDA_LAUNCHED();
+  return true;
 }
 
 bool CudaBackend::cudnn_sdpa_fp8(std::string* why) {

@@ -71,6 +71,12 @@ std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const Linear
   return {split(q(x)), split(k(x)), split(v(x))};
 }
 
+ops::Fp8Rows token_rows(const ops::Fp8Rows& r, int64_t start, int64_t n) {
+  const Tensor x = r.x.narrow(1, start, n);
+  if (r.q.defined() && r.x.size(0) == 1) return {x, r.q.narrow(0, start, n), r.scale.narrow(0, start, n)};
+  return {ops::contiguous(x), Tensor(), Tensor()};
+}
+
 float rms_rope_bound(const RMSNorm& norm, int64_t dim) {
   constexpr float kRoundingMargin = 1.0f + 1.0f / 32.0f;
   float gamma_max = 1.0f;  // no weight: gamma = 1

@@ -109,11 +109,17 @@ inline std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const
 ops::Fp8Rows norm_modulate_for(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m,
                                const std::vector<const Linear*>& readers);
 
-// Heads-merged attention q [B, H, Sq, D], k/v [B, H, Sk, D] -> [B, Sq, H*D]; with fp8 (DiT blocks under
-// --dtype fp8) q, k, v in FP8 as ops::attention_merged_fp8 takes them (with q/k bounds where known).
-inline Tensor attention_merged_for(bool fp8, const Tensor& q, const Tensor& k, const Tensor& v, const Fp8Bounds& bounds = {}) {
-  return fp8 ? ops::attention_merged_fp8(q, k, v, 0.0f, bounds) : ops::attention_merged(q, k, v);
+// Heads-merged attention q [B, H, Sq, D], k/v [B, H, Sk, D] -> [B, Sq, H*D] as the input of the projections
+// that read it. With fp8 (DiT blocks under --dtype fp8): q, k, v in FP8 (with q/k bounds where known) and the
+// result's rows in e4m3 too (ops::attention_merged_fp8_rows: cuDNN's e4m3 output itself where it ran); else
+// ops::attention_merged, not quantized.
+inline ops::Fp8Rows attention_rows_for(bool fp8, const Tensor& q, const Tensor& k, const Tensor& v, const Fp8Bounds& bounds = {}) {
+  if (fp8) return ops::attention_merged_fp8_rows(q, k, v, 0.0f, bounds);
+  return {ops::attention_merged(q, k, v), Tensor(), Tensor()};
 }
+// Tokens [start, start + n) of r (x [B, N, C], rows [B*N, C]): views where B is 1 (its rows lie together),
+// else x's tokens alone (their rows are quantized again by the layer that reads them).
+ops::Fp8Rows token_rows(const ops::Fp8Rows& r, int64_t start, int64_t n);
 
 // An upper bound of |x| for x RMS-normed over rows of `dim` elements with `norm`'s weight and then rotated
 // (rope): sqrt(dim) * max|gamma| (a row's whole energy in one pair), with room for the 16-bit roundings of the

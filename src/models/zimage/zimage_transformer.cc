@@ -112,8 +112,8 @@ Tensor ZImageTransformer::attention(const ZImageBlock& b, const ops::Fp8Rows& x,
   const auto [qh, kh, v] = qkv_heads(b.qkv, b.to_q, b.to_k, b.to_v, x, h);
   const Tensor q = rope_complex(qh, cos, sin, b.norm_q.weight.defined() ? &b.norm_q : nullptr);
   const Tensor k = rope_complex(kh, cos, sin, b.norm_k.weight.defined() ? &b.norm_k : nullptr);
-  return b.to_out(attention_merged_for(fp8_attention_, q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}),
-                                       b.attn_bounds));
+  return b.to_out(attention_rows_for(fp8_attention_, q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}),
+                                     b.attn_bounds));
 }
 
 Tensor ZImageTransformer::block_forward(const ZImageBlock& b, const Tensor& x, const Tensor& adaln, const Tensor& cos,
