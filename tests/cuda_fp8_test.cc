@@ -224,6 +224,12 @@ TEST(CudaFp8, AttentionMatchesTheCpu) {
     }
     EXPECT_LE(worst, 1.0 / 256) << "x is not the rows' dequantized values";
     EXPECT_LE(test::rel_l2(xr, want.to_vector()), kFp8AttentionTol);
+    EXPECT_TRUE(rows.x_values);
+    // Only the rows asked for (the models' output projections read nothing else): the same bytes and scales.
+    const ops::Fp8Rows bare = ops::attention_merged_fp8_rows(gq, to_gpu(k, DType::BF16), to_gpu(v, DType::BF16), 0.0f, {}, false);
+    EXPECT_FALSE(bare.x_values);
+    EXPECT_EQ(bytes_of(bare.q), bytes);
+    EXPECT_EQ(ops::to_device(bare.scale, Device::cpu()).to_vector(), row_scale);
     const Tensor want_b = ops::attention_merged_fp8(q, k, v, 0.0f, bounds);
     const Tensor got_b = ops::attention_merged_fp8(gq, to_gpu(k, DType::BF16), to_gpu(v, DType::BF16), 0.0f, bounds);
     EXPECT_LE(test::rel_l2(ops::cast(got_b, DType::F32).to_vector(), want_b.to_vector()), kFp8AttentionTol) << "with bounds";

@@ -173,6 +173,12 @@ TEST(Fp8, LinearRejectsWhatItCannotUse) {
   EXPECT_THROW(ops::linear_fp8(random_tensor({3, 15}, 11), wq, ws), Error);  // inner dims differ
   EXPECT_THROW(ops::linear_fp8(x, wq, ws, random_tensor({7}, 12)), Error);   // bias length
   EXPECT_THROW(ops::quantize_rows_fp8(random_tensor({2, 3, 4}, 13)), Error);  // not a matrix
+  // Rows whose activations were never written (Fp8Rows::x_values false) and not quantized either; and a layer
+  // not in FP8 given such rows.
+  EXPECT_THROW(ops::linear_fp8(ops::Fp8Rows{x, Tensor(), Tensor(), false}, wq, ws), Error);
+  const Linear plain{w, Tensor(), Tensor()};
+  EXPECT_THROW(plain(ops::Fp8Rows{x, Tensor(), Tensor(), false}), Error);
+  EXPECT_NO_THROW(plain(ops::Fp8Rows{x, Tensor(), Tensor(), true}));
 }
 
 // attention_merged_fp8: q, k, v each quantized per tensor (s = amax / 448), then attention of s * e4m3(x / s).

@@ -214,12 +214,14 @@ class Backend {
     attention(out, q, k, v, Tensor(), scale);
   }
   // attention_fp8 that also hands over its e4m3 result for an FP8 GEMM: rows8 [B*Sq, H*Dv] f8e4m3 and
-  // row_scale [B*Sq] f32 (every row the output's per-tensor scale), out [B, H, Sq, Dv] a heads-merged view.
-  // False when the backend has no e4m3 output for the case (this default): then only `out` was written.
+  // row_scale [B*Sq] f32 (every row the output's per-tensor scale), out [B, H, Sq, Dv] a heads-merged view,
+  // written only with write_out when the rows are handed over. False when the backend has no e4m3 output for
+  // the case (this default): then `out` was written and the rows were not.
   virtual bool attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& q, const Tensor& k,
-                                  const Tensor& v, float scale, const Fp8Bounds& bounds) {
+                                  const Tensor& v, float scale, const Fp8Bounds& bounds, bool write_out) {
     (void)rows8;
     (void)row_scale;
+    (void)write_out;
     attention_fp8(out, q, k, v, scale, bounds);
     return false;
   }

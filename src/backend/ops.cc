@@ -700,9 +700,10 @@ namespace {
 // Validates, then runs attention into a fresh output: [B, H, Sq, Dv] contiguous, or with merged_heads the
 // same values in a [B, Sq, H, Dv] buffer (returned in that shape), written there by the backend directly.
 // With `rows` (FP8, heads merged): the result's rows as an FP8 GEMM's input too, from the backend's e4m3 output
-// where it has one, else quantized here (inside this op's trace range).
+// where it has one (then the result itself is written only with x_values), else quantized here (inside this
+// op's trace range).
 Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale, bool merged_heads,
-                      bool fp8 = false, const Fp8Bounds& bounds = {}, Fp8Rows* rows = nullptr) {
+                      bool fp8 = false, const Fp8Bounds& bounds = {}, Fp8Rows* rows = nullptr, bool x_values = true) {
   trace::Scope range(fp8 ? "attention_fp8" : "attention", Category::kOp);
   const std::string op = fp8 ? "attention_fp8" : "attention";
   require_f32(q, op, "q");
@@ -746,7 +747,10 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const T
     } else {
       const Tensor merged = out.reshape({b, sq, h * dv});
       *rows = Fp8Rows{merged, Tensor::empty({b * sq, h * dv}, DType::F8E4M3, q.device()), Tensor::empty({b * sq}, DType::F32, q.device())};
-      if (!backend_of(q).attention_fp8_rows(out_view, rows->q, rows->scale, unit_last(q), unit_last(k), unit_last(v), scale, bounds))
+      if (backend_of(q).attention_fp8_rows(out_view, rows->q, rows->scale, unit_last(q), unit_last(k), unit_last(v), scale, bounds,
+                                           x_values))
+        rows->x_values = x_values;
+      else
         *rows = quantize_activation_fp8(merged);
     }
   } else {
@@ -770,9 +774,10 @@ Tensor attention_merged_fp8(const Tensor& q, const Tensor& k, const Tensor& v, f
   return out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
 }
 
-Fp8Rows attention_merged_fp8_rows(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const Fp8Bounds& bounds) {
+Fp8Rows attention_merged_fp8_rows(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const Fp8Bounds& bounds,
+                                  bool x_values) {
   Fp8Rows rows;
-  attention_impl(q, k, v, Tensor(), scale, /*merged_heads=*/true, /*fp8=*/true, bounds, &rows);  // x [B, Sq, H * Dv]
+  attention_impl(q, k, v, Tensor(), scale, /*merged_heads=*/true, /*fp8=*/true, bounds, &rows, x_values);  // x [B, Sq, H * Dv]
   return rows;
 }
 

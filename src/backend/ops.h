@@ -71,8 +71,11 @@ Tensor linear_fp8(const Tensor& x, const Tensor& w8, const Tensor& ws, const Ten
                   UnaryOp act = UnaryOp::kIdentity, const Tensor& residual = {});
 // An activation x [..., in] with its rows quantized as linear_fp8 quantizes them (q [m, in] f8e4m3, scale [m]
 // f32, m = rows of x), once for several FP8 products that read x; q undefined: not quantized (yet).
+// x_values false: x gives the shape, dtype and device only (its values were never written: an op skipped the
+// pass because only FP8 products read the rows); a layer that would read x then refuses.
 struct Fp8Rows {
   Tensor x, q, scale;
+  bool x_values = true;
 };
 Fp8Rows quantize_activation_fp8(const Tensor& x);
 // linear_fp8 from rows quantized already (quantized here when x.q is undefined): the same values.
@@ -128,8 +131,9 @@ Tensor attention_merged_fp8(const Tensor& q, const Tensor& k, const Tensor& v, f
 // scale [B*Sq]): where the backend's FP8 attention writes e4m3 itself (cuDNN's on Hopper), those bytes with the
 // output's per-tensor scale for every row (no quantizing pass, no second rounding); else x's rows quantized as
 // quantize_activation_fp8 quantizes them.
+// x_values false: where the e4m3 rows came from the backend, x is not written (Fp8Rows::x_values).
 Fp8Rows attention_merged_fp8_rows(const Tensor& q, const Tensor& k, const Tensor& v, float scale = 0.0f,
-                                  const Fp8Bounds& bounds = {});
+                                  const Fp8Bounds& bounds = {}, bool x_values = true);
 // Convenience for [B, S, H*D] sequences: splits heads, attends, merges -> [B, Sq, H*Dv].
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads = 0,
                             const Tensor& mask = {});

@@ -69,6 +69,7 @@ Tensor linear_fp8_impl(const Fp8Rows& xr, const Tensor& w8, const Tensor& ws, co
   Tensor out = linear_output(x, w8, "w8", b, residual, op, &beta, nullptr, into);
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1), n = w8.size(0), k = w8.size(1);
   if (m == 0 || n == 0) return out;
+  require(xr.q.defined() || xr.x_values, op, "x holds no values (Fp8Rows::x_values) and its rows are not quantized");
   const Fp8Rows q = xr.q.defined() ? xr : quantize_activation_fp8(x);
   require(q.q.dim() == 2 && q.q.size(0) == m && q.q.size(1) == k && q.scale.numel() == m, op,
           "quantized rows " + shape_str(q.q.shape()) + " do not match x " + shape_str(x.shape()));

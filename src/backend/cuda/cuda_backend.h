@@ -94,7 +94,7 @@ class CudaBackend final : public Backend {
                      const Fp8Bounds& bounds) override;
   // The same, cuDNN's e4m3 output handed over as rows (no requantization) where the FP8 path ran.
   bool attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& q, const Tensor& k, const Tensor& v,
-                          float scale, const Fp8Bounds& bounds) override;
+                          float scale, const Fp8Bounds& bounds, bool write_out) override;
 
   // --- CUDA-specific controls (benchmarks, tests) ---------------------------------------------------
   cudaStream_t stream() const { return stream_; }
@@ -154,9 +154,10 @@ class CudaBackend final : public Backend {
   // Makes sdpa_fp8_ (with conv_'s cuDNN handle); false with *why when cuDNN's FP8 graph cannot be used.
   bool cudnn_sdpa_fp8(std::string* why);
   // attention_fp8's work; with rows8 (heads-merged out) cuDNN writes its e4m3 output there and row_scale gets
-  // the output's scale. False (out written by attention()) when the FP8 path did not run.
+  // the output's scale (out then written only with write_out). False (out written by attention()) when the
+  // FP8 path did not run.
   bool run_fp8_attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale, const Fp8Bounds& bounds,
-                         Tensor* rows8, Tensor* row_scale);
+                         Tensor* rows8, Tensor* row_scale, bool write_out = true);
   void conv2d_im2col(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
   // cuDNN in NHWC: x read in place when channels-last (else transposed in), the result written in place when
   // out is channels-last (else transposed back), bias and addend added in one output pass; false when cuDNN

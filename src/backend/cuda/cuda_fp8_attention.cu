@@ -183,15 +183,16 @@ void CudaBackend::attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, c
 
 // The same with rows8 [B*Sq, H*D] e4m3 and row_scale [B*Sq]: out must be heads-merged ([B, Sq, H, D] memory).
 bool CudaBackend::attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& q, const Tensor& k,
-                                     const Tensor& v, float scale, const Fp8Bounds& bounds) {
+                                     const Tensor& v, float scale, const Fp8Bounds& bounds, bool write_out) {
   const int64_t b = out.size(0), h = out.size(1), sq = out.size(2), d = out.size(3);
   const bool merged = out.strides()[0] == sq * h * d && out.strides()[1] == d && out.strides()[2] == h * d && out.strides()[3] == 1;
   const bool fits = merged && rows8.is_contiguous() && rows8.numel() == b * sq * h * d && row_scale.numel() == b * sq;
-  return run_fp8_attention(out, q, k, v, scale, bounds, fits ? &rows8 : nullptr, fits ? &row_scale : nullptr) && fits;
+  return run_fp8_attention(out, q, k, v, scale, bounds, fits ? &rows8 : nullptr, fits ? &row_scale : nullptr, write_out || !fits) &&
+         fits;
 }
 
 bool CudaBackend::run_fp8_attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                                    const Fp8Bounds& bounds, Tensor* rows8, Tensor* row_scale) {
+                                    const Fp8Bounds& bounds, Tensor* rows8, Tensor* row_scale, bool write_out) {
   if (out.numel() == 0) return false;
   DeviceGuard guard(index_);
   if (!fp8_attention_takes(out, q, k, v, nullptr)) {
@@ -231,13 +232,16 @@ bool CudaBackend::run_fp8_attention(Tensor& out, const Tensor& q, const Tensor& 
     attention(out, q, k, v, Tensor(), scale);
     return false;
   }
-  const int64_t vectors = out.numel() / 8, rows = row_scale ? row_scale->numel() : 0;
+  // Without write_out (the rows handed over are all that is read) only the row scales are written.
+  const int64_t vectors = write_out || !rows8 ? out.numel() / 8 : 0, rows = row_scale ? row_scale->numel() : 0;
   float* rs = row_scale ? row_scale->data<float>() : nullptr;
   const auto* o8p = static_cast<const uint8_t*>(o8.raw());
   if (out.dtype() == DType::BF16)
-    fp8_dequantize_kernel<__nv_bfloat16><<<grid_for(vectors), kThreads, 0, stream_>>>(out.data<__nv_bfloat16>(), o8p, vectors, sc, rs, rows);
+    fp8_dequantize_kernel<__nv_bfloat16><<<grid_for(std::max(vectors, rows)), kThreads, 0, stream_>>>(
+        out.data<__nv_bfloat16>(), o8p, vectors, sc, rs, rows);
   else
-    fp8_dequantize_kernel<__half><<<grid_for(vectors), kThreads, 0, stream_>>>(out.data<__half>(), o8p, vectors, sc, rs, rows);
+    fp8_dequantize_kernel<__half><<<grid_for(std::max(vectors, rows)), kThreads, 0, stream_>>>(out.data<__half>(), o8p, vectors,
+                                                                                              sc, rs, rows);
   ATELIER_CUDA_LAUNCHED();
   return true;
 }

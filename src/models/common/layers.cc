@@ -73,7 +73,8 @@ std::array<Tensor, 3> qkv_heads(const Linear& qkv, const Linear& q, const Linear
 
 ops::Fp8Rows token_rows(const ops::Fp8Rows& r, int64_t start, int64_t n) {
   const Tensor x = r.x.narrow(1, start, n);
-  if (r.q.defined() && r.x.size(0) == 1) return {x, r.q.narrow(0, start, n), r.scale.narrow(0, start, n)};
+  if (r.q.defined() && r.x.size(0) == 1) return {x, r.q.narrow(0, start, n), r.scale.narrow(0, start, n), r.x_values};
+  ATELIER_CHECK(r.x_values, "token_rows: batched rows without their activations (ask attention_rows_for for x_values)");
   return {ops::contiguous(x), Tensor(), Tensor()};
 }
 

@@ -21,6 +21,7 @@ struct Linear {
   // x; quantized here when they are not); a layer not in FP8 reads x itself.
   Tensor operator()(const ops::Fp8Rows& x, UnaryOp act = UnaryOp::kIdentity) const {
     if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, act);
+    ATELIER_CHECK(x.x_values, "a layer not in FP8 was given rows whose activations were never written (Fp8Rows::x_values)");
     return ops::linear(x.x, weight, bias, act);
   }
   // The same written into `out` (contiguous [..., out]: e.g. rows of a buffer that several layers fill).
@@ -113,8 +114,11 @@ ops::Fp8Rows norm_modulate_for(const Tensor& x, NormKind kind, float eps, const 
 // that read it. With fp8 (DiT blocks under --dtype fp8): q, k, v in FP8 (with q/k bounds where known) and the
 // result's rows in e4m3 too (ops::attention_merged_fp8_rows: cuDNN's e4m3 output itself where it ran); else
 // ops::attention_merged, not quantized.
-inline ops::Fp8Rows attention_rows_for(bool fp8, const Tensor& q, const Tensor& k, const Tensor& v, const Fp8Bounds& bounds = {}) {
-  if (fp8) return ops::attention_merged_fp8_rows(q, k, v, 0.0f, bounds);
+// x_values false: only FP8 layers read the result (the 16-bit values are then not written where the backend
+// hands over its e4m3 rows: Fp8Rows::x_values).
+inline ops::Fp8Rows attention_rows_for(bool fp8, const Tensor& q, const Tensor& k, const Tensor& v, const Fp8Bounds& bounds = {},
+                                       bool x_values = true) {
+  if (fp8) return ops::attention_merged_fp8_rows(q, k, v, 0.0f, bounds, x_values);
   return {ops::attention_merged(q, k, v), Tensor(), Tensor()};
 }
 // Tokens [start, start + n) of r (x [B, N, C], rows [B*N, C]): views where B is 1 (its rows lie together),

@@ -113,7 +113,7 @@ Tensor ZImageTransformer::attention(const ZImageBlock& b, const ops::Fp8Rows& x,
   const Tensor q = rope_complex(qh, cos, sin, b.norm_q.weight.defined() ? &b.norm_q : nullptr);
   const Tensor k = rope_complex(kh, cos, sin, b.norm_k.weight.defined() ? &b.norm_k : nullptr);
   return b.to_out(attention_rows_for(fp8_attention_, q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}),
-                                     b.attn_bounds));
+                                     b.attn_bounds, /*x_values=*/false));
 }
 
 Tensor ZImageTransformer::block_forward(const ZImageBlock& b, const Tensor& x, const Tensor& adaln, const Tensor& cos,
