@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -16,6 +17,10 @@ inline bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v && std::strcmp(v, value) == 0;
 }
+
+// Whether p lies on a `bytes` boundary (the vector paths' 16-byte loads and stores, 8-byte table reads).
+inline bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+inline bool aligned16(const void* p) { return aligned_to(p, 16); }
 
 // Throws atelier::Error naming the failed call and CUDA's message.
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);

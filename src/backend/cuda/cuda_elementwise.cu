@@ -18,8 +18,6 @@ struct alignas(16) Pack {
   T v[kVec<T>];
 };
 
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 __device__ __forceinline__ float apply_binary(float x, float y, BinaryOp op) {
   switch (op) {
     case BinaryOp::kAdd: return x + y;

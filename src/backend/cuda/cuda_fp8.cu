@@ -124,8 +124,6 @@ __global__ void dequantize_rows_kernel(T* out, const uint8_t* q, const float* sc
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 template <typename T>
 __global__ void fp8_scale_epilogue_kernel(T* c, const T* raw, const float* xs, const float* ws, const T* bias, float beta,
                                           UnaryOp act, int64_t m, int64_t n) {

@@ -114,8 +114,6 @@ __global__ void fp8_dequantize_kernel(T* out, const uint8_t* o8, int64_t vectors
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Whether `t` is one dense layout: a permutation of a packed one (contiguous, or heads merged).
 bool dense(const Tensor& t) {
   int64_t expect = 1;

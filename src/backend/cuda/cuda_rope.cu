@@ -69,7 +69,6 @@ __global__ void rope_vec_kernel(T* out, const T* x, const T* cos, const T* sin, 
   }
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // x's row `row` of the output order (b, j, k): its first element, and the row's position in the tables.
 // The divisions run in 32 bits where the row count allows (every model's): a 64-bit division or remainder
@@ -167,8 +166,8 @@ void launch_rope_rms(cudaStream_t stream, T* out, const T* x, const T* cos, cons
   const NormAffine aff = affine_of(rms.gamma, Tensor());
   const int64_t lanes = 2 * sh.half / V;
   const bool vec = sizeof(T) == 2 && 2 * sh.half == lanes * V && (lanes == 8 || lanes == 16 || lanes == 32) &&
-                   sh.s0 % V == 0 && sh.s1 % V == 0 && sh.s2 % V == 0 && aligned(x, 16) && aligned(out, 16) &&
-                   aligned(cos, 8) && aligned(sin, 8);
+                   sh.s0 % V == 0 && sh.s1 % V == 0 && sh.s2 % V == 0 && aligned16(x) && aligned16(out) &&
+                   aligned_to(cos, 8) && aligned_to(sin, 8);
   const auto with_index = [&](auto index) {
     using Index = decltype(index);
     if (vec) {
@@ -204,7 +203,7 @@ void CudaBackend::rope(Tensor& out, const Tensor& x, const Tensor& cos, const Te
   const RopeShape sh{x.size(1), x.size(2), x.size(3) / 2, x.strides()[0], x.strides()[1], x.strides()[2], seq_dim};
   // The vector kernel's loads: 8 elements of x at a 16-byte boundary, 4 of cos/sin at an 8-byte one.
   const bool vec = dtype_size(out.dtype()) == 2 && sh.half % kPairsPerThread == 0 && sh.s0 % 8 == 0 && sh.s1 % 8 == 0 &&
-                   sh.s2 % 8 == 0 && aligned(x.raw(), 16) && aligned(out.raw(), 16) && aligned(cos.raw(), 8) && aligned(sin.raw(), 8);
+                   sh.s2 % 8 == 0 && aligned16(x.raw()) && aligned16(out.raw()) && aligned_to(cos.raw(), 8) && aligned_to(sin.raw(), 8);
   dispatch_float(out.dtype(), "rope", [&](auto tag) {
     using T = decltype(tag);
     if (rms.on) {
