@@ -209,7 +209,7 @@ bool execute_fp8(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor&
   const auto slot = [&](S::Slot s) { return static_cast<void*>(S::at(sc, s)); };
   std::vector<int64_t> uids = {kUidQ,         kUidK,         kUidV,         kUidO,      kUidScale, kUidDescaleQ, kUidDescaleK,
                                kUidDescaleV, kUidDescaleS, kUidScaleS,    kUidScaleO, kUidAmaxS, kUidAmaxO};
-  std::vector<void*> ptrs = {q8.raw(),           o8.raw() == nullptr ? nullptr : k8.raw(), v8.raw(), o8.raw(), &scale,
+  std::vector<void*> ptrs = {q8.raw(),           k8.raw(),           v8.raw(),           o8.raw(),  &scale,
                              slot(S::kDescaleQ), slot(S::kDescaleK), slot(S::kDescaleV), slot(S::kDescaleS),
                              slot(S::kScaleS),   slot(S::kScaleO),   slot(S::kAmaxS),    slot(S::kAmaxO)};
   if (form == StatsForm::kInMemory) {
@@ -253,7 +253,7 @@ CudnnSdpaFp8::Plan* CudnnSdpaFp8::plan_for(const Key& key, Tensor& o8, const Ten
   const std::string what = sdpa_shape_text(q8, k8);
   const auto decline = [&](const std::string& why) {
     counters().declined.fetch_add(1);
-    declined_.insert({q8.size(0), q8.size(1), q8.size(2), k8.size(2), q8.size(3)});
+    declined_.insert(shape_of(q8, k8));
     plan->why = why;
     if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa fp8] %s: declined (%s)\n", what.c_str(), why.c_str());
     return plan;  // ok stays false: remembered
@@ -308,14 +308,14 @@ bool CudnnSdpaFp8::forward(Tensor& o8, const Tensor& q8, const Tensor& k8, const
   if (!api_) return fail(why_);
   for (const Tensor* t : {static_cast<const Tensor*>(&o8), &q8, &k8, &v8}) {
     if (t->dtype() != DType::F8E4M3 || t->dim() != 4) return fail("operands must be [B, H, S, D] f8e4m3");
-    if (t->strides()[3] != 1 || reinterpret_cast<uintptr_t>(t->raw()) % 16 != 0)
+    if (t->strides()[3] != 1 || !aligned16(t->raw()))
       return fail("operands need unit last strides and 16-byte alignment");
   }
   if (k8.size(1) != q8.size(1) || v8.size(3) != q8.size(3) || k8.size(3) != q8.size(3))
     return fail("FP8 attention takes equal q/k/v heads and head dims");
   const std::array<int64_t, 4> qs = sdpa_strides(q8), ks = sdpa_strides(k8), vs = sdpa_strides(v8), os = sdpa_strides(o8);
-  const Key key{q8.size(0), q8.size(1), q8.size(2), k8.size(2), q8.size(3), qs[0], qs[1], qs[2], ks[0], ks[1],
-                ks[2],      vs[0],      vs[1],      vs[2],      os[0],      os[1], os[2], 0,     0};
+  const Key key{q8.size(0), q8.size(1), q8.size(2), k8.size(2), q8.size(3), qs[0], qs[1], qs[2], ks[0],
+                ks[1],      ks[2],      vs[0],      vs[1],      vs[2],      os[0], os[1], os[2]};
   std::lock_guard<std::mutex> lock(mu_);
   Plan* plan = plan_for(key, o8, q8, k8, v8, scale, scalars, alloc);
   if (!plan) return fail("a new shape met during a CUDA graph capture is not planned");
@@ -328,7 +328,7 @@ bool CudnnSdpaFp8::forward(Tensor& o8, const Tensor& q8, const Tensor& k8, const
                    scalars, stats ? stats->data() : nullptr, ws ? ws->data() : nullptr, &err)) {
     plan->ok = false;  // never again for this shape
     plan->why = "execution failed: " + err;
-    declined_.insert({q8.size(0), q8.size(1), q8.size(2), k8.size(2), q8.size(3)});
+    declined_.insert(shape_of(q8, k8));
     counters().declined.fetch_add(1);
     return fail(plan->why);
   }
@@ -338,7 +338,7 @@ bool CudnnSdpaFp8::forward(Tensor& o8, const Tensor& q8, const Tensor& k8, const
 
 bool CudnnSdpaFp8::declined_before(const Tensor& q, const Tensor& k) {
   std::lock_guard<std::mutex> lock(mu_);
-  return declined_.count({q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)}) > 0;
+  return declined_.count(shape_of(q, k)) > 0;
 }
 
 }  // namespace atelier::cuda

@@ -83,7 +83,9 @@ class CudnnSdpaFp8 {
 
  private:
   struct Plan;
-  using Key = std::array<int64_t, 19>;
+  using Key = std::array<int64_t, 17>;        // shape and the four operands' strides
+  using Shape5 = std::array<int64_t, 5>;     // (B, H, Sq, Sk, D)
+  static Shape5 shape_of(const Tensor& q, const Tensor& k) { return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)}; }
   Plan* plan_for(const Key& key, Tensor& o8, const Tensor& q8, const Tensor& k8, const Tensor& v8, float scale,
                  float* scalars, DeviceAllocator& alloc);
 
@@ -93,7 +95,7 @@ class CudnnSdpaFp8 {
   std::string why_;
   std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
-  std::set<std::array<int64_t, 5>> declined_;  // (B, H, Sq, Sk, D)
+  std::set<Shape5> declined_;
 };
 
 }  // namespace atelier::cuda
