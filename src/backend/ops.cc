@@ -750,8 +750,8 @@ Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const T
       if (backend_of(q).attention_fp8_rows(out_view, rows->q, rows->scale, unit_last(q), unit_last(k), unit_last(v), scale, bounds,
                                            x_values))
         rows->x_values = x_values;
-      else
-        *rows = quantize_activation_fp8(merged);
+      else  // the result's rows quantized into the buffers made for them, as quantize_activation_fp8 does
+        backend_of(q).quantize_rows_fp8(rows->q, rows->scale, merged.reshape({b * sq, h * dv}));
     }
   } else {
     backend_of(q).attention(out_view, unit_last(q), unit_last(k), unit_last(v), mask4, scale);
