@@ -277,10 +277,7 @@ int run(int iters) {
     const Tensor qkv = random_on({1, l, 3 * d}, DType::BF16, dev), gq = random_on({128}, DType::BF16, dev);
     const Tensor cs = random_on({l, 64}, DType::BF16, dev), sn = random_on({l, 64}, DType::BF16, dev);
     const Tensor q = qkv.reshape({1, l, 3, 24, 128}).select(2, 0).permute({0, 2, 1, 3});
-    RopeRms rms;
-    rms.on = true;
-    rms.gamma = gq;
-    rms.eps = 1e-6f;
+    const RopeRms rms{true, gq, 1e-6f};
     print({"rope with RMS norm, FLUX q 1x24x4096x128 from q/k/v", time_ms(be, iters, [&] { ops::rope(q, cs, sn, 2, rms); }), 2.0 * row_bytes,
            "GB/s"});
   }

@@ -252,7 +252,6 @@ Tensor FluxTransformer::conditioning(const FluxInputs& in) const {
 
 void FluxTransformer::double_block(const FluxDoubleBlock& b, Tensor& img, Tensor& txt, const Tensor& mod_img,
                                    const Tensor& mod_txt, const Tensor& cos, const Tensor& sin) const {
-  const int h = config_.num_heads;
   const auto mi = modulations(mod_img, kDoubleMods);  // shift, scale, gate (attn), (mlp)
   const auto mt = modulations(mod_txt, kDoubleMods);
   const ops::Fp8Rows ni = modulate_for(img, mi[0], mi[1], {&b.to_q}), nt = modulate_for(txt, mt[0], mt[1], {&b.add_q_proj});

@@ -115,7 +115,7 @@ class FluxTransformer {
   FluxConfig config_;
   Device device_;
   DType dtype_ = DType::F32;
-  bool fp8_attention_ = false;  // quantize_fp8(): attention in FP8 too (ops::attention_merged_fp8)
+  bool fp8_attention_ = false;  // quantize_fp8(): attention in FP8 too (attention_rows_for)
   Linear x_embedder_, context_embedder_;
   FluxMlpEmbedder timestep_embedder_, guidance_embedder_, text_embedder_;
   std::vector<FluxDoubleBlock> double_blocks_;

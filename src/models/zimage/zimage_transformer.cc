@@ -33,8 +33,9 @@ Tensor rope_complex(const Tensor& x, const Tensor& cos, const Tensor& sin, const
   return ops::rope(x, cos, sin, 1, rope_rms(norm));
 }
 
-// n [1, S, dim] (its rows quantized already where the layers are in FP8) -> w2(silu(w1 n) * w3 n) [1, S, dim]. With w31 stacked: one GEMM and ops::glu's one pass (the
-// product is taken from the f32 SiLU, one rounding fewer in 16-bit than the separate ops; as SD's GEGLU).
+// n [1, S, dim] (its rows quantized already where the layers are in FP8) -> w2(silu(w1 n) * w3 n) [1, S, dim].
+// With w31 stacked: one GEMM and ops::glu's one pass (the product is taken from the f32 SiLU, one rounding
+// fewer in 16-bit than the separate ops; as SD's GEGLU).
 Tensor feed_forward(const ZImageBlock& b, const ops::Fp8Rows& n) {
   if (b.w31.weight.defined()) return b.w2(ops::glu(b.w31(n), UnaryOp::kSilu));
   return b.w2(ops::mul(b.w1(n, UnaryOp::kSilu), b.w3(n)));

@@ -115,7 +115,7 @@ class ZImageTransformer {
   ZImageConfig config_;
   Device device_;
   DType dtype_ = DType::F32;  // the weights' dtype: inputs and rotary tables are cast to it, the output back to f32
-  bool fp8_attention_ = false;  // quantize_fp8(): attention in FP8 too (ops::attention_merged_fp8)
+  bool fp8_attention_ = false;  // quantize_fp8(): attention in FP8 too (attention_rows_for)
   Linear x_embedder_;          // [dim, pF*p*p*C]
   Linear t_mlp0_, t_mlp2_;     // timestep MLP: [1024, 256], [adaln_dim, 1024]
   RMSNorm cap_norm_;           // cap_embedder.0
