@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine (after gpu_check.sh unpacked the pack, or with BUILD_DIR set): the DiT benches of
 # gpu_dit_bench.sh against an execution switch, off in one run of the same build —
-#   ATELIER_FP8_ATTENTION=1    FP8 blocks with FP8 attention (cuDNN's FP8 graph) instead of 16-bit attention
+#   ATELIER_FP8_ATTENTION=0    FP8 blocks with 16-bit attention instead of FP8 attention (cuDNN's FP8 graph)
 # and SD 1.5 batch 1 / 8 (SD=0 skips them). Then the eager op breakdowns of a FLUX step (bf16 and FP8, GEMMs by
 # shape) and an Nsight Compute profile of the glue kernels (NCU=0 skips it). Reports in $OUT (default
 # /tmp/gpu_bench: the device tool returns a limited number of files, so a call may point OUT elsewhere and copy
@@ -12,10 +12,10 @@ cd "$here/.."
 source "$here/gpu_bench_env.sh"
 
 bench flux_1024_fp8 --config flux --warmup 2 --fp8
-ATELIER_FP8_ATTENTION=1 bench flux_1024_fp8_fp8attn --config flux --warmup 2 --fp8
+ATELIER_FP8_ATTENTION=0 bench flux_1024_fp8_attn16 --config flux --warmup 2 --fp8
 bench flux_1024 --config flux --warmup 2
 bench zimage_1024_fp8 --config zimage --warmup 2 --fp8
-ATELIER_FP8_ATTENTION=1 bench zimage_1024_fp8_fp8attn --config zimage --warmup 2 --fp8
+ATELIER_FP8_ATTENTION=0 bench zimage_1024_fp8_attn16 --config zimage --warmup 2 --fp8
 bench zimage_1024 --config zimage --warmup 2
 if [[ ${SD:-1} != 0 ]]; then
   bench sd15_b1 --config sd15 --steps 20 --warmup 2
@@ -40,7 +40,7 @@ if [[ ${NCU:-1} == 0 ]]; then
 elif command -v ncu > /dev/null || [[ -x /usr/local/cuda/bin/ncu ]]; then
   ncu_bin=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   ATELIER_GRAPHS=0 ATELIER_CUDA_PROFILE_RANGE=model_call:1 timeout 240 "${run[@]}" "$ncu_bin" --profile-from-start off \
-    --clock-control none --cache-control none -k 'regex:rope_|norm_modulate|quantize_rows|copy_' --csv \
+    --clock-control none --cache-control none -k 'regex:rope_|norm_modulate|quantize_rows|copy_|fp8_' --csv \
     --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum \
     "$atelier" bench --device cuda --config flux --fp8 --steps 1 --warmup 1 --trace "$out/ncu_flux.trace.json" \
     > "$out/ncu_flux_glue.csv" 2> "$out/ncu_flux_glue.err"

@@ -164,7 +164,7 @@ constexpr double kFp8AttentionTol = 0.05;
 TEST(CudaFp8, AttentionMatchesTheCpu) {
   ATELIER_REQUIRE_CUDA();
   cuda::CudaBackend& be = test::cuda_be();
-  const test::Fp8AttentionScope fp8_attention(true);  // off by default until measured
+  const test::Fp8AttentionScope fp8_attention(true);  // on by default; ATELIER_FP8_ATTENTION=0 would turn it off
   std::string why;
   {
     const Tensor probe = to_gpu(random_tensor({1, 1, 32, 64}, 1), DType::BF16);
@@ -233,6 +233,39 @@ TEST(CudaFp8, AttentionMatchesTheCpu) {
     const Tensor want_b = ops::attention_merged_fp8(q, k, v, 0.0f, bounds);
     const Tensor got_b = ops::attention_merged_fp8(gq, to_gpu(k, DType::BF16), to_gpu(v, DType::BF16), 0.0f, bounds);
     EXPECT_LE(test::rel_l2(ops::cast(got_b, DType::F32).to_vector(), want_b.to_vector()), kFp8AttentionTol) << "with bounds";
+  }
+}
+
+// q, k and v as the models hand them over: views of one token-major [B, S, 3, H, D] q/k/v GEMM output (FLUX's
+// and Z-Image's layout: heads merged, token rows three heads-widths apart), not the contiguous or merged-q
+// layouts of AttentionMatchesTheCpu: the CPU's values, with and without q/k bounds, one and two samples.
+TEST(CudaFp8, AttentionOnTokenRowsMatchesTheCpu) {
+  ATELIER_REQUIRE_CUDA();
+  cuda::CudaBackend& be = test::cuda_be();
+  const test::Fp8AttentionScope fp8_attention(true);
+  struct Case { int64_t b, h, s, d; };
+  for (const Case& c : {Case{1, 4, 512, 128}, Case{2, 3, 200, 128}, Case{2, 2, 48, 64}}) {
+    const Tensor joint = test::rounded(random_tensor({c.b, c.s, 3, c.h, c.d}, 31, 2.0f), DType::BF16);
+    const auto heads = [&](const Tensor& t, int which) { return t.select(2, which).permute({0, 2, 1, 3}); };  // [B, H, S, D]
+    const Tensor gjoint = to_gpu(joint, DType::BF16);
+    std::string why;
+    Tensor probe = Tensor::empty({c.b, c.h, c.s, c.d}, DType::BF16, test::cuda0());
+    if (!be.fp8_attention_takes(probe, heads(gjoint, 0), heads(gjoint, 1), heads(gjoint, 2), &why)) {
+      ASSERT_NE(c.d, 128) << "the FP8 path did not take head dim 128: " << why;
+      continue;
+    }
+    const Fp8Bounds bounds{2.5f * 2.0f * 4.0f, 3.0f * 2.0f * 4.0f};  // above random_tensor's amax (|x| < 4 sigma)
+    for (const Fp8Bounds& bd : {Fp8Bounds{}, bounds}) {
+      const Tensor want = ops::attention_merged_fp8(heads(joint, 0), heads(joint, 1), heads(joint, 2), 0.0f, bd);
+      const int64_t runs0 = cuda::sdpa_fp8_stats().runs;
+      const Tensor got = ops::attention_merged_fp8(heads(gjoint, 0), heads(gjoint, 1), heads(gjoint, 2), 0.0f, bd);
+      const bool ran = cuda::sdpa_fp8_stats().runs > runs0;
+      if (!ran) ASSERT_NE(c.d, 128) << "cuDNN declined head dim 128";
+      const double err = test::rel_l2(ops::cast(got, DType::F32).to_vector(), want.to_vector());
+      std::printf("[ figures  ] attention fp8 on token rows %lldx%lldx%lldx%lld%s: GPU vs CPU rel L2 %.3g%s\n", (long long)c.b,
+                  (long long)c.h, (long long)c.s, (long long)c.d, bd.q > 0 ? " (bounds)" : "", err, ran ? "" : " (16-bit: declined)");
+      EXPECT_LE(err, ran ? kFp8AttentionTol : 2e-2) << c.b << "x" << c.s << " d" << c.d;
+    }
   }
 }
 

@@ -57,7 +57,7 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
   fp8_attention_ = fp8_attention_default();
 }
 
-bool CudaBackend::fp8_attention_default() { return env_flag("ATELIER_FP8_ATTENTION"); }
+bool CudaBackend::fp8_attention_default() { return !env_is("ATELIER_FP8_ATTENTION", "0"); }
 
 CudaBackend::~CudaBackend() = default;
 
