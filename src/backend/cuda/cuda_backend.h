@@ -113,7 +113,7 @@ class CudaBackend final : public Backend {
   // than 9.13.1, ATELIER_CUDNN_SDPA=0).
   bool cudnn_sdpa_available(std::string* why);
   // FP8 attention for attention_fp8 (the DiT blocks under --dtype fp8): on by default since session 14 (H200:
-  // a FLUX 1024² FP8 step 89.2 -> 83.5 ms, docs/performance.md). Off, attention_fp8 runs the 16-bit
+  // a FLUX 1024² FP8 step 90.5 -> 82-84 ms, docs/performance.md "Session 14"). Off, attention_fp8 runs the 16-bit
   // attention(). Also ATELIER_FP8_ATTENTION=0.
   void set_fp8_attention(bool on) { fp8_attention_ = on; }
   // The default: on unless ATELIER_FP8_ATTENTION=0.
