@@ -90,6 +90,11 @@ TEST(CudaFp8, NormModulateFp8InOnePassMakesTheBytesOfTwo) {
         const std::string what = std::string(c.what) + " " + shape_str(s) + " " + std::string(dtype_name(dt));
         be.set_fused_fp8_norm_modulate(true);
         const ops::Fp8Rows one = ops::norm_modulate_fp8(x, c.kind, 1e-6f, c.gamma, c.m);
+        // The e4m3 rows alone (the 16-bit rows left unwritten): the same bytes and scales.
+        const ops::Fp8Rows rows_only = ops::norm_modulate_fp8(x, c.kind, 1e-6f, c.gamma, c.m, /*keep_values=*/false);
+        EXPECT_FALSE(rows_only.x_values) << what;
+        EXPECT_EQ(bytes_of(rows_only.q), bytes_of(one.q)) << what;
+        EXPECT_EQ(ops::to_device(rows_only.scale, Device::cpu()).to_vector(), ops::to_device(one.scale, Device::cpu()).to_vector()) << what;
         be.set_fused_fp8_norm_modulate(false);
         const ops::Fp8Rows two = ops::norm_modulate_fp8(x, c.kind, 1e-6f, c.gamma, c.m);
         be.set_fused_fp8_norm_modulate(true);

@@ -179,9 +179,11 @@ class Backend {
                              const NormModulation& m) = 0;
   // norm_modulate, and its rows quantized as quantize_rows_fp8 quantizes them: q [B*T, D] f8e4m3, scale
   // [B*T] f32 (an FP8 GEMM's input). The same values as the two calls, which is what this default does; a
-  // backend may do it in one pass (CUDA: the row is in registers when its amax is taken).
+  // backend may do it in one pass (CUDA: the row is in registers when its amax is taken). out_needed false:
+  // only q and scale are read afterwards, so a backend may leave out unwritten (this default writes it).
   virtual void norm_modulate_fp8(Tensor& out, Tensor& q, Tensor& scale, const Tensor& x, NormKind kind, float eps,
-                                 const Tensor& gamma, const NormModulation& m) {
+                                 const Tensor& gamma, const NormModulation& m, bool out_needed) {
+    (void)out_needed;
     norm_modulate(out, x, kind, eps, gamma, m);
     quantize_rows_fp8(q, scale, out.reshape({q.size(0), q.size(1)}));
   }

@@ -643,14 +643,14 @@ Tensor norm_modulate(const Tensor& x, NormKind kind, float eps, const Tensor& ga
   return out;
 }
 
-Fp8Rows norm_modulate_fp8(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m) {
+Fp8Rows norm_modulate_fp8(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m, bool keep_values) {
   trace::Scope range("norm_modulate_fp8", Category::kOp);
   const NormModulation mc = checked_modulation(x, kind, gamma, m, "norm_modulate_fp8");
   Tensor xc = contiguous(x);
   const int64_t rows = x.size(0) * x.size(1), d = x.size(2);
   Fp8Rows r{empty_like_shape(xc, xc.shape()), Tensor::empty({rows, d}, DType::F8E4M3, x.device()),
-            Tensor::empty({rows}, DType::F32, x.device())};
-  backend_of(x).norm_modulate_fp8(r.x, r.q, r.scale, xc, kind, eps, contiguous_opt(gamma), mc);
+            Tensor::empty({rows}, DType::F32, x.device()), keep_values};
+  backend_of(x).norm_modulate_fp8(r.x, r.q, r.scale, xc, kind, eps, contiguous_opt(gamma), mc, keep_values);
   return r;
 }
 

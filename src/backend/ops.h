@@ -84,6 +84,9 @@ Tensor linear_fp8(const Fp8Rows& x, const Tensor& w8, const Tensor& ws, const Te
 // linear_fp8 into `out`, as linear_into.
 void linear_fp8_into(Tensor& out, const Fp8Rows& x, const Tensor& w8, const Tensor& ws, const Tensor& b = {},
                      UnaryOp act = UnaryOp::kIdentity);
+// out [..., out] += x [..., in] @ w8^T (ws its row scales; no bias, no activation), in place: linear_fp8 with
+// out as its residual, without the residual's copy (the product accumulates onto out where it is).
+void linear_fp8_accumulate(Tensor& out, const Fp8Rows& x, const Tensor& w8, const Tensor& ws);
 // x [N, C, H, W], w [O, C/g, kh, kw], b [O] optional -> [N, O, Ho, Wo] (+ addend, optional, broadcastable
 // to the output: a per-sample [N, O, 1, 1] bias or a residual, added in the convolution's output pass).
 // Channels-last on a device that prefers it (Backend::prefers_channels_last); the values are the same.
@@ -103,8 +106,10 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps);
 // modulation and gated residuals of FLUX and Z-Image blocks, rounded step by step as the unfused ops.
 Tensor norm_modulate(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m);
 // The same, with the result's rows also quantized for FP8 products (Fp8Rows: x the [B, T, D] result, q/scale
-// what quantize_activation_fp8 of it gives), in one pass where the backend can (CUDA).
-Fp8Rows norm_modulate_fp8(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m);
+// what quantize_activation_fp8 of it gives), in one pass where the backend can (CUDA). keep_values false: only
+// FP8 products read the result (Fp8Rows::x_values false), so the backend may leave its 16-bit rows unwritten.
+Fp8Rows norm_modulate_fp8(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m,
+                          bool keep_values = true);
 
 // --- rotary position embedding --------------------------------------------------------------------
 // x [B, A, C, D] (a strided view is fine: FLUX passes q permuted to [B, H, N, D]), positions along dim

@@ -85,7 +85,7 @@ class CudaBackend final : public Backend {
   void norm_modulate(Tensor& out, const Tensor& x, NormKind kind, float eps, const Tensor& gamma,
                      const NormModulation& m) override;
   void norm_modulate_fp8(Tensor& out, Tensor& q, Tensor& scale, const Tensor& x, NormKind kind, float eps,
-                         const Tensor& gamma, const NormModulation& m) override;
+                         const Tensor& gamma, const NormModulation& m, bool out_needed) override;
   void rope(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) override;
 
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) override;

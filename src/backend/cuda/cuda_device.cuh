@@ -8,6 +8,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_strided.h"
@@ -24,6 +25,51 @@ template <typename T> __device__ __forceinline__ T from_f32(float v);
 template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
+// --- paired 16-bit arithmetic ---------------------------------------------------------------------------
+// Two 16-bit values in one register (__nv_bfloat162 / __half2), added or multiplied by one paired instruction
+// rounded once to nearest even. That gives the same bits as the f32 operation rounded to T, which is how the
+// unfused ops round: a product of two 16-bit values is exact in f32, and a sum rounded first to f32's 24 bits
+// then to T's 8 (bf16) or 11 (f16) is rounded correctly, double rounding being innocuous when 24 >= 2p + 2.
+// The _rn forms keep the compiler from contracting a product and a sum into one FMA (one rounding fewer).
+// Why: a chain of per-element roundings (f32 result -> T -> f32) made the DiT glue kernels instruction-bound on
+// the conversions (ncu: norm_modulate at ~1 TB/s with the SMs 71% busy); a paired op replaces two products,
+// two conversions and two unpackings.
+template <typename T> struct PairOf;
+template <> struct PairOf<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ type from_floats(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+  static __device__ __forceinline__ type splat(__nv_bfloat16 v) { return __bfloat162bfloat162(v); }
+};
+template <> struct PairOf<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ type from_floats(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+  static __device__ __forceinline__ type splat(__half v) { return __half2half2(v); }
+};
+template <typename T> using pair_t = typename PairOf<T>::type;
+
+// Element pair p (elements 2p, 2p + 1) of an array of 16-bit values, as one paired register.
+template <typename T>
+__device__ __forceinline__ pair_t<T>& pair_at(T* v, int p) { return reinterpret_cast<pair_t<T>*>(v)[p]; }
+template <typename T>
+__device__ __forceinline__ const pair_t<T>& pair_at(const T* v, int p) { return reinterpret_cast<const pair_t<T>*>(v)[p]; }
+
+// (a, b) -> (-a, b): the low half's sign flipped (exact, as negation is).
+template <typename P>
+__device__ __forceinline__ P negate_low(P v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof(u));
+  u ^= 0x8000u;
+  memcpy(&v, &u, sizeof(u));
+  return v;
+}
+
+// A running max of |v| over pairs (the halves kept apart), and its value as f32: NaN is ignored, as fmaxf
+// ignores it, so the result is the fmaxf(|v|) reduction's over the same values.
+template <typename P>
+__device__ __forceinline__ P pair_abs_max(P acc, P v) { return __hmax2(acc, __habs2(v)); }
+template <typename P>
+__device__ __forceinline__ float pair_max_f32(P v) { return fmaxf(__low2float(v), __high2float(v)); }
 
 // Reads element i of a small tensor whose dtype is only known at run time (gamma, beta, bias, masks):
 // the branch is uniform across the grid, so it costs a few instructions, not divergence.

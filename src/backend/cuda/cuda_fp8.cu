@@ -77,9 +77,7 @@ __global__ void __launch_bounds__(kRegRowMaxThreads) quantize_rows_reg_kernel(ui
   }
   float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < VPT; ++i)
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) amax = fmaxf(amax, fabsf(to_f32(v[i].v[e])));
+  for (int i = 0; i < VPT; ++i) amax = vec_abs_max(amax, v[i]);
   const float s = fp8_row_scale(block_max(amax, scratch));
   if (threadIdx.x == 0) scale[blockIdx.x] = s;
   const RowDivider div = row_divider(s);

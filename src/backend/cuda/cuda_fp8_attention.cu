@@ -63,8 +63,7 @@ __global__ void __launch_bounds__(kPassThreads) fp8_amax_kernel(Operands ops, fl
   float amax = 0.0f;
   for (uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < o.units; u += gridDim.x * blockDim.x) {
     const Vec<T> v = *reinterpret_cast<const Vec<T>*>(static_cast<const T*>(o.x) + vector_offset(o, u, ops.vecs_per_row));
-#pragma unroll
-    for (int e = 0; e < Vec<T>::kWidth; ++e) amax = fmaxf(amax, fabsf(to_f32(v.v[e])));
+    amax = vec_abs_max(amax, v);
   }
   __shared__ float scratch[32];
   amax = block_max(amax, scratch);  // one atomic per block: ~1000 per operand instead of one per warp

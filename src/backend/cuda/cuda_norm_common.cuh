@@ -43,6 +43,22 @@ struct alignas(kVecBytes) Vec {
   T v[kWidth];
 };
 
+// max(amax, |v[e]|) over a vector's values, NaN ignored (as fmaxf ignores it); 16-bit values in pairs (the
+// same result: max and abs are exact).
+template <typename T>
+__device__ __forceinline__ float vec_abs_max(float amax, const Vec<T>& v) {
+  if constexpr (sizeof(T) == 2) {
+    pair_t<T> m = __habs2(pair_at(v.v, 0));
+#pragma unroll
+    for (int p = 1; p < Vec<T>::kWidth / 2; ++p) m = pair_abs_max(m, pair_at(v.v, p));
+    return fmaxf(amax, pair_max_f32(m));
+  } else {
+#pragma unroll
+    for (int e = 0; e < Vec<T>::kWidth; ++e) amax = fmaxf(amax, fabsf(to_f32(v.v[e])));
+    return amax;
+  }
+}
+
 // A vector's values over their row's scale as e4m3 bytes (RowDivider, paired conversions), element 0 first,
 // written to p (aligned to the W bytes: 8 for a 16-bit vector, 4 for f32) in one store.
 template <typename T>

@@ -80,33 +80,77 @@ __global__ void norm_modulate_kernel(T* y, const T* x, NormAffine aff, Modulatio
   }
 }
 
-// One thread's vector of a norm_modulate row: the normalised x (statistics and gamma's values g given), then
-// the modulation read at vec (the per-sample vectors) and at res (the residual), every step rounded to T as
-// the unfused ops round.
-template <typename T, NormKind KIND>
-__device__ __forceinline__ Vec<T> modulate_vec(const Vec<T>& xv, const float (&g)[Vec<T>::kWidth], const ModulationPtrs<T>& m,
-                                               int64_t vec, int64_t res, float mean, float corr, float rstd) {
-  constexpr int W = Vec<T>::kWidth;
-  const auto r = [](float v) { return to_f32(from_f32<T>(v)); };
+// One thread's modulation operands for one vector of a row: the per-sample vectors and the residual (zero
+// where absent). They are loaded after the row's statistics: loading them with the row (before the block
+// reductions) doubled the kernel's registers and measured 10-15% slower on the H200 (session 15).
+template <typename T>
+struct ModVecs {
+  Vec<T> sc{}, sh{}, gt{}, rs{};
+};
+
+template <typename T>
+__device__ __forceinline__ ModVecs<T> load_mod_vecs(const ModulationPtrs<T>& m, int64_t vec, int64_t res) {
   const auto vec_at = [](const T* p, int64_t at) { return *reinterpret_cast<const Vec<T>*>(p + at); };
-  Vec<T> sc{}, sh{}, gt{}, rs{}, out;
-  if (m.scale) sc = vec_at(m.scale, vec);
-  if (m.shift) sh = vec_at(m.shift, vec);
-  if (m.gate) gt = vec_at(m.gate, vec);
-  if (m.residual) rs = vec_at(m.residual, res);
+  ModVecs<T> o;
+  if (m.scale) o.sc = vec_at(m.scale, vec);
+  if (m.shift) o.sh = vec_at(m.shift, vec);
+  if (m.gate) o.gt = vec_at(m.gate, vec);
+  if (m.residual) o.rs = vec_at(m.residual, res);
+  return o;
+}
+
+// One thread's vector of a norm_modulate row: the normalised x (statistics and gamma's values g given), then
+// the modulation (mv, present where m's pointers are), every step rounded to T as the unfused ops round.
+// 16-bit T: the same values in pairs. The normalised pair is rounded by one paired conversion, and the
+// modulation steps are paired adds and products (cuda_device.cuh: the same bits as each f32 step rounded to T).
+// The per-element form ran ~5 conversions per element and made the kernel instruction-bound.
+template <typename T, NormKind KIND>
+__device__ __forceinline__ Vec<T> modulate_vec_paired(const Vec<T>& xv, const float (&g)[Vec<T>::kWidth], const ModulationPtrs<T>& m,
+                                                      const ModVecs<T>& mv, float mean, float corr, float rstd) {
+  using P = pair_t<T>;
+  constexpr int kPairs = Vec<T>::kWidth / 2;
+  Vec<T> out;
+  const P one = PairOf<T>::from_floats(1.0f, 1.0f);
 #pragma unroll
-  for (int e = 0; e < W; ++e) {
-    float v;
-    if constexpr (KIND == NormKind::kLayer) v = r(((to_f32(xv.v[e]) - mean) - corr) * rstd * g[e]);
-    else if constexpr (KIND == NormKind::kRms) v = r(to_f32(xv.v[e]) * rstd * g[e]);
-    else v = to_f32(xv.v[e]);
-    if (m.scale) v = r(v * r(1.0f + to_f32(sc.v[e])));
-    if (m.shift) v = r(v + to_f32(sh.v[e]));
-    if (m.gate) v = r(to_f32(gt.v[e]) * v);
-    if (m.residual) v = to_f32(rs.v[e]) + v;
-    out.v[e] = from_f32<T>(v);
+  for (int p = 0; p < kPairs; ++p) {
+    const float x0 = to_f32(xv.v[2 * p]), x1 = to_f32(xv.v[2 * p + 1]);
+    P v;
+    if constexpr (KIND == NormKind::kLayer)
+      v = PairOf<T>::from_floats(((x0 - mean) - corr) * rstd * g[2 * p], ((x1 - mean) - corr) * rstd * g[2 * p + 1]);
+    else if constexpr (KIND == NormKind::kRms) v = PairOf<T>::from_floats(x0 * rstd * g[2 * p], x1 * rstd * g[2 * p + 1]);
+    else v = pair_at(xv.v, p);
+    if (m.scale) v = __hmul2_rn(v, __hadd2_rn(one, pair_at(mv.sc.v, p)));
+    if (m.shift) v = __hadd2_rn(v, pair_at(mv.sh.v, p));
+    if (m.gate) v = __hmul2_rn(pair_at(mv.gt.v, p), v);
+    if (m.residual) v = __hadd2_rn(pair_at(mv.rs.v, p), v);
+    pair_at(out.v, p) = v;
   }
   return out;
+}
+
+template <typename T, NormKind KIND>
+__device__ __forceinline__ Vec<T> modulate_vec(const Vec<T>& xv, const float (&g)[Vec<T>::kWidth], const ModulationPtrs<T>& m,
+                                               const ModVecs<T>& mv, float mean, float corr, float rstd) {
+  if constexpr (sizeof(T) == 2) {
+    return modulate_vec_paired<T, KIND>(xv, g, m, mv, mean, corr, rstd);
+  } else {
+    constexpr int W = Vec<T>::kWidth;
+    const auto r = [](float v) { return to_f32(from_f32<T>(v)); };
+    Vec<T> out;
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      float v;
+      if constexpr (KIND == NormKind::kLayer) v = r(((to_f32(xv.v[e]) - mean) - corr) * rstd * g[e]);
+      else if constexpr (KIND == NormKind::kRms) v = r(to_f32(xv.v[e]) * rstd * g[e]);
+      else v = to_f32(xv.v[e]);
+      if (m.scale) v = r(v * r(1.0f + to_f32(mv.sc.v[e])));
+      if (m.shift) v = r(v + to_f32(mv.sh.v[e]));
+      if (m.gate) v = r(to_f32(mv.gt.v[e]) * v);
+      if (m.residual) v = to_f32(mv.rs.v[e]) + v;
+      out.v[e] = from_f32<T>(v);
+    }
+    return out;
+  }
 }
 
 // Where norm_modulate_vec_kernel also quantizes its output rows to FP8 (null: it does not): q [rows, d] e4m3,
@@ -123,7 +167,7 @@ struct Fp8RowsOut {
 // 3840 channels). The scalar kernel reads each row three times, element by element. With f8.q set, the
 // rounded output row, still in registers, is quantized too (norm_modulate_fp8): its amax, the row scale and
 // the e4m3 bytes of quantize_rows_fp8 (cuda_fp8.cu: RowDivider, paired conversions), without reading the row
-// again.
+// again; y null (FP8 readers only) leaves the 16-bit rows unwritten.
 //
 // Why several vectors per thread: the kernel is instruction-bound, not memory-bound, and about half of a
 // one-vector thread's instructions were per row (block reductions, the statistics' divisions, indexing):
@@ -177,10 +221,9 @@ __global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, Modul
     const int64_t j0 = int64_t(col(i)) * W;
     float g[W];
     load_param_run<T>(g, aff.gamma, aff.gamma_dtype, j0, 1.0f);
-    xv[i] = modulate_vec<T, KIND>(xv[i], g, m, sample * d + j0, row * d + j0, mean, corr, rstd);  // now the output
-    *reinterpret_cast<Vec<T>*>(y + row * d + j0) = xv[i];
-#pragma unroll
-    for (int e = 0; e < W; ++e) amax = fmaxf(amax, fabsf(to_f32(xv[i].v[e])));
+    xv[i] = modulate_vec<T, KIND>(xv[i], g, m, load_mod_vecs(m, sample * d + j0, row * d + j0), mean, corr, rstd);  // now the output
+    if (y) *reinterpret_cast<Vec<T>*>(y + row * d + j0) = xv[i];
+    if (f8.q) amax = vec_abs_max(amax, xv[i]);
   }
   if (!f8.q) return;
   const float qs = fp8_row_scale(block_max(amax, scratch));  // every thread takes part in the reduction
@@ -211,7 +254,7 @@ void dispatch_norm_kind(NormKind kind, Fn&& fn) {
 // With f8.q set, only the vector kernel runs (it quantizes the rows too); returns false, launching nothing,
 // where it cannot take the call.
 bool launch_norm_modulate(cudaStream_t stream, int device, Tensor& out, const Tensor& x, NormKind kind, float eps,
-                          const Tensor& gamma, const NormModulation& m, const Fp8RowsOut& f8) {
+                          const Tensor& gamma, const NormModulation& m, const Fp8RowsOut& f8, bool out_needed = true) {
   const int64_t t = x.size(1), d = x.size(2), rows = x.size(0) * t;
   if (rows == 0 || d == 0) return true;
   ATELIER_CHECK(x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype(), "norm_modulate: contiguous tensors of one dtype expected");
@@ -240,7 +283,8 @@ bool launch_norm_modulate(cudaStream_t stream, int device, Tensor& out, const Te
         const auto launch = [&](auto vpt) {
           constexpr int kVpt = decltype(vpt)::value;
           const int threads = int((nvec + kVpt - 1) / kVpt + 31) / 32 * 32;
-          norm_modulate_vec_kernel<T, K, kVpt><<<unsigned(rows), threads, 0, stream>>>(out.data<T>(), x.data<T>(), aff, p, t, d, eps, f8);
+          T* y = out_needed || !f8.q ? out.data<T>() : nullptr;
+          norm_modulate_vec_kernel<T, K, kVpt><<<unsigned(rows), threads, 0, stream>>>(y, x.data<T>(), aff, p, t, d, eps, f8);
         };
         if (nvec >= kModWideRowVecs) launch(std::integral_constant<int, kModVecsPerThread>{});
         else launch(std::integral_constant<int, 1>{});
@@ -262,14 +306,15 @@ void CudaBackend::norm_modulate(Tensor& out, const Tensor& x, NormKind kind, flo
 
 // The output rows quantized in the same pass where a vector kernel takes the call (rows in registers);
 // elsewhere the two passes of Backend's default.
+// out_needed false: the 16-bit rows are not written (the vector kernel only).
 void CudaBackend::norm_modulate_fp8(Tensor& out, Tensor& q, Tensor& scale, const Tensor& x, NormKind kind, float eps,
-                                    const Tensor& gamma, const NormModulation& m) {
+                                    const Tensor& gamma, const NormModulation& m, bool out_needed) {
   ATELIER_CHECK(q.is_contiguous() && scale.is_contiguous() && q.numel() == x.numel() && scale.numel() * x.size(2) == x.numel(),
                 "norm_modulate_fp8: q [rows, D] and scale [rows] contiguous expected");
   if (!fused_fp8_norm_modulate_ ||
       !launch_norm_modulate(stream_, index_, out, x, kind, eps, gamma, m,
-                            Fp8RowsOut{static_cast<uint8_t*>(q.raw()), scale.data<float>()}))
-    Backend::norm_modulate_fp8(out, q, scale, x, kind, eps, gamma, m);
+                            Fp8RowsOut{static_cast<uint8_t*>(q.raw()), scale.data<float>()}, out_needed))
+    Backend::norm_modulate_fp8(out, q, scale, x, kind, eps, gamma, m, out_needed);
 }
 
 }  // namespace atelier::cuda

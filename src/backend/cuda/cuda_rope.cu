@@ -32,6 +32,17 @@ __global__ void rope_kernel(T* out, const T* x, const T* cos, const T* sin, Rope
   }
 }
 
+// The rotation of one 16-bit pair x = (x0, x1) in paired arithmetic: (x0 c - x1 s, x1 c + x0 s), each product
+// and each sum rounded to T once, as the reference's separate mul and add ops round (cuda_device.cuh: the
+// paired ops give those bits). Two paired products, a swap, a sign flip and a paired sum, where the per-element
+// form took four products, six conversions and their unpackings.
+template <typename T>
+__device__ __forceinline__ pair_t<T> rotate_pair2(pair_t<T> x, T c, T s) {
+  const pair_t<T> xc = __hmul2_rn(x, PairOf<T>::splat(c));                      // (x0 c, x1 c)
+  const pair_t<T> xs = __hmul2_rn(__lowhigh2highlow(x), PairOf<T>::splat(s));  // (x1 s, x0 s)
+  return __hadd2_rn(xc, negate_low(xs));
+}
+
 // 16-bit types: each thread takes kPairsPerThread consecutive pairs with one 16-byte load and store of x/out
 // (and 8-byte loads of cos/sin). The scalar kernel above ran at about a third of the memory bandwidth.
 constexpr int kPairsPerThread = 4;
@@ -58,13 +69,8 @@ __global__ void rope_vec_kernel(T* out, const T* x, const T* cos, const T* sin, 
     in.u = *reinterpret_cast<const uint4*>(xr);
     c.u = *reinterpret_cast<const uint2*>(cos + t);
     s.u = *reinterpret_cast<const uint2*>(sin + t);
-    const auto r = [](float v) { return to_f32(from_f32<T>(v)); };
 #pragma unroll
-    for (int e = 0; e < kPairsPerThread; ++e) {
-      const float x0 = to_f32(in.v[2 * e]), x1 = to_f32(in.v[2 * e + 1]), ce = to_f32(c.v[e]), se = to_f32(s.v[e]);
-      res.v[2 * e] = from_f32<T>(r(x0 * ce) - r(x1 * se));
-      res.v[2 * e + 1] = from_f32<T>(r(x0 * se) + r(x1 * ce));
-    }
+    for (int e = 0; e < kPairsPerThread; ++e) pair_at(res.v, e) = rotate_pair2<T>(pair_at(in.v, e), c.v[e], s.v[e]);
     *reinterpret_cast<uint4*>(out + 2 * int64_t(i) * kPairsPerThread) = res.u;
   }
 }
@@ -122,9 +128,8 @@ __global__ void rope_rms_vec_kernel(T* out, const T* x, const T* cos, const T* s
   Vec<T> o;
 #pragma unroll
   for (int e = 0; e < P; ++e) {
-    const float x0 = to_f32(from_f32<T>(f[2 * e] * rstd * g[2 * e]));
-    const float x1 = to_f32(from_f32<T>(f[2 * e + 1] * rstd * g[2 * e + 1]));
-    rotate_pair<T>(&o.v[2 * e], x0, x1, to_f32(c.v[e]), to_f32(s.v[e]));
+    const pair_t<T> xn = PairOf<T>::from_floats(f[2 * e] * rstd * g[2 * e], f[2 * e + 1] * rstd * g[2 * e + 1]);
+    pair_at(o.v, e) = rotate_pair2<T>(xn, c.v[e], s.v[e]);
   }
   reinterpret_cast<Vec<T>*>(out + row * 2 * sh.half)[lane] = o;
 }
@@ -170,19 +175,21 @@ void launch_rope_rms(cudaStream_t stream, T* out, const T* x, const T* cos, cons
                    aligned_to(cos, 8) && aligned_to(sin, 8);
   const auto with_index = [&](auto index) {
     using Index = decltype(index);
-    if (vec) {
-      const unsigned blocks = unsigned((rows * lanes + kRopeRmsThreads - 1) / kRopeRmsThreads);
-      const auto launch = [&](auto l) {
-        rope_rms_vec_kernel<T, decltype(l)::value, Index><<<blocks, kRopeRmsThreads, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps,
-                                                                                                 rows);
-      };
-      if (lanes == 8) launch(std::integral_constant<int, 8>{});
-      else if (lanes == 16) launch(std::integral_constant<int, 16>{});
-      else launch(std::integral_constant<int, 32>{});
-    } else {
-      const unsigned blocks = unsigned((rows + kRopeRmsWarps - 1) / kRopeRmsWarps);
-      rope_rms_warp_kernel<T, Index><<<blocks, 32 * kRopeRmsWarps, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps, rows);
+    if constexpr (sizeof(T) == 2) {
+      if (vec) {
+        const unsigned blocks = unsigned((rows * lanes + kRopeRmsThreads - 1) / kRopeRmsThreads);
+        const auto launch = [&](auto l) {
+          rope_rms_vec_kernel<T, decltype(l)::value, Index>
+              <<<blocks, kRopeRmsThreads, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps, rows);
+        };
+        if (lanes == 8) launch(std::integral_constant<int, 8>{});
+        else if (lanes == 16) launch(std::integral_constant<int, 16>{});
+        else launch(std::integral_constant<int, 32>{});
+        return;
+      }
     }
+    const unsigned blocks = unsigned((rows + kRopeRmsWarps - 1) / kRopeRmsWarps);
+    rope_rms_warp_kernel<T, Index><<<blocks, 32 * kRopeRmsWarps, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps, rows);
   };
   if (fits_u32(rows)) with_index(uint32_t{});
   else with_index(uint64_t{});

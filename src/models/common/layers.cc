@@ -90,8 +90,10 @@ float rms_rope_bound(const RMSNorm& norm, int64_t dim) {
 
 ops::Fp8Rows norm_modulate_for(const Tensor& x, NormKind kind, float eps, const Tensor& gamma, const NormModulation& m,
                                const std::vector<const Linear*>& readers) {
-  for (const Linear* l : readers)
-    if (l->is_fp8()) return ops::norm_modulate_fp8(x, kind, eps, gamma, m);
+  const bool any_fp8 = std::any_of(readers.begin(), readers.end(), [](const Linear* l) { return l->is_fp8(); });
+  const bool all_fp8 = std::all_of(readers.begin(), readers.end(), [](const Linear* l) { return l->is_fp8(); });
+  // Where only FP8 products read the result, its 16-bit rows need not be written (a third of the pass's bytes).
+  if (any_fp8) return ops::norm_modulate_fp8(x, kind, eps, gamma, m, /*keep_values=*/!all_fp8);
   return {ops::norm_modulate(x, kind, eps, gamma, m), Tensor(), Tensor()};
 }
 
