@@ -107,6 +107,25 @@ int run(int iters) {
                  b = random_on({1280}, DType::BF16, dev);
     print({"linear 8192x320 -> 1280 +bias bf16", time_ms(be, iters, [&] { ops::linear(x, w, b); }), 2.0 * 8192 * 320 * 1280, "TFLOP/s"});
   }
+  {  // FLUX's FP8 block products (1024²: 4608 tokens), activations quantized beforehand as the blocks do. The
+     // K = 12288 products ran at ~1140 TFLOP/s inside a FLUX step but ~1440 while their plans were tuned:
+     // these rows time them alone, on random and on GELU-shaped activations (the MLP outputs they read).
+    struct Case {
+      int64_t m, k, n;
+      bool gelu_input;
+      const char* what;
+    };
+    for (const Case& c : {Case{4608, 3072, 12288, false, "mlp up"}, Case{4608, 12288, 3072, false, "mlp down"},
+                          Case{4608, 12288, 3072, true, "mlp down, GELU-shaped input"}, Case{4608, 3072, 9216, false, "q/k/v"},
+                          Case{4608, 3072, 3072, false, "attention out"}}) {
+      Tensor x = random_on({1, c.m, c.k}, DType::BF16, dev);
+      if (c.gelu_input) x = ops::unary(x, UnaryOp::kGeluTanh);
+      const auto [w8, ws] = ops::quantize_rows_fp8(random_on({c.n, c.k}, DType::BF16, dev, 0.02f));
+      const ops::Fp8Rows rows = ops::quantize_activation_fp8(x);
+      print({"linear_fp8 " + std::to_string(c.m) + "x" + std::to_string(c.k) + " -> " + std::to_string(c.n) + " (" + c.what + ")",
+             time_ms(be, iters, [&] { ops::linear_fp8(rows, w8, ws); }), 2.0 * double(c.m) * double(c.k) * double(c.n), "TFLOP/s"});
+    }
+  }
   {  // device-to-device copy: bytes read + written
     const int64_t elems = int64_t(1) << 29;  // 2 GiB of f32
     const Tensor x = Tensor::empty({elems}, DType::F32, dev);
@@ -269,6 +288,9 @@ int run(int iters) {
              2.5 * row_bytes, "GB/s"});
     }
     be.set_fused_fp8_norm_modulate(true);
+    print({"norm_modulate_fp8 layer 4096x3072, e4m3 rows only",
+           time_ms(be, iters, [&] { ops::norm_modulate_fp8(x, NormKind::kLayer, 1e-6f, Tensor(), {.scale = sc, .shift = sh}, false); }),
+           1.5 * row_bytes, "GB/s"});
     for (const Shape& s : {Shape{4096, 3072}, Shape{4096, 12288}, Shape{4608, 15360}}) {
       const Tensor a = random_on(s, DType::BF16, dev);
       print({"quantize_rows_fp8 " + shape_str(s), time_ms(be, iters, [&] { ops::quantize_rows_fp8(a); }), 1.5 * double(a.nbytes()), "GB/s"});

@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -88,6 +89,15 @@ TEST(OpsInto, LinearRopeAndFp8IntoRowRangesOfOneBuffer) {
   const auto [w8, ws] = ops::quantize_rows_fp8(w);
   ops::linear_fp8_into(rows_b, ops::quantize_activation_fp8(b), w8, ws, bias);
   EXPECT_EQ(rows_b.to_vector(), ops::linear_fp8(b, w8, ws, bias).to_vector());
+  // Accumulated in place onto a row range: linear_fp8 with that range as the residual, the rows around it
+  // untouched.
+  const std::vector<float> before = joint.to_vector();
+  const Tensor residual = ops::clone(rows_b);
+  ops::linear_fp8_accumulate(rows_b, ops::quantize_activation_fp8(b), w8, ws);
+  EXPECT_EQ(rows_b.to_vector(), ops::linear_fp8(b, w8, ws, Tensor(), UnaryOp::kIdentity, residual).to_vector());
+  EXPECT_NE(rows_b.to_vector(), residual.to_vector());
+  const std::vector<float> after = joint.to_vector();
+  EXPECT_TRUE(std::equal(after.begin(), after.begin() + 3 * 8, before.begin()));
 
   // Rope over [1, N, H, D] token-major rows (positions along dim 1), each part with its own RMS weight.
   const Tensor x = random_tensor({1, 8, 2, 8}, 15), cos = random_tensor({8, 4}, 16), sin = random_tensor({8, 4}, 17);

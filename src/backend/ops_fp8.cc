@@ -48,8 +48,9 @@ Tensor linear_fp8(const Tensor& x, const Tensor& w8, const Tensor& ws, const Ten
 }
 
 namespace {
+// into defined: the output written there, accumulated onto its values where `accumulate` is set.
 Tensor linear_fp8_impl(const Fp8Rows& xr, const Tensor& w8, const Tensor& ws, const Tensor& b, UnaryOp act, const Tensor& residual,
-                       const Tensor& into) {
+                       const Tensor& into, bool accumulate = false) {
   const Tensor& x = xr.x;
   trace::Scope range("linear_fp8", trace::Category::kOp);
   if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w8.shape()) + "^T");
@@ -67,6 +68,7 @@ Tensor linear_fp8_impl(const Fp8Rows& xr, const Tensor& w8, const Tensor& ws, co
   if (residual.defined()) require(residual.dtype() == x.dtype(), op, "residual must have x's dtype");
   float beta = 0.0f;
   Tensor out = linear_output(x, w8, "w8", b, residual, op, &beta, nullptr, into);
+  if (accumulate) beta = 1.0f;
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1), n = w8.size(0), k = w8.size(1);
   if (m == 0 || n == 0) return out;
   require(xr.q.defined() || xr.x_values, op, "x holds no values (Fp8Rows::x_values) and its rows are not quantized");
@@ -88,6 +90,11 @@ Tensor linear_fp8(const Fp8Rows& xr, const Tensor& w8, const Tensor& ws, const T
 void linear_fp8_into(Tensor& out, const Fp8Rows& x, const Tensor& w8, const Tensor& ws, const Tensor& b, UnaryOp act) {
   require_defined(out, "linear_fp8", "out");
   linear_fp8_impl(x, w8, ws, b, act, Tensor(), out);
+}
+
+void linear_fp8_accumulate(Tensor& out, const Fp8Rows& x, const Tensor& w8, const Tensor& ws) {
+  require_defined(out, "linear_fp8", "out");
+  linear_fp8_impl(x, w8, ws, Tensor(), UnaryOp::kIdentity, Tensor(), out, /*accumulate=*/true);
 }
 
 }  // namespace atelier::ops

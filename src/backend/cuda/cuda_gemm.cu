@@ -208,6 +208,29 @@ bool GemmEngine::choose_algorithms(Plan* p, uint32_t align_a, uint32_t align_b, 
   return true;
 }
 
+namespace {
+bool gemm_log() {
+  static const bool on = env_is("ATELIER_GEMM_LOG", "1");
+  return on;
+}
+
+template <typename V>
+V algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  V v{};
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written);
+  return v;
+}
+
+// "algorithm A tile T cluster C stages S" (cuBLASLt's ids) of a chosen algorithm, for ATELIER_GEMM_LOG.
+std::string describe_algo(const cublasLtMatmulAlgo_t& algo) {
+  return "algorithm " + std::to_string(algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID)) + " tile " +
+         std::to_string(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID)) + " cluster " +
+         std::to_string(algo_config<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)) + " stages " +
+         std::to_string(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID));
+}
+}  // namespace
+
 bool gemm_autotune() {
   static const bool on = !env_is("ATELIER_GEMM_AUTOTUNE", "0");
   return on;
@@ -231,13 +254,19 @@ void GemmEngine::tune(Plan* p, double flops, size_t out_bytes, const AlgoRun& ru
   for (const auto& [algo, ws] : p->candidates) runs.push_back([&, algo = algo, ws = ws] { return run(algo, ws, scratch->data()); });
   const std::vector<float> ms = time_in_turns(ev, stream_, kTimingRounds, kTimedRuns, runs);
   float best = -1.0f;
+  size_t chosen = 0;
   for (size_t i = 0; i < ms.size(); ++i) {
     if (ms[i] >= 0.0f && (best < 0.0f || ms[i] < best)) {
       best = ms[i];
+      chosen = i;
       p->algo = p->candidates[i].first;
       p->workspace = p->candidates[i].second;
     }
   }
+  if (gemm_log() && best >= 0.0f)
+    std::fprintf(stderr, "[atelier gemm] tuned %.3g GFLOP: candidate %zu of %zu (%s), %.1f TFLOP/s; the heuristics' first %.1f\n",
+                 flops / 1e9, chosen, ms.size(), describe_algo(p->algo).c_str(), flops / (best * 1e9),
+                 ms[0] >= 0.0f ? flops / (ms[0] * 1e9) : 0.0);
 }
 
 EpilogueChoice choose_epilogue(const void* bias, UnaryOp act, DType c_dtype) {
@@ -303,13 +332,6 @@ Fp8GemmStats& fp8_gemm_stats() {
   static Fp8GemmStats stats;
   return stats;
 }
-
-namespace {
-bool gemm_log() {
-  static const bool on = env_is("ATELIER_GEMM_LOG", "1");
-  return on;
-}
-}  // namespace
 
 GemmEngine::Plan* GemmEngine::plan_for_fp8(const Fp8GemmCall& call, int epilogue, bool outer_vec) {
   // Column-major: C^T [n, m] = W [k, n]^T (opA = T) . X^T [k, m]; cuBLASLt's A is our W, its B our X, so

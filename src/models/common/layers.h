@@ -34,6 +34,14 @@ struct Linear {
     if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, UnaryOp::kIdentity, residual);
     return ops::linear_residual(x, weight, bias, residual);
   }
+  // out [..., out] += x [..., in] @ weight^T (the bias is not added): in place for an FP8 layer (its GEMM
+  // accumulates onto out), else out becomes a fresh linear_residual output (the residual read where it is).
+  // The same values either way as with_residual(x, out) without the bias.
+  void accumulate_into(Tensor& out, const ops::Fp8Rows& x) const {
+    if (is_fp8()) return ops::linear_fp8_accumulate(out, x, weight, weight_scale);
+    ATELIER_CHECK(x.x_values, "a layer not in FP8 was given rows whose activations were never written (Fp8Rows::x_values)");
+    out = ops::linear_residual(x.x, weight, Tensor(), out);
+  }
   // The layer restricted to inputs [start, start + n) (a view of the weight's columns), without the bias:
   // a product over concatenated inputs as a sum of products over the parts.
   Linear input_columns(int64_t start, int64_t n) const { return Linear{weight.narrow(1, start, n), Tensor(), weight_scale}; }
