@@ -278,6 +278,37 @@ TEST(CudaFp8, AttentionOnTokenRowsMatchesTheCpu) {
   }
 }
 
+// q and k written in e4m3 by the normalising rope itself (ops::rope_attention_merged_fp8_rows, FLUX's single
+// blocks): the same e4m3 rows and scales, byte for byte, as rope, rope and attention_merged_fp8_rows, with q/k/v
+// as views of one [B, S, 3, H, D] buffer (the models' layout). Head dim 64 and 128 take the fused path (the
+// rope's register kernel and cuDNN's FP8 graph); 40 does not (rows of 5 vectors): the unfused sequence runs.
+TEST(CudaFp8, RopeAttentionMakesTheBytesOfRopeThenAttention) {
+  ATELIER_REQUIRE_CUDA();
+  const test::Fp8AttentionScope fp8_attention(true);
+  struct Case { int64_t b, h, s, d; };
+  for (const Case& c : {Case{1, 4, 512, 128}, Case{2, 3, 200, 128}, Case{1, 2, 96, 64}, Case{1, 2, 64, 40}}) {
+    const Tensor joint = to_gpu(test::rounded(random_tensor({c.b, c.s, 3, c.h, c.d}, 41, 2.0f), DType::BF16), DType::BF16);
+    const auto heads = [&](int which) { return joint.select(2, which).permute({0, 2, 1, 3}); };  // [B, H, S, D]
+    const Tensor angle = random_tensor({c.s, c.d / 2}, 42, 3.0f);
+    const Tensor cos = to_gpu(ops::unary(angle, UnaryOp::kCos), DType::BF16), sin = to_gpu(ops::unary(angle, UnaryOp::kSin), DType::BF16);
+    const Tensor gq = test::rounded(random_tensor({c.d}, 44), DType::BF16), gk = test::rounded(random_tensor({c.d}, 45), DType::BF16);
+    const RopeRms rq{true, to_gpu(gq, DType::BF16), 1e-6f}, rk{true, to_gpu(gk, DType::BF16), 1e-6f};
+    // Bounds as the models take them (rms_rope_bound's form: sqrt(D) * max|gamma| with room for rounding).
+    const float bq = 1.05f * std::sqrt(float(c.d)) * max_abs(gq), bk = 1.05f * std::sqrt(float(c.d)) * max_abs(gk);
+    const Fp8Bounds bounds{bq, bk};
+    const int64_t runs0 = cuda::sdpa_fp8_stats().runs;
+    const ops::Fp8Rows fused = ops::rope_attention_merged_fp8_rows(heads(0), heads(1), heads(2), cos, sin, rq, rk, bounds, false);
+    const bool ran = cuda::sdpa_fp8_stats().runs > runs0;
+    if (c.d >= 64) EXPECT_TRUE(ran) << "cuDNN's FP8 attention did not run for head dim " << c.d;
+    const ops::Fp8Rows two = ops::attention_merged_fp8_rows(ops::rope(heads(0), cos, sin, 2, rq), ops::rope(heads(1), cos, sin, 2, rk),
+                                                            heads(2), 0.0f, bounds, false);
+    const std::string what = std::to_string(c.b) + "x" + std::to_string(c.h) + "x" + std::to_string(c.s) + " d" + std::to_string(c.d);
+    EXPECT_EQ(fused.x_values, two.x_values) << what;
+    EXPECT_EQ(bytes_of(fused.q), bytes_of(two.q)) << what;
+    EXPECT_EQ(ops::to_device(fused.scale, Device::cpu()).to_vector(), ops::to_device(two.scale, Device::cpu()).to_vector()) << what;
+  }
+}
+
 // The FLUX fixture's transformer with --dtype fp8 blocks: cuda:0 (bf16 activations) against the CPU (f32
 // activations), both with the same quantized weights, on seeded inputs.
 TEST(CudaFp8, FluxTinyTransformerMatchesTheCpu) {

@@ -399,6 +399,16 @@ TEST(CudaOps, NormModulateMatchesCpu) {
     for (const auto& c : cases)
       for (DType dt : {DType::F32, DType::BF16, DType::F16}) EXPECT_PARITY(std::string("norm_modulate ") + c.what + " " + shape_str(s), c.fn, in, dt);
   }
+  // Rows far from zero (mean 1000, spread ~1; f32): the layer norm's statistics must not cancel (a one-pass
+  // sum of squares would lose the variance to the mean's square).
+  const Shape s{2, 9, 3072};
+  Tensor far = random_tensor(s, 107);
+  for (int64_t i = 0; i < far.numel(); ++i) far.data<float>()[i] += 1000.0f;
+  EXPECT_PARITY("norm_modulate layer, rows of mean 1000",
+                [](const std::vector<Tensor>& v) {
+                  return ops::norm_modulate(v[0], NormKind::kLayer, 1e-6f, Tensor(), {.scale = v[1], .shift = v[2]});
+                },
+                (std::vector<Tensor>{far, random_tensor({2, 1, 3072}, 108), random_tensor({2, 1, 3072}, 109)}), DType::F32);
 }
 
 TEST(CudaOps, SoftmaxMatchesCpuAndMasksLikeTorch) {

@@ -252,5 +252,28 @@ TEST(Fp8, AttentionBoundsReplaceTheAmax) {
   EXPECT_GT(amax(r), 0.5f * bound / 1.04f) << "the one-pair row comes near the bound";
 }
 
+// rope_attention_merged_fp8_rows is rope, rope and attention_merged_fp8_rows (the CPU runs that sequence; a
+// backend that writes q and k in e4m3 from its rope pass must give the same bytes: CudaFp8 tests it), and
+// checks its operands as those ops do.
+TEST(Fp8, RopeAttentionIsRopeThenAttention) {
+  constexpr int64_t kDim = 16;
+  const Tensor joint = random_tensor({1, 7, 3, 2, kDim}, 51, 2.0f);
+  const auto heads = [&](int which) { return joint.select(2, which).permute({0, 2, 1, 3}); };  // [1, 2, 7, 16] views
+  Tensor cos = random_tensor({7, kDim / 2}, 52), sin = random_tensor({7, kDim / 2}, 53);
+  const RMSNorm nq{random_tensor({kDim}, 54), 1e-6f}, nk{random_tensor({kDim}, 55), 1e-6f};
+  const Fp8Bounds bounds{rms_rope_bound(nq, kDim), rms_rope_bound(nk, kDim)};
+  const ops::Fp8Rows got = ops::rope_attention_merged_fp8_rows(heads(0), heads(1), heads(2), cos, sin, rope_rms(&nq), rope_rms(&nk), bounds);
+  const ops::Fp8Rows want = ops::attention_merged_fp8_rows(ops::rope(heads(0), cos, sin, 2, rope_rms(&nq)),
+                                                           ops::rope(heads(1), cos, sin, 2, rope_rms(&nk)), heads(2), 0.0f, bounds);
+  EXPECT_EQ(got.x.to_vector(), want.x.to_vector());
+  EXPECT_EQ(got.scale.to_vector(), want.scale.to_vector());
+  EXPECT_EQ(std::vector<uint8_t>(static_cast<const uint8_t*>(got.q.raw()), static_cast<const uint8_t*>(got.q.raw()) + got.q.numel()),
+            std::vector<uint8_t>(static_cast<const uint8_t*>(want.q.raw()), static_cast<const uint8_t*>(want.q.raw()) + want.q.numel()));
+  EXPECT_THROW(ops::rope_attention_merged_fp8_rows(heads(0), heads(1), heads(2).narrow(2, 0, 5), cos, sin, rope_rms(&nq), rope_rms(&nk)),
+               Error);  // v shorter than k
+  EXPECT_THROW(ops::rope_attention_merged_fp8_rows(heads(0), heads(1), heads(2), cos.narrow(0, 0, 6), sin, rope_rms(&nq), rope_rms(&nk)),
+               Error);  // tables for 6 positions, not 7
+}
+
 }  // namespace
 }  // namespace atelier

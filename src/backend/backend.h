@@ -227,6 +227,18 @@ class Backend {
     attention_fp8(out, q, k, v, scale, bounds);
     return false;
   }
+  // attention_fp8_rows of q = rope(qx) and k = rope(kx) (each as Backend::rope with positions along dim 2 and
+  // its RMS norm; qx [B, H, Sq, D], kx [B, H, Sk, D] with unit last strides, cos/sin [S, D/2] contiguous) where
+  // q and k are bounded (bounds.q, bounds.k > 0) and the rope pass can write them in e4m3 itself: the same
+  // bytes as that sequence, without the 16-bit q and k. True: rows8/row_scale written (and out with
+  // write_out); false: nothing was written (this default), the caller ropes and calls attention_fp8_rows.
+  virtual bool rope_attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& qx, const Tensor& kx,
+                                       const Tensor& v, const Tensor& cos, const Tensor& sin, const RopeRms& rms_q,
+                                       const RopeRms& rms_k, float scale, const Fp8Bounds& bounds, bool write_out) {
+    (void)out, (void)rows8, (void)row_scale, (void)qx, (void)kx, (void)v, (void)cos, (void)sin, (void)rms_q, (void)rms_k;
+    (void)scale, (void)bounds, (void)write_out;
+    return false;
+  }
 
  protected:
   // For attention paths that write contiguous [B, H, Sq, Dv] rows only: attention into a contiguous

@@ -139,6 +139,13 @@ Tensor attention_merged_fp8(const Tensor& q, const Tensor& k, const Tensor& v, f
 // x_values false: where the e4m3 rows came from the backend, x is not written (Fp8Rows::x_values).
 Fp8Rows attention_merged_fp8_rows(const Tensor& q, const Tensor& k, const Tensor& v, float scale = 0.0f,
                                   const Fp8Bounds& bounds = {}, bool x_values = true);
+// attention_merged_fp8_rows(rope(qx, cos, sin, 2, rms_q), rope(kx, cos, sin, 2, rms_k), v, 0, bounds, x_values):
+// qx [B, H, Sq, D], kx [B, H, Sk, D] before their rope (positions along dim 2), v [B, H, Sk, Dv]. Where q and k
+// are bounded the backend may write them in e4m3 from the rope pass itself (Backend::rope_attention_fp8_rows:
+// the same bytes, without the 16-bit q and k); elsewhere exactly that sequence.
+Fp8Rows rope_attention_merged_fp8_rows(const Tensor& qx, const Tensor& kx, const Tensor& v, const Tensor& cos, const Tensor& sin,
+                                       const RopeRms& rms_q, const RopeRms& rms_k, const Fp8Bounds& bounds = {},
+                                       bool x_values = true);
 // Convenience for [B, S, H*D] sequences: splits heads, attends, merges -> [B, Sq, H*Dv].
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads = 0,
                             const Tensor& mask = {});

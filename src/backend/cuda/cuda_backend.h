@@ -95,6 +95,11 @@ class CudaBackend final : public Backend {
   // The same, cuDNN's e4m3 output handed over as rows (no requantization) where the FP8 path ran.
   bool attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& q, const Tensor& k, const Tensor& v,
                           float scale, const Fp8Bounds& bounds, bool write_out) override;
+  // The same with q and k written in e4m3 by the normalising rope's register kernel (rope_e4m3) where FP8
+  // attention takes the case: no 16-bit q/k, no quantization pass over them.
+  bool rope_attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& qx, const Tensor& kx, const Tensor& v,
+                               const Tensor& cos, const Tensor& sin, const RopeRms& rms_q, const RopeRms& rms_k, float scale,
+                               const Fp8Bounds& bounds, bool write_out) override;
 
   // --- CUDA-specific controls (benchmarks, tests) ---------------------------------------------------
   cudaStream_t stream() const { return stream_; }
@@ -156,8 +161,14 @@ class CudaBackend final : public Backend {
   // attention_fp8's work; with rows8 (heads-merged out) cuDNN writes its e4m3 output there and row_scale gets
   // the output's scale (out then written only with write_out). False (out written by attention()) when the
   // FP8 path did not run.
+  // With q8_given/k8_given (e4m3 q and k made already, scaled by their bounds), q and k only describe the case
+  // and `fallback16` writes out where cuDNN declines.
   bool run_fp8_attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale, const Fp8Bounds& bounds,
-                         Tensor* rows8, Tensor* row_scale, bool write_out = true);
+                         Tensor* rows8, Tensor* row_scale, bool write_out = true, const Tensor* q8_given = nullptr,
+                         const Tensor* k8_given = nullptr, const std::function<void()>& fallback16 = {});
+  // rope (positions along dim 2, rms.on) of x into q8 [x's shape] e4m3 contiguous over the scale bound / 448, as
+  // FP8 attention quantizes a bounded q or k; false (nothing launched) where the register kernel cannot take x.
+  bool rope_e4m3(Tensor& q8, const Tensor& x, const Tensor& cos, const Tensor& sin, const RopeRms& rms, float bound);
   void conv2d_im2col(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
   // cuDNN in NHWC: x read in place when channels-last (else transposed in), the result written in place when
   // out is channels-last (else transposed back), bias and addend added in one output pass; false when cuDNN

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -232,6 +233,11 @@ struct RowDivider {
 __device__ __forceinline__ RowDivider row_divider(float scale) {
   return RowDivider{scale, __fdiv_rn(1.0f, scale), scale >= 0x1p-60f && scale <= 0x1p60f};
 }
+
+// fp8_row_scale and row_divider on the host, for a scale known before a launch (a bound): the same bits, as
+// the host's float division is IEEE's round to nearest too.
+inline float host_fp8_scale(float amax) { return amax > 0.0f && std::isfinite(amax) ? amax / kF8E4M3Max : 1.0f; }
+inline RowDivider host_row_divider(float scale) { return RowDivider{scale, 1.0f / scale, scale >= 0x1p-60f && scale <= 0x1p60f}; }
 
 // Grid-stride loop bounds helper: total threads in the grid.
 __device__ __forceinline__ int64_t grid_threads() { return int64_t(gridDim.x) * blockDim.x; }

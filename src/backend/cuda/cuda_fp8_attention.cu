@@ -189,23 +189,31 @@ bool CudaBackend::attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_sca
 }
 
 bool CudaBackend::run_fp8_attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                                    const Fp8Bounds& bounds, Tensor* rows8, Tensor* row_scale, bool write_out) {
+                                    const Fp8Bounds& bounds, Tensor* rows8, Tensor* row_scale, bool write_out,
+                                    const Tensor* q8_given, const Tensor* k8_given, const std::function<void()>& fallback16) {
   if (out.numel() == 0) return false;
   DeviceGuard guard(index_);
+  const auto attention16 = [&] {
+    if (fallback16) fallback16();
+    else attention(out, q, k, v, Tensor(), scale);
+  };
   if (!fp8_attention_takes(out, q, k, v, nullptr)) {
-    attention(out, q, k, v, Tensor(), scale);
+    attention16();
     return false;
   }
   NvtxRange range("attention_fp8");
   Tensor scalars = Tensor::empty({int64_t(S::bytes() / sizeof(float))}, DType::F32, device());
   ATELIER_CUDA_OK(cudaMemsetAsync(scalars.raw(), 0, S::bytes(), stream_));
-  Tensor q8 = Tensor::empty(q.shape(), DType::F8E4M3, device());
-  Tensor k8 = Tensor::empty(k.shape(), DType::F8E4M3, device());
+  Tensor q8 = q8_given ? *q8_given : Tensor::empty(q.shape(), DType::F8E4M3, device());
+  Tensor k8 = k8_given ? *k8_given : Tensor::empty(k.shape(), DType::F8E4M3, device());
   Tensor v8 = Tensor::empty(v.shape(), DType::F8E4M3, device());
   Operands ops;
   ops.op[0] = operand_of(q, q8, bounds.q);
   ops.op[1] = operand_of(k, k8, bounds.k);
   ops.op[2] = operand_of(v, v8, 0.0f);
+  // Operands made already: no vectors to quantize (the pass still writes their descales from the bounds).
+  if (q8_given) ops.op[0].units = 0;
+  if (k8_given) ops.op[1].units = 0;
   ops.vecs_per_row = uint32_t(q.size(3) / 8);
   uint32_t most = 0;
   for (const Operand& o : ops.op) most = std::max(most, o.units);
@@ -226,7 +234,7 @@ bool CudaBackend::run_fp8_attention(Tensor& out, const Tensor& q, const Tensor& 
   std::string why;
   if (!sdpa_fp8_->forward(o8, q8, k8, v8, scale, sc, alloc_, &why)) {
     if (cudnn_graph::log_enabled()) std::fprintf(stderr, "[cudnn sdpa fp8] 16-bit attention instead: %s\n", why.c_str());
-    attention(out, q, k, v, Tensor(), scale);
+    attention16();
     return false;
   }
   // Without write_out (the rows handed over are all that is read) only the row scales are written.
@@ -240,6 +248,38 @@ bool CudaBackend::run_fp8_attention(Tensor& out, const Tensor& q, const Tensor& 
     fp8_dequantize_kernel<__half><<<grid_for(std::max(vectors, rows)), kThreads, 0, stream_>>>(out.data<__half>(), o8p, vectors,
                                                                                               sc, rs, rows);
   ATELIER_CUDA_LAUNCHED();
+  return true;
+}
+
+bool CudaBackend::rope_attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& qx, const Tensor& kx,
+                                          const Tensor& v, const Tensor& cos, const Tensor& sin, const RopeRms& rms_q,
+                                          const RopeRms& rms_k, float scale, const Fp8Bounds& bounds, bool write_out) {
+  // ATELIER_FP8_ROPE_ATTENTION=0: the unfused sequence (rope, rope, then the quantization passes), to compare.
+  static const bool fused = !env_is("ATELIER_FP8_ROPE_ATTENTION", "0");
+  if (!fused || bounds.q <= 0.0f || bounds.k <= 0.0f || !rms_q.on || !rms_k.on || out.numel() == 0) return false;
+  // qx and kx stand for the rope's q and k in the checks (the same shapes and dtype; their strides are checked
+  // as the rope's input here, the e4m3 q/k being contiguous).
+  if (!fp8_attention_takes(out, qx, kx, v, nullptr)) return false;
+  const int64_t b = out.size(0), h = out.size(1), sq = out.size(2), d = out.size(3);
+  const bool merged = out.strides()[0] == sq * h * d && out.strides()[1] == d && out.strides()[2] == h * d && out.strides()[3] == 1;
+  if (!merged || !rows8.is_contiguous() || rows8.numel() != b * sq * h * d || row_scale.numel() != b * sq) return false;
+  Tensor q8 = Tensor::empty(qx.shape(), DType::F8E4M3, device()), k8 = Tensor::empty(kx.shape(), DType::F8E4M3, device());
+  if (!rope_e4m3(q8, qx, cos, sin, rms_q, bounds.q)) return false;  // nothing written yet
+  if (!rope_e4m3(k8, kx, cos, sin, rms_k, bounds.k)) return false;  // (q8 is a temporary: nothing the caller sees)
+  // Where cuDNN declines (at the first call of a shape), the 16-bit q and k are made after all and the rows
+  // quantized from the 16-bit output, as attention_merged_fp8_rows does.
+  bool fell_back = false;
+  const auto fallback16 = [&] {
+    Tensor q16 = Tensor::empty(qx.shape(), qx.dtype(), device()), k16 = Tensor::empty(kx.shape(), kx.dtype(), device());
+    rope(q16, qx, cos, sin, 2, rms_q);
+    rope(k16, kx, cos, sin, 2, rms_k);
+    attention(out, q16, k16, v, Tensor(), scale);
+    fell_back = true;
+  };
+  if (run_fp8_attention(out, qx, kx, v, scale, bounds, &rows8, &row_scale, write_out, &q8, &k8, fallback16)) return true;
+  if (!fell_back) return false;  // (not reached: the checks above are run_fp8_attention's own)
+  const int64_t rows = b * sq;
+  quantize_rows_fp8(rows8, row_scale, Tensor(out.buffer(), {rows, h * d}, {h * d, 1}, out.dtype(), out.offset()));
   return true;
 }
 

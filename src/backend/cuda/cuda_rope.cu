@@ -104,9 +104,16 @@ __device__ __forceinline__ void rotate_pair(T* o, float x0, float x1, float c, f
 // same rstd, so the same values as rms_norm followed by rope). Every lane takes part in the shuffles.
 constexpr int kRopeRmsThreads = 256;
 
+// With e4m3.q set the rotated rows go to e4m3 instead (FP8 attention's q or k: e4m3(v / s), s = bound / 448 as
+// fp8_quantize_kernel takes a bounded operand, so the same bytes), and `out` is not written.
+struct RopeE4m3Out {
+  uint8_t* q = nullptr;
+  RowDivider div{};  // made on the host (host_row_divider): no divisions per thread
+};
+
 template <typename T, int LANES, typename Index>
 __global__ void rope_rms_vec_kernel(T* out, const T* x, const T* cos, const T* sin, RopeShape sh, NormAffine aff,
-                                    float eps, int64_t rows) {
+                                    float eps, int64_t rows, RopeE4m3Out e4m3) {
   constexpr int V = Vec<T>::kWidth, P = V / 2;
   const int64_t row = int64_t(blockIdx.x) * (kRopeRmsThreads / LANES) + threadIdx.x / LANES;
   const int lane = int(threadIdx.x) % LANES;
@@ -131,7 +138,8 @@ __global__ void rope_rms_vec_kernel(T* out, const T* x, const T* cos, const T* s
     const pair_t<T> xn = PairOf<T>::from_floats(f[2 * e] * rstd * g[2 * e], f[2 * e + 1] * rstd * g[2 * e + 1]);
     pair_at(o.v, e) = rotate_pair2<T>(xn, c.v[e], s.v[e]);
   }
-  reinterpret_cast<Vec<T>*>(out + row * 2 * sh.half)[lane] = o;
+  if (e4m3.q) store_e4m3(e4m3.q + (row * 2 * sh.half + int64_t(lane) * V), o, e4m3.div);
+  else reinterpret_cast<Vec<T>*>(out + row * 2 * sh.half)[lane] = o;
 }
 
 // Any row width and dtype: one warp per row (the sum of squares as rms_norm_warp_kernel takes it).
@@ -164,15 +172,23 @@ __global__ void rope_rms_warp_kernel(T* out, const T* x, const T* cos, const T* 
 
 // rope with the RMS norm first (rms.on): the vector kernel where rows are 8, 16 or 32 aligned 16-byte vectors
 // of a 16-bit type, the warp kernel otherwise.
+// Whether rope_rms_vec_kernel takes rows of a 16-bit T with these strides and pointers.
+template <typename T>
+bool rope_rms_vec_takes(const void* out, const T* x, const T* cos, const T* sin, const RopeShape& sh) {
+  constexpr int V = Vec<T>::kWidth;
+  const int64_t lanes = 2 * sh.half / V;
+  return sizeof(T) == 2 && 2 * sh.half == lanes * V && (lanes == 8 || lanes == 16 || lanes == 32) && sh.s0 % V == 0 &&
+         sh.s1 % V == 0 && sh.s2 % V == 0 && aligned16(x) && aligned16(out) && aligned_to(cos, 8) && aligned_to(sin, 8);
+}
+
 template <typename T>
 void launch_rope_rms(cudaStream_t stream, T* out, const T* x, const T* cos, const T* sin, const RopeShape& sh,
-                     const RopeRms& rms, int64_t rows) {
+                     const RopeRms& rms, int64_t rows, const RopeE4m3Out& e4m3 = {}) {
   constexpr int V = Vec<T>::kWidth;
   const NormAffine aff = affine_of(rms.gamma, Tensor());
   const int64_t lanes = 2 * sh.half / V;
-  const bool vec = sizeof(T) == 2 && 2 * sh.half == lanes * V && (lanes == 8 || lanes == 16 || lanes == 32) &&
-                   sh.s0 % V == 0 && sh.s1 % V == 0 && sh.s2 % V == 0 && aligned16(x) && aligned16(out) &&
-                   aligned_to(cos, 8) && aligned_to(sin, 8);
+  const bool vec = rope_rms_vec_takes<T>(e4m3.q ? static_cast<const void*>(e4m3.q) : out, x, cos, sin, sh);
+  if (e4m3.q && !vec) return;  // (CudaBackend::rope_e4m3 asks rope_rms_vec_takes first)
   const auto with_index = [&](auto index) {
     using Index = decltype(index);
     if constexpr (sizeof(T) == 2) {
@@ -180,7 +196,7 @@ void launch_rope_rms(cudaStream_t stream, T* out, const T* x, const T* cos, cons
         const unsigned blocks = unsigned((rows * lanes + kRopeRmsThreads - 1) / kRopeRmsThreads);
         const auto launch = [&](auto l) {
           rope_rms_vec_kernel<T, decltype(l)::value, Index>
-              <<<blocks, kRopeRmsThreads, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps, rows);
+              <<<blocks, kRopeRmsThreads, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps, rows, e4m3);
         };
         if (lanes == 8) launch(std::integral_constant<int, 8>{});
         else if (lanes == 16) launch(std::integral_constant<int, 16>{});
@@ -196,6 +212,27 @@ void launch_rope_rms(cudaStream_t stream, T* out, const T* x, const T* cos, cons
 }
 
 }  // namespace
+
+// rope of x [B, A, C, D] (positions along dim 2, with its RMS norm) written as e4m3 into q8 (contiguous, x's
+// shape) over the scale bound / 448: false (nothing launched) where the register kernel cannot take x.
+bool CudaBackend::rope_e4m3(Tensor& q8, const Tensor& x, const Tensor& cos, const Tensor& sin, const RopeRms& rms, float bound) {
+  if (!rms.on || q8.numel() == 0 || !q8.is_contiguous() || q8.shape() != x.shape() || x.strides()[3] != 1) return false;
+  const RopeShape sh{x.size(1), x.size(2), x.size(3) / 2, x.strides()[0], x.strides()[1], x.strides()[2], 2};
+  bool taken = false;
+  dispatch_float(x.dtype(), "rope", [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 2) {
+      if (!rope_rms_vec_takes<T>(q8.raw(), x.data<T>(), cos.data<T>(), sin.data<T>(), sh)) return;
+      NvtxRange range("rope_e4m3");
+      DeviceGuard guard(index_);
+      launch_rope_rms<T>(stream_, nullptr, x.data<T>(), cos.data<T>(), sin.data<T>(), sh, rms, x.numel() / x.size(3),
+                         RopeE4m3Out{static_cast<uint8_t*>(q8.raw()), host_row_divider(host_fp8_scale(bound))});
+      ATELIER_CUDA_LAUNCHED();
+      taken = true;
+    }
+  });
+  return taken;
+}
 
 // x [B, A, C, D] strided (unit last stride), cos/sin [S, D/2] contiguous -> out [B, A, C, D] contiguous;
 // rms.on: each row RMS-normalised first (gamma [D] optional).

@@ -129,6 +129,15 @@ inline ops::Fp8Rows attention_rows_for(bool fp8, const Tensor& q, const Tensor& 
   if (fp8) return ops::attention_merged_fp8_rows(q, k, v, 0.0f, bounds, x_values);
   return {ops::attention_merged(q, k, v), Tensor(), Tensor()};
 }
+// The same of rope(qx) and rope(kx) (qx, kx [B, H, S, D] before their rope, positions along dim 2, each with
+// its RMS norm): with fp8, ops::rope_attention_merged_fp8_rows (bounded q and k may go to e4m3 straight from
+// the rope pass, never written in 16 bits).
+inline ops::Fp8Rows rope_attention_rows_for(bool fp8, const Tensor& qx, const Tensor& kx, const Tensor& v, const Tensor& cos,
+                                            const Tensor& sin, const RopeRms& rms_q, const RopeRms& rms_k, const Fp8Bounds& bounds = {},
+                                            bool x_values = true) {
+  if (fp8) return ops::rope_attention_merged_fp8_rows(qx, kx, v, cos, sin, rms_q, rms_k, bounds, x_values);
+  return attention_rows_for(false, ops::rope(qx, cos, sin, 2, rms_q), ops::rope(kx, cos, sin, 2, rms_k), v, bounds, x_values);
+}
 // Tokens [start, start + n) of r (x [B, N, C], rows [B*N, C]): views where B is 1 (its rows lie together),
 // else x's tokens alone (their rows are quantized again by the layer that reads them).
 ops::Fp8Rows token_rows(const ops::Fp8Rows& r, int64_t start, int64_t n);

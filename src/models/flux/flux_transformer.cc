@@ -307,8 +307,8 @@ Tensor FluxTransformer::single_block(const FluxSingleBlock& b, const Tensor& x, 
   const ops::Fp8Rows n = modulate_for(x, m[0], m[1], {&b.proj_mlp, &b.to_q});
   const Tensor mlp = b.proj_mlp(n, UnaryOp::kGeluTanh);
   const auto [q, k, v] = qkv_heads(b.to_qkv, b.to_q, b.to_k, b.to_v, n, h);
-  const ops::Fp8Rows a = attention_rows_for(fp8_attention_, norm_rope(q, b.norm_q, cos, sin), norm_rope(k, b.norm_k, cos, sin),
-                                            v.permute({0, 2, 1, 3}), b.attn_bounds, /*x_values=*/false);
+  const ops::Fp8Rows a = rope_attention_rows_for(fp8_attention_, q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}),
+                                                 cos, sin, rope_rms(&b.norm_q), rope_rms(&b.norm_k), b.attn_bounds, /*x_values=*/false);
   // proj_out(concat(a, mlp)) as two GEMMs over the weight's column blocks (views, read in place), the
   // second accumulating onto the first's output in place: the [B, N, d + mlp] concat is never written (2.7
   // ms of a 1024² step on the H200), nor a copy of the first output. The sum is rounded once more than in
