@@ -117,13 +117,15 @@ int run(int iters) {
     };
     for (const Case& c : {Case{4608, 3072, 12288, false, "mlp up"}, Case{4608, 12288, 3072, false, "mlp down"},
                           Case{4608, 12288, 3072, true, "mlp down, GELU-shaped input"}, Case{4608, 3072, 9216, false, "q/k/v"},
-                          Case{4608, 3072, 3072, false, "attention out"}}) {
+                          Case{4608, 3072, 3072, false, "attention out"}, Case{1, 3072, 1050624, false, "the stacked modulation: GEMV"}}) {
       Tensor x = random_on({1, c.m, c.k}, DType::BF16, dev);
       if (c.gelu_input) x = ops::unary(x, UnaryOp::kGeluTanh);
       const auto [w8, ws] = ops::quantize_rows_fp8(random_on({c.n, c.k}, DType::BF16, dev, 0.02f));
       const ops::Fp8Rows rows = ops::quantize_activation_fp8(x);
+      const bool gemv = c.m == 1;  // memory-bound: its weight bytes per second
       print({"linear_fp8 " + std::to_string(c.m) + "x" + std::to_string(c.k) + " -> " + std::to_string(c.n) + " (" + c.what + ")",
-             time_ms(be, iters, [&] { ops::linear_fp8(rows, w8, ws); }), 2.0 * double(c.m) * double(c.k) * double(c.n), "TFLOP/s"});
+             time_ms(be, iters, [&] { ops::linear_fp8(rows, w8, ws); }),
+             gemv ? double(c.n) * double(c.k) : 2.0 * double(c.m) * double(c.k) * double(c.n), gemv ? "GB/s" : "TFLOP/s"});
     }
   }
   {  // device-to-device copy: bytes read + written

@@ -115,7 +115,8 @@ TEST(CudaFp8, LinearMatchesTheCpu) {
       {512, 3072, 3072, UnaryOp::kIdentity, true, false},  // a DiT projection
       {256, 3072, 1536, UnaryOp::kGeluTanh, true, false},  // MLP up with the fused GELU
       {256, 1536, 3072, UnaryOp::kIdentity, false, true},  // MLP down onto a residual
-      {1, 3072, 18432, UnaryOp::kIdentity, true, false},   // adaLN modulation: one row
+      {1, 3072, 18432, UnaryOp::kIdentity, true, false},   // adaLN modulation: one row (the GEMV kernel)
+      {1, 1024, 640, UnaryOp::kSilu, true, true},          // one row with an activation and a residual
       {77, 40, 24, UnaryOp::kSilu, true, false},           // odd sizes: cuBLASLt declines, the fallback runs
   };
   cudaDeviceProp prop{};
@@ -123,7 +124,7 @@ TEST(CudaFp8, LinearMatchesTheCpu) {
   const bool hopper = prop.major >= 9;  // FP8 tensor cores: cuBLASLt must not need the dequantizing fallback
   for (const Case& c : cases) {
     auto& stats = cuda::fp8_gemm_stats();
-    const int64_t outer0 = stats.outer_vector, unscaled0 = stats.unscaled_then_epilogue, deq0 = stats.dequantized;
+    const int64_t outer0 = stats.outer_vector, unscaled0 = stats.unscaled_then_epilogue, deq0 = stats.dequantized, gemv0 = stats.gemv;
     const Tensor x = test::rounded(random_tensor({c.m, c.k}, 2), DType::BF16);
     const Tensor w = random_tensor({c.n, c.k}, 3, 1.0f / std::sqrt(float(c.k)));
     const Tensor b = c.bias ? test::rounded(random_tensor({c.n}, 4), DType::BF16) : Tensor();
@@ -137,12 +138,14 @@ TEST(CudaFp8, LinearMatchesTheCpu) {
     const double err = test::rel_l2(ops::cast(got, DType::F32).to_vector(), want.to_vector());
     const Tensor full = c.residual ? ops::linear_residual(x, w, b, r) : ops::linear(x, w, b, c.act);
     const double vs_full = test::rel_l2(want.to_vector(), full.to_vector());
-    const char* path = stats.outer_vector > outer0 ? "cuBLASLt outer-vector scales"
+    const char* path = stats.gemv > gemv0                   ? "FP8 GEMV kernel"
+                       : stats.outer_vector > outer0 ? "cuBLASLt outer-vector scales"
                        : stats.unscaled_then_epilogue > unscaled0 ? "cuBLASLt unscaled + scale epilogue"
                        : stats.dequantized > deq0 ? "dequantized bf16 GEMM" : "?";
     std::printf("[ figures  ] linear_fp8 %lldx%lldx%lld (%s): GPU vs CPU rel L2 %.3g (fp8 vs f32 layer %.3g)\n",
                 (long long)c.m, (long long)c.k, (long long)c.n, path, err, vs_full);
     if (hopper && c.k % 16 == 0 && c.n % 16 == 0) EXPECT_EQ(stats.dequantized, deq0) << "FP8 tensor cores unused";
+    if (c.m == 1) EXPECT_EQ(stats.gemv, gemv0 + 1) << "the one-row product did not take the GEMV kernel";
     EXPECT_LE(err, kFp8ParityTol) << c.m << "x" << c.k << "x" << c.n;
   }
 }

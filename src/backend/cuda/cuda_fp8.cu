@@ -135,7 +135,88 @@ __global__ void fp8_scale_epilogue_kernel(T* c, const T* raw, const float* xs, c
   }
 }
 
+// --- FP8 GEMV (one activation row) -------------------------------------------------------------------------
+// The stacked adaLN modulation of a DiT step is one row against ~1M weight rows ([1, 3072] x [1,050,624, 3072]^T
+// for FLUX: 3.2 GB of e4m3): cuBLASLt's FP8 kernels read it at ~2.5 TB/s (they are made for many rows). Here a
+// warp per output row streams its weight row in 16-byte loads; x, decoded to f32 once per block, sits in shared
+// memory laid out so that lane l's value j of its i-th chunk is at (i * 16 + j) * 32 + l (conflict-free). The
+// e4m3 products are exact in f32, as on the tensor cores and the CPU; only the summation order differs.
+constexpr int kGemvThreads = 256;
+constexpr int kGemvChunk = 16;                        // e4m3 bytes per 16-byte load
+constexpr int kGemvRoundCols = 32 * kGemvChunk;       // columns per round of a warp's loads (512)
+constexpr int kGemvMaxCols = 8192;                    // x in shared memory: 32 KB of f32
+
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t pair) {
+  return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3)));
+}
+
+// out[r] = act(xs[0] ws[r] (x8 . w8[r]) + bias[r] + beta out[r]) for r < n; k a multiple of kGemvRoundCols.
+template <typename T>
+__global__ void __launch_bounds__(kGemvThreads) gemv_fp8_kernel(T* out, const uint8_t* x8, const float* xs, const uint8_t* w8,
+                                                                int64_t ldw, const float* ws, const T* bias, float beta,
+                                                                UnaryOp act, int64_t n, int k) {
+  extern __shared__ float xf[];
+  const int lane = threadIdx.x & 31, rounds = k / kGemvRoundCols;
+  for (int idx = threadIdx.x; idx < k; idx += blockDim.x) {
+    const int l = idx % 32, j = (idx / 32) % kGemvChunk, i = idx / kGemvRoundCols;
+    __nv_fp8_e4m3 v;
+    v.__x = x8[(i * 32 + l) * kGemvChunk + j];
+    xf[idx] = float(v);
+  }
+  __syncthreads();
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  const float xscale = xs[0];
+  for (int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; row < n; row += warps) {
+    const uint4* wr = reinterpret_cast<const uint4*>(w8 + row * ldw);
+    float acc = 0.0f;
+#pragma unroll 2
+    for (int i = 0; i < rounds; ++i) {
+      const uint4 u = __ldg(wr + i * 32 + lane);
+      const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+      const float* xi = xf + i * kGemvChunk * 32 + lane;
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float2 f = e4m3x2_to_float2(uint16_t(words[q] >> (16 * h)));
+          const int j = q * 4 + h * 2;
+          acc = fmaf(f.x, xi[j * 32], acc);
+          acc = fmaf(f.y, xi[(j + 1) * 32], acc);
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      float v = acc * xscale * ws[row];
+      if (bias) v += to_f32(bias[row]);
+      if (beta != 0.0f) v += beta * to_f32(out[row]);
+      out[row] = from_f32<T>(apply_unary(v, act));
+    }
+  }
+}
+
 }  // namespace
+
+// out [1, N] (16-bit) = the FP8 product of one row through gemv_fp8_kernel; false (nothing launched) where
+// the shapes or alignments do not fit it (k a multiple of 512 up to 8192, 16-byte aligned weight rows).
+bool launch_gemv_fp8(const Fp8GemmCall& call, cudaStream_t stream) {
+  if (call.m != 1 || call.k % kGemvRoundCols != 0 || call.k > kGemvMaxCols || call.ldw % kGemvChunk != 0 ||
+      reinterpret_cast<uintptr_t>(call.w) % 16 != 0 || (call.c_dtype != DType::BF16 && call.c_dtype != DType::F16))
+    return false;
+  constexpr int kBlocksPerSmWave = 8 * 132;  // enough blocks to fill an H200 several times over; grid-stride beyond
+  const int warps_per_block = kGemvThreads / 32;
+  const unsigned blocks = unsigned(std::min<int64_t>((call.n + warps_per_block - 1) / warps_per_block, kBlocksPerSmWave));
+  const size_t smem = size_t(call.k) * sizeof(float);
+  dispatch_float(call.c_dtype, "fp8 gemv", [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 2) {
+      gemv_fp8_kernel<T><<<blocks, kGemvThreads, smem, stream>>>(
+          static_cast<T*>(call.c), static_cast<const uint8_t*>(call.x), call.x_scale, static_cast<const uint8_t*>(call.w), call.ldw,
+          call.w_scale, static_cast<const T*>(call.bias), call.beta, call.act, call.n, int(call.k));
+    }
+  });
+  ATELIER_CUDA_LAUNCHED();
+  return true;
+}
 
 void launch_fp8_scale_epilogue(const Fp8GemmCall& call, const void* raw, cudaStream_t stream) {
   dispatch_float(call.c_dtype, "fp8 epilogue", [&](auto tag) {
@@ -193,6 +274,13 @@ void CudaBackend::gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, cons
   call.beta = beta;
   call.bias = bias.defined() ? bias.raw() : nullptr;
   call.act = act;
+  if (dt != DType::F32 && m == 1) {
+    DeviceGuard guard(index_);
+    if (launch_gemv_fp8(call, stream_)) {
+      ++fp8_gemm_stats().gemv;
+      return;
+    }
+  }
   if (dt != DType::F32 && gemm_engine().run_fp8(call)) return;
   // Fallback: both operands dequantized into out's dtype, then the ordinary product.
   ++fp8_gemm_stats().dequantized;

@@ -67,13 +67,16 @@ struct Fp8GemmCall {
 // How FP8 products ran (cumulative, all devices): cuBLASLt with outer-vector scales; cuBLASLt unscaled plus
 // launch_fp8_scale_epilogue; both operands dequantized and the ordinary GEMM (cuda_fp8.cu).
 struct Fp8GemmStats {
-  std::atomic<int64_t> outer_vector{0}, unscaled_then_epilogue{0}, dequantized{0};
+  std::atomic<int64_t> outer_vector{0}, unscaled_then_epilogue{0}, dequantized{0}, gemv{0};
 };
 Fp8GemmStats& fp8_gemm_stats();
 
 // C = act(raw[i, j] * x_scale[i] * w_scale[j] + bias[j] + beta * C) over call's [m, n] output, raw [m, n] in
 // C's dtype (the unscaled FP8 product); in cuda_fp8.cu.
 void launch_fp8_scale_epilogue(const Fp8GemmCall& call, const void* raw, cudaStream_t stream);
+// The one-row FP8 product (adaLN modulation GEMVs) by a kernel of ours: false where it does not take the call
+// (in cuda_fp8.cu).
+bool launch_gemv_fp8(const Fp8GemmCall& call, cudaStream_t stream);
 
 class GemmEngine {
  public:
