@@ -656,14 +656,7 @@ Fp8Rows norm_modulate_fp8(const Tensor& x, NormKind kind, float eps, const Tenso
 
 // --- rotary position embedding --------------------------------------------------------------------
 
-namespace {
-// rope's operands as the backend takes them (validated): x with a unit last stride, cos/sin [S, D/2]
-// contiguous, the RMS weight contiguous.
-struct RopeOperands {
-  Tensor x, cos, sin;
-  RopeRms rms;
-};
-
+namespace detail {
 RopeOperands rope_operands(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms, const std::string& op) {
   require_f32(x, op, "x");
   require_f32(cos, op, "cos");
@@ -684,7 +677,9 @@ RopeOperands rope_operands(const Tensor& x, const Tensor& cos, const Tensor& sin
   }
   return {x.strides()[3] == 1 ? x : contiguous(x), contiguous(cos).reshape({s, d / 2}), contiguous(sin).reshape({s, d / 2}), rc};
 }
+}  // namespace detail
 
+namespace {
 Tensor rope_impl(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms, const Tensor& into) {
   trace::Scope range("rope", Category::kOp);
   const std::string op = into.defined() ? "rope_into" : "rope";
@@ -790,32 +785,6 @@ Fp8Rows attention_merged_fp8_rows(const Tensor& q, const Tensor& k, const Tensor
   Fp8Rows rows;
   attention_impl(q, k, v, Tensor(), scale, /*merged_heads=*/true, /*fp8=*/true, bounds, &rows, x_values);  // x [B, Sq, H * Dv]
   return rows;
-}
-
-Fp8Rows rope_attention_merged_fp8_rows(const Tensor& qx, const Tensor& kx, const Tensor& v, const Tensor& cos, const Tensor& sin,
-                                       const RopeRms& rms_q, const RopeRms& rms_k, const Fp8Bounds& bounds, bool x_values) {
-  const std::string op = "rope_attention_fp8";
-  const RopeOperands rq = rope_operands(qx, cos, sin, 2, rms_q, op), rk = rope_operands(kx, cos, sin, 2, rms_k, op);
-  require_defined(v, op, "v");
-  require(v.dim() == 4 && v.size(0) == qx.size(0) && v.size(1) == qx.size(1) && v.size(2) == kx.size(2), op,
-          "v must be [B, H, Sk, Dv] beside q " + shape_str(qx.shape()) + " and k " + shape_str(kx.shape()) + ", got " + shape_str(v.shape()));
-  // One op range for the whole (the ropes and the attention nested in it where the backend does not fuse them).
-  trace::Scope range("attention_fp8", Category::kOp);
-  if (bounds.q > 0.0f && bounds.k > 0.0f && std::isfinite(bounds.q) && std::isfinite(bounds.k) && kx.shape() == qx.shape() &&
-      v.strides()[3] == 1) {
-    const int64_t b = qx.size(0), h = qx.size(1), sq = qx.size(2), d = qx.size(3), sk = kx.size(2), dv = v.size(3);
-    Tensor out = empty_like_shape(qx, {b, sq, h, dv});
-    Tensor out_view = out.permute({0, 2, 1, 3});
-    Fp8Rows rows{out.reshape({b, sq, h * dv}), Tensor::empty({b * sq, h * dv}, DType::F8E4M3, qx.device()),
-                 Tensor::empty({b * sq}, DType::F32, qx.device())};
-    if (backend_of(qx).rope_attention_fp8_rows(out_view, rows.q, rows.scale, rq.x, rk.x, v, rq.cos, rq.sin, rq.rms, rk.rms,
-                                               float(1.0 / std::sqrt(double(d))), bounds, x_values)) {
-      trace::count_flops(gemm_flops(b * h, sq, sk, d) + gemm_flops(b * h, sq, dv, sk));
-      rows.x_values = x_values;
-      return rows;
-    }
-  }
-  return attention_merged_fp8_rows(rope(qx, cos, sin, 2, rms_q), rope(kx, cos, sin, 2, rms_k), v, 0.0f, bounds, x_values);
 }
 
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads, const Tensor& mask) {

@@ -42,5 +42,13 @@ Tensor linear_output(const Tensor& x, const Tensor& w, const char* w_name, const
                      const std::string& op, float* beta, Tensor* addend = nullptr, const Tensor& into = Tensor());
 // Checks that `into` can take an op's result of `shape` like x's (contiguous, x's dtype and device).
 void require_destination(const Tensor& into, const Tensor& x, const Shape& shape, const std::string& op);
+// rope's operands as the backend takes them, validated (x [B, A, C, D] with positions along seq_dim, cos/sin
+// [S, D/2] values in x's dtype, the RMS weight [D]): x with a unit last stride, cos/sin as contiguous [S, D/2],
+// the RMS weight contiguous.
+struct RopeOperands {
+  Tensor x, cos, sin;
+  RopeRms rms;
+};
+RopeOperands rope_operands(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms, const std::string& op);
 
 }  // namespace atelier::ops::detail
