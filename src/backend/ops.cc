@@ -553,13 +553,13 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dPar
 
 // --- normalisation --------------------------------------------------------------------------------
 
-namespace {
+namespace detail {
 void require_affine(const Tensor& t, int64_t size, const std::string& op, const char* what) {
   if (!t.defined()) return;
   require_f32(t, op, what);
   require(t.numel() == size, op, std::string(what) + " must have " + std::to_string(size) + " elements, got " + shape_str(t.shape()));
 }
-}  // namespace
+}  // namespace detail
 
 Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor& beta, float eps, UnaryOp act) {
   trace::Scope range("group_norm", Category::kOp);
@@ -652,152 +652,6 @@ Fp8Rows norm_modulate_fp8(const Tensor& x, NormKind kind, float eps, const Tenso
             Tensor::empty({rows}, DType::F32, x.device()), keep_values};
   backend_of(x).norm_modulate_fp8(r.x, r.q, r.scale, xc, kind, eps, contiguous_opt(gamma), mc, keep_values);
   return r;
-}
-
-// --- rotary position embedding --------------------------------------------------------------------
-
-namespace detail {
-RopeOperands rope_operands(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms, const std::string& op) {
-  require_f32(x, op, "x");
-  require_f32(cos, op, "cos");
-  require_f32(sin, op, "sin");
-  require_same_device(x, cos, op);
-  require_same_device(x, sin, op);
-  require(x.dim() == 4, op, "expects x [B, A, C, D], got " + shape_str(x.shape()));
-  require(seq_dim == 1 || seq_dim == 2, op, "positions must lie along dim 1 or 2");
-  const int64_t d = x.size(3), s = x.size(seq_dim);
-  require(d % 2 == 0, op, "the last dim must be even (pairs), got " + std::to_string(d));
-  require(cos.dtype() == x.dtype() && sin.dtype() == x.dtype(), op, "cos/sin must have x's dtype");
-  require(cos.numel() == s * d / 2 && sin.numel() == s * d / 2, op,
-          "cos/sin must hold [" + std::to_string(s) + ", " + std::to_string(d / 2) + "] values, got " + shape_str(cos.shape()));
-  RopeRms rc;
-  if (rms.on) {
-    require_affine(rms.gamma, d, op, "rms gamma");
-    rc = {true, contiguous_opt(rms.gamma), rms.eps};
-  }
-  return {x.strides()[3] == 1 ? x : contiguous(x), contiguous(cos).reshape({s, d / 2}), contiguous(sin).reshape({s, d / 2}), rc};
-}
-}  // namespace detail
-
-namespace {
-Tensor rope_impl(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms, const Tensor& into) {
-  trace::Scope range("rope", Category::kOp);
-  const std::string op = into.defined() ? "rope_into" : "rope";
-  const RopeOperands r = rope_operands(x, cos, sin, seq_dim, rms, op);
-  if (into.defined()) require_destination(into, x, x.shape(), op);
-  Tensor out = into.defined() ? into : empty_like_shape(x, x.shape());
-  backend_of(x).rope(out, r.x, r.cos, r.sin, seq_dim, r.rms);
-  return out;
-}
-}  // namespace
-
-Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) {
-  return rope_impl(x, cos, sin, seq_dim, rms, Tensor());
-}
-
-void rope_into(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms) {
-  require_defined(out, "rope_into", "out");
-  rope_impl(x, cos, sin, seq_dim, rms, out);
-}
-
-// --- attention ------------------------------------------------------------------------------------
-
-namespace {
-// Validates, then runs attention into a fresh output: [B, H, Sq, Dv] contiguous, or with merged_heads the
-// same values in a [B, Sq, H, Dv] buffer (returned in that shape), written there by the backend directly.
-// With `rows` (FP8, heads merged): the result's rows as an FP8 GEMM's input too, from the backend's e4m3 output
-// where it has one (then the result itself is written only with x_values), else quantized here (inside this
-// op's trace range).
-Tensor attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale, bool merged_heads,
-                      bool fp8 = false, const Fp8Bounds& bounds = {}, Fp8Rows* rows = nullptr, bool x_values = true) {
-  trace::Scope range(fp8 ? "attention_fp8" : "attention", Category::kOp);
-  const std::string op = fp8 ? "attention_fp8" : "attention";
-  require_f32(q, op, "q");
-  require_f32(k, op, "k");
-  require_f32(v, op, "v");
-  require_same_device(q, k, op);
-  require_same_device(q, v, op);
-  require(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
-          "expects q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv], got " + shape_str(q.shape()) + ", " + shape_str(k.shape()) + ", " + shape_str(v.shape()));
-  const int64_t b = q.size(0), h = q.size(1), sq = q.size(2), d = q.size(3);
-  const int64_t hk = k.size(1), sk = k.size(2), dv = v.size(3);
-  require(k.size(0) == b && v.size(0) == b, op, "batch sizes differ");
-  require(k.size(3) == d, op, "q and k head dims differ: " + shape_str(q.shape()) + " vs " + shape_str(k.shape()));
-  require(v.size(1) == hk && v.size(2) == sk, op, "k " + shape_str(k.shape()) + " and v " + shape_str(v.shape()) + " differ in heads or length");
-  require(sk > 0, op, "empty key sequence (Sk = 0): softmax over nothing is undefined");
-  require(hk >= 1 && h % hk == 0, op, "query heads " + std::to_string(h) + " not a multiple of kv heads " + std::to_string(hk));
-  // The backend reads rows of the last dim in place: unit inner stride, row stride a valid leading dim.
-  auto unit_last = [](const Tensor& t) {
-    const bool ok = t.strides()[3] == 1 && (t.strides()[2] >= t.size(3) || t.size(2) == 1);
-    return ok ? t : contiguous(t);
-  };
-  Tensor mask4;
-  if (mask.defined()) {
-    require_f32(mask, op, "mask");
-    require_same_device(q, mask, op);
-    mask4 = broadcast_to(mask, {b, h, sq, sk}, op);
-    if (mask4.strides()[3] != 1 && mask4.strides()[3] != 0) mask4 = broadcast_to(contiguous(mask), {b, h, sq, sk}, op);
-  }
-  if (scale == 0.0f) scale = float(1.0 / std::sqrt(double(d)));
-  Tensor out = merged_heads ? empty_like_shape(q, {b, sq, h, dv}) : empty_like_shape(q, {b, h, sq, dv});
-  Tensor out_view = merged_heads ? out.permute({0, 2, 1, 3}) : out;
-  // Q K^T and P V, as torch counts scaled_dot_product_attention; the softmax is not counted.
-  trace::count_flops(gemm_flops(b * h, sq, sk, d) + gemm_flops(b * h, sq, dv, sk));
-  if (range.active()) range.set_detail("q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape()));
-  if (fp8) {
-    require(!mask.defined() && hk == h, op, "takes no mask and as many k/v heads as q heads");
-    require(bounds.q >= 0.0f && bounds.k >= 0.0f && std::isfinite(bounds.q) && std::isfinite(bounds.k), op,
-            "bounds must be finite and not negative (0: none)");
-    if (!rows) {
-      backend_of(q).attention_fp8(out_view, unit_last(q), unit_last(k), unit_last(v), scale, bounds);
-    } else {
-      const Tensor merged = out.reshape({b, sq, h * dv});
-      *rows = Fp8Rows{merged, Tensor::empty({b * sq, h * dv}, DType::F8E4M3, q.device()), Tensor::empty({b * sq}, DType::F32, q.device())};
-      if (backend_of(q).attention_fp8_rows(out_view, rows->q, rows->scale, unit_last(q), unit_last(k), unit_last(v), scale, bounds,
-                                           x_values))
-        rows->x_values = x_values;
-      else  // the result's rows quantized into the buffers made for them, as quantize_activation_fp8 does
-        backend_of(q).quantize_rows_fp8(rows->q, rows->scale, merged.reshape({b * sq, h * dv}));
-    }
-  } else {
-    backend_of(q).attention(out_view, unit_last(q), unit_last(k), unit_last(v), mask4, scale);
-  }
-  return out;
-}
-}  // namespace
-
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {
-  return attention_impl(q, k, v, mask, scale, /*merged_heads=*/false);
-}
-
-Tensor attention_merged(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) {
-  Tensor out = attention_impl(q, k, v, mask, scale, /*merged_heads=*/true);  // [B, Sq, H, Dv]
-  return out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
-}
-
-Tensor attention_merged_fp8(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const Fp8Bounds& bounds) {
-  Tensor out = attention_impl(q, k, v, Tensor(), scale, /*merged_heads=*/true, /*fp8=*/true, bounds);  // [B, Sq, H, Dv]
-  return out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
-}
-
-Fp8Rows attention_merged_fp8_rows(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const Fp8Bounds& bounds,
-                                  bool x_values) {
-  Fp8Rows rows;
-  attention_impl(q, k, v, Tensor(), scale, /*merged_heads=*/true, /*fp8=*/true, bounds, &rows, x_values);  // x [B, Sq, H * Dv]
-  return rows;
-}
-
-Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads, const Tensor& mask) {
-  trace::Scope range("multi_head_attention", Category::kOp);
-  const std::string op = "multi_head_attention";
-  require_f32(q, op, "q");
-  require_f32(k, op, "k");
-  require_f32(v, op, "v");
-  if (kv_heads == 0) kv_heads = heads;
-  Tensor qh = split_heads(q, heads, op);
-  Tensor kh = split_heads(k, kv_heads, op);
-  Tensor vh = split_heads(v, kv_heads, op);
-  return attention_merged(qh, kh, vh, mask);  // [B, Sq, H*Dv]: the heads merged by the backend's writes
 }
 
 }  // namespace atelier::ops

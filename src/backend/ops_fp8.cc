@@ -1,6 +1,4 @@
-// The op API's FP8 (e4m3) ops: row-wise quantization, the scaled product of linear layers, and attention after
-// a normalising rope whose q/k a backend may make in e4m3 in the rope's pass (see ops.h).
-#include <cmath>
+// The op API's FP8 (e4m3) linear layers: row-wise quantization and the scaled product (see ops.h).
 #include <string>
 #include <utility>
 
@@ -97,32 +95,6 @@ void linear_fp8_into(Tensor& out, const Fp8Rows& x, const Tensor& w8, const Tens
 void linear_fp8_accumulate(Tensor& out, const Fp8Rows& x, const Tensor& w8, const Tensor& ws) {
   require_defined(out, "linear_fp8", "out");
   linear_fp8_impl(x, w8, ws, Tensor(), UnaryOp::kIdentity, Tensor(), out, /*accumulate=*/true);
-}
-
-Fp8Rows rope_attention_merged_fp8_rows(const Tensor& qx, const Tensor& kx, const Tensor& v, const Tensor& cos, const Tensor& sin,
-                                       const RopeRms& rms_q, const RopeRms& rms_k, const Fp8Bounds& bounds, bool x_values) {
-  const std::string op = "rope_attention_fp8";
-  const RopeOperands rq = rope_operands(qx, cos, sin, 2, rms_q, op), rk = rope_operands(kx, cos, sin, 2, rms_k, op);
-  require_defined(v, op, "v");
-  require(v.dim() == 4 && v.size(0) == qx.size(0) && v.size(1) == qx.size(1) && v.size(2) == kx.size(2), op,
-          "v must be [B, H, Sk, Dv] beside q " + shape_str(qx.shape()) + " and k " + shape_str(kx.shape()) + ", got " + shape_str(v.shape()));
-  // One op range for the whole (the ropes and the attention nested in it where the backend does not fuse them).
-  trace::Scope range("attention_fp8", trace::Category::kOp);
-  if (bounds.q > 0.0f && bounds.k > 0.0f && std::isfinite(bounds.q) && std::isfinite(bounds.k) && kx.shape() == qx.shape() &&
-      v.strides()[3] == 1) {
-    const int64_t b = qx.size(0), h = qx.size(1), sq = qx.size(2), d = qx.size(3), sk = kx.size(2), dv = v.size(3);
-    Tensor out = empty_like_shape(qx, {b, sq, h, dv});
-    Tensor out_view = out.permute({0, 2, 1, 3});
-    Fp8Rows rows{out.reshape({b, sq, h * dv}), Tensor::empty({b * sq, h * dv}, DType::F8E4M3, qx.device()),
-                 Tensor::empty({b * sq}, DType::F32, qx.device())};
-    if (backend_of(qx).rope_attention_fp8_rows(out_view, rows.q, rows.scale, rq.x, rk.x, v, rq.cos, rq.sin, rq.rms, rk.rms,
-                                               float(1.0 / std::sqrt(double(d))), bounds, x_values)) {
-      trace::count_flops(gemm_flops(b * h, sq, sk, d) + gemm_flops(b * h, sq, dv, sk));
-      rows.x_values = x_values;
-      return rows;
-    }
-  }
-  return attention_merged_fp8_rows(rope(qx, cos, sin, 2, rms_q), rope(kx, cos, sin, 2, rms_k), v, 0.0f, bounds, x_values);
 }
 
 }  // namespace atelier::ops

@@ -42,13 +42,12 @@ Tensor linear_output(const Tensor& x, const Tensor& w, const char* w_name, const
                      const std::string& op, float* beta, Tensor* addend = nullptr, const Tensor& into = Tensor());
 // Checks that `into` can take an op's result of `shape` like x's (contiguous, x's dtype and device).
 void require_destination(const Tensor& into, const Tensor& x, const Shape& shape, const std::string& op);
-// rope's operands as the backend takes them, validated (x [B, A, C, D] with positions along seq_dim, cos/sin
-// [S, D/2] values in x's dtype, the RMS weight [D]): x with a unit last stride, cos/sin as contiguous [S, D/2],
-// the RMS weight contiguous.
-struct RopeOperands {
-  Tensor x, cos, sin;
-  RopeRms rms;
-};
-RopeOperands rope_operands(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms, const std::string& op);
+// x (any rank <= shape's) viewed with `shape` by numpy broadcasting: missing leading dims and size-1 dims get
+// stride 0.
+Tensor broadcast_to(const Tensor& x, const Shape& shape, const std::string& op);
+// x [B, S, H*D] with unit last stride -> [B, H, S, D] view (no copy).
+Tensor split_heads(const Tensor& x, int64_t heads, const std::string& op);
+// An optional affine parameter (gamma, beta): undefined, or `size` values in a compute dtype.
+void require_affine(const Tensor& t, int64_t size, const std::string& op, const char* what);
 
 }  // namespace atelier::ops::detail
