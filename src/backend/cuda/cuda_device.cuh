@@ -7,7 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include <cmath>
+#include <cfloat>
 #include <cstdint>
 #include <cstring>
 
@@ -199,9 +199,20 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 // --- FP8 rows (quantize_rows_fp8, and kernels that quantize their own output rows the same way) -----------
 
-// A row's scale from its amax: amax / 448 (IEEE division, as the CPU backend), 1 for a zero or non-finite row.
-__device__ __forceinline__ float fp8_row_scale(float amax) {
-  return amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, kF8E4M3Max) : 1.0f;
+// a / b rounded to nearest, on the device whatever the compiler's division flags, and on the host (whose float
+// division is IEEE's): one definition of the FP8 scales for kernels and for scales known before a launch.
+__host__ __device__ __forceinline__ float ieee_div(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// A row's scale from its amax: amax / 448 (IEEE division, as the CPU backend), 1 for a zero or non-finite row
+// (amax <= FLT_MAX: finite; a NaN fails both comparisons).
+__host__ __device__ __forceinline__ float fp8_row_scale(float amax) {
+  return amax > 0.0f && amax <= FLT_MAX ? ieee_div(amax, kF8E4M3Max) : 1.0f;
 }
 
 // v / s (IEEE division) rounded to e4m3, round-to-nearest-even with saturation.
@@ -230,14 +241,9 @@ struct RowDivider {
   }
 };
 
-__device__ __forceinline__ RowDivider row_divider(float scale) {
-  return RowDivider{scale, __fdiv_rn(1.0f, scale), scale >= 0x1p-60f && scale <= 0x1p60f};
+__host__ __device__ __forceinline__ RowDivider row_divider(float scale) {
+  return RowDivider{scale, ieee_div(1.0f, scale), scale >= 0x1p-60f && scale <= 0x1p60f};
 }
-
-// fp8_row_scale and row_divider on the host, for a scale known before a launch (a bound): the same bits, as
-// the host's float division is IEEE's round to nearest too.
-inline float host_fp8_scale(float amax) { return amax > 0.0f && std::isfinite(amax) ? amax / kF8E4M3Max : 1.0f; }
-inline RowDivider host_row_divider(float scale) { return RowDivider{scale, 1.0f / scale, scale >= 0x1p-60f && scale <= 0x1p60f}; }
 
 // Grid-stride loop bounds helper: total threads in the grid.
 __device__ __forceinline__ int64_t grid_threads() { return int64_t(gridDim.x) * blockDim.x; }

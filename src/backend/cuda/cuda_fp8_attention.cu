@@ -179,11 +179,19 @@ void CudaBackend::attention_fp8(Tensor& out, const Tensor& q, const Tensor& k, c
 }
 
 // The same with rows8 [B*Sq, H*D] e4m3 and row_scale [B*Sq]: out must be heads-merged ([B, Sq, H, D] memory).
-bool CudaBackend::attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& q, const Tensor& k,
-                                     const Tensor& v, float scale, const Fp8Bounds& bounds, bool write_out) {
+namespace {
+// Whether cuDNN's e4m3 output can be handed over as rows8 [B*Sq, H*D] / row_scale [B*Sq]: out [B, H, Sq, D]
+// heads-merged ([B, Sq, H, D] memory, the rows' layout) and the row buffers of that size.
+bool fp8_rows_fit(const Tensor& out, const Tensor& rows8, const Tensor& row_scale) {
   const int64_t b = out.size(0), h = out.size(1), sq = out.size(2), d = out.size(3);
   const bool merged = out.strides()[0] == sq * h * d && out.strides()[1] == d && out.strides()[2] == h * d && out.strides()[3] == 1;
-  const bool fits = merged && rows8.is_contiguous() && rows8.numel() == b * sq * h * d && row_scale.numel() == b * sq;
+  return merged && rows8.is_contiguous() && rows8.numel() == b * sq * h * d && row_scale.numel() == b * sq;
+}
+}  // namespace
+
+bool CudaBackend::attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, float scale, const Fp8Bounds& bounds, bool write_out) {
+  const bool fits = fp8_rows_fit(out, rows8, row_scale);
   return run_fp8_attention(out, q, k, v, scale, bounds, fits ? &rows8 : nullptr, fits ? &row_scale : nullptr, write_out || !fits) &&
          fits;
 }
@@ -259,27 +267,23 @@ bool CudaBackend::rope_attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& ro
   if (!fused || bounds.q <= 0.0f || bounds.k <= 0.0f || !rms_q.on || !rms_k.on || out.numel() == 0) return false;
   // qx and kx stand for the rope's q and k in the checks (the same shapes and dtype; their strides are checked
   // as the rope's input here, the e4m3 q/k being contiguous).
-  if (!fp8_attention_takes(out, qx, kx, v, nullptr)) return false;
-  const int64_t b = out.size(0), h = out.size(1), sq = out.size(2), d = out.size(3);
-  const bool merged = out.strides()[0] == sq * h * d && out.strides()[1] == d && out.strides()[2] == h * d && out.strides()[3] == 1;
-  if (!merged || !rows8.is_contiguous() || rows8.numel() != b * sq * h * d || row_scale.numel() != b * sq) return false;
+  if (!fp8_attention_takes(out, qx, kx, v, nullptr) || !fp8_rows_fit(out, rows8, row_scale)) return false;
   Tensor q8 = Tensor::empty(qx.shape(), DType::F8E4M3, device()), k8 = Tensor::empty(kx.shape(), DType::F8E4M3, device());
   if (!rope_e4m3(q8, qx, cos, sin, rms_q, bounds.q)) return false;  // nothing written yet
   if (!rope_e4m3(k8, kx, cos, sin, rms_k, bounds.k)) return false;  // (q8 is a temporary: nothing the caller sees)
-  // Where cuDNN declines (at the first call of a shape), the 16-bit q and k are made after all and the rows
-  // quantized from the 16-bit output, as attention_merged_fp8_rows does.
-  bool fell_back = false;
+  // Where cuDNN declines (at the first call of a shape; run_fp8_attention then returns false after fallback16),
+  // the 16-bit q and k are made after all and the rows quantized from the 16-bit output, as
+  // attention_merged_fp8_rows does.
   const auto fallback16 = [&] {
     Tensor q16 = Tensor::empty(qx.shape(), qx.dtype(), device()), k16 = Tensor::empty(kx.shape(), kx.dtype(), device());
     rope(q16, qx, cos, sin, 2, rms_q);
     rope(k16, kx, cos, sin, 2, rms_k);
     attention(out, q16, k16, v, Tensor(), scale);
-    fell_back = true;
   };
-  if (run_fp8_attention(out, qx, kx, v, scale, bounds, &rows8, &row_scale, write_out, &q8, &k8, fallback16)) return true;
-  if (!fell_back) return false;  // (not reached: the checks above are run_fp8_attention's own)
-  const int64_t rows = b * sq;
-  quantize_rows_fp8(rows8, row_scale, Tensor(out.buffer(), {rows, h * d}, {h * d, 1}, out.dtype(), out.offset()));
+  if (!run_fp8_attention(out, qx, kx, v, scale, bounds, &rows8, &row_scale, write_out, &q8, &k8, fallback16)) {
+    const int64_t rows = row_scale.numel(), cols = rows8.numel() / rows;  // out is [B, Sq, H, D] memory: the rows
+    quantize_rows_fp8(rows8, row_scale, Tensor(out.buffer(), {rows, cols}, {cols, 1}, out.dtype(), out.offset()));
+  }
   return true;
 }
 

@@ -108,7 +108,7 @@ constexpr int kRopeRmsThreads = 256;
 // fp8_quantize_kernel takes a bounded operand, so the same bytes), and `out` is not written.
 struct RopeE4m3Out {
   uint8_t* q = nullptr;
-  RowDivider div{};  // made on the host (host_row_divider): no divisions per thread
+  RowDivider div{};  // made on the host (row_divider): no divisions per thread
 };
 
 template <typename T, int LANES, typename Index>
@@ -170,9 +170,8 @@ __global__ void rope_rms_warp_kernel(T* out, const T* x, const T* cos, const T* 
     rotate_pair<T>(o + 2 * p, norm(2 * p), norm(2 * p + 1), to_f32(cos[t0 + p]), to_f32(sin[t0 + p]));
 }
 
-// rope with the RMS norm first (rms.on): the vector kernel where rows are 8, 16 or 32 aligned 16-byte vectors
-// of a 16-bit type, the warp kernel otherwise.
-// Whether rope_rms_vec_kernel takes rows of a 16-bit T with these strides and pointers.
+// Whether rope_rms_vec_kernel takes rows of a 16-bit T with these strides and pointers: 8, 16 or 32 aligned
+// 16-byte vectors.
 template <typename T>
 bool rope_rms_vec_takes(const void* out, const T* x, const T* cos, const T* sin, const RopeShape& sh) {
   constexpr int V = Vec<T>::kWidth;
@@ -181,6 +180,8 @@ bool rope_rms_vec_takes(const void* out, const T* x, const T* cos, const T* sin,
          sh.s1 % V == 0 && sh.s2 % V == 0 && aligned16(x) && aligned16(out) && aligned_to(cos, 8) && aligned_to(sin, 8);
 }
 
+// rope with the RMS norm first (rms.on): the vector kernel where it takes the rows, the warp kernel otherwise;
+// with e4m3.q the vector kernel only (the caller asked rope_rms_vec_takes).
 template <typename T>
 void launch_rope_rms(cudaStream_t stream, T* out, const T* x, const T* cos, const T* sin, const RopeShape& sh,
                      const RopeRms& rms, int64_t rows, const RopeE4m3Out& e4m3 = {}) {
@@ -226,7 +227,7 @@ bool CudaBackend::rope_e4m3(Tensor& q8, const Tensor& x, const Tensor& cos, cons
       NvtxRange range("rope_e4m3");
       DeviceGuard guard(index_);
       launch_rope_rms<T>(stream_, nullptr, x.data<T>(), cos.data<T>(), sin.data<T>(), sh, rms, x.numel() / x.size(3),
-                         RopeE4m3Out{static_cast<uint8_t*>(q8.raw()), host_row_divider(host_fp8_scale(bound))});
+                         RopeE4m3Out{static_cast<uint8_t*>(q8.raw()), row_divider(fp8_row_scale(bound))});
       ATELIER_CUDA_LAUNCHED();
       taken = true;
     }
