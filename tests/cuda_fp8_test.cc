@@ -150,6 +150,52 @@ TEST(CudaFp8, LinearMatchesTheCpu) {
   }
 }
 
+// An adaLN gated residual branch (FLUX's output projections with --dtype fp8): residual + gate * layer(x), the
+// gate folded into the product's column scales and bias and the product accumulated onto the residual in place
+// (one sample, a residual nothing else holds); a residual still held elsewhere, or a batch of two, gets a fresh
+// result. Against the CPU's definition (the product, then the gated pass, in f32); a large bias and gates far
+// from 1 make a missing or doubled gating O(1).
+TEST(CudaFp8, GatedResidualMatchesTheCpu) {
+  ATELIER_REQUIRE_CUDA();
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  constexpr int64_t kRows = 300, kIn = 512, kOut = 384;
+  Linear l{random_tensor({kOut, kIn}, 21, 1.0f / std::sqrt(float(kIn))), test::rounded(random_tensor({kOut}, 22, 4.0f), DType::BF16),
+           Tensor()};
+  l.quantize_fp8();
+  const Linear g{ops::to_device(l.weight, test::cuda0()), to_gpu(l.bias, DType::BF16), ops::to_device(l.weight_scale, test::cuda0())};
+  for (int64_t batch : {1, 2}) {
+    const Tensor x = test::rounded(random_tensor({batch, kRows, kIn}, 23), DType::BF16);
+    const Tensor res = test::rounded(random_tensor({batch, kRows, kOut}, 24), DType::BF16);
+    const Tensor gate = test::rounded(random_tensor({batch, 1, kOut}, 25, 2.0f), DType::BF16);
+    const std::vector<float> want = l.gated_residual(Tensor(res), gate, ops::Fp8Rows{x, Tensor(), Tensor()}).to_vector();
+    const Tensor gres = to_gpu(res, DType::BF16), ggate = to_gpu(gate, DType::BF16);
+    const ops::Fp8Rows rows{to_gpu(x, DType::BF16), Tensor(), Tensor()};
+    auto& stats = cuda::fp8_gemm_stats();
+    // A residual nothing else holds: accumulated in place at batch 1.
+    const int64_t gated0 = stats.gated, outer0 = stats.outer_vector;
+    Tensor mine = ops::clone(gres);
+    const void* where = mine.raw();
+    const Tensor got = g.gated_residual(std::move(mine), ggate, rows);
+    const double err = test::rel_l2(ops::cast(got, DType::F32).to_vector(), want);
+    std::printf("[ figures  ] gated residual batch %lld (%s%s): GPU vs CPU rel L2 %.3g\n", (long long)batch,
+                stats.gated > gated0 ? "gate folded into the product" : "product, then the gated pass",
+                stats.outer_vector > outer0 ? ", cuBLASLt outer-vector scales" : "", err);
+    EXPECT_LE(err, kFp8ParityTol) << "batch " << batch;
+    if (batch == 1 && prop.major >= 9) {
+      EXPECT_EQ(stats.gated, gated0 + 1) << "the gate was not folded into the product";
+      EXPECT_EQ(got.raw(), where) << "not accumulated onto the residual in place";
+    }
+    if (batch > 1) EXPECT_EQ(stats.gated, gated0) << "one product cannot carry two samples' gates";
+    // A residual still held (gres): left as it was, the same values in a fresh tensor.
+    Tensor shared = gres;
+    const Tensor fresh = g.gated_residual(std::move(shared), ggate, rows);
+    EXPECT_NE(fresh.raw(), gres.raw());
+    EXPECT_EQ(ops::cast(gres, DType::F32).to_vector(), res.to_vector()) << "a residual held elsewhere was written";
+    EXPECT_LE(test::rel_l2(ops::cast(fresh, DType::F32).to_vector(), want), kFp8ParityTol) << "batch " << batch;
+  }
+}
+
 TEST(CudaFp8, LinearOnAColumnViewOfTheWeight) {
   ATELIER_REQUIRE_CUDA();
   // FLUX's single blocks: proj_out over [attention | mlp] as two products over the weight's column blocks.
@@ -307,6 +353,37 @@ TEST(CudaFp8, RopeAttentionMakesTheBytesOfRopeThenAttention) {
                                                             heads(2), 0.0f, bounds, false);
     const std::string what = std::to_string(c.b) + "x" + std::to_string(c.h) + "x" + std::to_string(c.s) + " d" + std::to_string(c.d);
     EXPECT_EQ(fused.x_values, two.x_values) << what;
+    EXPECT_EQ(bytes_of(fused.q), bytes_of(two.q)) << what;
+    EXPECT_EQ(ops::to_device(fused.scale, Device::cpu()).to_vector(), ops::to_device(two.scale, Device::cpu()).to_vector()) << what;
+  }
+}
+
+// The same with q and k roped in two runs of positions, each with its own norms (FLUX's double blocks: text
+// tokens, then image tokens): each run's rope pass writes its rows of the e4m3 q and k, byte for byte what
+// rope_runs and attention_merged_fp8_rows make. Run lengths need not be multiples of anything.
+TEST(CudaFp8, RopeAttentionInRunsMakesTheBytesOfRopeRunsThenAttention) {
+  ATELIER_REQUIRE_CUDA();
+  const test::Fp8AttentionScope fp8_attention(true);
+  struct Case { int64_t b, h, text, image, d; };
+  for (const Case& c : {Case{1, 4, 128, 448, 128}, Case{2, 3, 50, 150, 128}, Case{1, 2, 77, 123, 64}}) {
+    const int64_t s = c.text + c.image;
+    const Tensor joint = to_gpu(test::rounded(random_tensor({c.b, s, 3, c.h, c.d}, 51, 2.0f), DType::BF16), DType::BF16);
+    const auto heads = [&](int which) { return joint.select(2, which).permute({0, 2, 1, 3}); };  // [B, H, S, D]
+    const Tensor angle = random_tensor({s, c.d / 2}, 52, 3.0f);
+    const Tensor cos = to_gpu(ops::unary(angle, UnaryOp::kCos), DType::BF16), sin = to_gpu(ops::unary(angle, UnaryOp::kSin), DType::BF16);
+    std::vector<Tensor> gammas;  // q text, k text, q image, k image
+    for (uint32_t seed = 53; seed < 57; ++seed) gammas.push_back(test::rounded(random_tensor({c.d}, seed, seed == 55 ? 3.0f : 1.0f), DType::BF16));
+    const auto norm = [&](int i) { return RopeRms{true, to_gpu(gammas[size_t(i)], DType::BF16), 1e-6f}; };
+    const std::vector<RopeRmsRun> q_runs{{c.text, norm(0)}, {c.image, norm(2)}}, k_runs{{c.text, norm(1)}, {c.image, norm(3)}};
+    const float root = 1.05f * std::sqrt(float(c.d));
+    const Fp8Bounds bounds{root * std::max(max_abs(gammas[0]), max_abs(gammas[2])), root * std::max(max_abs(gammas[1]), max_abs(gammas[3]))};
+    const int64_t runs0 = cuda::sdpa_fp8_stats().runs;
+    const ops::Fp8Rows fused = ops::rope_attention_merged_fp8_rows(heads(0), heads(1), heads(2), cos, sin, q_runs, k_runs, bounds, false);
+    EXPECT_GT(cuda::sdpa_fp8_stats().runs, runs0) << "cuDNN's FP8 attention did not run for head dim " << c.d;
+    const ops::Fp8Rows two = ops::attention_merged_fp8_rows(ops::rope_runs(heads(0), cos, sin, q_runs),
+                                                            ops::rope_runs(heads(1), cos, sin, k_runs), heads(2), 0.0f, bounds, false);
+    const std::string what = std::to_string(c.b) + "x" + std::to_string(c.h) + "x(" + std::to_string(c.text) + "+" +
+                             std::to_string(c.image) + ") d" + std::to_string(c.d);
     EXPECT_EQ(bytes_of(fused.q), bytes_of(two.q)) << what;
     EXPECT_EQ(ops::to_device(fused.scale, Device::cpu()).to_vector(), ops::to_device(two.scale, Device::cpu()).to_vector()) << what;
   }

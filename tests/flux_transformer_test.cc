@@ -212,8 +212,11 @@ TEST(FluxTransformerGolden, Fp8ModulatedInputsAreQuantizedInTheirNormPass) {
   EXPECT_EQ(n["quantize_activation_fp8"], 0);
   EXPECT_EQ(n["norm_modulate_fp8"], 4 * cfg.num_layers + cfg.num_single_layers);
   // Per double block 8 FP8 products, per single block 4 (q/k/v, MLP, proj_out's two column blocks), and one
-  // for every block's modulation (stacked; the final layer's stays in the compute dtype: a `linear`).
-  EXPECT_EQ(n["linear_fp8"], 8 * cfg.num_layers + 4 * cfg.num_single_layers + 1);
+  // for every block's modulation (stacked; the final layer's stays in the compute dtype: a `linear`). Those
+  // that end a gated residual branch (a double block's 4 output projections, both of proj_out's parts) are
+  // ops::linear_fp8_gated_residual.
+  EXPECT_EQ(n["linear_fp8"], 4 * cfg.num_layers + 2 * cfg.num_single_layers + 1);
+  EXPECT_EQ(n["linear_fp8_gated"], 4 * cfg.num_layers + 2 * cfg.num_single_layers);
   // Every block's attention in FP8 as well (q, k, v quantized per tensor: ops::attention_merged_fp8).
   EXPECT_EQ(n["attention_fp8"], cfg.num_layers + cfg.num_single_layers);
   EXPECT_EQ(n["attention"], 0);

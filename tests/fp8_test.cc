@@ -185,6 +185,27 @@ TEST(Fp8, LinearRejectsWhatItCannotUse) {
 // Values already on a tensor's e4m3 grid (every element an e4m3 value times 2^-5, one of them the largest, so
 // that s is exactly 2^-5) pass the quantization unchanged: the result is attention_merged's. Random values
 // (unit-variance logits) move by the format's rounding: measurably (4.6% measured), and by under 10%.
+// An adaLN gated residual branch through an FP8 layer: the CPU folds no gate into its product, so the op is
+// linear_fp8 then norm_modulate's gated residual pass, the residual left as it was; and its operands are
+// checked (a CUDA device accumulates in place instead: CudaFp8.GatedResidualMatchesTheCpu).
+TEST(Fp8, GatedResidualIsTheProductThenTheGatedPass) {
+  Linear l{random_tensor({24, 32}, 91, 0.2f), random_tensor({24}, 92), Tensor()};
+  l.quantize_fp8();
+  const Tensor x = random_tensor({1, 5, 32}, 93), res = random_tensor({1, 5, 24}, 94), gate = random_tensor({1, 1, 24}, 95, 2.0f);
+  const std::vector<float> res_before = res.to_vector();
+  Tensor taken = res;
+  const Tensor got = l.gated_residual(std::move(taken), gate, ops::Fp8Rows{x, Tensor(), Tensor()});
+  const Tensor want = ops::norm_modulate(l(x), NormKind::kNone, 0.0f, Tensor(), {.gate = gate, .residual = res});
+  EXPECT_EQ(got.to_vector(), want.to_vector());
+  EXPECT_EQ(res.to_vector(), res_before) << "a residual held elsewhere was written";
+  const ops::Fp8Rows rows{x, Tensor(), Tensor()};
+  EXPECT_THROW(ops::linear_fp8_gated_residual(Tensor(res), rows, l.weight, l.weight_scale, l.bias, gate.narrow(2, 0, 20)),
+               Error);  // a gate of 20 values for 24 outputs
+  EXPECT_THROW(ops::linear_fp8_gated_residual(res.narrow(2, 0, 20), rows, l.weight, l.weight_scale, l.bias, gate),
+               Error);  // a residual of 20 columns
+  EXPECT_THROW(ops::linear_fp8_gated_residual(Tensor(), rows, l.weight, l.weight_scale, l.bias, gate), Error);
+}
+
 TEST(Fp8, AttentionQuantizesEachOperandPerTensor) {
   constexpr float kGrid = 0x1p-5f;
   std::mt19937 rng(5);
@@ -273,6 +294,33 @@ TEST(Fp8, RopeAttentionIsRopeThenAttention) {
                Error);  // v shorter than k
   EXPECT_THROW(ops::rope_attention_merged_fp8_rows(heads(0), heads(1), heads(2), cos.narrow(0, 0, 6), sin, rope_rms(&nq), rope_rms(&nk)),
                Error);  // tables for 6 positions, not 7
+}
+
+// The same in runs of positions, each with its own q/k norms (FLUX's double blocks: text, then image tokens):
+// rope_runs of q and k, then attention_merged_fp8_rows.
+TEST(Fp8, RopeAttentionInRunsIsRopeRunsThenAttention) {
+  constexpr int64_t kDim = 16, kText = 3, kImage = 4;
+  const Tensor joint = random_tensor({1, kText + kImage, 3, 2, kDim}, 61, 2.0f);
+  const auto heads = [&](int which) { return joint.select(2, which).permute({0, 2, 1, 3}); };  // [1, 2, 7, 16] views
+  Tensor cos = random_tensor({kText + kImage, kDim / 2}, 62), sin = random_tensor({kText + kImage, kDim / 2}, 63);
+  const RMSNorm nq_t{random_tensor({kDim}, 64), 1e-6f}, nk_t{random_tensor({kDim}, 65), 1e-6f};
+  const RMSNorm nq_i{random_tensor({kDim}, 66, 3.0f), 1e-6f}, nk_i{random_tensor({kDim}, 67), 1e-6f};
+  const Fp8Bounds bounds{std::max(rms_rope_bound(nq_t, kDim), rms_rope_bound(nq_i, kDim)),
+                         std::max(rms_rope_bound(nk_t, kDim), rms_rope_bound(nk_i, kDim))};
+  const std::vector<RopeRmsRun> q_runs{{kText, rope_rms(&nq_t)}, {kImage, rope_rms(&nq_i)}};
+  const std::vector<RopeRmsRun> k_runs{{kText, rope_rms(&nk_t)}, {kImage, rope_rms(&nk_i)}};
+  const ops::Fp8Rows got = ops::rope_attention_merged_fp8_rows(heads(0), heads(1), heads(2), cos, sin, q_runs, k_runs, bounds);
+  const ops::Fp8Rows want = ops::attention_merged_fp8_rows(ops::rope_runs(heads(0), cos, sin, q_runs),
+                                                           ops::rope_runs(heads(1), cos, sin, k_runs), heads(2), 0.0f, bounds);
+  EXPECT_EQ(got.x.to_vector(), want.x.to_vector());
+  EXPECT_EQ(got.scale.to_vector(), want.scale.to_vector());
+  EXPECT_EQ(std::vector<uint8_t>(static_cast<const uint8_t*>(got.q.raw()), static_cast<const uint8_t*>(got.q.raw()) + got.q.numel()),
+            std::vector<uint8_t>(static_cast<const uint8_t*>(want.q.raw()), static_cast<const uint8_t*>(want.q.raw()) + want.q.numel()));
+  // The runs differ: one norm for the whole sequence is another result.
+  const ops::Fp8Rows one = ops::rope_attention_merged_fp8_rows(heads(0), heads(1), heads(2), cos, sin, rope_rms(&nq_i), rope_rms(&nk_i), bounds);
+  EXPECT_NE(one.x.to_vector(), got.x.to_vector());
+  EXPECT_THROW(ops::rope_attention_merged_fp8_rows(heads(0), heads(1), heads(2), cos, sin, {{kText, rope_rms(&nq_t)}}, k_runs, bounds),
+               Error);  // q's runs cover 3 of 7 positions
 }
 
 }  // namespace

@@ -201,6 +201,32 @@ TEST(OpsRope, WithRmsNormEqualsRmsNormThenRope) {
                Error);
 }
 
+// rope_runs: each run of positions roped with its own norm and its rows of the tables, the runs in order along
+// the sequence (FLUX's double blocks: text then image tokens). Batch 1 writes one token-major buffer, larger
+// batches concatenate: both equal the runs' ropes concatenated.
+TEST(OpsRope, RunsAreEachRunsRopeInOrder) {
+  constexpr int64_t kDim = 8, kText = 2, kImage = 5, kSeq = kText + kImage;
+  const Tensor cos = random_tensor({kSeq, kDim / 2}, 71), sin = random_tensor({kSeq, kDim / 2}, 72);
+  const RopeRms text{true, random_tensor({kDim}, 73), 1e-6f}, image{true, random_tensor({kDim}, 74), 1e-5f};
+  for (int64_t batch : {1, 2}) {
+    const Tensor x = random_tensor({batch, kSeq, 3, 4, kDim}, 75 + batch, 3.0f).select(2, 0).permute({0, 2, 1, 3});  // [B, 4, 7, 8]
+    const Tensor got = ops::rope_runs(x, cos, sin, {{kText, text}, {kImage, image}});
+    const Tensor want = ops::concat({ops::rope(x.narrow(2, 0, kText), cos.narrow(0, 0, kText), sin.narrow(0, 0, kText), 2, text),
+                                     ops::rope(x.narrow(2, kText, kImage), cos.narrow(0, kText, kImage), sin.narrow(0, kText, kImage), 2, image)},
+                                    2);
+    ASSERT_EQ(got.shape(), want.shape());
+    const std::vector<float> gv = got.to_vector(), wv = want.to_vector();
+    for (size_t i = 0; i < gv.size(); ++i) ASSERT_EQ(gv[i], wv[i]) << "batch " << batch << " at " << i;
+    if (batch == 1) EXPECT_EQ(got.strides()[2], 4 * kDim) << "batch 1: a token-major buffer, no concatenation";
+  }
+  const Tensor x = random_tensor({1, 4, kSeq, kDim}, 79);
+  EXPECT_EQ(ops::rope_runs(x, cos, sin, {{kSeq, text}}).to_vector(), ops::rope(x, cos, sin, 2, text).to_vector());
+  EXPECT_THROW(ops::rope_runs(x, cos, sin, {{kText, text}, {kImage - 1, image}}), Error);  // 6 of 7 positions
+  EXPECT_THROW(ops::rope_runs(x, cos, sin, {{kText, text}, {kImage + 1, image}}), Error);  // past the sequence
+  EXPECT_THROW(ops::rope_runs(x, cos, sin, {{0, text}, {kSeq, image}}), Error);            // an empty run
+  EXPECT_THROW(ops::rope_runs(x, cos, sin, {}), Error);
+}
+
 TEST(OpsNormModulate, EqualsTheUnfusedSequence) {
   const Tensor x = random_tensor({2, 5, 24}, 41), res = random_tensor({2, 5, 24}, 42), gamma = random_tensor({24}, 43);
   const Tensor scale = random_tensor({2, 1, 24}, 44), shift = random_tensor({2, 1, 24}, 45), gate = random_tensor({2, 1, 24}, 46);

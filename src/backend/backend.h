@@ -31,6 +31,13 @@ struct RopeRms {
   Tensor gamma;
   float eps = 0.0f;
 };
+// One run of positions of a rope input along its sequence with its own RMS norm: a joint attention's streams
+// (FLUX's double blocks: the text tokens with the text stream's q/k norms, then the image tokens with the
+// image stream's) are runs of one q and one k. A list of runs covers the sequence in order.
+struct RopeRmsRun {
+  int64_t positions = 0;
+  RopeRms rms;
+};
 
 // Upper bounds of |q| and |k| known before an FP8 attention runs (0: unknown): such an operand is quantized
 // with the scale bound / 448 (values beyond it saturate) and no amax pass reads it. For q/k that an RMS norm
@@ -154,6 +161,14 @@ class Backend {
   // (quantize_rows_fp8); bias [N] in out's dtype, optional.
   virtual void gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws,
                         const Tensor& bias, float beta, UnaryOp act) = 0;
+  // out [M, N] contiguous += gate[n] * (xs[m] * ws[n] * sum_k x8[m, k] w8[n, k] + bias[n]) in place, gate [N]
+  // contiguous in out's dtype (one sample's adaLN gate): where the backend folds the gate into the product's
+  // column scales and bias. False where it does not (this default): nothing was written.
+  virtual bool gemm_fp8_gated(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws,
+                              const Tensor& bias, const Tensor& gate) {
+    (void)out, (void)x8, (void)xs, (void)w8, (void)ws, (void)bias, (void)gate;
+    return false;
+  }
   // x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] optional -> out [N, O, Ho, Wo] = conv(x) + bias +
   // addend, addend optional: a view with out's shape (zero strides broadcast, e.g. a per-sample [N, O, 1, 1]
   // time embedding or a full residual), added in the convolution's output pass where the device can.
@@ -227,15 +242,17 @@ class Backend {
     attention_fp8(out, q, k, v, scale, bounds);
     return false;
   }
-  // attention_fp8_rows of q = rope(qx) and k = rope(kx) (each as Backend::rope with positions along dim 2 and
-  // its RMS norm; qx [B, H, Sq, D], kx [B, H, Sk, D] with unit last strides, cos/sin [S, D/2] contiguous) where
-  // q and k are bounded (bounds.q, bounds.k > 0) and the rope pass can write them in e4m3 itself: the same
-  // bytes as that sequence, without the 16-bit q and k. True: rows8/row_scale written (and out with
-  // write_out); false: nothing was written (this default), the caller ropes and calls attention_fp8_rows.
+  // attention_fp8_rows of q = rope(qx) and k = rope(kx) (each as Backend::rope with positions along dim 2, each
+  // run of positions with its RMS norm: q_runs / k_runs cover Sq / Sk in order; qx [B, H, Sq, D], kx [B, H, Sk, D]
+  // with unit last strides, cos/sin [S, D/2] contiguous) where q and k are bounded (bounds.q, bounds.k > 0) and
+  // the rope pass can write them in e4m3 itself: the same bytes as that sequence, without the 16-bit q and k.
+  // True: rows8/row_scale written (and out with write_out); false: nothing was written (this default), the
+  // caller ropes and calls attention_fp8_rows.
   virtual bool rope_attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& qx, const Tensor& kx,
-                                       const Tensor& v, const Tensor& cos, const Tensor& sin, const RopeRms& rms_q,
-                                       const RopeRms& rms_k, float scale, const Fp8Bounds& bounds, bool write_out) {
-    (void)out, (void)rows8, (void)row_scale, (void)qx, (void)kx, (void)v, (void)cos, (void)sin, (void)rms_q, (void)rms_k;
+                                       const Tensor& v, const Tensor& cos, const Tensor& sin,
+                                       const std::vector<RopeRmsRun>& q_runs, const std::vector<RopeRmsRun>& k_runs,
+                                       float scale, const Fp8Bounds& bounds, bool write_out) {
+    (void)out, (void)rows8, (void)row_scale, (void)qx, (void)kx, (void)v, (void)cos, (void)sin, (void)q_runs, (void)k_runs;
     (void)scale, (void)bounds, (void)write_out;
     return false;
   }

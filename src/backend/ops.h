@@ -87,6 +87,14 @@ void linear_fp8_into(Tensor& out, const Fp8Rows& x, const Tensor& w8, const Tens
 // out [..., out] += x [..., in] @ w8^T (ws its row scales; no bias, no activation), in place: linear_fp8 with
 // out as its residual, without the residual's copy (the product accumulates onto out where it is).
 void linear_fp8_accumulate(Tensor& out, const Fp8Rows& x, const Tensor& w8, const Tensor& ws);
+// residual + gate * linear_fp8(x, w8, ws, b): an adaLN block's gated residual branch (residual [B, N, out]
+// contiguous or not, gate [B, 1, out] or [B, out] in residual's dtype). The residual is taken (moved in): where
+// nothing else holds its memory and the backend folds the gate into the product (Backend::gemm_fp8_gated: one
+// sample, the gate times the weight's row scales and the bias), the product accumulates onto it in place (no
+// 16-bit product written and read again, no residual pass) and it is returned; else linear_fp8 and
+// norm_modulate's gated residual pass into a fresh tensor. The sums differ in their 16-bit roundings only.
+Tensor linear_fp8_gated_residual(Tensor&& residual, const Fp8Rows& x, const Tensor& w8, const Tensor& ws, const Tensor& b,
+                                 const Tensor& gate);
 // x [N, C, H, W], w [O, C/g, kh, kw], b [O] optional -> [N, O, Ho, Wo] (+ addend, optional, broadcastable
 // to the output: a per-sample [N, O, 1, 1] bias or a residual, added in the convolution's output pass).
 // Channels-last on a device that prefers it (Backend::prefers_channels_last); the values are the same.
@@ -120,6 +128,11 @@ Fp8Rows norm_modulate_fp8(const Tensor& x, NormKind kind, float eps, const Tenso
 Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms = {});
 // rope written into `out` (contiguous, x's shape, dtype and device), as linear_into.
 void rope_into(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim, const RopeRms& rms = {});
+// rope of x [B, H, S, D] (positions along dim 2) in runs of positions, each with its RMS norm (the runs cover
+// S in order: RopeRmsRun) -> [B, H, S, D]. One run: rope(x, cos, sin, 2, rms). Several at batch 1: each run
+// written into its rows of one token-major buffer (the result is a view of [1, S, H, D] memory: no
+// concatenation); at larger batches the runs' ropes concatenated.
+Tensor rope_runs(const Tensor& x, const Tensor& cos, const Tensor& sin, const std::vector<RopeRmsRun>& runs);
 
 // --- attention ------------------------------------------------------------------------------------
 // q [B, H, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv]; H % Hk == 0; mask additive, broadcastable to
@@ -146,6 +159,10 @@ Fp8Rows attention_merged_fp8_rows(const Tensor& q, const Tensor& k, const Tensor
 Fp8Rows rope_attention_merged_fp8_rows(const Tensor& qx, const Tensor& kx, const Tensor& v, const Tensor& cos, const Tensor& sin,
                                        const RopeRms& rms_q, const RopeRms& rms_k, const Fp8Bounds& bounds = {},
                                        bool x_values = true);
+// The same with q and k roped in runs of positions, each with its norm (rope_runs: a joint attention's streams).
+Fp8Rows rope_attention_merged_fp8_rows(const Tensor& qx, const Tensor& kx, const Tensor& v, const Tensor& cos, const Tensor& sin,
+                                       const std::vector<RopeRmsRun>& q_runs, const std::vector<RopeRmsRun>& k_runs,
+                                       const Fp8Bounds& bounds = {}, bool x_values = true);
 // Convenience for [B, S, H*D] sequences: splits heads, attends, merges -> [B, Sq, H*Dv].
 Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, int heads, int kv_heads = 0,
                             const Tensor& mask = {});

@@ -64,6 +64,56 @@ void rope_into(Tensor& out, const Tensor& x, const Tensor& cos, const Tensor& si
   rope_impl(x, cos, sin, seq_dim, rms, out);
 }
 
+namespace {
+// rope's operands of x [B, H, S, D] (positions along dim 2) in runs: the whole (unit last stride, tables [S,
+// D/2]), each run's positions [start, start + n) with their rows of the tables and the run's norm (contiguous
+// gamma), and those runs as the backend takes them.
+struct RopeRunOperands {
+  RopeOperands whole;
+  std::vector<RopeOperands> parts;
+  std::vector<RopeRmsRun> runs;
+};
+
+RopeRunOperands rope_run_operands(const Tensor& x, const Tensor& cos, const Tensor& sin, const std::vector<RopeRmsRun>& runs,
+                                  const std::string& op) {
+  RopeRunOperands r{rope_operands(x, cos, sin, 2, {}, op), {}, {}};
+  require(!runs.empty(), op, "needs at least one run of positions");
+  const int64_t s = x.size(2);
+  int64_t start = 0;
+  for (const RopeRmsRun& run : runs) {
+    require(run.positions > 0 && run.positions <= s - start, op,
+            "runs of positions must be positive and lie within the sequence of " + std::to_string(s) + ", got " +
+                std::to_string(run.positions) + " from " + std::to_string(start));
+    const RopeOperands& w = r.whole;
+    r.parts.push_back(rope_operands(w.x.narrow(2, start, run.positions), w.cos.narrow(0, start, run.positions),
+                                    w.sin.narrow(0, start, run.positions), 2, run.rms, op));
+    r.runs.push_back({run.positions, r.parts.back().rms});
+    start += run.positions;
+  }
+  require(start == s, op, "runs cover " + std::to_string(start) + " of the sequence's " + std::to_string(s) + " positions");
+  return r;
+}
+}  // namespace
+
+Tensor rope_runs(const Tensor& x, const Tensor& cos, const Tensor& sin, const std::vector<RopeRmsRun>& runs) {
+  const RopeRunOperands r = rope_run_operands(x, cos, sin, runs, "rope_runs");
+  if (r.parts.size() == 1) return rope(x, cos, sin, 2, runs[0].rms);
+  const int64_t b = x.size(0), h = x.size(1), s = x.size(2), d = x.size(3);
+  if (b > 1) {  // the runs' rows of a [B, S, H, D] buffer are not contiguous: rope each, then concatenate
+    std::vector<Tensor> roped;
+    for (const RopeOperands& p : r.parts) roped.push_back(rope(p.x, p.cos, p.sin, 2, p.rms));
+    return concat(roped, 2);
+  }
+  Tensor out = empty_like_shape(x, {1, s, h, d});
+  int64_t start = 0;
+  for (const RopeOperands& p : r.parts) {
+    Tensor rows = out.narrow(1, start, p.x.size(2));
+    rope_into(rows, p.x.permute({0, 2, 1, 3}), p.cos, p.sin, 1, p.rms);
+    start += p.x.size(2);
+  }
+  return out.permute({0, 2, 1, 3});
+}
+
 // --- attention ------------------------------------------------------------------------------------
 
 namespace {
@@ -177,8 +227,16 @@ Tensor multi_head_attention(const Tensor& q, const Tensor& k, const Tensor& v, i
 
 Fp8Rows rope_attention_merged_fp8_rows(const Tensor& qx, const Tensor& kx, const Tensor& v, const Tensor& cos, const Tensor& sin,
                                        const RopeRms& rms_q, const RopeRms& rms_k, const Fp8Bounds& bounds, bool x_values) {
+  // (the positions of malformed q/k are left to the checks of the runs' version)
+  const int64_t sq = qx.dim() == 4 ? qx.size(2) : 0, sk = kx.dim() == 4 ? kx.size(2) : 0;
+  return rope_attention_merged_fp8_rows(qx, kx, v, cos, sin, {{sq, rms_q}}, {{sk, rms_k}}, bounds, x_values);
+}
+
+Fp8Rows rope_attention_merged_fp8_rows(const Tensor& qx, const Tensor& kx, const Tensor& v, const Tensor& cos, const Tensor& sin,
+                                       const std::vector<RopeRmsRun>& q_runs, const std::vector<RopeRmsRun>& k_runs,
+                                       const Fp8Bounds& bounds, bool x_values) {
   const std::string op = "rope_attention_fp8";
-  const RopeOperands rq = rope_operands(qx, cos, sin, 2, rms_q, op), rk = rope_operands(kx, cos, sin, 2, rms_k, op);
+  const RopeRunOperands rq = rope_run_operands(qx, cos, sin, q_runs, op), rk = rope_run_operands(kx, cos, sin, k_runs, op);
   require_defined(v, op, "v");
   require(v.dim() == 4 && v.size(0) == qx.size(0) && v.size(1) == qx.size(1) && v.size(2) == kx.size(2), op,
           "v must be [B, H, Sk, Dv] beside q " + shape_str(qx.shape()) + " and k " + shape_str(kx.shape()) + ", got " + shape_str(v.shape()));
@@ -190,14 +248,15 @@ Fp8Rows rope_attention_merged_fp8_rows(const Tensor& qx, const Tensor& kx, const
     const Tensor out = empty_like_shape(qx, {b, sq, h, dv});
     Tensor out_view = out.permute({0, 2, 1, 3});
     Fp8Rows rows = merged_rows_of(out);
-    if (backend_of(qx).rope_attention_fp8_rows(out_view, rows.q, rows.scale, rq.x, rk.x, v, rq.cos, rq.sin, rq.rms, rk.rms,
-                                               float(1.0 / std::sqrt(double(d))), bounds, x_values)) {
+    if (backend_of(qx).rope_attention_fp8_rows(out_view, rows.q, rows.scale, rq.whole.x, rk.whole.x, v, rq.whole.cos,
+                                               rq.whole.sin, rq.runs, rk.runs, float(1.0 / std::sqrt(double(d))), bounds,
+                                               x_values)) {
       count_attention_flops(b * h, sq, sk, d, dv);
       rows.x_values = x_values;
       return rows;
     }
   }
-  return attention_merged_fp8_rows(rope(qx, cos, sin, 2, rms_q), rope(kx, cos, sin, 2, rms_k), v, 0.0f, bounds, x_values);
+  return attention_merged_fp8_rows(rope_runs(qx, cos, sin, q_runs), rope_runs(kx, cos, sin, k_runs), v, 0.0f, bounds, x_values);
 }
 
 }  // namespace atelier::ops

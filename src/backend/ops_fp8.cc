@@ -48,9 +48,11 @@ Tensor linear_fp8(const Tensor& x, const Tensor& w8, const Tensor& ws, const Ten
 }
 
 namespace {
-// into defined: the output written there, accumulated onto its values where `accumulate` is set.
+// into defined: the output written there, accumulated onto its values where `accumulate` is set. gate
+// defined (with into and accumulate): into += gate * product through Backend::gemm_fp8_gated, *gated telling
+// whether it ran (nothing was written where it did not).
 Tensor linear_fp8_impl(const Fp8Rows& xr, const Tensor& w8, const Tensor& ws, const Tensor& b, UnaryOp act, const Tensor& residual,
-                       const Tensor& into, bool accumulate = false) {
+                       const Tensor& into, bool accumulate = false, const Tensor& gate = Tensor(), bool* gated = nullptr) {
   const Tensor& x = xr.x;
   trace::Scope range("linear_fp8", trace::Category::kOp);
   if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w8.shape()) + "^T");
@@ -77,6 +79,11 @@ Tensor linear_fp8_impl(const Fp8Rows& xr, const Tensor& w8, const Tensor& ws, co
           "quantized rows " + shape_str(q.q.shape()) + " do not match x " + shape_str(x.shape()));
   Tensor out2 = out.reshape({m, n});
   const Tensor bias = b.defined() ? (b.dtype() == x.dtype() ? contiguous(b) : cast(b, x.dtype())) : Tensor();
+  if (gate.defined()) {
+    *gated = backend_of(x).gemm_fp8_gated(out2, q.q, q.scale, w8, ws, bias, gate);
+    if (*gated) trace::count_flops(gemm_flops(1, m, n, k));
+    return out;
+  }
   trace::count_flops(gemm_flops(1, m, n, k));
   backend_of(x).gemm_fp8(out2, q.q, q.scale, w8, ws, bias, beta, act);
   return out;
@@ -95,6 +102,36 @@ void linear_fp8_into(Tensor& out, const Fp8Rows& x, const Tensor& w8, const Tens
 void linear_fp8_accumulate(Tensor& out, const Fp8Rows& x, const Tensor& w8, const Tensor& ws) {
   require_defined(out, "linear_fp8", "out");
   linear_fp8_impl(x, w8, ws, Tensor(), UnaryOp::kIdentity, Tensor(), out, /*accumulate=*/true);
+}
+
+Tensor linear_fp8_gated_residual(Tensor&& residual, const Fp8Rows& x, const Tensor& w8, const Tensor& ws, const Tensor& b,
+                                 const Tensor& gate) {
+  const std::string op = "linear_fp8_gated_residual";
+  trace::Scope range("linear_fp8_gated", trace::Category::kOp);  // one op, whichever way it runs
+  Tensor res = std::move(residual);  // the caller's handle is gone: only other holders can still see its memory
+  require_defined(res, op, "residual");
+  require_defined(gate, op, "gate");
+  require_defined(w8, op, "w8");
+  require_f32(res, op, "residual");
+  require_f32(gate, op, "gate");
+  require_same_device(res, gate, op);
+  const int64_t out_features = w8.dim() == 2 ? w8.size(0) : -1;
+  require(res.dim() == 3 && res.size(2) == out_features, op,
+          "residual must be [B, N, " + std::to_string(out_features) + "], got " + shape_str(res.shape()));
+  require(gate.dtype() == res.dtype() && gate.numel() == res.size(0) * out_features, op,
+          "gate must hold [B, " + std::to_string(out_features) + "] values in the residual's dtype, got " + shape_str(gate.shape()));
+  require(x.q.defined() || x.x_values, op, "x holds no values (Fp8Rows::x_values) and its rows are not quantized");
+  const Fp8Rows rows = x.q.defined() ? x : quantize_activation_fp8(x.x);  // once, whichever product runs
+  if (res.size(0) == 1 && res.is_contiguous() && res.buffer().use_count() == 1 && res.dtype() == x.x.dtype()) {
+    bool gated = false;
+    linear_fp8_impl(rows, w8, ws, b, UnaryOp::kIdentity, Tensor(), res, /*accumulate=*/true, contiguous(gate).reshape({out_features}),
+                    &gated);
+    if (gated) return res;
+  }
+  NormModulation m;
+  m.gate = gate;
+  m.residual = res;
+  return norm_modulate(linear_fp8(rows, w8, ws, b), NormKind::kNone, 0.0f, Tensor(), m);
 }
 
 }  // namespace atelier::ops

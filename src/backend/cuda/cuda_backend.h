@@ -73,6 +73,10 @@ class CudaBackend final : public Backend {
   void quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) override;
   void gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws, const Tensor& bias,
                 float beta, UnaryOp act) override;
+  // The gate folded into the product: ws * gate and bias * gate made by one small kernel, then the scaled FP8
+  // product accumulating onto out (ATELIER_FP8_GATED=0: declined, for comparisons).
+  bool gemm_fp8_gated(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws, const Tensor& bias,
+                      const Tensor& gate) override;
   void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
               const Tensor& addend) override;
   // Channels-last where the convolutions run channels-last: 16-bit data on cuDNN (ConvImpl kAuto or kCudnn,
@@ -98,8 +102,9 @@ class CudaBackend final : public Backend {
   // The same with q and k written in e4m3 by the normalising rope's register kernel (rope_e4m3) where FP8
   // attention takes the case: no 16-bit q/k, no quantization pass over them.
   bool rope_attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& qx, const Tensor& kx, const Tensor& v,
-                               const Tensor& cos, const Tensor& sin, const RopeRms& rms_q, const RopeRms& rms_k, float scale,
-                               const Fp8Bounds& bounds, bool write_out) override;
+                               const Tensor& cos, const Tensor& sin, const std::vector<RopeRmsRun>& q_runs,
+                               const std::vector<RopeRmsRun>& k_runs, float scale, const Fp8Bounds& bounds,
+                               bool write_out) override;
 
   // --- CUDA-specific controls (benchmarks, tests) ---------------------------------------------------
   cudaStream_t stream() const { return stream_; }

@@ -194,6 +194,18 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_fp8_kernel(T* out, const ui
   }
 }
 
+// The adaLN gate folded into an FP8 product's column scales and bias: gws[j] = ws[j] * gate[j] (f32) and
+// gbias[j] = bias[j] * gate[j] rounded to T (bias may be null), so that the product's epilogue computes
+// gate * (scaled product + bias) and the residual as its accumulation (beta = 1).
+template <typename T>
+__global__ void gate_scales_kernel(float* gws, T* gbias, const float* ws, const T* bias, const T* gate, int64_t n) {
+  for (int64_t j = global_thread(); j < n; j += grid_threads()) {
+    const float g = to_f32(gate[j]);
+    gws[j] = ws[j] * g;
+    if (bias) gbias[j] = from_f32<T>(to_f32(bias[j]) * g);
+  }
+}
+
 }  // namespace
 
 // out [1, N] (16-bit) = the FP8 product of one row through gemv_fp8_kernel; false (nothing launched) where
@@ -252,28 +264,65 @@ void CudaBackend::quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) {
 }
 
 // out [M, N] = act(xs[m] ws[n] (x8 . w8^T) + bias + beta * out).
+namespace {
+// The product's description for the GEMM engine (bias in out's dtype, or null).
+Fp8GemmCall fp8_call(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws, const Tensor& bias,
+                     float beta, UnaryOp act) {
+  Fp8GemmCall call;
+  call.m = x8.size(0);
+  call.n = w8.size(0);
+  call.k = x8.size(1);
+  call.x = x8.raw();
+  call.ldx = call.k;
+  call.w = w8.raw();
+  call.ldw = call.n > 1 ? w8.strides()[0] : call.k;
+  call.x_scale = xs.data<float>();
+  call.w_scale = ws.data<float>();
+  call.c = out.raw();
+  call.c_dtype = out.dtype();
+  call.beta = beta;
+  call.bias = bias.defined() ? bias.raw() : nullptr;
+  call.act = act;
+  return call;
+}
+}  // namespace
+
+bool CudaBackend::gemm_fp8_gated(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws,
+                                 const Tensor& bias_in, const Tensor& gate) {
+  static const bool on = !env_is("ATELIER_FP8_GATED", "0");
+  const DType dt = out.dtype();
+  const int64_t m = x8.size(0), n = w8.size(0);
+  // One-row products take the GEMV kernel (gemm_fp8), which has no accumulation onto a residual of its own.
+  if (!on || (dt != DType::BF16 && dt != DType::F16) || m < 2 || out.dim() != 2 || !out.is_contiguous() ||
+      gate.numel() != n || !gate.is_contiguous() || gate.dtype() != dt)
+    return false;
+  NvtxRange range("gemm_fp8_gated");
+  DeviceGuard guard(index_);
+  const Tensor bias = as_dtype(bias_in, dt);
+  Tensor gated_ws = Tensor::empty({n}, DType::F32, device());
+  Tensor gated_bias = bias.defined() ? Tensor::empty({n}, dt, device()) : Tensor();
+  dispatch_float(dt, "gemm_fp8_gated", [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 2) {
+      gate_scales_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(gated_ws.data<float>(), bias.defined() ? gated_bias.data<T>() : nullptr,
+                                                                  ws.data<float>(), bias.defined() ? bias.data<T>() : nullptr,
+                                                                  gate.data<T>(), n);
+    }
+  });
+  ATELIER_CUDA_LAUNCHED();
+  if (!gemm_engine().run_fp8(fp8_call(out, x8, xs, w8, gated_ws, gated_bias, 1.0f, UnaryOp::kIdentity))) return false;
+  ++fp8_gemm_stats().gated;
+  return true;
+}
+
 void CudaBackend::gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws,
                            const Tensor& bias_in, float beta, UnaryOp act) {
   ATELIER_CHECK(out.is_contiguous() && out.dim() == 2, "gemm_fp8: out must be contiguous [M, N]");
   NvtxRange range("gemm_fp8");
   const DType dt = out.dtype();
   const Tensor bias = as_dtype(bias_in, dt);
-  const int64_t m = x8.size(0), k = x8.size(1), n = w8.size(0), ldw = n > 1 ? w8.strides()[0] : k;
-  Fp8GemmCall call;
-  call.m = m;
-  call.n = n;
-  call.k = k;
-  call.x = x8.raw();
-  call.ldx = k;
-  call.w = w8.raw();
-  call.ldw = ldw;
-  call.x_scale = xs.data<float>();
-  call.w_scale = ws.data<float>();
-  call.c = out.raw();
-  call.c_dtype = dt;
-  call.beta = beta;
-  call.bias = bias.defined() ? bias.raw() : nullptr;
-  call.act = act;
+  const int64_t m = x8.size(0), k = x8.size(1), n = w8.size(0);
+  const Fp8GemmCall call = fp8_call(out, x8, xs, w8, ws, bias, beta, act);
   if (dt != DType::F32 && m == 1) {
     DeviceGuard guard(index_);
     if (launch_gemv_fp8(call, stream_)) {
@@ -291,7 +340,7 @@ void CudaBackend::gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, cons
     dequantize_rows_kernel<T><<<grid_for(m * k), kThreads, 0, stream_>>>(a.data<T>(), static_cast<const uint8_t*>(x8.raw()),
                                                                         xs.data<float>(), m, k, k);
     dequantize_rows_kernel<T><<<grid_for(n * k), kThreads, 0, stream_>>>(b.data<T>(), static_cast<const uint8_t*>(w8.raw()),
-                                                                        ws.data<float>(), n, k, ldw);
+                                                                        ws.data<float>(), n, k, call.ldw);
   });
   ATELIER_CUDA_LAUNCHED();
   GemmParams p;

@@ -259,26 +259,62 @@ bool CudaBackend::run_fp8_attention(Tensor& out, const Tensor& q, const Tensor& 
   return true;
 }
 
+namespace {
+// Whether every run of positions has its RMS norm (the e4m3 rope kernel normalises; the bounds assume it).
+bool all_normed(const std::vector<RopeRmsRun>& runs) {
+  for (const RopeRmsRun& r : runs)
+    if (!r.rms.on) return false;
+  return !runs.empty();
+}
+}  // namespace
+
 bool CudaBackend::rope_attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& row_scale, const Tensor& qx, const Tensor& kx,
-                                          const Tensor& v, const Tensor& cos, const Tensor& sin, const RopeRms& rms_q,
-                                          const RopeRms& rms_k, float scale, const Fp8Bounds& bounds, bool write_out) {
+                                          const Tensor& v, const Tensor& cos, const Tensor& sin,
+                                          const std::vector<RopeRmsRun>& q_runs, const std::vector<RopeRmsRun>& k_runs,
+                                          float scale, const Fp8Bounds& bounds, bool write_out) {
   // ATELIER_FP8_ROPE_ATTENTION=0: the unfused sequence (rope, rope, then the quantization passes), to compare.
   static const bool fused = !env_is("ATELIER_FP8_ROPE_ATTENTION", "0");
-  if (!fused || bounds.q <= 0.0f || bounds.k <= 0.0f || !rms_q.on || !rms_k.on || out.numel() == 0) return false;
+  if (!fused || bounds.q <= 0.0f || bounds.k <= 0.0f || !all_normed(q_runs) || !all_normed(k_runs) || out.numel() == 0)
+    return false;
   // qx and kx stand for the rope's q and k in the checks (the same shapes and dtype; their strides are checked
   // as the rope's input here, the e4m3 q/k being contiguous).
   if (!fp8_attention_takes(out, qx, kx, v, nullptr) || !fp8_rows_fit(out, rows8, row_scale)) return false;
   Tensor q8 = Tensor::empty(qx.shape(), DType::F8E4M3, device()), k8 = Tensor::empty(kx.shape(), DType::F8E4M3, device());
-  if (!rope_e4m3(q8, qx, cos, sin, rms_q, bounds.q)) return false;  // nothing written yet
-  if (!rope_e4m3(k8, kx, cos, sin, rms_k, bounds.k)) return false;  // (q8 is a temporary: nothing the caller sees)
+  // Each run's rows of q8 / k8 from its own rope pass. A run the kernel cannot take returns false with nothing
+  // the caller sees written (q8 and k8 are temporaries).
+  const auto rope_runs_e4m3 = [&](Tensor& x8, const Tensor& x, const std::vector<RopeRmsRun>& runs, float bound) {
+    int64_t start = 0;
+    for (const RopeRmsRun& r : runs) {
+      Tensor rows = x8.narrow(2, start, r.positions);
+      if (!rope_e4m3(rows, x.narrow(2, start, r.positions), cos.narrow(0, start, r.positions), sin.narrow(0, start, r.positions),
+                     r.rms, bound))
+        return false;
+      start += r.positions;
+    }
+    return true;
+  };
+  if (!rope_runs_e4m3(q8, qx, q_runs, bounds.q) || !rope_runs_e4m3(k8, kx, k_runs, bounds.k)) return false;
   // Where cuDNN declines (at the first call of a shape; run_fp8_attention then returns false after fallback16),
   // the 16-bit q and k are made after all and the rows quantized from the 16-bit output, as
   // attention_merged_fp8_rows does.
   const auto fallback16 = [&] {
-    Tensor q16 = Tensor::empty(qx.shape(), qx.dtype(), device()), k16 = Tensor::empty(kx.shape(), kx.dtype(), device());
-    rope(q16, qx, cos, sin, 2, rms_q);
-    rope(k16, kx, cos, sin, 2, rms_k);
-    attention(out, q16, k16, v, Tensor(), scale);
+    const auto rope16 = [&](const Tensor& x, const std::vector<RopeRmsRun>& runs) {
+      Tensor x16 = Tensor::empty(x.shape(), x.dtype(), device());
+      if (runs.size() == 1) {
+        rope(x16, x, cos, sin, 2, runs[0].rms);
+        return x16;
+      }
+      int64_t start = 0;  // a run's rows of x16 are strided (across heads): each run roped apart, then copied in
+      for (const RopeRmsRun& r : runs) {
+        Tensor part = Tensor::empty(x.narrow(2, start, r.positions).shape(), x.dtype(), device());
+        rope(part, x.narrow(2, start, r.positions), cos.narrow(0, start, r.positions), sin.narrow(0, start, r.positions), 2, r.rms);
+        Tensor rows = x16.narrow(2, start, r.positions);
+        copy(rows, part);
+        start += r.positions;
+      }
+      return x16;
+    };
+    attention(out, rope16(qx, q_runs), rope16(kx, k_runs), v, Tensor(), scale);
   };
   if (!run_fp8_attention(out, qx, kx, v, scale, bounds, &rows8, &row_scale, write_out, &q8, &k8, fallback16)) {
     const int64_t rows = row_scale.numel(), cols = rows8.numel() / rows;  // out is [B, Sq, H, D] memory: the rows

@@ -66,9 +66,10 @@ struct Fp8GemmCall {
 
 // How FP8 products ran (cumulative, all devices): cuBLASLt with outer-vector scales; cuBLASLt unscaled plus
 // launch_fp8_scale_epilogue; both operands dequantized and the ordinary GEMM; one-row products by
-// launch_gemv_fp8 (cuda_fp8.cu).
+// launch_gemv_fp8 (cuda_fp8.cu); how many carried an adaLN gate.
 struct Fp8GemmStats {
   std::atomic<int64_t> outer_vector{0}, unscaled_then_epilogue{0}, dequantized{0}, gemv{0};
+  std::atomic<int64_t> gated{0};  // products with an adaLN gate folded in (CudaBackend::gemm_fp8_gated), also counted above
 };
 Fp8GemmStats& fp8_gemm_stats();
 

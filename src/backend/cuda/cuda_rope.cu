@@ -82,13 +82,15 @@ __global__ void rope_vec_kernel(T* out, const T* x, const T* cos, const T* sin, 
 // its 8 elements.
 struct RopeRow {
   int64_t offset, position;
+  int64_t b, j, k;  // the row's indices along dims 0-2
 };
 
 template <typename Index>
 __device__ __forceinline__ RopeRow rope_row(const RopeShape& sh, int64_t row64) {
   const Index row = Index(row64), c = Index(sh.c), a = Index(sh.a);
   const Index k = row % c, ij = row / c, j = ij % a, b = ij / a;
-  return {int64_t(b) * sh.s0 + int64_t(j) * sh.s1 + int64_t(k) * sh.s2, int64_t(sh.seq_dim == 1 ? j : k)};
+  return {int64_t(b) * sh.s0 + int64_t(j) * sh.s1 + int64_t(k) * sh.s2, int64_t(sh.seq_dim == 1 ? j : k), int64_t(b),
+          int64_t(j), int64_t(k)};
 }
 
 // The rotation of one pair read after the RMS norm: x0, x1 normalised values already rounded to T.
@@ -105,10 +107,12 @@ __device__ __forceinline__ void rotate_pair(T* o, float x0, float x1, float c, f
 constexpr int kRopeRmsThreads = 256;
 
 // With e4m3.q set the rotated rows go to e4m3 instead (FP8 attention's q or k: e4m3(v / s), s = bound / 448 as
-// fp8_quantize_kernel takes a bounded operand, so the same bytes), and `out` is not written.
+// fp8_quantize_kernel takes a bounded operand, so the same bytes), and `out` is not written. The e4m3 rows may
+// lie strided (a joint sequence's run of positions: FLUX's text or image tokens of a double block's q).
 struct RopeE4m3Out {
   uint8_t* q = nullptr;
-  RowDivider div{};  // made on the host (row_divider): no divisions per thread
+  RowDivider div{};         // made on the host (row_divider): no divisions per thread
+  int64_t s0 = 0, s1 = 0, s2 = 0;  // q's strides (elements) of dims 0-2; its last is 1
 };
 
 template <typename T, int LANES, typename Index>
@@ -138,7 +142,7 @@ __global__ void rope_rms_vec_kernel(T* out, const T* x, const T* cos, const T* s
     const pair_t<T> xn = PairOf<T>::from_floats(f[2 * e] * rstd * g[2 * e], f[2 * e + 1] * rstd * g[2 * e + 1]);
     pair_at(o.v, e) = rotate_pair2<T>(xn, c.v[e], s.v[e]);
   }
-  if (e4m3.q) store_e4m3(e4m3.q + (row * 2 * sh.half + int64_t(lane) * V), o, e4m3.div);
+  if (e4m3.q) store_e4m3(e4m3.q + (rr.b * e4m3.s0 + rr.j * e4m3.s1 + rr.k * e4m3.s2 + int64_t(lane) * V), o, e4m3.div);
   else reinterpret_cast<Vec<T>*>(out + row * 2 * sh.half)[lane] = o;
 }
 
@@ -214,20 +218,27 @@ void launch_rope_rms(cudaStream_t stream, T* out, const T* x, const T* cos, cons
 
 }  // namespace
 
-// rope of x [B, A, C, D] (positions along dim 2, with its RMS norm) written as e4m3 into q8 (contiguous, x's
-// shape) over the scale bound / 448: false (nothing launched) where the register kernel cannot take x.
+// rope of x [B, A, C, D] (positions along dim 2, with its RMS norm) written as e4m3 into q8 (x's shape, unit
+// last stride, the others whole 8-byte vectors: a contiguous tensor or a run of positions of one) over the
+// scale bound / 448: false (nothing launched) where the register kernel cannot take x.
 bool CudaBackend::rope_e4m3(Tensor& q8, const Tensor& x, const Tensor& cos, const Tensor& sin, const RopeRms& rms, float bound) {
-  if (!rms.on || q8.numel() == 0 || !q8.is_contiguous() || q8.shape() != x.shape() || x.strides()[3] != 1) return false;
+  constexpr int64_t kStoreElems = 8;  // store_e4m3 writes a 16-bit vector's 8 elements as one 8-byte store
+  if (!rms.on || q8.numel() == 0 || q8.shape() != x.shape() || x.strides()[3] != 1 || q8.strides()[3] != 1) return false;
+  for (int i = 0; i < 3; ++i)
+    if (q8.strides()[i] % kStoreElems != 0) return false;
+  if (!aligned_to(q8.raw(), kStoreElems)) return false;
   const RopeShape sh{x.size(1), x.size(2), x.size(3) / 2, x.strides()[0], x.strides()[1], x.strides()[2], 2};
   bool taken = false;
   dispatch_float(x.dtype(), "rope", [&](auto tag) {
     using T = decltype(tag);
     if constexpr (sizeof(T) == 2) {
+      // (the 16-byte check of q8 there is stricter than its 8-byte stores need: the runs' starts are whole rows)
       if (!rope_rms_vec_takes<T>(q8.raw(), x.data<T>(), cos.data<T>(), sin.data<T>(), sh)) return;
       NvtxRange range("rope_e4m3");
       DeviceGuard guard(index_);
       launch_rope_rms<T>(stream_, nullptr, x.data<T>(), cos.data<T>(), sin.data<T>(), sh, rms, x.numel() / x.size(3),
-                         RopeE4m3Out{static_cast<uint8_t*>(q8.raw()), row_divider(fp8_row_scale(bound))});
+                         RopeE4m3Out{static_cast<uint8_t*>(q8.raw()), row_divider(fp8_row_scale(bound)), q8.strides()[0],
+                                     q8.strides()[1], q8.strides()[2]});
       ATELIER_CUDA_LAUNCHED();
       taken = true;
     }

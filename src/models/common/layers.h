@@ -3,6 +3,7 @@
 #pragma once
 #include <array>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/ops.h"
@@ -41,6 +42,16 @@ struct Linear {
     if (is_fp8()) return ops::linear_fp8_accumulate(out, x, weight, weight_scale);
     ATELIER_CHECK(x.x_values, "a layer not in FP8 was given rows whose activations were never written (Fp8Rows::x_values)");
     out = ops::linear_residual(x.x, weight, Tensor(), out);
+  }
+  // residual + gate * layer(x) (residual [B, N, out], gate [B, 1, out]): an adaLN block's gated residual
+  // branch. The residual is taken: an FP8 layer may accumulate onto its memory in place with the gate folded
+  // into the product (ops::linear_fp8_gated_residual); else the layer's output and one gated-residual pass.
+  Tensor gated_residual(Tensor&& residual, const Tensor& gate, const ops::Fp8Rows& x) const {
+    if (is_fp8()) return ops::linear_fp8_gated_residual(std::move(residual), x, weight, weight_scale, bias, gate);
+    NormModulation m;
+    m.gate = gate;
+    m.residual = residual;
+    return ops::norm_modulate((*this)(x), NormKind::kNone, 0.0f, Tensor(), m);
   }
   // The layer restricted to inputs [start, start + n) (a view of the weight's columns), without the bias:
   // a product over concatenated inputs as a sum of products over the parts.
@@ -137,6 +148,14 @@ inline ops::Fp8Rows rope_attention_rows_for(bool fp8, const Tensor& qx, const Te
                                             bool x_values = true) {
   if (fp8) return ops::rope_attention_merged_fp8_rows(qx, kx, v, cos, sin, rms_q, rms_k, bounds, x_values);
   return attention_rows_for(false, ops::rope(qx, cos, sin, 2, rms_q), ops::rope(kx, cos, sin, 2, rms_k), v, bounds, x_values);
+}
+// The same with q and k roped in runs of positions, each with its norm (a joint attention's streams: ops::rope_runs).
+inline ops::Fp8Rows rope_attention_rows_for(bool fp8, const Tensor& qx, const Tensor& kx, const Tensor& v, const Tensor& cos,
+                                            const Tensor& sin, const std::vector<RopeRmsRun>& q_runs,
+                                            const std::vector<RopeRmsRun>& k_runs, const Fp8Bounds& bounds = {},
+                                            bool x_values = true) {
+  if (fp8) return ops::rope_attention_merged_fp8_rows(qx, kx, v, cos, sin, q_runs, k_runs, bounds, x_values);
+  return attention_rows_for(false, ops::rope_runs(qx, cos, sin, q_runs), ops::rope_runs(kx, cos, sin, k_runs), v, bounds, x_values);
 }
 // Tokens [start, start + n) of r (x [B, N, C], rows [B*N, C]): views where B is 1 (its rows lie together),
 // else x's tokens alone (their rows are quantized again by the layer that reads them).

@@ -255,51 +255,50 @@ void FluxTransformer::double_block(const FluxDoubleBlock& b, Tensor& img, Tensor
   const auto mi = modulations(mod_img, kDoubleMods);  // shift, scale, gate (attn), (mlp)
   const auto mt = modulations(mod_txt, kDoubleMods);
   const ops::Fp8Rows ni = modulate_for(img, mi[0], mi[1], {&b.to_q}), nt = modulate_for(txt, mt[0], mt[1], {&b.add_q_proj});
-  const auto [q, k, v] = joint_qkv(b, nt, ni, cos, sin);  // [B, H, S + L, hd] each
+  const ops::Fp8Rows a = joint_attention(b, nt, ni, cos, sin);  // x [B, S + L, H * hd]
   const int64_t s = txt.size(1), l = img.size(1);
-  // Only the output projections read the result; batched, each stream's tokens are taken from its values.
-  const ops::Fp8Rows a = attention_rows_for(fp8_attention_, q, k, v, b.attn_bounds, img.size(0) > 1);  // x [B, S + L, H * hd]
-  img = gated_add(img, mi[2], b.to_out(token_rows(a, s, l)));
-  txt = gated_add(txt, mt[2], b.to_add_out(token_rows(a, 0, s)));
-  const Tensor fi = b.ff_out(b.ff_proj(modulate_for(img, mi[3], mi[4], {&b.ff_proj}), UnaryOp::kGeluTanh));
-  img = gated_add(img, mi[5], fi);
-  const Tensor ft = b.ff_context_out(b.ff_context_proj(modulate_for(txt, mt[3], mt[4], {&b.ff_context_proj}), UnaryOp::kGeluTanh));
-  txt = gated_add(txt, mt[5], ft);
+  // Each branch's gated residual (gate * branch + residual): FP8 output layers fold the gate into their product
+  // and accumulate onto the residual stream in place (Linear::gated_residual).
+  img = b.to_out.gated_residual(std::move(img), mi[2], token_rows(a, s, l));
+  txt = b.to_add_out.gated_residual(std::move(txt), mt[2], token_rows(a, 0, s));
+  const Tensor hi = b.ff_proj(modulate_for(img, mi[3], mi[4], {&b.ff_proj}), UnaryOp::kGeluTanh);
+  img = b.ff_out.gated_residual(std::move(img), mi[5], ops::Fp8Rows{hi, Tensor(), Tensor()});
+  const Tensor ht = b.ff_context_proj(modulate_for(txt, mt[3], mt[4], {&b.ff_context_proj}), UnaryOp::kGeluTanh);
+  txt = b.ff_context_out.gated_residual(std::move(txt), mt[5], ops::Fp8Rows{ht, Tensor(), Tensor()});
 }
 
-std::array<Tensor, 3> FluxTransformer::joint_qkv(const FluxDoubleBlock& b, const ops::Fp8Rows& nt, const ops::Fp8Rows& ni,
-                                                 const Tensor& cos, const Tensor& sin) const {
+ops::Fp8Rows FluxTransformer::joint_attention(const FluxDoubleBlock& b, const ops::Fp8Rows& nt, const ops::Fp8Rows& ni,
+                                              const Tensor& cos, const Tensor& sin) const {
   const int64_t h = config_.num_heads, batch = ni.x.size(0), s = nt.x.size(1), l = ni.x.size(1);
-  // Joint sequence: text first, then image (as the ids are concatenated); each stream's rows of the tables.
-  const Tensor cos_t = cos.narrow(0, 0, s), sin_t = sin.narrow(0, 0, s), cos_i = cos.narrow(0, s, l), sin_i = sin.narrow(0, s, l);
+  // Only the output projections read the result; batched, each stream's tokens are taken from its values.
+  const bool x_values = batch > 1;
   if (batch == 1 && b.to_qkv.weight.defined() && b.add_qkv.weight.defined()) {
-    // Each stream's q/k/v GEMM writes its rows of one [1, S + L, 3, H, hd] buffer, and each stream's norm +
-    // rope its rows of one token-major q and k: no concatenation copies (59 per 1024² step, 1.3 ms on the
-    // H200 in session 12). The attention reads the three as [B, H, N, hd] views.
+    // Each stream's q/k/v GEMM writes its rows of one [1, S + L, 3, H, hd] buffer (text first, then image, as
+    // the ids are concatenated), and q and k are roped in two runs of positions, each with its stream's norms:
+    // no concatenation copies (59 per 1024² step, 1.3 ms on the H200 in session 12); with FP8 attention the
+    // rope passes write e4m3 q and k themselves.
     const int64_t inner = b.to_qkv.out_features();
     Tensor joint = Tensor::empty({1, s + l, inner}, ni.x.dtype(), ni.x.device());
     Tensor rows_t = joint.narrow(1, 0, s), rows_i = joint.narrow(1, s, l);
     b.add_qkv.into(rows_t, nt);
     b.to_qkv.into(rows_i, ni);
     const Tensor h5 = joint.reshape({1, s + l, 3, h, inner / (3 * h)});
-    const auto normed = [&](int which, const RMSNorm& text_norm, const RMSNorm& image_norm) {
-      const Tensor x = h5.select(2, which);  // [1, S + L, H, hd]
-      Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-      Tensor out_t = out.narrow(1, 0, s), out_i = out.narrow(1, s, l);
-      ops::rope_into(out_t, x.narrow(1, 0, s), cos_t, sin_t, 1, rope_rms(&text_norm));
-      ops::rope_into(out_i, x.narrow(1, s, l), cos_i, sin_i, 1, rope_rms(&image_norm));
-      return out.permute({0, 2, 1, 3});
-    };
-    return {normed(0, b.norm_added_q, b.norm_q), normed(1, b.norm_added_k, b.norm_k), h5.select(2, 2).permute({0, 2, 1, 3})};
+    const auto heads = [&](int which) { return h5.select(2, which).permute({0, 2, 1, 3}); };  // [1, H, S + L, hd]
+    const std::vector<RopeRmsRun> q_runs{{s, rope_rms(&b.norm_added_q)}, {l, rope_rms(&b.norm_q)}};
+    const std::vector<RopeRmsRun> k_runs{{s, rope_rms(&b.norm_added_k)}, {l, rope_rms(&b.norm_k)}};
+    return rope_attention_rows_for(fp8_attention_, heads(0), heads(1), heads(2), cos, sin, q_runs, k_runs, b.attn_bounds,
+                                   x_values);
   }
+  const Tensor cos_t = cos.narrow(0, 0, s), sin_t = sin.narrow(0, 0, s), cos_i = cos.narrow(0, s, l), sin_i = sin.narrow(0, s, l);
   const auto [qi, ki, vi] = qkv_heads(b.to_qkv, b.to_q, b.to_k, b.to_v, ni, h);  // [B, L, H, hd] each
   const auto [qt, kt, vt] = qkv_heads(b.add_qkv, b.add_q_proj, b.add_k_proj, b.add_v_proj, nt, h);
   const Tensor q = ops::concat({norm_rope(qt, b.norm_added_q, cos_t, sin_t), norm_rope(qi, b.norm_q, cos_i, sin_i)}, 2);
   const Tensor k = ops::concat({norm_rope(kt, b.norm_added_k, cos_t, sin_t), norm_rope(ki, b.norm_k, cos_i, sin_i)}, 2);
-  return {q, k, ops::concat({vt, vi}, 1).permute({0, 2, 1, 3})};
+  const Tensor v = ops::concat({vt, vi}, 1).permute({0, 2, 1, 3});
+  return attention_rows_for(fp8_attention_, q, k, v, b.attn_bounds, x_values);
 }
 
-Tensor FluxTransformer::single_block(const FluxSingleBlock& b, const Tensor& x, const Tensor& mod, const Tensor& cos,
+Tensor FluxTransformer::single_block(const FluxSingleBlock& b, Tensor x, const Tensor& mod, const Tensor& cos,
                                      const Tensor& sin) const {
   const int h = config_.num_heads;
   const auto m = modulations(mod, kSingleMods);  // shift, scale, gate
@@ -316,8 +315,16 @@ Tensor FluxTransformer::single_block(const FluxSingleBlock& b, const Tensor& x, 
   const int64_t d = a.x.size(2);
   Linear attn_part = b.proj_out.input_columns(0, d);
   attn_part.bias = b.proj_out.bias;
+  const Linear mlp_part = b.proj_out.input_columns(d, mlp.size(2));
+  const ops::Fp8Rows mlp_rows{mlp, Tensor(), Tensor()};
+  if (b.proj_out.is_fp8() && x.size(0) == 1) {
+    // Both parts' products straight onto the residual stream, the gate folded into each (one sample's gate:
+    // batched, the per-part gated passes would cost more than the one below).
+    Tensor y = attn_part.gated_residual(std::move(x), m[2], a);
+    return mlp_part.gated_residual(std::move(y), m[2], mlp_rows);
+  }
   Tensor y = attn_part(a);
-  b.proj_out.input_columns(d, mlp.size(2)).accumulate_into(y, ops::Fp8Rows{mlp, Tensor(), Tensor()});
+  mlp_part.accumulate_into(y, mlp_rows);
   return gated_add(x, m[2], y);
 }
 
@@ -367,7 +374,7 @@ Tensor FluxTransformer::transform(const Tensor& hidden, const Tensor& context, c
     double_block(b, img, txt, mod_img, mod(b.norm1_context_linear), cos, sin);
   }
   Tensor x = ops::concat({txt, img}, 1);
-  for (const FluxSingleBlock& b : single_blocks_) x = single_block(b, x, mod(b.norm_linear), cos, sin);
+  for (const FluxSingleBlock& b : single_blocks_) x = single_block(b, std::move(x), mod(b.norm_linear), cos, sin);
   img = ops::contiguous(x.narrow(1, s, l));
   const auto mo = modulations(mod(norm_out_linear_), kFinalMods);  // scale, shift
   const Tensor out = proj_out_(modulate(img, mo[1], mo[0]));

@@ -101,13 +101,13 @@ class FluxTransformer {
   // of norm1.linear / norm1_context.linear.
   void double_block(const FluxDoubleBlock& b, Tensor& img, Tensor& txt, const Tensor& mod_img, const Tensor& mod_txt,
                     const Tensor& cos, const Tensor& sin) const;
-  // A double block's attention inputs from its modulated text (nt [B, S, D]) and image (ni [B, L, D]) rows:
-  // q, k (RMS-normed, rotated) and v [B, H, S + L, hd], text first; cos/sin the joint sequence's tables.
-  std::array<Tensor, 3> joint_qkv(const FluxDoubleBlock& b, const ops::Fp8Rows& nt, const ops::Fp8Rows& ni,
-                                  const Tensor& cos, const Tensor& sin) const;
-  // x [B, S+L, D], mod [B, 3 D] (norm.linear's output) -> same as x.
-  Tensor single_block(const FluxSingleBlock& b, const Tensor& x, const Tensor& mod, const Tensor& cos,
-                      const Tensor& sin) const;
+  // A double block's joint attention from its modulated text (nt [B, S, D]) and image (ni [B, L, D]) rows: q, k
+  // (RMS-normed, rotated) and v of the joint sequence (text first; cos/sin its tables) -> rows x [B, S + L, D]
+  // (attention_rows_for: e4m3 rows too with FP8 attention).
+  ops::Fp8Rows joint_attention(const FluxDoubleBlock& b, const ops::Fp8Rows& nt, const ops::Fp8Rows& ni, const Tensor& cos,
+                               const Tensor& sin) const;
+  // x [B, S+L, D], mod [B, 3 D] (norm.linear's output) -> same as x. x is taken: its memory may hold the result.
+  Tensor single_block(const FluxSingleBlock& b, Tensor x, const Tensor& mod, const Tensor& cos, const Tensor& sin) const;
   // The adaLN modulation linears in the order transform() reads them: each double block's norm1.linear and
   // norm1_context.linear, each single block's norm.linear, norm_out.linear.
   std::vector<Linear*> modulation_parts();

@@ -111,10 +111,14 @@ Tensor ZImageTransformer::attention(const ZImageBlock& b, const ops::Fp8Rows& x,
   // q/k/v heads [1, S, H, hd] (views of one GEMM's output); the q/k norms (when the model has them) in the
   // rope's pass.
   const auto [qh, kh, v] = qkv_heads(b.qkv, b.to_q, b.to_k, b.to_v, x, h);
-  const Tensor q = rope_complex(qh, cos, sin, b.norm_q.weight.defined() ? &b.norm_q : nullptr);
-  const Tensor k = rope_complex(kh, cos, sin, b.norm_k.weight.defined() ? &b.norm_k : nullptr);
-  return b.to_out(attention_rows_for(fp8_attention_, q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}),
-                                     b.attn_bounds, /*x_values=*/false));
+  const RMSNorm* norm_q = b.norm_q.weight.defined() ? &b.norm_q : nullptr;
+  const RMSNorm* norm_k = b.norm_k.weight.defined() ? &b.norm_k : nullptr;
+  if (fp8_attention_) {  // bounded q/k may go to e4m3 straight from the rope pass (head-major, as cuDNN reads them)
+    return b.to_out(rope_attention_rows_for(true, qh.permute({0, 2, 1, 3}), kh.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3}), cos,
+                                            sin, rope_rms(norm_q), rope_rms(norm_k), b.attn_bounds, /*x_values=*/false));
+  }
+  const Tensor q = rope_complex(qh, cos, sin, norm_q), k = rope_complex(kh, cos, sin, norm_k);
+  return b.to_out(attention_rows_for(false, q.permute({0, 2, 1, 3}), k.permute({0, 2, 1, 3}), v.permute({0, 2, 1, 3})));
 }
 
 Tensor ZImageTransformer::block_forward(const ZImageBlock& b, const Tensor& x, const Tensor& adaln, const Tensor& cos,
