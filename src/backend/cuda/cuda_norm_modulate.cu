@@ -83,21 +83,26 @@ __global__ void norm_modulate_kernel(T* y, const T* x, NormAffine aff, Modulatio
 // One thread's modulation operands for one vector of a row: the per-sample vectors and the residual (zero
 // where absent). They are loaded after the row's statistics: loading them with the row (before the block
 // reductions) doubled the kernel's registers and measured 10-15% slower on the H200 (session 15).
-template <typename T>
+// Kept as raw 16-byte words (zero where absent): held as Vec<T> (16-bit elements), the conditional loads
+// compiled to ~40 byte permutes per vector, merging each half-word into a zeroed register (SASS, session 16).
 struct ModVecs {
-  Vec<T> sc{}, sh{}, gt{}, rs{};
+  uint4 sc, sh, gt, rs;
 };
 
 template <typename T>
-__device__ __forceinline__ ModVecs<T> load_mod_vecs(const ModulationPtrs<T>& m, int64_t vec, int64_t res) {
-  const auto vec_at = [](const T* p, int64_t at) { return *reinterpret_cast<const Vec<T>*>(p + at); };
-  ModVecs<T> o;
-  if (m.scale) o.sc = vec_at(m.scale, vec);
-  if (m.shift) o.sh = vec_at(m.shift, vec);
-  if (m.gate) o.gt = vec_at(m.gate, vec);
-  if (m.residual) o.rs = vec_at(m.residual, res);
-  return o;
+__device__ __forceinline__ ModVecs load_mod_vecs(const ModulationPtrs<T>& m, int64_t vec, int64_t res) {
+  const auto word_at = [](const T* p, int64_t at) { return p ? *reinterpret_cast<const uint4*>(p + at) : make_uint4(0, 0, 0, 0); };
+  return {word_at(m.scale, vec), word_at(m.shift, vec), word_at(m.gate, vec), word_at(m.residual, res)};
 }
+
+// Component i (0-3, a compile-time constant once unrolled) of a 16-byte word: a pair of 16-bit values, or one f32.
+__device__ __forceinline__ uint32_t word_part(const uint4& w, int i) { return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w; }
+template <typename T>
+__device__ __forceinline__ pair_t<T> word_pair(const uint4& w, int p) {
+  const uint32_t bits = word_part(w, p);
+  return *reinterpret_cast<const pair_t<T>*>(&bits);
+}
+__device__ __forceinline__ float word_f32(const uint4& w, int e) { return __uint_as_float(word_part(w, e)); }
 
 // One thread's vector of a norm_modulate row: the normalised x (statistics and gamma's values g given), then
 // the modulation (mv, present where m's pointers are), every step rounded to T as the unfused ops round.
@@ -106,7 +111,7 @@ __device__ __forceinline__ ModVecs<T> load_mod_vecs(const ModulationPtrs<T>& m, 
 // The per-element form ran ~5 conversions per element and made the kernel instruction-bound.
 template <typename T, NormKind KIND>
 __device__ __forceinline__ Vec<T> modulate_vec_paired(const Vec<T>& xv, const float (&g)[Vec<T>::kWidth], const ModulationPtrs<T>& m,
-                                                      const ModVecs<T>& mv, float mean, float corr, float rstd) {
+                                                      const ModVecs& mv, float mean, float corr, float rstd) {
   using P = pair_t<T>;
   constexpr int kPairs = Vec<T>::kWidth / 2;
   Vec<T> out;
@@ -119,10 +124,10 @@ __device__ __forceinline__ Vec<T> modulate_vec_paired(const Vec<T>& xv, const fl
       v = PairOf<T>::from_floats(((x0 - mean) - corr) * rstd * g[2 * p], ((x1 - mean) - corr) * rstd * g[2 * p + 1]);
     else if constexpr (KIND == NormKind::kRms) v = PairOf<T>::from_floats(x0 * rstd * g[2 * p], x1 * rstd * g[2 * p + 1]);
     else v = pair_at(xv.v, p);
-    if (m.scale) v = __hmul2_rn(v, __hadd2_rn(one, pair_at(mv.sc.v, p)));
-    if (m.shift) v = __hadd2_rn(v, pair_at(mv.sh.v, p));
-    if (m.gate) v = __hmul2_rn(pair_at(mv.gt.v, p), v);
-    if (m.residual) v = __hadd2_rn(pair_at(mv.rs.v, p), v);
+    if (m.scale) v = __hmul2_rn(v, __hadd2_rn(one, word_pair<T>(mv.sc, p)));
+    if (m.shift) v = __hadd2_rn(v, word_pair<T>(mv.sh, p));
+    if (m.gate) v = __hmul2_rn(word_pair<T>(mv.gt, p), v);
+    if (m.residual) v = __hadd2_rn(word_pair<T>(mv.rs, p), v);
     pair_at(out.v, p) = v;
   }
   return out;
@@ -130,7 +135,7 @@ __device__ __forceinline__ Vec<T> modulate_vec_paired(const Vec<T>& xv, const fl
 
 template <typename T, NormKind KIND>
 __device__ __forceinline__ Vec<T> modulate_vec(const Vec<T>& xv, const float (&g)[Vec<T>::kWidth], const ModulationPtrs<T>& m,
-                                               const ModVecs<T>& mv, float mean, float corr, float rstd) {
+                                               const ModVecs& mv, float mean, float corr, float rstd) {
   if constexpr (sizeof(T) == 2) {
     return modulate_vec_paired<T, KIND>(xv, g, m, mv, mean, corr, rstd);
   } else {
@@ -143,10 +148,10 @@ __device__ __forceinline__ Vec<T> modulate_vec(const Vec<T>& xv, const float (&g
       if constexpr (KIND == NormKind::kLayer) v = r(((to_f32(xv.v[e]) - mean) - corr) * rstd * g[e]);
       else if constexpr (KIND == NormKind::kRms) v = r(to_f32(xv.v[e]) * rstd * g[e]);
       else v = to_f32(xv.v[e]);
-      if (m.scale) v = r(v * r(1.0f + to_f32(mv.sc.v[e])));
-      if (m.shift) v = r(v + to_f32(mv.sh.v[e]));
-      if (m.gate) v = r(to_f32(mv.gt.v[e]) * v);
-      if (m.residual) v = to_f32(mv.rs.v[e]) + v;
+      if (m.scale) v = r(v * r(1.0f + word_f32(mv.sc, e)));
+      if (m.shift) v = r(v + word_f32(mv.sh, e));
+      if (m.gate) v = r(word_f32(mv.gt, e) * v);
+      if (m.residual) v = word_f32(mv.rs, e) + v;
       out.v[e] = from_f32<T>(v);
     }
     return out;
