@@ -9,8 +9,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.h"
 #include "backend/ops.h"
 #include "cuda_test_util.h"
 #include "ops_test_util.h"
@@ -447,5 +449,28 @@ TEST(CudaOps, CopiesBetweenTwoGpus) {
   EXPECT_EQ(ops::silu(on1).to(cuda0()).to_vector(), ops::silu(x.to(cuda0())).to_vector());
 }
 
+}  // namespace
+}  // namespace atelier
+
+namespace atelier {
+namespace {
+// The host-made 32-bit divisors of the row arithmetic (cuda::FastDivU32): n / d exactly for every n < 2^31,
+// here on the host (the device takes the same formula with __umulhi; the rope parity tests cover it there).
+TEST(CudaDevice, FastDivisionEqualsIntegerDivision) {
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (uint32_t d : {4607u, 4608u, 24576u, 98304u, 110592u, 1u << 20, (1u << 30) + 1, (1u << 31) - 1}) divisors.push_back(d);
+  uint64_t state = 12345;
+  const auto next = [&] { state = state * 6364136223846793005ull + 1442695040888963407ull; return uint32_t(state >> 33); };  // < 2^31
+  for (uint32_t d : divisors) {
+    const cuda::FastDivU32 f = cuda::FastDivU32::of(d);
+    std::vector<uint32_t> ns{0, 1, d - 1, d, d + 1, 2 * d - 1, (1u << 31) - 1, (1u << 31) - 1 - ((1u << 31) - 1) % d};
+    for (int i = 0; i < 2000; ++i) ns.push_back(next());
+    for (uint32_t n : ns) {
+      if (n >= (1u << 31)) continue;
+      ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+    }
+  }
+}
 }  // namespace
 }  // namespace atelier

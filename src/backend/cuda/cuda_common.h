@@ -22,6 +22,29 @@ inline bool env_is(const char* name, const char* value) {
 inline bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 inline bool aligned16(const void* p) { return aligned_to(p, 16); }
 
+// n / d for 32-bit n < 2^31 by a divisor fixed on the host: one high product, an add and a shift (the
+// round-up method of Granlund and Montgomery: l = ceil(log2 d), m = floor(2^32 (2^l - d) / d) + 1, then
+// n / d = (umulhi(n, m) + n) >> l, the sum below 2^32 for n < 2^31). A division by a runtime divisor compiled
+// to a reciprocal estimate and ~25 instructions per thread (SASS of the normalising rope, session 16).
+struct FastDivU32 {
+  uint32_t d = 1, m = 1, l = 0;
+  __host__ __device__ static FastDivU32 of(uint32_t divisor) {
+    FastDivU32 f;
+    f.d = divisor;
+    while ((uint64_t(1) << f.l) < divisor) ++f.l;
+    f.m = uint32_t((uint64_t(1) << 32) * ((uint64_t(1) << f.l) - divisor) / divisor + 1);
+    return f;
+  }
+  __host__ __device__ __forceinline__ uint32_t div(uint32_t n) const {
+#ifdef __CUDA_ARCH__
+    const uint32_t t = __umulhi(n, m);
+#else
+    const uint32_t t = uint32_t((uint64_t(n) * m) >> 32);
+#endif
+    return (t + n) >> l;
+  }
+};
+
 // Throws atelier::Error naming the failed call and CUDA's message.
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line);
 

@@ -41,17 +41,20 @@ struct Operand {
   int64_t sb = 0, sh = 0, ss = 0;
   uint32_t units = 0;  // 16-byte vectors in the tensor (B * H * S * D / 8)
   float bound = 0.0f;  // > 0: |x| <= bound is known (Fp8Bounds): no amax pass, the scale is bound / 448
+  FastDivU32 div_hs{}, div_seq{};  // by heads * seq and by seq
 };
 struct Operands {
   Operand op[kOperands];
   uint32_t vecs_per_row = 0;  // D / 8
+  FastDivU32 div_row{};       // by vecs_per_row
 };
 
-// Element offset of vector u of operand o (32-bit index arithmetic: the tensors have < 2^32 vectors).
-__device__ __forceinline__ int64_t vector_offset(const Operand& o, uint32_t u, uint32_t vecs_per_row) {
-  const uint32_t row = u / vecs_per_row, c = u - row * vecs_per_row;
-  const uint32_t hs = o.heads * o.seq;
-  const uint32_t b = row / hs, rem = row - b * hs, h = rem / o.seq, s = rem - h * o.seq;
+// Element offset of vector u of operand o (32-bit index arithmetic with host-made divisors: the tensors have
+// < 2^31 vectors, fp8_attention_takes; three runtime divisions per vector made the passes instruction-bound
+// at ~2.4 TB/s, ncu in session 16).
+__device__ __forceinline__ int64_t vector_offset(const Operand& o, uint32_t u, const Operands& ops) {
+  const uint32_t row = ops.div_row.div(u), c = u - row * ops.vecs_per_row;
+  const uint32_t b = o.div_hs.div(row), rem = row - b * (o.heads * o.seq), h = o.div_seq.div(rem), s = rem - h * o.seq;
   return int64_t(b) * o.sb + int64_t(h) * o.sh + int64_t(s) * o.ss + int64_t(c) * 8;
 }
 
@@ -62,7 +65,7 @@ __global__ void __launch_bounds__(kPassThreads) fp8_amax_kernel(Operands ops, fl
   if (o.bound > 0.0f) return;  // its scale is known
   float amax = 0.0f;
   for (uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < o.units; u += gridDim.x * blockDim.x) {
-    const Vec<T> v = *reinterpret_cast<const Vec<T>*>(static_cast<const T*>(o.x) + vector_offset(o, u, ops.vecs_per_row));
+    const Vec<T> v = *reinterpret_cast<const Vec<T>*>(static_cast<const T*>(o.x) + vector_offset(o, u, ops));
     amax = vec_abs_max(amax, v);
   }
   __shared__ float scratch[32];
@@ -79,7 +82,7 @@ __global__ void __launch_bounds__(kPassThreads) fp8_quantize_kernel(Operands ops
   const float s = fp8_row_scale(o.bound > 0.0f ? o.bound : *S::at(scalars, S::Slot(S::kAmaxQ + blockIdx.y)));
   const RowDivider div = row_divider(s);
   for (uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < o.units; u += gridDim.x * blockDim.x) {
-    const Vec<T> v = *reinterpret_cast<const Vec<T>*>(static_cast<const T*>(o.x) + vector_offset(o, u, ops.vecs_per_row));
+    const Vec<T> v = *reinterpret_cast<const Vec<T>*>(static_cast<const T*>(o.x) + vector_offset(o, u, ops));
     store_e4m3(o.q + int64_t(u) * Vec<T>::kWidth, v, div);
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -136,6 +139,8 @@ Operand operand_of(const Tensor& x, Tensor& q8, float bound) {
   o.sh = x.strides()[1];
   o.ss = x.strides()[2];
   o.units = uint32_t(x.numel() / 8);
+  o.div_hs = FastDivU32::of(std::max<uint32_t>(o.heads * o.seq, 1));
+  o.div_seq = FastDivU32::of(std::max<uint32_t>(o.seq, 1));
   return o;
 }
 
@@ -223,6 +228,7 @@ bool CudaBackend::run_fp8_attention(Tensor& out, const Tensor& q, const Tensor& 
   if (q8_given) ops.op[0].units = 0;
   if (k8_given) ops.op[1].units = 0;
   ops.vecs_per_row = uint32_t(q.size(3) / 8);
+  ops.div_row = FastDivU32::of(ops.vecs_per_row);
   uint32_t most = 0;
   for (const Operand& o : ops.op) most = std::max(most, o.units);
   const dim3 grid(std::min<unsigned>(grid_for(most, kPassThreads), kMaxPassBlocks), kOperands);

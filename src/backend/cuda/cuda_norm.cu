@@ -311,16 +311,16 @@ __global__ void rms_norm_vec_kernel(T* y, const T* x, NormAffine aff, int64_t ro
   constexpr int V = Vec<T>::kWidth;
   const int64_t row = int64_t(blockIdx.x) * (kRmsVecThreads / LANES) + threadIdx.x / LANES;
   const int lane = int(threadIdx.x) % LANES;
-  const bool live = row < rows;  // every lane takes part in the shuffles of vec_row_rstd
-  const Vec<T> v = live ? reinterpret_cast<const Vec<T>*>(x + row * LANES * V)[lane] : Vec<T>{};
-  float f[V];
-  const float rstd = vec_row_rstd<T, LANES>(v, f, eps);
+  const bool live = row < rows;  // every lane takes part in the shuffles of lanes_row_rstd
+  const Vec<T> v[1] = {live ? reinterpret_cast<const Vec<T>*>(x + row * LANES * V)[lane] : Vec<T>{}};
+  float f[1][V];
+  const float rstd = lanes_row_rstd<T, LANES, 1>(v, f, eps);
   if (!live) return;
   float g[V];
   load_param_run<T>(g, aff.gamma, aff.gamma_dtype, int64_t(lane) * V, 1.0f);
   Vec<T> o;
 #pragma unroll
-  for (int e = 0; e < V; ++e) o.v[e] = from_f32<T>(f[e] * rstd * g[e]);
+  for (int e = 0; e < V; ++e) o.v[e] = from_f32<T>(f[0][e] * rstd * g[e]);
   reinterpret_cast<Vec<T>*>(y + row * LANES * V)[lane] = o;
 }
 

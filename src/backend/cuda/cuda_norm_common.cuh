@@ -106,22 +106,24 @@ __device__ __forceinline__ void load_param_run(float (&out)[W], const void* p, D
   for (int e = 0; e < W; ++e) out[e] = load_any(p, dtype, c0 + e);
 }
 
-// A row of LANES 16-byte vectors, one per lane: this lane's values as f32 into f[], and the row's
-// 1 / sqrt(mean(x^2) + eps), the squares summed in order per lane, then over the row's lanes by shuffles
-// (rms_norm_vec_kernel's and the normalising rope's order, so the two agree bit for bit). Every lane of the
-// warp must call it (a lane past the last row with a zero vector).
-template <typename T, int LANES>
-__device__ __forceinline__ float vec_row_rstd(const Vec<T>& v, float (&f)[Vec<T>::kWidth], float eps) {
+// A row's 1 / sqrt(mean(x^2) + eps) from this lane's VPL vectors (their values as f32 into f): the squares
+// summed in order over the lane's vectors, then over the row's LANES lanes by shuffles (rms_norm_vec_kernel
+// takes one vector per lane, the normalising rope two for heads of 128). Every lane of the warp must call it (a
+// lane past the last row with zero vectors).
+template <typename T, int LANES, int VPL>
+__device__ __forceinline__ float lanes_row_rstd(const Vec<T> (&v)[VPL], float (&f)[VPL][Vec<T>::kWidth], float eps) {
   constexpr int V = Vec<T>::kWidth;
   float q = 0.0f;
 #pragma unroll
-  for (int e = 0; e < V; ++e) {
-    f[e] = to_f32(v.v[e]);
-    q += f[e] * f[e];
-  }
+  for (int i = 0; i < VPL; ++i)
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      f[i][e] = to_f32(v[i].v[e]);
+      q += f[i][e] * f[i][e];
+    }
 #pragma unroll
   for (int m = LANES / 2; m > 0; m >>= 1) q += __shfl_xor_sync(0xffffffffu, q, m);
-  return 1.0f / sqrtf(q / float(LANES * V) + eps);
+  return 1.0f / sqrtf(q / float(LANES * VPL * V) + eps);
 }
 
 }  // namespace atelier::cuda

@@ -13,7 +13,18 @@ struct RopeShape {
   int64_t a, c, half;   // dims 1 and 2 of x, pairs per row
   int64_t s0, s1, s2;   // x's strides (elements) of dims 0-2
   int seq_dim;
+  FastDivU32 div_a{}, div_c{};  // by a and c (the 32-bit row arithmetic of the normalising kernels)
 };
+
+// x [B, A, C, D]'s rope shape, positions along dim seq_dim.
+RopeShape rope_shape(const Tensor& x, int seq_dim) {
+  RopeShape sh{x.size(1), x.size(2), x.size(3) / 2, x.strides()[0], x.strides()[1], x.strides()[2], seq_dim};
+  if (fits_u32(sh.a) && fits_u32(sh.c) && sh.a > 0 && sh.c > 0) {
+    sh.div_a = FastDivU32::of(uint32_t(sh.a));
+    sh.div_c = FastDivU32::of(uint32_t(sh.c));
+  }
+  return sh;
+}
 
 template <typename T, typename Index>
 __global__ void rope_kernel(T* out, const T* x, const T* cos, const T* sin, RopeShape sh, Index pairs) {
@@ -88,7 +99,15 @@ struct RopeRow {
 template <typename Index>
 __device__ __forceinline__ RopeRow rope_row(const RopeShape& sh, int64_t row64) {
   const Index row = Index(row64), c = Index(sh.c), a = Index(sh.a);
-  const Index k = row % c, ij = row / c, j = ij % a, b = ij / a;
+  Index ij, b;
+  if constexpr (sizeof(Index) == 4) {  // rows < 2^31 (fits_u32): the host-made divisors
+    ij = sh.div_c.div(row);
+    b = sh.div_a.div(ij);
+  } else {
+    ij = row / c;
+    b = ij / a;
+  }
+  const Index k = row - ij * c, j = ij - b * a;
   return {int64_t(b) * sh.s0 + int64_t(j) * sh.s1 + int64_t(k) * sh.s2, int64_t(sh.seq_dim == 1 ? j : k), int64_t(b),
           int64_t(j), int64_t(k)};
 }
@@ -101,9 +120,10 @@ __device__ __forceinline__ void rotate_pair(T* o, float x0, float x1, float c, f
   o[1] = from_f32<T>(r(x0 * s) + r(x1 * c));
 }
 
-// RMS norm then rotation, 16-bit rows of LANES 16-byte vectors (FLUX's and Z-Image's heads of 128: 16 lanes
-// of 8 elements): the lanes of a row share the sum of squares by shuffles, in rms_norm_vec_kernel's order (the
-// same rstd, so the same values as rms_norm followed by rope). Every lane takes part in the shuffles.
+// RMS norm then rotation, 16-bit rows of 16-byte vectors (FLUX's and Z-Image's heads of 128: 8 lanes of two
+// vectors, rope_rms_vec_kernel below): the lanes of a row share the sum of squares by shuffles (with one vector
+// per lane in rms_norm_vec_kernel's order; with two the sums differ from it in the last bits, within the
+// tolerance the parity tests hold both to). Every lane takes part in the shuffles.
 constexpr int kRopeRmsThreads = 256;
 
 // With e4m3.q set the rotated rows go to e4m3 instead (FP8 attention's q or k: e4m3(v / s), s = bound / 448 as
@@ -115,35 +135,45 @@ struct RopeE4m3Out {
   int64_t s0 = 0, s1 = 0, s2 = 0;  // q's strides (elements) of dims 0-2; its last is 1
 };
 
-template <typename T, int LANES, typename Index>
+// LANES lanes per row, VPL vectors per lane (vector lane + i * LANES: each of the row's loads is coalesced).
+// Two vectors per lane for FLUX's and Z-Image's heads of 128 (8 lanes): the per-row work (indices, the
+// statistics' square root and division, gamma and table loads) once per 16 elements instead of 8 made the
+// kernel ~35 instructions per element (ncu, session 16).
+template <typename T, int LANES, int VPL, typename Index>
 __global__ void rope_rms_vec_kernel(T* out, const T* x, const T* cos, const T* sin, RopeShape sh, NormAffine aff,
                                     float eps, int64_t rows, RopeE4m3Out e4m3) {
   constexpr int V = Vec<T>::kWidth, P = V / 2;
   const int64_t row = int64_t(blockIdx.x) * (kRopeRmsThreads / LANES) + threadIdx.x / LANES;
   const int lane = int(threadIdx.x) % LANES;
-  const bool live = row < rows;  // every lane takes part in the shuffles of vec_row_rstd
+  const bool live = row < rows;  // every lane takes part in the shuffles of lanes_row_rstd
   const RopeRow rr = rope_row<Index>(sh, live ? row : 0);
-  const Vec<T> v = live ? reinterpret_cast<const Vec<T>*>(x + rr.offset)[lane] : Vec<T>{};
-  float f[V];
-  const float rstd = vec_row_rstd<T, LANES>(v, f, eps);
-  if (!live) return;
-  float g[V];
-  load_param_run<T>(g, aff.gamma, aff.gamma_dtype, int64_t(lane) * V, 1.0f);
-  const int64_t t = rr.position * sh.half + int64_t(lane) * P;
-  union {
-    uint2 u;
-    T v[P];
-  } c, s;
-  c.u = *reinterpret_cast<const uint2*>(cos + t);
-  s.u = *reinterpret_cast<const uint2*>(sin + t);
-  Vec<T> o;
+  const auto col = [&](int i) { return lane + i * LANES; };  // this lane's vector i of the row
+  Vec<T> v[VPL];
 #pragma unroll
-  for (int e = 0; e < P; ++e) {
-    const pair_t<T> xn = PairOf<T>::from_floats(f[2 * e] * rstd * g[2 * e], f[2 * e + 1] * rstd * g[2 * e + 1]);
-    pair_at(o.v, e) = rotate_pair2<T>(xn, c.v[e], s.v[e]);
+  for (int i = 0; i < VPL; ++i) v[i] = live ? reinterpret_cast<const Vec<T>*>(x + rr.offset)[col(i)] : Vec<T>{};
+  float f[VPL][V];
+  const float rstd = lanes_row_rstd<T, LANES, VPL>(v, f, eps);
+  if (!live) return;
+#pragma unroll
+  for (int i = 0; i < VPL; ++i) {
+    float g[V];
+    load_param_run<T>(g, aff.gamma, aff.gamma_dtype, int64_t(col(i)) * V, 1.0f);
+    const int64_t t = rr.position * sh.half + int64_t(col(i)) * P;
+    union {
+      uint2 u;
+      T v[P];
+    } c, s;
+    c.u = *reinterpret_cast<const uint2*>(cos + t);
+    s.u = *reinterpret_cast<const uint2*>(sin + t);
+    Vec<T> o;
+#pragma unroll
+    for (int e = 0; e < P; ++e) {
+      const pair_t<T> xn = PairOf<T>::from_floats(f[i][2 * e] * rstd * g[2 * e], f[i][2 * e + 1] * rstd * g[2 * e + 1]);
+      pair_at(o.v, e) = rotate_pair2<T>(xn, c.v[e], s.v[e]);
+    }
+    if (e4m3.q) store_e4m3(e4m3.q + (rr.b * e4m3.s0 + rr.j * e4m3.s1 + rr.k * e4m3.s2 + int64_t(col(i)) * V), o, e4m3.div);
+    else reinterpret_cast<Vec<T>*>(out + row * 2 * sh.half)[col(i)] = o;
   }
-  if (e4m3.q) store_e4m3(e4m3.q + (rr.b * e4m3.s0 + rr.j * e4m3.s1 + rr.k * e4m3.s2 + int64_t(lane) * V), o, e4m3.div);
-  else reinterpret_cast<Vec<T>*>(out + row * 2 * sh.half)[lane] = o;
 }
 
 // Any row width and dtype: one warp per row (the sum of squares as rms_norm_warp_kernel takes it).
@@ -198,14 +228,21 @@ void launch_rope_rms(cudaStream_t stream, T* out, const T* x, const T* cos, cons
     using Index = decltype(index);
     if constexpr (sizeof(T) == 2) {
       if (vec) {
-        const unsigned blocks = unsigned((rows * lanes + kRopeRmsThreads - 1) / kRopeRmsThreads);
-        const auto launch = [&](auto l) {
-          rope_rms_vec_kernel<T, decltype(l)::value, Index>
+        // Rows of 16 or 32 vectors: two per lane (8 or 16 lanes); rows of 8: one per lane. On FLUX's FP8 step
+        // (ncu, session 16): 2.59 -> 2.42 ms, 1759 -> 1488 M instructions over its 152 ropes.
+        const int vpl = lanes >= 16 ? 2 : 1;
+        const unsigned blocks = unsigned((rows * (lanes / vpl) + kRopeRmsThreads - 1) / kRopeRmsThreads);
+        const auto launch = [&](auto l, auto per_lane) {
+          rope_rms_vec_kernel<T, decltype(l)::value, decltype(per_lane)::value, Index>
               <<<blocks, kRopeRmsThreads, 0, stream>>>(out, x, cos, sin, sh, aff, rms.eps, rows, e4m3);
         };
-        if (lanes == 8) launch(std::integral_constant<int, 8>{});
-        else if (lanes == 16) launch(std::integral_constant<int, 16>{});
-        else launch(std::integral_constant<int, 32>{});
+        using One = std::integral_constant<int, 1>;
+        using Two = std::integral_constant<int, 2>;
+        if (lanes == 8) launch(std::integral_constant<int, 8>{}, One{});
+        else if (lanes == 16 && vpl == 2) launch(std::integral_constant<int, 8>{}, Two{});
+        else if (lanes == 16) launch(std::integral_constant<int, 16>{}, One{});
+        else if (vpl == 2) launch(std::integral_constant<int, 16>{}, Two{});
+        else launch(std::integral_constant<int, 32>{}, One{});
         return;
       }
     }
@@ -227,7 +264,7 @@ bool CudaBackend::rope_e4m3(Tensor& q8, const Tensor& x, const Tensor& cos, cons
   for (int i = 0; i < 3; ++i)
     if (q8.strides()[i] % kStoreElems != 0) return false;
   if (!aligned_to(q8.raw(), kStoreElems)) return false;
-  const RopeShape sh{x.size(1), x.size(2), x.size(3) / 2, x.strides()[0], x.strides()[1], x.strides()[2], 2};
+  const RopeShape sh = rope_shape(x, 2);
   bool taken = false;
   dispatch_float(x.dtype(), "rope", [&](auto tag) {
     using T = decltype(tag);
@@ -256,7 +293,7 @@ void CudaBackend::rope(Tensor& out, const Tensor& x, const Tensor& cos, const Te
                 "rope: unit-stride x, contiguous out/cos/sin of one dtype expected");
   NvtxRange range("rope");
   DeviceGuard guard(index_);
-  const RopeShape sh{x.size(1), x.size(2), x.size(3) / 2, x.strides()[0], x.strides()[1], x.strides()[2], seq_dim};
+  const RopeShape sh = rope_shape(x, seq_dim);
   // The vector kernel's loads: 8 elements of x at a 16-byte boundary, 4 of cos/sin at an 8-byte one.
   const bool vec = dtype_size(out.dtype()) == 2 && sh.half % kPairsPerThread == 0 && sh.s0 % 8 == 0 && sh.s1 % 8 == 0 &&
                    sh.s2 % 8 == 0 && aligned16(x.raw()) && aligned16(out.raw()) && aligned_to(cos.raw(), 8) && aligned_to(sin.raw(), 8);
