@@ -12,6 +12,8 @@
 # pack, ~45 MB) passes 64 MiB. models/demo is not needed there: untrack it for the call, then restore it:
 #   git rm -r -q --cached models/demo && echo models/demo/ >> .git/info/exclude     # before the call
 #   git reset -q models/demo && sed -i '/^models\/demo\/$/d' .git/info/exclude       # after it
+# Restore it before any commit: `git rm --cached` stages the deletion, and a plain `git commit` then deletes
+# models/demo from the repository (session 16 had to rewrite a commit that did).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
