@@ -229,22 +229,14 @@ __device__ __forceinline__ uint8_t to_e4m3_scaled(float v, float s) {
 struct RowDivider {
   float s, r;
   bool fast;
-  __device__ __forceinline__ float operator()(float v) const { return fast ? fast_quotient(v) : __fdiv_rn(v, s); }
-  // The quotient where `fast` holds: no branch (the zero-remainder case is a select, which keeps q and -0's
-  // sign). Callers that take many values test `fast` once for all of them (store_e4m3): a test per value
+  // The quotient where `fast` holds (else __fdiv_rn(v, s)): no branch (the zero-remainder case is a select,
+  // which keeps q and -0's sign). Callers test `fast` once for many values (store_e4m3): a test per value
   // compiled to a branch and a convergence barrier around every pair (SASS of norm_modulate_vec_kernel).
   __device__ __forceinline__ float fast_quotient(float v) const {
     const float q = __fmul_rn(v, r);
     const float rem = __fmaf_rn(-q, s, v);
     const float refined = __fmaf_rn(rem, r, q);
     return rem == 0.0f ? q : refined;
-  }
-  // Two values to their e4m3 bytes (one paired conversion), low byte first.
-  __device__ __forceinline__ uint16_t e4m3x2(float lo, float hi) const { return e4m3_pair(lo, hi, *this); }
-  // The same through any quotient (fast_quotient, the division): lo / s and hi / s rounded to e4m3.
-  template <typename Quotient>
-  __device__ __forceinline__ static uint16_t e4m3_pair(float lo, float hi, const Quotient& quotient) {
-    return static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(make_float2(quotient(lo), quotient(hi)), __NV_SATFINITE, __NV_E4M3));
   }
 };
 
