@@ -10,6 +10,14 @@
 
 namespace atelier {
 
+// residual + gate * y (residual, y [B, N, D]; gate [B, 1, D]): an adaLN block's gated residual, one pass.
+inline Tensor gated_add(const Tensor& residual, const Tensor& gate, const Tensor& y) {
+  NormModulation m;
+  m.gate = gate;
+  m.residual = residual;
+  return ops::norm_modulate(y, NormKind::kNone, 0.0f, Tensor(), m);
+}
+
 struct Linear {
   Tensor weight;        // [out, in]; f8e4m3 once quantized (quantize_fp8)
   Tensor bias;          // [out] or undefined
@@ -48,10 +56,7 @@ struct Linear {
   // into the product (ops::linear_fp8_gated_residual); else the layer's output and one gated-residual pass.
   Tensor gated_residual(Tensor&& residual, const Tensor& gate, const ops::Fp8Rows& x) const {
     if (is_fp8()) return ops::linear_fp8_gated_residual(std::move(residual), x, weight, weight_scale, bias, gate);
-    NormModulation m;
-    m.gate = gate;
-    m.residual = residual;
-    return ops::norm_modulate((*this)(x), NormKind::kNone, 0.0f, Tensor(), m);
+    return gated_add(residual, gate, (*this)(x));
   }
   // The layer restricted to inputs [start, start + n) (a view of the weight's columns), without the bias:
   // a product over concatenated inputs as a sum of products over the parts.

@@ -100,11 +100,6 @@ Tensor norm_rope(const Tensor& x, const RMSNorm& norm, const Tensor& cos, const 
   return ops::rope(x.permute({0, 2, 1, 3}), cos, sin, 2, rope_rms(&norm));
 }
 
-// residual + gate * y; gate [B, 1, D]; one pass.
-Tensor gated_add(const Tensor& residual, const Tensor& gate, const Tensor& y) {
-  return ops::norm_modulate(y, NormKind::kNone, 0.0f, Tensor(), {.gate = gate, .residual = residual});
-}
-
 }  // namespace
 
 std::pair<Tensor, Tensor> flux_rope_tables(const Tensor& ids, const std::array<int, 3>& axes, double theta) {
