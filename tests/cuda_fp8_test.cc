@@ -108,6 +108,52 @@ TEST(CudaFp8, NormModulateFp8InOnePassMakesTheBytesOfTwo) {
   }
 }
 
+// norm_modulate's vector kernels specialised for the operand combinations the models use (absent operands
+// compiled out) against the form that tests its pointers at run time: the same 16-bit rows, e4m3 bytes and row
+// scales, for every kind, with and without gamma, and every subset of scale / shift / gate / residual (those
+// without a kernel of their own run the run-time form both ways); rows of 3072 (four vectors per thread) and 40
+// (one), bf16 and f16.
+TEST(CudaFp8, NormModulateSpecializedKernelsMakeTheBytesOfTheGeneralOne) {
+  ATELIER_REQUIRE_CUDA();
+  cuda::CudaBackend& be = test::cuda_be();
+  struct Restore {
+    cuda::CudaBackend& be;
+    ~Restore() { be.set_specialized_norm_modulate(true); }
+  } restore{be};
+  int combos = 0;
+  for (const Shape& s : {Shape{2, 9, 3072}, Shape{1, 7, 40}}) {
+    const int64_t d = s[2];
+    for (DType dt : {DType::BF16, DType::F16}) {
+      const auto dev = [&](const Tensor& t) { return to_gpu(test::rounded(t, dt), dt); };
+      const Tensor x = dev(random_tensor(s, 121, 3.0f)), res = dev(random_tensor(s, 122)), gamma = dev(random_tensor({d}, 123));
+      const Tensor vecs[] = {dev(random_tensor({s[0], 1, d}, 124)), dev(random_tensor({s[0], 1, d}, 125)),
+                             dev(random_tensor({s[0], 1, d}, 126))};  // scale, shift, gate
+      for (NormKind kind : {NormKind::kLayer, NormKind::kRms, NormKind::kNone})
+        for (bool with_gamma : {false, true})
+          for (unsigned mods = 0; mods < 16; ++mods) {
+            if ((kind == NormKind::kNone && with_gamma) || ((mods & 4) && !(mods & 8))) continue;  // (a gate needs a residual)
+            const NormModulation m{.scale = mods & 1 ? vecs[0] : Tensor(), .shift = mods & 2 ? vecs[1] : Tensor(),
+                                   .gate = mods & 4 ? vecs[2] : Tensor(), .residual = mods & 8 ? res : Tensor()};
+            const Tensor g = with_gamma ? gamma : Tensor();
+            const std::string what = "kind " + std::to_string(int(kind)) + (with_gamma ? " gamma" : "") + " mods " +
+                                     std::to_string(mods) + " " + shape_str(s) + " " + std::string(dtype_name(dt));
+            be.set_specialized_norm_modulate(true);
+            const ops::Fp8Rows a = ops::norm_modulate_fp8(x, kind, 1e-6f, g, m);
+            const Tensor a16 = ops::norm_modulate(x, kind, 1e-6f, g, m);
+            be.set_specialized_norm_modulate(false);
+            const ops::Fp8Rows b = ops::norm_modulate_fp8(x, kind, 1e-6f, g, m);
+            const Tensor b16 = ops::norm_modulate(x, kind, 1e-6f, g, m);
+            EXPECT_EQ(bytes_of(ops::cast(a16, DType::F32)), bytes_of(ops::cast(b16, DType::F32))) << what;
+            EXPECT_EQ(bytes_of(ops::cast(a.x, DType::F32)), bytes_of(ops::cast(b.x, DType::F32))) << what;
+            EXPECT_EQ(bytes_of(a.q), bytes_of(b.q)) << what;
+            EXPECT_EQ(ops::to_device(a.scale, Device::cpu()).to_vector(), ops::to_device(b.scale, Device::cpu()).to_vector()) << what;
+            ++combos;
+          }
+    }
+  }
+  std::printf("[ figures  ] %d norm_modulate calls compared, specialised against run-time form\n", combos);
+}
+
 TEST(CudaFp8, LinearMatchesTheCpu) {
   ATELIER_REQUIRE_CUDA();
   struct Case { int64_t m, k, n; UnaryOp act; bool bias, residual; };

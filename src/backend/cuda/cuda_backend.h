@@ -149,6 +149,10 @@ class CudaBackend final : public Backend {
   // quantize_rows_fp8, as Backend's default (the parity test compares the two; the same bytes). Also
   // ATELIER_FUSED_FP8_NORM=0.
   void set_fused_fp8_norm_modulate(bool on) { fused_fp8_norm_modulate_ = on; }
+  // norm_modulate's vector kernels specialised for the operand combinations the models use (absent operands
+  // compiled out: cuda_norm_modulate.cu, ModBits); off: the form that tests its pointers at run time (the same
+  // bytes: a GPU test compares the two). Also ATELIER_NORM_MODULATE_SPECIALIZED=0.
+  void set_specialized_norm_modulate(bool on) { specialized_norm_modulate_ = on; }
   // Enqueues one GEMM (used by conv2d's im2col path and the general attention path too).
   void run_gemm(const GemmCall& call);
 
@@ -214,6 +218,7 @@ class CudaBackend final : public Backend {
   int flash_key_tile_ = 0;
   bool gn_apply_merge_ = false;
   bool fused_fp8_norm_modulate_ = true;
+  bool specialized_norm_modulate_ = true;
   bool fp8_attention_ = false;
 };
 

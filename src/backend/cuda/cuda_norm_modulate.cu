@@ -80,6 +80,32 @@ __global__ void norm_modulate_kernel(T* y, const T* x, NormAffine aff, Modulatio
   }
 }
 
+// Which modulation operands a call of the vector kernel has, as bits of a compile-time mask: the combinations
+// the models use get kernels of their own, in which absent operands cost nothing (no pointer tests, no
+// predicated loads or paired ops, no product by a gamma of ones); kModRuntime tests the pointers at run time
+// (every other combination). SASS of the run-time form (session 17): about a third of the FP8 FLUX
+// norm_modulate's instructions per vector went to those tests and to operands that were absent.
+enum ModBits : unsigned { kModGamma = 1, kModScale = 2, kModShift = 4, kModGate = 8, kModResidual = 16, kModRuntime = 32 };
+
+template <unsigned BITS>
+struct ModPresence {
+  static constexpr bool kRuntime = (BITS & kModRuntime) != 0;
+  // Whether the operand of `bit` (pointer p) is applied.
+  static __device__ __forceinline__ bool has(unsigned bit, const void* p) {
+    if constexpr (kRuntime) return p != nullptr;
+    else return (BITS & bit) != 0;
+  }
+  // Whether the normalised values are multiplied by gamma (at run time by ones where gamma is absent: a
+  // product by 1 is exact).
+  static constexpr bool kMulGamma = kRuntime || (BITS & kModGamma) != 0;
+};
+
+// The mask of a call's operands.
+inline unsigned mod_bits(const NormAffine& aff, const void* scale, const void* shift, const void* gate, const void* residual) {
+  return (aff.gamma ? kModGamma : 0u) | (scale ? kModScale : 0u) | (shift ? kModShift : 0u) | (gate ? kModGate : 0u) |
+         (residual ? kModResidual : 0u);
+}
+
 // One thread's modulation operands for one vector of a row: the per-sample vectors and the residual (zero
 // where absent). They are loaded after the row's statistics: loading them with the row (before the block
 // reductions) doubled the kernel's registers and measured 10-15% slower on the H200 (session 15).
@@ -89,10 +115,14 @@ struct ModVecs {
   uint4 sc, sh, gt, rs;
 };
 
-template <typename T>
+template <typename T, unsigned BITS>
 __device__ __forceinline__ ModVecs load_mod_vecs(const ModulationPtrs<T>& m, int64_t vec, int64_t res) {
-  const auto word_at = [](const T* p, int64_t at) { return p ? *reinterpret_cast<const uint4*>(p + at) : make_uint4(0, 0, 0, 0); };
-  return {word_at(m.scale, vec), word_at(m.shift, vec), word_at(m.gate, vec), word_at(m.residual, res)};
+  using Has = ModPresence<BITS>;
+  const auto word_at = [](unsigned bit, const T* p, int64_t at) {
+    return Has::has(bit, p) ? *reinterpret_cast<const uint4*>(p + at) : make_uint4(0, 0, 0, 0);
+  };
+  return {word_at(kModScale, m.scale, vec), word_at(kModShift, m.shift, vec), word_at(kModGate, m.gate, vec),
+          word_at(kModResidual, m.residual, res)};
 }
 
 // Component i (0-3, a compile-time constant once unrolled) of a 16-byte word: a pair of 16-bit values, or one f32.
@@ -104,58 +134,83 @@ __device__ __forceinline__ pair_t<T> word_pair(const uint4& w, int p) {
 }
 __device__ __forceinline__ float word_f32(const uint4& w, int e) { return __uint_as_float(word_part(w, e)); }
 
-// One thread's vector of a norm_modulate row: the normalised x (statistics and gamma's values g given), then
-// the modulation (mv, present where m's pointers are), every step rounded to T as the unfused ops round.
-// 16-bit T: the same values in pairs. The normalised pair is rounded by one paired conversion, and the
-// modulation steps are paired adds and products (cuda_device.cuh: the same bits as each f32 step rounded to T).
-// The per-element form ran ~5 conversions per element and made the kernel instruction-bound.
-template <typename T, NormKind KIND>
-__device__ __forceinline__ Vec<T> modulate_vec_paired(const Vec<T>& xv, const float (&g)[Vec<T>::kWidth], const ModulationPtrs<T>& m,
-                                                      const ModVecs& mv, float mean, float corr, float rstd) {
-  using P = pair_t<T>;
-  constexpr int kPairs = Vec<T>::kWidth / 2;
-  Vec<T> out;
-  const P one = PairOf<T>::from_floats(1.0f, 1.0f);
-#pragma unroll
-  for (int p = 0; p < kPairs; ++p) {
-    const float x0 = to_f32(xv.v[2 * p]), x1 = to_f32(xv.v[2 * p + 1]);
-    P v;
-    if constexpr (KIND == NormKind::kLayer)
-      v = PairOf<T>::from_floats(((x0 - mean) - corr) * rstd * g[2 * p], ((x1 - mean) - corr) * rstd * g[2 * p + 1]);
-    else if constexpr (KIND == NormKind::kRms) v = PairOf<T>::from_floats(x0 * rstd * g[2 * p], x1 * rstd * g[2 * p + 1]);
-    else v = pair_at(xv.v, p);
-    if (m.scale) v = __hmul2_rn(v, __hadd2_rn(one, word_pair<T>(mv.sc, p)));
-    if (m.shift) v = __hadd2_rn(v, word_pair<T>(mv.sh, p));
-    if (m.gate) v = __hmul2_rn(word_pair<T>(mv.gt, p), v);
-    if (m.residual) v = __hadd2_rn(word_pair<T>(mv.rs, p), v);
-    pair_at(out.v, p) = v;
+// Element e (0 .. W - 1, a compile-time constant once unrolled) of a 16-byte word of T values, as f32: for bf16
+// one shift or mask (its bits are the f32's high half), for f16 one conversion. The rows are held as such
+// words: held as Vec<T>, each 16-bit value took a register of its own, zeroed and merged by byte permutes.
+template <typename T>
+__device__ __forceinline__ float word_elem_f32(const uint4& w, int e) {
+  if constexpr (std::is_same_v<T, float>) {
+    return word_f32(w, e);
+  } else {
+    const uint32_t bits = word_part(w, e / 2);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(e % 2 == 0 ? bits << 16 : bits & 0xffff0000u);
+    else return __half2float(__ushort_as_half(uint16_t(e % 2 == 0 ? bits & 0xffffu : bits >> 16)));
   }
-  return out;
 }
 
-template <typename T, NormKind KIND>
-__device__ __forceinline__ Vec<T> modulate_vec(const Vec<T>& xv, const float (&g)[Vec<T>::kWidth], const ModulationPtrs<T>& m,
+template <typename P>
+__device__ __forceinline__ uint32_t pair_bits(const P& v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof(u));
+  return u;
+}
+
+template <typename T>
+__device__ __forceinline__ Vec<T> as_vec(const uint4& w) {
+  Vec<T> v;
+  memcpy(&v, &w, sizeof(v));
+  return v;
+}
+
+// One thread's vector of a norm_modulate row (a 16-byte word xw): the normalised x (statistics and gamma's
+// values g given; g is read only where ModPresence<BITS>::kMulGamma), then the modulation (mv, applied where
+// ModPresence<BITS> says), every step rounded to T as the unfused ops round. 16-bit T: the same values in pairs.
+// The normalised pair is rounded by one paired conversion, and the modulation steps are paired adds and
+// products (cuda_device.cuh: the same bits as each f32 step rounded to T). The per-element form ran ~5
+// conversions per element and made the kernel instruction-bound.
+template <typename T, NormKind KIND, unsigned BITS>
+__device__ __forceinline__ uint4 modulate_word(const uint4& xw, const float (&g)[Vec<T>::kWidth], const ModulationPtrs<T>& m,
                                                const ModVecs& mv, float mean, float corr, float rstd) {
+  using Has = ModPresence<BITS>;
+  uint32_t out[4];
   if constexpr (sizeof(T) == 2) {
-    return modulate_vec_paired<T, KIND>(xv, g, m, mv, mean, corr, rstd);
-  } else {
-    constexpr int W = Vec<T>::kWidth;
-    const auto r = [](float v) { return to_f32(from_f32<T>(v)); };
-    Vec<T> out;
+    using P = pair_t<T>;
+    const P one = PairOf<T>::from_floats(1.0f, 1.0f);
 #pragma unroll
-    for (int e = 0; e < W; ++e) {
-      float v;
-      if constexpr (KIND == NormKind::kLayer) v = r(((to_f32(xv.v[e]) - mean) - corr) * rstd * g[e]);
-      else if constexpr (KIND == NormKind::kRms) v = r(to_f32(xv.v[e]) * rstd * g[e]);
-      else v = to_f32(xv.v[e]);
-      if (m.scale) v = r(v * r(1.0f + word_f32(mv.sc, e)));
-      if (m.shift) v = r(v + word_f32(mv.sh, e));
-      if (m.gate) v = r(word_f32(mv.gt, e) * v);
-      if (m.residual) v = word_f32(mv.rs, e) + v;
-      out.v[e] = from_f32<T>(v);
+    for (int p = 0; p < 4; ++p) {
+      const float x0 = word_elem_f32<T>(xw, 2 * p), x1 = word_elem_f32<T>(xw, 2 * p + 1);
+      P v;
+      if constexpr (KIND == NormKind::kNone) {
+        v = word_pair<T>(xw, p);
+      } else {
+        float a0 = KIND == NormKind::kLayer ? ((x0 - mean) - corr) * rstd : x0 * rstd;
+        float a1 = KIND == NormKind::kLayer ? ((x1 - mean) - corr) * rstd : x1 * rstd;
+        if constexpr (Has::kMulGamma) {
+          a0 *= g[2 * p];
+          a1 *= g[2 * p + 1];
+        }
+        v = PairOf<T>::from_floats(a0, a1);
+      }
+      if (Has::has(kModScale, m.scale)) v = __hmul2_rn(v, __hadd2_rn(one, word_pair<T>(mv.sc, p)));
+      if (Has::has(kModShift, m.shift)) v = __hadd2_rn(v, word_pair<T>(mv.sh, p));
+      if (Has::has(kModGate, m.gate)) v = __hmul2_rn(word_pair<T>(mv.gt, p), v);
+      if (Has::has(kModResidual, m.residual)) v = __hadd2_rn(word_pair<T>(mv.rs, p), v);
+      out[p] = pair_bits(v);
     }
-    return out;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float xe = word_f32(xw, e);
+      float v = KIND == NormKind::kLayer ? ((xe - mean) - corr) * rstd : KIND == NormKind::kRms ? xe * rstd : xe;
+      if constexpr (KIND != NormKind::kNone && Has::kMulGamma) v *= g[e];
+      if (Has::has(kModScale, m.scale)) v = v * (1.0f + word_f32(mv.sc, e));
+      if (Has::has(kModShift, m.shift)) v = v + word_f32(mv.sh, e);
+      if (Has::has(kModGate, m.gate)) v = word_f32(mv.gt, e) * v;
+      if (Has::has(kModResidual, m.residual)) v = word_f32(mv.rs, e) + v;
+      out[e] = __float_as_uint(v);
+    }
   }
+  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 // Where norm_modulate_vec_kernel also quantizes its output rows to FP8 (null: it does not): q [rows, d] e4m3,
@@ -178,7 +233,7 @@ struct Fp8RowsOut {
 // one-vector thread's instructions were per row (block reductions, the statistics' divisions, indexing):
 // ~850 per thread for 8 elements (ncu, FLUX's [4096, 3072] layer-norm rows at ~1 TB/s). Four vectors per
 // thread run those once per 32 elements.
-template <typename T, NormKind KIND, int VPT>
+template <typename T, NormKind KIND, int VPT, unsigned BITS>
 __global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, ModulationPtrs<T> m, int64_t t, int64_t d, float eps,
                                          Fp8RowsOut f8) {
   constexpr int W = Vec<T>::kWidth;
@@ -187,9 +242,10 @@ __global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, Modul
   const int64_t row = blockIdx.x, sample = uint32_t(blockIdx.x) / uint32_t(t);
   const int nvec = int(d / W);
   const auto col = [&](int i) { return int(threadIdx.x) + i * int(blockDim.x); };  // this thread's vector i
-  Vec<T> xv[VPT];
+  uint4 xw[VPT];  // the row's vectors as raw words (zero past its end)
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) xv[i] = col(i) < nvec ? *reinterpret_cast<const Vec<T>*>(x + row * d + int64_t(col(i)) * W) : Vec<T>{};
+  for (int i = 0; i < VPT; ++i)
+    xw[i] = col(i) < nvec ? *reinterpret_cast<const uint4*>(x + row * d + int64_t(col(i)) * W) : make_uint4(0, 0, 0, 0);
   float mean = 0.0f, corr = 0.0f, rstd = 1.0f;
   if constexpr (KIND == NormKind::kLayer) {
     // (Tried in session 15: the statistics with one barrier, each warp's mean and squared deviations combined
@@ -200,7 +256,7 @@ __global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, Modul
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
 #pragma unroll
-      for (int e = 0; e < W; ++e) s += to_f32(xv[i].v[e]);
+      for (int e = 0; e < W; ++e) s += word_elem_f32<T>(xw[i], e);
     mean = block_sum(s, scratch) / float(d);
     float dev = 0.0f, sq = 0.0f;
 #pragma unroll
@@ -208,7 +264,7 @@ __global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, Modul
       if (col(i) >= nvec) continue;
 #pragma unroll
       for (int e = 0; e < W; ++e) {
-        const float v = to_f32(xv[i].v[e]) - mean;
+        const float v = word_elem_f32<T>(xw[i], e) - mean;
         dev += v;
         sq += v * v;
       }
@@ -219,7 +275,10 @@ __global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, Modul
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
 #pragma unroll
-      for (int e = 0; e < W; ++e) q += to_f32(xv[i].v[e]) * to_f32(xv[i].v[e]);
+      for (int e = 0; e < W; ++e) {
+        const float v = word_elem_f32<T>(xw[i], e);
+        q += v * v;
+      }
     rstd = 1.0f / sqrtf(block_sum(q, scratch) / float(d) + eps);
   }
   if (col(0) >= nvec && !f8.q) return;  // after the last block reduction (they synchronise the whole block)
@@ -229,10 +288,10 @@ __global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, Modul
     if (col(i) >= nvec) continue;
     const int64_t j0 = int64_t(col(i)) * W;
     float g[W];
-    load_param_run<T>(g, aff.gamma, aff.gamma_dtype, j0, 1.0f);
-    xv[i] = modulate_vec<T, KIND>(xv[i], g, m, load_mod_vecs(m, sample * d + j0, row * d + j0), mean, corr, rstd);  // now the output
-    if (y) *reinterpret_cast<Vec<T>*>(y + row * d + j0) = xv[i];
-    if (f8.q) amax = vec_abs_max(amax, xv[i]);
+    if constexpr (ModPresence<BITS>::kMulGamma) load_param_run<T>(g, aff.gamma, aff.gamma_dtype, j0, 1.0f);
+    xw[i] = modulate_word<T, KIND, BITS>(xw[i], g, m, load_mod_vecs<T, BITS>(m, sample * d + j0, row * d + j0), mean, corr, rstd);
+    if (y) *reinterpret_cast<uint4*>(y + row * d + j0) = xw[i];  // now the output
+    if (f8.q) amax = vec_abs_max(amax, as_vec<T>(xw[i]));
   }
   if (!f8.q) return;
   const float qs = fp8_row_scale(block_max(amax, scratch));  // every thread takes part in the reduction
@@ -240,13 +299,35 @@ __global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, Modul
   const RowDivider div = row_divider(qs);
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
-    if (col(i) < nvec) store_e4m3(f8.q + row * d + int64_t(col(i)) * W, xv[i], div);
+    if (col(i) < nvec) store_e4m3(f8.q + row * d + int64_t(col(i)) * W, as_vec<T>(xw[i]), div);
 }
 
 // Vectors per thread of norm_modulate_vec_kernel: kModVecsPerThread for rows of at least kModWideRowVecs
 // vectors (FLUX's 384, Z-Image's 480), one below (fewer threads would leave short rows' blocks nearly empty).
 constexpr int kModVecsPerThread = 4;
 constexpr int64_t kModWideRowVecs = 128;
+
+// Calls fn(std::integral_constant<unsigned, BITS>{}) with the ModBits of the vector kernel for a call of kind
+// K whose operands are `bits` (mod_bits): the combinations the models use (FLUX: layer norm + scale + shift,
+// and the gated residual; Z-Image: RMS norm with gamma + scale, + gate + residual, + residual; the final layer
+// norm + scale) have kernels of their own in 16 bits; the rest, and f32, the run-time form.
+template <typename T, NormKind K, typename Fn>
+void dispatch_mod_bits(unsigned bits, Fn&& fn) {
+  using std::integral_constant;
+  if constexpr (sizeof(T) == 2) {
+    if constexpr (K == NormKind::kLayer) {
+      if (bits == (kModScale | kModShift)) return fn(integral_constant<unsigned, kModScale | kModShift>{});
+      if (bits == kModScale) return fn(integral_constant<unsigned, kModScale>{});
+    } else if constexpr (K == NormKind::kRms) {
+      if (bits == (kModGamma | kModScale)) return fn(integral_constant<unsigned, kModGamma | kModScale>{});
+      if (bits == (kModGamma | kModGate | kModResidual)) return fn(integral_constant<unsigned, kModGamma | kModGate | kModResidual>{});
+      if (bits == (kModGamma | kModResidual)) return fn(integral_constant<unsigned, kModGamma | kModResidual>{});
+    } else {
+      if (bits == (kModGate | kModResidual)) return fn(integral_constant<unsigned, kModGate | kModResidual>{});
+    }
+  }
+  fn(integral_constant<unsigned, kModRuntime>{});
+}
 
 // Calls fn(std::integral_constant<NormKind, K>{}) for the runtime `kind`: the kernels take it as a template
 // argument so that each kind's unused statistics are compiled out.
@@ -262,8 +343,10 @@ void dispatch_norm_kind(NormKind kind, Fn&& fn) {
 // x, out [B, T, D] contiguous; gamma [D]; m.scale/shift/gate [B, D]; m.residual [B, T, D] (Backend::norm_modulate).
 // With f8.q set, only the vector kernel runs (it quantizes the rows too); returns false, launching nothing,
 // where it cannot take the call.
+// specialized false: the vector kernel's run-time form whatever the operands (CudaBackend::set_specialized_norm_modulate).
 bool launch_norm_modulate(cudaStream_t stream, int device, Tensor& out, const Tensor& x, NormKind kind, float eps,
-                          const Tensor& gamma, const NormModulation& m, const Fp8RowsOut& f8, bool out_needed = true) {
+                          const Tensor& gamma, const NormModulation& m, const Fp8RowsOut& f8, bool specialized,
+                          bool out_needed = true) {
   const int64_t t = x.size(1), d = x.size(2), rows = x.size(0) * t;
   if (rows == 0 || d == 0) return true;
   ATELIER_CHECK(x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype(), "norm_modulate: contiguous tensors of one dtype expected");
@@ -293,7 +376,11 @@ bool launch_norm_modulate(cudaStream_t stream, int device, Tensor& out, const Te
           constexpr int kVpt = decltype(vpt)::value;
           const int threads = int((nvec + kVpt - 1) / kVpt + 31) / 32 * 32;
           T* y = out_needed || !f8.q ? out.data<T>() : nullptr;
-          norm_modulate_vec_kernel<T, K, kVpt><<<unsigned(rows), threads, 0, stream>>>(y, x.data<T>(), aff, p, t, d, eps, f8);
+          const unsigned have = specialized ? mod_bits(aff, p.scale, p.shift, p.gate, p.residual) : kModRuntime;
+          dispatch_mod_bits<T, K>(have, [&](auto bits) {
+            constexpr unsigned kBits = decltype(bits)::value;
+            norm_modulate_vec_kernel<T, K, kVpt, kBits><<<unsigned(rows), threads, 0, stream>>>(y, x.data<T>(), aff, p, t, d, eps, f8);
+          });
         };
         if (nvec >= kModWideRowVecs) launch(std::integral_constant<int, kModVecsPerThread>{});
         else launch(std::integral_constant<int, 1>{});
@@ -310,7 +397,7 @@ bool launch_norm_modulate(cudaStream_t stream, int device, Tensor& out, const Te
 
 void CudaBackend::norm_modulate(Tensor& out, const Tensor& x, NormKind kind, float eps, const Tensor& gamma,
                                 const NormModulation& m) {
-  launch_norm_modulate(stream_, index_, out, x, kind, eps, gamma, m, Fp8RowsOut{});
+  launch_norm_modulate(stream_, index_, out, x, kind, eps, gamma, m, Fp8RowsOut{}, specialized_norm_modulate_);
 }
 
 // The output rows quantized in the same pass where a vector kernel takes the call (rows in registers);
@@ -322,7 +409,7 @@ void CudaBackend::norm_modulate_fp8(Tensor& out, Tensor& q, Tensor& scale, const
                 "norm_modulate_fp8: q [rows, D] and scale [rows] contiguous expected");
   if (!fused_fp8_norm_modulate_ ||
       !launch_norm_modulate(stream_, index_, out, x, kind, eps, gamma, m,
-                            Fp8RowsOut{static_cast<uint8_t*>(q.raw()), scale.data<float>()}, out_needed))
+                            Fp8RowsOut{static_cast<uint8_t*>(q.raw()), scale.data<float>()}, specialized_norm_modulate_, out_needed))
     Backend::norm_modulate_fp8(out, q, scale, x, kind, eps, gamma, m, out_needed);
 }
 
