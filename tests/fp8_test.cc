@@ -72,6 +72,32 @@ std::vector<float> dequantize(const Tensor& q, const Tensor& scale) {
   return out;
 }
 
+// f8e4m3_scale: the smallest power of two s with amax / s <= 448, at least 2^-126; 1 where there is nothing to
+// scale (zero, infinite or NaN amax).
+TEST(Fp8, ScaleIsTheSmallestPowerOfTwoThatFitsTheMaximum) {
+  EXPECT_EQ(f8e4m3_scale(448.0f), 1.0f);
+  EXPECT_EQ(f8e4m3_scale(std::nextafter(448.0f, 1000.0f)), 2.0f);
+  EXPECT_EQ(f8e4m3_scale(224.0f), 0.5f);
+  EXPECT_EQ(f8e4m3_scale(std::nextafter(224.0f, 1000.0f)), 1.0f);
+  EXPECT_EQ(f8e4m3_scale(1.0f), std::ldexp(1.0f, -8));  // 1 / 2^-8 = 256 <= 448 < 512
+  EXPECT_EQ(f8e4m3_scale(3.0f), std::ldexp(1.0f, -7));  // 384
+  EXPECT_EQ(f8e4m3_scale(std::numeric_limits<float>::max()), std::ldexp(1.0f, 120));
+  EXPECT_EQ(f8e4m3_scale(std::numeric_limits<float>::denorm_min()), std::ldexp(1.0f, -126));
+  EXPECT_EQ(f8e4m3_scale(1e-37f), std::ldexp(1.0f, -126));
+  for (float none : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
+    EXPECT_EQ(f8e4m3_scale(none), 1.0f) << none;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> ex(-100, 100);
+  for (int i = 0; i < 10000; ++i) {
+    const float amax = std::ldexp(mant(rng), ex(rng)), s = f8e4m3_scale(amax);
+    int e = 0;
+    ASSERT_EQ(std::frexp(s, &e), 0.5f) << amax << ": not a power of two";
+    ASSERT_LE(amax / s, kF8E4M3Max) << amax;
+    ASSERT_GT(amax / (s / 2), kF8E4M3Max) << amax << ": not the smallest";
+  }
+}
+
 TEST(Fp8, QuantizeRowsScalesEachRowByItsMaximum) {
   Tensor x = random_tensor({5, 37}, 1, 3.0f);
   for (int c = 0; c < 37; ++c) x.data<float>()[2 * 37 + c] = 0.0f;  // a row of zeros
@@ -82,7 +108,12 @@ TEST(Fp8, QuantizeRowsScalesEachRowByItsMaximum) {
   for (int64_t r = 0; r < 5; ++r) {
     float amax = 0.0f;
     for (int c = 0; c < 37; ++c) amax = std::max(amax, std::fabs(xp[r * 37 + c]));
-    const float s = r == 2 ? 1.0f : amax / kF8E4M3Max;
+    // The smallest power of two s with amax / s <= 448 (1 for the zero row).
+    float s = 1.0f;
+    if (r != 2) {
+      s = std::ldexp(1.0f, -140);
+      while (amax / s > kF8E4M3Max) s *= 2.0f;
+    }
     EXPECT_EQ(scale.data<float>()[r], s) << "row " << r;
     for (int c = 0; c < 37; ++c)
       ASSERT_EQ(static_cast<const uint8_t*>(q.raw())[r * 37 + c], float_to_f8e4m3(xp[r * 37 + c] / s)) << r << "," << c;
@@ -181,7 +212,7 @@ TEST(Fp8, LinearRejectsWhatItCannotUse) {
   EXPECT_NO_THROW(plain(ops::Fp8Rows{x, Tensor(), Tensor(), true}));
 }
 
-// attention_merged_fp8: q, k, v each quantized per tensor (s = amax / 448), then attention of s * e4m3(x / s).
+// attention_merged_fp8: q, k, v each quantized per tensor (s = f8e4m3_scale(amax)), then attention of s * e4m3(x / s).
 // Values already on a tensor's e4m3 grid (every element an e4m3 value times 2^-5, one of them the largest, so
 // that s is exactly 2^-5) pass the quantization unchanged: the result is attention_merged's. Random values
 // (unit-variance logits) move by the format's rounding: measurably (4.6% measured), and by under 10%.
@@ -237,7 +268,7 @@ TEST(Fp8, AttentionQuantizesEachOperandPerTensor) {
   EXPECT_THROW(ops::attention_merged_fp8(rq, rk.narrow(1, 0, 1), rv.narrow(1, 0, 1)), Error);
 }
 
-// Fp8Bounds: q/k bounded in advance are quantized with bound / 448 and no amax. A bound equal to the amax gives
+// Fp8Bounds: q/k bounded in advance are quantized with f8e4m3_scale(bound) and no amax. A bound equal to the amax gives
 // the amax's bytes, hence the same result; rms_rope_bound bounds what an RMS-normed rotation can produce, also
 // for a row whose whole energy sits in one pair (the worst case the bound is made for).
 TEST(Fp8, AttentionBoundsReplaceTheAmax) {
@@ -248,8 +279,9 @@ TEST(Fp8, AttentionBoundsReplaceTheAmax) {
     return m;
   };
   EXPECT_EQ(ops::attention_merged_fp8(q, k, v, 0.0f, {amax(q), amax(k)}).to_vector(), ops::attention_merged_fp8(q, k, v).to_vector());
-  // (3x, not a power of two: scales 2^n apart quantize to the same values, short of the subnormals)
-  const Tensor loose = ops::attention_merged_fp8(q, k, v, 0.0f, {3 * amax(q), 3 * amax(k)});
+  // (256x: the scales are powers of two, and scales 2^n apart quantize to the same values short of e4m3's
+  // subnormals, which the smaller values of q and k reach under a scale 256 times larger)
+  const Tensor loose = ops::attention_merged_fp8(q, k, v, 0.0f, {256 * amax(q), 256 * amax(k)});
   EXPECT_NE(loose.to_vector(), ops::attention_merged_fp8(q, k, v).to_vector()) << "the bounds were not used";
   EXPECT_LT(test::rel_l2(loose.to_vector(), ops::attention_merged(q, k, v).to_vector()), 0.1);
   EXPECT_THROW(ops::attention_merged_fp8(q, k, v, 0.0f, {-1.0f, 0.0f}), Error);

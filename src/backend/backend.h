@@ -40,8 +40,8 @@ struct RopeRmsRun {
 };
 
 // Upper bounds of |q| and |k| known before an FP8 attention runs (0: unknown): such an operand is quantized
-// with the scale bound / 448 (values beyond it saturate) and no amax pass reads it. For q/k that an RMS norm
-// with weight gamma over D elements produced (and a rotation kept), sqrt(D) * max|gamma| bounds every element.
+// with the scale f8e4m3_scale(bound) (values beyond it saturate) and no amax pass reads it. For q/k that an RMS
+// norm with weight gamma over D elements produced (and a rotation kept), sqrt(D) * max|gamma| bounds every element.
 struct Fp8Bounds {
   float q = 0.0f, k = 0.0f;
 };
@@ -153,8 +153,9 @@ class Backend {
   // out [B, M, N]; bias [N] optional (undefined Tensor = none).
   virtual void gemm(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmParams& p) = 0;
   // x [R, C] (unit last stride) -> q [R, C] f8e4m3 and scale [R] f32, both contiguous: per row r,
-  // scale[r] = amax_r / 448 (1 for a row of zeros) and q[r, c] = e4m3(x[r, c] / scale[r]) with IEEE division,
-  // rounded to nearest even and saturated to +-448, so that every backend makes the same bytes.
+  // scale[r] = f8e4m3_scale(amax_r) (core/dtype.h: a power of two; 1 for a row of zeros) and q[r, c] =
+  // e4m3(x[r, c] / scale[r]) (exact: a power of two), rounded to nearest even and saturated to +-448, so that
+  // every backend makes the same bytes.
   virtual void quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) = 0;
   // out [M, N] contiguous = act(xs[m] * ws[n] * sum_k x8[m, k] w8[n, k] + bias[n] + beta * out), accumulated in
   // f32; x8 [M, K] contiguous and w8 [N, K] (row stride >= K, unit last stride) f8e4m3 with xs [M], ws [N] f32
@@ -219,8 +220,8 @@ class Backend {
   // q/k/v may be strided views (e.g. heads split out of a fused projection) with a unit last-dim stride.
   virtual void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale) = 0;
   // FP8 attention (DiT blocks with --dtype fp8): q [B, H, Sq, D], k/v [B, H, Sk, D] (no mask, no grouped
-  // heads), each quantized per tensor as quantize_rows_fp8 quantizes a row: s = amax / 448 (1 for zeros; or
-  // bound / 448 where `bounds` gives one), x8 = e4m3(x / s) with IEEE division, nearest even, saturation (the
+  // heads), each quantized per tensor as quantize_rows_fp8 quantizes a row: s = f8e4m3_scale(amax) (1 for zeros;
+  // of the bound where `bounds` gives one), x8 = e4m3(x / s) with IEEE division, nearest even, saturation (the
   // same bytes on every backend); out = the attention of the dequantized s * x8. A device's FP8 kernel may take
   // the probabilities and the output through e4m3 too (cuDNN's does: 2^-4 relative per element, averaged over
   // the keys); the CPU computes them in f32. A backend without FP8 attention for a case runs attention() on

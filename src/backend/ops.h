@@ -60,8 +60,8 @@ void linear_into(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false, float alpha = 1.0f);
 // --- FP8 (e4m3) linear layers -----------------------------------------------------------------------
 // w [R, C] (any float dtype, unit last stride) -> (q [R, C] f8e4m3, scale [R] f32) on w's device: each row
-// scaled by its own amax / 448 ("row-wise" scaling: the output channels of a weight, the tokens of an
-// activation), so q * scale[r] stands for row r to within e4m3's 3 mantissa bits.
+// scaled by f8e4m3_scale of its own amax, a power of two ("row-wise" scaling: the output channels of a weight,
+// the tokens of an activation), so q * scale[r] stands for row r to within e4m3's 3 mantissa bits.
 std::pair<Tensor, Tensor> quantize_rows_fp8(const Tensor& w);
 // x [..., in] in the compute dtype, w8 [out, in] f8e4m3 with per-row ws [out] f32 (quantize_rows_fp8; w8 may
 // be a column view of a wider weight), b [out] optional -> [..., out] in x's dtype: x is quantized per row on

@@ -43,4 +43,33 @@ float f8e4m3_to_float(uint8_t v);
 // Round to nearest even, saturating finite values to +-448 (CUDA's __NV_SATFINITE); NaN stays NaN.
 uint8_t float_to_f8e4m3(float f);
 
+#if defined(__CUDACC__)
+#define ATELIER_HOST_DEVICE __host__ __device__
+#else
+#define ATELIER_HOST_DEVICE
+#endif
+
+// The scale s of an FP8 (e4m3) row or tensor whose largest magnitude is amax, stored as e4m3(x / s): the smallest
+// power of two with amax / s <= 448 (e4m3's largest finite value), at least 2^-126; 1 for a zero or non-finite
+// amax. A power of two, as MXFP8's block scales are: x / s is then exact (x times 2^-e), so a kernel quantizes
+// with one product per value instead of a division, and every backend makes the same bytes. (Until session 17
+// s was amax / 448 itself, whose IEEE quotients cost the quantizing kernels a product and two corrections per
+// value; e4m3's relative precision is the same either way, the largest value landing in [224, 448].)
+ATELIER_HOST_DEVICE inline float f8e4m3_scale(float amax) {
+  constexpr uint32_t kMantissa = 0x7fffffu, k448Mantissa = 0x600000u;  // 448 = 1.75 * 2^8
+  constexpr int kBias = 127, k448Exp = 8, kMinExp = -126;
+  if (!(amax > 0.0f && amax <= 3.40282347e38f)) return 1.0f;
+  uint32_t b;
+  memcpy(&b, &amax, 4);
+  // amax = m 2^k with m in [1, 2): 448 * 2^e >= amax for e = k - 8 where m <= 1.75, else k - 7. (A subnormal
+  // amax is below 448 * 2^-126: the clamp.)
+  const int biased = int(b >> 23);
+  int e = biased == 0 ? kMinExp : biased - kBias - k448Exp + ((b & kMantissa) > k448Mantissa ? 1 : 0);
+  if (e < kMinExp) e = kMinExp;
+  const uint32_t sb = uint32_t(e + kBias) << 23;
+  float out;
+  memcpy(&out, &sb, 4);
+  return out;
+}
+
 }  // namespace atelier

@@ -58,7 +58,7 @@ class CpuBackend final : public Backend {
 
  private:
   // x [B, H, S, D] -> contiguous f32 s * e4m3(x / s), quantized per tensor (attention_fp8's operands): s =
-  // bound / 448 when bound > 0, else amax / 448.
+  // f8e4m3_scale(bound) when bound > 0, else f8e4m3_scale(amax).
   Tensor fp8_tensor_values(const Tensor& x, float bound);
   void conv2d_nchw(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
 

@@ -24,14 +24,14 @@ void CpuBackend::quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) {
     const float* row = src + r * ld;
     float amax = 0.0f;
     for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(row[c]));
-    const float s = amax > 0.0f && std::isfinite(amax) ? amax / kF8E4M3Max : 1.0f;
+    const float s = f8e4m3_scale(amax);
     sc[r] = s;
     for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = float_to_f8e4m3(row[c] / s);
   }
 }
 
-// x [B, H, S, D] f32 (any strides) -> a contiguous copy holding s * e4m3(x / s), s = amax / 448 (1 for zeros;
-// bound / 448 with a bound): the values an FP8 kernel computes with, quantized as quantize_rows_fp8 quantizes a row.
+// x [B, H, S, D] f32 (any strides) -> a contiguous copy holding s * e4m3(x / s), s = f8e4m3_scale(amax) (of the
+// bound where one is given): the values an FP8 kernel computes with, quantized as quantize_rows_fp8 quantizes a row.
 Tensor CpuBackend::fp8_tensor_values(const Tensor& x, float bound) {
   Tensor c = Tensor::empty(x.shape(), DType::F32, Device::cpu());
   copy(c, x);
@@ -40,7 +40,7 @@ Tensor CpuBackend::fp8_tensor_values(const Tensor& x, float bound) {
   float amax = bound;
   if (bound <= 0.0f)
     for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(p[i]));
-  const float s = amax > 0.0f && std::isfinite(amax) ? amax / kF8E4M3Max : 1.0f;
+  const float s = f8e4m3_scale(amax);
 #pragma omp parallel for if (n >= kParallelRows * 4096) schedule(static)
   for (int64_t i = 0; i < n; ++i) p[i] = f8e4m3_to_float(float_to_f8e4m3(p[i] / s)) * s;
   return c;

@@ -175,8 +175,9 @@ class CudaBackend final : public Backend {
   bool run_fp8_attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale, const Fp8Bounds& bounds,
                          Tensor* rows8, Tensor* row_scale, bool write_out = true, const Tensor* q8_given = nullptr,
                          const Tensor* k8_given = nullptr, const std::function<void()>& fallback16 = {});
-  // rope (positions along dim 2, rms.on) of x into q8 [x's shape] e4m3 contiguous over the scale bound / 448, as
-  // FP8 attention quantizes a bounded q or k; false (nothing launched) where the register kernel cannot take x.
+  // rope (positions along dim 2, rms.on) of x into q8 [x's shape] e4m3 contiguous over the scale
+  // f8e4m3_scale(bound), as FP8 attention quantizes a bounded q or k; false (nothing launched) where the register
+  // kernel cannot take x.
   bool rope_e4m3(Tensor& q8, const Tensor& x, const Tensor& cos, const Tensor& sin, const RopeRms& rms, float bound);
   void conv2d_im2col(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
   // cuDNN in NHWC: x read in place when channels-last (else transposed in), the result written in place when

@@ -209,39 +209,37 @@ __host__ __device__ __forceinline__ float ieee_div(float a, float b) {
 #endif
 }
 
-// A row's scale from its amax: amax / 448 (IEEE division, as the CPU backend), 1 for a zero or non-finite row
-// (amax <= FLT_MAX: finite; a NaN fails both comparisons).
-__host__ __device__ __forceinline__ float fp8_row_scale(float amax) {
-  return amax > 0.0f && amax <= FLT_MAX ? ieee_div(amax, kF8E4M3Max) : 1.0f;
-}
+// A row's scale from its amax: f8e4m3_scale (core/dtype.h: the smallest power of two s with amax / s <= 448,
+// as the CPU backend takes it), 1 for a zero or non-finite row.
+__host__ __device__ __forceinline__ float fp8_row_scale(float amax) { return f8e4m3_scale(amax); }
 
 // v / s (IEEE division) rounded to e4m3, round-to-nearest-even with saturation.
 __device__ __forceinline__ uint8_t to_e4m3_scaled(float v, float s) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v, s), __NV_SATFINITE, __NV_E4M3));
 }
 
-// v / s for the many v of one row over its one scale s, the same bits as __fdiv_rn(v, s): the reciprocal
-// once per row, then per value one product and Markstein's correction (r = RN(1/s) and q within an ulp of v/s
-// make RN(q + (v - q s) r) the correctly rounded quotient, the remainder exact by FMA). A row quantization
-// ran out of issue slots on the IEEE division (its reciprocal and fix-ups per element, ~35% of the memory
-// bandwidth). Scales below 2^-60 (near-zero rows, where the remainder of a value near an e4m3 rounding
-// boundary could underflow) take the division itself.
+// v / s for the many v of one row over its one scale s, the same bits as __fdiv_rn(v, s). The FP8 scales are
+// powers of two (f8e4m3_scale), whose reciprocal r is exact: v / s and v * r are then the same real number, so
+// one product gives the correctly rounded quotient (`fast`). Other scales (none of this backend's FP8 rows)
+// take the division itself. (Before the scales were powers of two, the fast path was a product plus Markstein's
+// correction, two more instructions per value: the quantizing kernels were issue-bound on them.)
 struct RowDivider {
   float s, r;
   bool fast;
-  // The quotient where `fast` holds (else __fdiv_rn(v, s)): no branch (the zero-remainder case is a select,
-  // which keeps q and -0's sign). Callers test `fast` once for many values (store_e4m3): a test per value
-  // compiled to a branch and a convergence barrier around every pair (SASS of norm_modulate_vec_kernel).
-  __device__ __forceinline__ float fast_quotient(float v) const {
-    const float q = __fmul_rn(v, r);
-    const float rem = __fmaf_rn(-q, s, v);
-    const float refined = __fmaf_rn(rem, r, q);
-    return rem == 0.0f ? q : refined;
-  }
+  // The quotient where `fast` holds (else __fdiv_rn(v, s)). Callers test `fast` once for many values
+  // (store_e4m3): a test per value compiled to a branch and a convergence barrier around every pair.
+  __device__ __forceinline__ float fast_quotient(float v) const { return __fmul_rn(v, r); }
 };
 
+// A power of two whose reciprocal is a normal float too (exact): 2^-126 .. 2^126.
+__host__ __device__ __forceinline__ bool exact_reciprocal(float s) {
+  uint32_t b;
+  memcpy(&b, &s, 4);
+  return (b & 0x807fffffu) == 0 && s >= 0x1p-126f && s <= 0x1p126f;
+}
+
 __host__ __device__ __forceinline__ RowDivider row_divider(float scale) {
-  return RowDivider{scale, ieee_div(1.0f, scale), scale >= 0x1p-60f && scale <= 0x1p60f};
+  return RowDivider{scale, ieee_div(1.0f, scale), exact_reciprocal(scale)};
 }
 
 // Grid-stride loop bounds helper: total threads in the grid.

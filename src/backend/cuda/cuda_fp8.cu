@@ -17,7 +17,7 @@ namespace {
 constexpr int kQuantThreads = 256;
 constexpr int kVec = 8;                // 16-bit elements per 16-byte load
 
-// One block per row: amax over the row, scale = amax / 448, then each element divided (IEEE, as the CPU
+// One block per row: amax over the row, scale = f8e4m3_scale(amax), then each element divided (IEEE, as the CPU
 // backend does, so that both make the same bytes) and rounded to e4m3. The row is read twice; the second
 // read comes from L2. vec: 16-bit T, cols and ld multiples of 8, 16-byte aligned rows.
 template <typename T>

@@ -40,7 +40,7 @@ struct Operand {
   uint32_t heads = 0, seq = 0;
   int64_t sb = 0, sh = 0, ss = 0;
   uint32_t units = 0;  // 16-byte vectors in the tensor (B * H * S * D / 8)
-  float bound = 0.0f;  // > 0: |x| <= bound is known (Fp8Bounds): no amax pass, the scale is bound / 448
+  float bound = 0.0f;  // > 0: |x| <= bound is known (Fp8Bounds): no amax pass, the scale is f8e4m3_scale(bound)
   FastDivU32 div_hs{}, div_seq{};  // by heads * seq and by seq
 };
 struct Operands {
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kPassThreads) fp8_amax_kernel(Operands ops, fl
     atomicMax(reinterpret_cast<unsigned*>(S::at(scalars, S::Slot(S::kAmaxQ + blockIdx.y))), __float_as_uint(amax));
 }
 
-// q[o] = e4m3(x / s) with s = amax / 448 as quantize_rows_fp8 takes it per row (RowDivider: the IEEE quotient),
+// q[o] = e4m3(x / s) with s = f8e4m3_scale(amax) as quantize_rows_fp8 takes it per row (RowDivider: the IEEE quotient),
 // written contiguously; the first thread also writes the scalars cuDNN's graph reads.
 template <typename T>
 __global__ void __launch_bounds__(kPassThreads) fp8_quantize_kernel(Operands ops, float* scalars) {

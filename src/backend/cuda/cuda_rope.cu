@@ -126,7 +126,7 @@ __device__ __forceinline__ void rotate_pair(T* o, float x0, float x1, float c, f
 // tolerance the parity tests hold both to). Every lane takes part in the shuffles.
 constexpr int kRopeRmsThreads = 256;
 
-// With e4m3.q set the rotated rows go to e4m3 instead (FP8 attention's q or k: e4m3(v / s), s = bound / 448 as
+// With e4m3.q set the rotated rows go to e4m3 instead (FP8 attention's q or k: e4m3(v / s), s = f8e4m3_scale(bound) as
 // fp8_quantize_kernel takes a bounded operand, so the same bytes), and `out` is not written. The e4m3 rows may
 // lie strided (a joint sequence's run of positions: FLUX's text or image tokens of a double block's q).
 struct RopeE4m3Out {
@@ -257,7 +257,7 @@ void launch_rope_rms(cudaStream_t stream, T* out, const T* x, const T* cos, cons
 
 // rope of x [B, A, C, D] (positions along dim 2, with its RMS norm) written as e4m3 into q8 (x's shape, unit
 // last stride, the others whole 8-byte vectors: a contiguous tensor or a run of positions of one) over the
-// scale bound / 448: false (nothing launched) where the register kernel cannot take x.
+// scale f8e4m3_scale(bound): false (nothing launched) where the register kernel cannot take x.
 bool CudaBackend::rope_e4m3(Tensor& q8, const Tensor& x, const Tensor& cos, const Tensor& sin, const RopeRms& rms, float bound) {
   constexpr int64_t kStoreElems = 8;  // store_e4m3 writes a 16-bit vector's 8 elements as one 8-byte store
   if (!rms.on || q8.numel() == 0 || q8.shape() != x.shape() || x.strides()[3] != 1 || q8.strides()[3] != 1) return false;

@@ -44,7 +44,7 @@ struct CudnnGraphApi;
 struct Fp8AttentionScalars {
   enum Slot : int {
     kAmaxQ, kAmaxK, kAmaxV,              // per-tensor amax of the 16-bit q, k, v (quantization)
-    kDescaleQ, kDescaleK, kDescaleV,     // amax / 448: x = x8 * descale
+    kDescaleQ, kDescaleK, kDescaleV,     // f8e4m3_scale(amax): x = x8 * descale
     kDescaleS, kScaleS,                  // P's scale into e4m3 (448) and back
     kScaleO, kDescaleO,                  // O's scale into e4m3 and back
     kAmaxS, kAmaxO,                      // written by cuDNN (the pattern has them); unused here
