@@ -7,7 +7,9 @@
 // Measured on the H200 (docs/performance.md, session 12): the register kernel is instruction-bound, not
 // memory-bound, on FLUX's layer-norm rows (~1 TB/s; ncu: SM throughput 71%, ~850 instructions per thread for
 // its 8 elements, of which the per-row statistics and indexing are about half). A warp-per-row variant (the
-// row as 12 vectors per lane, shuffles only) was no faster: 166 registers, 12.5% occupancy.
+// row as 12 vectors per lane, shuffles only) was no faster: 166 registers, 12.5% occupancy; nor in session 17
+// with the rows as raw words (94 registers, 2.21 against 1.78 ms a FLUX FP8 step, though 30% fewer
+// instructions). Session 17's kernels, specialised per operand combination (ModBits), run at ~1.8 TB/s.
 #include <cstdint>
 #include <type_traits>
 
@@ -220,8 +222,8 @@ struct Fp8RowsOut {
   float* scale = nullptr;
 };
 
-// The same with the row held in registers: VPT 16-byte vectors of x per thread (vector c of the row in
-// thread c % blockDim, d / width / VPT threads rounded up to whole warps), read once from memory; the
+// The same with the row held in registers (raw 16-byte words): VPT vectors of x per thread (vector c of the row
+// in thread c % blockDim, d / width / VPT threads rounded up to whole warps), read once from memory; the
 // modulation vectors and the residual are read as vectors too. Taken when d is a multiple of the vector
 // width, the row fits (at most 1024 threads) and every buffer is 16-byte aligned (FLUX's 3072 and Z-Image's
 // 3840 channels). The scalar kernel reads each row three times, element by element. With f8.q set, the
