@@ -209,37 +209,24 @@ __host__ __device__ __forceinline__ float ieee_div(float a, float b) {
 #endif
 }
 
-// A row's scale from its amax: f8e4m3_scale (core/dtype.h: the smallest power of two s with amax / s <= 448,
-// as the CPU backend takes it), 1 for a zero or non-finite row.
-__host__ __device__ __forceinline__ float fp8_row_scale(float amax) { return f8e4m3_scale(amax); }
-
 // v / s (IEEE division) rounded to e4m3, round-to-nearest-even with saturation.
 __device__ __forceinline__ uint8_t to_e4m3_scaled(float v, float s) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v, s), __NV_SATFINITE, __NV_E4M3));
 }
 
-// v / s for the many v of one row over its one scale s, the same bits as __fdiv_rn(v, s). The FP8 scales are
-// powers of two (f8e4m3_scale), whose reciprocal r is exact: v / s and v * r are then the same real number, so
-// one product gives the correctly rounded quotient (`fast`). Other scales (none of this backend's FP8 rows)
-// take the division itself. (Before the scales were powers of two, the fast path was a product plus Markstein's
-// correction, two more instructions per value: the quantizing kernels were issue-bound on them.)
+// The e4m3 quantization of the many values v of one row (or tensor) whose largest magnitude is amax: its scale
+// s = f8e4m3_scale(amax) (core/dtype.h), a power of two, and s's reciprocal r, exact too, so that one product
+// v * r is the correctly rounded v / s, the same bits as the CPU backend's division. (Before the scales were
+// powers of two, a correctly rounded quotient took a product and Markstein's correction, two more instructions
+// per value: the quantizing kernels were issue-bound on them.)
 struct RowDivider {
   float s, r;
-  bool fast;
-  // The quotient where `fast` holds (else __fdiv_rn(v, s)). Callers test `fast` once for many values
-  // (store_e4m3): a test per value compiled to a branch and a convergence barrier around every pair.
-  __device__ __forceinline__ float fast_quotient(float v) const { return __fmul_rn(v, r); }
+  __device__ __forceinline__ float quotient(float v) const { return __fmul_rn(v, r); }
 };
 
-// A power of two whose reciprocal is a normal float too (exact): 2^-126 .. 2^126.
-__host__ __device__ __forceinline__ bool exact_reciprocal(float s) {
-  uint32_t b;
-  memcpy(&b, &s, 4);
-  return (b & 0x807fffffu) == 0 && s >= 0x1p-126f && s <= 0x1p126f;
-}
-
-__host__ __device__ __forceinline__ RowDivider row_divider(float scale) {
-  return RowDivider{scale, ieee_div(1.0f, scale), exact_reciprocal(scale)};
+__host__ __device__ __forceinline__ RowDivider fp8_row_divider(float amax) {
+  const float s = f8e4m3_scale(amax);
+  return RowDivider{s, ieee_div(1.0f, s)};
 }
 
 // Grid-stride loop bounds helper: total threads in the grid.

@@ -37,7 +37,7 @@ __global__ void quantize_rows_kernel(uint8_t* q, float* scale, const T* x, int64
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(to_f32(row[c])));
   }
   amax = block_max(amax, scratch);
-  const float s = fp8_row_scale(amax);
+  const float s = f8e4m3_scale(amax);
   if (threadIdx.x == 0) scale[blockIdx.x] = s;
   if (vec) {
     for (int64_t c = int64_t(threadIdx.x) * kVec; c < cols; c += int64_t(blockDim.x) * kVec) {
@@ -80,9 +80,8 @@ __global__ void __launch_bounds__(kRegRowMaxThreads) quantize_rows_reg_kernel(ui
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) amax = vec_abs_max(amax, v[i]);
-  const float s = fp8_row_scale(block_max(amax, scratch));
-  if (threadIdx.x == 0) scale[blockIdx.x] = s;
-  const RowDivider div = row_divider(s);
+  const RowDivider div = fp8_row_divider(block_max(amax, scratch));
+  if (threadIdx.x == 0) scale[blockIdx.x] = div.s;
   uint8_t* out = q + int64_t(blockIdx.x) * cols;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {

@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(kPassThreads) fp8_amax_kernel(Operands ops, fl
 template <typename T>
 __global__ void __launch_bounds__(kPassThreads) fp8_quantize_kernel(Operands ops, float* scalars) {
   const Operand& o = ops.op[blockIdx.y];
-  const float s = fp8_row_scale(o.bound > 0.0f ? o.bound : *S::at(scalars, S::Slot(S::kAmaxQ + blockIdx.y)));
-  const RowDivider div = row_divider(s);
+  const RowDivider div = fp8_row_divider(o.bound > 0.0f ? o.bound : *S::at(scalars, S::Slot(S::kAmaxQ + blockIdx.y)));
+  const float s = div.s;
   for (uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < o.units; u += gridDim.x * blockDim.x) {
     const Vec<T> v = *reinterpret_cast<const Vec<T>*>(static_cast<const T*>(o.x) + vector_offset(o, u, ops));
     store_e4m3(o.q + int64_t(u) * Vec<T>::kWidth, v, div);

@@ -59,15 +59,14 @@ __device__ __forceinline__ float vec_abs_max(float amax, const Vec<T>& v) {
   }
 }
 
-// A vector's values over their row's scale as e4m3 bytes (the quotient given: RowDivider's fast path or the
-// division; paired conversions, low byte first), element 0 first, written to p (aligned to the W bytes: 8 for
-// a 16-bit vector, 4 for f32) in one store.
-template <typename T, typename Quotient>
-__device__ __forceinline__ void store_e4m3_with(uint8_t* p, const Vec<T>& v, const Quotient& quotient) {
+// A vector's values over their row's scale as e4m3 bytes (RowDivider's quotients, paired conversions, low byte
+// first), element 0 first, written to p (aligned to the W bytes: 8 for a 16-bit vector, 4 for f32) in one store.
+template <typename T>
+__device__ __forceinline__ void store_e4m3(uint8_t* p, const Vec<T>& v, const RowDivider& div) {
   constexpr int W = Vec<T>::kWidth;
   static_assert(W == 4 || W == 8, "e4m3 vectors of 4 or 8 bytes");
   const auto pair = [&](int e) {
-    const float2 q = make_float2(quotient(to_f32(v.v[e])), quotient(to_f32(v.v[e + 1])));
+    const float2 q = make_float2(div.quotient(to_f32(v.v[e])), div.quotient(to_f32(v.v[e + 1])));
     return uint32_t(static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(q, __NV_SATFINITE, __NV_E4M3)));
   };
   uint32_t w[W / 4];
@@ -75,13 +74,6 @@ __device__ __forceinline__ void store_e4m3_with(uint8_t* p, const Vec<T>& v, con
   for (int k = 0; k < W / 4; ++k) w[k] = pair(4 * k) | pair(4 * k + 2) << 16;
   if constexpr (W == 8) *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
   else *reinterpret_cast<uint32_t*>(p) = w[0];
-}
-
-// (`fast` tested once per vector: the values' own code has no branch.)
-template <typename T>
-__device__ __forceinline__ void store_e4m3(uint8_t* p, const Vec<T>& v, const RowDivider& div) {
-  if (div.fast) store_e4m3_with<T>(p, v, [&](float x) { return div.fast_quotient(x); });
-  else store_e4m3_with<T>(p, v, [&](float x) { return __fdiv_rn(x, div.s); });
 }
 
 // Parameter p (gamma or beta) at channels c0 .. c0 + W - 1 into out[], `fallback` where p is absent. A vector

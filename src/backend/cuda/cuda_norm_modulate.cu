@@ -296,9 +296,8 @@ __global__ void norm_modulate_vec_kernel(T* y, const T* x, NormAffine aff, Modul
     if (f8.q) amax = vec_abs_max(amax, as_vec<T>(xw[i]));
   }
   if (!f8.q) return;
-  const float qs = fp8_row_scale(block_max(amax, scratch));  // every thread takes part in the reduction
-  if (threadIdx.x == 0) f8.scale[row] = qs;
-  const RowDivider div = row_divider(qs);
+  const RowDivider div = fp8_row_divider(block_max(amax, scratch));  // every thread takes part in the reduction
+  if (threadIdx.x == 0) f8.scale[row] = div.s;
 #pragma unroll
   for (int i = 0; i < VPT; ++i)
     if (col(i) < nvec) store_e4m3(f8.q + row * d + int64_t(col(i)) * W, as_vec<T>(xw[i]), div);

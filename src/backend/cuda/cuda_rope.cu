@@ -131,7 +131,7 @@ constexpr int kRopeRmsThreads = 256;
 // lie strided (a joint sequence's run of positions: FLUX's text or image tokens of a double block's q).
 struct RopeE4m3Out {
   uint8_t* q = nullptr;
-  RowDivider div{};         // made on the host (row_divider): no divisions per thread
+  RowDivider div{};         // made on the host (fp8_row_divider): no divisions per thread
   int64_t s0 = 0, s1 = 0, s2 = 0;  // q's strides (elements) of dims 0-2; its last is 1
 };
 
@@ -274,7 +274,7 @@ bool CudaBackend::rope_e4m3(Tensor& q8, const Tensor& x, const Tensor& cos, cons
       NvtxRange range("rope_e4m3");
       DeviceGuard guard(index_);
       launch_rope_rms<T>(stream_, nullptr, x.data<T>(), cos.data<T>(), sin.data<T>(), sh, rms, x.numel() / x.size(3),
-                         RopeE4m3Out{static_cast<uint8_t*>(q8.raw()), row_divider(fp8_row_scale(bound)), q8.strides()[0],
+                         RopeE4m3Out{static_cast<uint8_t*>(q8.raw()), fp8_row_divider(bound), q8.strides()[0],
                                      q8.strides()[1], q8.strides()[2]});
       ATELIER_CUDA_LAUNCHED();
       taken = true;
