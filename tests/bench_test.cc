@@ -77,6 +77,80 @@ TEST(Bench, GpuBusyCountsTheDeviceTailAfterTheLoop) {
   EXPECT_NEAR(busy_pct(ev), 100.0 * 0.7 / 1.0, 1e-6);
 }
 
+// NVML's energy counter is cumulative and moves in steps (~100 ms apart on an H200): a span's energy is the
+// counter at its two ends, known where it changed and linear between (and beyond) those points.
+TEST(Nvml, EnergyBetweenFollowsTheCountersSteps) {
+  constexpr int64_t kMs = 1'000'000;
+  std::vector<NvmlSample> s;
+  const double energy[] = {1000.0, 1010.0, 1030.0, 1060.0};
+  for (int i = 0; i < 4; ++i) s.push_back(NvmlSample{i * 100 * kMs, 0.5, (1500.0 + 100.0 * i) * 1e6, energy[i]});
+  // The first reading anchors nothing (its value was reached earlier); changes at 100, 200 and 300 ms.
+  EXPECT_NEAR(*energy_between(s, 100 * kMs, 200 * kMs), 20.0, 1e-9);
+  EXPECT_NEAR(*energy_between(s, 50 * kMs, 250 * kMs), (1030.0 + 15.0) - (1010.0 - 10.0), 1e-9);
+  EXPECT_NEAR(*energy_between(s, 0, 300 * kMs), 1060.0 - 990.0, 1e-9);  // 0..100 ms at the next step's slope
+  EXPECT_FALSE(energy_between(s, -1, 100 * kMs).has_value());          // before the first reading
+  EXPECT_FALSE(energy_between(s, 0, 301 * kMs).has_value());           // after the last
+  EXPECT_FALSE(energy_between(s, 200 * kMs, 100 * kMs).has_value());
+  EXPECT_NEAR(*mean_sm_clock_mhz(s, 50 * kMs, 250 * kMs), 1650.0, 1e-9);  // the readings at 100 and 200 ms
+  EXPECT_NEAR(*mean_sm_clock_mhz(s, 10 * kMs, 20 * kMs), 1500.0, 1e-9);   // none inside: the nearest
+  // A steady 500 W read every 10 ms by a counter that moves every 100 ms: the span's energy is exact, where
+  // interpolating between the readings themselves would lag at each end by up to one step.
+  std::vector<NvmlSample> stairs;
+  for (int t = 0; t <= 1000; t += 10) stairs.push_back(NvmlSample{t * kMs, 1.0, 1.5e9, 500.0 * (t / 100) * 0.1});
+  EXPECT_NEAR(*energy_between(stairs, 150 * kMs, 870 * kMs), 500.0 * 0.72, 1e-6);
+  EXPECT_NEAR(*energy_between(stairs, 333 * kMs, 999 * kMs), 500.0 * 0.666, 1e-6);
+  for (NvmlSample& x : s) x.energy_j.reset();  // a GPU without the counter
+  EXPECT_FALSE(energy_between(s, 50 * kMs, 250 * kMs).has_value());
+  EXPECT_FALSE(mean_sm_clock_mhz({}, 0, 1).has_value());
+}
+
+// The bench's energy figures: per model call over the denoise loop, per image over the timed run, the loop's
+// mean power and SM clock, from the samples the run's NVML sampler kept.
+TEST(Bench, EnergyFiguresComeFromTheSamplesOverTheLoop) {
+  using trace::Category;
+  constexpr int64_t kOrigin = 1'000'000'000, kMs = 1'000'000;
+  constexpr double kWatts = 500.0;
+  BenchReport r;
+  r.device = "cuda:0";
+  r.batch = 2;
+  // A GPU drawing 500 W from the origin on: the counter reads 500 J per second; the clock 1500 MHz, then 1400.
+  for (int i = 0; i <= 30; ++i)
+    r.nvml_samples.push_back(NvmlSample{kOrigin + i * 100 * kMs, 1.0, (i < 15 ? 1500.0 : 1400.0) * 1e6, kWatts * i * 0.1});
+  // The timed run 0..2.5 s, its denoise loop 0.5..1.5 s with four model calls, each with a device-timed op.
+  std::vector<trace::Event> ev{test::trace_event("bench_run", Category::kStage, kOrigin, 2500 * kMs, -1, -1),
+                               test::trace_event("denoise", Category::kStage, kOrigin + 500 * kMs, 1000 * kMs, -1, -1)};
+  for (int c = 0; c < 4; ++c) {
+    const int64_t at = kOrigin + (500 + 250 * c) * kMs;
+    ev.push_back(test::trace_event("model_call", Category::kCall, at, 250 * kMs, -1, -1));
+    ev.push_back(test::trace_event("linear", Category::kOp, at, 1 * kMs, (500 + 250 * c) * 1e3, 200e3));
+  }
+  summarize_bench(ev, kOrigin, "model_call", false, r);
+  ASSERT_EQ(r.model_calls, 4);
+  ASSERT_TRUE(r.energy_per_call_j && r.energy_per_image_j && r.mean_power_w && r.mean_sm_clock_mhz);
+  EXPECT_NEAR(*r.energy_per_call_j, kWatts * 1.0 / 4, 1e-6);   // 500 J over the 1 s loop, 4 calls
+  EXPECT_NEAR(*r.energy_per_image_j, kWatts * 2.5 / 2, 1e-6);  // 1250 J over the 2.5 s run, 2 images
+  EXPECT_NEAR(*r.mean_power_w, kWatts, 1e-6);
+  EXPECT_NEAR(*r.mean_sm_clock_mhz, (10 * 1500.0 + 1 * 1400.0) / 11, 1e-6);  // samples at 0.5 .. 1.5 s
+  const nlohmann::json j = r.to_json();
+  EXPECT_FALSE(j.contains("nvml_samples"));
+  // A loop under a second (SD's 20 steps take 0.13 s): NVML's counter is too coarse for it; the clock stays.
+  BenchReport short_loop;
+  short_loop.device = "cuda:0";
+  short_loop.batch = 2;
+  short_loop.nvml_samples = r.nvml_samples;
+  std::vector<trace::Event> short_ev = ev;
+  short_ev[1].dur_ns = 900 * kMs;
+  short_ev[0].dur_ns = 950 * kMs;
+  summarize_bench(short_ev, kOrigin, "model_call", false, short_loop);
+  EXPECT_FALSE(short_loop.energy_per_call_j || short_loop.energy_per_image_j || short_loop.mean_power_w);
+  EXPECT_TRUE(short_loop.mean_sm_clock_mhz.has_value());
+  BenchReport none;  // no samples (CPU, no driver): no figures
+  none.device = "cuda:0";
+  none.batch = 1;
+  summarize_bench(ev, kOrigin, "model_call", false, none);
+  EXPECT_FALSE(none.energy_per_call_j || none.energy_per_image_j || none.mean_power_w || none.mean_sm_clock_mhz);
+}
+
 TEST(Bench, JsonOnTinyFixtureHasEveryField) {
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
   const auto r = run_cli("bench --model " + q(dir / "model") + " --width 64 --height 64 --steps 3 --warmup 1 --json");
@@ -85,7 +159,8 @@ TEST(Bench, JsonOnTinyFixtureHasEveryField) {
   for (const char* k : {"model", "device", "backend", "width", "height", "batch", "unet_batch", "steps", "unet_ms",
                         "it_per_s", "s_per_image", "images_per_min", "stages_s", "unet_flops_per_call",
                         "unet_tflops_per_s", "vae_decode_flops", "gemm_ceiling", "pct_of_ceiling", "gpu_busy_pct",
-                        "op_time_pct", "nvml_util_pct", "peak_bytes_reserved"})
+                        "op_time_pct", "nvml_util_pct", "energy_per_call_j", "energy_per_image_j", "mean_power_w",
+                        "mean_sm_clock_mhz", "peak_bytes_reserved"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["device"], "cpu");
   EXPECT_EQ(j["unet_batch"], 2);  // CFG doubles the batch
@@ -102,6 +177,7 @@ TEST(Bench, JsonOnTinyFixtureHasEveryField) {
   EXPECT_GT(j["vae_decode_flops"].get<uint64_t>(), 0u);
   EXPECT_TRUE(j["gpu_busy_pct"].is_null());  // no device timer on the CPU
   EXPECT_TRUE(j["nvml_util_pct"].is_null());  // NVML is sampled for CUDA devices only
+  for (const char* k : {"energy_per_call_j", "energy_per_image_j", "mean_power_w", "mean_sm_clock_mhz"}) EXPECT_TRUE(j[k].is_null()) << k;
   EXPECT_TRUE(j["pct_of_ceiling"].is_null());  // not asked for
   const double op_pct = j["op_time_pct"].get<double>();
   EXPECT_GT(op_pct, 0.0);
@@ -130,7 +206,7 @@ TEST(Bench, NvmlSamplerReadsAPercentageOrNothing) {
   // With a driver (the GPU machine) a percentage of device 0 over ~0.2 s; without one, nothing, at once.
   const bool have_nvml = Nvml::open() != nullptr;
   const auto t0 = std::chrono::steady_clock::now();
-  NvmlUtilizationSampler sampler(0, std::chrono::milliseconds(20));
+  NvmlSampler sampler(0, std::chrono::milliseconds(20));
   if (have_nvml) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const std::optional<double> pct = sampler.stop();
   EXPECT_FALSE(sampler.stop().has_value() != pct.has_value());  // idempotent

@@ -106,7 +106,7 @@ Status run_flux(DitRun& run, trace::Recorder& rec) {
   }
   rec.clear();  // the figures are the timed run's alone
   MemorySampler mem{backend_for(run.dev)};
-  const auto nvml = start_utilization_sampler(run.dev);
+  const auto nvml = start_nvml_sampler(run.dev);
   trace::Scope range(kBenchRunRange, Category::kStage);
   ATELIER_ASSIGN_OR_RETURN(auto sched, pipe.make_scheduler(o.steps, run.h, run.w));
   Tensor x = noise();
@@ -119,7 +119,7 @@ Status run_flux(DitRun& run, trace::Recorder& rec) {
   mem.sample();
   range.finish();
   run.report.peak_bytes_reserved = mem.peak;
-  if (nvml) run.report.nvml_util_pct = nvml->stop();
+  finish_nvml_sampler(nvml.get(), run.report);
   return Status::ok();
 }
 
@@ -171,7 +171,7 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
   }
   rec.clear();
   MemorySampler mem{backend_for(run.dev)};
-  const auto nvml = start_utilization_sampler(run.dev);
+  const auto nvml = start_nvml_sampler(run.dev);
   trace::Scope range(kBenchRunRange, Category::kStage);
   const Tensor noise = seeded(o.seed, latent, Device::cpu());
   mem.sample();
@@ -182,7 +182,7 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
   mem.sample();
   range.finish();
   run.report.peak_bytes_reserved = mem.peak;
-  if (nvml) run.report.nvml_util_pct = nvml->stop();
+  finish_nvml_sampler(nvml.get(), run.report);
   return Status::ok();
 }
 

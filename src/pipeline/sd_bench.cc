@@ -124,6 +124,31 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+namespace {
+
+// Shortest span given an energy figure: NVML's counter moves in steps ~100 ms apart (H200), so a span's two
+// ends are each uncertain by part of a step; over 1 s that stays within a few percent (FLUX's 2 s loops read
+// 50.8-53.1 J per step over five runs in session 18), over SD's 0.13 s loops it did not (2.1 to 4.7 J).
+constexpr double kMinEnergySeconds = 1.0;
+
+// The energy figures of `r` from its NVML samples: the denoise loop's device span [from_ns, to_ns] (host steady
+// clock) and the timed run's range, each when it lasted kMinEnergySeconds or more.
+void summarize_energy(const std::vector<trace::Event>& ev, int64_t from_ns, int64_t to_ns, BenchReport& r) {
+  if (r.nvml_samples.empty()) return;
+  r.mean_sm_clock_mhz = mean_sm_clock_mhz(r.nvml_samples, from_ns, to_ns);
+  const auto long_enough = [](int64_t a, int64_t b) { return double(b - a) * 1e-9 >= kMinEnergySeconds; };
+  const std::optional<double> loop_j = long_enough(from_ns, to_ns) ? energy_between(r.nvml_samples, from_ns, to_ns) : std::nullopt;
+  if (loop_j && r.model_calls > 0) r.energy_per_call_j = *loop_j / r.model_calls;
+  if (loop_j) r.mean_power_w = *loop_j / (double(to_ns - from_ns) * 1e-9);
+  for (const trace::Event* e : trace::named(ev, kRunRange)) {
+    const int64_t end = e->start_ns + e->dur_ns;
+    const std::optional<double> run_j = long_enough(e->start_ns, end) ? energy_between(r.nvml_samples, e->start_ns, end) : std::nullopt;
+    if (run_j && r.batch > 0) r.energy_per_image_j = *run_j / r.batch;
+  }
+}
+
+}  // namespace
+
 void summarize_bench(const std::vector<trace::Event>& ev, int64_t origin_ns, const char* call_range, bool has_text_encoder,
                      BenchReport& r) {
   for (const trace::Event* e : trace::named(ev, call_range)) {
@@ -158,6 +183,7 @@ void summarize_bench(const std::vector<trace::Event>& ev, int64_t origin_ns, con
       const double device_end_ns = double(origin_ns) + trace::device_end_us(ev, from, to) * 1e3;
       const double span = (std::max(double(to), device_end_ns) - double(from)) * 1e-9;
       if (busy > 0) r.gpu_busy_pct = kPercent * busy / span;
+      summarize_energy(ev, from, int64_t(std::max(double(to), device_end_ns)), r);
     }
   }
 }
@@ -219,9 +245,15 @@ Expected<BenchReport> start_bench_report(const BenchOptions& o, Device* device) 
   return r;
 }
 
-std::unique_ptr<NvmlUtilizationSampler> start_utilization_sampler(Device dev) {
+std::unique_ptr<NvmlSampler> start_nvml_sampler(Device dev) {
   if (dev.is_cpu()) return nullptr;
-  return std::make_unique<NvmlUtilizationSampler>(dev.index);
+  return std::make_unique<NvmlSampler>(dev.index);
+}
+
+void finish_nvml_sampler(NvmlSampler* sampler, BenchReport& r) {
+  if (!sampler) return;
+  r.nvml_util_pct = sampler->stop();
+  r.nvml_samples = sampler->samples();
 }
 
 Status run_traced(Device dev, const std::function<Status(trace::Recorder&)>& body) {
@@ -270,10 +302,10 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
       ATELIER_RETURN_IF_ERROR(warm_up(pipe, o, x, context));
     }
     rec.clear();  // the figures are the timed run's alone
-    const auto nvml = start_utilization_sampler(dev);
+    const auto nvml = start_nvml_sampler(dev);
     ATELIER_RETURN_IF_ERROR(timed_run(pipe, l, o, dev, latent1, r));
     backend_for(dev).synchronize();
-    if (nvml) r.nvml_util_pct = nvml->stop();
+    finish_nvml_sampler(nvml.get(), r);
     rec.resolve_device_times();
     summarize_bench(rec.events(), rec.origin_ns(), stage::kUnet, m.text_encoder.has_value(), r);
     if (!m.text_encoder) r.conditioning = "seeded random context " + shape_str({r.unet_batch, l.context_tokens, m.unet->config().cross_attention_dim[0]}) + " (no text encoder)";

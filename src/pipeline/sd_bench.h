@@ -11,6 +11,9 @@
 //   busy %           device time inside ops / wall time of the denoise loop, when the device timer resolved
 //                    every op (CUDA); on the CPU "op time %" (host time inside ops / wall) is reported instead
 //   peak memory      largest Backend::bytes_reserved() seen after each stage and model call
+//   energy           NVML's energy counter (CUDA): joules per model call over the denoise loop's device span,
+//                    per image over the timed run, the loop's mean power and SM clock. A DiT step holds an
+//                    H200 at its power limit, where joules per step, not the clock, decide the step time.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -23,11 +26,10 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "backend/nvml.h"
 #include "core/trace.h"
 
 namespace atelier {
-
-class NvmlUtilizationSampler;
 
 struct BenchOptions {
   std::string model;        // diffusers folder or single-file checkpoint, or
@@ -102,6 +104,12 @@ struct BenchReport {
   std::optional<double> gpu_busy_pct;     // needs device times (CUDA); none on the CPU
   double op_time_pct = 0;                 // busy time inside ops / wall, over the denoise loop
   std::optional<double> nvml_util_pct;    // NVML utilization over the timed run (CUDA; none on the CPU or without a driver)
+  // From NVML's energy counter and SM clock (CUDA, a driver that reports energy; none elsewhere):
+  std::optional<double> energy_per_call_j;   // over the denoise loop's span (start to the end of its device work)
+  std::optional<double> energy_per_image_j;  // the whole timed run / images
+  std::optional<double> mean_power_w;        // the denoise loop's energy / its span
+  std::optional<double> mean_sm_clock_mhz;   // NVML's SM clock over the denoise loop
+  std::vector<NvmlSample> nvml_samples;      // the timed run's samples (not reported; summarize_bench reads them)
   size_t peak_bytes_reserved = 0;
 
   nlohmann::json to_json() const;
@@ -122,12 +130,15 @@ Expected<BenchReport> start_bench_report(const BenchOptions& options, Device* de
 // Runs `body` with a recorder of every trace category attached and, where the device has one, a device timer
 // installed (removed after `body`); ops' exceptions come back as a Status.
 Status run_traced(Device device, const std::function<Status(trace::Recorder&)>& body);
-// NVML's utilization of a CUDA `device`, sampled from now until stop() (the report's nvml_util_pct); null on
-// the CPU. The benchmarks start it where their timed run starts.
-std::unique_ptr<NvmlUtilizationSampler> start_utilization_sampler(Device device);
+// NVML's readings of a CUDA `device`, sampled from now until stop() (the report's nvml_util_pct, and its samples
+// for the energy figures); null on the CPU. The benchmarks start it where their timed run starts.
+std::unique_ptr<NvmlSampler> start_nvml_sampler(Device device);
+// Stops `sampler` (may be null) and keeps what it read in `r`: nvml_util_pct and nvml_samples.
+void finish_nvml_sampler(NvmlSampler* sampler, BenchReport& r);
 // Fills the measured figures of `r` from the timed run's events: per-call times and FLOPs from the ranges
 // named `call_range` (stage::kUnet for SD, stage::kModelCall for the transformers), stage times, it/s,
-// s/image, TFLOP/s, % of ceiling, busy %. `origin_ns` is the recorder's origin (device times count from it).
+// s/image, TFLOP/s, % of ceiling, busy %, and the energy figures from r.nvml_samples. `origin_ns` is the
+// recorder's origin (device times count from it).
 void summarize_bench(const std::vector<trace::Event>& events, int64_t origin_ns, const char* call_range, bool has_text_encoder,
                      BenchReport& r);
 

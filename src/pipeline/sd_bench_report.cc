@@ -79,7 +79,9 @@ nlohmann::json BenchReport::to_json() const {
             {"unet_flops_per_call", unet_flops}, {"unet_tflops_per_s", unet_tflops},
             {"vae_decode_flops", vae_decode_flops}, {"vae_decode_tflops_per_s", vae_decode_tflops},
             {"pct_of_ceiling", opt(pct_of_ceiling)}, {"gpu_busy_pct", opt(gpu_busy_pct)}, {"op_time_pct", op_time_pct},
-            {"nvml_util_pct", opt(nvml_util_pct)}, {"peak_bytes_reserved", peak_bytes_reserved}});
+            {"nvml_util_pct", opt(nvml_util_pct)}, {"energy_per_call_j", opt(energy_per_call_j)},
+            {"energy_per_image_j", opt(energy_per_image_j)}, {"mean_power_w", opt(mean_power_w)},
+            {"mean_sm_clock_mhz", opt(mean_sm_clock_mhz)}, {"peak_bytes_reserved", peak_bytes_reserved}});
   return j;
 }
 
@@ -110,6 +112,15 @@ std::string BenchReport::to_text() const {
   line("busy", (gpu_busy_pct ? fmt("%.1f%% GPU (kernel time / wall)", *gpu_busy_pct) : std::string("n/a on this device")) +
                    "; op time / wall " + fmt("%.1f%%", op_time_pct) + " of the denoise loop" +
                    (nvml_util_pct ? fmt("; NVML %.0f%%", *nvml_util_pct) : std::string()));
+  if (!energy_per_call_j && !energy_per_image_j && mean_sm_clock_mhz)
+    line("energy", "n/a: " + fmt("the run lasted %.2f s", total_s) +
+                       "; NVML's energy counter moves in ~100 ms steps, a figure needs 1 s (more --steps)" +
+                       fmt("; SM clock %.0f MHz (NVML)", *mean_sm_clock_mhz));
+  if (energy_per_call_j || energy_per_image_j)
+    line("energy", (energy_per_call_j ? fmt("%.2f J per ", *energy_per_call_j) + model_call + " call" : std::string("n/a per call")) +
+                       (energy_per_image_j ? fmt(", %.1f J per image", *energy_per_image_j) : std::string()) +
+                       (mean_power_w ? fmt("; denoise loop at %.0f W", *mean_power_w) : std::string()) +
+                       (mean_sm_clock_mhz ? fmt(", SM clock %.0f MHz (NVML)", *mean_sm_clock_mhz) : std::string()));
   line("peak memory", fmt("%.2f GiB reserved", double(peak_bytes_reserved) / kGiB));
   return s;
 }

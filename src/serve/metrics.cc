@@ -233,6 +233,7 @@ void declare_serve_metrics(MetricsRegistry& r) {
   r.declare(m::kGpuTemp, T::kGauge, "NVML GPU temperature");
   r.declare(m::kGpuPower, T::kGauge, "NVML power draw");
   r.declare(m::kGpuSmClock, T::kGauge, "NVML SM clock");
+  r.declare(m::kGpuEnergy, T::kCounter, "NVML energy used by the GPU since its driver loaded (Volta and newer)");
   r.declare(m::kResident, T::kGauge, "Resident set size of the server process");
   r.declare(m::kUptime, T::kGauge, "Seconds since the server started");
 }

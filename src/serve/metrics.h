@@ -46,6 +46,7 @@ inline constexpr const char* kGpuMemTotal = "atelier_gpu_memory_total_bytes";
 inline constexpr const char* kGpuTemp = "atelier_gpu_temperature_celsius";
 inline constexpr const char* kGpuPower = "atelier_gpu_power_watts";
 inline constexpr const char* kGpuSmClock = "atelier_gpu_sm_clock_hertz";
+inline constexpr const char* kGpuEnergy = "atelier_gpu_energy_joules_total";
 inline constexpr const char* kResident = "atelier_process_resident_bytes";
 inline constexpr const char* kUptime = "atelier_uptime_seconds";
 }  // namespace metric

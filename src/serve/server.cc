@@ -153,6 +153,7 @@ void Server::Impl::add_collectors() {
       m.set(metric::kGpuTemp, l, r->temperature_c);
       m.set(metric::kGpuPower, l, r->power_w);
       m.set(metric::kGpuSmClock, l, r->sm_clock_hz);
+      if (r->energy_j) m.set(metric::kGpuEnergy, l, *r->energy_j);
     }
   });
 }
