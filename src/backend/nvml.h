@@ -1,7 +1,6 @@
 // NVIDIA Management Library readings (the server's per-device metrics, `atelier bench`'s utilization, energy and
-// clocks), opened
-// at run time with dlopen("libnvidia-ml.so.1") so that everything builds and runs on machines without a GPU
-// driver (the readings are then simply absent). Only the few functions used are declared here. Device
+// clock), opened at run time with dlopen("libnvidia-ml.so.1") so that everything builds and runs on machines
+// without a GPU driver (the readings are then simply absent). Only the few functions used are declared here. Device
 // indices are CUDA's, as the server's device pool counts them; CUDA_VISIBLE_DEVICES renumbers them (CUDA's
 // device i is the i-th GPU it lists, by NVML index or UUID), which read() follows. (With identical GPUs CUDA's
 // default order is NVML's PCI order; CUDA_DEVICE_ORDER=PCI_BUS_ID makes it so for mixed ones.)

@@ -122,10 +122,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-}  // namespace
-
-namespace {
-
 // Shortest span given an energy figure: NVML's counter moves in steps ~100 ms apart (H200), so a span's two
 // ends are each uncertain by part of a step; over 1 s that stays within a few percent (FLUX's 2 s loops read
 // 50.8-53.1 J per step over five runs in session 18), over SD's 0.13 s loops it did not (2.1 to 4.7 J).
