@@ -110,8 +110,7 @@ std::optional<double> NvmlSampler::stop() {
   const bool was_running = thread_.joinable();
   if (was_running) thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
-  if (was_running && !stopped_) sample(device_index_);  // the run's end: a last reading
-  stopped_ = true;
+  if (was_running) sample(device_index_);  // the run's end: a last reading (once: the thread is joined now)
   if (samples_.empty()) return std::nullopt;
   constexpr double kPercent = 100.0;
   double sum = 0.0;

@@ -94,7 +94,6 @@ class NvmlSampler {
   std::mutex mu_;
   std::condition_variable wake_;
   bool stopping_ = false;
-  bool stopped_ = false;
   std::vector<NvmlSample> samples_;
   std::thread thread_;
 };
