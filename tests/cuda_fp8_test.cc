@@ -42,10 +42,10 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
 
 TEST(CudaFp8, QuantizeRowsMakesTheCpuBytes) {
   ATELIER_REQUIRE_CUDA();
-  // Rows in registers (3072, 12288, 15360 columns: 1, 8 and 8 vectors per thread), the two-read vector kernel
-  // (18432: too long to hold), the scalar path (37); a row of zeros; large and tiny magnitudes; rows scaled to
-  // 1e-15 (the reciprocal division's smallest scales) and 1e-25 (below them: IEEE division).
-  for (const Shape& shape : {Shape{9, 3072}, Shape{4, 12288}, Shape{5, 15360}, Shape{5, 37}, Shape{1, 18432}}) {
+  // Rows in registers (3072, 12288, 15360, 18432 columns), the two-read kernel's vector path (40960 columns: more
+  // than the 4096 vectors a block holds) and its scalar path (37); a row of zeros; large and tiny magnitudes;
+  // rows scaled to 1e-15 and 1e-25 (scales far below 1: powers of two, so the reciprocal stays exact).
+  for (const Shape& shape : {Shape{9, 3072}, Shape{4, 12288}, Shape{5, 15360}, Shape{5, 37}, Shape{1, 18432}, Shape{2, 40960}}) {
     Tensor raw = random_tensor(shape, 1, 5.0f);
     float* p = raw.data<float>();
     for (int64_t c = 0; c < shape[1]; ++c) p[c] = 0.0f;

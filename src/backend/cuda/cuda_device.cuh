@@ -209,11 +209,6 @@ __host__ __device__ __forceinline__ float ieee_div(float a, float b) {
 #endif
 }
 
-// v / s (IEEE division) rounded to e4m3, round-to-nearest-even with saturation.
-__device__ __forceinline__ uint8_t to_e4m3_scaled(float v, float s) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v, s), __NV_SATFINITE, __NV_E4M3));
-}
-
 // The e4m3 quantization of the many values v of one row (or tensor) whose largest magnitude is amax: its scale
 // s = f8e4m3_scale(amax) (core/dtype.h), a power of two, and s's reciprocal r, exact too, so that one product
 // v * r is the correctly rounded v / s, the same bits as the CPU backend's division. (Before the scales were

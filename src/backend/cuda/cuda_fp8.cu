@@ -17,47 +17,41 @@ namespace {
 constexpr int kQuantThreads = 256;
 constexpr int kVec = 8;                // 16-bit elements per 16-byte load
 
-// One block per row: amax over the row, scale = f8e4m3_scale(amax), then each element divided (IEEE, as the CPU
-// backend does, so that both make the same bytes) and rounded to e4m3. The row is read twice; the second
-// read comes from L2. vec: 16-bit T, cols and ld multiples of 8, 16-byte aligned rows.
+// One block per row: amax over the row, scale = f8e4m3_scale(amax), then each element divided (RowDivider: the
+// correctly rounded quotient, as the CPU backend's division, so that both make the same bytes) and rounded to
+// e4m3. The row is read twice; the second read comes from L2. vec: 16-bit T, cols and ld multiples of 8,
+// 16-byte aligned rows.
 template <typename T>
 __global__ void quantize_rows_kernel(uint8_t* q, float* scale, const T* x, int64_t cols, int64_t ld, bool vec) {
   __shared__ float scratch[32];
   const T* row = x + int64_t(blockIdx.x) * ld;
   uint8_t* out = q + int64_t(blockIdx.x) * cols;
+  const auto each_vec = [&](auto&& fn) {  // fn(column, vector): the 16-byte vectors of a 16-bit row
+    if constexpr (sizeof(T) == 2)
+      for (int64_t c = int64_t(threadIdx.x) * kVec; c < cols; c += int64_t(blockDim.x) * kVec)
+        fn(c, *reinterpret_cast<const Vec<T>*>(row + c));
+  };
   float amax = 0.0f;
   if (vec) {
-    for (int64_t c = int64_t(threadIdx.x) * kVec; c < cols; c += int64_t(blockDim.x) * kVec) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(row + c);
-      const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) amax = fmaxf(amax, fabsf(to_f32(e[i])));
-    }
+    each_vec([&](int64_t, const Vec<T>& v) { amax = vec_abs_max(amax, v); });
   } else {
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(to_f32(row[c])));
   }
-  amax = block_max(amax, scratch);
-  const float s = f8e4m3_scale(amax);
-  if (threadIdx.x == 0) scale[blockIdx.x] = s;
+  const RowDivider div = fp8_row_divider(block_max(amax, scratch));
+  if (threadIdx.x == 0) scale[blockIdx.x] = div.s;
   if (vec) {
-    for (int64_t c = int64_t(threadIdx.x) * kVec; c < cols; c += int64_t(blockDim.x) * kVec) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(row + c);
-      const T* e = reinterpret_cast<const T*>(&raw);
-      uint2 packed;
-      uint8_t* b = reinterpret_cast<uint8_t*>(&packed);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) b[i] = to_e4m3_scaled(to_f32(e[i]), s);
-      *reinterpret_cast<uint2*>(out + c) = packed;
-    }
+    each_vec([&](int64_t c, const Vec<T>& v) { store_e4m3(out + c, v, div); });
   } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = to_e4m3_scaled(to_f32(row[c]), s);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      out[c] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(div.quotient(to_f32(row[c])), __NV_SATFINITE, __NV_E4M3));
   }
 }
 
 // The same for 16-bit rows of at most kRegRowMaxVecs 16-byte vectors, held in registers: VPT vectors per
 // thread, all loaded before the row's amax is reduced (one read of the row, VPT loads in flight per thread),
-// the division through RowDivider and the bytes converted in pairs. The kernel above re-reads the row and
-// divides element by element: instruction-bound at ~35% of the memory bandwidth (ncu, FLUX FP8 step).
+// the division through RowDivider and the bytes converted in pairs. The kernel above re-reads the row (and,
+// before session 19, divided element by element): instruction-bound at ~35% of the memory bandwidth (ncu, FLUX
+// FP8 step, session 12).
 // Up to 512 threads per row: FLUX's GELU rows (12288 columns) as 4 vectors per thread in 384 threads rather than
 // 8 in 192 (88 registers, 3 blocks per SM): 2.68 -> 2.54 ms of a FLUX FP8 step (ncu, session 16).
 constexpr int kRegRowMaxThreads = 512;
