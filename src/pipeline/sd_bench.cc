@@ -132,13 +132,14 @@ constexpr double kMinEnergySeconds = 1.0;
 void summarize_energy(const std::vector<trace::Event>& ev, int64_t from_ns, int64_t to_ns, BenchReport& r) {
   if (r.nvml_samples.empty()) return;
   r.mean_sm_clock_mhz = mean_sm_clock_mhz(r.nvml_samples, from_ns, to_ns);
-  const auto long_enough = [](int64_t a, int64_t b) { return double(b - a) * 1e-9 >= kMinEnergySeconds; };
-  const std::optional<double> loop_j = long_enough(from_ns, to_ns) ? energy_between(r.nvml_samples, from_ns, to_ns) : std::nullopt;
+  const auto energy = [&](int64_t a, int64_t b) {  // none for a span shorter than kMinEnergySeconds
+    return double(b - a) * 1e-9 >= kMinEnergySeconds ? energy_between(r.nvml_samples, a, b) : std::nullopt;
+  };
+  const std::optional<double> loop_j = energy(from_ns, to_ns);
   if (loop_j && r.model_calls > 0) r.energy_per_call_j = *loop_j / r.model_calls;
   if (loop_j) r.mean_power_w = *loop_j / (double(to_ns - from_ns) * 1e-9);
   for (const trace::Event* e : trace::named(ev, kRunRange)) {
-    const int64_t end = e->start_ns + e->dur_ns;
-    const std::optional<double> run_j = long_enough(e->start_ns, end) ? energy_between(r.nvml_samples, e->start_ns, end) : std::nullopt;
+    const std::optional<double> run_j = energy(e->start_ns, e->start_ns + e->dur_ns);
     if (run_j && r.batch > 0) r.energy_per_image_j = *run_j / r.batch;
   }
 }
@@ -177,9 +178,9 @@ void summarize_bench(const std::vector<trace::Event>& ev, int64_t origin_ns, con
       // (The loop need not synchronize at its end: the Z-Image benchmark reported 103% against the host's span.)
       const double busy = trace::device_busy_seconds(ev, from, to);
       const double device_end_ns = double(origin_ns) + trace::device_end_us(ev, from, to) * 1e3;
-      const double span = (std::max(double(to), device_end_ns) - double(from)) * 1e-9;
-      if (busy > 0) r.gpu_busy_pct = kPercent * busy / span;
-      summarize_energy(ev, from, int64_t(std::max(double(to), device_end_ns)), r);
+      const double end_ns = std::max(double(to), device_end_ns);
+      if (busy > 0) r.gpu_busy_pct = kPercent * busy / ((end_ns - double(from)) * 1e-9);
+      summarize_energy(ev, from, int64_t(end_ns), r);
     }
   }
 }

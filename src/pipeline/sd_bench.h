@@ -24,9 +24,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/nvml.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "backend/nvml.h"
 #include "core/trace.h"
 
 namespace atelier {
