@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_attention_wgmma.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_sdpa_fp8.h"
 #include "backend/ops.h"
@@ -202,16 +203,20 @@ int run(int iters) {
           be.set_fp8_attention(cuda::CudaBackend::fp8_attention_default());
         }
         be.set_attention_impl(cuda::AttentionImpl::kFlash);
-        print({"  same, flash kernel", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+        print({"  same, flash kernel (wgmma/TMA on sm_90 where it takes the case)",
+               time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+        cuda::set_wgmma_attention(false);  // this line and the flash variants below: the mma.sync kernel
+        print({"  same, mma.sync flash kernel", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
         be.set_attention_impl(cuda::AttentionImpl::kCudnnSdpa);
         try {
           print({"  same, cuDNN SDPA", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
         } catch (const Error& e) {
           std::printf("  same, cuDNN SDPA: declined (%s)\n", e.what());
         }
-        be.set_attention_impl(cuda::AttentionImpl::kFlash);  // the variants below are the flash kernel's
+        be.set_attention_impl(cuda::AttentionImpl::kFlash);  // the variants below are the mma.sync kernel's
         if (dt != DType::BF16) {
           be.set_attention_impl(cuda::AttentionImpl::kAuto);
+          cuda::set_wgmma_attention(true);
           continue;
         }
         for (int rows : {64, 128}) {  // each block height forced (the line above is the automatic choice)
@@ -229,6 +234,7 @@ int run(int iters) {
         be.set_flash_block_rows(0);
         be.set_attention_impl(cuda::AttentionImpl::kAuto);
       }
+      cuda::set_wgmma_attention(true);
     }
     for (int64_t d : {40, 64}) {
       const double flops = 4.0 * 2 * 8 * 4096.0 * 4096.0 * double(d);

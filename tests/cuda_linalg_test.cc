@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_attention_wgmma.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_conv_graph.h"
 #include "backend/cuda/cuda_sdpa.h"
@@ -36,6 +37,7 @@ struct ImplGuard {
     test::cuda_be().set_flash_key_tile(0);
     test::cuda_be().set_allow_tf32(false);
     test::cuda_be().set_group_norm_apply_merge(false);
+    cuda::set_wgmma_attention(true);
   }
 };
 
@@ -455,6 +457,9 @@ TEST(CudaOps, FlashAttentionMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
   test::cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);  // fails instead of falling back
+  // The mma.sync kernel on every case (on sm_90 the wgmma kernel would take the unmasked bf16 ones first: its
+  // own tests are in cuda_attention_wgmma_test.cc).
+  cuda::set_wgmma_attention(false);
   // Both block heights (one or two m-tiles per warp) on every case, and the wide key tile of the 128-query
   // kernels (head dims 48/64/128; elsewhere it falls back to the default tile).
   const struct {

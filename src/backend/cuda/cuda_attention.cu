@@ -19,6 +19,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/cuda_attention_wgmma.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_conv.h"
@@ -473,6 +474,14 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
   p.scale = scale;
   p.mask = attention_mask_of(mask);
   NvtxRange range("attention_flash");
+  // Hopper: the wgmma/TMA kernel (cuda_attention_wgmma.cu) takes unmasked bf16 at head dims 40/64/80/128 first;
+  // 1.1-2.4x this file's mma.sync kernel, and ahead of cuDNN's SDPA at SD's head dims 40 and 80.
+  if (wgmma_attention_enabled() && dt == DType::BF16 && !mask.defined() && h % hk == 0) {
+    const WgmmaAttentionArgs wa{p.q,   p.k,   p.v,   p.out, p.qs0,  p.qs1, p.qs2,  p.ks0,  p.ks1, p.ks2,
+                                p.vs0, p.vs1, p.vs2, p.os0, p.os1,  p.os2, int(b),  p.heads, p.group, p.sq,
+                                p.sk,  p.d,   scale, max_smem_optin_};
+    if (launch_attention_wgmma(wa, cc_major_, stream_)) return true;
+  }
   const FlashLaunch launch{int(b), sm_count_, flash_block_rows_, flash_key_tile_, max_smem_optin_, stream_};
   if (dt == DType::BF16) return launch_flash_bucket<__nv_bfloat16>(p, launch);
   return launch_flash_bucket<__half>(p, launch);

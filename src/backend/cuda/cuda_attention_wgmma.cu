@@ -1,0 +1,457 @@
+// Flash attention on Hopper's warpgroup MMA and bulk tensor copies (cuda_attention_wgmma.h).
+//
+// A block has one producer warpgroup and C consumer warpgroups of 64 queries each (C = 3 for head dims <= 64,
+// whose softmax bounds them and wants more warps to hide its latencies; 2 above, for their registers), for one
+// (batch, head). One
+// producer thread loads Q once and the K and V tiles (128 keys) through the bulk tensor copy engine into two
+// buffers, in wgmma's 128-byte swizzle (cuda_wgmma.cuh: rows of 64 elements, atom columns along the head dim),
+// each load completing on the buffer's "full" mbarrier; it refills a buffer once every consumer thread arrived
+// on its "empty" barrier. The consumers follow FlashAttention-3's schedule:
+//   per tile j: S_j = Q K_j^T (wgmma, both operands in shared memory) issued together with O += P_{j-1} V_{j-1}
+//   (P from registers, V as an MN-major operand), then the online softmax of S_j runs while P_{j-1} V_{j-1} is
+//   still on the tensor cores; the consumers take turns issuing their products (a ring of named barriers), so
+//   one's softmax overlaps the others' products.
+// Measured and not kept (docs/performance.md, session 20): consumers issuing without turns (8-20% slower), part
+// of the exponentials as a cubic on the FMA pipes (slower: the MUFU is ~58% busy, the issue slots ~52%; the
+// softmax is latency-bound), 64-key tiles, three K/V buffers (within noise of two).
+// Head dims are padded to whole atom columns (64): the tensor maps zero-fill columns past the head dim and rows
+// past the sequence (S's product stops at the head dim rounded up to 16; keys past the end are masked).
+#include "backend/cuda/cuda_attention_wgmma.h"
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_tma.cuh"
+#include "backend/cuda/cuda_wgmma.cuh"
+
+namespace atelier::cuda {
+namespace {
+
+constexpr int kBlockK = 128;  // keys per K/V tile (64-key tiles measured slower at every head dim)
+constexpr int kStages = 2;    // K/V buffers (three measured within noise of two)
+constexpr float kLog2e = 1.4426950408889634f;
+std::atomic<int64_t> g_launches{0};
+
+struct KernelParams {
+  CUtensorMap q, k, v;  // [batch][heads][rows][head dim] boxes of 64 head-dim columns
+  void* out;
+  int64_t os0, os1, os2;
+  int sq, sk, group;
+  float scale_log2;  // softmax scale x log2(e)
+};
+
+// On unless ATELIER_WGMMA_ATTENTION=0 (then the mma.sync kernel takes these cases too).
+bool& enabled_flag() {
+  static bool on = [] {
+    const char* v = std::getenv("ATELIER_WGMMA_ATTENTION");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+// One kernel's shape: head dim D (tiles padded to whole 64-column atoms), C consumer warpgroups of 64 queries.
+template <int D, int C>
+struct Cfg {
+  static constexpr int kAtoms = (D + 63) / 64;
+  static constexpr int kThreads = 128 * (C + 1), kBlockQ = 64 * C;
+  static constexpr uint32_t kQBytes = kBlockQ * kAtoms * 128, kTileBytes = kBlockK * kAtoms * 128;
+  static constexpr size_t kSmem = kQBytes + 2 * kStages * kTileBytes + 8 * (1 + 4 * kStages) + 1024;
+#ifdef ATELIER_WGMMA
+  static constexpr int kN = (D + 7) / 8 * 8;  // O's columns: P V's N, the head dim (wgmma's N steps by 8)
+  static constexpr int kConsumerThreads = 128 * C;
+  static constexpr int kProducerRegs = 24;
+  // setmaxnreg moves registers within the block's allocation at launch (the per-thread cap of
+  // __launch_bounds__(kThreads, 1), a multiple of 8, times the threads): 384 x 168, 512 x 128. A consumer gets what
+  // the producer gives up (multiple of 8, at most 240); asking for more than the pool holds waits forever.
+  static constexpr int kPool = kThreads * (65536 / kThreads / 8 * 8);
+  static constexpr int kRegsLeft = (kPool - 128 * kProducerRegs) / kConsumerThreads / 8 * 8;
+  static constexpr int kConsumerRegs = kRegsLeft > 240 ? 240 : kRegsLeft;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kPool);
+#endif
+};
+
+#ifdef ATELIER_WGMMA
+constexpr int kSchedBarrier = 1;  // named barriers 1 .. C: consumer c waits on 1 + c before issuing its products
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// wgmma m64nNk16 (d: N / 2 accumulators per thread): S = Q K^T with N = 64 or 128 keys, P V with N = the head dim.
+template <int N, int TRANS_B>
+__device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, bool accumulate) {
+  static_assert(N == 64 || N == 128);
+  if constexpr (N == 64) wgmma::mma_m64n64k16_ss<TRANS_B>(d, da, db, accumulate);
+  else wgmma::mma_m64n128k16_ss<TRANS_B>(d, da, db, accumulate);
+}
+template <int N, int TRANS_B>
+__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, bool accumulate) {
+  static_assert(N == 40 || N == 64 || N == 80 || N == 128);
+  if constexpr (N == 40) wgmma::mma_m64n40k16_rs<TRANS_B>(d, a, db, accumulate);
+  else if constexpr (N == 64) wgmma::mma_m64n64k16_rs<TRANS_B>(d, a, db, accumulate);
+  else if constexpr (N == 80) wgmma::mma_m64n80k16_rs<TRANS_B>(d, a, db, accumulate);
+  else wgmma::mma_m64n128k16_rs<TRANS_B>(d, a, db, accumulate);
+}
+
+// The shared-memory carve-up of one block.
+template <class K>
+struct Smem {
+  uint8_t *q, *k, *v;
+  uint64_t *q_full, *k_full, *v_full, *k_empty, *v_empty;
+  __device__ explicit Smem(uint8_t* raw) {
+    q = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+    k = q + K::kQBytes;
+    v = k + kStages * K::kTileBytes;
+    q_full = reinterpret_cast<uint64_t*>(v + kStages * K::kTileBytes);
+    k_full = q_full + 1;
+    v_full = k_full + kStages;
+    k_empty = v_full + kStages;
+    v_empty = k_empty + kStages;
+  }
+};
+
+// The producer's one thread: Q, then K_j and V_j into buffer j % kStages once the consumers released it.
+template <class K>
+__device__ __forceinline__ void produce(const KernelParams& p, const Smem<K>& sm, int n_tiles) {
+  const int h = int(blockIdx.y), b = int(blockIdx.z), q0 = int(blockIdx.x) * K::kBlockQ, kvh = h / p.group;
+  tma::arrive_expect_tx(sm.q_full, K::kQBytes);
+#pragma unroll
+  for (int a = 0; a < K::kAtoms; ++a) tma::load_4d(sm.q + a * K::kBlockQ * 128, &p.q, 64 * a, q0, h, b, sm.q_full);
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = j % kStages;
+    const uint32_t parity = ((j / kStages) & 1) ^ 1;
+    tma::wait(&sm.k_empty[st], parity);
+    tma::arrive_expect_tx(&sm.k_full[st], K::kTileBytes);
+#pragma unroll
+    for (int a = 0; a < K::kAtoms; ++a)
+      tma::load_4d(sm.k + st * K::kTileBytes + a * kBlockK * 128, &p.k, 64 * a, j * kBlockK, kvh, b, &sm.k_full[st]);
+    tma::wait(&sm.v_empty[st], parity);
+    tma::arrive_expect_tx(&sm.v_full[st], K::kTileBytes);
+#pragma unroll
+    for (int a = 0; a < K::kAtoms; ++a)
+      tma::load_4d(sm.v + st * K::kTileBytes + a * kBlockK * 128, &p.v, 64 * a, j * kBlockK, kvh, b, &sm.v_full[st]);
+  }
+}
+
+// One consumer warpgroup's state: O (64 x kN accumulators), S of the current tile, P of the previous one in
+// A-fragment form, and the softmax's running max and sum of this thread's two rows.
+template <class K>
+struct Consumer {
+  float o[K::kN / 2];
+  float s[kBlockK / 2];
+  uint32_t pa[kBlockK / 16][4];
+  float m[2], l[2];
+};
+
+// S = Q K^T over the head dim rounded up to 16 (64 x kBlockK per warpgroup).
+template <class K, int D>
+__device__ __forceinline__ void issue_s(float (&s)[kBlockK / 2], uint32_t q_addr, uint32_t k_addr) {
+#pragma unroll
+  for (int kk = 0; kk < (D + 15) / 16; ++kk) {
+    const uint32_t step = (kk % 4) * 32;
+    const uint64_t da = wgmma::desc_sw128(q_addr + (kk / 4) * K::kBlockQ * 128 + step, 0, wgmma::kAtomGroupBytes);
+    const uint64_t db = wgmma::desc_sw128(k_addr + (kk / 4) * kBlockK * 128 + step, 0, wgmma::kAtomGroupBytes);
+    mma_ss<kBlockK, 0>(s, da, db, kk > 0);
+  }
+}
+
+// O += P V: V's rows 16 kk .. as an MN-major operand, atom columns kBlockK * 128 bytes apart (LBO).
+template <int N>
+__device__ __forceinline__ void issue_pv(float (&o)[N / 2], const uint32_t (&pa)[kBlockK / 16][4], uint32_t v_addr) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockK / 16; ++kk)
+    mma_rs<N, 1>(o, pa[kk], wgmma::desc_sw128(v_addr + kk * 16 * 128, kBlockK * 128, wgmma::kAtomGroupBytes), true);
+}
+
+// Keys at or past `valid` (columns of this tile) get -inf. Column of s[4j + e]: 8j + 2t + (e & 1).
+__device__ __forceinline__ void mask_keys(float (&s)[kBlockK / 2], int valid, int t) {
+#pragma unroll
+  for (int j = 0; j < kBlockK / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (8 * j + 2 * t + (e & 1) >= valid) s[4 * j + e] = -INFINITY;
+}
+
+// Online softmax of S (this thread: rows g (e = 0, 1) and g + 8 (e = 2, 3) of its warp's 16): S becomes P
+// (unnormalised, in f32), m and l move on; returns O's rescale factors in alpha. The row max and sum are four
+// partial ones each, so that the one warp per scheduler of this warpgroup is not waiting on a chain.
+__device__ __forceinline__ void softmax(float (&s)[kBlockK / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                        float sl) {
+  constexpr int kPairs = kBlockK / 8;  // column pairs per row and thread
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) mx[j % 4] = fmaxf(mx[j % 4], fmaxf(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]));
+    mx[0] = fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3]));
+    float row_max = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], 1));
+    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+    const float m_new = fmaxf(m[ri], row_max * sl);
+    alpha[ri] = exp2_approx(m[ri] - m_new);
+    m[ri] = m_new;
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float x = fmaf(s[4 * j + 2 * ri + e], sl, -m_new);
+        const float pv = exp2_approx(x);
+        s[4 * j + 2 * ri + e] = pv;
+        sum[(2 * j + e) % 4] += pv;
+      }
+    l[ri] = l[ri] * alpha[ri] + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
+  }
+}
+
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[kBlockK / 16][4], const float (&s)[kBlockK / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockK / 16; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pa[kk][i] = pack_bf16(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+}
+
+template <int N>
+__device__ __forceinline__ void rescale(float (&o)[N / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[4 * j + e] *= alpha[e / 2];
+}
+
+template <int N>
+__device__ __forceinline__ void fence_all(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) wgmma::fence_operand(r[i]);
+}
+
+// Consumer c's turn to issue products: the consumers take turns in a ring (c waits on barrier 1 + c, which the
+// previous consumer arrives on once it has issued its own).
+template <class K>
+__device__ __forceinline__ void turn_begin(int c) {
+  tma::bar_sync(kSchedBarrier + c, 256);
+}
+template <class K>
+__device__ __forceinline__ void turn_end(int c) {
+  tma::bar_arrive(kSchedBarrier + (c + 1) % (K::kConsumerThreads / 128), 256);
+}
+
+template <class K, int D>
+__device__ __forceinline__ void store_out(const KernelParams& p, const Consumer<K>& st, int c, int tid) {
+  const int warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  float inv[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    float sum = st.l[ri];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    inv[ri] = 1.0f / sum;
+  }
+  auto* og = static_cast<__nv_bfloat16*>(p.out) + int64_t(blockIdx.z) * p.os0 + int64_t(blockIdx.y) * p.os1;
+  const int row0 = int(blockIdx.x) * K::kBlockQ + c * 64 + warp * 16 + g;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int row = row0 + 8 * ri;
+    if (row >= p.sq) continue;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t*>(og + row * p.os2 + 8 * j + 2 * t) =
+          pack_bf16(st.o[4 * j + 2 * ri] * inv[ri], st.o[4 * j + 2 * ri + 1] * inv[ri]);
+  }
+}
+
+template <class K, int D>
+__device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm, int n_tiles, int c, int tid) {
+  constexpr int kConsumers = K::kConsumerThreads / 128;
+  Consumer<K> st;
+#pragma unroll
+  for (int i = 0; i < K::kN / 2; ++i) st.o[i] = 0.0f;
+  st.m[0] = st.m[1] = -INFINITY;
+  st.l[0] = st.l[1] = 0.0f;
+  const int t = tid % 4;
+  const int tail = p.sk - (n_tiles - 1) * kBlockK;  // keys in the last tile
+  const uint32_t q_addr = wgmma::smem_u32(sm.q) + c * 64 * 128;
+  const auto k_addr = [&](int j) { return wgmma::smem_u32(sm.k + (j % kStages) * K::kTileBytes); };
+  const auto v_addr = [&](int j) { return wgmma::smem_u32(sm.v + (j % kStages) * K::kTileBytes); };
+  const auto parity = [](int j) { return uint32_t((j / kStages) & 1); };
+  float alpha[2];
+
+  if (c == kConsumers - 1) tma::bar_arrive(kSchedBarrier, 256);  // consumer 0 issues first
+  tma::wait(sm.q_full, 0);
+
+  // Tile 0: S alone.
+  tma::wait(&sm.k_full[0], 0);
+  turn_begin<K>(c);
+  wgmma::fence();
+  issue_s<K, D>(st.s, q_addr, k_addr(0));
+  wgmma::commit();
+  turn_end<K>(c);
+  wgmma::wait<0>();
+  fence_all(st.s);
+  tma::arrive(&sm.k_empty[0]);
+  if (n_tiles == 1 && tail < kBlockK) mask_keys(st.s, tail, t);
+  softmax(st.s, st.m, st.l, alpha, p.scale_log2);
+  pack_p(st.pa, st.s);
+
+  for (int j = 1; j < n_tiles; ++j) {
+    tma::wait(&sm.k_full[j % kStages], parity(j));
+    turn_begin<K>(c);
+    wgmma::fence();
+    issue_s<K, D>(st.s, q_addr, k_addr(j));
+    wgmma::commit();
+    tma::wait(&sm.v_full[(j - 1) % kStages], parity(j - 1));
+    issue_pv<K::kN>(st.o, st.pa, v_addr(j - 1));
+    wgmma::commit();
+    turn_end<K>(c);
+    wgmma::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+    fence_all(st.s);
+    tma::arrive(&sm.k_empty[j % kStages]);
+    if (j == n_tiles - 1 && tail < kBlockK) mask_keys(st.s, tail, t);
+    softmax(st.s, st.m, st.l, alpha, p.scale_log2);
+    wgmma::wait<0>();
+    fence_all(st.o);
+    tma::arrive(&sm.v_empty[(j - 1) % kStages]);
+    rescale<K::kN>(st.o, alpha);
+    pack_p(st.pa, st.s);
+  }
+
+  // The last tile's P V. The last consumer does not hand the turn on: each barrier then sees as many arrivals
+  // as waits.
+  const int last = n_tiles - 1;
+  tma::wait(&sm.v_full[last % kStages], parity(last));
+  turn_begin<K>(c);
+  wgmma::fence();
+  issue_pv<K::kN>(st.o, st.pa, v_addr(last));
+  wgmma::commit();
+  if (c != kConsumers - 1) turn_end<K>(c);
+  wgmma::wait<0>();
+  fence_all(st.o);
+  store_out<K, D>(p, st, c, tid);
+}
+#endif  // ATELIER_WGMMA
+
+template <int D, int C>
+__global__ void __launch_bounds__(Cfg<D, C>::kThreads, 1)
+    attention_wgmma_kernel(const __grid_constant__ KernelParams p) {
+#ifdef ATELIER_WGMMA
+  using K = Cfg<D, C>;
+  extern __shared__ uint8_t smem_raw[];
+  const Smem<K> sm(smem_raw);
+  const int tid = int(threadIdx.x), wg = tid / 128;
+  const int n_tiles = (p.sk + kBlockK - 1) / kBlockK;
+  if (tid == 0) {
+    tma::mbar_init(sm.q_full, 1);
+    for (int i = 0; i < kStages; ++i) {
+      tma::mbar_init(&sm.k_full[i], 1);
+      tma::mbar_init(&sm.v_full[i], 1);
+      tma::mbar_init(&sm.k_empty[i], K::kConsumerThreads);
+      tma::mbar_init(&sm.v_empty[i], K::kConsumerThreads);
+    }
+    tma::fence_mbar_init();
+  }
+  __syncthreads();
+  if (wg == 0) {
+    tma::regs_dealloc<K::kProducerRegs>();
+    if (tid == 0) produce<K>(p, sm, n_tiles);
+  } else {
+    tma::regs_alloc<K::kConsumerRegs>();
+    consume<K, D>(p, sm, n_tiles, wg - 1, tid - 128);
+  }
+#else
+  __trap();
+#endif
+}
+
+// cuTensorMapEncodeTiled from the driver, fetched once (the runtime links no driver library).
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return EncodeTiled(nullptr);
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// A [batch][heads][rows][d] bf16 view (element strides s0, s1, s2; the head dim contiguous) as a tensor map of
+// 64 x `rows_per_box` boxes in the 128-byte swizzle; false where the view breaks TMA's rules (16-byte strides).
+bool make_map(CUtensorMap& map, const void* base, int batch, int heads, int rows, int d, int64_t s0, int64_t s1,
+              int64_t s2, int rows_per_box) {
+  const EncodeTiled encode = encode_tiled();
+  if (!encode || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  for (const int64_t s : {s0, s1, s2})
+    if (s % 8 != 0) return false;
+  const cuuint64_t dims[4] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {cuuint64_t(s2) * 2, cuuint64_t(s1) * 2, cuuint64_t(s0) * 2};
+  const cuuint32_t box[4] = {64, cuuint32_t(rows_per_box), 1, 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box, unit,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int D, int C = (D <= 64 ? 3 : 2)>
+bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
+  using K = Cfg<D, C>;
+  if (K::kSmem > a.max_smem) return false;
+  KernelParams p{};
+  if (!make_map(p.q, a.q, a.batch, a.heads, a.sq, a.d, a.qs0, a.qs1, a.qs2, K::kBlockQ) ||
+      !make_map(p.k, a.k, a.batch, a.heads / a.group, a.sk, a.d, a.ks0, a.ks1, a.ks2, kBlockK) ||
+      !make_map(p.v, a.v, a.batch, a.heads / a.group, a.sk, a.d, a.vs0, a.vs1, a.vs2, kBlockK))
+    return false;
+  p.out = a.out;
+  p.os0 = a.os0;
+  p.os1 = a.os1;
+  p.os2 = a.os2;
+  p.sq = a.sq;
+  p.sk = a.sk;
+  p.group = a.group;
+  p.scale_log2 = a.scale * kLog2e;
+  const auto kernel = attention_wgmma_kernel<D, C>;
+  static std::once_flag attr;
+  std::call_once(attr, [&] {
+    ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(K::kSmem)));
+  });
+  const dim3 grid(unsigned((a.sq + K::kBlockQ - 1) / K::kBlockQ), unsigned(a.heads), unsigned(a.batch));
+  kernel<<<grid, K::kThreads, K::kSmem, stream>>>(p);
+  ATELIER_CUDA_LAUNCHED();
+  g_launches.fetch_add(1);
+  return true;
+}
+
+}  // namespace
+
+bool wgmma_attention_enabled() { return enabled_flag(); }
+int64_t wgmma_attention_launches() { return g_launches.load(); }
+void set_wgmma_attention(bool on) { enabled_flag() = on; }
+
+bool launch_attention_wgmma(const WgmmaAttentionArgs& a, int cc_major, cudaStream_t stream) {
+  if (cc_major != 9 || a.sq <= 0 || a.sk <= 0 || a.batch > 65535 || a.heads > 65535) return false;
+  switch (a.d) {
+    case 40: return launch<40>(a, stream);
+    case 64: return launch<64>(a, stream);
+    case 80: return launch<80>(a, stream);
+    case 128: return launch<128>(a, stream);
+    default: return false;
+  }
+}
+
+}  // namespace atelier::cuda

@@ -1,0 +1,70 @@
+// Hopper's asynchronous pipeline pieces for kernels of our own: mbarriers, the bulk tensor copy engine (TMA),
+// named barriers and register reallocation between warpgroups (used by cuda_attention_wgmma.cu).
+//
+// An mbarrier counts arrivals and, for TMA loads, bytes: the producer arms it with arrive_expect_tx(bytes) and
+// each copy completes its bytes on it; waiters pass once the phase with the parity they name has completed
+// (a fresh barrier is in phase 0, and the phase "before" it, parity 1, counts as completed: a producer waiting
+// on an empty-buffer barrier with parity 1 passes at once the first time round).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_wgmma.cuh"
+
+namespace atelier::cuda::tma {
+
+#ifdef ATELIER_WGMMA
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(wgmma::smem_u32(bar)), "r"(count) : "memory");
+}
+// Makes the initialisations visible to the copy engine and the other threads (then a block barrier).
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wgmma::smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(wgmma::smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(wgmma::smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// A box of a 4-D tensor map (coordinates innermost first, in elements) into shared memory at dst, its bytes
+// completing on bar. The map must be a __grid_constant__ kernel parameter (its address is in parameter space).
+__device__ __forceinline__ void load_4d(void* dst, const void* tensor_map, int c0, int c1, int c2, int c3,
+                                        uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(wgmma::smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(wgmma::smem_u32(bar))
+      : "memory");
+}
+
+// Named barrier `id` (1-15; 0 is __syncthreads) over `threads` threads: sync waits, arrive does not.
+__device__ __forceinline__ void bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Registers per thread of the calling warpgroup (a multiple of 8 in 24-256; needs a register cap at entry).
+template <int N>
+__device__ __forceinline__ void regs_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+#endif
+
+}  // namespace atelier::cuda::tma

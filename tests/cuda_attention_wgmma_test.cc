@@ -1,0 +1,80 @@
+// The Hopper flash-attention kernel (cuda_attention_wgmma.cu): CPU parity on the cases it takes, and the cases it
+// leaves to the mma.sync kernel. Its figures beside cuDNN's and mma.sync's: bench/cuda_ops_bench.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "backend/cuda/cuda_attention_wgmma.h"
+#include "cuda_test_util.h"
+#include "ops_test_util.h"
+
+namespace atelier {
+namespace {
+
+using test::cuda0;
+using test::cuda_be;
+using test::random_tensor;
+
+struct WgmmaScope {
+  explicit WgmmaScope(bool on) { cuda::set_wgmma_attention(on); }
+  ~WgmmaScope() {
+    cuda::set_wgmma_attention(true);
+    cuda_be().set_attention_impl(cuda::AttentionImpl::kAuto);
+  }
+};
+
+#define ATELIER_REQUIRE_HOPPER()                                                                    \
+  do {                                                                                              \
+    ATELIER_REQUIRE_CUDA();                                                                         \
+    int major = 0;                                                                                  \
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);                           \
+    if (major != 9) GTEST_SKIP() << "the wgmma kernel runs on sm_90 only; this device is sm_" << major << "x"; \
+  } while (0)
+
+TEST(CudaWgmmaAttention, MatchesTheCpu) {
+  ATELIER_REQUIRE_HOPPER();
+  WgmmaScope scope(true);
+  cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);
+  struct Case {
+    int64_t b, h, hk, sq, sk, d;
+  };
+  // Whole tiles; ragged queries and keys (the last key tile masked, rows past the end not stored); grouped K/V
+  // heads; SD's head dims 40 and 80 (zero-filled to 64 / 128 columns by the tensor maps).
+  for (const Case& c : {Case{1, 2, 2, 128, 64, 64}, Case{2, 3, 3, 256, 192, 128}, Case{1, 4, 2, 384, 320, 64},
+                        Case{1, 2, 2, 128, 1024, 128}, Case{1, 2, 2, 100, 77, 40}, Case{2, 2, 2, 300, 250, 80},
+                        Case{1, 4, 2, 200, 130, 128}, Case{1, 3, 3, 512, 512, 40}, Case{1, 1, 1, 7, 300, 64}}) {
+    const Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 81), k = random_tensor({c.b, c.hk, c.sk, c.d}, 82),
+                 v = random_tensor({c.b, c.hk, c.sk, c.d}, 83);
+    const auto fn = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], Tensor()); };
+    const int64_t before = cuda::wgmma_attention_launches();
+    char what[128];
+    std::snprintf(what, sizeof(what), "wgmma attention b%lld h%lld/%lld q%lld k%lld d%lld", (long long)c.b, (long long)c.h,
+                  (long long)c.hk, (long long)c.sq, (long long)c.sk, (long long)c.d);
+    EXPECT_PARITY(std::string(what), fn, std::vector<Tensor>({q, k, v}), DType::BF16);
+    std::fflush(stdout);  // a kernel that hangs leaves the lines before it
+    EXPECT_GT(cuda::wgmma_attention_launches(), before) << what << ": the wgmma kernel did not take the case";
+  }
+}
+
+TEST(CudaWgmmaAttention, LeavesOtherCasesToTheMmaSyncKernel) {
+  ATELIER_REQUIRE_HOPPER();
+  WgmmaScope scope(true);
+  cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);
+  const Tensor q = random_tensor({1, 2, 130, 160}, 84), k = random_tensor({1, 2, 70, 160}, 85),
+               v = random_tensor({1, 2, 70, 160}, 86);
+  const Tensor q64 = random_tensor({1, 2, 130, 64}, 87), k64 = random_tensor({1, 2, 70, 64}, 88),
+               v64 = random_tensor({1, 2, 70, 64}, 89), mask = random_tensor({130, 70}, 90, 2.0f);
+  const int64_t before = cuda::wgmma_attention_launches();
+  const auto plain = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], Tensor()); };
+  const auto masked = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], in[3]); };
+  EXPECT_PARITY("head dim 160 (mma.sync)", plain, std::vector<Tensor>({q, k, v}), DType::BF16);
+  EXPECT_PARITY("additive mask (mma.sync)", masked, std::vector<Tensor>({q64, k64, v64, mask}), DType::BF16);
+  EXPECT_PARITY("f16 (mma.sync)", plain, std::vector<Tensor>({q64, k64, v64}), DType::F16);
+  EXPECT_EQ(cuda::wgmma_attention_launches(), before);
+  cuda::set_wgmma_attention(false);  // switched off: the cases it takes go to mma.sync
+  EXPECT_PARITY("head dim 64, switched off (mma.sync)", plain, std::vector<Tensor>({q64, k64, v64}), DType::BF16);
+  EXPECT_EQ(cuda::wgmma_attention_launches(), before);
+}
+
+}  // namespace
+}  // namespace atelier
