@@ -418,12 +418,8 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
       !make_map(p.v, a.v, a.batch, a.heads / a.group, a.sk, a.d, a.vs0, a.vs1, a.vs2, kBlockK))
     return false;
   p.out = a.out;
-  p.os0 = a.os0;
-  p.os1 = a.os1;
-  p.os2 = a.os2;
-  p.sq = a.sq;
-  p.sk = a.sk;
-  p.group = a.group;
+  p.os0 = a.os0, p.os1 = a.os1, p.os2 = a.os2;
+  p.sq = a.sq, p.sk = a.sk, p.group = a.group;
   p.scale_log2 = a.scale * kLog2e;
   const auto kernel = attention_wgmma_kernel<D, C>;
   static std::once_flag attr;
