@@ -2,11 +2,10 @@
 //
 // A block has one producer warpgroup and C consumer warpgroups of 64 queries each (C = 3 for head dims <= 64,
 // whose softmax bounds them and wants more warps to hide its latencies; 2 above, for their registers), for one
-// (batch, head). One
-// producer thread loads Q once and the K and V tiles (128 keys) through the bulk tensor copy engine into two
-// buffers, in wgmma's 128-byte swizzle (cuda_wgmma.cuh: rows of 64 elements, atom columns along the head dim),
-// each load completing on the buffer's "full" mbarrier; it refills a buffer once every consumer thread arrived
-// on its "empty" barrier. The consumers follow FlashAttention-3's schedule:
+// (batch, head). One producer thread loads Q once and the K and V tiles (128 keys) through the bulk tensor copy
+// engine into two buffers, in wgmma's 128-byte swizzle (cuda_wgmma.cuh: rows of 64 elements, atom columns along
+// the head dim), each load completing on the buffer's "full" mbarrier; it refills a buffer once every consumer
+// thread arrived on its "empty" barrier. The consumers follow FlashAttention-3's schedule:
 //   per tile j: S_j = Q K_j^T (wgmma, both operands in shared memory) issued together with O += P_{j-1} V_{j-1}
 //   (P from registers, V as an MN-major operand), then the online softmax of S_j runs while P_{j-1} V_{j-1} is
 //   still on the tensor cores; the consumers take turns issuing their products (a ring of named barriers), so
@@ -24,9 +23,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_ptx.cuh"
 #include "backend/cuda/cuda_tma.cuh"
 #include "backend/cuda/cuda_wgmma.cuh"
 
@@ -78,17 +77,6 @@ struct Cfg {
 
 #ifdef ATELIER_WGMMA
 constexpr int kSchedBarrier = 1;  // named barriers 1 .. C: consumer c waits on 1 + c before issuing its products
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // wgmma m64nNk16 (d: N / 2 accumulators per thread): S = Q K^T with N = 64 or 128 keys, P V with N = the head dim.
 template <int N, int TRANS_B>
@@ -200,7 +188,7 @@ __device__ __forceinline__ void softmax(float (&s)[kBlockK / 2], float (&m)[2], 
     float row_max = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], 1));
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
     const float m_new = fmaxf(m[ri], row_max * sl);
-    alpha[ri] = exp2_approx(m[ri] - m_new);
+    alpha[ri] = fast_exp2(m[ri] - m_new);
     m[ri] = m_new;
     float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -208,7 +196,7 @@ __device__ __forceinline__ void softmax(float (&s)[kBlockK / 2], float (&m)[2], 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float x = fmaf(s[4 * j + 2 * ri + e], sl, -m_new);
-        const float pv = exp2_approx(x);
+        const float pv = fast_exp2(x);
         s[4 * j + 2 * ri + e] = pv;
         sum[(2 * j + e) % 4] += pv;
       }
@@ -220,7 +208,7 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[kBlockK / 16][4], const fl
 #pragma unroll
   for (int kk = 0; kk < kBlockK / 16; ++kk)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) pa[kk][i] = pack_bf16(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+    for (int i = 0; i < 4; ++i) pa[kk][i] = pack2<__nv_bfloat16>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
 }
 
 template <int N>
@@ -239,10 +227,7 @@ __device__ __forceinline__ void fence_all(float (&r)[N]) {
 
 // Consumer c's turn to issue products: the consumers take turns in a ring (c waits on barrier 1 + c, which the
 // previous consumer arrives on once it has issued its own).
-template <class K>
-__device__ __forceinline__ void turn_begin(int c) {
-  tma::bar_sync(kSchedBarrier + c, 256);
-}
+__device__ __forceinline__ void turn_begin(int c) { tma::bar_sync(kSchedBarrier + c, 256); }
 template <class K>
 __device__ __forceinline__ void turn_end(int c) {
   tma::bar_arrive(kSchedBarrier + (c + 1) % (K::kConsumerThreads / 128), 256);
@@ -268,7 +253,7 @@ __device__ __forceinline__ void store_out(const KernelParams& p, const Consumer<
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
       *reinterpret_cast<uint32_t*>(og + row * p.os2 + 8 * j + 2 * t) =
-          pack_bf16(st.o[4 * j + 2 * ri] * inv[ri], st.o[4 * j + 2 * ri + 1] * inv[ri]);
+          pack2<__nv_bfloat16>(st.o[4 * j + 2 * ri] * inv[ri], st.o[4 * j + 2 * ri + 1] * inv[ri]);
   }
 }
 
@@ -282,9 +267,9 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   st.l[0] = st.l[1] = 0.0f;
   const int t = tid % 4;
   const int tail = p.sk - (n_tiles - 1) * kBlockK;  // keys in the last tile
-  const uint32_t q_addr = wgmma::smem_u32(sm.q) + c * 64 * 128;
-  const auto k_addr = [&](int j) { return wgmma::smem_u32(sm.k + (j % kStages) * K::kTileBytes); };
-  const auto v_addr = [&](int j) { return wgmma::smem_u32(sm.v + (j % kStages) * K::kTileBytes); };
+  const uint32_t q_addr = smem_u32(sm.q) + c * 64 * 128;
+  const auto k_addr = [&](int j) { return smem_u32(sm.k + (j % kStages) * K::kTileBytes); };
+  const auto v_addr = [&](int j) { return smem_u32(sm.v + (j % kStages) * K::kTileBytes); };
   const auto parity = [](int j) { return uint32_t((j / kStages) & 1); };
   float alpha[2];
 
@@ -293,7 +278,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
 
   // Tile 0: S alone.
   tma::wait(&sm.k_full[0], 0);
-  turn_begin<K>(c);
+  turn_begin(c);
   wgmma::fence();
   issue_s<K, D>(st.s, q_addr, k_addr(0));
   wgmma::commit();
@@ -307,7 +292,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
 
   for (int j = 1; j < n_tiles; ++j) {
     tma::wait(&sm.k_full[j % kStages], parity(j));
-    turn_begin<K>(c);
+    turn_begin(c);
     wgmma::fence();
     issue_s<K, D>(st.s, q_addr, k_addr(j));
     wgmma::commit();
@@ -331,7 +316,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   // as waits.
   const int last = n_tiles - 1;
   tma::wait(&sm.v_full[last % kStages], parity(last));
-  turn_begin<K>(c);
+  turn_begin(c);
   wgmma::fence();
   issue_pv<K::kN>(st.o, st.pa, v_addr(last));
   wgmma::commit();
@@ -422,10 +407,9 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
   p.sq = a.sq, p.sk = a.sk, p.group = a.group;
   p.scale_log2 = a.scale * kLog2e;
   const auto kernel = attention_wgmma_kernel<D, C>;
-  static std::once_flag attr;
-  std::call_once(attr, [&] {
-    ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(K::kSmem)));
-  });
+  // Per launch, as the mma.sync kernel does: the attribute belongs to the current device's context, and each
+  // GPU's backend launches on its own (a once-per-process call left a second GPU at the 48 KB default).
+  ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(K::kSmem)));
   const dim3 grid(unsigned((a.sq + K::kBlockQ - 1) / K::kBlockQ), unsigned(a.heads), unsigned(a.batch));
   kernel<<<grid, K::kThreads, K::kSmem, stream>>>(p);
   ATELIER_CUDA_LAUNCHED();

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/cuda_ptx.cuh"
+
 namespace atelier::cuda::wgmma {
 
 constexpr uint32_t kSwizzleBytes = 128;  // one row of an atom: 64 bf16
@@ -34,7 +36,6 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint
          uint64_t(1) << 62;  // layout type 1: 128-byte swizzle
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ATELIER_WGMMA 1

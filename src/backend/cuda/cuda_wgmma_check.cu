@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) wgmma_check_kernel(float* c, const u
   float d[32];
   for (float& x : d) x = 0.0f;
   wgmma::fence();
-  const uint32_t a_addr = wgmma::smem_u32(sa), b_addr = wgmma::smem_u32(sb);
+  const uint32_t a_addr = smem_u32(sa), b_addr = smem_u32(sb);
   for (int ks = 0; ks < k / 16; ++ks) {
     const uint32_t k_major = (ks / 4) * kRows * 128 + (ks % 4) * 32;  // 64-row atom columns (A, and B [64][k])
     const uint64_t db = B_MN ? wgmma::desc_sw128(b_addr + ks * 16 * 128, k * 128, wgmma::kAtomGroupBytes)
