@@ -2,7 +2,9 @@
 // for each case, warm-up calls (plans, algorithm choice, allocator), then 20 timed calls; the median is
 // reported with the throughput it implies. Prints one table; exits 0 with a message when there is no GPU.
 //
-//   cuda_ops_bench [--iters N]
+//   cuda_ops_bench [--iters N] [--only SECTION[,SECTION...]]
+// Sections: gemm, linear, fp8, copy, conv, attention, glue, dit, units (the MUFU exponential's rate): --only
+// runs those alone (a device call that needs one figure need not pay for the whole table).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_sdpa_fp8.h"
 #include "backend/ops.h"
+#include "cuda_unit_probes.h"
 
 namespace atelier {
 namespace {
@@ -69,12 +72,41 @@ Tensor random_on(const Shape& shape, DType dt, Device dev, float scale = 1.0f) {
   return t.to(dev);
 }
 
+// The sections asked for with --only (all when empty).
+struct Sections {
+  std::vector<std::string> only;
+  bool operator()(const char* name) const {
+    return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
+  }
+};
+
 void print(const Row& r) {
   const double rate = r.amount / (r.median_ms * 1e-3) / (std::strcmp(r.unit, "GB/s") == 0 ? 1e9 : 1e12);
   std::printf("| %-52s | %10.3f | %9.1f %-7s |\n", r.name.c_str(), r.median_ms, rate, r.unit);
 }
 
-int run(int iters) {
+// The MUFU exponential's rate in its three forms: exponentials per second and per clock and SM at the rated
+// clock (the floor of a softmax that computes one exponential per score).
+void unit_rates(cuda::CudaBackend& be, int iters) {
+  int clock_khz = 0, sms = be.sm_count();
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+  const struct {
+    bench::Exp2Form form;
+    const char* name;
+  } forms[] = {{bench::Exp2Form::kF32, "ex2.approx.ftz.f32"}, {bench::Exp2Form::kBf16x2, "ex2.approx.ftz.bf16x2"},
+               {bench::Exp2Form::kF16x2, "ex2.approx.f16x2"}};
+  for (const auto& f : forms) {
+    const bench::UnitRate r = bench::exp2_rate(f.form, iters, be.stream());
+    if (r.per_second <= 0) {
+      std::printf("| MUFU %-47s | (not run on this device)\n", f.name);
+      continue;
+    }
+    std::printf("| MUFU %-47s | %10.3f | %9.1f G/s     | %.2f per clock and SM at the rated %d MHz\n", f.name, r.ms,
+                r.per_second / 1e9, r.per_second / (double(sms) * clock_khz * 1e3), clock_khz / 1000);
+  }
+}
+
+int run(int iters, const Sections& want) {
   if (!backend_available(Device::cuda(0))) {
     try {
       backend_for(Device::cuda(0));
@@ -90,7 +122,7 @@ int run(int iters) {
   std::printf("| %-52s | %10s | %17s |\n", "case", "median ms", "throughput");
   std::printf("|%s|%s|%s|\n", std::string(54, '-').c_str(), std::string(12, '-').c_str(), std::string(19, '-').c_str());
 
-  {  // GEMM 8192^3
+  if (want("gemm")) {  // GEMM 8192^3
     const int64_t n = 8192;
     for (DType dt : {DType::BF16, DType::F16}) {
       const Tensor a = random_on({n, n}, dt, dev), b = random_on({n, n}, dt, dev);
@@ -103,12 +135,12 @@ int run(int iters) {
     print({"matmul 8192^3 f32 TF32", time_ms(be, iters, [&] { ops::matmul(a, b); }), 2.0 * n * n * n, "TFLOP/s"});
     be.set_allow_tf32(false);
   }
-  {  // linear with bias (SD attention projection / FF sizes)
+  if (want("linear")) {  // linear with bias (SD attention projection / FF sizes)
     const Tensor x = random_on({2 * 4096, 320}, DType::BF16, dev), w = random_on({1280, 320}, DType::BF16, dev),
                  b = random_on({1280}, DType::BF16, dev);
     print({"linear 8192x320 -> 1280 +bias bf16", time_ms(be, iters, [&] { ops::linear(x, w, b); }), 2.0 * 8192 * 320 * 1280, "TFLOP/s"});
   }
-  {  // FLUX's FP8 block products (1024²: 4608 tokens), activations quantized beforehand as the blocks do. The
+  if (want("fp8")) {  // FLUX's FP8 block products (1024²: 4608 tokens), activations quantized beforehand as the blocks do. The
      // K = 12288 products ran at ~1140 TFLOP/s inside a FLUX step but ~1440 while their plans were tuned:
      // these rows time them alone, on random and on GELU-shaped activations (the MLP outputs they read).
     struct Case {
@@ -129,7 +161,7 @@ int run(int iters) {
              gemv ? double(c.n) * double(c.k) : 2.0 * double(c.m) * double(c.k) * double(c.n), gemv ? "GB/s" : "TFLOP/s"});
     }
   }
-  {  // device-to-device copy: bytes read + written
+  if (want("copy")) {  // device-to-device copy: bytes read + written
     const int64_t elems = int64_t(1) << 29;  // 2 GiB of f32
     const Tensor x = Tensor::empty({elems}, DType::F32, dev);
     print({"device-to-device copy 2 GiB (read+write)", time_ms(be, iters, [&] { ops::clone(x); }), 2.0 * double(x.nbytes()), "GB/s"});
@@ -137,7 +169,7 @@ int run(int iters) {
     print({"cast f32 -> bf16 512 Mi elements (read+write)", time_ms(be, iters, [&] { ops::cast(x.narrow(0, 0, elems / 2), DType::BF16); }),
            double(elems / 2) * 6.0, "GB/s"});
   }
-  {  // conv 3x3, 320 channels, 64x64, batch 2
+  if (want("conv")) {  // conv 3x3, 320 channels, 64x64, batch 2
     const Conv2dParams p{1, 1, 1, 1, 1, 1, 1};
     const double flops = 2.0 * 2 * 320 * 64 * 64 * 320 * 9;
     for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
@@ -167,7 +199,7 @@ int run(int iters) {
       }
     }
   }
-  {  // attention at the shapes the models run (SD 1.5 levels at 512 and 1024 px, batch 2 and 16; FLUX at 1024 px)
+  if (want("attention")) {  // attention at the shapes the models run (SD 1.5 levels at 512 and 1024 px, batch 2 and 16; FLUX at 1024 px)
     struct AttnCase {
       int64_t b, h, sq, sk, d;
       const char* what;
@@ -248,7 +280,7 @@ int run(int iters) {
       be.set_attention_impl(cuda::AttentionImpl::kAuto);
     }
   }
-  {  // memory-bound glue at SD sizes: bytes read + written
+  if (want("glue")) {  // memory-bound glue at SD sizes: bytes read + written
     const Tensor x = random_on({2, 320, 64, 64}, DType::BF16, dev), g = random_on({320}, DType::BF16, dev);
     const double bytes = 2.0 * double(x.nbytes());
     print({"group_norm+silu 2x320x64x64 bf16", time_ms(be, iters, [&] { ops::group_norm(x, 32, g, g, 1e-5f, UnaryOp::kSilu); }), bytes, "GB/s"});
@@ -278,7 +310,7 @@ int run(int iters) {
     const Tensor qk = random_on({4608 * 24, 128}, DType::BF16, dev), gq = random_on({128}, DType::BF16, dev);
     print({"rms_norm 110592x128 bf16", time_ms(be, iters, [&] { ops::rms_norm(qk, gq, 1e-6f); }), 2.0 * double(qk.nbytes()), "GB/s"});
   }
-  {  // DiT glue at FLUX's 1024² sizes (4096 image tokens, 3072 channels): bytes read + written.
+  if (want("dit")) {  // DiT glue at FLUX's 1024² sizes (4096 image tokens, 3072 channels): bytes read + written.
     const int64_t l = 4096, d = 3072;
     const Tensor x = random_on({1, l, d}, DType::BF16, dev), res = random_on({1, l, d}, DType::BF16, dev);
     const Tensor sc = random_on({1, 1, d}, DType::BF16, dev, 0.2f), sh = random_on({1, 1, d}, DType::BF16, dev, 0.2f);
@@ -311,6 +343,7 @@ int run(int iters) {
     print({"rope with RMS norm, FLUX q 1x24x4096x128 from q/k/v", time_ms(be, iters, [&] { ops::rope(q, cs, sn, 2, rms); }), 2.0 * row_bytes,
            "GB/s"});
   }
+  if (want("units")) unit_rates(be, iters);
   be.synchronize();
   return 0;
 }
@@ -320,10 +353,25 @@ int run(int iters) {
 
 int main(int argc, char** argv) {
   int iters = 20;
-  for (int i = 1; i + 1 < argc; ++i)
+  atelier::Sections want;
+  for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--iters") == 0) iters = std::max(1, std::atoi(argv[i + 1]));
+    if (std::strcmp(argv[i], "--only") == 0)
+      for (const char* p = argv[i + 1]; *p;) {
+        const char* comma = std::strchr(p, ',');
+        want.only.emplace_back(p, comma ? size_t(comma - p) : std::strlen(p));
+        p = comma ? comma + 1 : p + std::strlen(p);
+      }
+  }
+  const char* known[] = {"gemm", "linear", "fp8", "copy", "conv", "attention", "glue", "dit", "units"};
+  for (const std::string& name : want.only)
+    if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return name == k; }) == std::end(known)) {
+      std::fprintf(stderr, "cuda_ops_bench: unknown section '%s' (sections: gemm, linear, fp8, copy, conv, attention, glue, dit, units)\n",
+                   name.c_str());
+      return 2;
+    }
   try {
-    return atelier::run(iters);
+    return atelier::run(iters, want);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cuda_ops_bench: %s\n", e.what());
     return 1;
