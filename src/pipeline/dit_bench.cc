@@ -36,10 +36,17 @@ Tensor seeded(uint64_t seed, const Shape& shape, Device dev) {
 }
 
 // Tracks the device's reserved bytes at every step and stage.
+// The timed run's peak reserved memory, and the backend's counters from its start (BenchReport::timed_counters).
 struct MemorySampler {
   Backend& backend;
   size_t peak = 0;
+  std::vector<std::pair<std::string, double>> counters_at_start = backend.counters();
   void sample() { peak = std::max(peak, backend.bytes_reserved()); }
+  // The peak and the counters' changes into `r` (after the run's device work is complete).
+  void finish(BenchReport& r) const {
+    r.peak_bytes_reserved = peak;
+    r.timed_counters = counter_changes(counters_at_start, backend.counters());
+  }
   ProgressCallback progress() {
     return [this](const StepProgress&) {
       sample();
@@ -118,7 +125,7 @@ Status run_flux(DitRun& run, trace::Recorder& rec) {
   (void)pipe.decode(x, run.h, run.w);  // synchronizes
   mem.sample();
   range.finish();
-  run.report.peak_bytes_reserved = mem.peak;
+  mem.finish(run.report);
   finish_nvml_sampler(nvml.get(), run.report);
   return Status::ok();
 }
@@ -181,7 +188,7 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
   backend_for(run.dev).synchronize();
   mem.sample();
   range.finish();
-  run.report.peak_bytes_reserved = mem.peak;
+  mem.finish(run.report);
   finish_nvml_sampler(nvml.get(), run.report);
   return Status::ok();
 }

@@ -242,6 +242,18 @@ Expected<BenchReport> start_bench_report(const BenchOptions& o, Device* device) 
   return r;
 }
 
+std::vector<std::pair<std::string, double>> counter_changes(const std::vector<std::pair<std::string, double>>& before,
+                                                            const std::vector<std::pair<std::string, double>>& after) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [name, value] : after) {
+    double was = 0.0;
+    for (const auto& [n, v] : before)
+      if (n == name) was = v;
+    out.emplace_back(name, value - was);
+  }
+  return out;
+}
+
 std::unique_ptr<NvmlSampler> start_nvml_sampler(Device dev) {
   if (dev.is_cpu()) return nullptr;
   return std::make_unique<NvmlSampler>(dev.index);
@@ -300,8 +312,10 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
     }
     rec.clear();  // the figures are the timed run's alone
     const auto nvml = start_nvml_sampler(dev);
+    const auto counters_before = backend_for(dev).counters();
     ATELIER_RETURN_IF_ERROR(timed_run(pipe, l, o, dev, latent1, r));
     backend_for(dev).synchronize();
+    r.timed_counters = counter_changes(counters_before, backend_for(dev).counters());
     finish_nvml_sampler(nvml.get(), r);
     rec.resolve_device_times();
     summarize_bench(rec.events(), rec.origin_ns(), stage::kUnet, m.text_encoder.has_value(), r);

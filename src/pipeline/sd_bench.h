@@ -111,6 +111,9 @@ struct BenchReport {
   std::optional<double> mean_sm_clock_mhz;   // NVML's SM clock over the denoise loop
   std::vector<NvmlSample> nvml_samples;      // the timed run's samples (not reported; summarize_bench reads them)
   size_t peak_bytes_reserved = 0;
+  // The backend's counters over the timed run, as changes (Backend::counters(): on CUDA cuda_mallocs and
+  // cuda_malloc_seconds, on the CPU host_allocations): activation-sized growth here means the warm-up missed a shape.
+  std::vector<std::pair<std::string, double>> timed_counters;
 
   nlohmann::json to_json() const;
   std::string to_text() const;  // the human-readable table the CLI prints
@@ -135,6 +138,9 @@ Status run_traced(Device device, const std::function<Status(trace::Recorder&)>& 
 std::unique_ptr<NvmlSampler> start_nvml_sampler(Device device);
 // Stops `sampler` (may be null) and keeps what it read in `r`: nvml_util_pct and nvml_samples.
 void finish_nvml_sampler(NvmlSampler* sampler, BenchReport& r);
+// Each counter of `after` minus its value in `before` (a counter absent from `before` counts from zero).
+std::vector<std::pair<std::string, double>> counter_changes(const std::vector<std::pair<std::string, double>>& before,
+                                                            const std::vector<std::pair<std::string, double>>& after);
 // Fills the measured figures of `r` from the timed run's events: per-call times and FLOPs from the ranges
 // named `call_range` (stage::kUnet for SD, stage::kModelCall for the transformers), stage times, it/s,
 // s/image, TFLOP/s, % of ceiling, busy %, and the energy figures from r.nvml_samples. `origin_ns` is the

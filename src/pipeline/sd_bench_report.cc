@@ -82,6 +82,9 @@ nlohmann::json BenchReport::to_json() const {
             {"nvml_util_pct", opt(nvml_util_pct)}, {"energy_per_call_j", opt(energy_per_call_j)},
             {"energy_per_image_j", opt(energy_per_image_j)}, {"mean_power_w", opt(mean_power_w)},
             {"mean_sm_clock_mhz", opt(mean_sm_clock_mhz)}, {"peak_bytes_reserved", peak_bytes_reserved}});
+  nlohmann::json counters = nlohmann::json::object();
+  for (const auto& [name, change] : timed_counters) counters[name] = change;
+  j["timed_run_counters"] = counters;
   return j;
 }
 
@@ -122,6 +125,10 @@ std::string BenchReport::to_text() const {
                        (mean_power_w ? fmt("; denoise loop at %.0f W", *mean_power_w) : std::string()) +
                        (mean_sm_clock_mhz ? fmt(", SM clock %.0f MHz (NVML)", *mean_sm_clock_mhz) : std::string()));
   line("peak memory", fmt("%.2f GiB reserved", double(peak_bytes_reserved) / kGiB));
+  std::string changes;
+  for (const auto& [name, change] : timed_counters)
+    if (name != "bytes_reserved") changes += (changes.empty() ? "" : ", ") + name + " " + fmt("%g", change);
+  if (!changes.empty()) line("timed run", changes + " (changes of the backend's counters over the timed run)");
   return s;
 }
 

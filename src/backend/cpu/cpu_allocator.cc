@@ -32,13 +32,19 @@ std::shared_ptr<Buffer> CpuAllocator::allocate(size_t bytes) {
   }
   if (!p) {
     p = std::aligned_alloc(kAlignment, size);
+    std::lock_guard<std::mutex> lock(mu_);
     if (!p) {
-      std::lock_guard<std::mutex> lock(mu_);
       in_use_ -= size;
       throw std::bad_alloc();
     }
+    ++system_allocations_;
   }
   return std::make_shared<Buffer>(p, bytes, Device::cpu(), [this, size](void* q) { give_back(q, size); });
+}
+
+int64_t CpuAllocator::system_allocations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return system_allocations_;
 }
 
 void CpuAllocator::give_back(void* p, size_t size) {

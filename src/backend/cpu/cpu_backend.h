@@ -20,6 +20,9 @@ class CpuBackend final : public Backend {
   // Bytes of live tensors (the rest of bytes_reserved() is freed blocks kept for reuse).
   size_t bytes_in_use() const { return alloc_.bytes_in_use(); }
   void release_cached() override { alloc_.release_cached(); }
+  std::vector<std::pair<std::string, double>> counters() const override {
+    return {{"host_allocations", double(alloc_.system_allocations())}, {"bytes_reserved", double(bytes_reserved())}};
+  }
 
   void copy(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& dst, float value) override;
