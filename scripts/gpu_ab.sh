@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B comparison: one `atelier bench` run under two or more environment settings, interleaved for ROUNDS rounds,
-# each run's model-call median, energy per call, mean power and SM clock printed, then each setting's median of
-# its runs. Interleaving matters on the lent H200s: a DiT step runs at the card's 700 W limit, its clock drifts
+# each run's model-call median, energy per call, mean power, SM clock, s/image, VAE decode time and any cudaMalloc
+# calls inside the timed run printed, then each setting's median of its runs. Interleaving matters on the lent H200s: a DiT step runs at the card's 700 W limit, its clock drifts
 # with temperature within a call, and the cards differ by ~6% in clock and energy per step (docs/performance.md,
 # session 18), so only settings compared in one call on one card, turn by turn, tell a change from the card.
 #
@@ -45,8 +45,11 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 u = r.get("unet_ms", {})
 f = lambda k, fmt: (fmt % r[k]) if r.get(k) is not None else "n/a"
+st, c = r.get("stages_s", {}), r.get("timed_run_counters", {})
+mallocs = f"  {c['cuda_mallocs']:.0f} cudaMalloc ({1e3 * c.get('cuda_malloc_seconds', 0):.1f} ms)" if c.get("cuda_mallocs") else ""
 print(f"{sys.argv[2]:40s} median {u.get('median', 0):9.3f} ms  {f('energy_per_call_j', '%.2f')} J/call  "
-      f"{f('mean_power_w', '%.0f')} W  {f('mean_sm_clock_mhz', '%.0f')} MHz")
+      f"{f('mean_power_w', '%.0f')} W  {f('mean_sm_clock_mhz', '%.0f')} MHz  {f('s_per_image', '%.4f')} s/image  "
+      f"VAE {1e3 * (st.get('vae_decode') or 0):.1f} ms{mallocs}")
 PY
 }
 
