@@ -35,8 +35,8 @@ Tensor seeded(uint64_t seed, const Shape& shape, Device dev) {
   return randn_tensor(*gen, shape).to(dev);
 }
 
-// Tracks the device's reserved bytes at every step and stage.
-// The timed run's peak reserved memory, and the backend's counters from its start (BenchReport::timed_counters).
+// Tracks the device's reserved bytes at every step and stage (the timed run's peak), and the backend's counters
+// from the timed run's start (BenchReport::timed_counters).
 struct MemorySampler {
   Backend& backend;
   size_t peak = 0;

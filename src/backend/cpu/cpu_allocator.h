@@ -25,7 +25,8 @@ class CpuAllocator {
   std::shared_ptr<Buffer> allocate(size_t bytes);
   size_t bytes_reserved() const;
   size_t bytes_in_use() const;
-  // Blocks taken from the system allocator so far (the cache missed): a warmed-up loop adds none.
+  // Blocks taken from the system allocator so far (the cache had none of the size): the bench reports how many
+  // its timed run added.
   int64_t system_allocations() const;
   void release_cached();
 
