@@ -4,9 +4,7 @@
 // forms: the packed bf16x2 / f16x2 instructions do not raise the rate, they only halve the instruction count.
 #include "cuda_unit_probes.h"
 
-#include <algorithm>
 #include <cstdint>
-#include <vector>
 
 namespace atelier::bench {
 namespace {
@@ -49,51 +47,31 @@ __global__ void exp2_chains_kernel(uint32_t* sink, uint32_t seed) {
 }
 
 template <Exp2Form F>
-UnitRate time_form(int iters, cudaStream_t stream) {
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  uint32_t* sink = nullptr;
-  if (cudaMalloc(&sink, sizeof(uint32_t)) != cudaSuccess) return {};
-  const dim3 grid(unsigned(sms * kBlocksPerSm)), block(kThreads);
+void launch(int sms, uint32_t* sink, cudaStream_t stream) {
   // Inputs near -0.5 (f32 bits / packed halves): every step's 2^x - 1 stays in (-1, 0).
   const uint32_t seed = F == Exp2Form::kF32 ? 0xBF000000u : F == Exp2Form::kBf16x2 ? 0xBF00BF00u : 0xB800B800u;
-  exp2_chains_kernel<F><<<grid, block, 0, stream>>>(sink, seed);
-  std::vector<float> ms;
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < iters && cudaGetLastError() == cudaSuccess; ++i) {
-    cudaEventRecord(a, stream);
-    exp2_chains_kernel<F><<<grid, block, 0, stream>>>(sink, seed);
-    cudaEventRecord(b, stream);
-    cudaEventSynchronize(b);
-    float t = 0.0f;
-    cudaEventElapsedTime(&t, a, b);
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaFree(sink);
-  if (ms.empty() || cudaGetLastError() != cudaSuccess) return {};
-  std::sort(ms.begin(), ms.end());
-  const double median = ms[ms.size() / 2];
-  const double per_launch = double(grid.x) * kThreads * kIters * kChains * (F == Exp2Form::kF32 ? 1 : 2);
-  return {median, per_launch / (median * 1e-3)};
+  exp2_chains_kernel<F><<<unsigned(sms * kBlocksPerSm), kThreads, 0, stream>>>(sink, seed);
 }
 
 }  // namespace
 
-UnitRate exp2_rate(Exp2Form form, int iters, cudaStream_t stream) {
+bool exp2_form_runs(Exp2Form form) {
   int dev = 0, major = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return form == Exp2Form::kF32 || major >= 9;
+}
+
+void launch_exp2_chains(Exp2Form form, int sms, uint32_t* sink, cudaStream_t stream) {
   switch (form) {
-    case Exp2Form::kF32: return time_form<Exp2Form::kF32>(iters, stream);
-    case Exp2Form::kBf16x2: return major >= 9 ? time_form<Exp2Form::kBf16x2>(iters, stream) : UnitRate{};
-    case Exp2Form::kF16x2: return major >= 9 ? time_form<Exp2Form::kF16x2>(iters, stream) : UnitRate{};
+    case Exp2Form::kF32: return launch<Exp2Form::kF32>(sms, sink, stream);
+    case Exp2Form::kBf16x2: return launch<Exp2Form::kBf16x2>(sms, sink, stream);
+    case Exp2Form::kF16x2: return launch<Exp2Form::kF16x2>(sms, sink, stream);
   }
-  return {};
+}
+
+double exp2_per_launch(Exp2Form form, int sms) {
+  return double(sms) * kBlocksPerSm * kThreads * kIters * kChains * (form == Exp2Form::kF32 ? 1 : 2);
 }
 
 }  // namespace atelier::bench
