@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A/B comparison: one `atelier bench` run under two or more environment settings, interleaved for ROUNDS rounds,
 # each run's model-call median, energy per call, mean power, SM clock, s/image, VAE decode time and any cudaMalloc
-# calls inside the timed run printed, then each setting's median of its runs. Interleaving matters on the lent H200s: a DiT step runs at the card's 700 W limit, its clock drifts
-# with temperature within a call, and the cards differ by ~6% in clock and energy per step (docs/performance.md,
-# session 18), so only settings compared in one call on one card, turn by turn, tell a change from the card.
+# calls inside the timed run printed, then each setting's median of its runs. Interleaving matters on the lent
+# H200s: a DiT step runs at the card's 700 W limit, its clock drifts with temperature within a call, and the cards
+# differ by ~6% in clock and energy per step (docs/performance.md, session 18), so only settings compared in one
+# call on one card, turn by turn, tell a change from the card.
 #
 #   bash .gpupack/gpu_ab.sh [-n ROUNDS] SETTING... -- BENCH_ARGS...
 #     SETTING     NAME=VALUE[,NAME=VALUE...] environment for that variant, or - for none
