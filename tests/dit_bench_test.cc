@@ -97,6 +97,8 @@ void expect_report(const BenchReport& r) {
   EXPECT_EQ(j["model_call"], "transformer");
   EXPECT_EQ(j["unet_ms"]["calls"], kSteps);
   EXPECT_NE(r.to_text().find("transformer call"), std::string::npos);
+  // The backend's counters over the timed run (the CPU backend's: host allocations, reserved bytes).
+  EXPECT_TRUE(j["timed_run_counters"].contains("host_allocations")) << j["timed_run_counters"].dump();
 }
 
 TEST(DitBench, FluxTinyOnCpu) {

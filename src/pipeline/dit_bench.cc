@@ -6,6 +6,7 @@
 
 #include "backend/nvml.h"
 #include "backend/ops.h"
+#include "pipeline/bench_sampler.h"
 #include "core/rng.h"
 #include "pipeline/flux_pipeline.h"
 #include "pipeline/stage_names.h"
@@ -34,26 +35,6 @@ Tensor seeded(uint64_t seed, const Shape& shape, Device dev) {
   auto gen = make_generator(RngKind::kCpu, seed);
   return randn_tensor(*gen, shape).to(dev);
 }
-
-// Tracks the device's reserved bytes at every step and stage (the timed run's peak), and the backend's counters
-// from the timed run's start (BenchReport::timed_counters).
-struct MemorySampler {
-  Backend& backend;
-  size_t peak = 0;
-  std::vector<std::pair<std::string, double>> counters_at_start = backend.counters();
-  void sample() { peak = std::max(peak, backend.bytes_reserved()); }
-  // The peak and the counters' changes into `r` (after the run's device work is complete).
-  void finish(BenchReport& r) const {
-    r.peak_bytes_reserved = peak;
-    r.timed_counters = counter_changes(counters_at_start, backend.counters());
-  }
-  ProgressCallback progress() {
-    return [this](const StepProgress&) {
-      sample();
-      return true;
-    };
-  }
-};
 
 struct DitRun {
   BenchReport& report;
@@ -112,7 +93,7 @@ Status run_flux(DitRun& run, trace::Recorder& rec) {
     (void)pipe.decode(x, run.h, run.w);
   }
   rec.clear();  // the figures are the timed run's alone
-  MemorySampler mem{backend_for(run.dev)};
+  TimedRunSampler mem{backend_for(run.dev)};
   const auto nvml = start_nvml_sampler(run.dev);
   trace::Scope range(kBenchRunRange, Category::kStage);
   ATELIER_ASSIGN_OR_RETURN(auto sched, pipe.make_scheduler(o.steps, run.h, run.w));
@@ -177,7 +158,7 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
     backend_for(run.dev).synchronize();
   }
   rec.clear();
-  MemorySampler mem{backend_for(run.dev)};
+  TimedRunSampler mem{backend_for(run.dev)};
   const auto nvml = start_nvml_sampler(run.dev);
   trace::Scope range(kBenchRunRange, Category::kStage);
   const Tensor noise = seeded(o.seed, latent, Device::cpu());

@@ -10,6 +10,7 @@
 #include "backend/ops.h"
 #include "core/rng.h"
 #include "core/trace.h"
+#include "pipeline/bench_sampler.h"
 #include "pipeline/builtin_models.h"
 #include "pipeline/request.h"
 #include "pipeline/sd_pipeline.h"
@@ -187,26 +188,21 @@ void summarize_bench(const std::vector<trace::Event>& ev, int64_t origin_ns, con
 
 namespace {
 
-// The timed generation: conditioning, initial latents, denoise loop, VAE decode; events into `rec`.
+// The timed generation: conditioning, initial latents, denoise loop, VAE decode; events into `rec`, memory and
+// counters into `mem`.
 Status timed_run(const SdPipeline& pipe, const Loaded& l, const BenchOptions& o, Device dev, const Shape& latent1,
-                 BenchReport& r) {
-  Backend& be = backend_for(dev);
-  auto sample_memory = [&] { r.peak_bytes_reserved = std::max(r.peak_bytes_reserved, be.bytes_reserved()); };
+                 TimedRunSampler& mem) {
   trace::Scope run(kRunRange, Category::kStage);
   ATELIER_ASSIGN_OR_RETURN(auto ctx, conditioning(pipe, l, o, dev));
-  sample_memory();
+  mem.sample();
   Tensor x;
   ATELIER_ASSIGN_OR_RETURN(Samplers s, make_samplers(*l.model, o, latent1, dev, &x));
   {
     trace::Scope denoise(stage::kDenoise, Category::kStage);
-    auto progress = [&](const StepProgress&) {
-      sample_memory();
-      return true;
-    };
-    ATELIER_ASSIGN_OR_RETURN(x, pipe.denoise(s.ptrs, x, ctx.first, ctx.second, o.cfg_scale, 0, progress, nullptr));
+    ATELIER_ASSIGN_OR_RETURN(x, pipe.denoise(s.ptrs, x, ctx.first, ctx.second, o.cfg_scale, 0, mem.progress(), nullptr));
   }
   const Tensor images = pipe.decode(x);
-  sample_memory();
+  mem.sample();
   return Status::ok();
 }
 
@@ -312,10 +308,10 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
     }
     rec.clear();  // the figures are the timed run's alone
     const auto nvml = start_nvml_sampler(dev);
-    const auto counters_before = backend_for(dev).counters();
-    ATELIER_RETURN_IF_ERROR(timed_run(pipe, l, o, dev, latent1, r));
+    TimedRunSampler mem{backend_for(dev)};
+    ATELIER_RETURN_IF_ERROR(timed_run(pipe, l, o, dev, latent1, mem));
     backend_for(dev).synchronize();
-    r.timed_counters = counter_changes(counters_before, backend_for(dev).counters());
+    mem.finish(r);
     finish_nvml_sampler(nvml.get(), r);
     rec.resolve_device_times();
     summarize_bench(rec.events(), rec.origin_ns(), stage::kUnet, m.text_encoder.has_value(), r);
