@@ -35,84 +35,6 @@ Counters& counters() {
   return c;
 }
 
-// Builds the graph's nodes; every descriptor is kept alive here until the operation graph is finalized
-// (and with the plan after that: cuDNN may refer to them).
-class GraphBuilder {
- public:
-  GraphBuilder(Builder& b) : b_(b) {}
-
-  Descriptor& keep(Descriptor d) {
-    kept_.push_back(std::make_unique<Descriptor>(std::move(d)));
-    return *kept_.back();
-  }
-  // A [d0, d1, d2, d3] tensor with the given strides (packed when null).
-  const Descriptor& tensor4(int64_t uid, cudnnDataType_t dt, std::array<int64_t, 4> dims, const int64_t* strides,
-                            TensorKind kind) {
-    int64_t packed[4] = {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
-    return keep(tensor(b_, uid, dt, 4, dims.data(), strides ? strides : packed, kind));
-  }
-  const Descriptor& virtual4(cudnnDataType_t dt, std::array<int64_t, 4> dims) {
-    return tensor4(next_uid_++, dt, dims, nullptr, TensorKind::kVirtual);
-  }
-  const Descriptor& scalar(int64_t uid, TensorKind kind = TensorKind::kMemory) {
-    return tensor4(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, nullptr, kind);
-  }
-
-  void matmul(const Descriptor& a, const Descriptor& bm, const Descriptor& c) {
-    Descriptor& desc = keep(b_.create(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul"));
-    const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
-    b_.set(desc, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "matmul compute type");
-    b_.finalize(desc, "matmul finalize");
-    Descriptor& op = keep(b_.create(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul op"));
-    b_.set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul a");
-    b_.set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, bm, "matmul b");
-    b_.set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul c");
-    b_.set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, desc, "matmul desc");
-    b_.finalize(op, "matmul op finalize");
-    ops_.push_back(op.get());
-  }
-  // y = mode(x[, b]); b null for unary modes.
-  void pointwise(cudnnPointwiseMode_t mode, const Descriptor& x, const Descriptor* bt, const Descriptor& y) {
-    Descriptor& desc = keep(b_.create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise"));
-    const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
-    b_.set(desc, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pointwise mode");
-    b_.set(desc, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pointwise precision");
-    b_.finalize(desc, "pointwise finalize");
-    Descriptor& op = keep(b_.create(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise op"));
-    b_.set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, desc, "pointwise desc");
-    b_.set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x");
-    if (bt) b_.set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *bt, "pointwise b");
-    b_.set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y");
-    const float one = 1.0f;
-    b_.set(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one, "pointwise alpha1");
-    b_.set(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one, "pointwise alpha2");
-    b_.finalize(op, "pointwise op finalize");
-    ops_.push_back(op.get());
-  }
-  // y = reduce(x) over the dims where y has size 1.
-  void reduction(cudnnReduceTensorOp_t mode, const Descriptor& x, const Descriptor& y) {
-    Descriptor& desc = keep(b_.create(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction"));
-    const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
-    b_.set(desc, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "reduction compute type");
-    b_.set(desc, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction operator");
-    b_.finalize(desc, "reduction finalize");
-    Descriptor& op = keep(b_.create(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction op"));
-    b_.set_descriptor(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x");
-    b_.set_descriptor(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y");
-    b_.set_descriptor(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, desc, "reduction desc");
-    b_.finalize(op, "reduction op finalize");
-    ops_.push_back(op.get());
-  }
-  const std::vector<cudnnBackendDescriptor_t>& ops() const { return ops_; }
-  std::vector<std::unique_ptr<Descriptor>> release() { return std::move(kept_); }
-
- private:
-  Builder& b_;
-  int64_t next_uid_ = kUidVirtual;
-  std::vector<std::unique_ptr<Descriptor>> kept_;
-  std::vector<cudnnBackendDescriptor_t> ops_;
-};
-
 // How the softmax's log-sum-exp statistics appear in the graph. cuDNN's frontend emits them as a virtual
 // tensor for inference (the first form); the training form (statistics written to memory, as Transformer
 // Engine builds it) is the pattern most used, and the form without them the simplest. They are tried in this
@@ -134,7 +56,7 @@ struct OpGraph {
 // statistics (when in memory) [B, H, Sq, 1] f32 contiguous.
 OpGraph build_graph(Builder& b, cudnnHandle_t handle, const Tensor& o8, const Tensor& q8, const Tensor& k8, const Tensor& v8,
                     StatsForm stats_form) {
-  GraphBuilder g(b);
+  GraphBuilder g(b, kUidVirtual);
   const int64_t bs = q8.size(0), h = q8.size(1), sq = q8.size(2), d = q8.size(3), sk = k8.size(2);
   constexpr cudnnDataType_t kF8 = CUDNN_DATA_FP8_E4M3, kF32 = CUDNN_DATA_FLOAT;
   const std::array<int64_t, 4> qs = sdpa_strides(q8), ks = sdpa_strides(k8), vs = sdpa_strides(v8), os = sdpa_strides(o8);

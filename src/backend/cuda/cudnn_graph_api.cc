@@ -118,6 +118,75 @@ Descriptor operation_graph(Builder& b, cudnnHandle_t handle, const std::vector<c
   return g;
 }
 
+// --- GraphBuilder --------------------------------------------------------------------------------------------------
+
+Descriptor& GraphBuilder::keep(Descriptor d) {
+  kept_.push_back(std::make_unique<Descriptor>(std::move(d)));
+  return *kept_.back();
+}
+
+void GraphBuilder::add_op(Descriptor op) { ops_.push_back(keep(std::move(op)).get()); }
+
+const Descriptor& GraphBuilder::tensor4(int64_t uid, cudnnDataType_t dt, std::array<int64_t, 4> dims, const int64_t* strides,
+                                        TensorKind kind) {
+  int64_t packed[4] = {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
+  return keep(tensor(b_, uid, dt, 4, dims.data(), strides ? strides : packed, kind));
+}
+
+const Descriptor& GraphBuilder::virtual4(cudnnDataType_t dt, std::array<int64_t, 4> dims, const int64_t* strides) {
+  return tensor4(next_uid_++, dt, dims, strides, TensorKind::kVirtual);
+}
+
+const Descriptor& GraphBuilder::scalar(int64_t uid, TensorKind kind) {
+  return tensor4(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, nullptr, kind);
+}
+
+void GraphBuilder::matmul(const Descriptor& a, const Descriptor& bm, const Descriptor& c) {
+  Descriptor& desc = keep(b_.create(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul"));
+  const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+  b_.set(desc, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "matmul compute type");
+  b_.finalize(desc, "matmul finalize");
+  Descriptor op = b_.create(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul op");
+  b_.set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a, "matmul a");
+  b_.set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, bm, "matmul b");
+  b_.set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c, "matmul c");
+  b_.set_descriptor(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, desc, "matmul desc");
+  b_.finalize(op, "matmul op finalize");
+  add_op(std::move(op));
+}
+
+void GraphBuilder::pointwise(cudnnPointwiseMode_t mode, const Descriptor& x, const Descriptor* bt, const Descriptor& y) {
+  Descriptor& desc = keep(b_.create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise"));
+  const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+  b_.set(desc, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pointwise mode");
+  b_.set(desc, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pointwise precision");
+  b_.finalize(desc, "pointwise finalize");
+  Descriptor op = b_.create(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise op");
+  b_.set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, desc, "pointwise desc");
+  b_.set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x");
+  if (bt) b_.set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *bt, "pointwise b");
+  b_.set_descriptor(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y");
+  const float one = 1.0f;
+  b_.set(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one, "pointwise alpha1");
+  b_.set(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one, "pointwise alpha2");
+  b_.finalize(op, "pointwise op finalize");
+  add_op(std::move(op));
+}
+
+void GraphBuilder::reduction(cudnnReduceTensorOp_t mode, const Descriptor& x, const Descriptor& y) {
+  Descriptor& desc = keep(b_.create(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction"));
+  const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+  b_.set(desc, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "reduction compute type");
+  b_.set(desc, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction operator");
+  b_.finalize(desc, "reduction finalize");
+  Descriptor op = b_.create(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction op");
+  b_.set_descriptor(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x, "reduction x");
+  b_.set_descriptor(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y, "reduction y");
+  b_.set_descriptor(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, desc, "reduction desc");
+  b_.finalize(op, "reduction op finalize");
+  add_op(std::move(op));
+}
+
 // --- engines and plans ---------------------------------------------------------------------------------------------
 
 EngineInfo engine_info(const CudnnGraphApi& a, const Descriptor& cfg) {

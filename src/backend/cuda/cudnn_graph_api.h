@@ -9,7 +9,9 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_event_timing.h"
 
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <functional>
 #include <string>
 #include <utility>
@@ -92,6 +94,37 @@ Descriptor tensor(Builder& b, int64_t uid, cudnnDataType_t dt, int rank, const i
                   TensorKind kind = TensorKind::kMemory);
 // A finalized operation graph of the given operations.
 Descriptor operation_graph(Builder& b, cudnnHandle_t handle, const std::vector<cudnnBackendDescriptor_t>& ops);
+
+// Builds a graph's nodes; every descriptor is kept alive here until the operation graph is finalized (and
+// with the plan after that: cuDNN may refer to them). Virtual tensors take uids counting up from
+// `first_virtual_uid`.
+class GraphBuilder {
+ public:
+  GraphBuilder(Builder& b, int64_t first_virtual_uid) : b_(b), next_uid_(first_virtual_uid) {}
+
+  Descriptor& keep(Descriptor d);
+  // Keeps an operation the caller built and adds it to the graph's list.
+  void add_op(Descriptor op);
+  // A [d0, d1, d2, d3] tensor with the given strides (packed when null).
+  const Descriptor& tensor4(int64_t uid, cudnnDataType_t dt, std::array<int64_t, 4> dims, const int64_t* strides,
+                            TensorKind kind);
+  // A virtual tensor (packed when strides is null).
+  const Descriptor& virtual4(cudnnDataType_t dt, std::array<int64_t, 4> dims, const int64_t* strides = nullptr);
+  const Descriptor& scalar(int64_t uid, TensorKind kind = TensorKind::kMemory);
+  void matmul(const Descriptor& a, const Descriptor& bm, const Descriptor& c);
+  // y = mode(x[, b]); b null for unary modes. Computed in f32.
+  void pointwise(cudnnPointwiseMode_t mode, const Descriptor& x, const Descriptor* bt, const Descriptor& y);
+  // y = reduce(x) over the dims where y has size 1.
+  void reduction(cudnnReduceTensorOp_t mode, const Descriptor& x, const Descriptor& y);
+  const std::vector<cudnnBackendDescriptor_t>& ops() const { return ops_; }
+  std::vector<std::unique_ptr<Descriptor>> release() { return std::move(kept_); }
+
+ private:
+  Builder& b_;
+  int64_t next_uid_;
+  std::vector<std::unique_ptr<Descriptor>> kept_;
+  std::vector<cudnnBackendDescriptor_t> ops_;
+};
 
 // What the engine behind a configuration is, and whether its numerics are acceptable here: reductions in
 // 16 bits, FFT and Winograd (transforms lose accuracy in 16-bit data) and nondeterministic engines are
