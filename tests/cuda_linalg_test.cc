@@ -330,12 +330,23 @@ TEST(CudaOps, ChannelsLastGroupNormMatchesCpu) {
   }
 }
 
+// Restores the convolutions' fused-epilogue mode when a test ends.
+struct FusedEpilogueGuard {
+  cuda::ConvFusedEpilogue was = cuda::conv_fused_epilogue();
+  ~FusedEpilogueGuard() { cuda::set_conv_fused_epilogue(was); }
+};
+
 // Convolutions reading and writing channels-last with the addend in their output pass: a per-sample bias (the
 // resnets' time embedding) and a residual, channels-last or not, with and without a bias, at channel counts with
-// and without whole 16-byte vectors, and with fewer than 8 channels in or out.
+// and without whole 16-byte vectors, and with fewer than 8 channels in or out. Each 16-bit case twice: with the
+// bias and addend inside cuDNN's plan wherever it offers one that passes the result check
+// (ConvFusedEpilogue::kForce) and as the separate pass. Where the graph API is in use, a bias alone at SD's
+// channel counts must be fused (precompiled engines take it): otherwise the fusion silently never runs.
 TEST(CudaOps, ChannelsLastConvWithAddendMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
+  FusedEpilogueGuard restore_fusion;
+  const bool graph_api = graph_api_in_use();
   struct Case { Shape x; int64_t o; int k; };
   // The last three have fewer than 8 channels in or out (the UNet's conv_in and conv_out, the VAE's conv_out:
   // no whole 16-byte channel vectors, cuDNN's generic engines).
@@ -350,12 +361,33 @@ TEST(CudaOps, ChannelsLastConvWithAddendMatchesCpu) {
     const auto per_sample = [p](const std::vector<Tensor>& in) { return ops::conv2d(channels_last(in[0]), in[1], in[2], p, in[3]); };
     const auto residual_cl = [p](const std::vector<Tensor>& in) { return ops::conv2d(channels_last(in[0]), in[1], in[2], p, channels_last(in[3])); };
     const auto residual_nchw_no_bias = [p](const std::vector<Tensor>& in) { return ops::conv2d(in[0], in[1], Tensor(), p, in[2]); };
+    const auto bias_only = [p](const std::vector<Tensor>& in) { return ops::conv2d(channels_last(in[0]), in[1], in[2], p); };
     const std::string what = "conv2d " + shape_str(c.x) + " -> " + std::to_string(c.o);
-    for (DType dt : kLowp) {
-      EXPECT_PARITY(what + " + per-sample addend", per_sample, std::vector<Tensor>({x, w, b, temb}), dt);
-      EXPECT_PARITY(what + " + channels-last residual", residual_cl, std::vector<Tensor>({x, w, b, res}), dt);
-      EXPECT_PARITY(what + " + NCHW residual, no bias", residual_nchw_no_bias, std::vector<Tensor>({x, w, res}), dt);
+    const bool sd_channels = c.x[1] % 8 == 0 && c.o % 8 == 0;
+    for (cuda::ConvFusedEpilogue mode : {cuda::ConvFusedEpilogue::kForce, cuda::ConvFusedEpilogue::kOff}) {
+      cuda::set_conv_fused_epilogue(mode);
+      const bool force = mode == cuda::ConvFusedEpilogue::kForce;
+      const std::string how = force ? " (fused where offered)" : " (separate pass)";
+      for (DType dt : kLowp) {
+        const std::string tag = what + " [" + std::string(dtype_name(dt)) + "]";
+        int64_t before = cuda::conv_graph_stats().fused_runs;
+        EXPECT_PARITY(what + " + bias" + how, bias_only, std::vector<Tensor>({x, w, b}), dt);
+        const int64_t bias_fused = cuda::conv_graph_stats().fused_runs - before;
+        before = cuda::conv_graph_stats().fused_runs;
+        EXPECT_PARITY(what + " + per-sample addend" + how, per_sample, std::vector<Tensor>({x, w, b, temb}), dt);
+        EXPECT_PARITY(what + " + channels-last residual" + how, residual_cl, std::vector<Tensor>({x, w, b, res}), dt);
+        EXPECT_PARITY(what + " + NCHW residual, no bias" + how, residual_nchw_no_bias, std::vector<Tensor>({x, w, res}), dt);
+        const int64_t addend_fused = cuda::conv_graph_stats().fused_runs - before;
+        if (!force) {
+          EXPECT_EQ(bias_fused + addend_fused, 0) << tag << ": fused while switched off";
+          continue;
+        }
+        if (graph_api && sd_channels) EXPECT_EQ(bias_fused, 1) << tag << ": no fused plan for the bias";
+        std::printf("[ conv     ] %s: bias %s, %lld of 3 with an addend fused\n", tag.c_str(), bias_fused ? "fused" : "separate",
+                    (long long)addend_fused);
+      }
     }
+    cuda::set_conv_fused_epilogue(cuda::ConvFusedEpilogue::kAuto);
     EXPECT_PARITY(what + " f32 + per-sample addend", per_sample, std::vector<Tensor>({x, w, b, temb}), DType::F32);
     test::cuda_be().set_conv_impl(cuda::ConvImpl::kIm2col);  // channels-last operands through the NCHW path's copies
     EXPECT_PARITY(what + " im2col + channels-last residual", residual_cl, std::vector<Tensor>({x, w, b, res}), DType::BF16);

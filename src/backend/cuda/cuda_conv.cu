@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -264,6 +265,64 @@ void launch_nhwc_epilogue(Tensor& out, const Tensor& bias, const Tensor& addend,
   ATELIER_CUDA_LAUNCHED();
 }
 
+// sums[0] += sum (a - b)^2, sums[1] += sum b^2 over n elements (the fused-epilogue check below).
+template <typename T>
+__global__ void squared_difference_kernel(const T* a, const T* b, int64_t n, double* sums) {
+  double diff = 0.0, ref = 0.0;
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const double av = to_f32(a[i]), bv = to_f32(b[i]);
+    diff += (av - bv) * (av - bv);
+    ref += bv * bv;
+  }
+  atomicAdd(&sums[0], diff);
+  atomicAdd(&sums[1], ref);
+}
+
+// A fused convolution epilogue's result against the separate pass's: relative L2 within this. The two differ by
+// rounding only (the fused plan rounds conv + bias + addend once, the separate pass the convolution first, about
+// 2^-9 relative in bf16); an operand read wrongly gives ~0.5.
+constexpr double kFusedEpilogueTolerance = 0.02;
+
+// Whether `got` (out's shape and dtype, contiguous bytes as out's buffer) equals out within
+// kFusedEpilogueTolerance. Synchronises the stream (called at planning only).
+bool same_to_rounding(const void* got, const Tensor& out, DeviceAllocator& alloc, cudaStream_t s) {
+  const std::shared_ptr<Buffer> sums = alloc.allocate(2 * sizeof(double));
+  double host[2] = {0.0, 0.0};
+  ATELIER_CUDA_OK(cudaMemsetAsync(sums->data(), 0, sizeof host, s));
+  const int64_t n = out.numel();
+  dispatch_float(out.dtype(), "conv2d", [&](auto tag) {
+    using T = decltype(tag);
+    squared_difference_kernel<T><<<std::min<unsigned>(grid_for(n), 1024), kThreads, 0, s>>>(
+        static_cast<const T*>(got), static_cast<const T*>(out.raw()), n, static_cast<double*>(sums->data()));
+  });
+  ATELIER_CUDA_LAUNCHED();
+  ATELIER_CUDA_OK(cudaMemcpyAsync(host, sums->data(), sizeof host, cudaMemcpyDeviceToHost, s));
+  ATELIER_CUDA_OK(cudaStreamSynchronize(s));
+  return std::isfinite(host[0]) && host[0] <= kFusedEpilogueTolerance * kFusedEpilogueTolerance * host[1];
+}
+
+// Whether out (channels-last) = conv + bias + addend can be one cuDNN plan, and its description in *e: a bias of
+// a float dtype, an addend laid out as out (a residual) that does not overlap out. Other addends (the
+// per-sample time embedding: see ConvEpilogue; NCHW views) keep the separate pass, which reads any strides.
+bool fusable_epilogue(const Tensor& out, const Tensor& bias, const Tensor& addend, ConvEpilogue* e) {
+  if (bias.defined()) {
+    if (bias.dtype() != DType::F32 && bias.dtype() != DType::BF16 && bias.dtype() != DType::F16) return false;
+    if (!bias.is_contiguous() || bias.numel() != out.size(1)) return false;
+    e->bias = bias.raw();
+    e->bias_dtype = bias.dtype();
+  }
+  if (addend.defined()) {
+    if (addend.dtype() != out.dtype() || addend.shape() != out.shape()) return false;
+    if (addend.strides() != out.strides()) return false;
+    const auto* a = static_cast<const char*>(addend.raw());
+    const auto* y = static_cast<const char*>(out.raw());
+    const size_t y_bytes = size_t(out.numel()) * dtype_size(out.dtype());
+    if (a < y + y_bytes && y < a + y_bytes) return false;  // cuDNN reads it while storing out
+    e->addend = addend.raw();
+  }
+  return true;
+}
+
 }  // namespace
 
 // --- ConvEngine ------------------------------------------------------------------------------------------------
@@ -401,6 +460,14 @@ bool ConvEngine::forward(void* y, const void* x, const void* w, DType dtype, con
   return true;
 }
 
+bool ConvEngine::forward_fused(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p,
+                               DeviceAllocator& alloc, const ConvEpilogue& epilogue) {
+  if (!api_ || !graph_) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceGuard guard(device_);
+  return graph_->forward(y, x, w, dtype, s, p, alloc, &epilogue);
+}
+
 // --- the backend op ---------------------------------------------------------------------------------------------
 
 bool CudaBackend::prefers_channels_last(DType dtype) const {
@@ -478,6 +545,14 @@ bool CudaBackend::conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, con
   }
   const Tensor wn = nhwc_weight(w, w_persistent);
   Tensor yn = out_nhwc ? out : Tensor::empty({n, ho, wo, o}, dt, device());
+  if (out_nhwc && (bias.defined() || addend.defined())) {
+    ConvEpilogue e;
+    if (fusable_epilogue(out, bias, addend, &e)) {
+      e.separate = [&] { launch_nhwc_epilogue(out, bias, addend, stream_); };
+      e.agrees = [&](const void* fused_y) { return same_to_rounding(fused_y, out, alloc_, stream_); };
+      if (conv_->forward_fused(out.raw(), xn.raw(), wn.raw(), dt, s, p, alloc_, e)) return true;
+    }
+  }
   if (!conv_->forward(yn.raw(), xn.raw(), wn.raw(), dt, s, p, !allow_tf32_, alloc_, /*nhwc=*/true)) return false;
   if (out_nhwc) {
     launch_nhwc_epilogue(out, bias, addend, stream_);

@@ -24,6 +24,7 @@ namespace atelier::cuda {
 
 struct CudnnApi;
 class ConvGraph;
+struct ConvEpilogue;
 
 // Shapes of one convolution: x [n, c, h, w], w [o, c/groups, kh, kw], y [n, o, ho, wo].
 struct ConvShape {
@@ -49,6 +50,11 @@ class ConvEngine {
   // ungrouped cases then try the graph API first (unless conv_graph_enabled() is off).
   bool forward(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p, bool strict_f32,
                DeviceAllocator& alloc, bool nhwc = false);
+  // Enqueues channels-last y = conv(x, w) + the epilogue's bias and addend in one cuDNN plan (graph API only).
+  // Returns false, enqueuing nothing, when that path keeps no fused plan for the case: the caller then runs
+  // forward() and the epilogue as its own pass.
+  bool forward_fused(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p,
+                     DeviceAllocator& alloc, const ConvEpilogue& epilogue);
 
  private:
   struct Plan;

@@ -27,19 +27,32 @@ constexpr std::chrono::milliseconds kPlanningBudget{3000};
 // always among A's first few, while FALLBACK's list added engines that took up to 2.5 s per timed run at the
 // FLUX VAE's 512x512x512 convolutions (so planning, not running, ended that benchmark).
 constexpr size_t kMaxTimedCandidates = 8;
+// A fused epilogue's candidates: each finalized and timed plan costs host time at a shape's first call. SD 1.5's
+// first UNet call on the H200 (session 22) plans ~30 fused shapes; with 4 candidates it took 0.6 s longer than
+// without fusion (8 candidates: 3.2 s, cold library caches included), and the best plan was the heuristics'
+// first or second at every shape but the 4-channel conv_in.
+constexpr size_t kMaxFusedCandidates = 4;
 // A candidate whose first timed run is this many times slower than the best so far is not run again.
 constexpr float kSlowCandidateFactor = 3.0f;
 constexpr float kConfirmFactor = 1.15f;  // plans this close to the fastest are timed again, in turns
 constexpr int kConfirmRounds = 2;
-constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;       // tensor uids in the graph and the variant pack
+// Tensor uids in the graph and the variant pack; the epilogue's intermediates count up from kUidVirtual.
+constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3, kUidBias = 4, kUidAddend = 5, kUidVirtual = 100;
 
 std::atomic<bool>& enabled_flag() {
   static std::atomic<bool> on{!env_is("ATELIER_CUDNN_GRAPH", "0")};
   return on;
 }
 
+std::atomic<ConvFusedEpilogue>& fused_epilogue_mode() {
+  static std::atomic<ConvFusedEpilogue> mode{env_is("ATELIER_CONV_FUSED_EPILOGUE", "0")       ? ConvFusedEpilogue::kOff
+                                             : env_is("ATELIER_CONV_FUSED_EPILOGUE", "force") ? ConvFusedEpilogue::kForce
+                                                                                               : ConvFusedEpilogue::kAuto};
+  return mode;
+}
+
 struct Counters {
-  std::atomic<int64_t> plans{0}, declined{0}, autotuned{0}, runs{0};
+  std::atomic<int64_t> plans{0}, declined{0}, autotuned{0}, runs{0}, fused_plans{0}, fused_declined{0}, fused_runs{0};
 };
 Counters& counters() {
   static Counters c;
@@ -49,78 +62,125 @@ Counters& counters() {
 
 cudnnDataType_t data_type(DType t) { return t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
 
-// A channels-last buffer [n, h, w, c] described as the graph API wants it: dims in NCHW order with the
-// strides of the NHWC layout.
-Descriptor nhwc_tensor(Builder& b, int64_t uid, cudnnDataType_t dt, int64_t n, int64_t c, int64_t h, int64_t w) {
-  const int64_t dims[4] = {n, c, h, w};
-  const int64_t strides[4] = {h * w * c, 1, w * c, c};
-  return tensor(b, uid, dt, 4, dims, strides);
-}
+// The dims of a channels-last buffer [n, h, w, c] in the NCHW order the graph API wants, and its strides.
+std::array<int64_t, 4> nhwc_strides(int64_t c, int64_t h, int64_t w) { return {h * w * c, 1, w * c, c}; }
 
-// The operation graph of one convolution: x [n, h, w, c] * w [o, kh, kw, c] -> y [n, ho, wo, o], f32 compute.
-struct OpGraph {
-  Descriptor x, w, y, conv, op, graph;
+// The pointers of one execution: the epilogue's two are null when the plan has no epilogue.
+struct Operands {
+  void* y;
+  const void* x;
+  const void* w;
+  const void* bias = nullptr;
+  const void* addend = nullptr;
 };
 
-OpGraph build_graph(Builder& b, cudnnHandle_t handle, DType dtype, const ConvShape& s, const Conv2dParams& p) {
-  OpGraph g;
-  const cudnnDataType_t dt = data_type(dtype);
-  g.x = nhwc_tensor(b, kUidX, dt, s.n, s.c, s.h, s.w);
-  g.w = nhwc_tensor(b, kUidW, dt, s.o, s.c, s.kh, s.kw);
-  g.y = nhwc_tensor(b, kUidY, dt, s.n, s.o, s.ho, s.wo);
+bool has_epilogue(const ConvEpilogue* e) { return e && (e->bias || e->addend); }
 
-  g.conv = b.create(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, "convolution");
+// The graph of one convolution: x [n, h, w, c] * w [o, kh, kw, c] -> y [n, ho, wo, o], f32 compute. With an
+// epilogue the convolution writes a virtual f32 tensor, and pointwise additions of the bias ([1, O, 1, 1]) and
+// the addend (y's layout) make y: rounded to y's dtype once, at the store.
+struct OpGraph {
+  std::vector<std::unique_ptr<Descriptor>> nodes;  // tensors and operations the graph refers to
+  Descriptor graph;
+};
+
+OpGraph build_graph(Builder& b, cudnnHandle_t handle, DType dtype, const ConvShape& s, const Conv2dParams& p,
+                    const ConvEpilogue* epilogue) {
+  GraphBuilder g(b, kUidVirtual);
+  const cudnnDataType_t dt = data_type(dtype), f32 = CUDNN_DATA_FLOAT;
+  const auto xs = nhwc_strides(s.c, s.h, s.w), ws = nhwc_strides(s.c, s.kh, s.kw), ys = nhwc_strides(s.o, s.ho, s.wo);
+  const std::array<int64_t, 4> y_dims{s.n, s.o, s.ho, s.wo};
+  const Descriptor& x = g.tensor4(kUidX, dt, {s.n, s.c, s.h, s.w}, xs.data(), TensorKind::kMemory);
+  const Descriptor& w = g.tensor4(kUidW, dt, {s.o, s.c, s.kh, s.kw}, ws.data(), TensorKind::kMemory);
+  const Descriptor& y = g.tensor4(kUidY, dt, y_dims, ys.data(), TensorKind::kMemory);
+  const bool fused = has_epilogue(epilogue);
+  const Descriptor& conv_y = fused ? g.virtual4(f32, y_dims, ys.data()) : y;
+
+  Descriptor& conv = g.keep(b.create(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, "convolution"));
   const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
   const int64_t spatial = 2;
   const int64_t pad[2] = {p.pad_h, p.pad_w}, stride[2] = {p.stride_h, p.stride_w}, dilation[2] = {p.dilation_h, p.dilation_w};
-  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, "conv compute type");
-  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode, "conv mode");
-  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial, "conv spatial dims");
-  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad, "conv pre paddings");
-  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad, "conv post paddings");
-  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride, "conv strides");
-  b.set(g.conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation, "conv dilations");
-  b.finalize(g.conv, "conv finalize");
+  b.set(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, "conv compute type");
+  b.set(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode, "conv mode");
+  b.set(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial, "conv spatial dims");
+  b.set(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad, "conv pre paddings");
+  b.set(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad, "conv post paddings");
+  b.set(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride, "conv strides");
+  b.set(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation, "conv dilations");
+  b.finalize(conv, "conv finalize");
 
-  g.op = b.create(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, "conv forward op");
+  Descriptor op = b.create(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, "conv forward op");
   const float alpha = 1.0f, beta = 0.0f;  // float scalars: the compute type is float
-  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, g.x, "op x");
-  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, g.w, "op w");
-  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, g.y, "op y");
-  b.set_descriptor(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, g.conv, "op conv desc");
-  b.set(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha, "op alpha");
-  b.set(g.op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta, "op beta");
-  b.finalize(g.op, "op finalize");
+  b.set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x, "op x");
+  b.set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w, "op w");
+  b.set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, conv_y, "op y");
+  b.set_descriptor(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv, "op conv desc");
+  b.set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha, "op alpha");
+  b.set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta, "op beta");
+  b.finalize(op, "op finalize");
+  g.add_op(std::move(op));
 
-  g.graph = operation_graph(b, handle, {g.op.get()});
-  return g;
+  if (fused) {
+    const Descriptor* acc = &conv_y;
+    if (epilogue->bias) {
+      const cudnnDataType_t bias_dt = epilogue->bias_dtype == DType::F32 ? f32 : data_type(epilogue->bias_dtype);
+      const int64_t bias_strides[4] = {s.o, 1, s.o, s.o};
+      const Descriptor& bias = g.tensor4(kUidBias, bias_dt, {1, s.o, 1, 1}, bias_strides, TensorKind::kMemory);
+      const Descriptor& sum = epilogue->addend ? g.virtual4(f32, y_dims, ys.data()) : y;
+      g.pointwise(CUDNN_POINTWISE_ADD, *acc, &bias, sum);
+      acc = &sum;
+    }
+    if (epilogue->addend) {
+      const Descriptor& addend = g.tensor4(kUidAddend, dt, y_dims, ys.data(), TensorKind::kMemory);
+      g.pointwise(CUDNN_POINTWISE_ADD, *acc, &addend, y);
+    }
+  }
+  OpGraph out;
+  out.graph = operation_graph(b, handle, g.ops());
+  out.nodes = g.release();
+  return out;
 }
 
-bool execute_conv(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& plan, void* y, const void* x, const void* w,
-                  void* workspace, std::string* why) {
-  return execute(a, handle, plan, {kUidX, kUidW, kUidY}, {const_cast<void*>(x), const_cast<void*>(w), y}, workspace, why);
+bool execute_conv(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& plan, const Operands& o, void* workspace,
+                  std::string* why) {
+  std::vector<int64_t> uids{kUidX, kUidW, kUidY};
+  std::vector<void*> pointers{const_cast<void*>(o.x), const_cast<void*>(o.w), o.y};
+  if (o.bias) uids.push_back(kUidBias), pointers.push_back(const_cast<void*>(o.bias));
+  if (o.addend) uids.push_back(kUidAddend), pointers.push_back(const_cast<void*>(o.addend));
+  return execute(a, handle, plan, uids, pointers, workspace, why);
 }
 
 // Mean device time of one execution of `c`: a first run (timed, since a very slow engine should cost one run
 // only), then kTimedRuns more unless the first was kSlowCandidateFactor times slower than `best_ms` (> 0).
 // Synchronises: never called while the stream is being captured.
 float time_plan(const CudnnGraphApi& a, cudnnHandle_t handle, cudaStream_t stream, const EventPair& ev, const Candidate& c,
-                void* y, const void* x, const void* w, void* workspace, float best_ms) {
+                const Operands& ops, void* workspace, float best_ms) {
   std::string why;
-  const auto run = [&] { return execute_conv(a, handle, c.plan, y, x, w, workspace, &why); };
+  const auto run = [&] { return execute_conv(a, handle, c.plan, ops, workspace, &why); };
   const float first = time_runs(ev, stream, 1, run);
   if (first < 0.0f || (best_ms > 0.0f && first > kSlowCandidateFactor * best_ms)) return first;
   return time_runs(ev, stream, kTimedRuns, run);
 }
 
-std::string shape_text(DType dtype, const ConvShape& s, const Conv2dParams& p) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%s x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld] stride %d,%d pad %d,%d dil %d,%d",
+std::string shape_text(DType dtype, const ConvShape& s, const Conv2dParams& p, const ConvEpilogue* e) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "%s x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld] stride %d,%d pad %d,%d dil %d,%d%s%s",
                 dtype == DType::BF16 ? "bf16" : "f16", (long long)s.n, (long long)s.c, (long long)s.h, (long long)s.w,
                 (long long)s.o, (long long)s.kh, (long long)s.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h,
-                p.dilation_w);
+                p.dilation_w, has_epilogue(e) && e->bias ? " +bias" : "", has_epilogue(e) && e->addend ? " +addend" : "");
   return buf;
+}
+
+// A shape's key: the convolution, then what its fused epilogue reads (zeros without one).
+std::array<int64_t, 18> key_for(DType dtype, const ConvShape& s, const Conv2dParams& p, const ConvEpilogue* e) {
+  std::array<int64_t, 18> k{int64_t(dtype), s.n,          s.c,          s.h,        s.w,     s.o,          s.kh,         s.kw,
+                            s.ho,           s.wo,         p.stride_h,   p.stride_w, p.pad_h, p.pad_w,      p.dilation_h, p.dilation_w};
+  if (has_epilogue(e)) {
+    k[16] = e->bias ? 1 + int64_t(e->bias_dtype) : 0;
+    k[17] = e->addend ? 1 : 0;
+  }
+  return k;
 }
 
 }  // namespace conv_graph_detail
@@ -131,8 +191,12 @@ using namespace conv_graph_detail;
 
 ConvGraphStats conv_graph_stats() {
   const Counters& c = counters();
-  return ConvGraphStats{c.plans.load(), c.declined.load(), c.autotuned.load(), c.runs.load()};
+  return ConvGraphStats{c.plans.load(),       c.declined.load(),       c.autotuned.load(), c.runs.load(),
+                        c.fused_plans.load(), c.fused_declined.load(), c.fused_runs.load()};
 }
+
+ConvFusedEpilogue conv_fused_epilogue() { return fused_epilogue_mode().load(); }
+void set_conv_fused_epilogue(ConvFusedEpilogue mode) { fused_epilogue_mode().store(mode); }
 
 bool conv_graph_enabled() { return enabled_flag().load(); }
 void set_conv_graph_enabled(bool on) { enabled_flag().store(on); }
@@ -158,7 +222,7 @@ ConvGraph::ConvGraph(void* library, void* handle, cudaStream_t stream) : handle_
 ConvGraph::~ConvGraph() { plans_.clear(); }
 
 ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
-                                     const Conv2dParams& p, DeviceAllocator& alloc) {
+                                     const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue* epilogue) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second->valid ? it->second.get() : nullptr;
   // A new shape during a capture: no planning (it times and synchronises); the legacy path records this call
@@ -170,18 +234,21 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
   auto owned = std::make_unique<Plan>();
   Plan* plan = owned.get();
   plans_.emplace(key, std::move(owned));
-  const std::string what = log_enabled() ? shape_text(dtype, s, p) : std::string();
+  const bool fused = has_epilogue(epilogue);
+  const Operands ops{y, x, w, fused ? epilogue->bias : nullptr, fused ? epilogue->addend : nullptr};
+  const std::string what = log_enabled() ? shape_text(dtype, s, p, epilogue) : std::string();
   const auto deadline = std::chrono::steady_clock::now() + kPlanningBudget;
   const auto over_budget = [&] { return std::chrono::steady_clock::now() > deadline; };
   bool budget_cut = false;
   auto decline = [&](const std::string& why) -> Plan* {
-    counters().declined.fetch_add(1);
-    if (log_enabled()) std::fprintf(stderr, "[cudnn graph] %s: legacy path (%s)\n", what.c_str(), why.c_str());
+    (fused ? counters().fused_declined : counters().declined).fetch_add(1);
+    if (log_enabled())
+      std::fprintf(stderr, "[cudnn graph] %s: %s (%s)\n", what.c_str(), fused ? "separate epilogue" : "legacy path", why.c_str());
     return nullptr;
   };
 
   Builder b(a);
-  plan->graph = build_graph(b, handle, dtype, s, p);
+  plan->graph = build_graph(b, handle, dtype, s, p, epilogue);
   if (!b.ok()) return decline(b.why());
 
   // Engine configurations from heuristics mode A, best first (at most kMaxTimedCandidates plans when they are
@@ -189,7 +256,7 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
   std::vector<Candidate> candidates;
   std::string why = "heuristics gave no engine configuration";
   int offered = 0, refused = 0;
-  const size_t wanted = conv_graph_autotune() ? kMaxTimedCandidates : 1;
+  const size_t wanted = conv_graph_autotune() ? (fused ? kMaxFusedCandidates : kMaxTimedCandidates) : 1;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     if (!candidates.empty()) break;
     for (Descriptor& cfg : engine_configs(a, plan->graph.graph, mode, &why)) {
@@ -198,6 +265,13 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
       Candidate c;
       c.engine = engine_info(a, cfg);
       if (!c.engine.acceptable) {
+        ++refused;
+        continue;
+      }
+      // A fused graph's runtime-compiled engines are not taken: each compiles at finalize (about a second),
+      // which for SD 1.5's residual convolutions added 8.7 s to the first UNet call to save ~50 us per step
+      // (H200, session 22). Precompiled engines take the bias.
+      if (fused && c.engine.runtime_compiled) {
         ++refused;
         continue;
       }
@@ -210,7 +284,8 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
     }
   }
   if (candidates.empty())
-    return decline(std::to_string(offered) + " configurations, " + std::to_string(refused) + " refused for numerics; " + why);
+    return decline(std::to_string(offered) + " configurations, " + std::to_string(refused) +
+                   (fused ? " refused for numerics or runtime compilation; " : " refused for numerics; ") + why);
 
   // Autotune: time every candidate on the real buffers (the output is overwritten by the real call after).
   size_t best = 0;
@@ -233,7 +308,7 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
           break;
         }
         Candidate& c = candidates[i];
-        c.ms = time_plan(a, handle, stream_, events, c, y, x, w, ws ? ws->data() : nullptr, any ? candidates[best].ms : -1.0f);
+        c.ms = time_plan(a, handle, stream_, events, c, ops, ws ? ws->data() : nullptr, any ? candidates[best].ms : -1.0f);
         if (i == 0) first_ms = c.ms;
         if (c.ms >= 0.0f && (!any || c.ms < candidates[best].ms)) {
           best = i;
@@ -250,7 +325,9 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
         std::string ignored;
         std::vector<std::function<bool()>> runs;
         for (size_t i : close)
-          runs.push_back([&, cp = &candidates[i]] { return execute_conv(a, handle, cp->plan, y, x, w, ws ? ws->data() : nullptr, &ignored); });
+          runs.push_back([&, cp = &candidates[i]] {
+            return execute_conv(a, handle, cp->plan, ops, ws ? ws->data() : nullptr, &ignored);
+          });
         const std::vector<float> ms = time_in_turns(events, stream_, kConfirmRounds, kTimedRuns, runs);
         for (size_t j = 0; j < close.size(); ++j) {
           Candidate& c = candidates[close[j]];
@@ -269,8 +346,11 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
       timings += item;
     }
   plan->chosen = std::move(candidates[best]);
+  std::string why_not;
+  if (fused && !keep_fused(*plan, y, x, w, dtype, s, p, alloc, *epilogue, &why_not))
+    return decline(why_not);  // remembered: plan->valid stays false
   plan->valid = true;
-  counters().plans.fetch_add(1);
+  (fused ? counters().fused_plans : counters().plans).fetch_add(1);
   if (log_enabled())
     std::fprintf(stderr,
                  "[cudnn graph] %s: %d configurations (%d refused for numerics), %zu plans; engine %lld%s, workspace %lld B, "
@@ -281,25 +361,81 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
   return plan;
 }
 
+bool ConvGraph::keep_fused(Plan& fused, void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
+                           const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue& epilogue, std::string* why) {
+  Plan* plain = plan_for(key_for(dtype, s, p, nullptr), y, x, w, dtype, s, p, alloc, nullptr);
+  if (!plain || !epilogue.separate || !epilogue.agrees) {
+    *why = "no plain graph-API plan to compare it with";
+    return false;
+  }
+  const CudnnGraphApi& a = *api_;
+  const auto handle = static_cast<cudnnHandle_t>(handle_);
+  const size_t y_bytes = size_t(s.n * s.ho * s.wo * s.o) * dtype_size(dtype);
+  std::shared_ptr<Buffer> ws, scratch;
+  const int64_t need = std::max(fused.chosen.workspace, plain->chosen.workspace);
+  try {
+    if (need > 0) ws = alloc.allocate(size_t(need));
+    scratch = alloc.allocate(y_bytes);
+  } catch (const Error&) {
+    *why = "no memory to compare it with the separate pass";
+    return false;
+  }
+  void* wsp = ws ? ws->data() : nullptr;
+  std::string ignored;
+  const Operands plain_ops{y, x, w};
+  const auto fused_into = [&](void* out) {
+    return execute_conv(a, handle, fused.chosen.plan, {out, x, w, epilogue.bias, epilogue.addend}, wsp, &ignored);
+  };
+  const auto separate = [&] {
+    if (!execute_conv(a, handle, plain->chosen.plan, plain_ops, wsp, &ignored)) return false;
+    epilogue.separate();
+    return true;
+  };
+  if (conv_fused_epilogue() == ConvFusedEpilogue::kAuto) {
+    EventPair events;
+    const std::vector<float> ms = events.ok ? time_in_turns(events, stream_, kConfirmRounds, kTimedRuns,
+                                                            {[&] { return fused_into(y); }, separate})
+                                            : std::vector<float>{-1.0f, -1.0f};
+    if (log_enabled())
+      std::fprintf(stderr, "[cudnn graph] %s: fused %.4f ms against %.4f ms plain + separate epilogue\n",
+                   shape_text(dtype, s, p, &epilogue).c_str(), double(ms[0]), double(ms[1]));
+    if (ms[0] < 0.0f || (ms[1] >= 0.0f && ms[0] >= ms[1])) {
+      *why = "slower than the plain plan and the separate pass";
+      return false;
+    }
+  }
+  // The fused plan's result must be the separate pass's (to rounding): cuDNN's fused engines returned wrong sums
+  // for a per-sample addend (ConvEpilogue), and a plan that does so for another operand would otherwise only show
+  // in images.
+  if (!fused_into(scratch->data()) || !separate() || !epilogue.agrees(scratch->data())) {
+    *why = "its result differs from the plain plan and the separate pass";
+    return false;
+  }
+  return true;
+}
+
 bool ConvGraph::forward(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p,
-                        DeviceAllocator& alloc) {
+                        DeviceAllocator& alloc, const ConvEpilogue* epilogue) {
   if (!api_ || !conv_graph_enabled() || (dtype != DType::BF16 && dtype != DType::F16) || p.groups != 1) return false;
-  for (const void* ptr : {static_cast<const void*>(y), x, w})
+  const bool fused = has_epilogue(epilogue);
+  if (fused && conv_fused_epilogue() == ConvFusedEpilogue::kOff) return false;
+  const Operands ops{y, x, w, fused ? epilogue->bias : nullptr, fused ? epilogue->addend : nullptr};
+  for (const void* ptr : {static_cast<const void*>(y), x, w, ops.bias, ops.addend})
     if (reinterpret_cast<uintptr_t>(ptr) % uintptr_t(kAlignment) != 0) return false;
-  const Key key{int64_t(dtype), s.n,          s.c,          s.h,        s.w,        s.o,          s.kh,         s.kw,
-                s.ho,           s.wo,         p.stride_h,   p.stride_w, p.pad_h,    p.pad_w,      p.dilation_h, p.dilation_w};
-  Plan* plan = plan_for(key, y, x, w, dtype, s, p, alloc);
+  Plan* plan = plan_for(key_for(dtype, s, p, epilogue), y, x, w, dtype, s, p, alloc, fused ? epilogue : nullptr);
   if (!plan) return false;
   std::shared_ptr<Buffer> ws = plan->chosen.workspace > 0 ? alloc.allocate(size_t(plan->chosen.workspace)) : nullptr;
   std::string why;
-  if (!execute_conv(*api_, static_cast<cudnnHandle_t>(handle_), plan->chosen.plan, y, x, w, ws ? ws->data() : nullptr, &why)) {
+  if (!execute_conv(*api_, static_cast<cudnnHandle_t>(handle_), plan->chosen.plan, ops, ws ? ws->data() : nullptr, &why)) {
     plan->valid = false;  // never again for this shape
-    counters().declined.fetch_add(1);
-    if (log_enabled()) std::fprintf(stderr, "[cudnn graph] %s: execution failed (%s), legacy path from now on\n",
-                                    shape_text(dtype, s, p).c_str(), why.c_str());
+    (fused ? counters().fused_declined : counters().declined).fetch_add(1);
+    if (log_enabled()) std::fprintf(stderr, "[cudnn graph] %s: execution failed (%s), %s from now on\n",
+                                    shape_text(dtype, s, p, epilogue).c_str(), why.c_str(),
+                                    fused ? "separate epilogue" : "legacy path");
     return false;
   }
   counters().runs.fetch_add(1);
+  if (fused) counters().fused_runs.fetch_add(1);
   return true;
 }
 

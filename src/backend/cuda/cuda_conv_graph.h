@@ -14,7 +14,15 @@
 // planning, timing or synchronisation during a capture) and planned at its next eager call; executing a
 // cached plan during a capture only enqueues kernels.
 //
+// Fused epilogue: a convolution's bias and a residual addend can be pointwise nodes after the convolution
+// node, so cuDNN adds them before its kernel stores the output (no separate pass over y, no second launch).
+// Only precompiled engines are taken (runtime-compiled ones cost about a second each at the first call). Each
+// shape's fused plan is timed against the plain plan plus the separate pass, and kept only when faster
+// (ConvFusedEpilogue::kAuto) and when its result is the separate pass's to rounding (checked once per shape,
+// at planning).
+//
 // Environment: ATELIER_CUDNN_GRAPH=0 switches the path off (set_conv_graph_enabled at run time);
+// ATELIER_CONV_FUSED_EPILOGUE=0 never fuses the epilogue, =force fuses it wherever a plan passes the check;
 // ATELIER_CUDNN_AUTOTUNE=0 takes the first plan that finalizes instead of timing them; ATELIER_CUDNN_LOG=1
 // prints one line per planned shape (candidates, the engine chosen, its time) to stderr.
 #pragma once
@@ -22,6 +30,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -40,6 +49,9 @@ struct ConvGraphStats {
   int64_t declined = 0;  // shapes without a usable plan (they run on the legacy path)
   int64_t autotuned = 0; // shapes whose plan was chosen by timing more than one candidate
   int64_t runs = 0;      // convolutions executed through a graph-API plan
+  int64_t fused_plans = 0;     // shapes whose bias/addend run inside cuDNN's kernel
+  int64_t fused_declined = 0;  // shapes whose epilogue runs as a separate pass (no plan, slower, or different)
+  int64_t fused_runs = 0;      // convolutions executed with a fused epilogue
 };
 ConvGraphStats conv_graph_stats();
 
@@ -48,6 +60,28 @@ bool conv_graph_enabled();
 void set_conv_graph_enabled(bool on);
 // Whether plans are timed (default on; ATELIER_CUDNN_AUTOTUNE=0 takes the heuristics' first plan).
 bool conv_graph_autotune();
+
+// Whether a convolution's bias and addend may run inside cuDNN's kernel: never, when it measures faster than
+// the plain plan plus the separate pass (the default), or wherever a plan gives the separate pass's result
+// (tests).
+enum class ConvFusedEpilogue { kOff, kAuto, kForce };
+ConvFusedEpilogue conv_fused_epilogue();
+void set_conv_fused_epilogue(ConvFusedEpilogue mode);
+
+// y = conv + bias[o] + addend, inside cuDNN's kernel. bias: [O] of bias_dtype, or null; addend: of y's dtype
+// and layout (a residual), not overlapping y, or null. Not a per-sample addend (the resnets' time embedding,
+// [N, O, 1, 1] broadcast with N > 1): cuDNN 9's fused engines on the H200 returned wrong sums for it described
+// with dims of 1, faulted with stride-0 dims, and offered no plan for [N, O, H, W] with stride 0 (session 22).
+// At a shape's planning the fused plan is timed against a plain convolution followed by `separate` (which
+// enqueues the same bias + addend as a pass over y), and its result is checked by `agrees` (given a buffer of
+// y's shape and dtype: whether it equals y, as the separate pass left it, to rounding; synchronises).
+struct ConvEpilogue {
+  const void* bias = nullptr;
+  DType bias_dtype = DType::F32;
+  const void* addend = nullptr;
+  std::function<void()> separate;
+  std::function<bool(const void*)> agrees;
+};
 
 class ConvGraph {
  public:
@@ -61,16 +95,22 @@ class ConvGraph {
   // Enqueues y [n, ho, wo, o] = conv(x [n, h, w, c], w [o, kh, kw, c]) (no bias), dtype BF16 or F16, all
   // contiguous. Returns false (nothing enqueued) when this path does not take the case; the caller then runs
   // the legacy path. Not thread-safe: the caller (ConvEngine) serialises calls.
+  // With `epilogue`, y = conv + bias + addend in one plan; false when that shape has no fused plan that this
+  // path keeps (the caller then runs the plain convolution and its separate pass).
   bool forward(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p,
-               DeviceAllocator& alloc);
+               DeviceAllocator& alloc, const ConvEpilogue* epilogue = nullptr);
 
  private:
   struct Plan;
-  using Key = std::array<int64_t, 16>;
+  using Key = std::array<int64_t, 18>;
   // The cached plan of a shape, planning it on first use; null when it has none (remembered) or when the
   // stream is capturing and the shape is new (not remembered).
   Plan* plan_for(const Key& key, void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
-                 const Conv2dParams& p, DeviceAllocator& alloc);
+                 const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue* epilogue);
+  // Whether the fused plan `fused` (just chosen for its key) is kept: faster than the plain plan plus the
+  // separate pass (kAuto only), and the same result. Synchronises (planning only); *why says why not.
+  bool keep_fused(Plan& fused, void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
+                  const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue& epilogue, std::string* why);
 
   const CudnnGraphApi* api_ = nullptr;
   void* handle_ = nullptr;  // cudnnHandle_t
