@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <iterator>
 #include <cstring>
 #include <string>
 
@@ -13,6 +15,14 @@ namespace {
 constexpr size_t kSmallGranule = 256;         // cudaMalloc aligns to 256 B anyway
 constexpr size_t kLargeThreshold = size_t(1) << 20;
 constexpr size_t kLargeGranule = size_t(2) << 20;  // above 1 MiB: whole 2 MiB pages, as the driver maps them
+
+// ATELIER_ALLOC_LOG=1: one stderr line per cudaMalloc of kLargeThreshold or more (its size, its time, and the
+// cache it missed), to find the requests that still miss in a warmed-up run (docs/performance.md, session 22:
+// the VAE decode's slow cudaMallocs).
+bool alloc_log_enabled() {
+  static const bool on = env_is("ATELIER_ALLOC_LOG", "1");
+  return on;
+}
 }  // namespace
 
 DeviceAllocator::~DeviceAllocator() {
@@ -82,12 +92,25 @@ std::shared_ptr<Buffer> DeviceAllocator::allocate(size_t bytes) {
     ++stats_.mallocs;
     stats_.malloc_seconds += dt;
     if (pool) adopt(pool.get(), p, size);
+    if (alloc_log_enabled() && size >= kLargeThreshold) log_miss(pool.get(), bytes, size, dt);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     in_use_ += size;
   }
   return std::make_shared<Buffer>(p, bytes, Device::cuda(device_), [this, size](void* q) { give_back(q, size); });
+}
+
+void DeviceAllocator::log_miss(const Pool* pool, size_t bytes, size_t size, double seconds) const {
+  const auto& list = pool ? pool->free : free_;
+  const auto above = list.lower_bound(size);  // the cached block it could not take (more than kMaxReuseFactor x)
+  const auto below = above == list.begin() ? list.end() : std::prev(above);
+  std::fprintf(stderr, "[alloc] cuda:%d cudaMalloc %.1f MiB (asked %.1f) in %.2f ms%s; cached %zu blocks, %.0f MiB; "
+               "nearest below %.1f MiB, above %.1f MiB; %lld cudaMallocs so far\n",
+               device_, double(size) / (1 << 20), double(bytes) / (1 << 20), seconds * 1e3, pool ? " (recording pool)" : "",
+               list.size(), double(pool ? pool_free_ : cached_) / (1 << 20),
+               below == list.end() ? 0.0 : double(below->first) / (1 << 20),
+               above == list.end() ? 0.0 : double(above->first) / (1 << 20), (long long)stats_.mallocs);
 }
 
 void DeviceAllocator::adopt(Pool* pool, void* p, size_t size) {

@@ -63,6 +63,9 @@ class DeviceAllocator {
   void* malloc_or_retry(size_t size);
   // Registers `p` as `pool`'s (under mu_).
   void adopt(Pool* pool, void* p, size_t size);
+  // ATELIER_ALLOC_LOG's line for a request of `bytes` that missed the cache (or `pool`'s) and took a new block of
+  // `size` in `seconds`. Called with mu_ held.
+  void log_miss(const Pool* pool, size_t bytes, size_t size, double seconds) const;
   int device_;
   cudaStream_t stream_;
   mutable std::mutex mu_;
