@@ -76,6 +76,11 @@ struct Operands {
 
 bool has_epilogue(const ConvEpilogue* e) { return e && (e->bias || e->addend); }
 
+// The pointers of a convolution into y with the epilogue's operands (none when it has none).
+Operands operands(void* y, const void* x, const void* w, const ConvEpilogue* e) {
+  return has_epilogue(e) ? Operands{y, x, w, e->bias, e->addend} : Operands{y, x, w};
+}
+
 // The graph of one convolution: x [n, h, w, c] * w [o, kh, kw, c] -> y [n, ho, wo, o], f32 compute. With an
 // epilogue the convolution writes a virtual f32 tensor, and pointwise additions of the bias ([1, O, 1, 1]) and
 // the addend (y's layout) make y: rounded to y's dtype once, at the store.
@@ -221,8 +226,9 @@ ConvGraph::ConvGraph(void* library, void* handle, cudaStream_t stream) : handle_
 
 ConvGraph::~ConvGraph() { plans_.clear(); }
 
-ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
+ConvGraph::Plan* ConvGraph::plan_for(void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
                                      const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue* epilogue) {
+  const Key key = key_for(dtype, s, p, epilogue);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second->valid ? it->second.get() : nullptr;
   // A new shape during a capture: no planning (it times and synchronises); the legacy path records this call
@@ -235,7 +241,7 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
   Plan* plan = owned.get();
   plans_.emplace(key, std::move(owned));
   const bool fused = has_epilogue(epilogue);
-  const Operands ops{y, x, w, fused ? epilogue->bias : nullptr, fused ? epilogue->addend : nullptr};
+  const Operands ops = operands(y, x, w, epilogue);
   const std::string what = log_enabled() ? shape_text(dtype, s, p, epilogue) : std::string();
   const auto deadline = std::chrono::steady_clock::now() + kPlanningBudget;
   const auto over_budget = [&] { return std::chrono::steady_clock::now() > deadline; };
@@ -363,9 +369,9 @@ ConvGraph::Plan* ConvGraph::plan_for(const Key& key, void* y, const void* x, con
 
 bool ConvGraph::keep_fused(Plan& fused, void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
                            const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue& epilogue, std::string* why) {
-  Plan* plain = plan_for(key_for(dtype, s, p, nullptr), y, x, w, dtype, s, p, alloc, nullptr);
+  Plan* plain = plan_for(y, x, w, dtype, s, p, alloc, nullptr);
   if (!plain || !epilogue.separate || !epilogue.agrees) {
-    *why = "no plain graph-API plan to compare it with";
+    *why = plain ? "no separate pass to compare it with" : "no plain graph-API plan to compare it with";
     return false;
   }
   const CudnnGraphApi& a = *api_;
@@ -382,12 +388,11 @@ bool ConvGraph::keep_fused(Plan& fused, void* y, const void* x, const void* w, D
   }
   void* wsp = ws ? ws->data() : nullptr;
   std::string ignored;
-  const Operands plain_ops{y, x, w};
   const auto fused_into = [&](void* out) {
-    return execute_conv(a, handle, fused.chosen.plan, {out, x, w, epilogue.bias, epilogue.addend}, wsp, &ignored);
+    return execute_conv(a, handle, fused.chosen.plan, operands(out, x, w, &epilogue), wsp, &ignored);
   };
   const auto separate = [&] {
-    if (!execute_conv(a, handle, plain->chosen.plan, plain_ops, wsp, &ignored)) return false;
+    if (!execute_conv(a, handle, plain->chosen.plan, operands(y, x, w, nullptr), wsp, &ignored)) return false;
     epilogue.separate();
     return true;
   };
@@ -419,10 +424,10 @@ bool ConvGraph::forward(void* y, const void* x, const void* w, DType dtype, cons
   if (!api_ || !conv_graph_enabled() || (dtype != DType::BF16 && dtype != DType::F16) || p.groups != 1) return false;
   const bool fused = has_epilogue(epilogue);
   if (fused && conv_fused_epilogue() == ConvFusedEpilogue::kOff) return false;
-  const Operands ops{y, x, w, fused ? epilogue->bias : nullptr, fused ? epilogue->addend : nullptr};
+  const Operands ops = operands(y, x, w, epilogue);
   for (const void* ptr : {static_cast<const void*>(y), x, w, ops.bias, ops.addend})
     if (reinterpret_cast<uintptr_t>(ptr) % uintptr_t(kAlignment) != 0) return false;
-  Plan* plan = plan_for(key_for(dtype, s, p, epilogue), y, x, w, dtype, s, p, alloc, fused ? epilogue : nullptr);
+  Plan* plan = plan_for(y, x, w, dtype, s, p, alloc, epilogue);
   if (!plan) return false;
   std::shared_ptr<Buffer> ws = plan->chosen.workspace > 0 ? alloc.allocate(size_t(plan->chosen.workspace)) : nullptr;
   std::string why;

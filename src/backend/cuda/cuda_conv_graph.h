@@ -103,9 +103,9 @@ class ConvGraph {
  private:
   struct Plan;
   using Key = std::array<int64_t, 18>;
-  // The cached plan of a shape, planning it on first use; null when it has none (remembered) or when the
-  // stream is capturing and the shape is new (not remembered).
-  Plan* plan_for(const Key& key, void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
+  // The cached plan of a shape (with `epilogue`'s operands, when it has any), planning it on first use; null
+  // when it has none (remembered) or when the stream is capturing and the shape is new (not remembered).
+  Plan* plan_for(void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
                  const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue* epilogue);
   // Whether the fused plan `fused` (just chosen for its key) is kept: faster than the plain plan plus the
   // separate pass (kAuto only), and the same result. Synchronises (planning only); *why says why not.
