@@ -37,6 +37,7 @@ struct ImplGuard {
     test::cuda_be().set_flash_key_tile(0);
     test::cuda_be().set_allow_tf32(false);
     test::cuda_be().set_group_norm_apply_merge(false);
+    test::cuda_be().set_group_norm_offset_in_kernels(true);
     cuda::set_wgmma_attention(true);
   }
 };
@@ -326,6 +327,38 @@ TEST(CudaOps, ChannelsLastGroupNormMatchesCpu) {
                                  (merge_in_apply ? " (merged in apply)" : "");
         for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b}), dt);
       }
+    }
+  }
+}
+
+// The norm of x + offset (the resnets' time embedding joining norm2): offset a narrow of a stacked [N, K] tensor, its
+// mean large against x's spread (the statistics' shift must include it), at SD's channel counts through the
+// channels-last kernels (the merge in its own kernel and inside the apply kernel) and with the offset in a pass of its
+// own (the default path, which 12 channels and an NCHW tensor always take).
+TEST(CudaOps, GroupNormWithOffsetMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
+  struct Case { Shape x; int groups; bool nhwc; };
+  const Case cases[] = {{{2, 320, 64, 64}, 32, true}, {{2, 1280, 8, 8}, 32, true}, {{16, 640, 32, 32}, 32, true},
+                        {{2, 12, 5, 5}, 4, true}, {{2, 64, 9, 7}, 8, false}};
+  for (const Case& c : cases) {
+    const int64_t ch = c.x[1];
+    const Tensor x = random_tensor(c.x, 71, 1.0f), g = random_tensor({ch}, 72), b = random_tensor({ch}, 73);
+    const Tensor stacked = random_tensor({c.x[0], ch + 64}, 74, 1.0f, 20.0f);
+    const int groups = c.groups;
+    const bool nhwc = c.nhwc;
+    const auto fn = [groups, nhwc, ch](const std::vector<Tensor>& in) {
+      const Tensor y = ops::group_norm(nhwc ? channels_last(in[0]) : in[0], groups, in[1], in[2], 1e-5f, UnaryOp::kSilu,
+                                       in[3].narrow(1, 32, ch));
+      if (nhwc && !in[0].device().is_cpu()) EXPECT_TRUE(y.is_channels_last()) << shape_str(y.strides());
+      return y;
+    };
+    for (int variant = 0; variant < 3; ++variant) {  // in the kernels (merge kernel, merge in apply); a pass of its own
+      test::cuda_be().set_group_norm_apply_merge(variant == 1);
+      test::cuda_be().set_group_norm_offset_in_kernels(variant != 2);
+      const char* how[] = {"", " (merged in apply)", " (offset in its own pass)"};
+      const std::string what = std::string(nhwc ? "channels-last" : "NCHW") + " group_norm with offset " + shape_str(c.x) + how[variant];
+      for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b, stacked}), dt);
     }
   }
 }

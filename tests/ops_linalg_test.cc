@@ -289,6 +289,28 @@ TEST(OpsNorm, GroupNormWithAffineAndSilu) {
   EXPECT_OPS_CLOSE(ops::group_norm(s, 3, Tensor(), Tensor(), 1e-5f), ref_group_norm(s, 3, Tensor(), Tensor(), 1e-5, false));
 }
 
+// The norm of x + offset[:, :, None, None] (a resnet's time embedding joining its second norm): offset a narrow of a
+// wider [N, K] tensor (the stacked time projections), with and without channels-last test layout; bad offsets are
+// refused with a message.
+TEST(OpsNorm, GroupNormWithPerSampleChannelOffset) {
+  const Tensor x = random_tensor({2, 12, 5, 3}, 11, 1.0f, 0.5f), g = random_tensor({12}, 12), b = random_tensor({12}, 13);
+  const Tensor stacked = random_tensor({2, 30}, 14, 3.0f), offset = stacked.narrow(1, 7, 12);
+  const Tensor sum = ops::add(x, ops::contiguous(offset).reshape({2, 12, 1, 1}));
+  EXPECT_OPS_CLOSE(ops::group_norm(x, 4, g, b, 1e-5f, UnaryOp::kSilu, offset), ref_group_norm(sum, 4, g, b, 1e-5, true));
+  EXPECT_OPS_CLOSE(ops::group_norm(x, 3, Tensor(), Tensor(), 1e-6f, UnaryOp::kIdentity, offset),
+                   ref_group_norm(sum, 3, Tensor(), Tensor(), 1e-6, false));
+  {
+    test::ChannelsLastOnCpu channels_last;
+    const Tensor xl = ops::contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2});
+    const Tensor y = ops::group_norm(xl, 4, g, b, 1e-5f, UnaryOp::kSilu, offset);
+    EXPECT_TRUE(y.is_channels_last());
+    EXPECT_OPS_CLOSE(y, ref_group_norm(sum, 4, g, b, 1e-5, true));
+  }
+  EXPECT_THROW(ops::group_norm(x, 4, g, b, 1e-5f, UnaryOp::kSilu, stacked), Error);                       // [2, 30]
+  EXPECT_THROW(ops::group_norm(x, 4, g, b, 1e-5f, UnaryOp::kSilu, offset.reshape({2, 12, 1, 1})), Error);  // not [N, C]
+  EXPECT_THROW(ops::group_norm(x, 4, g, b, 1e-5f, UnaryOp::kSilu, random_tensor({1, 12}, 15)), Error);    // one sample
+}
+
 TEST(OpsNorm, GroupNormLargeOffsetAndLongRows) {
   // Mean far from zero relative to the spread, over 64k-element groups: naive f32 statistics fail here.
   Tensor x = random_tensor({1, 4, 128, 128}, 5, 0.01f, 100.0f);

@@ -182,6 +182,11 @@ class Backend {
   // x [N, C, *] normalised over (C/groups, *) per group; gamma/beta [C] optional; act fused after the affine.
   // x and out are both contiguous or, where prefers_channels_last(dtype) says so, both channels-last 4-D.
   virtual void group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) = 0;
+  // group_norm of x + offset, offset [N, C] (x's dtype, unit channel stride, any sample stride) added per (sample,
+  // channel) before the statistics: a resnet's time embedding joins in the norm that is its only reader. This
+  // default adds it in a pass of its own (binary) and normalises the sum; a backend may add it inside its kernels.
+  virtual void group_norm_offset(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta,
+                                 int groups, float eps, UnaryOp act);
   // Over the last dim D; gamma/beta [D] optional.
   virtual void layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) = 0;
   virtual void rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) = 0;

@@ -561,7 +561,8 @@ void require_affine(const Tensor& t, int64_t size, const std::string& op, const 
 }
 }  // namespace detail
 
-Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor& beta, float eps, UnaryOp act) {
+Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor& beta, float eps, UnaryOp act,
+                  const Tensor& offset) {
   trace::Scope range("group_norm", Category::kOp);
   const std::string op = "group_norm";
   require_f32(x, op, "x");
@@ -569,9 +570,21 @@ Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor
   require(groups >= 1 && x.size(1) % groups == 0, op, "channels " + std::to_string(x.size(1)) + " not divisible by groups " + std::to_string(groups));
   require_affine(gamma, x.size(1), op, "gamma");
   require_affine(beta, x.size(1), op, "beta");
+  if (offset.defined()) {
+    require_same_device(x, offset, op);
+    require(offset.dtype() == x.dtype(), op, "offset must have x's dtype " + std::string(dtype_name(x.dtype())));
+    require(offset.dim() == 2 && offset.size(0) == x.size(0) && offset.size(1) == x.size(1), op,
+            "offset must be [N, C] = " + shape_str({x.size(0), x.size(1)}) + ", got " + shape_str(offset.shape()));
+  }
   Tensor xc = x.is_channels_last() && wants_channels_last(x) ? x : contiguous(x);
   Tensor out = empty_like_layout(xc, xc.shape());
-  backend_of(x).group_norm(out, xc, contiguous_opt(gamma), contiguous_opt(beta), groups, eps, act);
+  if (offset.defined()) {
+    // The kernels read one sample's channels as a unit-stride run (a narrow of a stacked projection keeps it).
+    const Tensor off = offset.strides()[1] == 1 ? offset : contiguous(offset);
+    backend_of(x).group_norm_offset(out, xc, off, contiguous_opt(gamma), contiguous_opt(beta), groups, eps, act);
+  } else {
+    backend_of(x).group_norm(out, xc, contiguous_opt(gamma), contiguous_opt(beta), groups, eps, act);
+  }
   return out;
 }
 
@@ -655,3 +668,13 @@ Fp8Rows norm_modulate_fp8(const Tensor& x, NormKind kind, float eps, const Tenso
 }
 
 }  // namespace atelier::ops
+
+namespace atelier {
+void Backend::group_norm_offset(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta,
+                                int groups, float eps, UnaryOp act) {
+  Tensor per_channel = offset;  // [N, C] -> [N, C, 1, ...] with x's rank, broadcast over x's trailing dims
+  while (per_channel.dim() < x.dim()) per_channel = per_channel.unsqueeze(per_channel.dim());
+  const Tensor sum = ops::add(x, per_channel);  // in x's layout (channels-last stays so), as out is
+  group_norm(out, sum, gamma, beta, groups, eps, act);
+}
+}  // namespace atelier

@@ -101,9 +101,11 @@ Tensor linear_fp8_gated_residual(Tensor&& residual, const Fp8Rows& x, const Tens
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& addend = {});
 
 // --- normalisation --------------------------------------------------------------------------------
-// x [N, C, *]: statistics per (sample, group); gamma/beta [C]; act fused (GroupNorm+SiLU).
+// x [N, C, *]: statistics per (sample, group); gamma/beta [C]; act fused (GroupNorm+SiLU). offset [N, C]
+// (optional, x's dtype) is added per (sample, channel) first: the norm of x + offset[:, :, None, None], which is
+// how a resnet's time embedding reaches its second norm without a pass of its own.
 Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor& beta, float eps,
-                  UnaryOp act = UnaryOp::kIdentity);
+                  UnaryOp act = UnaryOp::kIdentity, const Tensor& offset = {});
 // x [..., D]
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps);
 Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps);

@@ -53,6 +53,7 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
       allow_tf32_(env_flag("ATELIER_CUDA_TF32")) {
   conv_nhwc_ = !env_is("ATELIER_CONV_NHWC", "0");
   gn_apply_merge_ = env_flag("ATELIER_GN_APPLY_MERGE");
+  gn_offset_in_kernels_ = !env_is("ATELIER_GN_OFFSET_IN_KERNELS", "0");
   fused_fp8_norm_modulate_ = !env_is("ATELIER_FUSED_FP8_NORM", "0");
   specialized_norm_modulate_ = !env_is("ATELIER_NORM_MODULATE_SPECIALIZED", "0");
   fp8_attention_ = fp8_attention_default();

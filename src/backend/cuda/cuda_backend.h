@@ -84,6 +84,8 @@ class CudaBackend final : public Backend {
   bool prefers_channels_last(DType dtype) const override;
 
   void group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) override;
+  void group_norm_offset(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta, int groups,
+                         float eps, UnaryOp act) override;
   void layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) override;
   void rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) override;
   void norm_modulate(Tensor& out, const Tensor& x, NormKind kind, float eps, const Tensor& gamma,
@@ -145,6 +147,7 @@ class CudaBackend final : public Backend {
   // kernel of its own: one launch fewer per group norm (61 per SD UNet call, ~5 us each at batch 2). Off:
   // measured slower on the H200 (SD step 7.02 against 6.49 ms at batch 2, session 11); also ATELIER_GN_APPLY_MERGE=1.
   void set_group_norm_apply_merge(bool on) { gn_apply_merge_ = on; }
+  void set_group_norm_offset_in_kernels(bool on) { gn_offset_in_kernels_ = on; }
   // norm_modulate_fp8 in one pass (the vector kernel quantizes the rows it holds); off: norm_modulate, then
   // quantize_rows_fp8, as Backend's default (the parity test compares the two; the same bytes). Also
   // ATELIER_FUSED_FP8_NORM=0.
@@ -186,7 +189,8 @@ class CudaBackend final : public Backend {
   bool conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, bool w_persistent,
                    const Tensor& addend);
   // Group norm of channels-last x into channels-last out (cuda_norm.cu); false where its kernels do not apply.
-  bool group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act);
+  bool group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta, int groups,
+                       float eps, UnaryOp act);
   // w [O, C, kh, kw] as [O, kh, kw, C], cached per weight buffer when `persistent` (model weights).
   Tensor nhwc_weight(const Tensor& w, bool persistent);
   // A tensor of `like`'s shape in `dtype` (a cast copy, or `like` itself when it already has it).
@@ -218,6 +222,7 @@ class CudaBackend final : public Backend {
   int flash_block_rows_ = 0;
   int flash_key_tile_ = 0;
   bool gn_apply_merge_ = false;
+  bool gn_offset_in_kernels_ = true;  // ATELIER_GN_OFFSET_IN_KERNELS=0: group_norm_offset adds in a pass of its own
   bool fused_fp8_norm_modulate_ = true;
   bool specialized_norm_modulate_ = true;
   bool fp8_attention_ = false;

@@ -9,6 +9,8 @@
 // writes one GroupChunk per group. Merge: one warp per (sample, group) combines the chunks (in double, about a
 // common reference) and writes each channel's (scale, shift) = (rstd * gamma, beta - mean * rstd * gamma).
 // Apply: y = act(x * scale + shift), a thread keeping one column's scale/shift in registers and walking rows.
+// An optional per-(sample, channel) offset o (a resnet's time embedding: the norm of x + o) costs no work per
+// element: the statistics subtract (shift - o) where they subtracted shift, the apply adds o * scale to shift.
 // Small group norms may merge inside the apply kernel instead (set_group_norm_apply_merge): each apply block
 // merges its sample's (at most kApplyMergeChunks) chunks into shared memory first, the same arithmetic.
 //
@@ -42,9 +44,18 @@ constexpr int kApplyUnroll = 4;           // apply: rows a thread loads before i
 constexpr int kMergeThreads = 128;
 constexpr int64_t kMaxGridY = 65535;
 
+// The optional [N, C] offset added to x before the norm: sample n's channels at p + n * sample_stride (unit
+// channel stride, x's dtype); p null when there is none.
 template <typename T>
-__global__ void group_stats_nhwc_kernel(GroupChunk* out, const T* x, int64_t p_count, int c, int groups, int rows_per_chunk,
-                                        int rows_per_pass) {
+struct ChannelOffset {
+  const T* p = nullptr;
+  int64_t sample_stride = 0;
+  __device__ __forceinline__ float at(int n, int ch) const { return p ? to_f32(p[n * sample_stride + ch]) : 0.0f; }
+};
+
+template <typename T>
+__global__ void group_stats_nhwc_kernel(GroupChunk* out, const T* x, ChannelOffset<T> off, int64_t p_count, int c, int groups,
+                                        int rows_per_chunk, int rows_per_pass) {
   constexpr int V = Vec<T>::kWidth;
   extern __shared__ float2 partial[];  // [rows_per_pass][c]: each thread's (sum d, sum d^2) per channel
   const int vc = c / V, cg = c / groups, n = int(blockIdx.y), k = int(blockIdx.x);
@@ -52,10 +63,12 @@ __global__ void group_stats_nhwc_kernel(GroupChunk* out, const T* x, int64_t p_c
   const int v = int(threadIdx.x) % vc, r0 = int(threadIdx.x) / vc;
   const T* sample = x + int64_t(n) * p_count * c;
   const T* col = sample + v * V;
+  // shift: the group's first value of (x + o); the loop subtracts shift - o from x, which is (x + o) - shift.
   float shift[V], dev[V], sq[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) {
-    shift[e] = to_f32(sample[r_begin * c + (v * V + e) / cg * cg]);
+    const int first = (v * V + e) / cg * cg;
+    shift[e] = to_f32(sample[r_begin * c + first]) + off.at(n, first) - off.at(n, v * V + e);
     dev[e] = sq[e] = 0.0f;
   }
   const auto add = [&](const Vec<T>& xv) {
@@ -103,7 +116,7 @@ __global__ void group_stats_nhwc_kernel(GroupChunk* out, const T* x, int64_t p_c
     }
     d = warp_sum(d);
     q = warp_sum(q);
-    if (lane == 0) out[(int64_t(n) * gridDim.x + k) * groups + g] = {to_f32(sample[r_begin * c + g * cg]), d, q};
+    if (lane == 0) out[(int64_t(n) * gridDim.x + k) * groups + g] = {to_f32(sample[r_begin * c + g * cg]) + off.at(n, g * cg), d, q};
   }
 }
 
@@ -181,6 +194,14 @@ __device__ __forceinline__ void load_scale_shift(float (&sc)[V], float (&sh)[V],
   }
 }
 
+// A thread's V channels' shift with the offset folded in: act((x + o) * sc + sh) = act(x * sc + (sh + o * sc)).
+template <typename T, int V>
+__device__ __forceinline__ void fold_offset(float (&sh)[V], const float (&sc)[V], ChannelOffset<T> off, int n, int v) {
+  if (!off.p) return;
+#pragma unroll
+  for (int e = 0; e < V; ++e) sh[e] = fmaf(off.at(n, v * V + e), sc[e], sh[e]);
+}
+
 // The apply loop of one thread: column v of sample n, rows r0, r0 + step, ... (kApplyUnroll loads in flight).
 template <typename T>
 __device__ __forceinline__ void apply_column(T* y, const T* x, const float (&sc)[Vec<T>::kWidth], const float (&sh)[Vec<T>::kWidth],
@@ -209,13 +230,14 @@ __device__ __forceinline__ void apply_column(T* y, const T* x, const float (&sc)
 // column vectors, so a thread keeps one column (its V channels' scale and shift loaded once) and walks rows
 // r0 + k * gridDim.x * rows_per_pass, kApplyUnroll loads in flight.
 template <typename T>
-__global__ void group_apply_nhwc_kernel(T* y, const T* x, const float2* scale_shift, int64_t p_count, int c, int rows_per_pass,
-                                        UnaryOp act) {
+__global__ void group_apply_nhwc_kernel(T* y, const T* x, ChannelOffset<T> off, const float2* scale_shift, int64_t p_count, int c,
+                                        int rows_per_pass, UnaryOp act) {
   constexpr int V = Vec<T>::kWidth;
   const int vc = c / V, n = int(blockIdx.y), v = int(threadIdx.x) % vc;
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_pass + int(threadIdx.x) / vc, step = int64_t(gridDim.x) * rows_per_pass;
   float sc[V], sh[V];
   load_scale_shift<V>(sc, sh, scale_shift + int64_t(n) * c, v);
+  fold_offset<T, V>(sh, sc, off, n, v);
   apply_column<T>(y + int64_t(n) * p_count * c, x + int64_t(n) * p_count * c, sc, sh, p_count, vc, v, r0, step, act);
 }
 
@@ -227,7 +249,7 @@ constexpr int64_t kApplyMergeMaxBytes = int64_t(8) << 20;  // "small": SD's grou
 constexpr size_t kApplyMergeMaxSmem = 32 * 1024;           // the [c] table: up to 4096 channels
 
 template <typename T>
-__global__ void group_apply_merge_nhwc_kernel(T* y, const T* x, const GroupChunk* chunks, NormAffine aff, int groups,
+__global__ void group_apply_merge_nhwc_kernel(T* y, const T* x, ChannelOffset<T> off, const GroupChunk* chunks, NormAffine aff, int groups,
                                               int chunk_count, int rows_per_chunk, int64_t p_count, int c, int rows_per_pass,
                                               float eps, UnaryOp act) {
   constexpr int V = Vec<T>::kWidth;
@@ -247,6 +269,7 @@ __global__ void group_apply_merge_nhwc_kernel(T* y, const T* x, const GroupChunk
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_pass + int(threadIdx.x) / vc, step = int64_t(gridDim.x) * rows_per_pass;
   float sc[V], sh[V];
   load_scale_shift<V>(sc, sh, table, v);
+  fold_offset<T, V>(sh, sc, off, n, v);
   apply_column<T>(y + int64_t(n) * p_count * c, x + int64_t(n) * p_count * c, sc, sh, p_count, vc, v, r0, step, act);
 }
 
@@ -272,10 +295,11 @@ int64_t resident_blocks(const void* kernel, int threads, size_t smem, int sms) {
 
 }  // namespace
 
-// x, out channels-last [N, C, H, W] (buffers [N, P, C]); false (nothing enqueued) where the kernels do not
-// apply: C not a multiple of the vector width, a row too wide for one block, unaligned buffers.
-bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps,
-                                  UnaryOp act) {
+// x, out channels-last [N, C, H, W] (buffers [N, P, C]), offset [N, C] optional (Backend::group_norm_offset);
+// false (nothing enqueued) where the kernels do not apply: C not a multiple of the vector width, a row too wide for
+// one block, unaligned buffers.
+bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta,
+                                  int groups, float eps, UnaryOp act) {
   const int64_t n = x.size(0), c = x.size(1), p = x.size(2) * x.size(3);
   bool done = false;
   dispatch_float(x.dtype(), "group_norm", [&](auto tag) {
@@ -314,10 +338,12 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& ga
     const int64_t chunks = ceil_div(p, rows_per_chunk);
     if (chunks > kMaxGridY || n * chunks * groups > (int64_t(1) << 31)) return;
     NvtxRange range("group_norm");
+    ChannelOffset<T> off;
+    if (offset.defined()) off = {offset.data<T>(), offset.strides()[0]};
     std::shared_ptr<Buffer> partial = alloc_.allocate(size_t(n * chunks * groups) * sizeof(GroupChunk));
     auto* ps = static_cast<GroupChunk*>(partial->data());
     group_stats_nhwc_kernel<T><<<dim3(unsigned(chunks), unsigned(n)), unsigned(threads), smem, stream_>>>(
-        ps, x.data<T>(), p, int(c), groups, int(rows_per_chunk), rows_per_pass);
+        ps, x.data<T>(), off, p, int(c), groups, int(rows_per_chunk), rows_per_pass);
     const auto apply_blocks = [&](const void* kernel, size_t apply_smem) {
       const int64_t wave = resident_blocks(kernel, threads, apply_smem, sm_count_);
       return unsigned(std::clamp<int64_t>(std::min(std::max<int64_t>(1, wave / n), ceil_div(p, rows_per_pass)), 1, kMaxGridY));
@@ -325,7 +351,7 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& ga
     if (merge_in_apply) {
       const unsigned blocks = apply_blocks(reinterpret_cast<const void*>(&group_apply_merge_nhwc_kernel<T>), table_smem);
       group_apply_merge_nhwc_kernel<T><<<dim3(blocks, unsigned(n)), unsigned(threads), table_smem, stream_>>>(
-          out.data<T>(), x.data<T>(), ps, affine_of(gamma, beta), groups, int(chunks), int(rows_per_chunk), p, int(c),
+          out.data<T>(), x.data<T>(), off, ps, affine_of(gamma, beta), groups, int(chunks), int(rows_per_chunk), p, int(c),
           rows_per_pass, eps, act);
     } else {
       std::shared_ptr<Buffer> table = alloc_.allocate(size_t(n * c) * sizeof(float2));
@@ -334,8 +360,8 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& ga
       group_merge_nhwc_kernel<<<unsigned((warps * 32 + kMergeThreads - 1) / kMergeThreads), kMergeThreads, 0, stream_>>>(
           ss, ps, affine_of(gamma, beta), int(n), groups, int(c), int(chunks), int(rows_per_chunk), p, eps);
       const unsigned blocks = apply_blocks(reinterpret_cast<const void*>(&group_apply_nhwc_kernel<T>), 0);
-      group_apply_nhwc_kernel<T><<<dim3(blocks, unsigned(n)), unsigned(threads), 0, stream_>>>(out.data<T>(), x.data<T>(), ss, p,
-                                                                                              int(c), rows_per_pass, act);
+      group_apply_nhwc_kernel<T><<<dim3(blocks, unsigned(n)), unsigned(threads), 0, stream_>>>(out.data<T>(), x.data<T>(), off, ss,
+                                                                                              p, int(c), rows_per_pass, act);
     }
     ATELIER_CUDA_LAUNCHED();
     done = true;

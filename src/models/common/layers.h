@@ -90,9 +90,10 @@ struct GroupNorm {
   Tensor weight, bias;  // [C]
   int groups = 32;
   float eps = 1e-5f;
-  // x [N, C, *] -> same; act fused after the affine (GroupNorm + SiLU in resnets)
-  Tensor operator()(const Tensor& x, UnaryOp act = UnaryOp::kIdentity) const {
-    return ops::group_norm(x, groups, weight, bias, eps, act);
+  // x [N, C, *] -> same; act fused after the affine (GroupNorm + SiLU in resnets); offset [N, C] optional, added
+  // to x per (sample, channel) before the norm (ops::group_norm)
+  Tensor operator()(const Tensor& x, UnaryOp act = UnaryOp::kIdentity, const Tensor& offset = {}) const {
+    return ops::group_norm(x, groups, weight, bias, eps, act, offset);
   }
 };
 

@@ -58,14 +58,15 @@ void ResnetBlock::build(const ParamSource& p, int64_t in, int64_t out, int64_t t
 }
 
 Tensor ResnetBlock::forward(const Tensor& x, const UNetConditioning& cond) const {
-  // [B, out, 1, 1]: one time bias per sample and channel (a view of the stacked projection where there is one)
+  // [B, out]: one time bias per sample and channel (a view of the stacked projection where there is one)
   const int64_t out_channels = time_emb_proj.out_features();
-  const Tensor t = cond.time_proj.defined() && time_col >= 0
-                       ? cond.time_proj.narrow(1, time_col, out_channels).unsqueeze(2).unsqueeze(3)
-                       : time_emb_proj(cond.temb_act).reshape({x.size(0), out_channels, 1, 1});
-  Tensor h = conv1(norm1(x, UnaryOp::kSilu), t);
+  const Tensor t = cond.time_proj.defined() && time_col >= 0 ? cond.time_proj.narrow(1, time_col, out_channels)
+                                                              : time_emb_proj(cond.temb_act).reshape({x.size(0), out_channels});
+  const Tensor h = conv1(norm1(x, UnaryOp::kSilu));
+  // diffusers adds the time bias to h and normalises the sum; norm2 is the sum's only reader, so the bias joins
+  // there (no pass over h of its own; in f32 inside the norm instead of one more 16-bit rounding of h + t).
   // The residual joins in conv2's output pass (diffusers adds it after: the same sum, rounded once more there).
-  Tensor out = conv2(norm2(h, UnaryOp::kSilu), conv_shortcut.weight.defined() ? conv_shortcut(x) : x);
+  Tensor out = conv2(norm2(h, UnaryOp::kSilu, t), conv_shortcut.weight.defined() ? conv_shortcut(x) : x);
   // diffusers divides by output_scale_factor; only SD variants with a factor other than 1 pay for it.
   if (output_scale != 1.0f) out = ops::div(out, Tensor::full({1}, output_scale, out.device()));
   return out;
