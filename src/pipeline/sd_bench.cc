@@ -112,8 +112,17 @@ Status warm_up(const SdPipeline& pipe, const BenchOptions& o, const Tensor& x, c
     ATELIER_ASSIGN_OR_RETURN(Tensor out, unet.forward(x_in, t, context));
     backend_for(x.device()).synchronize();
   }
-  (void)pipe.decode(x);
-  return Status::ok();
+  return warm_up_decodes(x.device(), [&] {
+    (void)pipe.decode(x);
+    return Status::ok();
+  });
+}
+
+// The backend's cudaMalloc count, or -1 where it keeps none.
+double malloc_count(Backend& backend) {
+  for (const auto& [name, value] : backend.counters())
+    if (name == "cuda_mallocs") return value;
+  return -1.0;
 }
 
 double median(std::vector<double> v) {
@@ -220,6 +229,17 @@ Status BenchOptions::validate() const {
   if (fp8 && config != "flux" && config != "zimage")
     return invalid_argument("--fp8 is supported for the flux and zimage configurations");
   if (text_encoder && config != "zimage") return invalid_argument("--text-encoder is supported for the zimage configuration");
+  return Status::ok();
+}
+
+Status warm_up_decodes(Device dev, const std::function<Status()>& decode) {
+  Backend& backend = backend_for(dev);
+  for (int i = 0; i < kMaxWarmupDecodes; ++i) {
+    const double before = malloc_count(backend);
+    ATELIER_RETURN_IF_ERROR(decode());
+    backend.synchronize();
+    if (before < 0 || malloc_count(backend) == before) break;
+  }
   return Status::ok();
 }
 

@@ -127,6 +127,13 @@ inline constexpr const char* kBenchLoadRange = "load_model";
 inline constexpr const char* kBenchWarmupRange = "warmup";
 inline constexpr const char* kBenchRunRange = "bench_run";  // the timed generation, conditioning to decoded pixels
 
+// Untimed warm-up VAE decodes through `decode` until one makes no cudaMalloc (Backend::counters()' cuda_mallocs; on a
+// backend without that counter, one decode), at most kMaxWarmupDecodes: the first decode also plans its convolutions,
+// and the blocks it leaves cached are not always those a steady decode takes (docs/performance.md, session 23: after
+// one warm-up decode every timed 512² run still made 6 cudaMallocs of 2-6 MiB, costing 0.3-4.8 ms).
+inline constexpr int kMaxWarmupDecodes = 3;
+Status warm_up_decodes(Device dev, const std::function<Status()>& decode);
+
 // The setup fields every bench fills the same way (device, backend, host threads, the GEMM ceiling when
 // asked for); errors when the device is missing.
 Expected<BenchReport> start_bench_report(const BenchOptions& options, Device* device);
