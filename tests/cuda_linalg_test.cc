@@ -38,6 +38,7 @@ struct ImplGuard {
     test::cuda_be().set_allow_tf32(false);
     test::cuda_be().set_group_norm_apply_merge(false);
     test::cuda_be().set_group_norm_offset_in_kernels(true);
+    test::cuda_be().set_conv_gemm(cuda::conv_gemm_default());
     cuda::set_wgmma_attention(true);
   }
 };
@@ -192,6 +193,7 @@ TEST(CudaOps, Conv2dGraphApiAtSdShapes) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
   ConvGraphGuard restore_graph;
+  test::cuda_be().set_conv_gemm(cuda::ConvGemm::kOff);  // cuDNN's paths only (the GEMM path: its own test)
   struct Case {
     Shape x, w;
     Conv2dParams p;
@@ -243,6 +245,7 @@ TEST(CudaOps, Conv2dGraphApiUnderCudaGraphCapture) {
   ImplGuard restore;
   ConvGraphGuard restore_graph;
   cuda::set_conv_graph_enabled(true);
+  test::cuda_be().set_conv_gemm(cuda::ConvGemm::kOff);
   const Conv2dParams p{1, 1, 1, 1, 1, 1, 1};
   for (int warmup : {1, 0}) {
     // A channel count of its own per warm-up setting: the second loop must meet a shape never planned.
@@ -363,6 +366,42 @@ TEST(CudaOps, GroupNormWithOffsetMatchesCpu) {
   }
 }
 
+// Channels-last convolutions through the GEMM path, forced (cuda_conv_gemm.cu): the NHWC im2col (3x3 with padding,
+// stride 2, dilation 2, odd sizes), a 1x1 multiplying x itself, with a bias and a channels-last residual in the GEMM's
+// epilogue, at SD's 8x8-level shape (where kAuto takes it on the H200); every case must have run the GEMM path.
+TEST(CudaOps, ChannelsLastConvThroughGemmMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
+  test::cuda_be().set_conv_gemm(cuda::ConvGemm::kForce);
+  const auto params = [](int stride, int pad, int dilation) {
+    Conv2dParams p;
+    p.stride_h = p.stride_w = stride;
+    p.pad_h = p.pad_w = pad;
+    p.dilation_h = p.dilation_w = dilation;
+    return p;
+  };
+  struct Case { Shape x; int64_t o; int k; Conv2dParams p; bool residual; };
+  const Case cases[] = {{{2, 1280, 8, 8}, 1280, 3, params(1, 1, 1), false}, {{2, 640, 16, 16}, 1280, 3, params(1, 1, 1), true},
+                        {{2, 64, 9, 7}, 128, 3, params(2, 1, 1), false},    {{3, 32, 5, 5}, 16, 1, params(1, 0, 1), true},
+                        {{1, 16, 11, 13}, 24, 3, params(1, 2, 2), false}};
+  for (const Case& c : cases) {
+    const int64_t ho = (c.x[2] + 2 * c.p.pad_h - c.p.dilation_h * (c.k - 1) - 1) / c.p.stride_h + 1;
+    const int64_t wo = (c.x[3] + 2 * c.p.pad_w - c.p.dilation_w * (c.k - 1) - 1) / c.p.stride_w + 1;
+    const Tensor x = random_tensor(c.x, 81), w = random_tensor({c.o, c.x[1], c.k, c.k}, 82, 0.05f),
+                 b = random_tensor({c.o}, 83), r = random_tensor({c.x[0], c.o, ho, wo}, 84);
+    const Conv2dParams p = c.p;
+    const bool residual = c.residual;
+    const auto fn = [p, residual](const std::vector<Tensor>& in) {
+      return ops::conv2d(channels_last(in[0]), in[1], in[2], p, residual ? channels_last(in[3]) : Tensor());
+    };
+    const std::string what = "conv2d through GEMM " + shape_str(c.x) + " -> " + std::to_string(c.o) + " k" + std::to_string(c.k) +
+                             " stride " + std::to_string(p.stride_h) + (residual ? " + residual" : "");
+    const int64_t before = test::cuda_be().conv_gemm_calls();
+    for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b, r}), dt);
+    EXPECT_EQ(test::cuda_be().conv_gemm_calls() - before, 2) << what << ": the GEMM path did not run";
+  }
+}
+
 // Restores the convolutions' fused-epilogue mode when a test ends.
 struct FusedEpilogueGuard {
   cuda::ConvFusedEpilogue was = cuda::conv_fused_epilogue();
@@ -379,6 +418,7 @@ TEST(CudaOps, ChannelsLastConvWithAddendMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
   FusedEpilogueGuard restore_fusion;
+  test::cuda_be().set_conv_gemm(cuda::ConvGemm::kOff);  // cuDNN's fused epilogues (the GEMM path: its own test)
   const bool graph_api = graph_api_in_use();
   struct Case { Shape x; int64_t o; int k; };
   // The last three have fewer than 8 channels in or out (the UNet's conv_in and conv_out, the VAE's conv_out:

@@ -52,6 +52,7 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
       staging_(index),
       allow_tf32_(env_flag("ATELIER_CUDA_TF32")) {
   conv_nhwc_ = !env_is("ATELIER_CONV_NHWC", "0");
+  conv_gemm_ = conv_gemm_default();
   gn_apply_merge_ = env_flag("ATELIER_GN_APPLY_MERGE");
   gn_offset_in_kernels_ = !env_is("ATELIER_GN_OFFSET_IN_KERNELS", "0");
   fused_fp8_norm_modulate_ = !env_is("ATELIER_FUSED_FP8_NORM", "0");

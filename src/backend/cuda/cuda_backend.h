@@ -6,10 +6,15 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_allocator.h"
@@ -33,6 +38,11 @@ enum class ConvImpl { kAuto, kCudnn, kCudnnNchw, kIm2col };
 // the faster of cuDNN and the flash kernel where both apply (timed at the shape's first eager call), else
 // the flash kernel whenever it applies; kCudnnSdpa forces cuDNN (throws where it declines: tests).
 enum class AttentionImpl { kAuto, kFlash, kGemm, kCudnnSdpa };
+// Channels-last convolutions as one cuBLASLt GEMM over an im2col matrix (cuda_conv_gemm.cu) where it applies and
+// ConvImpl is kAuto: kAuto where timed faster than cuDNN per shape (at its first eager call), kOff never, kForce
+// always (tests). ATELIER_CONV_GEMM=0|force; kAuto by default.
+enum class ConvGemm { kAuto, kOff, kForce };
+ConvGemm conv_gemm_default();
 
 class CudaBackend final : public Backend {
  public:
@@ -118,6 +128,8 @@ class CudaBackend final : public Backend {
   void set_allow_tf32(bool allow) { allow_tf32_ = allow; }
   bool allow_tf32() const { return allow_tf32_; }
   void set_conv_impl(ConvImpl impl) { conv_impl_ = impl; }
+  void set_conv_gemm(ConvGemm mode) { conv_gemm_ = mode; }
+  int64_t conv_gemm_calls() const { return conv_gemm_calls_.load(); }  // convolutions the GEMM path ran
   // "cudnn <version>" or "im2col+gemm (cuDNN not loaded: <why>)": what kAuto uses on this machine.
   std::string conv_impl_name();
   void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
@@ -188,6 +200,13 @@ class CudaBackend final : public Backend {
   // declines (nothing written to out).
   bool conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, bool w_persistent,
                    const Tensor& addend);
+  // cuda_conv_gemm.cu: whether the GEMM path can take the case (x, out channels-last; wn [O, kh, kw, C]); the path
+  // itself; and whether it is faster than `cudnn` for this shape (timed at the first eager call, then cached).
+  bool conv_gemm_applies(const Tensor& out, const Tensor& x, const Tensor& wn, const Conv2dParams& p, const Tensor& addend) const;
+  void conv2d_nhwc_gemm(Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
+                        const Tensor& addend);
+  bool conv_gemm_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
+                        const Tensor& addend, const std::function<bool()>& cudnn, const std::function<void()>& gemm_path);
   // Group norm of channels-last x into channels-last out (cuda_norm.cu); false where its kernels do not apply.
   bool group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta, int groups,
                        float eps, UnaryOp act);
@@ -212,6 +231,11 @@ class CudaBackend final : public Backend {
   bool allow_tf32_ = false;
   ConvImpl conv_impl_ = ConvImpl::kAuto;
   bool conv_nhwc_ = true;  // ATELIER_CONV_NHWC=0 turns kAuto's channels-last path off
+  ConvGemm conv_gemm_ = ConvGemm::kAuto;
+  std::atomic<int64_t> conv_gemm_calls_{0};
+  std::mutex conv_gemm_mu_;
+  // (out shape, x shape, kh, kw, stride h/w, pad h/w, dtype, bias?, addend?) -> the GEMM path is faster
+  std::map<std::tuple<std::vector<int64_t>, std::vector<int64_t>, int, int, int, int, int, int, int, bool, bool>, bool> conv_gemm_choices_;
   struct NhwcWeight {
     std::weak_ptr<Buffer> source;  // the NCHW weight's buffer: expired -> the entry is stale
     Tensor packed;

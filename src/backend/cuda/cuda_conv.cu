@@ -544,20 +544,31 @@ bool CudaBackend::conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, con
     launch_transpose(xn.raw(), x.raw(), dt, n, c, h * wd, Tensor(), stream_);  // [N, C, HW] -> [N, HW, C]
   }
   const Tensor wn = nhwc_weight(w, w_persistent);
-  Tensor yn = out_nhwc ? out : Tensor::empty({n, ho, wo, o}, dt, device());
-  if (out_nhwc && (bias.defined() || addend.defined())) {
-    ConvEpilogue e;
-    if (fusable_epilogue(out, bias, addend, &e)) {
-      e.separate = [&] { launch_nhwc_epilogue(out, bias, addend, stream_); };
-      e.agrees = [&](const void* fused_y) { return same_to_rounding(fused_y, out, alloc_, stream_); };
-      if (conv_->forward_fused(out.raw(), xn.raw(), wn.raw(), dt, s, p, alloc_, e)) return true;
-    }
-  }
-  if (!conv_->forward(yn.raw(), xn.raw(), wn.raw(), dt, s, p, !allow_tf32_, alloc_, /*nhwc=*/true)) return false;
   if (out_nhwc) {
-    launch_nhwc_epilogue(out, bias, addend, stream_);
-    return true;
+    // cuDNN writing out in place: bias and addend inside its plan where that is faster (and equal), else one
+    // output pass. Or the GEMM path (cuda_conv_gemm.cu) where it applies and measures faster for the shape.
+    const auto cudnn = [&] {
+      ConvEpilogue e;
+      if ((bias.defined() || addend.defined()) && fusable_epilogue(out, bias, addend, &e)) {
+        e.separate = [&] { launch_nhwc_epilogue(out, bias, addend, stream_); };
+        e.agrees = [&](const void* fused_y) { return same_to_rounding(fused_y, out, alloc_, stream_); };
+        if (conv_->forward_fused(out.raw(), xn.raw(), wn.raw(), dt, s, p, alloc_, e)) return true;
+      }
+      if (!conv_->forward(out.raw(), xn.raw(), wn.raw(), dt, s, p, !allow_tf32_, alloc_, /*nhwc=*/true)) return false;
+      launch_nhwc_epilogue(out, bias, addend, stream_);
+      return true;
+    };
+    if (conv_impl_ == ConvImpl::kAuto && conv_gemm_ != ConvGemm::kOff && x_nhwc && conv_gemm_applies(out, xn, wn, p, addend)) {
+      const auto gemm_path = [&] { conv2d_nhwc_gemm(out, xn, wn, bias, p, addend); };
+      if (conv_gemm_ == ConvGemm::kForce || conv_gemm_choice(out, xn, wn, bias, p, addend, cudnn, gemm_path)) {
+        gemm_path();
+        return true;
+      }
+    }
+    return cudnn();
   }
+  Tensor yn = Tensor::empty({n, ho, wo, o}, dt, device());
+  if (!conv_->forward(yn.raw(), xn.raw(), wn.raw(), dt, s, p, !allow_tf32_, alloc_, /*nhwc=*/true)) return false;
   launch_transpose(out.raw(), yn.raw(), dt, n, ho * wo, o, bias, stream_);  // [N, HW, O] -> [N, O, HW] + bias
   if (addend.defined()) binary(out, out, addend, BinaryOp::kAdd);
   return true;

@@ -1,0 +1,140 @@
+// Channels-last convolutions as one cuBLASLt GEMM: out [N*Ho*Wo, O] = col [N*Ho*Wo, kh*kw*C] x w [O, kh*kw*C]^T
+// (+ bias + a same-layout addend in the GEMM's epilogue), col gathered from x by an NHWC im2col kernel (a 1x1
+// stride-1 unpadded convolution multiplies x itself).
+//
+// Why: cuDNN's plans for convolutions with few output pixels use few blocks. At SD 1.5's CFG batch (2) the 8x8
+// level's 3x3 convolutions (M = 128 pixels, K = 11,520, N = 1,280) took 42 us each at 90 TFLOP/s on the H200
+// (docs/performance.md, session 23), against a ~7 us floor for reading their 29 MB of weights; cuBLASLt's
+// candidates include split-K algorithms for such shapes. Which path is faster is timed per shape at its first
+// eager call (conv_gemm_choice), as attention chooses between cuDNN and the flash kernel.
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_event_timing.h"
+#include "backend/cuda/cuda_nvtx.h"
+
+namespace atelier::cuda {
+namespace {
+
+// Largest column matrix the GEMM path builds: the small-spatial convolutions it is for need a few MB (SD's 8x8
+// level at batch 2: 2.9 MB); a large image's would be hundreds and cuDNN's implicit GEMM is fast there anyway.
+constexpr int64_t kMaxColBytes = int64_t(32) << 20;
+constexpr int kIm2colThreads = 256;
+constexpr int kTimedRounds = 2, kTimedRuns = 3;
+
+// col[p, (i * kw + j) * C + c] = x[n, ho * sh + i * dh - ph, wo * sw + j * dw - pw, c] (0 outside), p = (n, ho, wo):
+// one thread per 16-byte vector of channels (C a multiple of the vector width).
+template <typename T>
+__global__ void im2col_nhwc_kernel(T* col, const T* x, int64_t total_vecs, int c_vecs, int h, int w, int ho, int wo, int kh,
+                                   int kw, int sh, int sw, int ph, int pw, int dh, int dw) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= total_vecs) return;
+  const int v = int(idx % c_vecs);
+  int64_t rest = idx / c_vecs;
+  const int tap = int(rest % (kh * kw));
+  const int64_t p = rest / (kh * kw);
+  const int ox = int(p % wo), oy = int((p / wo) % ho);
+  const int64_t n = p / (int64_t(wo) * ho);
+  const int iy = oy * sh + (tap / kw) * dh - ph, ix = ox * sw + (tap % kw) * dw - pw;
+  uint4 value = make_uint4(0, 0, 0, 0);
+  if (iy >= 0 && iy < h && ix >= 0 && ix < w)
+    value = reinterpret_cast<const uint4*>(x + ((n * h + iy) * w + ix) * int64_t(c_vecs) * (16 / sizeof(T)))[v];
+  reinterpret_cast<uint4*>(col)[idx] = value;
+}
+
+bool log_enabled() {
+  static const bool on = env_is("ATELIER_CUDNN_LOG", "1");
+  return on;
+}
+
+}  // namespace
+
+ConvGemm conv_gemm_default() {
+  if (env_is("ATELIER_CONV_GEMM", "0")) return ConvGemm::kOff;
+  if (env_is("ATELIER_CONV_GEMM", "force")) return ConvGemm::kForce;
+  return ConvGemm::kAuto;
+}
+
+// x, out channels-last [N, C, H, W] / [N, O, Ho, Wo]; wn [O, kh, kw, C] contiguous; addend undefined or
+// channels-last with out's shape (strides) and dtype.
+bool CudaBackend::conv_gemm_applies(const Tensor& out, const Tensor& x, const Tensor& wn, const Conv2dParams& p,
+                                    const Tensor& addend) const {
+  const int64_t c = x.size(1), o = out.size(1), m = out.size(0) * out.size(2) * out.size(3);
+  const int64_t k = wn.numel() / std::max<int64_t>(o, 1);
+  const int64_t vec = 16 / int64_t(dtype_size(out.dtype()));
+  const bool pointwise = wn.size(1) == 1 && wn.size(2) == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0;
+  return p.groups == 1 && x.is_channels_last() && out.is_channels_last() && x.dtype() == out.dtype() && c % vec == 0 &&
+         o % vec == 0 && (pointwise || m * k * int64_t(dtype_size(out.dtype())) <= kMaxColBytes) &&
+         (!addend.defined() || (addend.is_channels_last() && addend.shape() == out.shape() && addend.dtype() == out.dtype()));
+}
+
+// out = conv(x, w) + bias + addend through one GEMM (conv_gemm_applies must hold).
+void CudaBackend::conv2d_nhwc_gemm(Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
+                                   const Tensor& addend) {
+  NvtxRange range("conv2d_gemm");
+  conv_gemm_calls_.fetch_add(1);
+  const DType dt = out.dtype();
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), o = out.size(1), ho = out.size(2), wo = out.size(3);
+  const int kh = int(wn.size(1)), kw = int(wn.size(2));
+  const int64_t m = n * ho * wo, k = int64_t(kh) * kw * c;
+  const auto nhwc_rows = [](const Tensor& t) { return t.permute({0, 2, 3, 1}).reshape({1, -1, t.size(1)}); };  // [1, N*H*W, C]
+  Tensor a;
+  if (kh == 1 && kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0) {
+    a = nhwc_rows(x);
+  } else {
+    a = Tensor::empty({1, m, k}, dt, device());
+    const int c_vecs = int(c / (16 / int64_t(dtype_size(dt))));
+    const int64_t total = m * kh * kw * c_vecs;
+    dispatch_float(dt, "conv2d", [&](auto tag) {
+      using T = decltype(tag);
+      im2col_nhwc_kernel<T><<<unsigned((total + kIm2colThreads - 1) / kIm2colThreads), kIm2colThreads, 0, stream_>>>(
+          a.data<T>(), x.data<T>(), total, c_vecs, int(h), int(w), int(ho), int(wo), kh, kw, p.stride_h, p.stride_w, p.pad_h,
+          p.pad_w, p.dilation_h, p.dilation_w);
+    });
+    ATELIER_CUDA_LAUNCHED();
+  }
+  Tensor y = nhwc_rows(out);
+  GemmParams gp;
+  gp.trans_b = true;
+  if (addend.defined()) {
+    gp.beta = 1.0f;
+    gp.addend = nhwc_rows(addend);
+  }
+  gemm(y, a, wn.reshape({1, o, k}), bias, gp);
+}
+
+// Per shape (and epilogue), whether the GEMM path is faster than `cudnn`: both timed in turns at the shape's first
+// eager call (each run once before, so that cuDNN's planning and cuBLASLt's tuning are not timed). Under capture an
+// unknown shape takes cuDNN without deciding. Both write out: whichever ran last left the right result in it.
+bool CudaBackend::conv_gemm_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
+                                   const Tensor& addend, const std::function<bool()>& cudnn, const std::function<void()>& gemm_path) {
+  const auto key = std::make_tuple(out.shape(), x.shape(), int(wn.size(1)), int(wn.size(2)), p.stride_h, p.stride_w, p.pad_h, p.pad_w,
+                int(out.dtype()), bias.defined(), addend.defined());
+  {
+    std::lock_guard<std::mutex> lock(conv_gemm_mu_);
+    auto it = conv_gemm_choices_.find(key);
+    if (it != conv_gemm_choices_.end()) return it->second;
+  }
+  if (stream_capturing(stream_)) return false;
+  EventPair events;
+  bool use_gemm = false;
+  if (events.ok) {
+    const std::vector<float> ms = time_in_turns(events, stream_, kTimedRounds, kTimedRuns,
+                                                {cudnn, [&] { gemm_path(); return true; }});
+    use_gemm = ms[1] >= 0.0f && (ms[0] < 0.0f || ms[1] < ms[0]);
+    if (log_enabled())
+      std::fprintf(stderr, "[conv gemm] x%s w[%lld,%lld] stride %d pad %d -> %s: cuDNN %.4f ms, GEMM %.4f ms: %s\n",
+                   shape_str(x.shape()).c_str(), (long long)wn.size(1), (long long)wn.size(2), p.stride_h, p.pad_h,
+                   shape_str(out.shape()).c_str(), double(ms[0]), double(ms[1]), use_gemm ? "GEMM" : "cuDNN");
+  }
+  std::lock_guard<std::mutex> lock(conv_gemm_mu_);
+  conv_gemm_choices_[key] = use_gemm;
+  return use_gemm;
+}
+
+}  // namespace atelier::cuda
