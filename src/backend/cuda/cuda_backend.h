@@ -207,7 +207,8 @@ class CudaBackend final : public Backend {
                         const Tensor& addend);
   bool conv_gemm_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
                         const Tensor& addend, const std::function<bool()>& cudnn, const std::function<void()>& gemm_path);
-  // Group norm of channels-last x into channels-last out (cuda_norm.cu); false where its kernels do not apply.
+  // Group norm of x (+ offset) into out (cuda_group_norm_nhwc.cu); false, enqueuing nothing, where its kernels do not
+  // apply (either not channels-last, different dtypes, channel counts or buffers they cannot take).
   bool group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta, int groups,
                        float eps, UnaryOp act);
   // w [O, C, kh, kw] as [O, kh, kw, C], cached per weight buffer when `persistent` (model weights).

@@ -583,7 +583,7 @@ void CudaBackend::conv2d_im2col(Tensor& out, const Tensor& x, const Tensor& w, c
   const int64_t o = w.size(0), kh = w.size(2), kw = w.size(3), ho = out.size(2), wo = out.size(3);
   const int64_t groups = p.groups, cg = c / groups, og = o / groups, kc = cg * kh * kw, pixels = ho * wo;
   const size_t elem = dtype_size(dt);
-  const bool pointwise = kh == 1 && kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0;
+  const bool pointwise = multiplies_input(kh, kw, p);
   const int64_t width_budget = std::max<int64_t>(1, kIm2colBudgetBytes / int64_t(elem) / std::max<int64_t>(groups * kc, 1));
   const int64_t block = pointwise ? pixels : std::min(pixels, width_budget);
   std::shared_ptr<Buffer> col = pointwise ? nullptr : alloc_.allocate(size_t(groups * kc * block) * elem);

@@ -31,6 +31,12 @@ struct ConvShape {
   int64_t n, c, h, w, o, kh, kw, ho, wo;
 };
 
+// A 1x1 kernel, stride 1, no padding: the convolution multiplies its input's pixels (as rows) by the weights, with
+// no im2col matrix (the GEMM paths read x itself).
+inline bool multiplies_input(int64_t kh, int64_t kw, const Conv2dParams& p) {
+  return kh == 1 && kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0;
+}
+
 class ConvEngine {
  public:
   ConvEngine(int device, cudaStream_t stream);

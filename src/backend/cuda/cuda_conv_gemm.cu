@@ -14,9 +14,11 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_conv.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_event_timing.h"
 #include "backend/cuda/cuda_nvtx.h"
+#include "backend/cuda/cudnn_graph_api.h"
 
 namespace atelier::cuda {
 namespace {
@@ -47,11 +49,6 @@ __global__ void im2col_nhwc_kernel(T* col, const T* x, int64_t total_vecs, int c
   reinterpret_cast<uint4*>(col)[idx] = value;
 }
 
-bool log_enabled() {
-  static const bool on = env_is("ATELIER_CUDNN_LOG", "1");
-  return on;
-}
-
 }  // namespace
 
 ConvGemm conv_gemm_default() {
@@ -67,9 +64,8 @@ bool CudaBackend::conv_gemm_applies(const Tensor& out, const Tensor& x, const Te
   const int64_t c = x.size(1), o = out.size(1), m = out.size(0) * out.size(2) * out.size(3);
   const int64_t k = wn.numel() / std::max<int64_t>(o, 1);
   const int64_t vec = 16 / int64_t(dtype_size(out.dtype()));
-  const bool pointwise = wn.size(1) == 1 && wn.size(2) == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0;
   return p.groups == 1 && x.is_channels_last() && out.is_channels_last() && x.dtype() == out.dtype() && c % vec == 0 &&
-         o % vec == 0 && (pointwise || m * k * int64_t(dtype_size(out.dtype())) <= kMaxColBytes) &&
+         o % vec == 0 && (multiplies_input(wn.size(1), wn.size(2), p) || m * k * int64_t(dtype_size(out.dtype())) <= kMaxColBytes) &&
          (!addend.defined() || (addend.is_channels_last() && addend.shape() == out.shape() && addend.dtype() == out.dtype()));
 }
 
@@ -84,7 +80,7 @@ void CudaBackend::conv2d_nhwc_gemm(Tensor& out, const Tensor& x, const Tensor& w
   const int64_t m = n * ho * wo, k = int64_t(kh) * kw * c;
   const auto nhwc_rows = [](const Tensor& t) { return t.permute({0, 2, 3, 1}).reshape({1, -1, t.size(1)}); };  // [1, N*H*W, C]
   Tensor a;
-  if (kh == 1 && kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0) {
+  if (multiplies_input(kh, kw, p)) {
     a = nhwc_rows(x);
   } else {
     a = Tensor::empty({1, m, k}, dt, device());
@@ -127,7 +123,7 @@ bool CudaBackend::conv_gemm_choice(const Tensor& out, const Tensor& x, const Ten
     const std::vector<float> ms = time_in_turns(events, stream_, kTimedRounds, kTimedRuns,
                                                 {cudnn, [&] { gemm_path(); return true; }});
     use_gemm = ms[1] >= 0.0f && (ms[0] < 0.0f || ms[1] < ms[0]);
-    if (log_enabled())
+    if (cudnn_graph::log_enabled())  // ATELIER_CUDNN_LOG=1: beside the cuDNN plans' lines
       std::fprintf(stderr, "[conv gemm] x%s w[%lld,%lld] stride %d pad %d -> %s: cuDNN %.4f ms, GEMM %.4f ms: %s\n",
                    shape_str(x.shape()).c_str(), (long long)wn.size(1), (long long)wn.size(2), p.stride_h, p.pad_h,
                    shape_str(out.shape()).c_str(), double(ms[0]), double(ms[1]), use_gemm ? "GEMM" : "cuDNN");

@@ -296,10 +296,11 @@ int64_t resident_blocks(const void* kernel, int threads, size_t smem, int sms) {
 }  // namespace
 
 // x, out channels-last [N, C, H, W] (buffers [N, P, C]), offset [N, C] optional (Backend::group_norm_offset);
-// false (nothing enqueued) where the kernels do not apply: C not a multiple of the vector width, a row too wide for
-// one block, unaligned buffers.
+// false (nothing enqueued) where the kernels do not apply: x or out not channels-last or of different dtypes, C not
+// a multiple of the vector width, a row too wide for one block, unaligned buffers.
 bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta,
                                   int groups, float eps, UnaryOp act) {
+  if (!x.is_channels_last() || !out.is_channels_last() || x.dtype() != out.dtype()) return false;
   const int64_t n = x.size(0), c = x.size(1), p = x.size(2) * x.size(3);
   bool done = false;
   dispatch_float(x.dtype(), "group_norm", [&](auto tag) {

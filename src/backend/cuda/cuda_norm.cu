@@ -326,26 +326,22 @@ __global__ void rms_norm_vec_kernel(T* y, const T* x, NormAffine aff, int64_t ro
 
 }  // namespace
 
-// x [N, C, S] contiguous (S = product of the trailing dims), or x and out channels-last [N, C, H, W];
-// statistics per (n, group of C/groups channels).
 // The channels-last kernels add the offset inside both passes; elsewhere (NCHW tensors, the kernels' unsupported
 // cases) it is added in a pass of its own first (Backend's default).
 void CudaBackend::group_norm_offset(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta,
                                     int groups, float eps, UnaryOp act) {
   if (x.numel() == 0) return;
-  if (gn_offset_in_kernels_ && x.is_channels_last() && out.is_channels_last() && x.dtype() == out.dtype() &&
-      group_norm_nhwc(out, x, offset, gamma, beta, groups, eps, act))
-    return;
+  if (gn_offset_in_kernels_ && group_norm_nhwc(out, x, offset, gamma, beta, groups, eps, act)) return;
   Backend::group_norm_offset(out, x, offset, gamma, beta, groups, eps, act);
 }
 
+// x [N, C, S] contiguous (S = product of the trailing dims), or x and out channels-last [N, C, H, W];
+// statistics per (n, group of C/groups channels).
 void CudaBackend::group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) {
   const int64_t n = x.size(0), c = x.size(1);
   if (x.numel() == 0) return;
   if (x.is_channels_last() || out.is_channels_last()) {
-    if (x.is_channels_last() && out.is_channels_last() && x.dtype() == out.dtype() &&
-        group_norm_nhwc(out, x, Tensor(), gamma, beta, groups, eps, act))
-      return;
+    if (group_norm_nhwc(out, x, Tensor(), gamma, beta, groups, eps, act)) return;
     // Outside the channels-last kernels' cases (odd channel counts, f32 rows too wide): through NCHW copies.
     return through_packed(*this, out, x, [&](Tensor& oc, const Tensor& xc) { group_norm(oc, xc, gamma, beta, groups, eps, act); });
   }
