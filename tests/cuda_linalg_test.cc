@@ -39,6 +39,7 @@ struct ImplGuard {
     test::cuda_be().set_group_norm_apply_merge(false);
     test::cuda_be().set_group_norm_offset_in_kernels(true);
     test::cuda_be().set_conv_gemm(cuda::conv_gemm_default());
+    test::cuda_be().set_upsample_phases(cuda::upsample_phases_default());
     cuda::set_wgmma_attention(true);
   }
 };
@@ -399,6 +400,37 @@ TEST(CudaOps, ChannelsLastConvThroughGemmMatchesCpu) {
     const int64_t before = test::cuda_be().conv_gemm_calls();
     for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b, r}), dt);
     EXPECT_EQ(test::cuda_be().conv_gemm_calls() - before, 2) << what << ": the GEMM path did not run";
+  }
+}
+
+// The upsamplers (nearest 2x, then a 3x3 convolution) as one 2x2 convolution per output phase (cuda_conv_upsample.cu)
+// against the CPU's upsample-then-convolve: SD's 8x8 level, odd sizes, without a bias, and with fewer than 8 input
+// channels; each through cuDNN and through the GEMM path. Every case must have taken the phase path (forced: kAuto
+// takes it where timed faster).
+TEST(CudaOps, Upsample2xConvAsPhaseConvsMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  ImplGuard restore;
+  struct Case { Shape x; int64_t o; bool bias; };
+  test::cuda_be().set_upsample_phases(cuda::UpsamplePhases::kForce);
+  const Case cases[] = {{{2, 1280, 8, 8}, 1280, true}, {{1, 64, 5, 7}, 32, true}, {{3, 16, 6, 3}, 24, false}, {{2, 4, 4, 5}, 8, true}};
+  for (const Case& c : cases) {
+    const Tensor x = random_tensor(c.x, 91), w = random_tensor({c.o, c.x[1], 3, 3}, 92, 1.0f / std::sqrt(9.0f * float(c.x[1])));
+    const Tensor b = c.bias ? random_tensor({c.o}, 93) : Tensor();
+    const auto fn = [](const std::vector<Tensor>& in) {
+      const Tensor y = ops::upsample2x_conv2d(channels_last(in[0]), in[1], in.size() > 2 ? in[2] : Tensor(), Conv2dParams{1, 1, 1, 1});
+      if (!in[0].device().is_cpu() && in[0].dtype() != DType::F32) EXPECT_TRUE(y.is_channels_last()) << shape_str(y.strides());
+      return y;
+    };
+    const std::vector<Tensor> inputs = c.bias ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
+    for (cuda::ConvGemm gemm : {cuda::ConvGemm::kOff, cuda::ConvGemm::kForce}) {
+      test::cuda_be().set_conv_gemm(gemm);
+      // The GEMM path takes whole 16-byte channel vectors only; cuDNN takes the rest.
+      const std::string what = "upsample2x_conv2d " + shape_str(c.x) + " -> " + std::to_string(c.o) + (c.bias ? " + bias" : "") +
+                               (gemm == cuda::ConvGemm::kForce ? " (GEMM path where it applies)" : " (cuDNN)");
+      const int64_t before = test::cuda_be().upsample_phase_calls();
+      for (DType dt : kLowp) EXPECT_PARITY(what, fn, inputs, dt);
+      EXPECT_EQ(test::cuda_be().upsample_phase_calls() - before, 2) << what << ": the phase path did not run";
+    }
   }
 }
 

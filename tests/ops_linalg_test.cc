@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/ops.h"
@@ -255,6 +256,40 @@ TEST(OpsConv2d, WinogradAndIm2colAgreeWithReference) {
     }
   }
   cpu::set_winograd_conv(true);
+}
+
+// An upsampler (nearest 2x, then a convolution) against the reference convolution of the upsampled tensor, at odd sizes
+// and with a kernel other than 3x3; operands that do not fit are refused with the convolution's messages.
+TEST(OpsConv2d, Upsample2xConvEqualsConvOfTheUpsampledInput) {
+  const std::vector<ConvCase> cases = {{{1, 3, 5, 7}, {4, 3, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, true},
+                                       {{2, 8, 4, 4}, {6, 8, 3, 3}, {1, 1, 1, 1, 1, 1, 1}, false},
+                                       {{1, 4, 3, 2}, {5, 4, 1, 1}, {}, true}};
+  uint32_t seed = 70;
+  for (const ConvCase& cc : cases) {
+    const Tensor x = random_tensor(cc.x, seed++), w = random_tensor(cc.w, seed++, 0.2f);
+    const Tensor b = cc.bias ? random_tensor({cc.w[0]}, seed++) : Tensor();
+    Shape os;
+    const std::vector<double> ref = ref_conv(ops::upsample_nearest2d(x, 2), w, b, cc.p, &os);
+    const Tensor out = ops::upsample2x_conv2d(x, w, b, cc.p);
+    EXPECT_EQ(out.shape(), os) << shape_str(cc.x) << " * " << shape_str(cc.w);
+    EXPECT_OPS_CLOSE(out, ref) << shape_str(cc.x) << " * " << shape_str(cc.w);
+  }
+  // The message names the op and what does not fit.
+  const auto refused_with = [](const std::function<void()>& call, const std::string& text) {
+    try {
+      call();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status().code(), ErrorCode::kInvalidArgument);
+      const std::string what = e.what();
+      return what.find("upsample2x_conv2d") != std::string::npos && what.find(text) != std::string::npos;
+    }
+    return false;
+  };
+  const Tensor x = random_tensor({1, 3, 4, 4}, 80), w = random_tensor({4, 3, 3, 3}, 81);
+  const Conv2dParams p{1, 1, 1, 1};
+  EXPECT_TRUE(refused_with([&] { ops::upsample2x_conv2d(x, random_tensor({4, 5, 3, 3}, 82), Tensor(), p); }, "does not match x"));
+  EXPECT_TRUE(refused_with([&] { ops::upsample2x_conv2d(random_tensor({3, 4, 4}, 83), w, Tensor(), p); }, "[N, C, H, W]"));
+  EXPECT_TRUE(refused_with([&] { ops::upsample2x_conv2d(x, w, random_tensor({3}, 84), p); }, "bias must be [4]"));
 }
 
 // Per (sample, group) normalisation in double.

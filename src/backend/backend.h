@@ -177,6 +177,15 @@ class Backend {
   // independently; w contiguous).
   virtual void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
                       const Tensor& addend) = 0;
+  // out [N, O, 2H, 2W] = conv2d(x upsampled 2x by nearest neighbour, w [O, C, 3, 3], bias [O] optional) with stride
+  // 1 and padding 1 (the upsamplers of SD's UNet and VAE), x [N, C, H, W] and out both channels-last, w in out's
+  // dtype. A backend may compute it without the upsampled tensor: per output phase (row and column parity) it is a
+  // 2x2 convolution of x with summed weights. False (this default) where it does not: nothing was written, and
+  // ops::upsample2x_conv2d upsamples and convolves.
+  virtual bool upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+    (void)out, (void)x, (void)w, (void)bias;
+    return false;
+  }
 
   // --- normalisation ------------------------------------------------------------------------------
   // x [N, C, *] normalised over (C/groups, *) per group; gamma/beta [C] optional; act fused after the affine.

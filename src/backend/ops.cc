@@ -513,28 +513,43 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, floa
   return out;
 }
 
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& addend) {
-  trace::Scope range("conv2d", Category::kOp);
-  const std::string op = "conv2d";
+namespace {
+
+// Checks conv2d's operands for an input of shape xs (x's own, or the upsampled one) -> the output's shape.
+Shape conv2d_output_shape(const Tensor& x, const Shape& xs, const Tensor& w, const Tensor& b, const Conv2dParams& p,
+                          const std::string& op) {
   require_f32(x, op, "x");
   require_f32(w, op, "w");
   require_same_device(x, w, op);
-  require(x.dim() == 4, op, "x must be [N, C, H, W], got " + shape_str(x.shape()));
+  require(xs.size() == 4, op, "x must be [N, C, H, W], got " + shape_str(xs));
   require(w.dim() == 4, op, "w must be [O, C/groups, kh, kw], got " + shape_str(w.shape()));
   require(p.groups >= 1 && p.stride_h >= 1 && p.stride_w >= 1 && p.dilation_h >= 1 && p.dilation_w >= 1 && p.pad_h >= 0 && p.pad_w >= 0,
           op, "groups, strides and dilations must be >= 1 and paddings >= 0");
-  const int64_t c = x.size(1), o = w.size(0), g = p.groups;
+  const int64_t c = xs[1], o = w.size(0), g = p.groups;
   require(c % g == 0 && o % g == 0, op, "channels " + std::to_string(c) + " in / " + std::to_string(o) + " out not divisible by groups " + std::to_string(g));
-  require(w.size(1) == c / g, op, "w " + shape_str(w.shape()) + " does not match x " + shape_str(x.shape()) + " with groups " + std::to_string(g));
+  require(w.size(1) == c / g, op, "w " + shape_str(w.shape()) + " does not match x " + shape_str(xs) + " with groups " + std::to_string(g));
   if (b.defined()) {
     require_f32(b, op, "b");
     require(b.dim() == 1 && b.size(0) == o, op, "bias must be [" + std::to_string(o) + "], got " + shape_str(b.shape()));
   }
   const int64_t ekh = int64_t(p.dilation_h) * (w.size(2) - 1) + 1, ekw = int64_t(p.dilation_w) * (w.size(3) - 1) + 1;
-  const int64_t hp = x.size(2) + 2 * p.pad_h, wp = x.size(3) + 2 * p.pad_w;
-  require(hp >= ekh && wp >= ekw, op, "kernel " + shape_str(w.shape()) + " larger than the padded input " + shape_str(x.shape()));
-  const int64_t ho = (hp - ekh) / p.stride_h + 1, wo = (wp - ekw) / p.stride_w + 1;
-  const Shape out_shape{x.size(0), o, ho, wo};
+  const int64_t hp = xs[2] + 2 * p.pad_h, wp = xs[3] + 2 * p.pad_w;
+  require(hp >= ekh && wp >= ekw, op, "kernel " + shape_str(w.shape()) + " larger than the padded input " + shape_str(xs));
+  return {xs[0], o, (hp - ekh) / p.stride_h + 1, (wp - ekw) / p.stride_w + 1};
+}
+
+// Every output element is a dot product over (C/g) * kh * kw inputs.
+void count_conv_flops(const Shape& out, const Tensor& w) {
+  trace::count_flops(gemm_flops(out[0], out[1] * out[2], out[3], w.size(1) * w.size(2) * w.size(3)));
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& addend) {
+  trace::Scope range("conv2d", Category::kOp);
+  const std::string op = "conv2d";
+  require_defined(x, op, "x");
+  const Shape out_shape = conv2d_output_shape(x, x.shape(), w, b, p, op);
   Tensor add;
   if (addend.defined()) {
     require_f32(addend, op, "addend");
@@ -543,12 +558,30 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dPar
   }
   const bool channels_last = wants_channels_last(x);
   Tensor out = channels_last ? Tensor::empty_channels_last(out_shape, x.dtype(), x.device()) : empty_like_shape(x, out_shape);
-  // Every output element is a dot product over (C/g) * kh * kw inputs.
-  trace::count_flops(gemm_flops(x.size(0), o * ho, wo, (c / g) * w.size(2) * w.size(3)));
+  count_conv_flops(out_shape, w);
   if (range.active()) range.set_detail(shape_str(x.shape()) + " * " + shape_str(w.shape()) + " -> " + shape_str(out.shape()));
   const Tensor xin = channels_last && x.is_channels_last() ? x : contiguous(x);
   backend_of(x).conv2d(out, xin, contiguous(w), contiguous_opt(b), p, add);
   return out;
+}
+
+Tensor upsample2x_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p) {
+  const std::string op = "upsample2x_conv2d";
+  require_defined(x, op, "x");
+  require(x.dim() == 4, op, "x must be [N, C, H, W], got " + shape_str(x.shape()));
+  const Shape out_shape = conv2d_output_shape(x, {x.size(0), x.size(1), 2 * x.size(2), 2 * x.size(3)}, w, b, p, op);
+  const bool upsampler = w.size(2) == 3 && w.size(3) == 3 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 1 && p.pad_w == 1 &&
+                         p.dilation_h == 1 && p.dilation_w == 1 && p.groups == 1;
+  if (upsampler && x.numel() > 0 && x.is_channels_last() && wants_channels_last(x) && w.dtype() == x.dtype()) {
+    trace::Scope range("upsample2x_conv2d", Category::kOp);
+    Tensor out = Tensor::empty_channels_last(out_shape, x.dtype(), x.device());
+    if (range.active()) range.set_detail(shape_str(x.shape()) + " * " + shape_str(w.shape()) + " -> " + shape_str(out_shape));
+    if (backend_of(x).upsample2x_conv2d(out, x, contiguous(w), contiguous_opt(b))) {
+      count_conv_flops(out_shape, w);
+      return out;
+    }
+  }
+  return conv2d(upsample_nearest2d(x, 2), w, b, p);
 }
 
 // --- normalisation --------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ class ConvEngine;
 class CudnnSdpa;
 class CudnnSdpaFp8;
 struct GemmCall;
+struct ConvShape;
 
 // Which convolution implementation to use (tests force each one). kAuto prefers cuDNN when it loads, in
 // channels-last layout for 16-bit ungrouped convolutions (cuDNN's fast tensor-core kernels are NHWC: the
@@ -43,6 +44,10 @@ enum class AttentionImpl { kAuto, kFlash, kGemm, kCudnnSdpa };
 // always (tests). ATELIER_CONV_GEMM=0|force; kAuto by default.
 enum class ConvGemm { kAuto, kOff, kForce };
 ConvGemm conv_gemm_default();
+// Whether the upsamplers run as one 2x2 convolution per output phase (cuda_conv_upsample.cu): kAuto where timed faster
+// than upsampling then convolving per shape, kOff never, kForce always (tests). ATELIER_UPSAMPLE_PHASES=0|force.
+enum class UpsamplePhases { kAuto, kOff, kForce };
+UpsamplePhases upsample_phases_default();
 
 class CudaBackend final : public Backend {
  public:
@@ -70,6 +75,7 @@ class CudaBackend final : public Backend {
   void copy(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& dst, float value) override;
   void upsample_nearest2d(Tensor& out, const Tensor& x, int factor) override;  // cuda_copy.cu
+  bool upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override;  // cuda_conv_upsample.cu
   void embedding(Tensor& out, const Tensor& ids, const Tensor& table) override;
 
   void unary(Tensor& out, const Tensor& x, UnaryOp op) override;
@@ -130,6 +136,8 @@ class CudaBackend final : public Backend {
   void set_conv_impl(ConvImpl impl) { conv_impl_ = impl; }
   void set_conv_gemm(ConvGemm mode) { conv_gemm_ = mode; }
   int64_t conv_gemm_calls() const { return conv_gemm_calls_.load(); }  // convolutions the GEMM path ran
+  void set_upsample_phases(UpsamplePhases mode) { upsample_phases_ = mode; }
+  int64_t upsample_phase_calls() const { return upsample_phase_calls_.load(); }  // upsamplers run as phase convolutions
   // "cudnn <version>" or "im2col+gemm (cuDNN not loaded: <why>)": what kAuto uses on this machine.
   std::string conv_impl_name();
   void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
@@ -200,6 +208,10 @@ class CudaBackend final : public Backend {
   // declines (nothing written to out).
   bool conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, bool w_persistent,
                    const Tensor& addend);
+  // The channels-last output part of conv2d_nhwc: cuDNN or the GEMM path into out (channels-last) from xn (x's bytes
+  // in NHWC order: a channels-last tensor when x_nhwc) and wn [O, kh, kw, C]; false where cuDNN declines.
+  bool conv2d_nhwc_packed(Tensor& out, const Tensor& xn, bool x_nhwc, const ConvShape& s, const Tensor& wn, const Tensor& bias,
+                          const Conv2dParams& p, const Tensor& addend);
   // cuda_conv_gemm.cu: whether the GEMM path can take the case (x, out channels-last; wn [O, kh, kw, C]); the path
   // itself; and whether it is faster than `cudnn` for this shape (timed at the first eager call, then cached).
   bool conv_gemm_applies(const Tensor& out, const Tensor& x, const Tensor& wn, const Conv2dParams& p, const Tensor& addend) const;
@@ -243,6 +255,22 @@ class CudaBackend final : public Backend {
   };
   std::mutex nhwc_mu_;
   std::unordered_map<const void*, NhwcWeight> nhwc_weights_;
+  // An upsampler's weights as its four output phases' 2x2 kernels [4 * O, 2, 2, C] and its bias tiled to [4 * O]
+  // (cuda_conv_upsample.cu), cached per weight buffer (under nhwc_mu_).
+  struct PhaseWeights {
+    std::weak_ptr<Buffer> source;
+    const void* bias_source = nullptr;
+    Tensor weight, bias;
+  };
+  PhaseWeights phase_weights(const Tensor& w, const Tensor& bias);
+  std::unordered_map<const void*, PhaseWeights> phase_weights_;
+  UpsamplePhases upsample_phases_ = upsample_phases_default();
+  // Whether the phases are faster than `plain` for this shape (timed at its first eager call; under conv_gemm_mu_).
+  bool upsample_phase_choice(const Tensor& out, const Tensor& x, const Tensor& bias, const std::function<bool()>& phases,
+                             const std::function<bool()>& plain);
+  // (x shape, out channels, dtype, bias?) -> the phases are faster
+  std::map<std::tuple<std::vector<int64_t>, int64_t, int, bool>, bool> upsample_phase_choices_;
+  std::atomic<int64_t> upsample_phase_calls_{0};
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   int flash_block_rows_ = 0;
   int flash_key_tile_ = 0;

@@ -544,34 +544,40 @@ bool CudaBackend::conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, con
     launch_transpose(xn.raw(), x.raw(), dt, n, c, h * wd, Tensor(), stream_);  // [N, C, HW] -> [N, HW, C]
   }
   const Tensor wn = nhwc_weight(w, w_persistent);
-  if (out_nhwc) {
-    // cuDNN writing out in place: bias and addend inside its plan where that is faster (and equal), else one
-    // output pass. Or the GEMM path (cuda_conv_gemm.cu) where it applies and measures faster for the shape.
-    const auto cudnn = [&] {
-      ConvEpilogue e;
-      if ((bias.defined() || addend.defined()) && fusable_epilogue(out, bias, addend, &e)) {
-        e.separate = [&] { launch_nhwc_epilogue(out, bias, addend, stream_); };
-        e.agrees = [&](const void* fused_y) { return same_to_rounding(fused_y, out, alloc_, stream_); };
-        if (conv_->forward_fused(out.raw(), xn.raw(), wn.raw(), dt, s, p, alloc_, e)) return true;
-      }
-      if (!conv_->forward(out.raw(), xn.raw(), wn.raw(), dt, s, p, !allow_tf32_, alloc_, /*nhwc=*/true)) return false;
-      launch_nhwc_epilogue(out, bias, addend, stream_);
-      return true;
-    };
-    if (conv_impl_ == ConvImpl::kAuto && conv_gemm_ != ConvGemm::kOff && x_nhwc && conv_gemm_applies(out, xn, wn, p, addend)) {
-      const auto gemm_path = [&] { conv2d_nhwc_gemm(out, xn, wn, bias, p, addend); };
-      if (conv_gemm_ == ConvGemm::kForce || conv_gemm_choice(out, xn, wn, bias, p, addend, cudnn, gemm_path)) {
-        gemm_path();
-        return true;
-      }
-    }
-    return cudnn();
-  }
+  if (out_nhwc) return conv2d_nhwc_packed(out, xn, x_nhwc, s, wn, bias, p, addend);
   Tensor yn = Tensor::empty({n, ho, wo, o}, dt, device());
   if (!conv_->forward(yn.raw(), xn.raw(), wn.raw(), dt, s, p, !allow_tf32_, alloc_, /*nhwc=*/true)) return false;
   launch_transpose(out.raw(), yn.raw(), dt, n, ho * wo, o, bias, stream_);  // [N, HW, O] -> [N, O, HW] + bias
   if (addend.defined()) binary(out, out, addend, BinaryOp::kAdd);
   return true;
+}
+
+// out channels-last; xn x's bytes in NHWC order (a channels-last tensor when x_nhwc, else an [N, H, W, C] copy);
+// wn [O, kh, kw, C] contiguous. False where cuDNN declines (nothing written).
+bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, bool x_nhwc, const ConvShape& s, const Tensor& wn,
+                                     const Tensor& bias, const Conv2dParams& p, const Tensor& addend) {
+  const DType dt = out.dtype();
+  // cuDNN writing out in place: bias and addend inside its plan where that is faster (and equal), else one
+  // output pass. Or the GEMM path (cuda_conv_gemm.cu) where it applies and measures faster for the shape.
+  const auto cudnn = [&] {
+    ConvEpilogue e;
+    if ((bias.defined() || addend.defined()) && fusable_epilogue(out, bias, addend, &e)) {
+      e.separate = [&] { launch_nhwc_epilogue(out, bias, addend, stream_); };
+      e.agrees = [&](const void* fused_y) { return same_to_rounding(fused_y, out, alloc_, stream_); };
+      if (conv_->forward_fused(out.raw(), xn.raw(), wn.raw(), dt, s, p, alloc_, e)) return true;
+    }
+    if (!conv_->forward(out.raw(), xn.raw(), wn.raw(), dt, s, p, !allow_tf32_, alloc_, /*nhwc=*/true)) return false;
+    launch_nhwc_epilogue(out, bias, addend, stream_);
+    return true;
+  };
+  if (conv_impl_ == ConvImpl::kAuto && conv_gemm_ != ConvGemm::kOff && x_nhwc && conv_gemm_applies(out, xn, wn, p, addend)) {
+    const auto gemm_path = [&] { conv2d_nhwc_gemm(out, xn, wn, bias, p, addend); };
+    if (conv_gemm_ == ConvGemm::kForce || conv_gemm_choice(out, xn, wn, bias, p, addend, cudnn, gemm_path)) {
+      gemm_path();
+      return true;
+    }
+  }
+  return cudnn();
 }
 
 // The general path: per sample, blocks of output pixels are unfolded into a column matrix [groups, kc, width]

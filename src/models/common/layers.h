@@ -84,6 +84,8 @@ struct Conv2d {
   // x [N, in, H, W] -> [N, out, Ho, Wo] (+ addend broadcastable to it: a per-sample [N, out, 1, 1] bias or a
   // residual, added in the convolution's output pass)
   Tensor operator()(const Tensor& x, const Tensor& addend = {}) const { return ops::conv2d(x, weight, bias, params, addend); }
+  // x [N, in, H, W] -> [N, out, Ho, Wo] of x upsampled 2x (nearest): an upsampler (ops::upsample2x_conv2d)
+  Tensor upsampled2x(const Tensor& x) const { return ops::upsample2x_conv2d(x, weight, bias, params); }
 };
 
 struct GroupNorm {

@@ -181,7 +181,9 @@ Tensor UpBlock::forward(const Tensor& x, const UNetConditioning& cond, std::vect
   }
   if (upsampler.weight.defined()) {
     ATELIER_CHECK(!skips.empty(), "UNet upsampler has no skip connection to take its size from");
-    h = upsampler(upsample_nearest_to(h, skips.back().size(2), skips.back().size(3)));
+    const int64_t height = skips.back().size(2), width = skips.back().size(3);
+    // 2x - 1 (an odd size on the way down): the convolution sees the cropped tensor's zero padding
+    h = height == 2 * h.size(2) && width == 2 * h.size(3) ? upsampler.upsampled2x(h) : upsampler(upsample_nearest_to(h, height, width));
   }
   return h;
 }

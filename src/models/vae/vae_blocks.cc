@@ -112,7 +112,7 @@ Tensor VaeLevel::operator()(const Tensor& x) const {
   Tensor h = x;
   for (const auto& r : resnets) h = r(h);
   if (!resample) return h;
-  if (upsample) return (*resample)(ops::upsample_nearest2d(h, 2));
+  if (upsample) return resample->upsampled2x(h);
   // Downsample2D with padding 0: pad right and bottom by one, then a stride-2 valid conv.
   return (*resample)(ops::pad2d(h, 0, 1, 0, 1));
 }

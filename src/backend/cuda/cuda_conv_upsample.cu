@@ -1,0 +1,183 @@
+// The upsamplers (nearest 2x, then a 3x3 stride-1 padding-1 convolution: SD's UNet and VAE) without the
+// upsampled tensor. Output pixel (2i + a, 2j + b) reads upsampled rows 2i + a - 1 .. 2i + a + 1, which are input
+// rows i + floor((a + dy - 1) / 2) for the taps dy = 0, 1, 2: two distinct rows per phase, the same for columns.
+// Per output phase (a, b) the 3x3 convolution of the upsampled tensor is therefore a 2x2 convolution of x whose
+// weights are sums of the 3x3 taps that land on the same input pixel: 4 of the 9 multiply-adds per output.
+//
+// All four phases are one convolution: a 2x2 kernel with padding 1 over x gives [N, H + 1, W + 1] outputs, and
+// phase (a, b)'s output (i, j) is its pixel (i + a, j + b) with the phase's weights, so the four phases' weights
+// are stacked as 4 * O output channels. One shuffle pass then writes each phase's channels to its output pixels.
+// The convolution goes through conv2d_nhwc_packed (cuDNN or the GEMM path, whichever is timed faster for its
+// shape); the extra (H + W + 1) / (H * W) of the padded rim costs 27% at 8x8 and 3% at 64x64.
+//
+// Why: the UNet's three upsampler convolutions took 0.25 ms of a CFG UNet call and 1.4 ms at 16 rows, the VAE's
+// 0.9 ms of its 6.7 ms decode plus 0.12 ms of upsample passes (docs/performance.md, session 23).
+#include <cstdio>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_conv.h"
+#include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_event_timing.h"
+#include "backend/cuda/cuda_nvtx.h"
+#include "backend/cuda/cudnn_graph_api.h"
+
+namespace atelier::cuda {
+namespace {
+
+constexpr int kPhases = 4;     // (row parity, column parity) of the output pixels
+constexpr int kPhaseTaps = 2;  // each phase's kernel is 2x2
+constexpr int kTaps = 3;       // the upsampler's kernel is 3x3
+constexpr int kTimedRounds = 2, kTimedRuns = 3;
+
+// The 2x2 tap that the 3x3 tap d of phase a lands on: input offset floor((a + d - 1) / 2), shifted by the padding-1
+// window's origin at output pixel i + a.
+__host__ __device__ constexpr int phase_tap(int a, int d) { return (a + d + 1) / 2 - a; }
+
+// out [4 * O, 2, 2, C] (phase p = 2a + b major, channels last) = the sums of w [O, C, 3, 3]'s taps per phase tap,
+// in f32 and rounded once.
+template <typename T>
+__global__ void phase_weights_kernel(T* out, const T* w, int64_t o, int64_t c) {
+  const int64_t idx = global_thread();
+  if (idx >= kPhases * o * kPhaseTaps * kPhaseTaps * c) return;
+  const int64_t ci = idx % c;
+  int64_t rest = idx / c;
+  const int kx = int(rest % kPhaseTaps);
+  rest /= kPhaseTaps;
+  const int ky = int(rest % kPhaseTaps);
+  rest /= kPhaseTaps;
+  const int64_t oi = rest % o;
+  const int phase = int(rest / o), a = phase >> 1, b = phase & 1;
+  const T* taps = w + (oi * c + ci) * kTaps * kTaps;
+  float sum = 0.0f;
+  for (int dy = 0; dy < kTaps; ++dy)
+    for (int dx = 0; dx < kTaps; ++dx)
+      if (phase_tap(a, dy) == ky && phase_tap(b, dx) == kx) sum += to_f32(taps[dy * kTaps + dx]);
+  out[idx] = from_f32<T>(sum);
+}
+
+// out [N, 2H, 2W, O] (channels-last bytes) from the four phases' outputs y [N, H + 1, W + 1, 4 * O]: pixel (y, x)
+// of phase (y & 1, x & 1) sits at ((y + 1) / 2, (x + 1) / 2). One thread per 16-byte vector of channels.
+__global__ void phase_shuffle_kernel(uint4* out, const uint4* y, int64_t total_vecs, int o_vecs, int h, int w) {
+  const int64_t idx = global_thread();
+  if (idx >= total_vecs) return;
+  const int v = int(idx % o_vecs);
+  int64_t rest = idx / o_vecs;
+  const int ox = int(rest % (2 * w));
+  rest /= 2 * w;
+  const int oy = int(rest % (2 * h));
+  const int64_t n = rest / (2 * h);
+  const int phase = (oy & 1) * 2 + (ox & 1);
+  const int64_t pixel = (n * (h + 1) + (oy + 1) / 2) * (w + 1) + (ox + 1) / 2;
+  out[idx] = y[(pixel * kPhases + phase) * o_vecs + v];
+}
+
+}  // namespace
+
+UpsamplePhases upsample_phases_default() {
+  if (env_is("ATELIER_UPSAMPLE_PHASES", "0")) return UpsamplePhases::kOff;
+  if (env_is("ATELIER_UPSAMPLE_PHASES", "force")) return UpsamplePhases::kForce;
+  return UpsamplePhases::kAuto;
+}
+
+// w [O, C, 3, 3] -> the stacked phase weights [4 * O, 2, 2, C] and bias [O] -> [4 * O] (undefined without one),
+// cached per weight buffer as nhwc_weight caches (model weights keep their buffers).
+CudaBackend::PhaseWeights CudaBackend::phase_weights(const Tensor& w, const Tensor& bias) {
+  const int64_t o = w.size(0), c = w.size(1);
+  std::lock_guard<std::mutex> lock(nhwc_mu_);
+  if (!phase_weights_.count(w.raw())) std::erase_if(phase_weights_, [](const auto& kv) { return kv.second.source.expired(); });
+  PhaseWeights& e = phase_weights_[w.raw()];
+  const bool same_bias = bias.defined() ? e.bias_source == bias.raw() && e.bias.defined() : !e.bias.defined();
+  if (!e.source.expired() && e.source.lock() == w.buffer() && same_bias && e.weight.size(0) == kPhases * o && e.weight.size(3) == c)
+    return e;
+  e.source = w.buffer();
+  e.weight = Tensor::empty({kPhases * o, kPhaseTaps, kPhaseTaps, c}, w.dtype(), device());
+  const int64_t total = e.weight.numel();
+  dispatch_float(w.dtype(), "upsample2x_conv2d", [&](auto tag) {
+    using T = decltype(tag);
+    phase_weights_kernel<T><<<grid_for(total), kThreads, 0, stream_>>>(e.weight.data<T>(), w.data<T>(), o, c);
+  });
+  ATELIER_CUDA_LAUNCHED();
+  e.bias = Tensor();
+  e.bias_source = bias.defined() ? bias.raw() : nullptr;
+  if (bias.defined()) {
+    e.bias = Tensor::empty({kPhases * o}, bias.dtype(), device());
+    Tensor rows = e.bias.reshape({kPhases, o});
+    copy(rows, Tensor(bias.buffer(), {kPhases, o}, {0, bias.strides()[0]}, bias.dtype(), bias.offset()));  // repeated per phase
+  }
+  return e;
+}
+
+// out [N, O, 2H, 2W] = conv3x3(upsample2x(x), w) + bias, x [N, C, H, W] and out channels-last (the file's comment).
+// Where the phases are not timed faster for the shape, false: ops::upsample2x_conv2d upsamples and convolves.
+bool CudaBackend::upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  const DType dt = out.dtype();
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3), o = out.size(1);
+  const int64_t vec = 16 / int64_t(dtype_size(dt));
+  if (upsample_phases_ == UpsamplePhases::kOff || !prefers_channels_last(dt) || x.dtype() != dt || w.dtype() != dt || o % vec != 0 ||
+      !x.is_channels_last() || !out.is_channels_last())
+    return false;
+  NvtxRange range("upsample2x_conv2d");
+  DeviceGuard guard(index_);
+  {
+    std::lock_guard<std::mutex> lock(engines_mu_);
+    if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
+  }
+  if (!conv_->available()) return false;
+  const PhaseWeights pw = phase_weights(w, bias);
+  const auto phases = [&] {
+    Tensor y = Tensor::empty_channels_last({n, kPhases * o, h + 1, wd + 1}, dt, device());
+    Conv2dParams pp;
+    pp.pad_h = pp.pad_w = 1;
+    const ConvShape s{n, c, h, wd, kPhases * o, kPhaseTaps, kPhaseTaps, h + 1, wd + 1};
+    if (!conv2d_nhwc_packed(y, x, /*x_nhwc=*/true, s, pw.weight, pw.bias, pp, Tensor())) return false;
+    const int o_vecs = int(o / vec);
+    const int64_t total = n * 4 * h * wd * o_vecs;
+    phase_shuffle_kernel<<<grid_for(total), kThreads, 0, stream_>>>(static_cast<uint4*>(out.raw()), static_cast<const uint4*>(y.raw()),
+                                                                    total, o_vecs, int(h), int(wd));
+    ATELIER_CUDA_LAUNCHED();
+    return true;
+  };
+  if (upsample_phases_ == UpsamplePhases::kAuto && !upsample_phase_choice(out, x, bias, phases, [&] {
+        // x's channel runs repeated 2 x 2 times: one strided copy in [N, H, 2, W, 2, C] order
+        Tensor up = Tensor::empty_channels_last({n, c, 2 * h, 2 * wd}, dt, device());
+        Tensor dst(up.buffer(), {n, h, 2, wd, 2, c}, {4 * h * wd * c, 4 * wd * c, 2 * wd * c, 2 * c, c, 1}, dt, up.offset());
+        const Shape& xs = x.strides();
+        copy(dst, Tensor(x.buffer(), {n, h, 2, wd, 2, c}, {xs[0], xs[2], 0, xs[3], 0, xs[1]}, dt, x.offset()));
+        conv2d(out, up, w, bias, Conv2dParams{1, 1, 1, 1}, Tensor());
+        return true;
+      }))
+    return false;
+  if (!phases()) return false;
+  upsample_phase_calls_.fetch_add(1);
+  return true;
+}
+
+// Per shape, whether the phases are faster than upsampling then convolving: both timed in turns at the shape's first
+// eager call (conv_gemm_choice's way). The phases read 16/9 of the weights (52 MB against 29 MB at SD's 1280
+// channels), so where few output pixels leave the convolution bound by its weights' bytes (batch 1 or 2 at SD's 8x8
+// level) they may lose. Under capture an unknown shape takes the plain path without deciding.
+bool CudaBackend::upsample_phase_choice(const Tensor& out, const Tensor& x, const Tensor& bias, const std::function<bool()>& phases,
+                                        const std::function<bool()>& plain) {
+  const auto key = std::make_tuple(x.shape(), out.size(1), int(out.dtype()), bias.defined());
+  {
+    std::lock_guard<std::mutex> lock(conv_gemm_mu_);
+    auto it = upsample_phase_choices_.find(key);
+    if (it != upsample_phase_choices_.end()) return it->second;
+  }
+  if (stream_capturing(stream_)) return false;
+  EventPair events;
+  bool use_phases = false;
+  if (events.ok) {
+    const std::vector<float> ms = time_in_turns(events, stream_, kTimedRounds, kTimedRuns, {plain, phases});
+    use_phases = ms[1] >= 0.0f && (ms[0] < 0.0f || ms[1] < ms[0]);
+    if (cudnn_graph::log_enabled())  // ATELIER_CUDNN_LOG=1, beside the convolutions' choices
+      std::fprintf(stderr, "[upsample conv] x%s -> %lld channels: upsample + conv %.4f ms, phases %.4f ms: %s\n",
+                   shape_str(x.shape()).c_str(), (long long)out.size(1), double(ms[0]), double(ms[1]), use_phases ? "phases" : "plain");
+  }
+  std::lock_guard<std::mutex> lock(conv_gemm_mu_);
+  upsample_phase_choices_[key] = use_phases;
+  return use_phases;
+}
+
+}  // namespace atelier::cuda
