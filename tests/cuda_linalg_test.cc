@@ -369,7 +369,9 @@ TEST(CudaOps, GroupNormWithOffsetMatchesCpu) {
 
 // Channels-last convolutions through the GEMM path, forced (cuda_conv_gemm.cu): the NHWC im2col (3x3 with padding,
 // stride 2, dilation 2, odd sizes), a 1x1 multiplying x itself, with a bias and a channels-last residual in the GEMM's
-// epilogue, at SD's 8x8-level shape (where kAuto takes it on the H200); every case must have run the GEMM path.
+// epilogue, at SD's 8x8-level shape (where kAuto takes it on the H200); channel counts that are not whole 16-byte
+// vectors (4 like the latents into conv_in, 12) through the padded im2col, a 1x1 among them; every case must have run
+// the GEMM path.
 TEST(CudaOps, ChannelsLastConvThroughGemmMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
@@ -384,7 +386,8 @@ TEST(CudaOps, ChannelsLastConvThroughGemmMatchesCpu) {
   struct Case { Shape x; int64_t o; int k; Conv2dParams p; bool residual; };
   const Case cases[] = {{{2, 1280, 8, 8}, 1280, 3, params(1, 1, 1), false}, {{2, 640, 16, 16}, 1280, 3, params(1, 1, 1), true},
                         {{2, 64, 9, 7}, 128, 3, params(2, 1, 1), false},    {{3, 32, 5, 5}, 16, 1, params(1, 0, 1), true},
-                        {{1, 16, 11, 13}, 24, 3, params(1, 2, 2), false}};
+                        {{1, 16, 11, 13}, 24, 3, params(1, 2, 2), false}, {{2, 4, 9, 7}, 320, 3, params(1, 1, 1), false},
+                        {{1, 4, 6, 5}, 8, 1, params(1, 0, 1), true},        {{2, 12, 5, 6}, 16, 3, params(2, 1, 1), true}};
   for (const Case& c : cases) {
     const int64_t ho = (c.x[2] + 2 * c.p.pad_h - c.p.dilation_h * (c.k - 1) - 1) / c.p.stride_h + 1;
     const int64_t wo = (c.x[3] + 2 * c.p.pad_w - c.p.dilation_w * (c.k - 1) - 1) / c.p.stride_w + 1;

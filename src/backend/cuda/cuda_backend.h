@@ -209,8 +209,8 @@ class CudaBackend final : public Backend {
   bool conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, bool w_persistent,
                    const Tensor& addend);
   // The channels-last output part of conv2d_nhwc: cuDNN or the GEMM path into out (channels-last) from xn (x's bytes
-  // in NHWC order: a channels-last tensor when x_nhwc) and wn [O, kh, kw, C]; false where cuDNN declines.
-  bool conv2d_nhwc_packed(Tensor& out, const Tensor& xn, bool x_nhwc, const ConvShape& s, const Tensor& wn, const Tensor& bias,
+  // in NHWC order) and wn [O, kh, kw, C]; false where cuDNN declines.
+  bool conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvShape& s, const Tensor& wn, const Tensor& bias,
                           const Conv2dParams& p, const Tensor& addend);
   // cuda_conv_gemm.cu: whether the GEMM path can take the case (x, out channels-last; wn [O, kh, kw, C]); the path
   // itself; and whether it is faster than `cudnn` for this shape (timed at the first eager call, then cached).

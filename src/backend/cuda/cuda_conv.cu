@@ -540,11 +540,11 @@ bool CudaBackend::conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, con
   const bool x_nhwc = x.is_channels_last() || c == 1, out_nhwc = out.is_channels_last() || o == 1;
   Tensor xn = x;
   if (!x_nhwc) {
-    xn = Tensor::empty({n, h, wd, c}, dt, device());
+    xn = Tensor::empty_channels_last({n, c, h, wd}, dt, device());
     launch_transpose(xn.raw(), x.raw(), dt, n, c, h * wd, Tensor(), stream_);  // [N, C, HW] -> [N, HW, C]
   }
   const Tensor wn = nhwc_weight(w, w_persistent);
-  if (out_nhwc) return conv2d_nhwc_packed(out, xn, x_nhwc, s, wn, bias, p, addend);
+  if (out_nhwc) return conv2d_nhwc_packed(out, xn, s, wn, bias, p, addend);
   Tensor yn = Tensor::empty({n, ho, wo, o}, dt, device());
   if (!conv_->forward(yn.raw(), xn.raw(), wn.raw(), dt, s, p, !allow_tf32_, alloc_, /*nhwc=*/true)) return false;
   launch_transpose(out.raw(), yn.raw(), dt, n, ho * wo, o, bias, stream_);  // [N, HW, O] -> [N, O, HW] + bias
@@ -552,9 +552,9 @@ bool CudaBackend::conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, con
   return true;
 }
 
-// out channels-last; xn x's bytes in NHWC order (a channels-last tensor when x_nhwc, else an [N, H, W, C] copy);
-// wn [O, kh, kw, C] contiguous. False where cuDNN declines (nothing written).
-bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, bool x_nhwc, const ConvShape& s, const Tensor& wn,
+// out channels-last; xn x's bytes in NHWC order (a channels-last tensor, or a contiguous one whose bytes are the
+// same: C == 1); wn [O, kh, kw, C] contiguous. False where cuDNN declines (nothing written).
+bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvShape& s, const Tensor& wn,
                                      const Tensor& bias, const Conv2dParams& p, const Tensor& addend) {
   const DType dt = out.dtype();
   // cuDNN writing out in place: bias and addend inside its plan where that is faster (and equal), else one
@@ -570,7 +570,7 @@ bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, bool x_nhwc,
     launch_nhwc_epilogue(out, bias, addend, stream_);
     return true;
   };
-  if (conv_impl_ == ConvImpl::kAuto && conv_gemm_ != ConvGemm::kOff && x_nhwc && conv_gemm_applies(out, xn, wn, p, addend)) {
+  if (conv_impl_ == ConvImpl::kAuto && conv_gemm_ != ConvGemm::kOff && conv_gemm_applies(out, xn, wn, p, addend)) {
     const auto gemm_path = [&] { conv2d_nhwc_gemm(out, xn, wn, bias, p, addend); };
     if (conv_gemm_ == ConvGemm::kForce || conv_gemm_choice(out, xn, wn, bias, p, addend, cudnn, gemm_path)) {
       gemm_path();

@@ -1,6 +1,7 @@
 // Channels-last convolutions as one cuBLASLt GEMM: out [N*Ho*Wo, O] = col [N*Ho*Wo, kh*kw*C] x w [O, kh*kw*C]^T
 // (+ bias + a same-layout addend in the GEMM's epilogue), col gathered from x by an NHWC im2col kernel (a 1x1
-// stride-1 unpadded convolution multiplies x itself).
+// stride-1 unpadded convolution multiplies x itself). Channel counts that are not whole 16-byte vectors (the latents'
+// 4 into conv_in) get rows padded with zeros to whole vectors, in col and in a padded copy of the weights.
 //
 // Why: cuDNN's plans for convolutions with few output pixels use few blocks. At SD 1.5's CFG batch (2) the 8x8
 // level's 3x3 convolutions (M = 128 pixels, K = 11,520, N = 1,280) took 42 us each at 90 TFLOP/s on the H200
@@ -49,6 +50,29 @@ __global__ void im2col_nhwc_kernel(T* col, const T* x, int64_t total_vecs, int c
   reinterpret_cast<uint4*>(col)[idx] = value;
 }
 
+// The same for channel counts that are not whole 16-byte vectors (the 4-channel latents of conv_in): one thread per
+// element, the row's columns k = tap * C + c, zero past kh * kw * C up to k_pad (a multiple of the vector width, so
+// that every row of col starts 16-byte aligned, as cuBLASLt's fast kernels need).
+template <typename T>
+__global__ void im2col_nhwc_padded_kernel(T* col, const T* x, int64_t total, int k, int k_pad, int c, int h, int w, int ho, int wo,
+                                          int kw, int sh, int sw, int ph, int pw, int dh, int dw) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  const int col_k = int(idx % k_pad);
+  const int64_t p = idx / k_pad;
+  T value = from_f32<T>(0.0f);
+  if (col_k < k) {
+    const int tap = col_k / c, ci = col_k % c;
+    const int ox = int(p % wo), oy = int((p / wo) % ho);
+    const int64_t n = p / (int64_t(wo) * ho);
+    const int iy = oy * sh + (tap / kw) * dh - ph, ix = ox * sw + (tap % kw) * dw - pw;
+    if (iy >= 0 && iy < h && ix >= 0 && ix < w) value = x[((n * h + iy) * w + ix) * c + ci];
+  }
+  col[idx] = value;
+}
+
+int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
+
 }  // namespace
 
 ConvGemm conv_gemm_default() {
@@ -62,10 +86,12 @@ ConvGemm conv_gemm_default() {
 bool CudaBackend::conv_gemm_applies(const Tensor& out, const Tensor& x, const Tensor& wn, const Conv2dParams& p,
                                     const Tensor& addend) const {
   const int64_t c = x.size(1), o = out.size(1), m = out.size(0) * out.size(2) * out.size(3);
-  const int64_t k = wn.numel() / std::max<int64_t>(o, 1);
   const int64_t vec = 16 / int64_t(dtype_size(out.dtype()));
-  return p.groups == 1 && x.is_channels_last() && out.is_channels_last() && x.dtype() == out.dtype() && c % vec == 0 &&
-         o % vec == 0 && (multiplies_input(wn.size(1), wn.size(2), p) || m * k * int64_t(dtype_size(out.dtype())) <= kMaxColBytes) &&
+  const int64_t k_pad = round_up(wn.numel() / std::max<int64_t>(o, 1), vec);
+  // Whole channel vectors, or an im2col matrix with padded rows (a 1x1 convolution then needs one too)
+  const bool reads_x = c % vec == 0 && multiplies_input(wn.size(1), wn.size(2), p);
+  return p.groups == 1 && x.is_channels_last() && out.is_channels_last() && x.dtype() == out.dtype() && o % vec == 0 &&
+         (reads_x || m * k_pad * int64_t(dtype_size(out.dtype())) <= kMaxColBytes) &&
          (!addend.defined() || (addend.is_channels_last() && addend.shape() == out.shape() && addend.dtype() == out.dtype()));
 }
 
@@ -79,12 +105,29 @@ void CudaBackend::conv2d_nhwc_gemm(Tensor& out, const Tensor& x, const Tensor& w
   const int kh = int(wn.size(1)), kw = int(wn.size(2));
   const int64_t m = n * ho * wo, k = int64_t(kh) * kw * c;
   const auto nhwc_rows = [](const Tensor& t) { return t.permute({0, 2, 3, 1}).reshape({1, -1, t.size(1)}); };  // [1, N*H*W, C]
-  Tensor a;
-  if (multiplies_input(kh, kw, p)) {
+  const int64_t vec = 16 / int64_t(dtype_size(dt));
+  Tensor a, wk = wn.reshape({1, o, k});
+  if (c % vec != 0) {
+    // Rows padded to whole vectors, in the column matrix and in a zero-padded copy of the weights (kilobytes)
+    const int64_t k_pad = round_up(k, vec), total = m * k_pad;
+    a = Tensor::empty({1, m, k_pad}, dt, device());
+    dispatch_float(dt, "conv2d", [&](auto tag) {
+      using T = decltype(tag);
+      im2col_nhwc_padded_kernel<T><<<unsigned((total + kIm2colThreads - 1) / kIm2colThreads), kIm2colThreads, 0, stream_>>>(
+          a.data<T>(), x.data<T>(), total, int(k), int(k_pad), int(c), int(h), int(w), int(ho), int(wo), kw, p.stride_h, p.stride_w,
+          p.pad_h, p.pad_w, p.dilation_h, p.dilation_w);
+    });
+    ATELIER_CUDA_LAUNCHED();
+    Tensor padded = Tensor::empty({1, o, k_pad}, dt, device());
+    fill(padded, 0.0f);
+    Tensor head = padded.narrow(2, 0, k);
+    copy(head, wk);
+    wk = padded;
+  } else if (multiplies_input(kh, kw, p)) {
     a = nhwc_rows(x);
   } else {
     a = Tensor::empty({1, m, k}, dt, device());
-    const int c_vecs = int(c / (16 / int64_t(dtype_size(dt))));
+    const int c_vecs = int(c / vec);
     const int64_t total = m * kh * kw * c_vecs;
     dispatch_float(dt, "conv2d", [&](auto tag) {
       using T = decltype(tag);
@@ -101,7 +144,7 @@ void CudaBackend::conv2d_nhwc_gemm(Tensor& out, const Tensor& x, const Tensor& w
     gp.beta = 1.0f;
     gp.addend = nhwc_rows(addend);
   }
-  gemm(y, a, wn.reshape({1, o, k}), bias, gp);
+  gemm(y, a, wk, bias, gp);
 }
 
 // Per shape (and epilogue), whether the GEMM path is faster than `cudnn`: both timed in turns at the shape's first

@@ -130,7 +130,7 @@ bool CudaBackend::upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& 
     Conv2dParams pp;
     pp.pad_h = pp.pad_w = 1;
     const ConvShape s{n, c, h, wd, kPhases * o, kPhaseTaps, kPhaseTaps, h + 1, wd + 1};
-    if (!conv2d_nhwc_packed(y, x, /*x_nhwc=*/true, s, pw.weight, pw.bias, pp, Tensor())) return false;
+    if (!conv2d_nhwc_packed(y, x, s, pw.weight, pw.bias, pp, Tensor())) return false;
     const int o_vecs = int(o / vec);
     const int64_t total = n * 4 * h * wd * o_vecs;
     phase_shuffle_kernel<<<grid_for(total), kThreads, 0, stream_>>>(static_cast<uint4*>(out.raw()), static_cast<const uint4*>(y.raw()),
