@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_allocator.h"
+#include "backend/cuda/cuda_event_timing.h"
 
 namespace atelier::cuda {
 
@@ -246,9 +247,8 @@ class CudaBackend final : public Backend {
   bool conv_nhwc_ = true;  // ATELIER_CONV_NHWC=0 turns kAuto's channels-last path off
   ConvGemm conv_gemm_ = ConvGemm::kAuto;
   std::atomic<int64_t> conv_gemm_calls_{0};
-  std::mutex conv_gemm_mu_;
   // (out shape, x shape, kh, kw, stride h/w, pad h/w, dtype, bias?, addend?) -> the GEMM path is faster
-  std::map<std::tuple<std::vector<int64_t>, std::vector<int64_t>, int, int, int, int, int, int, int, bool, bool>, bool> conv_gemm_choices_;
+  TimedChoice<std::tuple<std::vector<int64_t>, std::vector<int64_t>, int, int, int, int, int, int, int, bool, bool>> conv_gemm_choices_;
   struct NhwcWeight {
     std::weak_ptr<Buffer> source;  // the NCHW weight's buffer: expired -> the entry is stale
     Tensor packed;
@@ -265,11 +265,11 @@ class CudaBackend final : public Backend {
   PhaseWeights phase_weights(const Tensor& w, const Tensor& bias);
   std::unordered_map<const void*, PhaseWeights> phase_weights_;
   UpsamplePhases upsample_phases_ = upsample_phases_default();
-  // Whether the phases are faster than `plain` for this shape (timed at its first eager call; under conv_gemm_mu_).
+  // Whether the phases are faster than `plain` for this shape (timed at its first eager call).
   bool upsample_phase_choice(const Tensor& out, const Tensor& x, const Tensor& bias, const std::function<bool()>& phases,
                              const std::function<bool()>& plain);
   // (x shape, out channels, dtype, bias?) -> the phases are faster
-  std::map<std::tuple<std::vector<int64_t>, int64_t, int, bool>, bool> upsample_phase_choices_;
+  TimedChoice<std::tuple<std::vector<int64_t>, int64_t, int, bool>> upsample_phase_choices_;
   std::atomic<int64_t> upsample_phase_calls_{0};
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   int flash_block_rows_ = 0;

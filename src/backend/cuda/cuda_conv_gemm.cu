@@ -28,7 +28,6 @@ namespace {
 // level at batch 2: 2.9 MB); a large image's would be hundreds and cuDNN's implicit GEMM is fast there anyway.
 constexpr int64_t kMaxColBytes = int64_t(32) << 20;
 constexpr int kIm2colThreads = 256;
-constexpr int kTimedRounds = 2, kTimedRuns = 3;
 
 // col[p, (i * kw + j) * C + c] = x[n, ho * sh + i * dh - ph, wo * sw + j * dw - pw, c] (0 outside), p = (n, ho, wo):
 // one thread per 16-byte vector of channels (C a multiple of the vector width).
@@ -147,33 +146,18 @@ void CudaBackend::conv2d_nhwc_gemm(Tensor& out, const Tensor& x, const Tensor& w
   gemm(y, a, wk, bias, gp);
 }
 
-// Per shape (and epilogue), whether the GEMM path is faster than `cudnn`: both timed in turns at the shape's first
-// eager call (each run once before, so that cuDNN's planning and cuBLASLt's tuning are not timed). Under capture an
-// unknown shape takes cuDNN without deciding. Both write out: whichever ran last left the right result in it.
+// Per shape (and epilogue), whether the GEMM path is faster than `cudnn` (TimedChoice: timed at the shape's first eager
+// call; under capture an unknown shape takes cuDNN).
 bool CudaBackend::conv_gemm_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
                                    const Tensor& addend, const std::function<bool()>& cudnn, const std::function<void()>& gemm_path) {
   const auto key = std::make_tuple(out.shape(), x.shape(), int(wn.size(1)), int(wn.size(2)), p.stride_h, p.stride_w, p.pad_h, p.pad_w,
-                int(out.dtype()), bias.defined(), addend.defined());
-  {
-    std::lock_guard<std::mutex> lock(conv_gemm_mu_);
-    auto it = conv_gemm_choices_.find(key);
-    if (it != conv_gemm_choices_.end()) return it->second;
-  }
-  if (stream_capturing(stream_)) return false;
-  EventPair events;
-  bool use_gemm = false;
-  if (events.ok) {
-    const std::vector<float> ms = time_in_turns(events, stream_, kTimedRounds, kTimedRuns,
-                                                {cudnn, [&] { gemm_path(); return true; }});
-    use_gemm = ms[1] >= 0.0f && (ms[0] < 0.0f || ms[1] < ms[0]);
+                                   int(out.dtype()), bias.defined(), addend.defined());
+  return conv_gemm_choices_.second_is_faster(key, stream_, cudnn, [&] { gemm_path(); return true; }, [&](float cudnn_ms, float gemm_ms, bool gemm) {
     if (cudnn_graph::log_enabled())  // ATELIER_CUDNN_LOG=1: beside the cuDNN plans' lines
       std::fprintf(stderr, "[conv gemm] x%s w[%lld,%lld] stride %d pad %d -> %s: cuDNN %.4f ms, GEMM %.4f ms: %s\n",
                    shape_str(x.shape()).c_str(), (long long)wn.size(1), (long long)wn.size(2), p.stride_h, p.pad_h,
-                   shape_str(out.shape()).c_str(), double(ms[0]), double(ms[1]), use_gemm ? "GEMM" : "cuDNN");
-  }
-  std::lock_guard<std::mutex> lock(conv_gemm_mu_);
-  conv_gemm_choices_[key] = use_gemm;
-  return use_gemm;
+                   shape_str(out.shape()).c_str(), double(cudnn_ms), double(gemm_ms), gemm ? "GEMM" : "cuDNN");
+  });
 }
 
 }  // namespace atelier::cuda

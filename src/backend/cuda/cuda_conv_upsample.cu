@@ -28,7 +28,6 @@ namespace {
 constexpr int kPhases = 4;     // (row parity, column parity) of the output pixels
 constexpr int kPhaseTaps = 2;  // each phase's kernel is 2x2
 constexpr int kTaps = 3;       // the upsampler's kernel is 3x3
-constexpr int kTimedRounds = 2, kTimedRuns = 3;
 
 // The 2x2 tap that the 3x3 tap d of phase a lands on: input offset floor((a + d - 1) / 2), shifted by the padding-1
 // window's origin at output pixel i + a.
@@ -153,31 +152,18 @@ bool CudaBackend::upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& 
   return true;
 }
 
-// Per shape, whether the phases are faster than upsampling then convolving: both timed in turns at the shape's first
-// eager call (conv_gemm_choice's way). The phases read 16/9 of the weights (52 MB against 29 MB at SD's 1280
-// channels), so where few output pixels leave the convolution bound by its weights' bytes (batch 1 or 2 at SD's 8x8
-// level) they may lose. Under capture an unknown shape takes the plain path without deciding.
+// Per shape, whether the phases are faster than upsampling then convolving (TimedChoice: timed at the shape's first
+// eager call; under capture an unknown shape takes the plain path). The phases read 16/9 of the weights (52 MB against
+// 29 MB at SD's 1280 channels), so where few output pixels leave the convolution bound by its weights' bytes (batch 1
+// or 2 at SD's 8x8 level) they might lose; at every SD shape timed on the H200 they win (docs/performance.md).
 bool CudaBackend::upsample_phase_choice(const Tensor& out, const Tensor& x, const Tensor& bias, const std::function<bool()>& phases,
                                         const std::function<bool()>& plain) {
   const auto key = std::make_tuple(x.shape(), out.size(1), int(out.dtype()), bias.defined());
-  {
-    std::lock_guard<std::mutex> lock(conv_gemm_mu_);
-    auto it = upsample_phase_choices_.find(key);
-    if (it != upsample_phase_choices_.end()) return it->second;
-  }
-  if (stream_capturing(stream_)) return false;
-  EventPair events;
-  bool use_phases = false;
-  if (events.ok) {
-    const std::vector<float> ms = time_in_turns(events, stream_, kTimedRounds, kTimedRuns, {plain, phases});
-    use_phases = ms[1] >= 0.0f && (ms[0] < 0.0f || ms[1] < ms[0]);
+  return upsample_phase_choices_.second_is_faster(key, stream_, plain, phases, [&](float plain_ms, float phases_ms, bool use_phases) {
     if (cudnn_graph::log_enabled())  // ATELIER_CUDNN_LOG=1, beside the convolutions' choices
       std::fprintf(stderr, "[upsample conv] x%s -> %lld channels: upsample + conv %.4f ms, phases %.4f ms: %s\n",
-                   shape_str(x.shape()).c_str(), (long long)out.size(1), double(ms[0]), double(ms[1]), use_phases ? "phases" : "plain");
-  }
-  std::lock_guard<std::mutex> lock(conv_gemm_mu_);
-  upsample_phase_choices_[key] = use_phases;
-  return use_phases;
+                   shape_str(x.shape()).c_str(), (long long)out.size(1), double(plain_ms), double(phases_ms), use_phases ? "phases" : "plain");
+  });
 }
 
 }  // namespace atelier::cuda

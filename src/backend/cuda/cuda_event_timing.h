@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <map>
+#include <mutex>
 #include <vector>
 
 namespace atelier::cuda {
@@ -64,5 +66,38 @@ inline bool stream_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
 }
+
+// Per key (a shape), whether `second` is faster than `first`: both timed in turns (time_in_turns, each run once
+// before, so that planning and tuning are not timed) at the key's first eager call, the answer kept. Under capture an
+// unknown key answers false (the first) without deciding. `log`, where given, sees both times (-1: failed) and the
+// answer. Both candidates write the same outputs: whichever ran last left the right result.
+template <typename Key>
+class TimedChoice {
+ public:
+  bool second_is_faster(const Key& key, cudaStream_t stream, const std::function<bool()>& first, const std::function<bool()>& second,
+                        const std::function<void(float, float, bool)>& log = {}) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = answers_.find(key);
+      if (it != answers_.end()) return it->second;
+    }
+    if (stream_capturing(stream)) return false;
+    EventPair events;
+    bool answer = false;
+    if (events.ok) {
+      const std::vector<float> ms = time_in_turns(events, stream, kRounds, kRuns, {first, second});
+      answer = ms[1] >= 0.0f && (ms[0] < 0.0f || ms[1] < ms[0]);
+      if (log) log(ms[0], ms[1], answer);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    answers_[key] = answer;
+    return answer;
+  }
+
+ private:
+  static constexpr int kRounds = 2, kRuns = 3;
+  std::mutex mu_;
+  std::map<Key, bool> answers_;
+};
 
 }  // namespace atelier::cuda
