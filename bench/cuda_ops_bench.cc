@@ -143,6 +143,18 @@ int run(int iters, const Sections& want) {
     const Tensor x = random_on({2 * 4096, 320}, DType::BF16, dev), w = random_on({1280, 320}, DType::BF16, dev),
                  b = random_on({1280}, DType::BF16, dev);
     print({"linear 8192x320 -> 1280 +bias bf16", time_ms(be, iters, [&] { ops::linear(x, w, b); }), 2.0 * 8192 * 320 * 1280, "TFLOP/s"});
+    // The products that end in a residual at SD 1.5's 16 rows (attention out-projections and FF's second product per
+    // level), each with and without it: whether the residual epilogue or the shape is what makes them slow.
+    struct Case { int64_t m, k, n; };
+    for (const Case& c : {Case{16 * 4096, 320, 320}, Case{16 * 4096, 1280, 320}, Case{16 * 1024, 640, 640}, Case{16 * 1024, 2560, 640},
+                          Case{16 * 256, 1280, 1280}, Case{16 * 256, 5120, 1280}}) {
+      const Tensor xr = random_on({c.m, c.k}, DType::BF16, dev), wr = random_on({c.n, c.k}, DType::BF16, dev, 0.05f),
+                   br = random_on({c.n}, DType::BF16, dev), res = random_on({c.m, c.n}, DType::BF16, dev);
+      const std::string shape = std::to_string(c.m) + "x" + std::to_string(c.k) + " -> " + std::to_string(c.n);
+      const double flops = 2.0 * double(c.m) * double(c.k) * double(c.n);
+      print({"linear " + shape + " +bias", time_ms(be, iters, [&] { ops::linear(xr, wr, br); }), flops, "TFLOP/s"});
+      print({"linear " + shape + " +bias +residual", time_ms(be, iters, [&] { ops::linear_residual(xr, wr, br, res); }), flops, "TFLOP/s"});
+    }
   }
   if (want("fp8")) {  // FLUX's FP8 block products (1024²: 4608 tokens), activations quantized beforehand as the blocks do. The
      // K = 12288 products ran at ~1140 TFLOP/s inside a FLUX step but ~1440 while their plans were tuned:

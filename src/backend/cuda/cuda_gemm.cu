@@ -28,8 +28,17 @@ constexpr int kTimingRounds = 3;  // turns (time_in_turns): each algorithm's bes
 // Only products of at least this many FLOPs are tuned (about 70 us at 700 TFLOP/s: FLUX's and Z-Image's
 // projections, SD's at large batches). Below it the kernels are short, the heuristics' choice is within noise,
 // and timing every new shape costs the server's step-level batcher (a new batch size is a new shape) more
-// than it wins.
+// than it wins. ATELIER_GEMM_MIN_TUNED_GFLOP sets another threshold (experiments: session 24 found SD's products with a
+// residual below it 17-96% slower than the same shapes without, on the heuristics' first choice).
 constexpr double kMinTunedFlops = 5e10;
+
+double min_tuned_flops() {
+  static const double flops = [] {
+    const char* v = std::getenv("ATELIER_GEMM_MIN_TUNED_GFLOP");
+    return v ? std::atof(v) * 1e9 : kMinTunedFlops;
+  }();
+  return flops;
+}
 
 void blas_ok(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS)
@@ -242,7 +251,7 @@ bool gemm_autotune() {
 void GemmEngine::tune(Plan* p, double flops, size_t out_bytes, const AlgoRun& run) {
   if (stream_capturing(stream_)) return;  // tuned at the shape's next eager call
   p->tuned = true;
-  if (!gemm_autotune() || p->candidates.size() < 2 || flops < kMinTunedFlops) return;
+  if (!gemm_autotune() || p->candidates.size() < 2 || flops < min_tuned_flops()) return;
   std::shared_ptr<Buffer> scratch;
   try {
     scratch = alloc_.allocate(out_bytes);
