@@ -99,7 +99,8 @@ Tensor linear_fp8_gated_residual(Tensor&& residual, const Fp8Rows& x, const Tens
 // to the output: a per-sample [N, O, 1, 1] bias or a residual, added in the convolution's output pass).
 // Channels-last on a device that prefers it (Backend::prefers_channels_last); the values are the same.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& addend = {});
-// conv2d(upsample_nearest2d(x, 2), w, b, p): an upsampler (nearest 2x, then a convolution). Where the device computes
+// x [N, C, H, W], w [O, C/g, kh, kw], b [O] optional -> [N, O, Ho, Wo] = conv2d(upsample_nearest2d(x, 2), w, b, p), the
+// convolution of the 2H x 2W upsampled input: an upsampler (nearest 2x, then a convolution). Where the device computes
 // the 3x3 stride-1 padding-1 case without the upsampled tensor (Backend::upsample2x_conv2d) it does; the FLOPs counted
 // are the convolution's on the upsampled tensor either way (the model's, not the device's).
 Tensor upsample2x_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p);
