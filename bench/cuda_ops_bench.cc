@@ -154,6 +154,15 @@ int run(int iters, const Sections& want) {
       const double flops = 2.0 * double(c.m) * double(c.k) * double(c.n);
       print({"linear " + shape + " +bias", time_ms(be, iters, [&] { ops::linear(xr, wr, br); }), flops, "TFLOP/s"});
       print({"linear " + shape + " +bias +residual", time_ms(be, iters, [&] { ops::linear_residual(xr, wr, br, res); }), flops, "TFLOP/s"});
+      // The residual accumulated in place (beta = 1 reading the output itself, C == D), against the separate addend
+      // (C != D) above: whether cuBLASLt's kernels read C faster in place.
+      Tensor acc = ops::clone(res).reshape({1, c.m, c.n});  // a copy: it grows with every timed call
+      const Tensor x3 = xr.reshape({1, c.m, c.k}), w3 = wr.reshape({1, c.n, c.k});
+      GemmParams in_place;
+      in_place.trans_b = true;
+      in_place.beta = 1.0f;
+      print({"linear " + shape + " +bias +residual in place", time_ms(be, iters, [&] { be.gemm(acc, x3, w3, br, in_place); }), flops,
+             "TFLOP/s"});
     }
   }
   if (want("fp8")) {  // FLUX's FP8 block products (1024²: 4608 tokens), activations quantized beforehand as the blocks do. The
