@@ -393,6 +393,11 @@ TEST(OpsLayout, UpsampleNearestMatchesTorchIndexing) {
       for (int64_t y = 0; y < 5 * f; ++y)
         for (int64_t xx = 0; xx < 7 * f; ++xx)  // torch: src = floor(dst * (1 / f))
           ASSERT_EQ(ov[(nc * 5 * f + y) * 7 * f + xx], xv[(nc * 5 + int64_t(std::floor(y * (1.0 / f)))) * 7 + int64_t(std::floor(xx * (1.0 / f)))]);
+    // The channels-last form (what a device that keeps activations so runs) makes the same values, channels-last.
+    const Tensor xc = ops::contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2});
+    Tensor outc = Tensor::empty_channels_last(out.shape(), xc.dtype(), xc.device());
+    backend_for(Device::cpu()).upsample_nearest2d_channels_last(outc, xc, f);
+    EXPECT_EQ(ops::contiguous(outc).to_vector(), ov) << "factor " << f;
   }
 }
 

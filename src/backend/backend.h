@@ -133,6 +133,14 @@ class Backend {
     Tensor src(x.buffer(), {n, c, h, f, w, f}, {s[0], s[1], s[2], 0, s[3], 0}, x.dtype(), x.offset());
     copy(dst, src);
   }
+  // x [N, C, H, W] channels-last -> out [N, C, H*f, W*f] channels-last, nearest neighbour: one strided copy in
+  // [N, H, f, W, f, C] order, each input pixel's channel run repeated f x f times (zero strides over the two f dims).
+  void upsample_nearest2d_channels_last(Tensor& out, const Tensor& x, int factor) {
+    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), f = factor, wo = w * f;
+    Tensor dst(out.buffer(), {n, h, f, w, f, c}, {h * f * wo * c, f * wo * c, wo * c, f * c, c, 1}, out.dtype(), out.offset());
+    const Shape& s = x.strides();
+    copy(dst, Tensor(x.buffer(), {n, h, f, w, f, c}, {s[0], s[2], 0, s[3], 0, s[1]}, x.dtype(), x.offset()));
+  }
   // out[n, :] = table[ids[n], :]; ids i32 or i64 [N]; table [V, D]; out [N, D].
   virtual void embedding(Tensor& out, const Tensor& ids, const Tensor& table) = 0;
 

@@ -131,18 +131,15 @@ bool CudaBackend::upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& 
     const ConvShape s{n, c, h, wd, kPhases * o, kPhaseTaps, kPhaseTaps, h + 1, wd + 1};
     if (!conv2d_nhwc_packed(y, x, s, pw.weight, pw.bias, pp, Tensor())) return false;
     const int o_vecs = int(o / vec);
-    const int64_t total = n * 4 * h * wd * o_vecs;
+    const int64_t total = n * kPhases * h * wd * o_vecs;  // each input pixel makes one output pixel per phase
     phase_shuffle_kernel<<<grid_for(total), kThreads, 0, stream_>>>(static_cast<uint4*>(out.raw()), static_cast<const uint4*>(y.raw()),
                                                                     total, o_vecs, int(h), int(wd));
     ATELIER_CUDA_LAUNCHED();
     return true;
   };
   if (upsample_phases_ == UpsamplePhases::kAuto && !upsample_phase_choice(out, x, bias, phases, [&] {
-        // x's channel runs repeated 2 x 2 times: one strided copy in [N, H, 2, W, 2, C] order
         Tensor up = Tensor::empty_channels_last({n, c, 2 * h, 2 * wd}, dt, device());
-        Tensor dst(up.buffer(), {n, h, 2, wd, 2, c}, {4 * h * wd * c, 4 * wd * c, 2 * wd * c, 2 * c, c, 1}, dt, up.offset());
-        const Shape& xs = x.strides();
-        copy(dst, Tensor(x.buffer(), {n, h, 2, wd, 2, c}, {xs[0], xs[2], 0, xs[3], 0, xs[1]}, dt, x.offset()));
+        upsample_nearest2d_channels_last(up, x, 2);
         conv2d(out, up, w, bias, Conv2dParams{1, 1, 1, 1}, Tensor());
         return true;
       }))
