@@ -37,8 +37,11 @@
       const li = el('li', 'job');
       li.dataset.jobId = this.id;
       const title = el('p', 'job-title', this.params.prompt || '(no prompt)');
+      // The status line carries the ETA too: in the bar's row, its text appearing a few steps in wrapped the Cancel
+      // button onto a new line just as people (and the UI test) reached for it.
       this.status = el('p', 'job-status');
       this.status.setAttribute('aria-live', 'polite');
+      this.statusText = el('span', 'job-status-text');
       this.bar = el('progress', 'job-progress');
       this.bar.max = 1;
       this.bar.value = 0;
@@ -47,6 +50,7 @@
       const barLabel = el('label', 'visually-hidden', 'Progress of job ' + this.id.slice(0, 8));
       barLabel.htmlFor = barId;
       this.eta = el('span', 'job-eta muted');
+      this.status.append(this.statusText, this.eta);
       this.preview = el('img', 'job-preview');
       this.preview.alt = 'live preview of the image being generated';
       this.preview.hidden = true;
@@ -55,7 +59,7 @@
       this.cancelBtn.setAttribute('aria-label', 'Cancel job ' + this.id.slice(0, 8));
       this.cancelBtn.addEventListener('click', () => this.cancel());
       const row = el('div', 'job-row');
-      row.append(barLabel, this.bar, this.eta, this.cancelBtn);
+      row.append(barLabel, this.bar, this.cancelBtn);
       const thumb = el('div', 'job-thumb');  // holds the preview's place before the first one arrives
       thumb.appendChild(this.preview);
       li.append(thumb, title, this.status, row);
@@ -71,9 +75,13 @@
       }
     }
 
+    setStatus(text) {
+      this.statusText.textContent = text;
+    }
+
     setQueued(position) {
       if (this.card.dataset.state !== 'queued') return;
-      this.status.textContent = position > 0 ? 'Queued: ' + position + ' job(s) ahead' : 'Queued: next in line';
+      this.setStatus(position > 0 ? 'Queued: ' + position + ' job(s) ahead' : 'Queued: next in line');
     }
 
     onEvent(type, d) {
@@ -84,7 +92,7 @@
           return;
         case 'started':
           this.setState('running');
-          this.status.textContent = 'Running on ' + (d.device || 'a device') + (d.attempt > 1 ? ' (attempt ' + d.attempt + ')' : '');
+          this.setStatus('Running on ' + (d.device || 'a device') + (d.attempt > 1 ? ' (attempt ' + d.attempt + ')' : ''));
           return;
         case 'step': return this.onStep(d);
         case 'preview':
@@ -93,18 +101,18 @@
           return;
         case 'requeued':
           this.setState('queued');
-          this.status.textContent = 'Its device failed: it runs again on another one';
+          this.setStatus('Its device failed: it runs again on another one');
           return;
         case 'done':
           this.finished = true;  // the result is fetched once, whether the stream or the polling saw the end
           return this.fetchResult();
         case 'failed':
           this.setState('failed');
-          this.status.textContent = 'Failed: ' + (d.error || 'unknown error');
+          this.setStatus('Failed: ' + (d.error || 'unknown error'));
           return;
         case 'cancelled':
           this.setState('cancelled');
-          this.status.textContent = 'Cancelled' + (d.reason ? ' (' + d.reason + ')' : '');
+          this.setStatus('Cancelled' + (d.reason ? ' (' + d.reason + ')' : ''));
           return;
       }
     }
@@ -113,7 +121,7 @@
       if (this.card.dataset.state !== 'running') this.setState('running');
       const total = d.total_steps || 1;
       this.bar.value = d.progress !== undefined ? d.progress : d.step / total;
-      this.status.textContent = 'Step ' + d.step + ' of ' + total;
+      if (!this.cancelBtn.disabled) this.setStatus('Step ' + d.step + ' of ' + total);  // else it says 'Cancelling…'
       const now = performance.now();
       if (!this.firstStep) this.firstStep = {step: d.step, t: now};
       const done = d.step - this.firstStep.step;
@@ -132,7 +140,7 @@
       } catch (err) {
         A.showError(err);
         this.setState('failed');
-        this.status.textContent = 'Finished, but the result could not be fetched: ' + err.message;
+        this.setStatus('Finished, but the result could not be fetched: ' + err.message);
       }
     }
 
@@ -142,8 +150,8 @@
       this.bar.value = 1;
       this.setState('done');
       const n = (job.images || []).length;
-      this.status.textContent = 'Done: ' + n + ' image' + (n === 1 ? '' : 's') +
-                                (job.elapsed_s ? ' in ' + job.elapsed_s.toFixed(1) + ' s' : '');
+      this.setStatus('Done: ' + n + ' image' + (n === 1 ? '' : 's') +
+                                (job.elapsed_s ? ' in ' + job.elapsed_s.toFixed(1) + ' s' : ''));
       if (n) {
         A.form.setLastSeed(job.images[0].seed);
         const first = job.images[0];
@@ -155,7 +163,7 @@
 
     async cancel() {
       this.cancelBtn.disabled = true;
-      this.status.textContent = 'Cancelling…';
+      this.setStatus('Cancelling…');
       try {
         await A.request('DELETE', '/v1/jobs/' + this.id);
       } catch (err) {
@@ -190,7 +198,7 @@
           A.showError(err);
           if (err.status === 404) {  // the server forgot the job (restarted, or kept it too long)
             this.setState('failed');
-            this.status.textContent = 'The server no longer knows this job.';
+            this.setStatus('The server no longer knows this job.');
           }
         }
       }

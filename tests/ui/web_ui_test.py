@@ -147,7 +147,12 @@ class UiTest:
                        "return j ? j.dataset.state : null;", job_id)
 
     def wait_job_state(self, job_id, states, timeout=WAIT_S):
-        self.wait("job %s to be %s" % (job_id[:8], states), lambda: self.job_state(job_id) in states, timeout)
+        try:
+            self.wait("job %s to be %s" % (job_id[:8], states), lambda: self.job_state(job_id) in states, timeout)
+        except AssertionError as e:  # what the card and the alert say makes the failure readable
+            card = ".job[data-job-id='%s'] .job-status" % job_id
+            raise AssertionError("%s; the card is %r, saying %r; alert %r" % (
+                e, self.job_state(job_id), self.el(card).text, self.alert_text()))
 
     def run(self, name, check):
         print("--- " + name, flush=True)
@@ -193,7 +198,7 @@ class UiTest:
     def check_progress(self):
         # Records every value the progress bar and ETA take, as the page sets them.
         self.js("""
-            window.__progress = []; window.__eta = []; window.__previews = 0;
+            window.__progress = []; window.__eta = []; window.__previews = 0; window.__cancelAt = [];
             const before = new Set(Array.from(document.querySelectorAll('#jobs .job')).map((j) => j.dataset.jobId));
             new MutationObserver(() => {  // the card of the job submitted next
               const j = Array.from(document.querySelectorAll('#jobs .job')).find((c) => !before.has(c.dataset.jobId));
@@ -203,6 +208,10 @@ class UiTest:
               const eta = j.querySelector('.job-eta').textContent;
               if (eta) window.__eta.push(eta);
               if ((j.querySelector('.job-preview').src || '').startsWith('data:image/jpeg')) window.__previews++;
+              // Where the Cancel button sits in its card while it shows (a button that moves is a click that misses).
+              const b = j.querySelector('.job-cancel'), br = b.getBoundingClientRect(), cr = j.getBoundingClientRect();
+              const at = Math.round(br.x - cr.x) + ',' + Math.round(br.y - cr.y);
+              if (!b.hidden && !window.__cancelAt.includes(at)) window.__cancelAt.push(at);
             }).observe(document.getElementById('jobs'), {subtree: true, attributes: true, childList: true, characterData: true});""")
         self.form_for_job("progress please", 60, seed=7)
         job = self.submit_job()
@@ -217,6 +226,8 @@ class UiTest:
         assert values == sorted(values), "the progress bar went backwards: %s" % values
         assert self.js("return window.__eta.some((t) => /\\d+ s left/.test(t))"), "no ETA was shown"
         assert self.js("return window.__previews") > 0, "no live preview was shown"
+        moves = self.js("return window.__cancelAt")
+        assert len(moves) == 1, "the Cancel button moved within its card while the job ran: %s" % moves
 
     def check_cancel(self):
         self.form_for_job("cancel me", 150)
