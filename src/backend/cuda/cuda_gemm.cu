@@ -28,16 +28,28 @@ constexpr int kTimingRounds = 3;  // turns (time_in_turns): each algorithm's bes
 // Only products of at least this many FLOPs are tuned (about 70 us at 700 TFLOP/s: FLUX's and Z-Image's
 // projections, SD's at large batches). Below it the kernels are short, the heuristics' choice is within noise,
 // and timing every new shape costs the server's step-level batcher (a new batch size is a new shape) more
-// than it wins. ATELIER_GEMM_MIN_TUNED_GFLOP sets another threshold (experiments: session 24 found SD's products with a
-// residual below it 17-96% slower than the same shapes without, on the heuristics' first choice).
+// than it wins. ATELIER_GEMM_MIN_TUNED_GFLOP sets another threshold.
 constexpr double kMinTunedFlops = 5e10;
+// Products that accumulate into a residual (beta != 0) have plans of their own (the heuristics do not see beta) and
+// this threshold: session 24 measured SD's 16-row residual products, below 50 GFLOP, 17-96% slower than the same
+// shapes without the residual on the heuristics' first choice. ATELIER_GEMM_MIN_TUNED_RESIDUAL_GFLOP sets another;
+// which value wins has not been measured yet (docs/cuda.md, session 24, "Next" (1)).
+constexpr double kMinTunedResidualFlops = 5e10;
 
-double min_tuned_flops() {
-  static const double flops = [] {
-    const char* v = std::getenv("ATELIER_GEMM_MIN_TUNED_GFLOP");
-    return v ? std::atof(v) * 1e9 : kMinTunedFlops;
-  }();
-  return flops;
+double env_gflop(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atof(v) * 1e9 : fallback;
+}
+
+double min_tuned_flops(bool residual) {
+  static const double plain = env_gflop("ATELIER_GEMM_MIN_TUNED_GFLOP", kMinTunedFlops);
+  static const double with_residual = env_gflop("ATELIER_GEMM_MIN_TUNED_RESIDUAL_GFLOP", kMinTunedResidualFlops);
+  return residual ? with_residual : plain;
+}
+
+bool gemm_log() {
+  static const bool on = env_is("ATELIER_GEMM_LOG", "1");
+  return on;
 }
 
 void blas_ok(cublasStatus_t st, const char* what) {
@@ -155,7 +167,7 @@ GemmEngine::Plan* GemmEngine::plan_for(const GemmCall& call, bool allow_tf32, in
                                            : UINT32_MAX);
   const Key key{int64_t(call.a.dtype), int64_t(call.c_dtype), tf32, cm_m, cm_n, call.k, call.batch, la.ld, lb.ld, lc.ld,
                 call.b.batch_stride, call.a.batch_stride, call.c_batch_stride, call.b.trans, call.a.trans, epilogue,
-                al_a, al_b, al_c, 0};
+                al_a, al_b, al_c, call.beta != 0.0f};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second->valid ? it->second.get() : nullptr;
 
@@ -183,8 +195,12 @@ GemmEngine::Plan* GemmEngine::plan_for(const GemmCall& call, bool allow_tf32, in
       !make_layout(&p->c, call.c_dtype, lc, call.c_batch_stride))
     return nullptr;
 
-  if (!choose_algorithms(p, al_a, al_b, al_c)) return nullptr;
-  return p;
+  const bool ok = choose_algorithms(p, al_a, al_b, al_c);
+  if (gemm_log())
+    std::fprintf(stderr, "[atelier gemm] plan %lldx%lldx%lld batch %lld%s, epilogue %d: %zu algorithms\n", (long long)call.m,
+                 (long long)call.n, (long long)call.k, (long long)call.batch, call.beta != 0.0f ? " +residual" : "", epilogue,
+                 p->candidates.size());
+  return ok ? p : nullptr;
 }
 
 bool GemmEngine::choose_algorithms(Plan* p, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
@@ -218,11 +234,6 @@ bool GemmEngine::choose_algorithms(Plan* p, uint32_t align_a, uint32_t align_b, 
 }
 
 namespace {
-bool gemm_log() {
-  static const bool on = env_is("ATELIER_GEMM_LOG", "1");
-  return on;
-}
-
 template <typename V>
 V algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
   V v{};
@@ -248,10 +259,10 @@ bool gemm_autotune() {
 // Times the plan's candidate algorithms (the output into a scratch buffer, so that a beta = 1 accumulation is
 // not disturbed) and keeps the fastest, as cudnn.benchmark does for convolutions: cuBLASLt's first heuristic
 // choice is not always its fastest algorithm for a shape.
-void GemmEngine::tune(Plan* p, double flops, size_t out_bytes, const AlgoRun& run) {
+void GemmEngine::tune(Plan* p, double flops, bool residual, size_t out_bytes, const AlgoRun& run) {
   if (stream_capturing(stream_)) return;  // tuned at the shape's next eager call
   p->tuned = true;
-  if (!gemm_autotune() || p->candidates.size() < 2 || flops < min_tuned_flops()) return;
+  if (!gemm_autotune() || p->candidates.size() < 2 || flops < min_tuned_flops(residual)) return;
   std::shared_ptr<Buffer> scratch;
   try {
     scratch = alloc_.allocate(out_bytes);
@@ -273,8 +284,8 @@ void GemmEngine::tune(Plan* p, double flops, size_t out_bytes, const AlgoRun& ru
     }
   }
   if (gemm_log() && best >= 0.0f)
-    std::fprintf(stderr, "[atelier gemm] tuned %.3g GFLOP: candidate %zu of %zu (%s), %.1f TFLOP/s; the heuristics' first %.1f\n",
-                 flops / 1e9, chosen, ms.size(), describe_algo(p->algo).c_str(), flops / (best * 1e9),
+    std::fprintf(stderr, "[atelier gemm] tuned %.3g GFLOP%s: candidate %zu of %zu (%s), %.1f TFLOP/s; the heuristics' first %.1f\n",
+                 flops / 1e9, residual ? " +residual" : "", chosen, ms.size(), describe_algo(p->algo).c_str(), flops / (best * 1e9),
                  ms[0] >= 0.0f ? flops / (ms[0] * 1e9) : 0.0);
 }
 
@@ -324,7 +335,7 @@ bool GemmEngine::run_lt(const GemmCall& call, bool allow_tf32) {
   if (!p->tuned) {
     const double flops = 2.0 * double(call.m) * double(call.n) * double(call.k) * double(call.batch);
     const int64_t elems = (call.batch - 1) * call.c_batch_stride + call.ldc * (call.m - 1) + call.n;
-    tune(p, flops, size_t(elems) * dtype_size(call.c_dtype), run);
+    tune(p, flops, call.beta != 0.0f, size_t(elems) * dtype_size(call.c_dtype), run);
   }
   if (!run(p->algo, p->workspace, call.c)) return false;
   const bool need_bias = call.bias && !e.bias_done;
@@ -426,7 +437,7 @@ bool GemmEngine::run_fp8(const Fp8GemmCall& call) {
       return cublasLtMatmul(lt_, p->desc, &alpha, call.w, p->a, call.x, p->b, &call.beta, out, p->c, out, p->c, &algo,
                             workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
     };
-    if (!p->tuned) tune(p, flops, out_bytes, run);
+    if (!p->tuned) tune(p, flops, call.beta != 0.0f, out_bytes, run);
     if (run(p->algo, p->workspace, call.c)) {
       const bool need_bias = call.bias && !e.bias_done;
       const bool need_act = call.act != UnaryOp::kIdentity && !e.act_done;
@@ -444,7 +455,7 @@ bool GemmEngine::run_fp8(const Fp8GemmCall& call) {
     return cublasLtMatmul(lt_, u->desc, &alpha, call.w, u->a, call.x, u->b, &zero, out, u->c, out, u->c, &algo,
                           workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
   };
-  if (!u->tuned) tune(u, flops, out_bytes, run);
+  if (!u->tuned) tune(u, flops, false, out_bytes, run);
   if (!run(u->algo, u->workspace, raw->data())) return false;
   launch_fp8_scale_epilogue(call, raw->data(), stream_);
   ++fp8_gemm_stats().unscaled_then_epilogue;

@@ -106,7 +106,8 @@ class GemmEngine {
   bool run_lt(const GemmCall& call, bool allow_tf32);
   // Picks the fastest of the plan's candidate algorithms by timing them once on an output of `out_bytes`
   // (ATELIER_GEMM_AUTOTUNE=0: the heuristics' first); nothing is timed while the stream is being captured.
-  void tune(Plan* p, double flops, size_t out_bytes, const AlgoRun& run);
+  // residual: the product accumulates into C (beta != 0), which has its own size threshold.
+  void tune(Plan* p, double flops, bool residual, size_t out_bytes, const AlgoRun& run);
   void run_classic(const GemmCall& call, bool allow_tf32);
   // The call with its separate beta input (c_in) copied into C first (enqueued), for the paths that read C in place.
   GemmCall with_c_in_copied(const GemmCall& call);
