@@ -39,8 +39,8 @@ TEST(PromptCache, AnUnloadedModelsEntriesAreDropped) {
   PromptCache cache;
   CountingEncoder enc;
   auto a = std::make_shared<SdModel>();
-  cache.get(a, "x", 1, true, enc.fn());
-  cache.get(a, "y", 1, true, enc.fn());
+  EXPECT_EQ(tag(cache.get(a, "x", 1, true, enc.fn())), 1.0f);
+  EXPECT_EQ(tag(cache.get(a, "y", 1, true, enc.fn())), 2.0f);
   EXPECT_EQ(cache.size(), 2u);
   a.reset();  // evicted from the worker: a model loaded later may even reuse the address
   auto again = std::make_shared<SdModel>();
@@ -52,10 +52,10 @@ TEST(PromptCache, LeastRecentlyUsedEntriesGoFirst) {
   PromptCache cache(2);
   CountingEncoder enc;
   auto m = std::make_shared<SdModel>();
-  cache.get(m, "a", 1, true, enc.fn());  // 1
-  cache.get(m, "b", 1, true, enc.fn());  // 2
-  cache.get(m, "a", 1, true, enc.fn());  // hit: "b" is now the oldest
-  cache.get(m, "c", 1, true, enc.fn());  // 3, evicts "b"
+  EXPECT_EQ(tag(cache.get(m, "a", 1, true, enc.fn())), 1.0f);
+  EXPECT_EQ(tag(cache.get(m, "b", 1, true, enc.fn())), 2.0f);
+  EXPECT_EQ(tag(cache.get(m, "a", 1, true, enc.fn())), 1.0f);  // hit: "b" is now the oldest
+  EXPECT_EQ(tag(cache.get(m, "c", 1, true, enc.fn())), 3.0f);  // evicts "b"
   EXPECT_EQ(tag(cache.get(m, "a", 1, true, enc.fn())), 1.0f);
   EXPECT_EQ(tag(cache.get(m, "b", 1, true, enc.fn())), 4.0f);
   EXPECT_EQ(cache.size(), 2u);

@@ -22,7 +22,8 @@ enum class BinaryOp { kAdd, kSub, kMul, kDiv, kMax, kMin };
 enum class NormKind { kNone, kLayer, kRms };
 // The per-sample modulation of norm_modulate (see there); undefined tensors are left out.
 struct NormModulation {
-  Tensor scale, shift, gate, residual;
+  // Default initializers: callers name only the parts they use ({.scale = s}) without -Wextra's warning.
+  Tensor scale{}, shift{}, gate{}, residual{};
 };
 // An RMS norm over each row of rope's input, applied before the rotation (the q/k norms of FLUX and Z-Image):
 // off unless `on`; gamma [D] optional (any float dtype).

@@ -21,7 +21,7 @@ inline Tensor gated_add(const Tensor& residual, const Tensor& gate, const Tensor
 struct Linear {
   Tensor weight;        // [out, in]; f8e4m3 once quantized (quantize_fp8)
   Tensor bias;          // [out] or undefined
-  Tensor weight_scale;  // [out] f32 row scales of an f8e4m3 weight; undefined otherwise
+  Tensor weight_scale{};  // [out] f32 row scales of an f8e4m3 weight; undefined otherwise
   // x [..., in] -> [..., out]
   Tensor operator()(const Tensor& x, UnaryOp act = UnaryOp::kIdentity) const {
     return (*this)(ops::Fp8Rows{x, Tensor(), Tensor()}, act);
