@@ -18,6 +18,7 @@
 
 #include "backend/cuda/cuda_attention_wgmma.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_gemm_glu.h"
 #include "backend/cuda/cuda_sdpa_fp8.h"
 #include "backend/ops.h"
 #include "cuda_unit_probes.h"
@@ -163,6 +164,25 @@ int run(int iters, const Sections& want) {
       in_place.beta = 1.0f;
       print({"linear " + shape + " +bias +residual in place", time_ms(be, iters, [&] { be.gemm(acc, x3, w3, br, in_place); }), flops,
              "TFLOP/s"});
+    }
+    // GEGLU's first product at 16 rows per level: cuBLASLt's product [M, 2H] then the glu pass, against the fused
+    // kernel (cuda_gemm_glu.cu, ATELIER_FUSED_GLU) that never writes [M, 2H].
+    const bool was = cuda::fused_glu_enabled();
+    for (const Case& c : {Case{16 * 4096, 320, 1280}, Case{16 * 1024, 640, 2560}, Case{16 * 256, 1280, 5120}, Case{16 * 64, 1280, 5120}}) {
+      const Tensor xg = random_on({c.m, c.k}, DType::BF16, dev), wg = random_on({2 * c.n, c.k}, DType::BF16, dev, 0.05f),
+                   bg = random_on({2 * c.n}, DType::BF16, dev);
+      const std::string shape = std::to_string(c.m) + "x" + std::to_string(c.k) + " -> 2x" + std::to_string(c.n);
+      const double flops = 2.0 * double(c.m) * double(c.k) * double(2 * c.n);
+      print({"linear+glu " + shape + " (two passes)", time_ms(be, iters, [&] { ops::glu(ops::linear(xg, wg, bg), UnaryOp::kGelu); }),
+             flops, "TFLOP/s"});
+      cuda::set_fused_glu(true);
+      const int64_t before = cuda::fused_glu_launches();
+      const double fused_ms = time_ms(be, iters, [&] { ops::linear_glu(xg, wg, bg, UnaryOp::kGelu); });
+      cuda::set_fused_glu(was);
+      if (cuda::fused_glu_launches() > before)
+        print({"linear_glu " + shape + " (fused kernel)", fused_ms, flops, "TFLOP/s"});
+      else
+        std::printf("| linear_glu %-41s | (the fused kernel does not run on this device)\n", shape.c_str());
     }
   }
   if (want("fp8")) {  // FLUX's FP8 block products (1024²: 4608 tokens), activations quantized beforehand as the blocks do. The

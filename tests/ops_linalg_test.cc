@@ -59,6 +59,44 @@ TEST(OpsLinear, OddSizesBiasActivationAndResidual) {
   }
 }
 
+// linear_glu: the first half of the product's columns times the activation of the second half (GEGLU's
+// value * gelu(gate), diffusers' chunk(2, -1) order), with leading dims and a strided x; bad operands refused.
+TEST(OpsLinear, LinearGluIsValueTimesActivatedGate) {
+  for (auto [m, k, h, act] : {std::tuple<int64_t, int64_t, int64_t, UnaryOp>{1, 1, 1, UnaryOp::kGelu}, {77, 40, 33, UnaryOp::kGelu},
+                              {12, 64, 16, UnaryOp::kSilu}}) {
+    const Tensor xb = random_tensor({m, 2 * k}, 20), w = random_tensor({2 * h, k}, 21, 0.2f), b = random_tensor({2 * h}, 22);
+    const Tensor x = xb.narrow(1, 1, k).unsqueeze(0);  // [1, m, k], rows 2k apart
+    const std::vector<double> y = ref_mm(to_double(x), transpose2(to_double(w), 2 * h, k), m, k, 2 * h);
+    const std::vector<double> bv = to_double(b);
+    std::vector<double> want(size_t(m * h)), want_nobias(size_t(m * h));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < h; ++j) {
+        const auto f = [&](double v, double g) {
+          return v * (act == UnaryOp::kSilu ? silu(g) : 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0))));
+        };
+        want[i * h + j] = f(y[i * 2 * h + j] + bv[j], y[i * 2 * h + h + j] + bv[h + j]);
+        want_nobias[i * h + j] = f(y[i * 2 * h + j], y[i * 2 * h + h + j]);
+      }
+    const Tensor out = ops::linear_glu(x, w, b, act);
+    EXPECT_EQ(out.shape(), (Shape{1, m, h}));
+    EXPECT_OPS_CLOSE(out, want) << m << "x" << k << " -> " << h;
+    EXPECT_OPS_CLOSE(ops::linear_glu(x, w, Tensor(), act), want_nobias);
+  }
+  const auto refused_with = [](const std::function<void()>& call, const std::string& text) {
+    try {
+      call();
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      return what.find("linear_glu") != std::string::npos && what.find(text) != std::string::npos;
+    }
+    return false;
+  };
+  const Tensor x = random_tensor({3, 8}, 23);
+  EXPECT_TRUE(refused_with([&] { ops::linear_glu(x, random_tensor({5, 8}, 24), Tensor(), UnaryOp::kGelu); }, "[2H, in]"));
+  EXPECT_TRUE(refused_with([&] { ops::linear_glu(x, random_tensor({6, 7}, 25), Tensor(), UnaryOp::kGelu); }, "does not match"));
+  EXPECT_TRUE(refused_with([&] { ops::linear_glu(x, random_tensor({6, 8}, 26), random_tensor({3}, 27), UnaryOp::kGelu); }, "bias must be [6]"));
+}
+
 TEST(OpsLinear, LeadingDimsAndStridedInput) {
   // x a narrow of the last dim of [2, 5, 48] (rows 48 apart): read in place; a permuted x is packed.
   Tensor big = random_tensor({2, 5, 48}, 1);

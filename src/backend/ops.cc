@@ -468,6 +468,31 @@ void linear_into(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b,
   linear_impl(x, w, b, act, Tensor(), "linear_into", out);
 }
 
+Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act) {
+  const std::string op = "linear_glu";
+  require_defined(x, op, "x");
+  require_defined(w, op, "w");
+  require(w.dim() == 2 && w.size(0) % 2 == 0, op, "w must be [2H, in] (value rows, then gate rows), got " + shape_str(w.shape()));
+  require(x.dim() >= 1 && x.size(-1) == w.size(1), op, "x " + shape_str(x.shape()) + " does not match w " + shape_str(w.shape()));
+  require(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0)), op,
+          "bias must be [" + std::to_string(w.size(0)) + "], got " + shape_str(b.shape()));
+  const bool one_dtype = w.dtype() == x.dtype() && (!b.defined() || b.dtype() == x.dtype());
+  if (one_dtype && x.numel() > 0 && w.size(0) > 0) {
+    trace::Scope range("linear_glu", Category::kOp);
+    if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w.shape()) + "^T");
+    Shape shape = x.shape();
+    shape.back() = w.size(0) / 2;
+    Tensor out = empty_like_shape(x, shape);
+    const int64_t rows = x.numel() / x.size(-1);
+    Tensor out2 = out.reshape({rows, shape.back()});
+    if (backend_of(x).linear_glu(out2, contiguous(x).reshape({rows, x.size(-1)}), contiguous(w), contiguous_opt(b), act)) {
+      trace::count_flops(gemm_flops(1, rows, w.size(0), w.size(1)));
+      return out;
+    }
+  }
+  return glu(linear(x, w, b), act);
+}
+
 Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual) {
   trace::Scope range("linear_residual", Category::kOp);
   if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w.shape()) + "^T");

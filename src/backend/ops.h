@@ -51,6 +51,10 @@ Tensor softmax(const Tensor& x);
 // --- linear algebra -------------------------------------------------------------------------------
 // x [..., in], w [out, in], b [out] (optional) -> [..., out]; act fused after the bias.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = {}, UnaryOp act = UnaryOp::kIdentity);
+// x [..., in], w [2H, in] (value rows, then gate rows), b [2H] optional -> [..., H] = glu(linear(x, w, b), act):
+// (x w[:H]^T + b[:H]) * act(x w[H:]^T + b[H:]) (GEGLU with kGelu), in one kernel where the backend has one
+// (Backend::linear_glu: the [..., 2H] product is then never written).
+Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act);
 // Same plus a residual of the output's shape: x @ w^T + b + residual (fused epilogue).
 Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual);
 // linear(x, w, b, act) written into `out` (contiguous, the result's shape, x's dtype and device): e.g. a row

@@ -359,28 +359,11 @@ __global__ void __launch_bounds__(Cfg<D, C>::kThreads, 1)
 #endif
 }
 
-// cuTensorMapEncodeTiled from the driver, fetched once (the runtime links no driver library).
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-EncodeTiled encode_tiled() {
-  static const EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      return EncodeTiled(nullptr);
-    return reinterpret_cast<EncodeTiled>(f);
-  }();
-  return fn;
-}
-
 // A [batch][heads][rows][d] bf16 view (element strides s0, s1, s2; the head dim contiguous) as a tensor map of
 // 64 x `rows_per_box` boxes in the 128-byte swizzle; false where the view breaks TMA's rules (16-byte strides).
 bool make_map(CUtensorMap& map, const void* base, int batch, int heads, int rows, int d, int64_t s0, int64_t s1,
               int64_t s2, int rows_per_box) {
-  const EncodeTiled encode = encode_tiled();
+  const tma::EncodeTiled encode = tma::encode_tiled();
   if (!encode || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
   for (const int64_t s : {s0, s1, s2})
     if (s % 8 != 0) return false;

@@ -6,6 +6,7 @@
 // (a fresh barrier is in phase 0, and the phase "before" it, parity 1, counts as completed: a producer waiting
 // on an empty-buffer barrier with parity 1 passes at once the first time round).
 #pragma once
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -13,6 +14,24 @@
 #include "backend/cuda/cuda_wgmma.cuh"
 
 namespace atelier::cuda::tma {
+
+// cuTensorMapEncodeTiled from the driver, fetched once (the runtime links no driver library); null where the
+// driver lacks it.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+inline EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return EncodeTiled(nullptr);
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
 
 #ifdef ATELIER_WGMMA
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
@@ -45,6 +64,16 @@ __device__ __forceinline__ void load_4d(void* dst, const void* tensor_map, int c
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
       "[%6];\n" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// A box of a 2-D tensor map (coordinates innermost first, in elements) into shared memory at dst, its bytes
+// completing on bar (a row-major matrix: c0 the column, c1 the row).
+__device__ __forceinline__ void load_2d(void* dst, const void* tensor_map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
       : "memory");
 }
 

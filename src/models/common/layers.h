@@ -38,6 +38,12 @@ struct Linear {
     if (is_fp8()) return ops::linear_fp8_into(out, x, weight, weight_scale, bias, act);
     ops::linear_into(out, x.x, weight, bias, act);
   }
+  // x [..., in] -> [..., out / 2] = value * act(gate), the layer's outputs split in halves (GEGLU with kGelu):
+  // one kernel where the backend has one (ops::linear_glu), so the [..., out] product is not written.
+  Tensor glu(const Tensor& x, UnaryOp act) const {
+    if (is_fp8()) return ops::glu((*this)(x), act);
+    return ops::linear_glu(x, weight, bias, act);
+  }
   // x [..., in] -> residual + x @ weight^T + bias, residual [..., out] (one fused epilogue).
   Tensor with_residual(const Tensor& x, const Tensor& residual) const {
     if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, UnaryOp::kIdentity, residual);

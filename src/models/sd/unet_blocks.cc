@@ -118,7 +118,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const UNetConditioning& cond) 
   h = attn1.to_out.with_residual(a, h);
   a = attn2.attend(norm2(h), cond.context, cond.context_kv);
   h = attn2.to_out.with_residual(a, h);
-  const Tensor g = ops::glu(ff_in(norm3(h)), UnaryOp::kGelu);  // GEGLU: value * gelu(gate)
+  const Tensor g = ff_in.glu(norm3(h), UnaryOp::kGelu);  // GEGLU: value * gelu(gate)
   return ff_out.with_residual(g, h);
 }
 
