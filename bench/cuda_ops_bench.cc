@@ -18,7 +18,7 @@
 
 #include "backend/cuda/cuda_attention_wgmma.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_gemm_glu.h"
+#include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_sdpa_fp8.h"
 #include "backend/ops.h"
 #include "cuda_unit_probes.h"
@@ -164,9 +164,20 @@ int run(int iters, const Sections& want) {
       in_place.beta = 1.0f;
       print({"linear " + shape + " +bias +residual in place", time_ms(be, iters, [&] { be.gemm(acc, x3, w3, br, in_place); }), flops,
              "TFLOP/s"});
+      // The same two on our own kernel (cuda_gemm_wgmma.cu, ATELIER_OWN_LINEAR).
+      const bool own_was = cuda::own_linear_enabled();
+      cuda::set_own_linear(true);
+      const int64_t own_before = cuda::own_linear_launches();
+      const double own_ms = time_ms(be, iters, [&] { ops::linear(xr, wr, br); });
+      const double own_res_ms = time_ms(be, iters, [&] { ops::linear_residual(xr, wr, br, res); });
+      cuda::set_own_linear(own_was);
+      if (cuda::own_linear_launches() > own_before) {
+        print({"linear " + shape + " +bias (own kernel)", own_ms, flops, "TFLOP/s"});
+        print({"linear " + shape + " +bias +residual (own kernel)", own_res_ms, flops, "TFLOP/s"});
+      }
     }
     // GEGLU's first product at 16 rows per level: cuBLASLt's product [M, 2H] then the glu pass, against the fused
-    // kernel (cuda_gemm_glu.cu, ATELIER_FUSED_GLU) that never writes [M, 2H].
+    // kernel (cuda_gemm_wgmma.cu, ATELIER_FUSED_GLU) that never writes [M, 2H].
     const bool was = cuda::fused_glu_enabled();
     for (const Case& c : {Case{16 * 4096, 320, 1280}, Case{16 * 1024, 640, 2560}, Case{16 * 256, 1280, 5120}, Case{16 * 64, 1280, 5120}}) {
       const Tensor xg = random_on({c.m, c.k}, DType::BF16, dev), wg = random_on({2 * c.n, c.k}, DType::BF16, dev, 0.05f),

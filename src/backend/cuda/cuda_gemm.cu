@@ -14,6 +14,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_event_timing.h"
+#include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_nvtx.h"
 
 namespace atelier::cuda {
@@ -512,6 +513,23 @@ int64_t leading_dim(const Tensor& t) {
   const int64_t rows = t.size(-2), cols = t.size(-1);
   return rows == 1 ? std::max<int64_t>(cols, 1) : t.strides()[t.dim() - 2];
 }
+// The product on our own kernel (cuda_gemm_wgmma.cu; ATELIER_OWN_LINEAR=1) where it takes it: bf16, one batch, a
+// row-major [m, k] x times a [n, k] weight, no activation, alpha 1, beta 0 or 1 (the residual: c_in, or C itself).
+bool run_own_linear(const GemmCall& c, int cc_major, int sm_count, size_t max_smem, cudaStream_t stream) {
+  if (!own_linear_enabled() || c.c_dtype != DType::BF16 || c.a.dtype != DType::BF16 || c.batch != 1 || c.a.trans ||
+      !c.b.trans || c.alpha != 1.0f || (c.beta != 0.0f && c.beta != 1.0f) || c.act != UnaryOp::kIdentity)
+    return false;
+  LinearGemmArgs a;
+  a.x = c.a.ptr, a.ldx = c.a.ld;
+  a.w = c.b.ptr, a.ldw = c.b.ld;
+  a.bias = c.bias;
+  a.residual = c.beta != 0.0f ? (c.c_in ? c.c_in : c.c) : nullptr;
+  a.out = c.c, a.ldo = c.ldc;
+  a.m = c.m, a.n = c.n, a.k = c.k;
+  a.sm_count = sm_count, a.max_smem = max_smem;
+  return launch_gemm_linear(a, cc_major, stream);
+}
+
 }  // namespace
 
 // out [B, M, N] = act(alpha * op(a) @ op(b) + beta * out + bias); a [Ba, M, K] / [Ba, K, M] (trans_a),
@@ -544,6 +562,10 @@ void CudaBackend::gemm(Tensor& out, const Tensor& a_in, const Tensor& b_in, cons
   }
   c.bias = bias.defined() ? bias.raw() : nullptr;
   c.act = p.epilogue;
+  if (own_linear_enabled()) {
+    DeviceGuard guard(index_);
+    if (run_own_linear(c, cc_major_, sm_count_, max_smem_optin_, stream_)) return;
+  }
   run_gemm(c);
 }
 

@@ -1,4 +1,4 @@
-// The gated linear unit inside its product (ops::linear_glu through cuda_gemm_glu.cu, Hopper only) against the
+// The gated linear unit inside its product (ops::linear_glu through cuda_gemm_wgmma.cu, Hopper only) against the
 // CPU backend, and the cases the kernel leaves to the product + glu pass.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_gemm_glu.h"
+#include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/ops.h"
 #include "cuda_test_util.h"
 #include "ops_test_util.h"
@@ -76,6 +76,58 @@ TEST(CudaOps, LinearGluOutsideTheKernelMatchesCpu) {
     EXPECT_EQ(cuda::fused_glu_launches(), before) << "the fused kernel took a case it does not handle (on = " << on << ")";
     if (!on) EXPECT_PARITY("linear_glu bf16, kernel off", gelu, std::vector<Tensor>({x, w, b}), DType::BF16);
   }
+}
+
+// The own linear kernel switched on for a test, then back.
+struct OwnLinearScope {
+  bool was = cuda::own_linear_enabled();
+  OwnLinearScope() { cuda::set_own_linear(true); }
+  ~OwnLinearScope() { cuda::set_own_linear(was); }
+};
+
+// Linear layers at SD's shapes with bias, with a residual (read from a separate tensor, as ops::linear_residual
+// passes it, and accumulated in place: beta = 1 onto the output), odd rows, widths that are not whole 128-column
+// tiles, k that is not whole 64-element steps, no bias; each must have run the kernel. An odd width and f16 are
+// left to cuBLASLt.
+TEST(CudaOps, OwnLinearKernelMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  if (!hopper()) GTEST_SKIP() << "the own linear kernel is a Hopper (sm_90) kernel; this device is not one";
+  OwnLinearScope own;
+  struct Case { Shape x; int64_t n; bool bias; };
+  const Case cases[] = {{{2, 4096, 320}, 1280, true}, {{1, 16384, 640}, 640, true}, {{1, 77, 104}, 96, true},
+                        {{3, 50, 1280}, 330, false}, {{1, 5, 8}, 2, true}};
+  for (const Case& c : cases) {
+    const int64_t k = c.x.back();
+    Shape out_shape = c.x;
+    out_shape.back() = c.n;
+    const Tensor x = random_tensor(c.x, 71), w = random_tensor({c.n, k}, 72, 1.0f / std::sqrt(float(k)));
+    const Tensor b = c.bias ? random_tensor({c.n}, 73, 0.5f) : Tensor(), r = random_tensor(out_shape, 74);
+    const std::string what = "own linear " + shape_str(c.x) + " -> " + std::to_string(c.n) + (c.bias ? " + bias" : "");
+    const auto plain = [](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1], in[2]); };
+    const auto resid = [](const std::vector<Tensor>& in) { return ops::linear_residual(in[0], in[1], in[2], in[3]); };
+    // beta = 1 onto the output itself: the residual copied into the output first, as an FP8-free accumulate does.
+    const auto in_place = [](const std::vector<Tensor>& in) {
+      Tensor acc = ops::clone(in[3]);
+      Tensor acc3 = acc.reshape({1, acc.numel() / acc.size(-1), acc.size(-1)});
+      GemmParams gp;
+      gp.trans_b = true;
+      gp.beta = 1.0f;
+      const Tensor x3 = in[0].reshape({1, acc3.size(1), in[0].size(-1)});
+      backend_for(in[0].device()).gemm(acc3, x3, in[1].unsqueeze(0), in[2], gp);
+      return acc;
+    };
+    const int64_t before = cuda::own_linear_launches();
+    EXPECT_PARITY(what, plain, std::vector<Tensor>({x, w, b}), DType::BF16);
+    EXPECT_PARITY(what + " + residual", resid, std::vector<Tensor>({x, w, b, r}), DType::BF16);
+    EXPECT_PARITY(what + " + residual in place", in_place, std::vector<Tensor>({x, w, b, r}), DType::BF16);
+    EXPECT_EQ(cuda::own_linear_launches() - before, 3) << what << ": the own kernel did not run every time";
+  }
+  const Tensor x = random_tensor({9, 64}, 75), w = random_tensor({37, 64}, 76, 0.125f), b = random_tensor({37}, 77);
+  const auto plain = [](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1], in[2]); };
+  const int64_t before = cuda::own_linear_launches();
+  EXPECT_PARITY("own linear, odd width", plain, std::vector<Tensor>({x, w, b}), DType::BF16);
+  EXPECT_PARITY("own linear, f16", plain, std::vector<Tensor>({x, random_tensor({36, 64}, 78, 0.125f), random_tensor({36}, 79)}), DType::F16);
+  EXPECT_EQ(cuda::own_linear_launches(), before) << "the own kernel took a case it does not handle";
 }
 
 }  // namespace

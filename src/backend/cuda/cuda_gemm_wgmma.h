@@ -1,0 +1,64 @@
+// Matrix products of our own on Hopper's warpgroup MMA and bulk tensor copies, for the epilogues cuBLASLt lacks or
+// runs slowly:
+//   - a gated linear unit inside its product (GEGLU, SwiGLU; Backend::linear_glu): out = (x W_v^T + b_v) *
+//     act(x W_g^T + b_g). Without it the product writes both halves ([M, 2H]) and a second pass reads them back to
+//     write [M, H] (SD's GEGLU: 1.55 ms per 16-row UNet call, session 24's trace);
+//   - a linear layer with bias and residual (out = x W^T + b + r): session 24 measured SD's residual products on
+//     cuBLASLt's heuristics 1.15-1.96x the time of the same products without the residual.
+// Both off by default until measured against cuBLASLt on the H200 (docs/cuda.md, session 25).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace atelier::cuda {
+
+// Row-major bf16 operands: x [m, k] (row stride ldx), w [2h, k] (ldw; rows [0, h) the value, [h, 2h) the gate:
+// diffusers' GEGLU proj and torch's chunk(2, -1)), optional bias [2h], out [m, h] (ldo).
+struct GluGemmArgs {
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* bias = nullptr;
+  void* out = nullptr;
+  int64_t ldx = 0, ldw = 0, ldo = 0;
+  int64_t m = 0, k = 0, h = 0;
+  UnaryOp act = UnaryOp::kGelu;
+  int sm_count = 0;
+  size_t max_smem = 0;
+};
+
+// Row-major bf16 operands: x [m, k] (ldx), w [n, k] (ldw), optional bias [n], optional residual [m, n] (ldo, may be
+// out itself), out [m, n] (ldo): out = x w^T + bias + residual.
+struct LinearGemmArgs {
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* bias = nullptr;
+  const void* residual = nullptr;
+  void* out = nullptr;
+  int64_t ldx = 0, ldw = 0, ldo = 0;
+  int64_t m = 0, k = 0, n = 0;
+  int sm_count = 0;
+  size_t max_smem = 0;
+};
+
+// Enqueue the kernel; false (nothing launched) where it does not take the case: a device other than sm_90, an
+// activation other than GELU (erf or tanh) and SiLU, strides or addresses that break the tensor maps' 16-byte
+// rule, an odd output width or row stride.
+bool launch_gemm_glu(const GluGemmArgs& a, int cc_major, cudaStream_t stream);
+bool launch_gemm_linear(const LinearGemmArgs& a, int cc_major, cudaStream_t stream);
+
+// ATELIER_FUSED_GLU=1: ops::linear_glu runs launch_gemm_glu (or the setter: tests, benches).
+bool fused_glu_enabled();
+void set_fused_glu(bool on);
+// ATELIER_OWN_LINEAR=1: bf16 linear products (one batch, weights [n, k], no activation) with or without a residual
+// run launch_gemm_linear instead of cuBLASLt (or the setter).
+bool own_linear_enabled();
+void set_own_linear(bool on);
+// Kernels launched so far (tests: the case was taken).
+int64_t fused_glu_launches();
+int64_t own_linear_launches();
+
+}  // namespace atelier::cuda
