@@ -165,8 +165,8 @@ int run(int iters, const Sections& want) {
       print({"linear " + shape + " +bias +residual in place", time_ms(be, iters, [&] { be.gemm(acc, x3, w3, br, in_place); }), flops,
              "TFLOP/s"});
       // The same two on our own kernel (cuda_gemm_wgmma.cu, ATELIER_OWN_LINEAR).
-      const bool own_was = cuda::own_linear_enabled();
-      cuda::set_own_linear(true);
+      const cuda::OwnLinear own_was = cuda::own_linear_mode();
+      cuda::set_own_linear(cuda::OwnLinear::kAll);
       const int64_t own_before = cuda::own_linear_launches();
       const double own_ms = time_ms(be, iters, [&] { ops::linear(xr, wr, br); });
       const double own_res_ms = time_ms(be, iters, [&] { ops::linear_residual(xr, wr, br, res); });

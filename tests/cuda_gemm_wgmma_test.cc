@@ -80,8 +80,8 @@ TEST(CudaOps, LinearGluOutsideTheKernelMatchesCpu) {
 
 // The own linear kernel switched on for a test, then back.
 struct OwnLinearScope {
-  bool was = cuda::own_linear_enabled();
-  OwnLinearScope() { cuda::set_own_linear(true); }
+  cuda::OwnLinear was = cuda::own_linear_mode();
+  explicit OwnLinearScope(cuda::OwnLinear mode) { cuda::set_own_linear(mode); }
   ~OwnLinearScope() { cuda::set_own_linear(was); }
 };
 
@@ -92,7 +92,7 @@ struct OwnLinearScope {
 TEST(CudaOps, OwnLinearKernelMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   if (!hopper()) GTEST_SKIP() << "the own linear kernel is a Hopper (sm_90) kernel; this device is not one";
-  OwnLinearScope own;
+  OwnLinearScope own(cuda::OwnLinear::kAll);
   struct Case { Shape x; int64_t n; bool bias; };
   const Case cases[] = {{{2, 4096, 320}, 1280, true}, {{1, 16384, 640}, 640, true}, {{1, 77, 104}, 96, true},
                         {{3, 50, 1280}, 330, false}, {{1, 5, 8}, 2, true}};
@@ -128,6 +128,15 @@ TEST(CudaOps, OwnLinearKernelMatchesCpu) {
   EXPECT_PARITY("own linear, odd width", plain, std::vector<Tensor>({x, w, b}), DType::BF16);
   EXPECT_PARITY("own linear, f16", plain, std::vector<Tensor>({x, random_tensor({36, 64}, 78, 0.125f), random_tensor({36}, 79)}), DType::F16);
   EXPECT_EQ(cuda::own_linear_launches(), before) << "the own kernel took a case it does not handle";
+  // ATELIER_OWN_LINEAR=residual: only the products with a residual.
+  cuda::set_own_linear(cuda::OwnLinear::kResidual);
+  const Tensor xe = random_tensor({9, 64}, 80), we = random_tensor({36, 64}, 81, 0.125f), be = random_tensor({36}, 82);
+  const Tensor re = random_tensor({9, 36}, 83);
+  const auto resid = [](const std::vector<Tensor>& in) { return ops::linear_residual(in[0], in[1], in[2], in[3]); };
+  EXPECT_PARITY("own linear, residual mode, no residual", plain, std::vector<Tensor>({xe, we, be}), DType::BF16);
+  EXPECT_EQ(cuda::own_linear_launches(), before) << "the residual mode took a product without a residual";
+  EXPECT_PARITY("own linear, residual mode, residual", resid, std::vector<Tensor>({xe, we, be, re}), DType::BF16);
+  EXPECT_EQ(cuda::own_linear_launches(), before + 1) << "the residual mode left a residual product to cuBLASLt";
 }
 
 }  // namespace

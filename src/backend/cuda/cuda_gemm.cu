@@ -513,10 +513,10 @@ int64_t leading_dim(const Tensor& t) {
   const int64_t rows = t.size(-2), cols = t.size(-1);
   return rows == 1 ? std::max<int64_t>(cols, 1) : t.strides()[t.dim() - 2];
 }
-// The product on our own kernel (cuda_gemm_wgmma.cu; ATELIER_OWN_LINEAR=1) where it takes it: bf16, one batch, a
+// The product on our own kernel (cuda_gemm_wgmma.cu; ATELIER_OWN_LINEAR=1|residual) where it takes it: bf16, one batch, a
 // row-major [m, k] x times a [n, k] weight, no activation, alpha 1, beta 0 or 1 (the residual: c_in, or C itself).
 bool run_own_linear(const GemmCall& c, int cc_major, int sm_count, size_t max_smem, cudaStream_t stream) {
-  if (!own_linear_enabled() || c.c_dtype != DType::BF16 || c.a.dtype != DType::BF16 || c.batch != 1 || c.a.trans ||
+  if (!own_linear_takes(c.beta != 0.0f) || c.c_dtype != DType::BF16 || c.a.dtype != DType::BF16 || c.batch != 1 || c.a.trans ||
       !c.b.trans || c.alpha != 1.0f || (c.beta != 0.0f && c.beta != 1.0f) || c.act != UnaryOp::kIdentity)
     return false;
   LinearGemmArgs a;
@@ -562,7 +562,7 @@ void CudaBackend::gemm(Tensor& out, const Tensor& a_in, const Tensor& b_in, cons
   }
   c.bias = bias.defined() ? bias.raw() : nullptr;
   c.act = p.epilogue;
-  if (own_linear_enabled()) {
+  if (own_linear_mode() != OwnLinear::kOff) {
     DeviceGuard guard(index_);
     if (run_own_linear(c, cc_major_, sm_count_, max_smem_optin_, stream_)) return;
   }

@@ -61,9 +61,11 @@ bool& glu_flag() {
   static bool on = env_is("ATELIER_FUSED_GLU", "1");
   return on;
 }
-bool& linear_flag() {
-  static bool on = env_is("ATELIER_OWN_LINEAR", "1");
-  return on;
+OwnLinear& linear_mode() {
+  static OwnLinear mode = env_is("ATELIER_OWN_LINEAR", "1")          ? OwnLinear::kAll
+                          : env_is("ATELIER_OWN_LINEAR", "residual") ? OwnLinear::kResidual
+                                                                     : OwnLinear::kOff;
+  return mode;
 }
 
 struct Params {
@@ -247,8 +249,11 @@ bool takes(int cc_major, size_t max_smem, int64_t m, int64_t k, int64_t n, int64
 
 bool fused_glu_enabled() { return glu_flag(); }
 void set_fused_glu(bool on) { glu_flag() = on; }
-bool own_linear_enabled() { return linear_flag(); }
-void set_own_linear(bool on) { linear_flag() = on; }
+OwnLinear own_linear_mode() { return linear_mode(); }
+void set_own_linear(OwnLinear mode) { linear_mode() = mode; }
+bool own_linear_takes(bool residual) {
+  return linear_mode() == OwnLinear::kAll || (residual && linear_mode() == OwnLinear::kResidual);
+}
 int64_t fused_glu_launches() { return g_glu_launches.load(); }
 int64_t own_linear_launches() { return g_linear_launches.load(); }
 

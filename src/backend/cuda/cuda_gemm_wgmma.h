@@ -53,10 +53,14 @@ bool launch_gemm_linear(const LinearGemmArgs& a, int cc_major, cudaStream_t stre
 // ATELIER_FUSED_GLU=1: ops::linear_glu runs launch_gemm_glu (or the setter: tests, benches).
 bool fused_glu_enabled();
 void set_fused_glu(bool on);
-// ATELIER_OWN_LINEAR=1: bf16 linear products (one batch, weights [n, k], no activation) with or without a residual
-// run launch_gemm_linear instead of cuBLASLt (or the setter).
-bool own_linear_enabled();
-void set_own_linear(bool on);
+// Which bf16 linear products (one batch, weights [n, k], no activation) run launch_gemm_linear instead of cuBLASLt:
+// none (default), all (ATELIER_OWN_LINEAR=1), or only those with a residual (ATELIER_OWN_LINEAR=residual); or the
+// setter (tests, benches).
+enum class OwnLinear { kOff, kAll, kResidual };
+OwnLinear own_linear_mode();
+void set_own_linear(OwnLinear mode);
+// Whether the mode sends a product with (residual) or without a residual to the kernel.
+bool own_linear_takes(bool residual);
 // Kernels launched so far (tests: the case was taken).
 int64_t fused_glu_launches();
 int64_t own_linear_launches();
