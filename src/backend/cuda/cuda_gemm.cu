@@ -519,7 +519,7 @@ bool run_own_linear(const GemmCall& c, int cc_major, int sm_count, size_t max_sm
   if (!own_linear_takes(c.beta != 0.0f) || c.c_dtype != DType::BF16 || c.a.dtype != DType::BF16 || c.batch != 1 || c.a.trans ||
       !c.b.trans || c.alpha != 1.0f || (c.beta != 0.0f && c.beta != 1.0f) || c.act != UnaryOp::kIdentity)
     return false;
-  LinearGemmArgs a;
+  OwnGemmArgs a;
   a.x = c.a.ptr, a.ldx = c.a.ld;
   a.w = c.b.ptr, a.ldw = c.b.ld;
   a.bias = c.bias;

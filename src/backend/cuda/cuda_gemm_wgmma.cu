@@ -257,16 +257,16 @@ bool own_linear_takes(bool residual) {
 int64_t fused_glu_launches() { return g_glu_launches.load(); }
 int64_t own_linear_launches() { return g_linear_launches.load(); }
 
-bool launch_gemm_glu(const GluGemmArgs& a, int cc_major, cudaStream_t stream) {
-  if (!takes(cc_major, a.max_smem, a.m, a.k, a.h, a.ldo, {a.out, a.bias})) return false;
+bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream) {
+  if (!takes(cc_major, a.max_smem, a.m, a.k, a.n, a.ldo, {a.out, a.bias})) return false;
   if (a.act != UnaryOp::kGelu && a.act != UnaryOp::kGeluTanh && a.act != UnaryOp::kSilu) return false;
   Params p{};
-  if (!make_map(p.x, a.x, a.m, a.k, a.ldx, kBM) || !make_map(p.w, a.w, 2 * a.h, a.k, a.ldw, kBoxRows)) return false;
+  if (!make_map(p.x, a.x, a.m, a.k, a.ldx, kBM) || !make_map(p.w, a.w, 2 * a.n, a.k, a.ldw, kBoxRows)) return false;
   p.bias = static_cast<const __nv_bfloat16*>(a.bias);
   p.out = static_cast<__nv_bfloat16*>(a.out);
   p.ldo = a.ldo;
-  p.m = int(a.m), p.n = int(a.h);
-  p.second_box = int(a.h);  // the gate rows
+  p.m = int(a.m), p.n = int(a.n);
+  p.second_box = int(a.n);  // the gate rows
   switch (a.act) {
     case UnaryOp::kGelu: return launch<Epi::kGlu, UnaryOp::kGelu>(p, a.m, a.k, a.sm_count, stream);
     case UnaryOp::kGeluTanh: return launch<Epi::kGlu, UnaryOp::kGeluTanh>(p, a.m, a.k, a.sm_count, stream);
@@ -274,7 +274,7 @@ bool launch_gemm_glu(const GluGemmArgs& a, int cc_major, cudaStream_t stream) {
   }
 }
 
-bool launch_gemm_linear(const LinearGemmArgs& a, int cc_major, cudaStream_t stream) {
+bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream) {
   if (!takes(cc_major, a.max_smem, a.m, a.k, a.n, a.ldo, {a.out, a.bias, a.residual})) return false;
   Params p{};
   if (!make_map(p.x, a.x, a.m, a.k, a.ldx, kBM) || !make_map(p.w, a.w, a.n, a.k, a.ldw, kBoxRows)) return false;
@@ -295,13 +295,13 @@ bool CudaBackend::linear_glu(Tensor& out, const Tensor& x, const Tensor& w, cons
   if (!x.is_contiguous() || !w.is_contiguous() || !out.is_contiguous() || x.dim() != 2 || w.dim() != 2) return false;
   NvtxRange range("linear_glu");
   DeviceGuard guard(index_);
-  GluGemmArgs a;
+  OwnGemmArgs a;
   a.x = x.data<__nv_bfloat16>();
   a.w = w.data<__nv_bfloat16>();
   a.bias = bias.defined() ? bias.data<__nv_bfloat16>() : nullptr;
   a.out = out.data<__nv_bfloat16>();
-  a.m = x.size(0), a.k = x.size(1), a.h = w.size(0) / 2;
-  a.ldx = a.k, a.ldw = a.k, a.ldo = a.h;
+  a.m = x.size(0), a.k = x.size(1), a.n = w.size(0) / 2;
+  a.ldx = a.k, a.ldw = a.k, a.ldo = a.n;
   a.act = act;
   a.sm_count = sm_count_;
   a.max_smem = max_smem_optin_;

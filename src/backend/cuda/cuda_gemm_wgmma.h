@@ -16,30 +16,20 @@
 
 namespace atelier::cuda {
 
-// Row-major bf16 operands: x [m, k] (row stride ldx), w [2h, k] (ldw; rows [0, h) the value, [h, 2h) the gate:
-// diffusers' GEGLU proj and torch's chunk(2, -1)), optional bias [2h], out [m, h] (ldo).
-struct GluGemmArgs {
+// Row-major bf16 operands of one product: x [m, k] (row stride ldx), w (ldw), bias, out [m, n] (ldo).
+//   GLU: w [2n, k], rows [0, n) the value and [n, 2n) the gate (diffusers' GEGLU proj, torch's chunk(2, -1)),
+//        optional bias [2n]: out = (x w_v^T + b_v) * act(x w_g^T + b_g);
+//   linear: w [n, k], optional bias [n] and residual [m, n] (row stride ldo; may be out itself):
+//        out = x w^T + bias + residual.
+struct OwnGemmArgs {
   const void* x = nullptr;
   const void* w = nullptr;
   const void* bias = nullptr;
-  void* out = nullptr;
-  int64_t ldx = 0, ldw = 0, ldo = 0;
-  int64_t m = 0, k = 0, h = 0;
-  UnaryOp act = UnaryOp::kGelu;
-  int sm_count = 0;
-  size_t max_smem = 0;
-};
-
-// Row-major bf16 operands: x [m, k] (ldx), w [n, k] (ldw), optional bias [n], optional residual [m, n] (ldo, may be
-// out itself), out [m, n] (ldo): out = x w^T + bias + residual.
-struct LinearGemmArgs {
-  const void* x = nullptr;
-  const void* w = nullptr;
-  const void* bias = nullptr;
-  const void* residual = nullptr;
+  const void* residual = nullptr;  // linear only
   void* out = nullptr;
   int64_t ldx = 0, ldw = 0, ldo = 0;
   int64_t m = 0, k = 0, n = 0;
+  UnaryOp act = UnaryOp::kGelu;  // GLU only
   int sm_count = 0;
   size_t max_smem = 0;
 };
@@ -47,8 +37,8 @@ struct LinearGemmArgs {
 // Enqueue the kernel; false (nothing launched) where it does not take the case: a device other than sm_90, an
 // activation other than GELU (erf or tanh) and SiLU, strides or addresses that break the tensor maps' 16-byte
 // rule, an odd output width or row stride.
-bool launch_gemm_glu(const GluGemmArgs& a, int cc_major, cudaStream_t stream);
-bool launch_gemm_linear(const LinearGemmArgs& a, int cc_major, cudaStream_t stream);
+bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream);
+bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream);
 
 // ATELIER_FUSED_GLU=1: ops::linear_glu runs launch_gemm_glu (or the setter: tests, benches).
 bool fused_glu_enabled();
