@@ -23,14 +23,6 @@ struct WgmmaScope {
   }
 };
 
-#define ATELIER_REQUIRE_HOPPER()                                                                    \
-  do {                                                                                              \
-    ATELIER_REQUIRE_CUDA();                                                                         \
-    int major = 0;                                                                                  \
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);                           \
-    if (major != 9) GTEST_SKIP() << "the wgmma kernel runs on sm_90 only; this device is sm_" << major << "x"; \
-  } while (0)
-
 TEST(CudaWgmmaAttention, MatchesTheCpu) {
   ATELIER_REQUIRE_HOPPER();
   WgmmaScope scope(true);

@@ -24,18 +24,11 @@ struct FusedGluScope {
   ~FusedGluScope() { cuda::set_fused_glu(was); }
 };
 
-bool hopper() {
-  int major = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  return major == 9;
-}
-
 // SD's GEGLU shapes (a 64x64 latent's tokens, 320 channels, 1280 = 4 x 320 per half), rows that are not whole
 // tiles, halves that are not whole 64-column tiles, k that is not whole 64-element steps, no bias, SiLU and the
 // tanh GELU; each must have run the fused kernel on an H200.
 TEST(CudaOps, LinearGluInOneKernelMatchesCpu) {
-  ATELIER_REQUIRE_CUDA();
-  if (!hopper()) GTEST_SKIP() << "the fused GLU product is a Hopper (sm_90) kernel; this device is not one";
+  ATELIER_REQUIRE_HOPPER();
   FusedGluScope fused;
   struct Case { Shape x; int64_t h; bool bias; UnaryOp act; };
   const Case cases[] = {{{2, 4096, 320}, 1280, true, UnaryOp::kGelu},   {{1, 77, 64}, 96, true, UnaryOp::kGelu},
@@ -90,8 +83,7 @@ struct OwnLinearScope {
 // tiles, k that is not whole 64-element steps, no bias; each must have run the kernel. An odd width and f16 are
 // left to cuBLASLt.
 TEST(CudaOps, OwnLinearKernelMatchesCpu) {
-  ATELIER_REQUIRE_CUDA();
-  if (!hopper()) GTEST_SKIP() << "the own linear kernel is a Hopper (sm_90) kernel; this device is not one";
+  ATELIER_REQUIRE_HOPPER();
   OwnLinearScope own(cuda::OwnLinear::kAll);
   struct Case { Shape x; int64_t n; bool bias; };
   const Case cases[] = {{{2, 4096, 320}, 1280, true}, {{1, 16384, 640}, 640, true}, {{1, 77, 104}, 96, true},

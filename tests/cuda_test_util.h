@@ -112,3 +112,12 @@ inline ParityResult check_parity(const std::string& what, const OpFn& fn, const 
     const std::string _why = ::atelier::test::cuda_unavailable_reason();        \
     if (!_why.empty()) GTEST_SKIP() << "no usable CUDA device: " << _why;       \
   } while (0)
+
+// The same, and when cuda:0 is not a Hopper (sm_90): the wgmma/TMA kernels (attention, own GEMMs) run there only.
+#define ATELIER_REQUIRE_HOPPER()                                                                           \
+  do {                                                                                                     \
+    ATELIER_REQUIRE_CUDA();                                                                                \
+    int _major = 0;                                                                                        \
+    cudaDeviceGetAttribute(&_major, cudaDevAttrComputeCapabilityMajor, 0);                                 \
+    if (_major != 9) GTEST_SKIP() << "the wgmma kernels run on sm_90 only; this device is sm_" << _major << "x"; \
+  } while (0)

@@ -161,13 +161,13 @@ class Backend {
   // a [B, M, K] (or [B, K, M]), b [B, K, N] (or [B, N, K]) with B broadcast when a or b has batch 1;
   // out [B, M, N]; bias [N] optional (undefined Tensor = none).
   virtual void gemm(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmParams& p) = 0;
-  // out [M, H] contiguous = (x w[:H]^T + bias[:H]) * act(x w[H:]^T + bias[H:]): a gated linear unit (GEGLU with
-  // kGelu) inside its product, x [M, K] contiguous, w [2H, K] contiguous, bias [2H] optional, all one dtype. False
-  // (this default) where the backend has no such kernel for the case: nothing was written, and ops::linear_glu
-  // runs the product and ops::glu.
-  virtual bool linear_glu(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, UnaryOp act) {
-    (void)out, (void)x, (void)w, (void)bias, (void)act;
-    return false;
+  // x [..., K], w [2H, K], bias [2H] optional, all one dtype -> [..., H] = (x w[:H]^T + bias[:H]) *
+  // act(x w[H:]^T + bias[H:]): a gated linear unit (GEGLU with kGelu) inside its product. An undefined tensor (this
+  // default) where the backend has no such kernel for the case: nothing was allocated or computed, and
+  // ops::linear_glu runs the product and ops::glu.
+  virtual Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& bias, UnaryOp act) {
+    (void)x, (void)w, (void)bias, (void)act;
+    return Tensor();
   }
   // x [R, C] (unit last stride) -> q [R, C] f8e4m3 and scale [R] f32, both contiguous: per row r,
   // scale[r] = f8e4m3_scale(amax_r) (core/dtype.h: a power of two; 1 for a row of zeros) and q[r, c] =

@@ -74,18 +74,19 @@ struct Params {
   const __nv_bfloat16* residual;  // linear: [m, n] (row stride ldo), may be out; null for none
   __nv_bfloat16* out;
   int64_t ldo;
-  int m, n;           // output rows and columns (GLU: n = h)
-  int second_box;     // w's rows of a tile's second box start this far past its first's: h (GLU), 64 (linear)
-  int tile_cols;      // output columns per tile
+  int m, n;  // output rows and columns (GLU: n = h)
   int k_steps, col_tiles, tiles;
 };
 
 #ifdef ATELIER_WGMMA
-// The producer's one thread: every (tile, k-step) of this block, in the consumers' order.
+// The producer's one thread: every (tile, k-step) of this block, in the consumers' order. A tile's second box of w
+// starts at the gate rows n + c0 (GLU) or 64 rows past its first (linear).
+template <Epi E>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t* full, uint64_t* empty) {
+  const int second_box = E == Epi::kGlu ? p.n : kBoxRows;
   int it = 0;
   for (int tile = int(blockIdx.x); tile < p.tiles; tile += int(gridDim.x)) {
-    const int m0 = (tile / p.col_tiles) * kBM, c0 = (tile % p.col_tiles) * p.tile_cols;
+    const int m0 = (tile / p.col_tiles) * kBM, c0 = (tile % p.col_tiles) * kTileCols<E>;
     for (int ks = 0; ks < p.k_steps; ++ks, ++it) {
       const int s = it % kStages;
       tma::wait(&empty[s], ((it / kStages) & 1) ^ 1);
@@ -93,7 +94,7 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
       uint8_t* stage = ring + s * kStageBytes;
       tma::load_2d(stage, &p.x, ks * kBK, m0, &full[s]);
       tma::load_2d(stage + kABytes, &p.w, ks * kBK, c0, &full[s]);
-      tma::load_2d(stage + kABytes + kBoxBytes, &p.w, ks * kBK, c0 + p.second_box, &full[s]);
+      tma::load_2d(stage + kABytes + kBoxBytes, &p.w, ks * kBK, c0 + second_box, &full[s]);
     }
   }
 }
@@ -168,7 +169,7 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint64_t
   float acc[64];
   int it = 0;
   for (int tile = int(blockIdx.x); tile < p.tiles; tile += int(gridDim.x)) {
-    const int m0 = (tile / p.col_tiles) * kBM, c0 = (tile % p.col_tiles) * p.tile_cols;
+    const int m0 = (tile / p.col_tiles) * kBM, c0 = (tile % p.col_tiles) * kTileCols<E>;
     mainloop(acc, p, ring, full, empty, consumer, it);
     epilogue<E, A>(acc, p, m0 + consumer * 64 + warp * 16 + lane / 4, c0, lane % 4);
   }
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
   __syncthreads();
   if (wg == 0) {
     tma::regs_dealloc<kProducerRegs>();
-    if (tid == 0) produce(p, ring, full, empty);
+    if (tid == 0) produce<E>(p, ring, full, empty);
   } else {
     tma::regs_alloc<kConsumerRegs>();
     consume<E, A>(p, ring, full, empty, wg - 1, tid - 128);
@@ -220,9 +221,8 @@ bool make_map(CUtensorMap& map, const void* base, int64_t rows, int64_t cols, in
 // The grid, the tiles and the launch, once p's maps and pointers are set.
 template <Epi E, UnaryOp A>
 bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) {
-  p.tile_cols = kTileCols<E>;
   p.k_steps = int((k + kBK - 1) / kBK);
-  p.col_tiles = (p.n + p.tile_cols - 1) / p.tile_cols;
+  p.col_tiles = (p.n + kTileCols<E> - 1) / kTileCols<E>;
   p.tiles = int((m + kBM - 1) / kBM) * p.col_tiles;
   const auto kernel = gemm_wgmma_kernel<E, A>;
   // Per launch: the attribute belongs to the current device's context (as the attention kernels do).
@@ -266,7 +266,6 @@ bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream) {
   p.out = static_cast<__nv_bfloat16*>(a.out);
   p.ldo = a.ldo;
   p.m = int(a.m), p.n = int(a.n);
-  p.second_box = int(a.n);  // the gate rows
   switch (a.act) {
     case UnaryOp::kGelu: return launch<Epi::kGlu, UnaryOp::kGelu>(p, a.m, a.k, a.sm_count, stream);
     case UnaryOp::kGeluTanh: return launch<Epi::kGlu, UnaryOp::kGeluTanh>(p, a.m, a.k, a.sm_count, stream);
@@ -283,29 +282,31 @@ bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream)
   p.out = static_cast<__nv_bfloat16*>(a.out);
   p.ldo = a.ldo;
   p.m = int(a.m), p.n = int(a.n);
-  p.second_box = kBoxRows;
   return launch<Epi::kLinear, UnaryOp::kIdentity>(p, a.m, a.k, a.sm_count, stream);
 }
 
 // --- the backend's op -------------------------------------------------------------------------------------
 
-bool CudaBackend::linear_glu(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, UnaryOp act) {
-  if (!fused_glu_enabled() || x.dtype() != DType::BF16 || w.dtype() != DType::BF16 || out.dtype() != DType::BF16) return false;
-  if (bias.defined() && (bias.dtype() != DType::BF16 || !bias.is_contiguous())) return false;
-  if (!x.is_contiguous() || !w.is_contiguous() || !out.is_contiguous() || x.dim() != 2 || w.dim() != 2) return false;
+Tensor CudaBackend::linear_glu(const Tensor& x, const Tensor& w, const Tensor& bias, UnaryOp act) {
+  if (!fused_glu_enabled() || x.dtype() != DType::BF16 || w.dtype() != DType::BF16 || !x.is_contiguous() || !w.is_contiguous() ||
+      (bias.defined() && (bias.dtype() != DType::BF16 || !bias.is_contiguous())))
+    return Tensor();
   NvtxRange range("linear_glu");
   DeviceGuard guard(index_);
+  Shape shape = x.shape();
+  shape.back() = w.size(0) / 2;
+  Tensor out = Tensor::empty(shape, DType::BF16, device());
   OwnGemmArgs a;
   a.x = x.data<__nv_bfloat16>();
   a.w = w.data<__nv_bfloat16>();
   a.bias = bias.defined() ? bias.data<__nv_bfloat16>() : nullptr;
   a.out = out.data<__nv_bfloat16>();
-  a.m = x.size(0), a.k = x.size(1), a.n = w.size(0) / 2;
+  a.m = x.numel() / x.size(-1), a.k = x.size(-1), a.n = shape.back();
   a.ldx = a.k, a.ldw = a.k, a.ldo = a.n;
   a.act = act;
   a.sm_count = sm_count_;
   a.max_smem = max_smem_optin_;
-  return launch_gemm_glu(a, cc_major_, stream_);
+  return launch_gemm_glu(a, cc_major_, stream_) ? out : Tensor();
 }
 
 }  // namespace atelier::cuda
