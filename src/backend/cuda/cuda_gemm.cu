@@ -33,9 +33,10 @@ constexpr int kTimingRounds = 3;  // turns (time_in_turns): each algorithm's bes
 constexpr double kMinTunedFlops = 5e10;
 // Products that accumulate into a residual (beta != 0) have plans of their own (the heuristics do not see beta) and
 // this threshold: session 24 measured SD's 16-row residual products, below 50 GFLOP, 17-96% slower than the same
-// shapes without the residual on the heuristics' first choice. ATELIER_GEMM_MIN_TUNED_RESIDUAL_GFLOP sets another;
-// which value wins has not been measured yet (docs/cuda.md, session 24, "Next" (1)).
-constexpr double kMinTunedResidualFlops = 5e10;
+// shapes without the residual on the heuristics' first choice; tuned from 1 GFLOP up, the 16-row UNet call ran
+// 2.5% faster (session 26: 29.84 against 30.60 ms; the 65536x320 -> 320 product 0.081 -> 0.049 ms). SD's shapes
+// are few and fixed per resolution, so the tuning is paid once. ATELIER_GEMM_MIN_TUNED_RESIDUAL_GFLOP sets another.
+constexpr double kMinTunedResidualFlops = 1e9;
 
 double env_gflop(const char* name, double fallback) {
   const char* v = std::getenv(name);
