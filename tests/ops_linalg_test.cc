@@ -59,6 +59,34 @@ TEST(OpsLinear, OddSizesBiasActivationAndResidual) {
   }
 }
 
+// A residual given up by the caller (linear_residual's Tensor&& overload): accumulated onto in place when nothing
+// else shares its buffer, read where it is (and left untouched) when a view or another handle still does.
+TEST(OpsLinear, GivenUpResidualIsAccumulatedOntoInPlace) {
+  const int64_t m = 37, k = 24, n = 20;
+  const Tensor x = random_tensor({1, m, k}, 30), w = random_tensor({n, k}, 31, 0.2f), b = random_tensor({n}, 32);
+  std::vector<double> want = ref_mm(to_double(x), transpose2(to_double(w), n, k), m, k, n);
+  const std::vector<double> bv = to_double(b), rv = to_double(random_tensor({1, m, n}, 33));
+  for (int64_t i = 0; i < m * n; ++i) want[i] += bv[i % n] + rv[i];
+
+  Tensor sole = random_tensor({1, m, n}, 33);
+  const void* where = sole.data<float>();
+  const Tensor out = ops::linear_residual(x, w, b, std::move(sole));
+  EXPECT_EQ(out.data<float>(), where) << "a residual nothing else holds was not accumulated onto in place";
+  EXPECT_OPS_CLOSE(out, want);
+
+  const Tensor kept = random_tensor({1, m, n}, 33);
+  Tensor handle = kept;  // a second handle on the same buffer
+  const Tensor out_shared = ops::linear_residual(x, w, b, std::move(handle));
+  EXPECT_NE(out_shared.data<float>(), kept.data<float>());
+  EXPECT_OPS_CLOSE(out_shared, want);
+  EXPECT_OPS_CLOSE(kept, rv);  // the shared residual is left untouched
+
+  const Tensor wide = random_tensor({1, m, 2 * n}, 34);
+  const Tensor out_view = ops::linear_residual(x, w, b, wide.narrow(2, 0, n));  // a strided view: not in place
+  EXPECT_EQ(out_view.shape(), (Shape{1, m, n}));
+  EXPECT_OPS_CLOSE(wide, to_double(random_tensor({1, m, 2 * n}, 34)));
+}
+
 // linear_glu: the first half of the product's columns times the activation of the second half (GEGLU's
 // value * gelu(gate), diffusers' chunk(2, -1) order), with leading dims and a strided x; bad operands refused.
 TEST(OpsLinear, LinearGluIsValueTimesActivatedGate) {

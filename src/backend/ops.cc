@@ -4,6 +4,8 @@
 #include "backend/ops.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backend/ops_internal.h"
@@ -356,6 +358,7 @@ Tensor lincomb_per_sample(const std::vector<Tensor>& xs, const std::vector<float
 
 Tensor glu(const Tensor& x, UnaryOp act) {
   trace::Scope range("glu", Category::kOp);
+  if (range.active()) range.set_detail(shape_str(x.shape()));
   require_f32(x, "glu", "x");
   require(x.dim() >= 1 && x.size(-1) % 2 == 0, "glu", "last dim must be even, got " + shape_str(x.shape()));
   Tensor xc = contiguous(x);
@@ -435,14 +438,16 @@ Tensor linear_output(const Tensor& x, const Tensor& w, const char* w_name, const
 
 namespace {
 
+// accumulate: `into` holds the residual, and the product is added onto it (beta = 1).
 Tensor linear_impl(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act, const Tensor& residual, const std::string& op,
-                   const Tensor& into = Tensor()) {
+                   const Tensor& into = Tensor(), bool accumulate = false) {
   require_f32(x, op, "x");
   require_f32(w, op, "w");
   require_same_device(x, w, op);
   require(w.dim() == 2, op, "w must be [out, in], got " + shape_str(w.shape()));
   GemmParams p;
   Tensor out = linear_output(x, w, "w", b, residual, op, &p.beta, &p.addend, into);
+  if (accumulate) p.beta = 1.0f;
   if (p.addend.defined()) p.addend = p.addend.reshape({1, p.addend.numel() / w.size(0), w.size(0)});
   Tensor a = rows_view(x);
   p.trans_b = true;  // w [out, in] is b^T
@@ -495,6 +500,32 @@ Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const 
   if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w.shape()) + "^T");
   require_defined(residual, "linear_residual", "residual");
   return linear_impl(x, w, b, UnaryOp::kIdentity, residual, "linear_residual");
+}
+
+namespace {
+// ATELIER_INPLACE_RESIDUAL=0 reads every residual where it is (for comparisons).
+bool in_place_residuals() {
+  static const bool on = [] {
+    const char* v = std::getenv("ATELIER_INPLACE_RESIDUAL");
+    return !v || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+}  // namespace
+
+Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, Tensor&& residual) {
+  Tensor res = std::move(residual);  // the caller's handle is gone: only other holders can still see its memory
+  require_defined(res, "linear_residual", "residual");
+  require_defined(x, "linear_residual", "x");
+  Shape shape = x.shape();
+  shape.back() = w.dim() == 2 ? w.size(0) : -1;
+  const bool sole = in_place_residuals() && res.buffer() && res.buffer().use_count() == 1 && res.is_contiguous();
+  if (!sole || res.shape() != shape || res.dtype() != x.dtype() || res.device() != x.device())
+    return linear_residual(x, w, b, static_cast<const Tensor&>(res));
+  trace::Scope range("linear_residual", Category::kOp);
+  if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w.shape()) + "^T (onto the residual)");
+  linear_impl(x, w, b, UnaryOp::kIdentity, Tensor(), "linear_residual", res, /*accumulate=*/true);
+  return res;
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, float alpha) {
@@ -614,6 +645,8 @@ void require_affine(const Tensor& t, int64_t size, const std::string& op, const 
 Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor& beta, float eps, UnaryOp act,
                   const Tensor& offset) {
   trace::Scope range("group_norm", Category::kOp);
+  if (range.active())
+    range.set_detail(shape_str(x.shape()) + (x.is_channels_last() ? " channels-last" : "") + (offset.defined() ? " + offset" : ""));
   const std::string op = "group_norm";
   require_f32(x, op, "x");
   require(x.dim() >= 2, op, "x must be [N, C, *], got " + shape_str(x.shape()));
@@ -640,6 +673,7 @@ Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor
 
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
   trace::Scope range("layer_norm", Category::kOp);
+  if (range.active()) range.set_detail(shape_str(x.shape()));
   const std::string op = "layer_norm";
   require_f32(x, op, "x");
   require(x.dim() >= 1, op, "x needs at least one dim");

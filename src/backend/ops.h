@@ -57,6 +57,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = {}, UnaryOp ac
 Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act);
 // Same plus a residual of the output's shape: x @ w^T + b + residual (fused epilogue).
 Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual);
+// The same with the residual given up by the caller: where no other tensor shares its buffer (contiguous, x's
+// dtype), the product accumulates onto it in place and the result is that buffer. cuBLASLt's products that
+// accumulate onto their output run at the plain product's speed, those that read a separate residual up to 2x
+// slower (docs/performance.md, session 26); a residual that is still shared is read where it is, as above.
+Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, Tensor&& residual);
 // linear(x, w, b, act) written into `out` (contiguous, the result's shape, x's dtype and device): e.g. a row
 // range of a larger buffer that several projections fill, so that no concatenation copies them together.
 void linear_into(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b = {}, UnaryOp act = UnaryOp::kIdentity);

@@ -2,6 +2,7 @@
 
 #include <limits>
 #include <string>
+#include <utility>
 
 namespace atelier {
 
@@ -156,7 +157,7 @@ Tensor ClipTextModel::layer_forward(const ClipEncoderLayer& l, const Tensor& x, 
   Tensor attn = ops::multi_head_attention(l.q_proj(h), l.k_proj(h), l.v_proj(h), config_.num_attention_heads, 0, mask);
   Tensor y = l.out_proj.with_residual(attn, x);
   Tensor m = l.fc1(l.layer_norm2(y), config_.hidden_act);
-  return l.fc2.with_residual(m, y);
+  return l.fc2.with_residual(m, std::move(y));
 }
 
 Tensor ClipTextModel::pool(const Tensor& host_ids, const Tensor& last) const {

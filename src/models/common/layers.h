@@ -49,13 +49,20 @@ struct Linear {
     if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, UnaryOp::kIdentity, residual);
     return ops::linear_residual(x, weight, bias, residual);
   }
+  // The same with the residual given up: accumulated onto in place where nothing else shares its buffer
+  // (ops::linear_residual's overload), e.g. a block's hidden state h = to_out.with_residual(a, std::move(h)).
+  Tensor with_residual(const Tensor& x, Tensor&& residual) const {
+    if (is_fp8()) return ops::linear_fp8(x, weight, weight_scale, bias, UnaryOp::kIdentity, residual);
+    return ops::linear_residual(x, weight, bias, std::move(residual));
+  }
   // out [..., out] += x [..., in] @ weight^T (the bias is not added): in place for an FP8 layer (its GEMM
-  // accumulates onto out), else out becomes a fresh linear_residual output (the residual read where it is).
-  // The same values either way as with_residual(x, out) without the bias.
+  // accumulates onto out) and where nothing but `out` holds its buffer, else out becomes a fresh
+  // linear_residual output (the residual read where it is). The same values either way as with_residual(x, out)
+  // without the bias.
   void accumulate_into(Tensor& out, const ops::Fp8Rows& x) const {
     if (is_fp8()) return ops::linear_fp8_accumulate(out, x, weight, weight_scale);
     ATELIER_CHECK(x.x_values, "a layer not in FP8 was given rows whose activations were never written (Fp8Rows::x_values)");
-    out = ops::linear_residual(x.x, weight, Tensor(), out);
+    out = ops::linear_residual(x.x, weight, Tensor(), std::move(out));
   }
   // residual + gate * layer(x) (residual [B, N, out], gate [B, 1, out]): an adaLN block's gated residual
   // branch. The residual is taken: an FP8 layer may accumulate onto its memory in place with the gate folded

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "io/json_util.h"
 
@@ -148,7 +149,7 @@ Tensor Qwen3Encoder::layer_forward(const Qwen3Layer& l, const Tensor& x, const T
   Tensor y = l.o_proj.with_residual(attn, x);
   Tensor m = l.post_attention_layernorm(y);
   Tensor gated = ops::mul(l.gate_proj(m, UnaryOp::kSilu), l.up_proj(m));
-  return l.down_proj.with_residual(gated, y);
+  return l.down_proj.with_residual(gated, std::move(y));
 }
 
 Expected<Tensor> Qwen3Encoder::hidden_penultimate(const Tensor& ids, const Tensor& mask) const {

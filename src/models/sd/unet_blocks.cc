@@ -112,14 +112,14 @@ void TransformerBlock::build(const ParamSource& p, int64_t dim, int64_t cross_di
   p.linear(ff_out, "ff.net.2", inner, dim);
 }
 
-Tensor TransformerBlock::forward(const Tensor& x, const UNetConditioning& cond) const {
-  Tensor h = x;
+// h is taken: each residual branch accumulates onto its buffer in place where the caller kept no other handle.
+Tensor TransformerBlock::forward(Tensor h, const UNetConditioning& cond) const {
   Tensor a = only_cross_attention ? attn1.attend(norm1(h), cond.context, cond.context_kv) : attn1.attend(norm1(h), Tensor());
-  h = attn1.to_out.with_residual(a, h);
+  h = attn1.to_out.with_residual(a, std::move(h));
   a = attn2.attend(norm2(h), cond.context, cond.context_kv);
-  h = attn2.to_out.with_residual(a, h);
+  h = attn2.to_out.with_residual(a, std::move(h));
   const Tensor g = ff_in.glu(norm3(h), UnaryOp::kGelu);  // GEGLU: value * gelu(gate)
-  return ff_out.with_residual(g, h);
+  return ff_out.with_residual(g, std::move(h));
 }
 
 // --- Transformer2D ------------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ Tensor Transformer2D::forward(const Tensor& x, const UNetConditioning& cond) con
   // [B, C, H, W] -> [B, H*W, C]: one token per pixel (a view, no copy, of a channels-last image).
   const auto tokens = [&](const Tensor& img) { return ops::contiguous(img.permute({0, 2, 3, 1})).reshape({b, h * w, c}); };
   Tensor seq = proj_in(tokens(norm(x)));
-  for (const auto& blk : blocks) seq = blk.forward(seq, cond);
+  for (const auto& blk : blocks) seq = blk.forward(std::move(seq), cond);
   seq = proj_out.with_residual(seq, tokens(x));
   return seq.reshape({b, h, w, c}).permute({0, 3, 1, 2});  // channels-last view of the tokens
 }

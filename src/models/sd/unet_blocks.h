@@ -85,8 +85,8 @@ struct TransformerBlock {
   bool only_cross_attention = false;    // attn1 attends to the context as well
 
   void build(const ParamSource& p, int64_t dim, int64_t cross_dim, int heads, bool only_cross);
-  // x [B, S, dim] -> [B, S, dim]
-  Tensor forward(const Tensor& x, const UNetConditioning& cond) const;
+  // h [B, S, dim] -> [B, S, dim]; h is taken (std::move it in) so that the residuals accumulate in place.
+  Tensor forward(Tensor h, const UNetConditioning& cond) const;
 };
 
 // Transformer2DModel (continuous input): GroupNorm -> proj_in -> transformer blocks -> proj_out -> + input.

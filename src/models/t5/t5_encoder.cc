@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -145,7 +146,7 @@ Tensor T5Encoder::block_forward(const T5Block& b, const Tensor& x, const Tensor&
   const Tensor f = b.ff_norm(y);
   Tensor inner = b.wi_0(f, config_.act);
   if (config_.gated) inner = ops::mul(inner, b.wi_1(f));
-  return b.wo.with_residual(inner, y);
+  return b.wo.with_residual(inner, std::move(y));
 }
 
 Expected<Tensor> T5Encoder::forward(const Tensor& ids) const {
