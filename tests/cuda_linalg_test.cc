@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_attention_wgmma.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_conv_graph.h"
+#include "backend/cuda/cuda_group_norm_slice.h"
 #include "backend/cuda/cuda_sdpa.h"
 #include "backend/graph_runner.h"
 #include "backend/ops.h"
@@ -303,6 +304,46 @@ TEST(CudaOps, GroupNormMatchesCpu) {
 // x [N, C, H, W] as a channels-last tensor of the same values (the layout the GPU keeps SD's activations in).
 Tensor channels_last(const Tensor& x) { return ops::contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}); }
 
+// The one-kernel group norm (cuda_group_norm_slice.cu) switched on or off for a test, then back.
+struct GnSliceScope {
+  bool was = cuda::group_norm_slice_enabled();
+  explicit GnSliceScope(bool on) { cuda::set_group_norm_slice(on); }
+  ~GnSliceScope() { cuda::set_group_norm_slice(was); }
+};
+
+// Channels-last group norm in one kernel per (sample, group slice) staged in shared memory: SD's 8x8-32x32 shapes
+// (slices of 1 group of 40/80 channels, 2 groups of 20 or 60, 4 groups of 10 or 30), a large mean, the resnets'
+// offset (a narrow of a stacked tensor, its mean large too), 16 samples, 9 pixels of 2-channel groups (a block of
+// fewer threads than a warp's multiple: the reductions' idle threads); each case must have run the kernel.
+// The shapes past its 80 KB slices ([2, 320, 64, 64]) go to the three-kernel path.
+TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
+  ATELIER_REQUIRE_CUDA();
+  GnSliceScope slice(true);
+  struct Case { Shape x; float mean; bool offset; bool one_kernel; };
+  const Case cases[] = {{{2, 1280, 8, 8}, 0.0f, false, true},   {{2, 2560, 16, 16}, 100.0f, false, true},
+                        {{16, 640, 32, 32}, 0.0f, true, true},  {{1, 1920, 16, 16}, 0.0f, false, true},
+                        {{3, 960, 8, 8}, 30.0f, true, true},    {{2, 320, 32, 32}, 0.0f, false, true},
+                        {{2, 1280, 8, 8}, 0.0f, true, true},    {{2, 64, 3, 3}, 0.0f, true, true},
+                        {{2, 320, 64, 64}, 0.0f, false, false}};
+  for (const Case& c : cases) {
+    const int64_t ch = c.x[1];
+    const Tensor x = random_tensor(c.x, 65, 1.0f, c.mean), g = random_tensor({ch}, 66), b = random_tensor({ch}, 67);
+    const Tensor stacked = random_tensor({c.x[0], ch + 64}, 68, 1.0f, 20.0f);
+    const bool offset = c.offset;
+    const auto fn = [offset, ch](const std::vector<Tensor>& in) {
+      const Tensor y = ops::group_norm(channels_last(in[0]), 32, in[1], in[2], 1e-5f, UnaryOp::kSilu,
+                                       offset ? in[3].narrow(1, 32, ch) : Tensor());
+      if (!in[0].device().is_cpu() && in[0].dtype() != DType::F32) EXPECT_TRUE(y.is_channels_last()) << shape_str(y.strides());
+      return y;
+    };
+    const std::string what = "one-kernel group_norm " + shape_str(c.x) + (offset ? " + offset" : "");
+    const int64_t before = cuda::group_norm_slice_launches();
+    for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b, stacked}), dt);
+    EXPECT_PARITY(what + " f32", fn, std::vector<Tensor>({x, g, b, stacked}), DType::F32);
+    EXPECT_EQ(cuda::group_norm_slice_launches() > before, c.one_kernel) << what;
+  }
+}
+
 // Channels-last group norm (the NHWC kernels: per-channel chunk sums, a warp per group merging them) at SD's
 // channel counts, including the up blocks' concatenations (960, 1920, 2560) and a large mean; a VAE-like shape
 // with hundreds of chunks per group and a large mean (the merge's unrolled loop, its common reference); 12
@@ -312,6 +353,7 @@ Tensor channels_last(const Tensor& x) { return ops::contiguous(x.permute({0, 2, 
 TEST(CudaOps, ChannelsLastGroupNormMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
+  GnSliceScope three_kernels(false);
   struct Case { Shape x; int groups; float offset; };
   const Case cases[] = {{{2, 320, 64, 64}, 32, 0.0f}, {{2, 2560, 8, 8}, 32, 0.0f}, {{1, 1920, 16, 16}, 32, 0.0f},
                         {{2, 960, 32, 32}, 32, 100.0f}, {{3, 64, 5, 7}, 4, 0.0f}, {{2, 12, 5, 5}, 4, 0.0f},
@@ -342,6 +384,7 @@ TEST(CudaOps, ChannelsLastGroupNormMatchesCpu) {
 TEST(CudaOps, GroupNormWithOffsetMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
+  GnSliceScope three_kernels(false);
   struct Case { Shape x; int groups; bool nhwc; };
   const Case cases[] = {{{2, 320, 64, 64}, 32, true}, {{2, 1280, 8, 8}, 32, true}, {{16, 640, 32, 32}, 32, true},
                         {{2, 12, 5, 5}, 4, true}, {{2, 64, 9, 7}, 8, false}};

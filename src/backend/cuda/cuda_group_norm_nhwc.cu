@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_group_norm_slice.h"
 #include "backend/cuda/cuda_norm_common.cuh"
 #include "backend/cuda/cuda_nvtx.h"
 
@@ -310,6 +311,22 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& of
     if (c % V != 0 || vc > 1024 || reinterpret_cast<uintptr_t>(x.raw()) % kVecBytes != 0 ||
         reinterpret_cast<uintptr_t>(out.raw()) % kVecBytes != 0)
       return;
+    {  // one kernel where a (sample, group slice) fits in shared memory (cuda_group_norm_slice.cu)
+      GroupNormSliceArgs sa;
+      sa.y = out.raw();
+      sa.x = x.raw();
+      if (offset.defined()) sa.offset = offset.raw(), sa.offset_stride = offset.strides()[0];
+      const NormAffine aff = affine_of(gamma, beta);
+      sa.gamma = aff.gamma, sa.beta = aff.beta, sa.gamma_dtype = aff.gamma_dtype, sa.beta_dtype = aff.beta_dtype;
+      sa.dtype = x.dtype();
+      sa.n = n, sa.p = p, sa.c = int(c), sa.groups = groups, sa.eps = eps, sa.act = act;
+      DeviceGuard guard(index_);
+      NvtxRange range("group_norm");
+      if (launch_group_norm_slice(sa, stream_)) {
+        done = true;
+        return;
+      }
+    }
     const int rows_per_pass = int(std::max<int64_t>(1, kNhwcStatsThreads / vc));
     const size_t smem = size_t(rows_per_pass) * size_t(c) * sizeof(float2);
     if (smem > 48 * 1024 || n > kMaxGridY) return;

@@ -1,0 +1,36 @@
+// Channels-last group norm (+ activation, + optional per-(sample, channel) offset) in one kernel, for norms whose
+// (sample, group slice) fits in a block's shared memory: SD's UNet at 8x8-32x32 (cuda_group_norm_slice.cu).
+// CudaBackend::group_norm_nhwc tries it first and falls back to its three-kernel path where it declines.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "backend/backend.h"
+
+namespace atelier::cuda {
+
+struct GroupNormSliceArgs {
+  void* y = nullptr;        // [N, P, C] (channels-last [N, C, H, W]), 16-byte aligned
+  const void* x = nullptr;  // same layout and dtype
+  const void* offset = nullptr;  // [N, C] in x's dtype, unit channel stride; null for none
+  int64_t offset_stride = 0;
+  const void* gamma = nullptr;  // [C] or null (1); beta [C] or null (0); either dtype
+  const void* beta = nullptr;
+  DType gamma_dtype = DType::F32, beta_dtype = DType::F32;
+  DType dtype = DType::BF16;
+  int64_t n = 0, p = 0;  // samples, pixels per sample
+  int c = 0, groups = 0;
+  float eps = 1e-5f;
+  UnaryOp act = UnaryOp::kIdentity;
+};
+
+// Enqueues the kernel and returns true, or returns false (nothing enqueued) where it does not apply: a slice of
+// whole 16-byte vectors over more than 80 KB, groups not a multiple of the slice's, ATELIER_GN_SLICE=0.
+bool launch_group_norm_slice(const GroupNormSliceArgs& args, cudaStream_t stream);
+bool group_norm_slice_enabled();
+void set_group_norm_slice(bool on);  // for tests and comparisons (default: on, unless ATELIER_GN_SLICE=0)
+int64_t group_norm_slice_launches();  // kernels enqueued so far (tests: which path ran)
+
+}  // namespace atelier::cuda
