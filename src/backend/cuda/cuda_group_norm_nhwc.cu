@@ -311,6 +311,7 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& of
     if (c % V != 0 || vc > 1024 || reinterpret_cast<uintptr_t>(x.raw()) % kVecBytes != 0 ||
         reinterpret_cast<uintptr_t>(out.raw()) % kVecBytes != 0)
       return;
+    DeviceGuard guard(index_);
     {  // one kernel where a (sample, group slice) fits in shared memory (cuda_group_norm_slice.cu)
       GroupNormSliceArgs sa;
       sa.y = out.raw();
@@ -320,7 +321,6 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& of
       sa.gamma = aff.gamma, sa.beta = aff.beta, sa.gamma_dtype = aff.gamma_dtype, sa.beta_dtype = aff.beta_dtype;
       sa.dtype = x.dtype();
       sa.n = n, sa.p = p, sa.c = int(c), sa.groups = groups, sa.eps = eps, sa.act = act;
-      DeviceGuard guard(index_);
       NvtxRange range("group_norm");
       if (launch_group_norm_slice(sa, stream_)) {
         done = true;
@@ -331,7 +331,6 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& of
     const size_t smem = size_t(rows_per_pass) * size_t(c) * sizeof(float2);
     if (smem > 48 * 1024 || n > kMaxGridY) return;
     const int threads = int(vc) * rows_per_pass;
-    DeviceGuard guard(index_);
     // Both passes run as one wave of resident blocks, each thread walking as many rows as that takes: a grid of
     // a row or two per thread ran 1-3 waves of blocks that each paid their start-up (shift loads, barriers, the
     // block reduction) for a few loads; at batch 2 that made a 5 MB group norm take 33 us of kernels (ncu,

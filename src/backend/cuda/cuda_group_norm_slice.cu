@@ -14,8 +14,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <numeric>
 
 #include "backend/cuda/cuda_common.h"
@@ -140,10 +138,7 @@ __global__ void group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
 std::atomic<int64_t> g_launches{0};
 
 bool& slice_flag() {
-  static bool on = [] {
-    const char* v = std::getenv("ATELIER_GN_SLICE");
-    return !v || std::strcmp(v, "0") != 0;
-  }();
+  static bool on = !env_is("ATELIER_GN_SLICE", "0");
   return on;
 }
 
@@ -172,7 +167,6 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
   aff.gamma = g.gamma, aff.beta = g.beta, aff.gamma_dtype = g.gamma_dtype, aff.beta_dtype = g.beta_dtype;
   SliceArgs a{g.offset, g.offset_stride, aff, g.p, g.c, g.groups, gb, rows_per_pass, g.eps, g.act};
   const dim3 grid(unsigned(g.groups / gb), unsigned(g.n));
-  bool launched = false;
   const auto go = [&](auto* y, const auto* x) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
     const auto kernel = group_norm_slice_kernel<T>;
@@ -180,16 +174,15 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
     if (smem > kDefaultSmem) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     kernel<<<grid, unsigned(threads), smem, stream>>>(y, x, a);
     ATELIER_CUDA_LAUNCHED();
-    launched = true;
     g_launches.fetch_add(1);
+    return true;
   };
   switch (g.dtype) {
-    case DType::BF16: go(static_cast<__nv_bfloat16*>(g.y), static_cast<const __nv_bfloat16*>(g.x)); break;
-    case DType::F16: go(static_cast<__half*>(g.y), static_cast<const __half*>(g.x)); break;
-    case DType::F32: go(static_cast<float*>(g.y), static_cast<const float*>(g.x)); break;
-    default: break;
+    case DType::BF16: return go(static_cast<__nv_bfloat16*>(g.y), static_cast<const __nv_bfloat16*>(g.x));
+    case DType::F16: return go(static_cast<__half*>(g.y), static_cast<const __half*>(g.x));
+    case DType::F32: return go(static_cast<float*>(g.y), static_cast<const float*>(g.x));
+    default: return false;
   }
-  return launched;
 }
 
 }  // namespace atelier::cuda
