@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -311,36 +312,71 @@ struct GnSliceScope {
   ~GnSliceScope() { cuda::set_group_norm_slice(was); }
 };
 
+// Clusters for the one-kernel group norm switched on (forced: at any tensor and grid size, aiming at 16 KB of a
+// slice per block), on with the default policy, or off, for a test; then back to the defaults.
+enum class GnClusters { kOff, kForced, kDefault };
+struct GnClusterScope {
+  explicit GnClusterScope(GnClusters mode) {
+    cuda::set_group_norm_cluster(mode != GnClusters::kOff);
+    if (mode == GnClusters::kForced) cuda::set_group_norm_cluster_policy(int64_t(16) << 10, int64_t(1) << 40, true);
+  }
+  ~GnClusterScope() {
+    cuda::set_group_norm_cluster(true);
+    cuda::set_group_norm_cluster_policy(0, 0);
+  }
+};
+
 // Channels-last group norm in one kernel per (sample, group slice) staged in shared memory: SD's 8x8-32x32 shapes
 // (slices of 1 group of 40/80 channels, 2 groups of 20 or 60, 4 groups of 10 or 30), a large mean, the resnets'
 // offset (a narrow of a stacked tensor, its mean large too), 16 samples, 9 pixels of 2-channel groups (a block of
-// fewer threads than a warp's multiple: the reductions' idle threads); each case must have run the kernel.
-// The shapes past its 80 KB slices ([2, 320, 64, 64]) go to the three-kernel path.
+// fewer threads than a warp's multiple: the reductions' idle threads). Then on Hopper the same with the slices
+// split over clusters of blocks of about 16 KB (the sums exchanged through distributed shared memory), and the
+// slices past one block's 96 KB: SD's 64x64 level, 4087 pixels (rows split unevenly), 960 channels with an offset
+// (4 groups of 30 over 16 blocks), 1024²'s 128x128 level (82 KB per block), the VAE's 16- and 8-channel slices, a
+// large mean; forced at every size, and by the default policy (tensors up to 16 MB of fewer (sample, slice)s than
+// SMs). Each case must have taken the
+// path its sizes call for; SD 1024²'s [1, 960, 128, 128] (3.9 MB slices) goes to the three-kernel path.
 TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   GnSliceScope slice(true);
-  struct Case { Shape x; float mean; bool offset; bool one_kernel; };
-  const Case cases[] = {{{2, 1280, 8, 8}, 0.0f, false, true},   {{2, 2560, 16, 16}, 100.0f, false, true},
-                        {{16, 640, 32, 32}, 0.0f, true, true},  {{1, 1920, 16, 16}, 0.0f, false, true},
-                        {{3, 960, 8, 8}, 30.0f, true, true},    {{2, 320, 32, 32}, 0.0f, false, true},
-                        {{2, 1280, 8, 8}, 0.0f, true, true},    {{2, 64, 3, 3}, 0.0f, true, true},
-                        {{2, 320, 64, 64}, 0.0f, false, false}};
-  for (const Case& c : cases) {
-    const int64_t ch = c.x[1];
-    const Tensor x = random_tensor(c.x, 65, 1.0f, c.mean), g = random_tensor({ch}, 66), b = random_tensor({ch}, 67);
-    const Tensor stacked = random_tensor({c.x[0], ch + 64}, 68, 1.0f, 20.0f);
-    const bool offset = c.offset;
-    const auto fn = [offset, ch](const std::vector<Tensor>& in) {
-      const Tensor y = ops::group_norm(channels_last(in[0]), 32, in[1], in[2], 1e-5f, UnaryOp::kSilu,
-                                       offset ? in[3].narrow(1, 32, ch) : Tensor());
-      if (!in[0].device().is_cpu() && in[0].dtype() != DType::F32) EXPECT_TRUE(y.is_channels_last()) << shape_str(y.strides());
-      return y;
-    };
-    const std::string what = "one-kernel group_norm " + shape_str(c.x) + (offset ? " + offset" : "");
-    const int64_t before = cuda::group_norm_slice_launches();
-    for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b, stacked}), dt);
-    EXPECT_PARITY(what + " f32", fn, std::vector<Tensor>({x, g, b, stacked}), DType::F32);
-    EXPECT_EQ(cuda::group_norm_slice_launches() > before, c.one_kernel) << what;
+  const bool hopper = test::cuda_be().cc_major() >= 9;
+  constexpr int64_t kDefaultMaxTensor = int64_t(16) << 20;
+  // one_block: the 16-bit slice fits one block (96 KB); in_cluster: it fits 16 blocks; over_16k: a cluster splits it.
+  struct Case { Shape x; float mean; bool offset; bool one_block, in_cluster, over_16k; };
+  const Case cases[] = {
+      {{2, 1280, 8, 8}, 0.0f, false, true, true, false},     {{2, 2560, 16, 16}, 100.0f, false, true, true, true},
+      {{16, 640, 32, 32}, 0.0f, true, true, true, true},     {{1, 1920, 16, 16}, 0.0f, false, true, true, true},
+      {{3, 960, 8, 8}, 30.0f, true, true, true, false},      {{2, 320, 32, 32}, 0.0f, false, true, true, true},
+      {{2, 1280, 8, 8}, 0.0f, true, true, true, false},      {{2, 64, 3, 3}, 0.0f, true, true, true, false},
+      {{2, 320, 64, 64}, 0.0f, true, false, true, true},     {{2, 320, 61, 67}, 0.0f, false, false, true, true},
+      {{1, 960, 64, 64}, 30.0f, true, false, true, true},    {{2, 640, 64, 64}, 100.0f, false, false, true, true},
+      {{1, 320, 128, 128}, 0.0f, true, false, true, true},   {{1, 512, 64, 64}, 0.0f, false, false, true, true},
+      {{1, 128, 256, 256}, 100.0f, false, false, true, true}, {{1, 960, 128, 128}, 0.0f, false, false, false, true}};
+  for (const GnClusters mode : {GnClusters::kOff, GnClusters::kForced, GnClusters::kDefault}) {
+    GnClusterScope scope(mode);
+    for (const Case& c : cases) {
+      const int64_t ch = c.x[1], bytes = c.x[0] * ch * c.x[2] * c.x[3] * 2, cg = ch / 32;
+      const int64_t blocks = c.x[0] * 32 / (8 / std::gcd(cg, int64_t(8)));  // (sample, slice)s: whole 16-byte vectors
+      const bool few = bytes <= kDefaultMaxTensor && blocks < test::cuda_be().sm_count();
+      const bool split = hopper && (mode == GnClusters::kForced || (mode == GnClusters::kDefault && few));
+      const Tensor x = random_tensor(c.x, 65, 1.0f, c.mean), g = random_tensor({ch}, 66), b = random_tensor({ch}, 67);
+      const Tensor stacked = random_tensor({c.x[0], ch + 64}, 68, 1.0f, 20.0f);
+      const bool offset = c.offset;
+      const auto fn = [offset, ch](const std::vector<Tensor>& in) {
+        const Tensor y = ops::group_norm(channels_last(in[0]), 32, in[1], in[2], 1e-5f, UnaryOp::kSilu,
+                                         offset ? in[3].narrow(1, 32, ch) : Tensor());
+        if (!in[0].device().is_cpu() && in[0].dtype() != DType::F32) EXPECT_TRUE(y.is_channels_last()) << shape_str(y.strides());
+        return y;
+      };
+      const char* how[] = {" (clusters off)", " (clusters forced)", ""};
+      const std::string what = "one-kernel group_norm " + shape_str(c.x) + (offset ? " + offset" : "") + how[int(mode)];
+      const int64_t before = cuda::group_norm_slice_launches(), clustered = cuda::group_norm_slice_cluster_launches();
+      for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b, stacked}), dt);
+      const bool one_kernel = split ? c.in_cluster : c.one_block;
+      EXPECT_EQ(cuda::group_norm_slice_launches() - before, one_kernel ? 2 : 0) << what;
+      EXPECT_EQ(cuda::group_norm_slice_cluster_launches() - clustered, split && c.in_cluster && c.over_16k ? 2 : 0) << what;
+      EXPECT_PARITY(what + " f32", fn, std::vector<Tensor>({x, g, b, stacked}), DType::F32);  // f32 slices: twice the bytes
+    }
   }
 }
 

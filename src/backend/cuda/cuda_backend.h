@@ -130,6 +130,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
   int index() const { return index_; }
   int sm_count() const { return sm_count_; }
+  int cc_major() const { return cc_major_; }
   size_t bytes_in_use() const { return alloc_.bytes_in_use(); }
   // f32 GEMMs may use TF32 tensor cores (about 10 bits of mantissa; off by default so that f32 results
   // match the CPU backend to f32 rounding). Also from the environment: ATELIER_CUDA_TF32=1.

@@ -321,6 +321,7 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& of
       sa.gamma = aff.gamma, sa.beta = aff.beta, sa.gamma_dtype = aff.gamma_dtype, sa.beta_dtype = aff.beta_dtype;
       sa.dtype = x.dtype();
       sa.n = n, sa.p = p, sa.c = int(c), sa.groups = groups, sa.eps = eps, sa.act = act;
+      sa.cc_major = cc_major_, sa.sm_count = sm_count_;
       NvtxRange range("group_norm");
       if (launch_group_norm_slice(sa, stream_)) {
         done = true;

@@ -1,31 +1,55 @@
-// Channels-last group norm in one kernel where a (sample, group slice) fits in shared memory (cuda_group_norm_slice.h).
+// Channels-last group norm in one kernel where a (sample, group slice) fits in the shared memory of a block or of
+// a cluster of blocks (cuda_group_norm_slice.h).
 //
-// Block (slice s, sample n) owns channels [s * cb, (s + 1) * cb) of sample n's p pixels: gb whole groups, gb the
-// fewest whose channels make whole 16-byte vectors (SD's 32 groups of 10-80 channels: 40-120 channels). It
-// copies them from global memory into shared memory once (summing x + o per channel as it goes), takes the mean,
-// then the squared deviations from the mean from shared memory (two passes over the staged values: exact where a
-// single pass of sums and squares loses digits under a large mean), and writes act(x * scale + shift) from shared
-// memory. x is read once and y written once: the floor, where the three-kernel path (statistics, merge, apply)
-// reads x twice and pays three launches and their tails (23-25 us for SD's 16-row [16, 1280, 8, 8] norms).
+// Cluster k of cs blocks (cs = 1 where the slice fits one block) owns channels [k * cb, (k + 1) * cb) of sample n's
+// p pixels: gb whole groups, gb the fewest whose channels make whole 16-byte vectors (SD's 32 groups of 10-80
+// channels: 40-120 channels). Block rank r of the cluster holds rows [r * rows_per_block, ...) of the slice: it
+// copies them into its shared memory once (cp.async: every row's load in flight together), sums them per channel
+// and group, and the cluster adds its blocks' group sums through distributed shared memory (each block reads every
+// rank's sums in rank order: bit-identical totals everywhere). Then the squared deviations from the mean, from
+// shared memory, totalled the same way (two passes over the staged values: exact where a single pass of sums and
+// squares loses digits under a large mean), and act(x * scale + shift) written from shared memory. x is read once
+// and y written once: the floor, where the three-kernel path (statistics, merge, apply) reads x twice and pays
+// three launches and their tails (23-25 us for SD's 16-row [16, 1280, 8, 8] norms, 80-90 us at [16, 320, 64, 64]).
 //
 // Threads: column vector v = tid % vcb of the slice (fixed per thread, so its V channels' sums stay in registers)
-// and rows tid / vcb, stepping rows_per_pass (about 512 / vcb). Partial sums go through a [rows_per_pass][cb] table.
+// and rows tid / vcb, stepping rows_per_pass (about 256 or 512 / vcb); the block's group sums are warp sums of each
+// thread's share (a slice has at most 8 groups), then the warps' added by one thread per group.
 #include "backend/cuda/cuda_group_norm_slice.h"
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 #include <numeric>
+#include <tuple>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_norm_common.cuh"
+#include "backend/cuda/cuda_ptx.cuh"
 
 namespace atelier::cuda {
 namespace {
 
-constexpr int kSliceThreads = 512;                  // block size target (whole rows of column vectors)
-constexpr int64_t kSliceMaxBytes = int64_t(80) << 10;  // staged values per block: two blocks per SM with their tables
-constexpr int kMaxSliceGroups = 32;                 // mean / rstd slots in shared memory
+// Block size targets (whole rows of column vectors): 256, or 512 for a grid of fewer blocks than SMs (one block
+// per slice at batch 2 without clusters: session 26's size there); 512 measured slower on larger grids.
+constexpr int kSliceThreads = 256;
+constexpr int kSliceThreadsFewBlocks = 512;
+// Staged values per block, at most: two blocks per SM. Clusters split a slice further, down to about
+// kClusterTargetBytes per block (ATELIER_GN_SLICE_KB), so that a norm of few samples fills the GPU with small
+// blocks. They pay where one block per slice would leave SMs idle and the tensor stays in L2 (batch 2 at 512²:
+// the three kernels' launches and tails were most of their time), not on larger norms (16 rows, 1024²: 20-130%
+// slower than the one-block or three-kernel paths, session 27): so only where the slices are fewer than the SMs
+// and the tensor is at most kClusterMaxTensorBytes (ATELIER_GN_CLUSTER_MAX_MB).
+constexpr int64_t kSliceMaxBytes = int64_t(96) << 10;
+constexpr int64_t kClusterTargetBytes = int64_t(16) << 10;
+constexpr int64_t kClusterMaxTensorBytes = int64_t(16) << 20;
+constexpr int kMaxSliceGroups = 8;   // a slice's groups: gb = V / gcd(cg, V) <= V <= 8
+constexpr int kMaxWarps = kSliceThreadsFewBlocks / 32;
+constexpr int kPortableCluster = 8;  // larger clusters need the non-portable opt-in (sm_90: 16)
+constexpr int kMaxCluster = 16;
 
 struct SliceArgs {
   const void* offset;  // [N, C] in x's dtype (unit channel stride), or null
@@ -34,26 +58,54 @@ struct SliceArgs {
   int64_t p;  // pixels per sample
   int c, groups, gb;
   int rows_per_pass;  // rows a pass of the block covers (threads past vcb * rows_per_pass only join the reductions)
+  int cs;             // blocks per cluster (grid x = slices * cs)
+  int rows_per_block;  // rows of the slice each block of a cluster holds (the last may hold fewer)
   float eps;
   UnaryOp act;
 };
 
-// table [rows_per_pass][cb] of per-thread sums -> per-group totals in group_out[gb] (whole block calls).
-__device__ __forceinline__ void reduce_groups(float* table, float* group_out, int rows_per_pass, int cb, int cg, int gb) {
-  __syncthreads();
-  for (int ch = int(threadIdx.x); ch < cb; ch += int(blockDim.x)) {
-    float s = 0.0f;
-    for (int r = 0; r < rows_per_pass; ++r) s += table[r * cb + ch];
-    table[ch] = s;
-  }
-  __syncthreads();
+// Each thread's per-channel sums acc[V] (channels v * V .. of the slice) -> the block's per-group sums in
+// group_out[gb]: per group, the thread's share, a warp sum, then one thread per group adds the warps' (in order).
+// Whole block calls; red is [kMaxWarps][kMaxSliceGroups] of scratch.
+template <int V>
+__device__ __forceinline__ void reduce_groups(const float (&acc)[V], float* red, float* group_out, int v, int cg, int gb) {
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  for (int g = warp; g < gb; g += int(blockDim.x) / 32) {
+#pragma unroll
+  for (int g = 0; g < kMaxSliceGroups; ++g) {
+    if (g >= gb) break;  // gb is the block's: the whole warp leaves together
     float s = 0.0f;
-    for (int j = lane; j < cg; j += 32) s += table[g * cg + j];
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      if ((v * V + e) / cg == g) s += acc[e];
     s = warp_sum(s);
-    if (lane == 0) group_out[g] = s;
+    if (lane == 0) red[warp * kMaxSliceGroups + g] = s;
   }
+  __syncthreads();
+  if (threadIdx.x < unsigned(gb)) {
+    float s = 0.0f;
+    for (int w = 0; w < int(blockDim.x) / 32; ++w) s += red[w * kMaxSliceGroups + threadIdx.x];
+    group_out[threadIdx.x] = s;
+  }
+  __syncthreads();
+}
+
+// The cluster's totals of its blocks' group sums part[gb] into total[gb], the same in every block (ranks added in
+// order). Whole cluster calls; a block's part must stay unchanged until the cluster's next barrier.
+__device__ __forceinline__ void cluster_totals(float* part, float* total, int gb, int cs) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cs > 1) {
+    __cluster_barrier_arrive();  // release: this block's part is visible to the cluster
+    __cluster_barrier_wait();
+    if (threadIdx.x < unsigned(gb)) {
+      float s = 0.0f;
+      for (int r = 0; r < cs; ++r) s += *static_cast<const float*>(__cluster_map_shared_rank(part + threadIdx.x, unsigned(r)));
+      total[threadIdx.x] = s;
+    }
+    __syncthreads();
+    return;
+  }
+#endif
+  if (threadIdx.x < unsigned(gb)) total[threadIdx.x] = part[threadIdx.x];
   __syncthreads();
 }
 
@@ -63,14 +115,25 @@ __global__ void group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
   extern __shared__ float4 smem_f4[];
   const int cg = a.c / a.groups, cb = a.gb * cg, vcb = cb / V, vc = a.c / V;
   const int rows_per_pass = a.rows_per_pass, v = int(threadIdx.x) % vcb, r0 = int(threadIdx.x) / vcb;
-  const int n = int(blockIdx.y), ch0 = int(blockIdx.x) * cb;
-  Vec<T>* tile = reinterpret_cast<Vec<T>*>(smem_f4);                        // [p][vcb]
-  float* table = reinterpret_cast<float*>(tile + a.p * vcb);                 // [rows_per_pass][cb]
-  float* mean = table + rows_per_pass * cb;                                  // [gb]
-  float* rstd = mean + kMaxSliceGroups;                                      // [gb]
-  const Vec<T>* xs = reinterpret_cast<const Vec<T>*>(x + int64_t(n) * a.p * a.c + ch0) + v;
-  Vec<T>* ys = reinterpret_cast<Vec<T>*>(y + int64_t(n) * a.p * a.c + ch0) + v;
+  const int n = int(blockIdx.y), ch0 = int(blockIdx.x) / a.cs * cb, rank = int(blockIdx.x) % a.cs;
+  const int64_t row_begin = int64_t(rank) * a.rows_per_block;
+  const int rows = int(min(int64_t(a.rows_per_block), a.p - row_begin));  // > 0: the launcher's split
+  Vec<T>* tile = reinterpret_cast<Vec<T>*>(smem_f4);                        // [rows_per_block][vcb]
+  float* red = reinterpret_cast<float*>(tile + int64_t(a.rows_per_block) * vcb);  // [kMaxWarps][kMaxSliceGroups]
+  float* part_sum = red + kMaxWarps * kMaxSliceGroups;                      // [gb] each: this block's sums,
+  float* part_sq = part_sum + kMaxSliceGroups;                              // then the cluster's totals
+  float* mean = part_sq + kMaxSliceGroups;
+  float* rstd = mean + kMaxSliceGroups;
+  const int64_t sample = int64_t(n) * a.p * a.c + row_begin * a.c + ch0;
+  const Vec<T>* xs = reinterpret_cast<const Vec<T>*>(x + sample) + v;
+  Vec<T>* ys = reinterpret_cast<Vec<T>*>(y + sample) + v;
   const bool active = r0 < rows_per_pass;  // a last partial row of threads only helps with the reductions
+  // Stage this block's rows: every copy in flight at once (a load-then-store loop waits a round trip per row).
+  if (active) {
+    for (int r = r0; r < rows; r += rows_per_pass) cp_async16(&tile[r * vcb + v], &xs[int64_t(r) * vc], true);
+    cp_async_commit();
+    cp_async_wait_all();  // each thread reads back only what it copied
+  }
   float o[V], acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) {
@@ -78,19 +141,16 @@ __global__ void group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
     o[e] = a.offset ? to_f32(static_cast<const T*>(a.offset)[n * a.offset_stride + ch]) : 0.0f;
     acc[e] = 0.0f;
   }
-  // Pass 1: stage the slice, sum x + o per channel.
+  // Pass 1: the sum of x + o per channel, then per group, then over the cluster.
   if (active)
-    for (int64_t r = r0; r < a.p; r += rows_per_pass) {
-      const Vec<T> in = xs[r * vc];
-      tile[r * vcb + v] = in;
+    for (int r = r0; r < rows; r += rows_per_pass) {
+      const Vec<T> in = tile[r * vcb + v];
 #pragma unroll
       for (int e = 0; e < V; ++e) acc[e] += to_f32(in.v[e]) + o[e];
     }
-  if (active)
-#pragma unroll
-    for (int e = 0; e < V; ++e) table[r0 * cb + v * V + e] = acc[e];
   const float count = float(a.p) * float(cg);
-  reduce_groups(table, mean, rows_per_pass, cb, cg, a.gb);
+  reduce_groups<V>(acc, red, part_sum, v, cg, a.gb);
+  cluster_totals(part_sum, mean, a.gb, a.cs);
   if (threadIdx.x < unsigned(a.gb)) mean[threadIdx.x] /= count;
   __syncthreads();
   // Pass 2: squared deviations from the group's mean, from shared memory.
@@ -101,7 +161,7 @@ __global__ void group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
     acc[e] = 0.0f;
   }
   if (active)
-    for (int64_t r = r0; r < a.p; r += rows_per_pass) {
+    for (int r = r0; r < rows; r += rows_per_pass) {
       const Vec<T> in = tile[r * vcb + v];
 #pragma unroll
       for (int e = 0; e < V; ++e) {
@@ -109,44 +169,95 @@ __global__ void group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
         acc[e] = fmaf(d, d, acc[e]);
       }
     }
-  if (active)
-#pragma unroll
-    for (int e = 0; e < V; ++e) table[r0 * cb + v * V + e] = acc[e];
-  reduce_groups(table, rstd, rows_per_pass, cb, cg, a.gb);
+  reduce_groups<V>(acc, red, part_sq, v, cg, a.gb);
+  cluster_totals(part_sq, rstd, a.gb, a.cs);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The other blocks may still read this block's sums: it leaves only once all have read (the wait below).
+  if (a.cs > 1) __cluster_barrier_arrive();
+#endif
   if (threadIdx.x < unsigned(a.gb)) rstd[threadIdx.x] = rsqrtf(rstd[threadIdx.x] / count + a.eps);
   __syncthreads();
-  if (!active) return;
-  // act((x + o - mean) * rstd * gamma + beta) = act(x * sc + sh), sh = beta + (o - mean) * sc.
-  float sc[V], sh[V];
+  if (active) {
+    // act((x + o - mean) * rstd * gamma + beta) = act(x * sc + sh), sh = beta + (o - mean) * sc.
+    float sc[V], sh[V];
 #pragma unroll
-  for (int e = 0; e < V; ++e) {
-    const int ch = ch0 + v * V + e;
-    const float gam = a.aff.gamma ? load_any(a.aff.gamma, a.aff.gamma_dtype, ch) : 1.0f;
-    const float bet = a.aff.beta ? load_any(a.aff.beta, a.aff.beta_dtype, ch) : 0.0f;
-    sc[e] = rstd[(v * V + e) / cg] * gam;
-    sh[e] = fmaf(o[e] - mu[e], sc[e], bet);
-  }
-  for (int64_t r = r0; r < a.p; r += rows_per_pass) {
-    const Vec<T> in = tile[r * vcb + v];
-    Vec<T> out;
+    for (int e = 0; e < V; ++e) {
+      const int ch = ch0 + v * V + e;
+      const float gam = a.aff.gamma ? load_any(a.aff.gamma, a.aff.gamma_dtype, ch) : 1.0f;
+      const float bet = a.aff.beta ? load_any(a.aff.beta, a.aff.beta_dtype, ch) : 0.0f;
+      sc[e] = rstd[(v * V + e) / cg] * gam;
+      sh[e] = fmaf(o[e] - mu[e], sc[e], bet);
+    }
+    for (int r = r0; r < rows; r += rows_per_pass) {
+      const Vec<T> in = tile[r * vcb + v];
+      Vec<T> out;
 #pragma unroll
-    for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(apply_unary_for<T>(fmaf(to_f32(in.v[e]), sc[e], sh[e]), a.act));
-    ys[r * vc] = out;
+      for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(apply_unary_for<T>(fmaf(to_f32(in.v[e]), sc[e], sh[e]), a.act));
+      ys[int64_t(r) * vc] = out;
+    }
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (a.cs > 1) __cluster_barrier_wait();
+#endif
 }
 
-std::atomic<int64_t> g_launches{0};
+std::atomic<int64_t> g_launches{0}, g_cluster_launches{0};
 
 bool& slice_flag() {
   static bool on = !env_is("ATELIER_GN_SLICE", "0");
   return on;
+}
+bool& cluster_flag() {
+  static bool on = !env_is("ATELIER_GN_CLUSTER", "0");
+  return on;
+}
+// The cluster policy's two sizes: from the environment (KB / MB), else the defaults; set_group_norm_cluster_policy.
+int64_t env_bytes(const char* name, int shift, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v && std::atoll(v) > 0 ? std::atoll(v) << shift : fallback;
+}
+int64_t& target_bytes() {
+  static int64_t bytes = env_bytes("ATELIER_GN_SLICE_KB", 10, kClusterTargetBytes);
+  return bytes;
+}
+int64_t& max_tensor_bytes() {
+  static int64_t bytes = env_bytes("ATELIER_GN_CLUSTER_MAX_MB", 20, kClusterMaxTensorBytes);
+  return bytes;
+}
+bool& any_grid() {  // clusters also where one block per slice already fills the SMs (tests)
+  static bool any = false;
+  return any;
+}
+
+// Whether clusters of `cs` blocks of this kernel's shape can be resident on the current device (the occupancy
+// calculator, asked once per kernel, shape and device: a cluster wider than what a GPC holds never starts).
+bool cluster_fits(const void* kernel, const cudaLaunchConfig_t& cfg) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, unsigned, unsigned, size_t>, bool> cache;
+  int device = 0;
+  ATELIER_CUDA_OK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = cache.try_emplace({device, kernel, cfg.gridDim.x, cfg.blockDim.x, cfg.dynamicSmemBytes}, false);
+  if (fresh) {
+    int clusters = 0;
+    it->second = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
+    if (!it->second) cudaGetLastError();
+  }
+  return it->second;
 }
 
 }  // namespace
 
 bool group_norm_slice_enabled() { return slice_flag(); }
 int64_t group_norm_slice_launches() { return g_launches.load(); }
+int64_t group_norm_slice_cluster_launches() { return g_cluster_launches.load(); }
 void set_group_norm_slice(bool on) { slice_flag() = on; }
+void set_group_norm_cluster(bool on) { cluster_flag() = on; }
+void set_group_norm_cluster_policy(int64_t block_bytes, int64_t max_tensor, bool any_grid_size) {
+  target_bytes() = block_bytes > 0 ? block_bytes : kClusterTargetBytes;
+  max_tensor_bytes() = max_tensor > 0 ? max_tensor : kClusterMaxTensorBytes;
+  any_grid() = any_grid_size;
+}
 
 bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
   if (!slice_flag() || g.groups <= 0 || g.c % g.groups != 0 || g.n <= 0 || g.p <= 0 || g.n > 65535) return false;
@@ -156,25 +267,52 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
   const int gb = V / std::gcd(cg, V);  // fewest groups whose channels are whole vectors
   if (g.groups % gb != 0 || gb > kMaxSliceGroups) return false;
   const int cb = gb * cg, vcb = cb / V;
-  const int64_t tile_bytes = g.p * cb * esize;
-  if (tile_bytes > kSliceMaxBytes || vcb > kSliceThreads) return false;
-  // Rows per pass: as many as kSliceThreads allow, at most the sample's (8x8 images have 64: no idle threads, and the
-  // per-channel reduction walks no more partial rows than there are).
-  const int rows_per_pass = int(std::clamp<int64_t>(kSliceThreads / vcb, 1, g.p));
+  if (vcb > kSliceThreads) return false;
+  // Blocks per slice: one where it fits and clusters are not allowed (before Hopper, ATELIER_GN_CLUSTER=0, tensors
+  // past the policy's size, as many slices as SMs); else the fewest (a power of two, at most 16) whose shares are at most the target, or
+  // failing that kSliceMaxBytes.
+  const bool clusters = cluster_flag() && g.cc_major >= 9 && g.n * g.p * g.c * esize <= max_tensor_bytes() &&
+                        (any_grid() || g.n * (g.groups / gb) < g.sm_count);
+  const int max_cluster = clusters ? kMaxCluster : 1;
+  const int64_t slice_bytes = g.p * cb * esize, target = max_cluster > 1 ? target_bytes() : kSliceMaxBytes;
+  const auto share = [&](int blocks) { return (g.p + blocks - 1) / blocks * cb * esize; };
+  int cs = 1;
+  while (cs < max_cluster && share(cs) > target) cs *= 2;
+  if (share(cs) > kSliceMaxBytes || slice_bytes <= 0) return false;
+  while (cs > 1 && (cs - 1) * ((g.p + cs - 1) / cs) >= g.p) cs /= 2;  // no block without rows
+  const int64_t rows_per_block = (g.p + cs - 1) / cs;
+  if (g.groups / gb * int64_t(cs) > int64_t(1) << 31) return false;
+  // Rows per pass: as many as the block size allows, at most the block's (8x8 images have 64: no idle threads).
+  const int block_target = cs == 1 && g.n * (g.groups / gb) < g.sm_count ? kSliceThreadsFewBlocks : kSliceThreads;
+  const int rows_per_pass = int(std::clamp<int64_t>(block_target / vcb, 1, rows_per_block));
   const int threads = std::max(32, (vcb * rows_per_pass + 31) / 32 * 32);  // whole warps for the reductions
-  const size_t smem = size_t(tile_bytes) + size_t(rows_per_pass) * cb * sizeof(float) + 2 * kMaxSliceGroups * sizeof(float);
+  const size_t smem = size_t(rows_per_block) * cb * esize + (kMaxWarps + 4) * kMaxSliceGroups * sizeof(float);
   NormAffine aff;
   aff.gamma = g.gamma, aff.beta = g.beta, aff.gamma_dtype = g.gamma_dtype, aff.beta_dtype = g.beta_dtype;
-  SliceArgs a{g.offset, g.offset_stride, aff, g.p, g.c, g.groups, gb, rows_per_pass, g.eps, g.act};
-  const dim3 grid(unsigned(g.groups / gb), unsigned(g.n));
+  SliceArgs a{g.offset, g.offset_stride, aff, g.p, g.c, g.groups, gb, rows_per_pass, cs, int(rows_per_block), g.eps, g.act};
   const auto go = [&](auto* y, const auto* x) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
     const auto kernel = group_norm_slice_kernel<T>;
     constexpr size_t kDefaultSmem = 48 * 1024;  // more needs the opt-in (per launch: it belongs to the current device)
     if (smem > kDefaultSmem) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    kernel<<<grid, unsigned(threads), smem, stream>>>(y, x, a);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(g.groups / gb * cs), unsigned(g.n));
+    cfg.blockDim = dim3(unsigned(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = unsigned(cs), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    if (cs > 1) {
+      cfg.attrs = &cluster;
+      cfg.numAttrs = 1;
+      if (cs > kPortableCluster) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      if (!cluster_fits(reinterpret_cast<const void*>(kernel), cfg)) return false;
+    }
+    ATELIER_CUDA_OK(cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(y), x, a));
     ATELIER_CUDA_LAUNCHED();
     g_launches.fetch_add(1);
+    if (cs > 1) g_cluster_launches.fetch_add(1);
     return true;
   };
   switch (g.dtype) {

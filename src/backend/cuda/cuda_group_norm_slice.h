@@ -1,5 +1,7 @@
 // Channels-last group norm (+ activation, + optional per-(sample, channel) offset) in one kernel, for norms whose
-// (sample, group slice) fits in a block's shared memory: SD's UNet at 8x8-32x32 (cuda_group_norm_slice.cu).
+// (sample, group slice) fits in a block's shared memory (SD's UNet at 8x8-32x32), or on Hopper in the shared
+// memories of a cluster of up to 16 blocks (norms of few samples: SD's batch-2 levels, its VAE's 64x64 level)
+// (cuda_group_norm_slice.cu).
 // CudaBackend::group_norm_nhwc tries it first and falls back to its three-kernel path where it declines.
 #pragma once
 #include <cuda_runtime.h>
@@ -24,13 +26,23 @@ struct GroupNormSliceArgs {
   int c = 0, groups = 0;
   float eps = 1e-5f;
   UnaryOp act = UnaryOp::kIdentity;
+  int cc_major = 0;  // the device's compute capability: clusters need 9 (Hopper)
+  int sm_count = 0;  // its SMs: clusters are for norms of fewer (sample, slice)s
 };
 
 // Enqueues the kernel and returns true, or returns false (nothing enqueued) where it does not apply: a slice of
-// whole 16-byte vectors over more than 80 KB, groups not a multiple of the slice's, ATELIER_GN_SLICE=0.
+// whole 16-byte vectors over 96 KB per block (one block before Hopper, with ATELIER_GN_CLUSTER=0 or past the
+// cluster policy's tensor size; else up to 16),
+// groups not a multiple of the slice's, a cluster the device cannot hold, ATELIER_GN_SLICE=0.
 bool launch_group_norm_slice(const GroupNormSliceArgs& args, cudaStream_t stream);
 bool group_norm_slice_enabled();
 void set_group_norm_slice(bool on);  // for tests and comparisons (default: on, unless ATELIER_GN_SLICE=0)
+void set_group_norm_cluster(bool on);  // clusters of blocks allowed (default: on, unless ATELIER_GN_CLUSTER=0)
+// Where clusters are used: on tensors of at most max_tensor bytes (default 16 MB, or ATELIER_GN_CLUSTER_MAX_MB)
+// with fewer (sample, slice)s than SMs (any_grid_size: at any count), aiming at block_bytes of a slice per block
+// (default 16 KB, or ATELIER_GN_SLICE_KB); sizes <= 0: the default.
+void set_group_norm_cluster_policy(int64_t block_bytes, int64_t max_tensor, bool any_grid_size = false);
 int64_t group_norm_slice_launches();  // kernels enqueued so far (tests: which path ran)
+int64_t group_norm_slice_cluster_launches();  // those of them in clusters of more than one block
 
 }  // namespace atelier::cuda

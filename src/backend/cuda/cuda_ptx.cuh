@@ -1,6 +1,7 @@
 // Small device helpers the tensor-core kernels share (the mma.sync flash attention in cuda_attention.cu, the
-// wgmma building blocks and the Hopper attention kernel): shared-memory addresses for PTX operands, the MUFU
-// exponential, two floats packed as one register of two 16-bit values.
+// wgmma building blocks and the Hopper attention kernel; the one-kernel group norm's staging copies): shared-memory
+// addresses for PTX operands, 16-byte asynchronous copies into shared memory, the MUFU exponential, two floats
+// packed as one register of two 16-bit values.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -13,6 +14,14 @@ namespace atelier::cuda {
 // The 32-bit shared-state-space address of a shared-memory pointer (what ldmatrix, cp.async, wgmma descriptors,
 // mbarriers and bulk copies take).
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// 16-byte global->shared copy that bypasses L1; zero-fills the destination when !valid.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_size) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // 2^x on the MUFU unit (ex2.approx: about 2 ulp; 2^-inf = 0). exp2f would add range fix-ups per element.
 __device__ __forceinline__ float fast_exp2(float x) {
