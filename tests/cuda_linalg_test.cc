@@ -329,7 +329,8 @@ struct GnClusterScope {
 // Channels-last group norm in one kernel per (sample, group slice) staged in shared memory: SD's 8x8-32x32 shapes
 // (slices of 1 group of 40/80 channels, 2 groups of 20 or 60, 4 groups of 10 or 30), a large mean, the resnets'
 // offset (a narrow of a stacked tensor, its mean large too), 16 samples, 9 pixels of 2-channel groups (a block of
-// fewer threads than a warp's multiple: the reductions' idle threads). Then on Hopper the same with the slices
+// fewer threads than a warp's multiple: the reductions' idle threads); every input ramps across its pixels. Then on
+// Hopper the same with the slices
 // split over clusters of blocks of about 16 KB (the sums exchanged through distributed shared memory), and the
 // slices past one block's 96 KB: SD's 64x64 level, 4087 pixels (rows split unevenly), 960 channels with an offset
 // (4 groups of 30 over 16 blocks), 1024²'s 128x128 level (82 KB per block), the VAE's 16- and 8-channel slices, a
@@ -359,8 +360,14 @@ TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
       const int64_t blocks = c.x[0] * 32 / (8 / std::gcd(cg, int64_t(8)));  // (sample, slice)s: whole 16-byte vectors
       const bool few = bytes <= kDefaultMaxTensor && blocks < test::cuda_be().sm_count();
       const bool split = hopper && (mode == GnClusters::kForced || (mode == GnClusters::kDefault && few));
-      const Tensor x = random_tensor(c.x, 65, 1.0f, c.mean), g = random_tensor({ch}, 66), b = random_tensor({ch}, 67);
+      Tensor x = random_tensor(c.x, 65, 1.0f, c.mean);
+      const Tensor g = random_tensor({ch}, 66), b = random_tensor({ch}, 67);
       const Tensor stacked = random_tensor({c.x[0], ch + 64}, 68, 1.0f, 20.0f);
+      // A ramp of 3 across the pixels: a cluster's blocks (which hold pixel ranges) see different means, so a block
+      // that normalised by its own sums alone would be off by up to 1.5 standard deviations.
+      const int64_t hw = c.x[2] * c.x[3];
+      float* px = x.data<float>();
+      for (int64_t i = 0; i < x.numel(); ++i) px[i] += 3.0f * float(i % hw) / float(hw);
       const bool offset = c.offset;
       const auto fn = [offset, ch](const std::vector<Tensor>& in) {
         const Tensor y = ops::group_norm(channels_last(in[0]), 32, in[1], in[2], 1e-5f, UnaryOp::kSilu,
