@@ -1,7 +1,7 @@
 // Channels-last group norm in one kernel where a (sample, group slice) fits in the shared memory of a block or of
 // a cluster of blocks (cuda_group_norm_slice.h).
 //
-// Cluster k of cs blocks (cs = 1 where the slice fits one block) owns channels [k * cb, (k + 1) * cb) of sample n's
+// Cluster k of cs blocks (cs = 1 unless the cluster policy below splits the slice) owns channels [k * cb, (k + 1) * cb) of sample n's
 // p pixels: gb whole groups, gb the fewest whose channels make whole 16-byte vectors (SD's 32 groups of 10-80
 // channels: 40-120 channels). Block rank r of the cluster holds rows [r * rows_per_block, ...) of the slice: it
 // copies them into its shared memory once (cp.async: every row's load in flight together), sums them per channel
@@ -10,7 +10,7 @@
 // shared memory, totalled the same way (two passes over the staged values: exact where a single pass of sums and
 // squares loses digits under a large mean), and act(x * scale + shift) written from shared memory. x is read once
 // and y written once: the floor, where the three-kernel path (statistics, merge, apply) reads x twice and pays
-// three launches and their tails (23-25 us for SD's 16-row [16, 1280, 8, 8] norms, 80-90 us at [16, 320, 64, 64]).
+// three launches and their tails (23-25 us for SD's 16-row [16, 1280, 8, 8] norms).
 //
 // Threads: column vector v = tid % vcb of the slice (fixed per thread, so its V channels' sums stay in registers)
 // and rows tid / vcb, stepping rows_per_pass (about 256 or 512 / vcb); the block's group sums are warp sums of each
@@ -269,8 +269,8 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
   const int cb = gb * cg, vcb = cb / V;
   if (vcb > kSliceThreads) return false;
   // Blocks per slice: one where it fits and clusters are not allowed (before Hopper, ATELIER_GN_CLUSTER=0, tensors
-  // past the policy's size, as many slices as SMs); else the fewest (a power of two, at most 16) whose shares are at most the target, or
-  // failing that kSliceMaxBytes.
+  // past the policy's size, at least as many slices as SMs); else the fewest (a power of two, at most 16) whose
+  // shares are at most the target, or failing that kSliceMaxBytes.
   const bool clusters = cluster_flag() && g.cc_major >= 9 && g.n * g.p * g.c * esize <= max_tensor_bytes() &&
                         (any_grid() || g.n * (g.groups / gb) < g.sm_count);
   const int max_cluster = clusters ? kMaxCluster : 1;
