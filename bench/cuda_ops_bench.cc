@@ -358,13 +358,14 @@ int run(int iters, const Sections& want) {
         const std::string name = "group_norm+silu " + shape_str(s) + (t == &cl ? " channels-last" : " NCHW");
         const int64_t clustered = cuda::group_norm_slice_cluster_launches();
         print({name, time_ms(be, iters, run), 2.0 * double(t->nbytes()), "GB/s"});
+        const bool default_clustered = cuda::group_norm_slice_cluster_launches() != clustered;
         if (t != &cl) continue;
         for (const int kb : {16, 96}) {  // clusters at any size, blocks of about 16 KB (the default's) / up to 96 KB
           cuda::set_group_norm_cluster_policy(int64_t(kb) << 10, int64_t(1) << 40, true);
           print({name + " (clusters, " + std::to_string(kb) + " KB blocks)", time_ms(be, iters, run), 2.0 * double(t->nbytes()), "GB/s"});
         }
         cuda::set_group_norm_cluster_policy(0, 0);
-        if (cuda::group_norm_slice_cluster_launches() == clustered) continue;
+        if (!default_clustered) continue;
         cuda::set_group_norm_cluster(false);
         print({name + " (clusters off)", time_ms(be, iters, run), 2.0 * double(t->nbytes()), "GB/s"});
         cuda::set_group_norm_cluster(true);

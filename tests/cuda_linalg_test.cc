@@ -330,13 +330,12 @@ struct GnClusterScope {
 // (slices of 1 group of 40/80 channels, 2 groups of 20 or 60, 4 groups of 10 or 30), a large mean, the resnets'
 // offset (a narrow of a stacked tensor, its mean large too), 16 samples, 9 pixels of 2-channel groups (a block of
 // fewer threads than a warp's multiple: the reductions' idle threads); every input ramps across its pixels. Then on
-// Hopper the same with the slices
-// split over clusters of blocks of about 16 KB (the sums exchanged through distributed shared memory), and the
-// slices past one block's 96 KB: SD's 64x64 level, 4087 pixels (rows split unevenly), 960 channels with an offset
-// (4 groups of 30 over 16 blocks), 1024²'s 128x128 level (82 KB per block), the VAE's 16- and 8-channel slices, a
-// large mean; forced at every size, and by the default policy (tensors up to 16 MB of fewer (sample, slice)s than
-// SMs). Each case must have taken the
-// path its sizes call for; SD 1024²'s [1, 960, 128, 128] (3.9 MB slices) goes to the three-kernel path.
+// Hopper the same with the slices split over clusters of blocks of about 16 KB (the sums exchanged through
+// distributed shared memory), and the slices past one block's 96 KB: SD's 64x64 level, 4087 pixels (rows split
+// unevenly), 960 channels with an offset (4 groups of 30 over 16 blocks), 1024²'s 128x128 level (82 KB per block),
+// the VAE's 16- and 8-channel slices, a large mean; forced at every size, and by the default policy (tensors up to
+// 16 MB of fewer (sample, slice)s than SMs). Each case must have taken the path its sizes call for; SD 1024²'s
+// [1, 960, 128, 128] (3.9 MB slices) goes to the three-kernel path.
 TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   GnSliceScope slice(true);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "core/status.h"
@@ -16,6 +17,14 @@ namespace atelier::cuda {
 inline bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v && std::strcmp(v, value) == 0;
+}
+
+// The number environment variable `name` holds (atof: 0 for text that is not one), or nullopt where it is unset
+// (the backend's numeric ATELIER_* settings; each caller applies its own bounds and units).
+inline std::optional<double> env_number(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) return std::nullopt;
+  return std::atof(v);
 }
 
 // Whether p lies on a `bytes` boundary (the vector paths' 16-byte loads and stores, 8-byte table reads).

@@ -39,8 +39,8 @@ constexpr double kMinTunedFlops = 5e10;
 constexpr double kMinTunedResidualFlops = 1e9;
 
 double env_gflop(const char* name, double fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::atof(v) * 1e9 : fallback;
+  const std::optional<double> v = env_number(name);
+  return v ? *v * 1e9 : fallback;
 }
 
 double min_tuned_flops(bool residual) {

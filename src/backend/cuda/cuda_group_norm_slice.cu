@@ -1,9 +1,9 @@
 // Channels-last group norm in one kernel where a (sample, group slice) fits in the shared memory of a block or of
 // a cluster of blocks (cuda_group_norm_slice.h).
 //
-// Cluster k of cs blocks (cs = 1 unless the cluster policy below splits the slice) owns channels [k * cb, (k + 1) * cb) of sample n's
-// p pixels: gb whole groups, gb the fewest whose channels make whole 16-byte vectors (SD's 32 groups of 10-80
-// channels: 40-120 channels). Block rank r of the cluster holds rows [r * rows_per_block, ...) of the slice: it
+// Cluster k of cs blocks (cs = 1 unless the cluster policy below splits the slice) owns channels
+// [k * cb, (k + 1) * cb) of sample n's p pixels: gb whole groups, gb the fewest whose channels make whole 16-byte
+// vectors (SD's 32 groups of 10-80 channels: 40-120 channels). Block rank r of the cluster holds rows [r * rows_per_block, ...) of the slice: it
 // copies them into its shared memory once (cp.async: every row's load in flight together), sums them per channel
 // and group, and the cluster adds its blocks' group sums through distributed shared memory (each block reads every
 // rank's sums in rank order: bit-identical totals everywhere). Then the squared deviations from the mean, from
@@ -19,10 +19,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <tuple>
 
 #include "backend/cuda/cuda_common.h"
@@ -213,8 +213,8 @@ bool& cluster_flag() {
 }
 // The cluster policy's two sizes: from the environment (KB / MB), else the defaults; set_group_norm_cluster_policy.
 int64_t env_bytes(const char* name, int shift, int64_t fallback) {
-  const char* v = std::getenv(name);
-  return v && std::atoll(v) > 0 ? std::atoll(v) << shift : fallback;
+  const std::optional<double> v = env_number(name);
+  return v && *v >= 1 ? int64_t(*v) << shift : fallback;
 }
 int64_t& target_bytes() {
   static int64_t bytes = env_bytes("ATELIER_GN_SLICE_KB", 10, kClusterTargetBytes);
@@ -271,19 +271,20 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
   // Blocks per slice: one where it fits and clusters are not allowed (before Hopper, ATELIER_GN_CLUSTER=0, tensors
   // past the policy's size, at least as many slices as SMs); else the fewest (a power of two, at most 16) whose
   // shares are at most the target, or failing that kSliceMaxBytes.
+  const bool few_slices = g.n * (g.groups / gb) < g.sm_count;  // one block per slice leaves SMs idle
   const bool clusters = cluster_flag() && g.cc_major >= 9 && g.n * g.p * g.c * esize <= max_tensor_bytes() &&
-                        (any_grid() || g.n * (g.groups / gb) < g.sm_count);
+                        (any_grid() || few_slices);
   const int max_cluster = clusters ? kMaxCluster : 1;
-  const int64_t slice_bytes = g.p * cb * esize, target = max_cluster > 1 ? target_bytes() : kSliceMaxBytes;
+  const int64_t target = clusters ? target_bytes() : kSliceMaxBytes;
   const auto share = [&](int blocks) { return (g.p + blocks - 1) / blocks * cb * esize; };
   int cs = 1;
   while (cs < max_cluster && share(cs) > target) cs *= 2;
-  if (share(cs) > kSliceMaxBytes || slice_bytes <= 0) return false;
+  if (share(cs) > kSliceMaxBytes) return false;
   while (cs > 1 && (cs - 1) * ((g.p + cs - 1) / cs) >= g.p) cs /= 2;  // no block without rows
   const int64_t rows_per_block = (g.p + cs - 1) / cs;
   if (g.groups / gb * int64_t(cs) > int64_t(1) << 31) return false;
   // Rows per pass: as many as the block size allows, at most the block's (8x8 images have 64: no idle threads).
-  const int block_target = cs == 1 && g.n * (g.groups / gb) < g.sm_count ? kSliceThreadsFewBlocks : kSliceThreads;
+  const int block_target = cs == 1 && few_slices ? kSliceThreadsFewBlocks : kSliceThreads;
   const int rows_per_pass = int(std::clamp<int64_t>(block_target / vcb, 1, rows_per_block));
   const int threads = std::max(32, (vcb * rows_per_pass + 31) / 32 * 32);  // whole warps for the reductions
   const size_t smem = size_t(rows_per_block) * cb * esize + (kMaxWarps + 4) * kMaxSliceGroups * sizeof(float);

@@ -31,9 +31,8 @@ struct GroupNormSliceArgs {
 };
 
 // Enqueues the kernel and returns true, or returns false (nothing enqueued) where it does not apply: a slice of
-// whole 16-byte vectors over 96 KB per block (one block before Hopper, with ATELIER_GN_CLUSTER=0 or past the
-// cluster policy's tensor size; else up to 16),
-// groups not a multiple of the slice's, a cluster the device cannot hold, ATELIER_GN_SLICE=0.
+// whole 16-byte vectors over 96 KB per block (one block where the cluster policy below does not split it, else up
+// to 16), groups not a multiple of the slice's, a cluster the device cannot hold, ATELIER_GN_SLICE=0.
 bool launch_group_norm_slice(const GroupNormSliceArgs& args, cudaStream_t stream);
 bool group_norm_slice_enabled();
 void set_group_norm_slice(bool on);  // for tests and comparisons (default: on, unless ATELIER_GN_SLICE=0)
