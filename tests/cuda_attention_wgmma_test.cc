@@ -31,10 +31,12 @@ TEST(CudaWgmmaAttention, MatchesTheCpu) {
     int64_t b, h, hk, sq, sk, d;
   };
   // Whole tiles; ragged queries and keys (the last key tile masked, rows past the end not stored); grouped K/V
-  // heads; SD's head dims 40 and 80 (zero-filled to 64 / 128 columns by the tensor maps).
+  // heads; SD's head dims 40 and 80 (zero-filled to 64 / 128 columns by the tensor maps); many query blocks and key
+  // tiles at head dim 40.
   for (const Case& c : {Case{1, 2, 2, 128, 64, 64}, Case{2, 3, 3, 256, 192, 128}, Case{1, 4, 2, 384, 320, 64},
                         Case{1, 2, 2, 128, 1024, 128}, Case{1, 2, 2, 100, 77, 40}, Case{2, 2, 2, 300, 250, 80},
-                        Case{1, 4, 2, 200, 130, 128}, Case{1, 3, 3, 512, 512, 40}, Case{1, 1, 1, 7, 300, 64}}) {
+                        Case{1, 4, 2, 200, 130, 128}, Case{1, 3, 3, 512, 512, 40}, Case{1, 1, 1, 7, 300, 64},
+                        Case{2, 2, 2, 600, 1500, 40}}) {
     const Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 81), k = random_tensor({c.b, c.hk, c.sk, c.d}, 82),
                  v = random_tensor({c.b, c.hk, c.sk, c.d}, 83);
     const auto fn = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], Tensor()); };
