@@ -82,8 +82,14 @@ __device__ __forceinline__ void reduce_groups(const float (&acc)[V], float* red,
   }
   __syncthreads();
   if (threadIdx.x < unsigned(gb)) {
+    const int warps = int(blockDim.x) / 32;
+    float w_sum[kMaxWarps];  // every read issued before the first add (a loop of dependent reads waits each out)
+#pragma unroll
+    for (int w = 0; w < kMaxWarps; ++w) w_sum[w] = w < warps ? red[w * kMaxSliceGroups + threadIdx.x] : 0.0f;
     float s = 0.0f;
-    for (int w = 0; w < int(blockDim.x) / 32; ++w) s += red[w * kMaxSliceGroups + threadIdx.x];
+#pragma unroll
+    for (int w = 0; w < kMaxWarps; ++w)
+      if (w < warps) s += w_sum[w];
     group_out[threadIdx.x] = s;
   }
   __syncthreads();
@@ -97,8 +103,16 @@ __device__ __forceinline__ void cluster_totals(float* part, float* total, int gb
     __cluster_barrier_arrive();  // release: this block's part is visible to the cluster
     __cluster_barrier_wait();
     if (threadIdx.x < unsigned(gb)) {
+      // All ranks' reads in flight together, then added in rank order: a loop of dependent remote reads paid a
+      // distributed-shared-memory round trip per rank (16 in a row, twice per norm).
+      float rank_sum[kMaxCluster];
+#pragma unroll
+      for (int r = 0; r < kMaxCluster; ++r)
+        rank_sum[r] = r < cs ? *static_cast<const float*>(__cluster_map_shared_rank(part + threadIdx.x, unsigned(r))) : 0.0f;
       float s = 0.0f;
-      for (int r = 0; r < cs; ++r) s += *static_cast<const float*>(__cluster_map_shared_rank(part + threadIdx.x, unsigned(r)));
+#pragma unroll
+      for (int r = 0; r < kMaxCluster; ++r)
+        if (r < cs) s += rank_sum[r];
       total[threadIdx.x] = s;
     }
     __syncthreads();
@@ -134,11 +148,15 @@ __global__ void group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
     cp_async_commit();
     cp_async_wait_all();  // each thread reads back only what it copied
   }
-  float o[V], acc[V];
+  // The offset and the affine parameters of this thread's channels, loaded now: they wait on nothing, and loaded
+  // after the statistics they added a memory round trip to every block's critical path.
+  float o[V], gam[V], bet[V], acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) {
     const int ch = ch0 + v * V + e;
     o[e] = a.offset ? to_f32(static_cast<const T*>(a.offset)[n * a.offset_stride + ch]) : 0.0f;
+    gam[e] = a.aff.gamma ? load_any(a.aff.gamma, a.aff.gamma_dtype, ch) : 1.0f;
+    bet[e] = a.aff.beta ? load_any(a.aff.beta, a.aff.beta_dtype, ch) : 0.0f;
     acc[e] = 0.0f;
   }
   // Pass 1: the sum of x + o per channel, then per group, then over the cluster.
@@ -182,11 +200,8 @@ __global__ void group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
     float sc[V], sh[V];
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      const int ch = ch0 + v * V + e;
-      const float gam = a.aff.gamma ? load_any(a.aff.gamma, a.aff.gamma_dtype, ch) : 1.0f;
-      const float bet = a.aff.beta ? load_any(a.aff.beta, a.aff.beta_dtype, ch) : 0.0f;
-      sc[e] = rstd[(v * V + e) / cg] * gam;
-      sh[e] = fmaf(o[e] - mu[e], sc[e], bet);
+      sc[e] = rstd[(v * V + e) / cg] * gam[e];
+      sh[e] = fmaf(o[e] - mu[e], sc[e], bet[e]);
     }
     for (int r = r0; r < rows; r += rows_per_pass) {
       const Vec<T> in = tile[r * vcb + v];
