@@ -144,23 +144,24 @@ struct Consumer {
   float m[2], l[2];
 };
 
-// S = Q K^T over the head dim rounded up to 16 (64 x kBlockK per warpgroup). q, k: the descriptors of this
-// consumer's Q rows and of the K tile (K-major, 128-byte swizzle); k-step kk starts (kk % 4) * 32 bytes into atom
-// column kk / 4.
+// S = Q K^T over the head dim rounded up to 16 (64 x kBlockK per warpgroup).
 template <class K, int D>
-__device__ __forceinline__ void issue_s(float (&s)[kBlockK / 2], wgmma::Desc q, wgmma::Desc k) {
+__device__ __forceinline__ void issue_s(float (&s)[kBlockK / 2], uint32_t q_addr, uint32_t k_addr) {
 #pragma unroll
   for (int kk = 0; kk < (D + 15) / 16; ++kk) {
     const uint32_t step = (kk % 4) * 32;
-    mma_ss<kBlockK, 0>(s, q.at((kk / 4) * K::kBlockQ * 128 + step), k.at((kk / 4) * kBlockK * 128 + step), kk > 0);
+    const uint64_t da = wgmma::desc_sw128(q_addr + (kk / 4) * K::kBlockQ * 128 + step, 0, wgmma::kAtomGroupBytes);
+    const uint64_t db = wgmma::desc_sw128(k_addr + (kk / 4) * kBlockK * 128 + step, 0, wgmma::kAtomGroupBytes);
+    mma_ss<kBlockK, 0>(s, da, db, kk > 0);
   }
 }
 
-// O += P V: V's rows 16 kk .. as an MN-major operand (v: its descriptor, atom columns kBlockK * 128 bytes apart).
+// O += P V: V's rows 16 kk .. as an MN-major operand, atom columns kBlockK * 128 bytes apart (LBO).
 template <int N>
-__device__ __forceinline__ void issue_pv(float (&o)[N / 2], const uint32_t (&pa)[kBlockK / 16][4], wgmma::Desc v) {
+__device__ __forceinline__ void issue_pv(float (&o)[N / 2], const uint32_t (&pa)[kBlockK / 16][4], uint32_t v_addr) {
 #pragma unroll
-  for (int kk = 0; kk < kBlockK / 16; ++kk) mma_rs<N, 1>(o, pa[kk], v.at(kk * 16 * 128), true);
+  for (int kk = 0; kk < kBlockK / 16; ++kk)
+    mma_rs<N, 1>(o, pa[kk], wgmma::desc_sw128(v_addr + kk * 16 * 128, kBlockK * 128, wgmma::kAtomGroupBytes), true);
 }
 
 // Keys at or past `valid` (columns of this tile) get -inf. Column of s[4j + e]: 8j + 2t + (e & 1).
@@ -180,12 +181,9 @@ __device__ __forceinline__ void softmax(float (&s)[kBlockK / 2], float (&m)[2], 
   constexpr int kPairs = kBlockK / 8;  // column pairs per row and thread
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
-    float mx[4];  // from the first four pairs (fmaxf(-inf, x) is not folded away: NaN rules)
+    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      const float pair = fmaxf(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]);
-      mx[j % 4] = j < 4 ? pair : fmaxf(mx[j % 4], pair);
-    }
+    for (int j = 0; j < kPairs; ++j) mx[j % 4] = fmaxf(mx[j % 4], fmaxf(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]));
     mx[0] = fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3]));
     float row_max = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], 1));
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
@@ -269,15 +267,9 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   st.l[0] = st.l[1] = 0.0f;
   const int t = tid % 4;
   const int tail = p.sk - (n_tiles - 1) * kBlockK;  // keys in the last tile
-  // The operands' descriptors, made once: a tile's products move them by constant offsets (wgmma::Desc), the
-  // buffer of tile j by (j % kStages) tiles. Built per product, they were a chain of dependent shifts and masks
-  // inside each consumer's issue turn.
-  const wgmma::Desc q_desc = wgmma::desc_sw128_words(smem_u32(sm.q) + c * 64 * 128, 0, wgmma::kAtomGroupBytes);
-  const wgmma::Desc k_desc = wgmma::desc_sw128_words(smem_u32(sm.k), 0, wgmma::kAtomGroupBytes);
-  const wgmma::Desc v_desc = wgmma::desc_sw128_words(smem_u32(sm.v), kBlockK * 128, wgmma::kAtomGroupBytes);
-  const auto in_stage = [](wgmma::Desc d, int j) {
-    return wgmma::Desc{d.lo + uint32_t(j % kStages) * (K::kTileBytes >> 4), d.hi};
-  };
+  const uint32_t q_addr = smem_u32(sm.q) + c * 64 * 128;
+  const auto k_addr = [&](int j) { return smem_u32(sm.k + (j % kStages) * K::kTileBytes); };
+  const auto v_addr = [&](int j) { return smem_u32(sm.v + (j % kStages) * K::kTileBytes); };
   const auto parity = [](int j) { return uint32_t((j / kStages) & 1); };
   float alpha[2];
 
@@ -288,7 +280,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   tma::wait(&sm.k_full[0], 0);
   turn_begin(c);
   wgmma::fence();
-  issue_s<K, D>(st.s, q_desc, k_desc);
+  issue_s<K, D>(st.s, q_addr, k_addr(0));
   wgmma::commit();
   turn_end<K>(c);
   wgmma::wait<0>();
@@ -302,10 +294,10 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
     tma::wait(&sm.k_full[j % kStages], parity(j));
     turn_begin(c);
     wgmma::fence();
-    issue_s<K, D>(st.s, q_desc, in_stage(k_desc, j));
+    issue_s<K, D>(st.s, q_addr, k_addr(j));
     wgmma::commit();
     tma::wait(&sm.v_full[(j - 1) % kStages], parity(j - 1));
-    issue_pv<K::kN>(st.o, st.pa, in_stage(v_desc, j - 1));
+    issue_pv<K::kN>(st.o, st.pa, v_addr(j - 1));
     wgmma::commit();
     turn_end<K>(c);
     wgmma::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
@@ -326,7 +318,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   tma::wait(&sm.v_full[last % kStages], parity(last));
   turn_begin(c);
   wgmma::fence();
-  issue_pv<K::kN>(st.o, st.pa, in_stage(v_desc, last));
+  issue_pv<K::kN>(st.o, st.pa, v_addr(last));
   wgmma::commit();
   if (c != kConsumers - 1) turn_end<K>(c);
   wgmma::wait<0>();

@@ -37,20 +37,6 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo, uint
 }
 
 
-// A descriptor as its two 32-bit words, for loops that issue many products over one tile: the start address
-// (bits 0-13 of the low word, in 16-byte units) moves by adding to the low word alone, one add per product where
-// desc_sw128's shifts and masks cost five dependent instructions. Shared-memory addresses stay under 256 KB
-// (228 KB per SM on Hopper), so the add never carries into the leading-byte-offset field above it.
-struct Desc {
-  uint32_t lo, hi;
-  // The descriptor of the operand `bytes` further on (a multiple of 16).
-  __device__ __forceinline__ uint64_t at(uint32_t bytes) const { return uint64_t(hi) << 32 | (lo + (bytes >> 4)); }
-};
-__device__ __forceinline__ Desc desc_sw128_words(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  const uint64_t d = desc_sw128(addr, lbo, sbo);
-  return {uint32_t(d), uint32_t(d >> 32)};
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ATELIER_WGMMA 1
 #endif
