@@ -148,8 +148,8 @@ __global__ void group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
     cp_async_commit();
     cp_async_wait_all();  // each thread reads back only what it copied
   }
-  // The offset and the affine parameters of this thread's channels, loaded now: they wait on nothing, and loaded
-  // after the statistics they added a memory round trip to every block's critical path.
+  // The offset and the affine parameters of this thread's channels, loaded before the statistics: loaded after
+  // them, gamma and beta added a memory round trip to every block's critical path.
   float o[V], gam[V], bet[V], acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) {
