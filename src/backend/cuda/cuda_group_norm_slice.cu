@@ -1,16 +1,16 @@
 // Channels-last group norm in one kernel where a (sample, group slice) fits in the shared memory of a block or of
 // a cluster of blocks (cuda_group_norm_slice.h).
 //
-// Cluster k of cs blocks (cs = 1 unless the cluster policy below splits the slice) owns channels
-// [k * cb, (k + 1) * cb) of sample n's p pixels: gb whole groups, gb the fewest whose channels make whole 16-byte
-// vectors (SD's 32 groups of 10-80 channels: 40-120 channels). Block rank r of the cluster holds rows [r * rows_per_block, ...) of the slice: it
-// copies them into its shared memory once (cp.async: every row's load in flight together), sums them per channel
-// and group, and the cluster adds its blocks' group sums through distributed shared memory (each block reads every
-// rank's sums in rank order: bit-identical totals everywhere). Then the squared deviations from the mean, from
-// shared memory, totalled the same way (two passes over the staged values: exact where a single pass of sums and
-// squares loses digits under a large mean), and act(x * scale + shift) written from shared memory. x is read once
-// and y written once: the floor, where the three-kernel path (statistics, merge, apply) reads x twice and pays
-// three launches and their tails (23-25 us for SD's 16-row [16, 1280, 8, 8] norms).
+// Cluster k of cs blocks (cs = 1 unless the cluster policy below splits the slice) owns channels [k * cb, (k + 1) * cb)
+// of sample n's p pixels: gb whole groups, gb the fewest whose channels make whole 16-byte vectors (SD's 32 groups of
+// 10-80 channels: 40-120 channels). Block rank r of the cluster holds rows [r * rows_per_block, ...) of the slice: it
+// copies them into its shared memory once (cp.async: every row's load in flight together), sums them per channel and
+// group, and the cluster adds its blocks' group sums through distributed shared memory (each block reads every rank's
+// sums in rank order: bit-identical totals everywhere). Then the squared deviations from the mean, from shared memory,
+// totalled the same way (two passes over the staged values: exact where a single pass of sums and squares loses digits
+// under a large mean), and act(x * scale + shift) written from shared memory. x is read once and y written once: the
+// floor, where the three-kernel path (statistics, merge, apply) reads x twice and pays three launches and their tails
+// (23-25 us for SD's 16-row [16, 1280, 8, 8] norms).
 //
 // Threads: column vector v = tid % vcb of the slice (fixed per thread, so its V channels' sums stay in registers)
 // and rows tid / vcb, stepping rows_per_pass (about 256 or 512 / vcb); the block's group sums are warp sums of each
@@ -108,7 +108,8 @@ __device__ __forceinline__ void cluster_totals(float* part, float* total, int gb
       float rank_sum[kMaxCluster];
 #pragma unroll
       for (int r = 0; r < kMaxCluster; ++r)
-        rank_sum[r] = r < cs ? *static_cast<const float*>(__cluster_map_shared_rank(part + threadIdx.x, unsigned(r))) : 0.0f;
+        rank_sum[r] =
+            r < cs ? *static_cast<const float*>(__cluster_map_shared_rank(part + threadIdx.x, unsigned(r))) : 0.0f;
       float s = 0.0f;
 #pragma unroll
       for (int r = 0; r < kMaxCluster; ++r)
