@@ -379,6 +379,12 @@ int run(int iters, const Sections& want) {
       print({"glu (GEGLU) " + std::to_string(tokens) + "x2560 bf16", time_ms(be, iters, [&] { ops::glu(ff, UnaryOp::kGelu); }),
              1.5 * double(ff.nbytes()), "GB/s"});
     }
+    // SD's deeper levels at CFG batch 2: rows of 640 and 1280 channels (one warp per row; latency-bound).
+    for (const auto& [tokens, ch] : {std::pair<int64_t, int64_t>{2 * 1024, 640}, {2 * 256, 1280}}) {
+      const Tensor t = random_on({tokens, ch}, DType::BF16, dev), gc = random_on({ch}, DType::BF16, dev);
+      print({"layer_norm " + std::to_string(tokens) + "x" + std::to_string(ch) + " bf16",
+             time_ms(be, iters, [&] { ops::layer_norm(t, gc, gc, 1e-5f); }), 2.0 * double(t.nbytes()), "GB/s"});
+    }
     print({"add 2x320x64x64 bf16", time_ms(be, iters, [&] { ops::add(x, x); }), 3.0 * double(x.nbytes()), "GB/s"});
     // FLUX's q/k norms at 1024²: 4608 tokens x 24 heads of 128.
     const Tensor qk = random_on({4608 * 24, 128}, DType::BF16, dev), gq = random_on({128}, DType::BF16, dev);

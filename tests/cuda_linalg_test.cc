@@ -629,8 +629,13 @@ TEST(CudaOps, LayerNormAndRmsNormMatchCpu) {
       const std::string sfx = shape_str(s) + " offset " + std::to_string(int(offset));
       EXPECT_PARITY("layer_norm " + sfx, ln, std::vector<Tensor>({x, g, b}), DType::F32);
       EXPECT_PARITY("rms_norm " + sfx, rms, std::vector<Tensor>({x, g}), DType::F32);
+      // Parameters kept in f32 beside 16-bit rows: the kernels' element loads instead of their packed ones.
+      const auto ln_f32_params = [](const std::vector<Tensor>& in) {
+        return ops::layer_norm(in[0], ops::cast(in[1], DType::F32), ops::cast(in[2], DType::F32), 1e-5f);
+      };
       for (DType dt : kLowp) {
         EXPECT_PARITY("layer_norm " + sfx, ln, std::vector<Tensor>({x, g, b}), dt);
+        EXPECT_PARITY("layer_norm f32 parameters " + sfx, ln_f32_params, std::vector<Tensor>({x, g, b}), dt);
         EXPECT_PARITY("rms_norm " + sfx, rms, std::vector<Tensor>({x, g}), dt);
       }
     }

@@ -76,6 +76,19 @@ __device__ __forceinline__ void store_e4m3(uint8_t* p, const Vec<T>& v, const Ro
   else *reinterpret_cast<uint32_t*>(p) = w[0];
 }
 
+// The DType of a kernel's element type T.
+template <typename T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, float> ? DType::F32 : std::is_same_v<T, __half> ? DType::F16 : DType::BF16;
+}
+
+// Whether both of aff's parameters are stored as T and 16-byte aligned: whole rows of them load as Vec<T>s.
+template <typename T>
+__device__ __forceinline__ bool params_of(const NormAffine& aff) {
+  return aff.gamma_dtype == dtype_of<T>() && aff.beta_dtype == dtype_of<T>() &&
+         reinterpret_cast<uintptr_t>(aff.gamma) % kVecBytes == 0 && reinterpret_cast<uintptr_t>(aff.beta) % kVecBytes == 0;
+}
+
 // Parameter p (gamma or beta) at channels c0 .. c0 + W - 1 into out[], `fallback` where p is absent. A vector
 // load where p is stored as T and the run is 16-byte aligned (the common case: weights cast to the compute
 // dtype), element loads otherwise: a dtype switch per element cost more than the row's own loads in the
@@ -87,7 +100,7 @@ __device__ __forceinline__ void load_param_run(float (&out)[W], const void* p, D
     for (int e = 0; e < W; ++e) out[e] = fallback;
     return;
   }
-  constexpr DType kT = std::is_same_v<T, float> ? DType::F32 : std::is_same_v<T, __half> ? DType::F16 : DType::BF16;
+  constexpr DType kT = dtype_of<T>();
   const T* tp = static_cast<const T*>(p) + c0;
   if constexpr (W == Vec<T>::kWidth) {
     if (dtype == kT && reinterpret_cast<uintptr_t>(tp) % kVecBytes == 0) {
