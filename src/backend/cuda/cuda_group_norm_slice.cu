@@ -64,6 +64,20 @@ struct SliceArgs {
   UnaryOp act;
 };
 
+// load(0) + load(1) + ... + load(count - 1), added in that order (count <= N), with every load issued before the
+// first add: a loop of dependent loads (shared or distributed shared memory) waits out each one's round trip.
+template <int N, class Load>
+__device__ __forceinline__ float sum_in_order(int count, const Load& load) {
+  float v[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = i < count ? load(i) : 0.0f;
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    if (i < count) s += v[i];
+  return s;
+}
+
 // Each thread's per-channel sums acc[V] (channels v * V .. of the slice) -> the block's per-group sums in
 // group_out[gb]: per group, the thread's share, a warp sum, then one thread per group adds the warps' (in order).
 // Whole block calls; red is [kMaxWarps][kMaxSliceGroups] of scratch.
@@ -81,17 +95,9 @@ __device__ __forceinline__ void reduce_groups(const float (&acc)[V], float* red,
     if (lane == 0) red[warp * kMaxSliceGroups + g] = s;
   }
   __syncthreads();
-  if (threadIdx.x < unsigned(gb)) {
-    const int warps = int(blockDim.x) / 32;
-    float w_sum[kMaxWarps];  // every read issued before the first add (a loop of dependent reads waits each out)
-#pragma unroll
-    for (int w = 0; w < kMaxWarps; ++w) w_sum[w] = w < warps ? red[w * kMaxSliceGroups + threadIdx.x] : 0.0f;
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kMaxWarps; ++w)
-      if (w < warps) s += w_sum[w];
-    group_out[threadIdx.x] = s;
-  }
+  if (threadIdx.x < unsigned(gb))
+    group_out[threadIdx.x] =
+        sum_in_order<kMaxWarps>(int(blockDim.x) / 32, [&](int w) { return red[w * kMaxSliceGroups + threadIdx.x]; });
   __syncthreads();
 }
 
@@ -102,20 +108,12 @@ __device__ __forceinline__ void cluster_totals(float* part, float* total, int gb
   if (cs > 1) {
     __cluster_barrier_arrive();  // release: this block's part is visible to the cluster
     __cluster_barrier_wait();
-    if (threadIdx.x < unsigned(gb)) {
-      // All ranks' reads in flight together, then added in rank order: a loop of dependent remote reads paid a
-      // distributed-shared-memory round trip per rank (16 in a row, twice per norm).
-      float rank_sum[kMaxCluster];
-#pragma unroll
-      for (int r = 0; r < kMaxCluster; ++r)
-        rank_sum[r] =
-            r < cs ? *static_cast<const float*>(__cluster_map_shared_rank(part + threadIdx.x, unsigned(r))) : 0.0f;
-      float s = 0.0f;
-#pragma unroll
-      for (int r = 0; r < kMaxCluster; ++r)
-        if (r < cs) s += rank_sum[r];
-      total[threadIdx.x] = s;
-    }
+    // Ranks added in rank order (the same bits in every block); their remote reads all in flight together (one
+    // after another they paid a distributed-shared-memory round trip per rank, 16 in a row, twice per norm).
+    if (threadIdx.x < unsigned(gb))
+      total[threadIdx.x] = sum_in_order<kMaxCluster>(cs, [&](int r) {
+        return *static_cast<const float*>(__cluster_map_shared_rank(part + threadIdx.x, unsigned(r)));
+      });
     __syncthreads();
     return;
   }
