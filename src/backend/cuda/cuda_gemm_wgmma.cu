@@ -2,11 +2,15 @@
 //
 // Persistent blocks (one per SM) walk output tiles of kBM rows, the tiles of one row block next to each other so
 // that the blocks running at once share x's rows in L2. A block has one producer warpgroup and two consumer
-// warpgroups of 64 rows each. One producer thread streams, per k-step of 64, x's 128 x 64 box and two 64 x 64
-// boxes of w into a ring of kStages buffers (the 128-byte swizzle, cuda_wgmma.cuh), each completing on its
-// buffer's "full" mbarrier; it refills a buffer once every consumer thread arrived on its "empty" barrier, and
-// runs ahead into the next tile while the consumers finish this one. The two w boxes sit one after the other, so
-// one m64n128 product per k16 step covers both:
+// warpgroups that take the block's tiles in turns ("ping-pong", as CUTLASS's Hopper kernels): consumer 0 the
+// block's tiles 0, 2, 4..., consumer 1 tiles 1, 3, 5...; each computes a whole 128-row tile (two m64 halves) and
+// they hold the tensor cores in turns (a ring of two named barriers), so one's epilogue runs while the other's
+// products do. (Session 26 measured the earlier form, both consumers on one tile, at 71% of cuBLASLt's mainloop:
+// the tensor cores idled through every epilogue, a third of a tile's time at k = 320.) One producer thread streams,
+// per k-step of 64, x's 128 x 64 box and two 64 x 64 boxes of w into a ring of kStages buffers (the 128-byte
+// swizzle, cuda_wgmma.cuh), each completing on its buffer's "full" mbarrier; it refills a buffer once the consumer
+// that read it arrived on its "empty" barrier, and runs ahead into the next tiles. The two w boxes sit one after the
+// other, so one m64n128 product per half and k16 step covers both:
 //   - GLU: the value rows c0.. and the gate rows h + c0.. of w (64 output columns per tile): value column c and
 //     gate column c land in the same thread (accumulators j and j + 8), and the epilogue writes
 //     (value + b_v) * act(gate + b_g) as bf16 without the [M, 2H] product ever leaving registers;
@@ -32,10 +36,10 @@
 namespace atelier::cuda {
 namespace {
 
-constexpr int kBM = 128;     // output rows per tile: two consumer warpgroups of 64
+constexpr int kBM = 128;     // output rows per tile: one consumer warpgroup's, as two m64 halves
 constexpr int kBoxRows = 64;  // rows of w per box; two boxes per stage: 128 product columns
 constexpr int kBK = 64;      // k per stage: one 128-byte swizzle atom of bf16
-constexpr int kStages = 4;   // buffers in the ring
+constexpr int kStages = 6;   // buffers in the ring (192 KB): the producer runs a tile ahead of the consumer computing
 constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kConsumerThreads = 128 * kConsumers;
@@ -45,7 +49,8 @@ constexpr uint32_t kBoxBytes = kBoxRows * kRowBytes;         // one w box: 8 KB
 constexpr uint32_t kStageBytes = kABytes + 2 * kBoxBytes;    // 32 KB
 constexpr size_t kSmem = kStages * kStageBytes + 2 * kStages * sizeof(uint64_t) + 1024;  // + barriers, alignment
 // setmaxnreg: the producer gives registers to the consumers (each a multiple of 8; 128 x 40 + 256 x 232 fits the
-// 384 x 168 that __launch_bounds__(kThreads, 1) allows), as CUTLASS's warp-specialised kernels do.
+// 384 x 168 that __launch_bounds__(kThreads, 1) allows), as CUTLASS's warp-specialised kernels do: a consumer holds
+// 128 accumulators.
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8));
@@ -58,7 +63,7 @@ constexpr int kTileCols = E == Epi::kGlu ? kBoxRows : 2 * kBoxRows;
 std::atomic<int64_t> g_glu_launches{0}, g_linear_launches{0};
 
 bool& glu_flag() {
-  static bool on = env_is("ATELIER_FUSED_GLU", "1");
+  static bool on = !env_is("ATELIER_FUSED_GLU", "0");
   return on;
 }
 OwnLinear& linear_mode() {
@@ -79,14 +84,29 @@ struct Params {
 };
 
 #ifdef ATELIER_WGMMA
+constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer c waits on 1 + c before its mainloop
+
+// Tile i of this block (tile blockIdx.x + i gridDim.x): its first row and column.
+template <Epi E>
+__device__ __forceinline__ void tile_origin(const Params& p, int i, int& m0, int& c0) {
+  const int tile = int(blockIdx.x) + i * int(gridDim.x);
+  m0 = (tile / p.col_tiles) * kBM;
+  c0 = (tile % p.col_tiles) * kTileCols<E>;
+}
+__device__ __forceinline__ int block_tiles(const Params& p) {
+  return (p.tiles - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);  // >= 1: the grid has at most p.tiles
+}
+
 // The producer's one thread: every (tile, k-step) of this block, in the consumers' order. A tile's second box of w
 // starts at the gate rows n + c0 (GLU) or 64 rows past its first (linear).
 template <Epi E>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t* full, uint64_t* empty) {
   const int second_box = E == Epi::kGlu ? p.n : kBoxRows;
+  const int n = block_tiles(p);
   int it = 0;
-  for (int tile = int(blockIdx.x); tile < p.tiles; tile += int(gridDim.x)) {
-    const int m0 = (tile / p.col_tiles) * kBM, c0 = (tile % p.col_tiles) * kTileCols<E>;
+  for (int i = 0; i < n; ++i) {
+    int m0, c0;
+    tile_origin<E>(p, i, m0, c0);
     for (int ks = 0; ks < p.k_steps; ++ks, ++it) {
       const int s = it % kStages;
       tma::wait(&empty[s], ((it / kStages) & 1) ^ 1);
@@ -99,27 +119,33 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
   }
 }
 
-// acc (64 x 128 per consumer: the first box's rows of w in columns 0..63, the second's in 64..127) = x's rows of
-// this consumer times those rows of w, over k.
-__device__ __forceinline__ void mainloop(float (&acc)[64], const Params& p, uint8_t* ring, uint64_t* full,
-                                         uint64_t* empty, int consumer, int& it) {
+// acc[h] (64 x 128: rows 64 h.. of the tile; the first box's rows of w in columns 0..63, the second's in
+// 64..127) = those rows of x times those rows of w, over k; the ring's slots from `it` on. Once the last k-step's
+// products are issued the turn passes to the other consumer (when `hand_on`), before they finish.
+__device__ __forceinline__ void mainloop(float (&acc)[2][64], const Params& p, uint8_t* ring, uint64_t* full,
+                                         uint64_t* empty, int it, bool hand_on, int other) {
   for (int ks = 0; ks < p.k_steps; ++ks, ++it) {
     const int s = it % kStages;
     tma::wait(&full[s], (it / kStages) & 1);
-    const uint32_t a = smem_u32(ring + s * kStageBytes) + consumer * 64 * kRowBytes;
-    const uint32_t b = smem_u32(ring + s * kStageBytes + kABytes);
+    const uint32_t a = smem_u32(ring + s * kStageBytes);
+    const uint32_t b = a + kABytes;
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)  // k16 step kk starts 32 bytes further along the swizzled rows
-      wgmma::mma_m64n128k16_ss<0>(acc, wgmma::desc_sw128(a + kk * 32, 0, wgmma::kAtomGroupBytes),
-                                  wgmma::desc_sw128(b + kk * 32, 0, wgmma::kAtomGroupBytes), ks > 0 || kk > 0);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        wgmma::mma_m64n128k16_ss<0>(acc[h], wgmma::desc_sw128(a + h * 64 * kRowBytes + kk * 32, 0, wgmma::kAtomGroupBytes),
+                                    wgmma::desc_sw128(b + kk * 32, 0, wgmma::kAtomGroupBytes), ks > 0 || kk > 0);
     wgmma::commit();
+    if (hand_on && ks == p.k_steps - 1) tma::bar_arrive(kTurnBarrier + other, kConsumerThreads);
     wgmma::wait<1>();  // the previous k-step's products are done: its buffer can be refilled
     if (ks > 0) tma::arrive(&empty[(it - 1) % kStages]);
   }
   wgmma::wait<0>();
 #pragma unroll
-  for (int i = 0; i < 64; ++i) wgmma::fence_operand(acc[i]);
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma::fence_operand(acc[h][i]);
   tma::arrive(&empty[(it - 1) % kStages]);
 }
 
@@ -127,11 +153,12 @@ __device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
 }
 
-// This thread's accumulators hold rows row0 and row0 + 8 (ri), columns 8j + 2t (+1) of the tile in acc[4j + 2ri + e].
-// GLU: out[row, c0 + col] = (value + b_v) * act(gate + b_g), value in acc[4j + ..], gate in acc[4(j + 8) + ..].
-// Linear: out[row, c0 + col] = acc + bias + residual, j over all 16 column groups.
+// This thread's accumulators hold rows row0 + 64 h + 8 ri, columns 8j + 2t (+1) of the tile in acc[h][4j + 2ri + e].
+// GLU: out[row, c0 + col] = (value + b_v) * act(gate + b_g), value in acc[h][4j + ..], gate in acc[h][4(j + 8) + ..].
+// Linear: out[row, c0 + col] = acc + bias + residual, j over all 16 column groups. Each column's bias is loaded
+// once for both halves.
 template <Epi E, UnaryOp A>
-__device__ __forceinline__ void epilogue(const float (&acc)[64], const Params& p, int row0, int c0, int t) {
+__device__ __forceinline__ void epilogue(const float (&acc)[2][64], const Params& p, int row0, int c0, int t) {
 #pragma unroll
   for (int j = 0; j < kTileCols<E> / 8; ++j) {
     const int col = c0 + 8 * j + 2 * t;
@@ -142,38 +169,48 @@ __device__ __forceinline__ void epilogue(const float (&acc)[64], const Params& p
       if constexpr (E == Epi::kGlu) b1 = load_pair(p.bias + p.n + col);
     }
 #pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      const int row = row0 + 8 * ri;
-      if (row >= p.m) continue;
-      const float* d = &acc[4 * j + 2 * ri];
-      __nv_bfloat16* o = p.out + int64_t(row) * p.ldo + col;
-      float y0, y1;
-      if constexpr (E == Epi::kGlu) {
-        const float* g = &acc[4 * (j + kBoxRows / 8) + 2 * ri];
-        y0 = (d[0] + b0.x) * apply_unary_for<__nv_bfloat16>(g[0] + b1.x, A);
-        y1 = (d[1] + b0.y) * apply_unary_for<__nv_bfloat16>(g[1] + b1.y, A);
-      } else {
-        const float2 r = p.residual ? load_pair(p.residual + int64_t(row) * p.ldo + col) : make_float2(0.0f, 0.0f);
-        y0 = d[0] + b0.x + r.x;
-        y1 = d[1] + b0.y + r.y;
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        const int row = row0 + 64 * h + 8 * ri;
+        if (row >= p.m) continue;
+        const float* d = &acc[h][4 * j + 2 * ri];
+        __nv_bfloat16* o = p.out + int64_t(row) * p.ldo + col;
+        float y0, y1;
+        if constexpr (E == Epi::kGlu) {
+          const float* g = &acc[h][4 * (j + kBoxRows / 8) + 2 * ri];
+          y0 = (d[0] + b0.x) * apply_unary_for<__nv_bfloat16>(g[0] + b1.x, A);
+          y1 = (d[1] + b0.y) * apply_unary_for<__nv_bfloat16>(g[1] + b1.y, A);
+        } else {
+          const float2 r = p.residual ? load_pair(p.residual + int64_t(row) * p.ldo + col) : make_float2(0.0f, 0.0f);
+          y0 = d[0] + b0.x + r.x;
+          y1 = d[1] + b0.y + r.y;
+        }
+        *reinterpret_cast<uint32_t*>(o) = pack2<__nv_bfloat16>(y0, y1);
       }
-      *reinterpret_cast<uint32_t*>(o) = pack2<__nv_bfloat16>(y0, y1);
-    }
   }
 }
 
+// Consumer c: the block's tiles c, c + 2, ... (tile blockIdx.x + i gridDim.x for the block's i-th), each after the
+// other consumer handed it the turn; the ring's slots of tile i start at i k_steps (the producer's order). Every
+// wait on a turn barrier has one arrival: consumer 1's first, for tile 0, then one after each tile's mainloop
+// where a next tile exists.
 template <Epi E, UnaryOp A>
 __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint64_t* full, uint64_t* empty, int consumer,
                                         int ctid) {
   const int warp = (ctid % 128) / 32, lane = ctid % 32;
-  float acc[64];
-  int it = 0;
-  for (int tile = int(blockIdx.x); tile < p.tiles; tile += int(gridDim.x)) {
-    const int m0 = (tile / p.col_tiles) * kBM, c0 = (tile % p.col_tiles) * kTileCols<E>;
-    mainloop(acc, p, ring, full, empty, consumer, it);
-    epilogue<E, A>(acc, p, m0 + consumer * 64 + warp * 16 + lane / 4, c0, lane % 4);
+  const int n = block_tiles(p);
+  if (consumer == 1) tma::bar_arrive(kTurnBarrier, kConsumerThreads);  // consumer 0 goes first
+  float acc[2][64];
+  for (int i = consumer; i < n; i += kConsumers) {
+    int m0, c0;
+    tile_origin<E>(p, i, m0, c0);
+    tma::bar_sync(kTurnBarrier + consumer, kConsumerThreads);
+    mainloop(acc, p, ring, full, empty, i * p.k_steps, i + 1 < n, 1 - consumer);
+    epilogue<E, A>(acc, p, m0 + warp * 16 + lane / 4, c0, lane % 4);
   }
 }
+
 #endif  // ATELIER_WGMMA
 
 template <Epi E, UnaryOp A>
@@ -187,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
       tma::mbar_init(&full[i], 1);
-      tma::mbar_init(&empty[i], kConsumerThreads);
+      tma::mbar_init(&empty[i], 128);  // the one consumer warpgroup whose tile the slot holds
     }
     tma::fence_mbar_init();
   }

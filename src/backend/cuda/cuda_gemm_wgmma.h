@@ -5,7 +5,8 @@
 //     write [M, H] (SD's GEGLU: 1.55 ms per 16-row UNet call, session 24's trace);
 //   - a linear layer with bias and residual (out = x W^T + b + r): session 24 measured SD's residual products on
 //     cuBLASLt's heuristics 1.15-1.96x the time of the same products without the residual.
-// Both off by default until measured against cuBLASLt on the H200 (docs/cuda.md, session 25).
+// The GLU is on by default since session 30 (ping-pong consumers: faster than cuBLASLt's product + the glu pass at
+// every SD shape; docs/performance.md, session 30); the linear layer stays off (slower than cuBLASLt everywhere).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -40,7 +41,7 @@ struct OwnGemmArgs {
 bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream);
 bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream);
 
-// ATELIER_FUSED_GLU=1: ops::linear_glu runs launch_gemm_glu (or the setter: tests, benches).
+// On unless ATELIER_FUSED_GLU=0: ops::linear_glu runs launch_gemm_glu (or the setter: tests, benches).
 bool fused_glu_enabled();
 void set_fused_glu(bool on);
 // Which bf16 linear products (one batch, weights [n, k], no activation) run launch_gemm_linear instead of cuBLASLt:
