@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
       tma::mbar_init(&full[i], 1);
-      tma::mbar_init(&empty[i], 128);  // the one consumer warpgroup whose tile the slot holds
+      tma::mbar_init(&empty[i], kConsumerThreads / kConsumers);  // the one consumer warpgroup whose tile the slot holds
     }
     tma::fence_mbar_init();
   }
