@@ -18,6 +18,7 @@
 
 #include "backend/cuda/cuda_attention_wgmma.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_group_norm_grid.h"
 #include "backend/cuda/cuda_group_norm_slice.h"
 #include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_sdpa_fp8.h"
@@ -344,10 +345,10 @@ int run(int iters, const Sections& want) {
     // Channels-last (the layout SD's activations have on the GPU) against NCHW at a UNet and a VAE shape.
     // The batch-16 UNet's levels (16 = 8 images with CFG), a batch-2 one, the VAE's widest; NCHW beside two.
     // SD 1024²'s 128x128 level and the VAE's 128x128-256x256 norms too; channels-last rows that the one-kernel
-    // path's clusters may take (Hopper) are timed again with clusters forced at two block sizes, and with clusters off
-    // where the default took them.
+    // path's clusters took (Hopper) are timed again with clusters off, those the whole-grid kernel took with it off
+    // (the three kernels).
     for (const Shape& s : {Shape{16, 320, 64, 64}, Shape{1, 128, 512, 512}, Shape{2, 320, 64, 64}, Shape{16, 640, 32, 32},
-                           Shape{16, 1280, 16, 16}, Shape{16, 2560, 8, 8}, Shape{16, 960, 64, 64}, Shape{2, 320, 128, 128},
+                           Shape{16, 1280, 16, 16}, Shape{16, 2560, 8, 8}, Shape{16, 960, 64, 64}, Shape{2, 320, 128, 128}, Shape{2, 640, 128, 128},
                            Shape{1, 512, 128, 128}, Shape{1, 256, 256, 256}}) {
       const Tensor nchw = random_on(s, DType::BF16, dev), gs = random_on({s[1]}, DType::BF16, dev);
       const Tensor cl = ops::contiguous(nchw.permute({0, 2, 3, 1})).permute({0, 3, 1, 2});
@@ -356,19 +357,20 @@ int run(int iters, const Sections& want) {
         if (t == &nchw && !with_nchw) continue;
         const auto run = [&] { ops::group_norm(*t, 32, gs, gs, 1e-5f, UnaryOp::kSilu); };
         const std::string name = "group_norm+silu " + shape_str(s) + (t == &cl ? " channels-last" : " NCHW");
-        const int64_t clustered = cuda::group_norm_slice_cluster_launches();
+        const int64_t clustered = cuda::group_norm_slice_cluster_launches(), gridded = cuda::group_norm_grid_launches();
         print({name, time_ms(be, iters, run), 2.0 * double(t->nbytes()), "GB/s"});
-        const bool default_clustered = cuda::group_norm_slice_cluster_launches() != clustered;
+        const bool default_gridded = cuda::group_norm_grid_launches() != gridded;
         if (t != &cl) continue;
-        for (const int kb : {16, 96}) {  // clusters at any size, blocks of about 16 KB (the default's) / up to 96 KB
-          cuda::set_group_norm_cluster_policy(int64_t(kb) << 10, int64_t(1) << 40, true);
-          print({name + " (clusters, " + std::to_string(kb) + " KB blocks)", time_ms(be, iters, run), 2.0 * double(t->nbytes()), "GB/s"});
+        if (cuda::group_norm_slice_cluster_launches() != clustered) {
+          cuda::set_group_norm_cluster(false);
+          print({name + " (clusters off)", time_ms(be, iters, run), 2.0 * double(t->nbytes()), "GB/s"});
+          cuda::set_group_norm_cluster(true);
         }
-        cuda::set_group_norm_cluster_policy(0, 0);
-        if (!default_clustered) continue;
-        cuda::set_group_norm_cluster(false);
-        print({name + " (clusters off)", time_ms(be, iters, run), 2.0 * double(t->nbytes()), "GB/s"});
-        cuda::set_group_norm_cluster(true);
+        if (default_gridded) {
+          cuda::set_group_norm_grid(false);
+          print({name + " (grid off: three kernels)", time_ms(be, iters, run), 2.0 * double(t->nbytes()), "GB/s"});
+          cuda::set_group_norm_grid(true);
+        }
       }
     }
     for (const int64_t tokens : {int64_t(2 * 4096), int64_t(16 * 4096)}) {

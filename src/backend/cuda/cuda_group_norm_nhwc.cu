@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_group_norm_grid.h"
 #include "backend/cuda/cuda_group_norm_slice.h"
 #include "backend/cuda/cuda_norm_common.cuh"
 #include "backend/cuda/cuda_nvtx.h"
@@ -326,6 +327,15 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& of
       if (launch_group_norm_slice(sa, stream_)) {
         done = true;
         return;
+      }
+      // Past the slice kernel's sizes: one cooperative kernel, x staged in the SMs' shared memories
+      // (cuda_group_norm_grid.cu); the three kernels below where it declines too.
+      if (const size_t bytes = group_norm_grid_scratch_bytes(sa)) {
+        std::shared_ptr<Buffer> scratch = alloc_.allocate(bytes);
+        if (launch_group_norm_grid(sa, scratch->data(), stream_)) {
+          done = true;
+          return;
+        }
       }
     }
     const int rows_per_pass = int(std::max<int64_t>(1, kNhwcStatsThreads / vc));
