@@ -1,5 +1,5 @@
 // CUDA backend, part 2: GEMM (cuBLASLt epilogues, batching, transposes), convolution (cuDNN and the im2col
-// path), normalisations and attention (the flash kernel and the GEMM path), each against the CPU backend in
+// path), layer/RMS norms and attention (the flash kernel and the GEMM path), each against the CPU backend in
 // f32 and bf16/f16 (criteria in cuda_test_util.h). Skips with the reason when cuda:0 is not usable.
 #include <gtest/gtest.h>
 
@@ -13,7 +13,6 @@
 #include "backend/cuda/cuda_attention_wgmma.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_conv_graph.h"
-#include "backend/cuda/cuda_group_norm_slice.h"
 #include "backend/cuda/cuda_sdpa.h"
 #include "backend/graph_runner.h"
 #include "backend/ops.h"
@@ -23,6 +22,7 @@
 namespace atelier {
 namespace {
 
+using test::channels_last;
 using test::cuda0;
 using test::random_tensor;
 using test::to_gpu;
@@ -276,182 +276,6 @@ TEST(CudaOps, Conv2dGraphApiUnderCudaGraphCapture) {
   }
 }
 
-// --- normalisation -------------------------------------------------------------------------------------------
-
-TEST(CudaOps, GroupNormMatchesCpu) {
-  ATELIER_REQUIRE_CUDA();
-  struct Case { Shape x; int groups; float offset; };
-  // The [1, 4, 300, 300] case spreads each group over 44 statistics blocks; offset 100 checks that the
-  // variance does not cancel when the mean is large against the spread.
-  // Shapes whose groups and planes are multiples of 8 take the vectorised kernels (16-byte loads), the others
-  // the scalar ones; [2, 64, 32, 32] with offset 100 checks the vectorised statistics for cancellation.
-  const Case cases[] = {{{2, 32, 5, 7}, 8, 0.0f}, {{1, 64, 64, 64}, 32, 0.0f}, {{1, 4, 300, 300}, 2, 0.0f},
-                        {{2, 6, 11}, 3, 100.0f}, {{3, 7}, 7, 0.0f}, {{2, 64, 32, 32}, 32, 100.0f}};
-  for (const Case& c : cases) {
-    const Tensor x = random_tensor(c.x, 41, 1.0f, c.offset), g = random_tensor({c.x[1]}, 42), b = random_tensor({c.x[1]}, 43);
-    for (UnaryOp act : {UnaryOp::kIdentity, UnaryOp::kSilu}) {
-      const int groups = c.groups;
-      const auto fn = [groups, act](const std::vector<Tensor>& in) { return ops::group_norm(in[0], groups, in[1], in[2], 1e-5f, act); };
-      const std::string what = "group_norm " + shape_str(c.x) + " groups " + std::to_string(groups) + " act " + std::to_string(int(act));
-      EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b}), DType::F32);
-      for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b}), dt);
-    }
-    const int groups = c.groups;
-    EXPECT_PARITY("group_norm no affine", [groups](const std::vector<Tensor>& in) { return ops::group_norm(in[0], groups, Tensor(), Tensor(), 1e-6f); },
-                  {x}, DType::F32);
-  }
-}
-
-// x [N, C, H, W] as a channels-last tensor of the same values (the layout the GPU keeps SD's activations in).
-Tensor channels_last(const Tensor& x) { return ops::contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}); }
-
-// The one-kernel group norm (cuda_group_norm_slice.cu) switched on or off for a test, then back.
-struct GnSliceScope {
-  bool was = cuda::group_norm_slice_enabled();
-  explicit GnSliceScope(bool on) { cuda::set_group_norm_slice(on); }
-  ~GnSliceScope() { cuda::set_group_norm_slice(was); }
-};
-
-// Clusters for the one-kernel group norm switched on (forced: at any tensor and grid size, aiming at 16 KB of a
-// slice per block), on with the default policy, or off, for a test; then back to the defaults.
-enum class GnClusters { kOff, kForced, kDefault };
-struct GnClusterScope {
-  explicit GnClusterScope(GnClusters mode) {
-    cuda::set_group_norm_cluster(mode != GnClusters::kOff);
-    if (mode == GnClusters::kForced) cuda::set_group_norm_cluster_policy(int64_t(16) << 10, int64_t(1) << 40, true);
-  }
-  ~GnClusterScope() {
-    cuda::set_group_norm_cluster(true);
-    cuda::set_group_norm_cluster_policy(0, 0);
-  }
-};
-
-// Channels-last group norm in one kernel per (sample, group slice) staged in shared memory: SD's 8x8-32x32 shapes
-// (slices of 1 group of 40/80 channels, 2 groups of 20 or 60, 4 groups of 10 or 30), a large mean, the resnets'
-// offset (a narrow of a stacked tensor, its mean large too), 16 samples, 9 pixels of 2-channel groups (a block of
-// fewer threads than a warp's multiple: the reductions' idle threads); every input ramps across its pixels. Then on
-// Hopper the same with the slices split over clusters of blocks of about 16 KB (the sums exchanged through
-// distributed shared memory), and the slices past one block's 96 KB: SD's 64x64 level, 4087 pixels (rows split
-// unevenly), 960 channels with an offset (4 groups of 30 over 16 blocks), 1024²'s 128x128 level (82 KB per block),
-// the VAE's 16- and 8-channel slices, a large mean; forced at every size, and by the default policy (tensors up to
-// 16 MB of fewer (sample, slice)s than SMs). Each case must have taken the path its sizes call for; SD 1024²'s
-// [1, 960, 128, 128] (3.9 MB slices) goes to the three-kernel path.
-TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
-  ATELIER_REQUIRE_CUDA();
-  GnSliceScope slice(true);
-  const bool hopper = test::cuda_be().cc_major() >= 9;
-  constexpr int64_t kDefaultMaxTensor = int64_t(16) << 20;
-  // one_block: the 16-bit slice fits one block (96 KB); in_cluster: it fits 16 blocks; over_16k: a cluster splits it.
-  struct Case { Shape x; float mean; bool offset; bool one_block, in_cluster, over_16k; };
-  const Case cases[] = {
-      {{2, 1280, 8, 8}, 0.0f, false, true, true, false},     {{2, 2560, 16, 16}, 100.0f, false, true, true, true},
-      {{16, 640, 32, 32}, 0.0f, true, true, true, true},     {{1, 1920, 16, 16}, 0.0f, false, true, true, true},
-      {{3, 960, 8, 8}, 30.0f, true, true, true, false},      {{2, 320, 32, 32}, 0.0f, false, true, true, true},
-      {{2, 1280, 8, 8}, 0.0f, true, true, true, false},      {{2, 64, 3, 3}, 0.0f, true, true, true, false},
-      {{2, 320, 64, 64}, 0.0f, true, false, true, true},     {{2, 320, 61, 67}, 0.0f, false, false, true, true},
-      {{1, 960, 64, 64}, 30.0f, true, false, true, true},    {{2, 640, 64, 64}, 100.0f, false, false, true, true},
-      {{1, 320, 128, 128}, 0.0f, true, false, true, true},   {{1, 512, 64, 64}, 0.0f, false, false, true, true},
-      {{1, 128, 256, 256}, 100.0f, false, false, true, true}, {{1, 960, 128, 128}, 0.0f, false, false, false, true}};
-  for (const GnClusters mode : {GnClusters::kOff, GnClusters::kForced, GnClusters::kDefault}) {
-    GnClusterScope scope(mode);
-    for (const Case& c : cases) {
-      const int64_t ch = c.x[1], bytes = c.x[0] * ch * c.x[2] * c.x[3] * 2, cg = ch / 32;
-      const int64_t blocks = c.x[0] * 32 / (8 / std::gcd(cg, int64_t(8)));  // (sample, slice)s: whole 16-byte vectors
-      const bool few = bytes <= kDefaultMaxTensor && blocks < test::cuda_be().sm_count();
-      const bool split = hopper && (mode == GnClusters::kForced || (mode == GnClusters::kDefault && few));
-      Tensor x = random_tensor(c.x, 65, 1.0f, c.mean);
-      const Tensor g = random_tensor({ch}, 66), b = random_tensor({ch}, 67);
-      const Tensor stacked = random_tensor({c.x[0], ch + 64}, 68, 1.0f, 20.0f);
-      // A ramp of 3 across the pixels: a cluster's blocks (which hold pixel ranges) see different means, so a block
-      // that normalised by its own sums alone would be off by up to 1.5 standard deviations.
-      const int64_t hw = c.x[2] * c.x[3];
-      float* px = x.data<float>();
-      for (int64_t i = 0; i < x.numel(); ++i) px[i] += 3.0f * float(i % hw) / float(hw);
-      const bool offset = c.offset;
-      const auto fn = [offset, ch](const std::vector<Tensor>& in) {
-        const Tensor y = ops::group_norm(channels_last(in[0]), 32, in[1], in[2], 1e-5f, UnaryOp::kSilu,
-                                         offset ? in[3].narrow(1, 32, ch) : Tensor());
-        if (!in[0].device().is_cpu() && in[0].dtype() != DType::F32) EXPECT_TRUE(y.is_channels_last()) << shape_str(y.strides());
-        return y;
-      };
-      const char* how[] = {" (clusters off)", " (clusters forced)", ""};
-      const std::string what = "one-kernel group_norm " + shape_str(c.x) + (offset ? " + offset" : "") + how[int(mode)];
-      const int64_t before = cuda::group_norm_slice_launches(), clustered = cuda::group_norm_slice_cluster_launches();
-      for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b, stacked}), dt);
-      const bool one_kernel = split ? c.in_cluster : c.one_block;
-      EXPECT_EQ(cuda::group_norm_slice_launches() - before, one_kernel ? 2 : 0) << what;
-      EXPECT_EQ(cuda::group_norm_slice_cluster_launches() - clustered, split && c.in_cluster && c.over_16k ? 2 : 0) << what;
-      EXPECT_PARITY(what + " f32", fn, std::vector<Tensor>({x, g, b, stacked}), DType::F32);  // f32 slices: twice the bytes
-    }
-  }
-}
-
-// Channels-last group norm (the NHWC kernels: per-channel chunk sums, a warp per group merging them) at SD's
-// channel counts, including the up blocks' concatenations (960, 1920, 2560) and a large mean; a VAE-like shape
-// with hundreds of chunks per group and a large mean (the merge's unrolled loop, its common reference); 12
-// channels are not whole 16-byte vectors and go through NCHW copies. The output stays channels-last. Each case
-// also with the merge inside the apply kernel (set_group_norm_apply_merge: the small cases and the 16-sample one
-// take it).
-TEST(CudaOps, ChannelsLastGroupNormMatchesCpu) {
-  ATELIER_REQUIRE_CUDA();
-  ImplGuard restore;
-  GnSliceScope three_kernels(false);
-  struct Case { Shape x; int groups; float offset; };
-  const Case cases[] = {{{2, 320, 64, 64}, 32, 0.0f}, {{2, 2560, 8, 8}, 32, 0.0f}, {{1, 1920, 16, 16}, 32, 0.0f},
-                        {{2, 960, 32, 32}, 32, 100.0f}, {{3, 64, 5, 7}, 4, 0.0f}, {{2, 12, 5, 5}, 4, 0.0f},
-                        {{16, 640, 32, 32}, 32, 0.0f}, {{1, 128, 256, 256}, 32, 100.0f}};
-  for (const Case& c : cases) {
-    const Tensor x = random_tensor(c.x, 61, 1.0f, c.offset), g = random_tensor({c.x[1]}, 62), b = random_tensor({c.x[1]}, 63);
-    for (UnaryOp act : {UnaryOp::kIdentity, UnaryOp::kSilu}) {
-      const int groups = c.groups;
-      const auto fn = [groups, act](const std::vector<Tensor>& in) {
-        const Tensor y = ops::group_norm(channels_last(in[0]), groups, in[1], in[2], 1e-5f, act);
-        if (!in[0].device().is_cpu() && in[0].dtype() != DType::F32) EXPECT_TRUE(y.is_channels_last()) << shape_str(y.strides());
-        return y;
-      };
-      for (bool merge_in_apply : {false, true}) {
-        test::cuda_be().set_group_norm_apply_merge(merge_in_apply);
-        const std::string what = "channels-last group_norm " + shape_str(c.x) + " act " + std::to_string(int(act)) +
-                                 (merge_in_apply ? " (merged in apply)" : "");
-        for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b}), dt);
-      }
-    }
-  }
-}
-
-// The norm of x + offset (the resnets' time embedding joining norm2): offset a narrow of a stacked [N, K] tensor, its
-// mean large against x's spread (the statistics' shift must include it), at SD's channel counts through the
-// channels-last kernels (the merge in its own kernel and inside the apply kernel) and with the offset in a pass of its
-// own (the default path, which 12 channels and an NCHW tensor always take).
-TEST(CudaOps, GroupNormWithOffsetMatchesCpu) {
-  ATELIER_REQUIRE_CUDA();
-  ImplGuard restore;
-  GnSliceScope three_kernels(false);
-  struct Case { Shape x; int groups; bool nhwc; };
-  const Case cases[] = {{{2, 320, 64, 64}, 32, true}, {{2, 1280, 8, 8}, 32, true}, {{16, 640, 32, 32}, 32, true},
-                        {{2, 12, 5, 5}, 4, true}, {{2, 64, 9, 7}, 8, false}};
-  for (const Case& c : cases) {
-    const int64_t ch = c.x[1];
-    const Tensor x = random_tensor(c.x, 71, 1.0f), g = random_tensor({ch}, 72), b = random_tensor({ch}, 73);
-    const Tensor stacked = random_tensor({c.x[0], ch + 64}, 74, 1.0f, 20.0f);
-    const int groups = c.groups;
-    const bool nhwc = c.nhwc;
-    const auto fn = [groups, nhwc, ch](const std::vector<Tensor>& in) {
-      const Tensor y = ops::group_norm(nhwc ? channels_last(in[0]) : in[0], groups, in[1], in[2], 1e-5f, UnaryOp::kSilu,
-                                       in[3].narrow(1, 32, ch));
-      if (nhwc && !in[0].device().is_cpu()) EXPECT_TRUE(y.is_channels_last()) << shape_str(y.strides());
-      return y;
-    };
-    for (int variant = 0; variant < 3; ++variant) {  // in the kernels (merge kernel, merge in apply); a pass of its own
-      test::cuda_be().set_group_norm_apply_merge(variant == 1);
-      test::cuda_be().set_group_norm_offset_in_kernels(variant != 2);
-      const char* how[] = {"", " (merged in apply)", " (offset in its own pass)"};
-      const std::string what = std::string(nhwc ? "channels-last" : "NCHW") + " group_norm with offset " + shape_str(c.x) + how[variant];
-      for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b, stacked}), dt);
-    }
-  }
-}
-
 // Channels-last convolutions through the GEMM path, forced (cuda_conv_gemm.cu): the NHWC im2col (3x3 with padding,
 // stride 2, dilation 2, odd sizes), a 1x1 multiplying x itself, with a bias and a channels-last residual in the GEMM's
 // epilogue, at SD's 8x8-level shape (where kAuto takes it on the H200); channel counts that are not whole 16-byte
@@ -611,6 +435,8 @@ TEST(CudaOps, ChannelsLastConcatAndUpsampleMatchCpu) {
     }
   }
 }
+
+// --- normalisation (group norms: cuda_group_norm_test.cc) ------------------------------------------------------
 
 TEST(CudaOps, LayerNormAndRmsNormMatchCpu) {
   ATELIER_REQUIRE_CUDA();

@@ -53,6 +53,9 @@ inline Tensor rounded(const Tensor& x, DType dt) {
   return ops::cast(ops::cast(x, dt), DType::F32);
 }
 
+// x [N, C, H, W] as a channels-last tensor of the same values (the layout the GPU keeps SD's activations in).
+inline Tensor channels_last(const Tensor& x) { return ops::contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}); }
+
 // x (host f32) in dt on cuda:0; other dtypes (ids) move unchanged.
 inline Tensor to_gpu(const Tensor& x, DType dt = DType::F32) {
   Tensor y = x.dtype() == DType::F32 && dt != DType::F32 ? ops::cast(x, dt) : x;
