@@ -28,7 +28,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <tuple>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
@@ -75,6 +74,21 @@ __device__ __forceinline__ Vec<T> load_staged(const Vec<T>* p) {
   Vec<T> v;
   memcpy(&v, &raw, sizeof(v));
   return v;
+}
+
+// fn(r, vector) for this thread's rows r = first, first + step, ... below end of the rows at xs (vc vectors apart),
+// U loads issued before any is used (the last batch predicated).
+template <int U, typename T, class Fn>
+__device__ __forceinline__ void for_rows_loaded(const Vec<T>* xs, int vc, int first, int end, int step, const Fn& fn) {
+  for (int r = first; r < end; r += U * step) {
+    Vec<T> in[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (r + u * step < end) in[u] = xs[int64_t(r + u * step) * vc];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (r + u * step < end) fn(r + u * step, in[u]);
+  }
 }
 
 // The first of this thread's rows (r0, r0 + step, ...) at or past `from`.
@@ -222,15 +236,7 @@ __global__ void __launch_bounds__(kGridThreads, 1) group_norm_grid_kernel(T* y, 
       }
     };
     if (active)
-      for (int r = first_row_from(max(lo, staged), r0, rp); r < hi; r += kLoadUnroll * rp) {
-        Vec<T> in[kLoadUnroll];
-#pragma unroll
-        for (int u = 0; u < kLoadUnroll; ++u)
-          if (r + u * rp < hi) in[u] = xs[int64_t(r + u * rp) * vc];
-#pragma unroll
-        for (int u = 0; u < kLoadUnroll; ++u)
-          if (r + u * rp < hi) add(in[u]);
-      }
+      for_rows_loaded<kLoadUnroll>(xs, vc, first_row_from(max(lo, staged), r0, rp), hi, rp, [&](int, const Vec<T>& in) { add(in); });
     if (s == 0) cp_async_wait_all();  // each thread reads back only what it copied
     if (active) {
       const int staged_hi = min(hi, staged);
@@ -279,25 +285,13 @@ __global__ void __launch_bounds__(kGridThreads, 1) group_norm_grid_kernel(T* y, 
       for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(activate<T, kAct>(fmaf(to_f32(in.v[e]), sc[e], sh[e]), a.act));
       return out;
     };
-    for (int r = first_row_from(max(lo, staged), r0, rp); r < hi; r += kApplyUnroll * rp) {
-      Vec<T> in[kApplyUnroll];
-#pragma unroll
-      for (int u = 0; u < kApplyUnroll; ++u)
-        if (r + u * rp < hi) in[u] = xs[int64_t(r + u * rp) * vc];
-#pragma unroll
-      for (int u = 0; u < kApplyUnroll; ++u)
-        if (r + u * rp < hi) ys[int64_t(r + u * rp) * vc] = apply(in[u]);
-    }
+    for_rows_loaded<kApplyUnroll>(xs, vc, first_row_from(max(lo, staged), r0, rp), hi, rp,
+                                  [&](int r, const Vec<T>& in) { ys[int64_t(r) * vc] = apply(in); });
     const int staged_hi = min(hi, staged);
 #pragma unroll 4
     for (int r = first_row_from(lo, r0, rp); r < staged_hi; r += rp) ys[int64_t(r) * vc] = apply(load_staged(&tile[r * vc + v]));
   }
 }
-
-struct Plan {
-  int threads, rows_per_pass, rows_per_block, staged_rows, blocks;
-  size_t smem, scratch;
-};
 
 std::atomic<int64_t> g_launches{0};
 
@@ -319,24 +313,6 @@ size_t device_smem_optin() {
     ATELIER_CUDA_OK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
     ATELIER_CUDA_OK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     it->second = coop ? size_t(optin) : 0;
-  }
-  return it->second;
-}
-
-// Whether one block of `kernel` with this shape fits on an SM (the cooperative launch needs every block resident).
-bool block_fits(const void* kernel, int threads, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, const void*, int, size_t>, bool> cache;
-  int device = 0;
-  ATELIER_CUDA_OK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = cache.try_emplace({device, kernel, threads, smem}, false);
-  if (fresh) {
-    // The calculator counts only what the kernel's dynamic shared-memory limit allows: raise it first.
-    int blocks = 0;
-    it->second = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) == cudaSuccess &&
-                 cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) == cudaSuccess && blocks >= 1;
-    if (!it->second) cudaGetLastError();
   }
   return it->second;
 }
@@ -365,8 +341,13 @@ const void* kernel_for(DType dtype, UnaryOp op) {
   return with_kernel(dtype, op, [](auto kernel, auto*) { return reinterpret_cast<const void*>(kernel); });
 }
 
-// The launch's shape, or nothing where the kernel does not apply (the header's list).
-std::optional<Plan> plan_for(const GroupNormSliceArgs& g) {
+}  // namespace
+
+bool group_norm_grid_enabled() { return grid_flag(); }
+void set_group_norm_grid(bool on) { grid_flag() = on; }
+int64_t group_norm_grid_launches() { return g_launches.load(); }
+
+std::optional<GroupNormGridPlan> plan_group_norm_grid(const GroupNormSliceArgs& g) {
   const void* kernel = kernel_for(g.dtype, g.act);
   if (!grid_flag() || kernel == nullptr || g.cc_major < 8 || g.sm_count <= 0 || g.groups <= 0 || g.c % g.groups != 0 ||
       g.n <= 0 || g.p <= 0)
@@ -375,7 +356,7 @@ std::optional<Plan> plan_for(const GroupNormSliceArgs& g) {
   if (g.c % V != 0 || cg < V || g.c / V > kGridThreads) return std::nullopt;
   const size_t optin = device_smem_optin();
   if (optin == 0) return std::nullopt;
-  Plan pl{};
+  GroupNormGridPlan pl{};
   const int vc = g.c / V;
   pl.rows_per_pass = kGridThreads / vc;
   pl.threads = (vc * pl.rows_per_pass + 31) / 32 * 32;
@@ -388,37 +369,25 @@ std::optional<Plan> plan_for(const GroupNormSliceArgs& g) {
   if (red > optin) return std::nullopt;
   pl.staged_rows = int(std::min<int64_t>(per_block, int64_t((optin - red) / row_bytes)));
   pl.smem = size_t(pl.staged_rows) * row_bytes + red;
-  if (!block_fits(kernel, pl.threads, pl.smem)) return std::nullopt;
-  pl.scratch = size_t(pl.blocks) * 2 * g.groups * sizeof(float2);
+  // The opt-in (which the occupancy calculator and the launch both need) belongs to the current device: raised here,
+  // for each norm, as the slice kernel does per launch.
+  ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(pl.smem)));
+  if (blocks_per_sm(kernel, pl.threads, pl.smem) < 1) return std::nullopt;  // every block must be resident
+  pl.scratch_bytes = size_t(pl.blocks) * 2 * g.groups * sizeof(float2);
   return pl;
 }
 
-}  // namespace
-
-bool group_norm_grid_enabled() { return grid_flag(); }
-void set_group_norm_grid(bool on) { grid_flag() = on; }
-int64_t group_norm_grid_launches() { return g_launches.load(); }
-
-size_t group_norm_grid_scratch_bytes(const GroupNormSliceArgs& g) {
-  const std::optional<Plan> pl = plan_for(g);
-  return pl ? pl->scratch : 0;
-}
-
-bool launch_group_norm_grid(const GroupNormSliceArgs& g, void* scratch, cudaStream_t stream) {
-  const std::optional<Plan> pl = plan_for(g);
-  if (!pl || scratch == nullptr) return false;
+void launch_group_norm_grid(const GroupNormSliceArgs& g, const GroupNormGridPlan& plan, void* scratch, cudaStream_t stream) {
   NormAffine aff;
   aff.gamma = g.gamma, aff.beta = g.beta, aff.gamma_dtype = g.gamma_dtype, aff.beta_dtype = g.beta_dtype;
-  GridArgs a{g.offset, g.offset_stride, aff, g.p, g.n * g.p, g.c, g.groups, pl->rows_per_block, pl->staged_rows,
-             pl->rows_per_pass, g.eps, g.act, static_cast<float2*>(scratch)};
-  return with_kernel(g.dtype, g.act, [&](auto kernel, auto* tag) {
+  GridArgs a{g.offset, g.offset_stride, aff, g.p, g.n * g.p, g.c, g.groups, plan.rows_per_block, plan.staged_rows,
+             plan.rows_per_pass, g.eps, g.act, static_cast<float2*>(scratch)};
+  with_kernel(g.dtype, g.act, [&](auto kernel, auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    // The opt-in belongs to the current device: set per launch (cheap), as the slice kernel does.
-    ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(pl->smem)));
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(pl->blocks));
-    cfg.blockDim = dim3(unsigned(pl->threads));
-    cfg.dynamicSmemBytes = pl->smem;
+    cfg.gridDim = dim3(unsigned(plan.blocks));
+    cfg.blockDim = dim3(unsigned(plan.threads));
+    cfg.dynamicSmemBytes = plan.smem;
     cfg.stream = stream;
     cudaLaunchAttribute coop{};
     coop.id = cudaLaunchAttributeCooperative;

@@ -278,24 +278,26 @@ __global__ void group_apply_merge_nhwc_kernel(T* y, const T* x, ChannelOffset<T>
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Blocks of `kernel` (with `threads` threads and `smem` dynamic shared bytes) resident on the whole device at
-// once, from the occupancy calculator; cached (the calculator is asked once per kernel and block shape).
+// once (at least one per SM).
 int64_t resident_blocks(const void* kernel, int threads, size_t smem, int sms) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int, size_t>, int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = cache.try_emplace({kernel, threads, smem}, 0);
-  if (fresh) {
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess) {
-      cudaGetLastError();
-      blocks = 1;
-    }
-    it->second = std::max(blocks, 1);
-  }
-  return int64_t(it->second) * std::max(sms, 1);
+  return int64_t(std::max(blocks_per_sm(kernel, threads, smem), 1)) * std::max(sms, 1);
 }
 
 }  // namespace
+
+int blocks_per_sm(const void* kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, size_t>, int> cache;
+  int device = 0;
+  ATELIER_CUDA_OK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = cache.try_emplace({device, kernel, threads, smem}, 0);
+  if (fresh && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, kernel, threads, smem) != cudaSuccess) {
+    cudaGetLastError();
+    it->second = 0;
+  }
+  return it->second;
+}
 
 // x, out channels-last [N, C, H, W] (buffers [N, P, C]), offset [N, C] optional (Backend::group_norm_offset);
 // false (nothing enqueued) where the kernels do not apply: x or out not channels-last or of different dtypes, C not
@@ -330,12 +332,11 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& of
       }
       // Past the slice kernel's sizes: one cooperative kernel, x staged in the SMs' shared memories
       // (cuda_group_norm_grid.cu); the three kernels below where it declines too.
-      if (const size_t bytes = group_norm_grid_scratch_bytes(sa)) {
-        std::shared_ptr<Buffer> scratch = alloc_.allocate(bytes);
-        if (launch_group_norm_grid(sa, scratch->data(), stream_)) {
-          done = true;
-          return;
-        }
+      if (const std::optional<GroupNormGridPlan> plan = plan_group_norm_grid(sa)) {
+        std::shared_ptr<Buffer> scratch = alloc_.allocate(plan->scratch_bytes);
+        launch_group_norm_grid(sa, *plan, scratch->data(), stream_);
+        done = true;
+        return;
       }
     }
     const int rows_per_pass = int(std::max<int64_t>(1, kNhwcStatsThreads / vc));

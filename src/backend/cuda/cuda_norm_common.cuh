@@ -33,6 +33,12 @@ inline NormAffine affine_of(const Tensor& gamma, const Tensor& beta) {
 
 constexpr int kVecBytes = 16;
 
+// Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) that fit on one SM of the current
+// device, from the occupancy calculator, asked once per device, kernel and shape (cuda_group_norm_nhwc.cu); 0 where
+// the calculator fails. Past 48 KB the caller must have raised the kernel's dynamic shared-memory limit first: the
+// calculator counts only what that limit allows.
+int blocks_per_sm(const void* kernel, int threads, size_t smem);
+
 // Threads of the one-block-per-row normalisation kernels, and how many a row of d elements gets.
 constexpr int kNormThreads = 256;
 inline int row_threads(int64_t d) { return d <= 256 ? 64 : d <= 1024 ? 128 : kNormThreads; }
