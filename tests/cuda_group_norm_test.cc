@@ -22,10 +22,9 @@ namespace {
 
 using test::channels_last;
 using test::cuda0;
+using test::kLowp;
 using test::random_tensor;
 using test::to_gpu;
-
-const DType kLowp[] = {DType::BF16, DType::F16};
 
 // Restores the backend's group-norm switches when a test ends.
 struct GnGuard {

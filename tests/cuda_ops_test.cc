@@ -22,10 +22,9 @@ namespace {
 
 using test::check_parity;
 using test::cuda0;
+using test::kLowp;
 using test::random_tensor;
 using test::to_gpu;
-
-const DType kLowp[] = {DType::BF16, DType::F16};
 
 // --- registration ------------------------------------------------------------------------------------------
 

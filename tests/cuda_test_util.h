@@ -53,6 +53,9 @@ inline Tensor rounded(const Tensor& x, DType dt) {
   return ops::cast(ops::cast(x, dt), DType::F32);
 }
 
+// The 16-bit dtypes every parity test runs beside f32.
+inline constexpr DType kLowp[] = {DType::BF16, DType::F16};
+
 // x [N, C, H, W] as a channels-last tensor of the same values (the layout the GPU keeps SD's activations in).
 inline Tensor channels_last(const Tensor& x) { return ops::contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}); }
 
