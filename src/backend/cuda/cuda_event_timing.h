@@ -67,37 +67,46 @@ inline bool stream_capturing(cudaStream_t stream) {
   return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
 }
 
-// Per key (a shape), whether `second` is faster than `first`: both timed in turns (time_in_turns, each run once
-// before, so that planning and tuning are not timed) at the key's first eager call, the answer kept. Under capture an
-// unknown key answers false (the first) without deciding. `log`, where given, sees both times (-1: failed) and the
-// answer. Both candidates write the same outputs: whichever ran last left the right result.
+// Per key (a shape), which of a few candidates is fastest: all timed in turns (time_in_turns, each run once before,
+// so that planning and tuning are not timed) at the key's first eager call, the answer kept. Under capture an unknown
+// key answers 0 (the first) without deciding. `log`, where given, sees every time (-1: failed) and the answer. The
+// candidates write the same outputs: whichever ran last left the right result.
 template <typename Key>
 class TimedChoice {
  public:
-  bool second_is_faster(const Key& key, cudaStream_t stream, const std::function<bool()>& first, const std::function<bool()>& second,
-                        const std::function<void(float, float, bool)>& log = {}) {
+  using Log = std::function<void(const std::vector<float>&, int)>;
+  int fastest(const Key& key, cudaStream_t stream, const std::vector<std::function<bool()>>& candidates, const Log& log = {}) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = answers_.find(key);
       if (it != answers_.end()) return it->second;
     }
-    if (stream_capturing(stream)) return false;
+    if (stream_capturing(stream)) return 0;
     EventPair events;
-    bool answer = false;
+    int answer = 0;
     if (events.ok) {
-      const std::vector<float> ms = time_in_turns(events, stream, kRounds, kRuns, {first, second});
-      answer = ms[1] >= 0.0f && (ms[0] < 0.0f || ms[1] < ms[0]);
-      if (log) log(ms[0], ms[1], answer);
+      const std::vector<float> ms = time_in_turns(events, stream, kRounds, kRuns, candidates);
+      for (size_t i = 1; i < ms.size(); ++i)  // ties go to the earlier candidate
+        if (ms[i] >= 0.0f && (ms[answer] < 0.0f || ms[i] < ms[answer])) answer = int(i);
+      if (log) log(ms, answer);
     }
     std::lock_guard<std::mutex> lock(mu_);
     answers_[key] = answer;
     return answer;
   }
 
+  // Whether `second` is faster than `first` (the two-candidate form).
+  bool second_is_faster(const Key& key, cudaStream_t stream, const std::function<bool()>& first, const std::function<bool()>& second,
+                        const std::function<void(float, float, bool)>& log = {}) {
+    Log both;
+    if (log) both = [&log](const std::vector<float>& ms, int answer) { log(ms[0], ms[1], answer == 1); };
+    return fastest(key, stream, {first, second}, both) == 1;
+  }
+
  private:
   static constexpr int kRounds = 2, kRuns = 3;
   std::mutex mu_;
-  std::map<Key, bool> answers_;
+  std::map<Key, int> answers_;
 };
 
 }  // namespace atelier::cuda
