@@ -7,14 +7,21 @@
 // they hold the tensor cores in turns (a ring of two named barriers), so one's epilogue runs while the other's
 // products do. (Session 26 measured the earlier form, both consumers on one tile, at 71% of cuBLASLt's mainloop:
 // the tensor cores idled through every epilogue, a third of a tile's time at k = 320.) One producer thread streams,
-// per k-step of 64, x's 128 x 64 box and two 64 x 64 boxes of w into a ring of kStages buffers (the 128-byte
+// per k-step of 64, x's 128 x 64 box and BN (128 or 160) rows of w into a ring of kStages buffers (the 128-byte
 // swizzle, cuda_wgmma.cuh), each completing on its buffer's "full" mbarrier; it refills a buffer once the consumer
-// that read it arrived on its "empty" barrier, and runs ahead into the next tiles. The two w boxes sit one after the
-// other, so one m64n128 product per half and k16 step covers both:
-//   - GLU: the value rows c0.. and the gate rows h + c0.. of w (64 output columns per tile): value column c and
-//     gate column c land in the same thread (accumulators j and j + 8), and the epilogue writes
+// that read it arrived on its "empty" barrier, and runs ahead into the next tiles. One m64nBN product per half and
+// k16 step covers the stage's rows of w:
+//   - GLU: two 64 x 64 boxes, the value rows c0.. and the gate rows h + c0.. of w (64 output columns per tile): value
+//     column c and gate column c land in the same thread (accumulators j and j + 8), and the epilogue writes
 //     (value + b_v) * act(gate + b_g) as bf16 without the [M, 2H] product ever leaving registers;
-//   - linear: rows c0.. and c0 + 64.. (128 output columns per tile); the epilogue adds the bias and the residual.
+//   - linear: rows c0.. c0 + BN - 1 (BN = 160 for widths that are multiples of 160, SD's 320/640/1280, else 128);
+//     the epilogue adds the bias and the residual;
+//   - convolution (implicit GEMM, channels-last, stride 1): the linear layer's tiles and epilogue over the output
+//     pixels, k running over (tap, 64-channel chunk) as the weights [O][kh][kw][C] lay it out. x's box for a k-step
+//     is a 4-D box of the input [N][H][W][C] shifted by the tap: the tile's 128 output pixels are whole output rows
+//     (or whole images, or part of one row), the same box of input pixels moved by (i - pad_h, j - pad_w), and the
+//     tensor map's zero fill outside the image is the convolution's padding. Its 128 rows of 128 bytes land in
+//     shared memory exactly as the linear layer's 128 x 64 box does, so the mainloop is the same.
 // Rows past m and k past the end are the tensor maps' zero fill; columns past the output width are not stored.
 #include "backend/cuda/cuda_gemm_wgmma.h"
 
@@ -37,7 +44,7 @@ namespace atelier::cuda {
 namespace {
 
 constexpr int kBM = 128;     // output rows per tile: one consumer warpgroup's, as two m64 halves
-constexpr int kBoxRows = 64;  // rows of w per box; two boxes per stage: 128 product columns
+constexpr int kBoxRows = 64;  // rows of w per GLU box; two boxes per stage: 128 product columns
 constexpr int kBK = 64;      // k per stage: one 128-byte swizzle atom of bf16
 constexpr int kStages = 6;   // buffers in the ring (192 KB): the producer runs a tile ahead of the consumer computing
 constexpr int kConsumers = 2;
@@ -45,9 +52,15 @@ constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kConsumerThreads = 128 * kConsumers;
 constexpr uint32_t kRowBytes = kBK * 2;                       // one swizzled row: 128 bytes
 constexpr uint32_t kABytes = kBM * kRowBytes;                // x's box: 16 KB
-constexpr uint32_t kBoxBytes = kBoxRows * kRowBytes;         // one w box: 8 KB
-constexpr uint32_t kStageBytes = kABytes + 2 * kBoxBytes;    // 32 KB
-constexpr size_t kSmem = kStages * kStageBytes + 2 * kStages * sizeof(uint64_t) + 1024;  // + barriers, alignment
+constexpr uint32_t kBoxBytes = kBoxRows * kRowBytes;         // one GLU w box: 8 KB
+// Product columns per tile, BN: 128 (the GLU's two boxes; linear layers and convolutions whose width is not a multiple
+// of 160) or 160 (widths of 320, 640, 1280: whole tiles, where 128 leaves half of every third 320-wide tile idle).
+template <int BN>
+constexpr uint32_t kStageBytes = kABytes + BN * kRowBytes;  // 32 or 36 KB
+template <int BN>
+constexpr size_t kSmem = kStages * kStageBytes<BN> + 2 * kStages * sizeof(uint64_t) + 1024;  // + barriers, alignment
+static_assert(kSmem<160> <= 227 * 1024);
+static_assert(2 * kBoxBytes == kStageBytes<128> - kABytes, "the GLU's two w boxes fill a 128-row stage");
 // setmaxnreg: the producer gives registers to the consumers (each a multiple of 8; 128 x 40 + 256 x 232 fits the
 // 384 x 168 that __launch_bounds__(kThreads, 1) allows), as CUTLASS's warp-specialised kernels do: a consumer holds
 // 128 accumulators.
@@ -55,12 +68,12 @@ constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8));
 
-enum class Epi { kGlu, kLinear };
+enum class Epi { kGlu, kLinear, kConv };
 // Output columns per tile: the GLU's 128 product columns make 64.
-template <Epi E>
-constexpr int kTileCols = E == Epi::kGlu ? kBoxRows : 2 * kBoxRows;
+template <Epi E, int BN>
+constexpr int kTileCols = E == Epi::kGlu ? kBoxRows : BN;
 
-std::atomic<int64_t> g_glu_launches{0}, g_linear_launches{0};
+std::atomic<int64_t> g_glu_launches{0}, g_linear_launches{0}, g_conv_launches{0};
 
 bool& glu_flag() {
   static bool on = !env_is("ATELIER_FUSED_GLU", "0");
@@ -72,70 +85,89 @@ OwnLinear& linear_mode() {
                                                                      : OwnLinear::kOff;
   return mode;
 }
+OwnConv& conv_mode() {
+  static OwnConv mode = env_is("ATELIER_OWN_CONV", "0") ? OwnConv::kOff : env_is("ATELIER_OWN_CONV", "force") ? OwnConv::kForce : OwnConv::kAuto;
+  return mode;
+}
 
 struct Params {
-  CUtensorMap x, w;  // x [m][k] in 64 x kBM boxes; w [rows][k] in 64 x kBoxRows boxes
+  CUtensorMap x, w;  // x [m][k] in 64 x kBM boxes (convolution: [N][H][W][C] in 64 x the pixel box); w [rows][k] in 64 x BN (GLU: 64) boxes
   const __nv_bfloat16* bias;
   const __nv_bfloat16* residual;  // linear: [m, n] (row stride ldo), may be out; null for none
   __nv_bfloat16* out;
   int64_t ldo;
   int m, n;  // output rows and columns (GLU: n = h)
   int k_steps, col_tiles, tiles;
+  // Convolution only: k-steps per tap (C / 64), the kernel's width, the padding, the output's height and width.
+  int conv_c_steps, conv_kw, conv_ph, conv_pw, conv_ho, conv_wo;
 };
 
 #ifdef ATELIER_WGMMA
 constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer c waits on 1 + c before its mainloop
 
 // Tile i of this block (tile blockIdx.x + i gridDim.x): its first row and column.
-template <Epi E>
+template <Epi E, int BN>
 __device__ __forceinline__ void tile_origin(const Params& p, int i, int& m0, int& c0) {
   const int tile = int(blockIdx.x) + i * int(gridDim.x);
   m0 = (tile / p.col_tiles) * kBM;
-  c0 = (tile % p.col_tiles) * kTileCols<E>;
+  c0 = (tile % p.col_tiles) * kTileCols<E, BN>;
 }
 __device__ __forceinline__ int block_tiles(const Params& p) {
   return (p.tiles - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);  // >= 1: the grid has at most p.tiles
 }
 
-// The producer's one thread: every (tile, k-step) of this block, in the consumers' order. A tile's second box of w
-// starts at the gate rows n + c0 (GLU) or 64 rows past its first (linear).
-template <Epi E>
+// The producer's one thread: every (tile, k-step) of this block, in the consumers' order. The GLU's w comes as two
+// boxes, the value rows c0.. and the gate rows n + c0..; the others' as one box of BN rows.
+template <Epi E, int BN>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t* full, uint64_t* empty) {
-  const int second_box = E == Epi::kGlu ? p.n : kBoxRows;
   const int n = block_tiles(p);
   int it = 0;
   for (int i = 0; i < n; ++i) {
     int m0, c0;
-    tile_origin<E>(p, i, m0, c0);
+    tile_origin<E, BN>(p, i, m0, c0);
+    int img = 0, oy = 0, ox = 0;  // convolution: the tile's first output pixel
+    if constexpr (E == Epi::kConv) {
+      const int pixels = p.conv_ho * p.conv_wo, r = m0 % pixels;
+      img = m0 / pixels, oy = r / p.conv_wo, ox = r % p.conv_wo;
+    }
     for (int ks = 0; ks < p.k_steps; ++ks, ++it) {
       const int s = it % kStages;
       tma::wait(&empty[s], ((it / kStages) & 1) ^ 1);
-      tma::arrive_expect_tx(&full[s], kStageBytes);  // zero-filled parts of a box count too
-      uint8_t* stage = ring + s * kStageBytes;
-      tma::load_2d(stage, &p.x, ks * kBK, m0, &full[s]);
+      tma::arrive_expect_tx(&full[s], kStageBytes<BN>);  // zero-filled parts of a box count too
+      uint8_t* stage = ring + s * kStageBytes<BN>;
+      if constexpr (E == Epi::kConv) {
+        const int tap = ks / p.conv_c_steps, chunk = ks - tap * p.conv_c_steps, ti = tap / p.conv_kw, tj = tap - ti * p.conv_kw;
+        tma::load_4d(stage, &p.x, chunk * kBK, ox + tj - p.conv_pw, oy + ti - p.conv_ph, img, &full[s]);
+      } else {
+        tma::load_2d(stage, &p.x, ks * kBK, m0, &full[s]);
+      }
       tma::load_2d(stage + kABytes, &p.w, ks * kBK, c0, &full[s]);
-      tma::load_2d(stage + kABytes + kBoxBytes, &p.w, ks * kBK, c0 + second_box, &full[s]);
+      if constexpr (E == Epi::kGlu) tma::load_2d(stage + kABytes + kBoxBytes, &p.w, ks * kBK, p.n + c0, &full[s]);
     }
   }
 }
 
-// acc[h] (64 x 128: rows 64 h.. of the tile; the first box's rows of w in columns 0..63, the second's in
-// 64..127) = those rows of x times those rows of w, over k; the ring's slots from `it` on. Once the last k-step's
-// products are issued the turn passes to the other consumer (when `hand_on`), before they finish.
-__device__ __forceinline__ void mainloop(float (&acc)[2][64], const Params& p, uint8_t* ring, uint64_t* full,
+// acc[h] (64 x BN: rows 64 h.. of the tile; w's rows as the stage holds them: the GLU's value box in columns 0..63
+// and its gate box in 64..127) = those rows of x times those rows of w, over k; the ring's slots from `it` on. Once
+// the last k-step's products are issued the turn passes to the other consumer (when `hand_on`), before they finish.
+template <int BN>
+__device__ __forceinline__ void mainloop(float (&acc)[2][BN / 2], const Params& p, uint8_t* ring, uint64_t* full,
                                          uint64_t* empty, int it, bool hand_on, int other) {
   for (int ks = 0; ks < p.k_steps; ++ks, ++it) {
     const int s = it % kStages;
     tma::wait(&full[s], (it / kStages) & 1);
-    const uint32_t a = smem_u32(ring + s * kStageBytes);
+    const uint32_t a = smem_u32(ring + s * kStageBytes<BN>);
     const uint32_t b = a + kABytes;
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)  // k16 step kk starts 32 bytes further along the swizzled rows
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        wgmma::mma_m64n128k16_ss<0>(acc[h], wgmma::desc_sw128(a + h * 64 * kRowBytes + kk * 32, 0, wgmma::kAtomGroupBytes),
-                                    wgmma::desc_sw128(b + kk * 32, 0, wgmma::kAtomGroupBytes), ks > 0 || kk > 0);
+      for (int h = 0; h < 2; ++h) {
+        const uint64_t da = wgmma::desc_sw128(a + h * 64 * kRowBytes + kk * 32, 0, wgmma::kAtomGroupBytes);
+        const uint64_t db = wgmma::desc_sw128(b + kk * 32, 0, wgmma::kAtomGroupBytes);
+        if constexpr (BN == 160) wgmma::mma_m64n160k16_ss<0>(acc[h], da, db, ks > 0 || kk > 0);
+        else wgmma::mma_m64n128k16_ss<0>(acc[h], da, db, ks > 0 || kk > 0);
+      }
     wgmma::commit();
     if (hand_on && ks == p.k_steps - 1) tma::bar_arrive(kTurnBarrier + other, kConsumerThreads);
     wgmma::wait<1>();  // the previous k-step's products are done: its buffer can be refilled
@@ -145,7 +177,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[2][64], const Params& p, u
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma::fence_operand(acc[h][i]);
+    for (int i = 0; i < BN / 2; ++i) wgmma::fence_operand(acc[h][i]);
   tma::arrive(&empty[(it - 1) % kStages]);
 }
 
@@ -155,19 +187,15 @@ __device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
 
 // This thread's accumulators hold rows row0 + 64 h + 8 ri, columns 8j + 2t (+1) of the tile in acc[h][4j + 2ri + e].
 // GLU: out[row, c0 + col] = (value + b_v) * act(gate + b_g), value in acc[h][4j + ..], gate in acc[h][4(j + 8) + ..].
-// Linear: out[row, c0 + col] = acc + bias + residual, j over all 16 column groups. Each column's bias is loaded
-// once for both halves.
-template <Epi E, UnaryOp A>
-__device__ __forceinline__ void epilogue(const float (&acc)[2][64], const Params& p, int row0, int c0, int t) {
+// Each column's bias is loaded once for both halves.
+template <UnaryOp A>
+__device__ __forceinline__ void epilogue_glu(const float (&acc)[2][64], const Params& p, int row0, int c0, int t) {
 #pragma unroll
-  for (int j = 0; j < kTileCols<E> / 8; ++j) {
+  for (int j = 0; j < kBoxRows / 8; ++j) {
     const int col = c0 + 8 * j + 2 * t;
     if (col >= p.n) continue;  // n is even: col + 1 < n too
-    float2 b0 = make_float2(0.0f, 0.0f), b1 = b0;  // GLU: value and gate biases; linear: the bias
-    if (p.bias) {
-      b0 = load_pair(p.bias + col);
-      if constexpr (E == Epi::kGlu) b1 = load_pair(p.bias + p.n + col);
-    }
+    float2 bv = make_float2(0.0f, 0.0f), bg = bv;
+    if (p.bias) bv = load_pair(p.bias + col), bg = load_pair(p.bias + p.n + col);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -175,19 +203,58 @@ __device__ __forceinline__ void epilogue(const float (&acc)[2][64], const Params
         const int row = row0 + 64 * h + 8 * ri;
         if (row >= p.m) continue;
         const float* d = &acc[h][4 * j + 2 * ri];
-        __nv_bfloat16* o = p.out + int64_t(row) * p.ldo + col;
-        float y0, y1;
-        if constexpr (E == Epi::kGlu) {
-          const float* g = &acc[h][4 * (j + kBoxRows / 8) + 2 * ri];
-          y0 = (d[0] + b0.x) * apply_unary_for<__nv_bfloat16>(g[0] + b1.x, A);
-          y1 = (d[1] + b0.y) * apply_unary_for<__nv_bfloat16>(g[1] + b1.y, A);
-        } else {
-          const float2 r = p.residual ? load_pair(p.residual + int64_t(row) * p.ldo + col) : make_float2(0.0f, 0.0f);
-          y0 = d[0] + b0.x + r.x;
-          y1 = d[1] + b0.y + r.y;
-        }
-        *reinterpret_cast<uint32_t*>(o) = pack2<__nv_bfloat16>(y0, y1);
+        const float* g = &acc[h][4 * (j + kBoxRows / 8) + 2 * ri];
+        const float y0 = (d[0] + bv.x) * apply_unary_for<__nv_bfloat16>(g[0] + bg.x, A);
+        const float y1 = (d[1] + bv.y) * apply_unary_for<__nv_bfloat16>(g[1] + bg.y, A);
+        *reinterpret_cast<uint32_t*>(p.out + int64_t(row) * p.ldo + col) = pack2<__nv_bfloat16>(y0, y1);
       }
+  }
+}
+
+// Linear, convolution: out[row, c0 + col] = acc + bias (+ residual: R) over the BN / 8 column groups, kResidualBatch
+// groups at a time: the batch's residual pairs are all loaded before any of its stores. (The residual may be out
+// itself, accumulated in place, so each load stays before the store after it; loaded pair by pair, each paid a memory
+// round trip: the residual cost the [16, 320, 64, 64] convolution 0.07 ms against cuDNN's 0.03, session 32.) Without a
+// residual the kernel is its own instance: the run-time check and the batch's registers made the products without one
+// 4-8% slower (session 32, call 3).
+constexpr int kResidualBatch = 4;
+template <int BN, bool R>
+__device__ __forceinline__ void epilogue_linear(const float (&acc)[2][BN / 2], const Params& p, int row0, int c0, int t) {
+  static_assert(BN / 8 % kResidualBatch == 0);
+#pragma unroll
+  for (int j0 = 0; j0 < BN / 8; j0 += kResidualBatch) {
+    uint32_t r[kResidualBatch][2][2];  // bf16 pairs
+    if constexpr (R) {
+#pragma unroll
+      for (int jj = 0; jj < kResidualBatch; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) {
+            const int col = c0 + 8 * (j0 + jj) + 2 * t, row = row0 + 64 * h + 8 * ri;
+            r[jj][h][ri] = col < p.n && row < p.m ? *reinterpret_cast<const uint32_t*>(p.residual + int64_t(row) * p.ldo + col) : 0u;
+          }
+    }
+#pragma unroll
+    for (int jj = 0; jj < kResidualBatch; ++jj) {
+      const int j = j0 + jj, col = c0 + 8 * j + 2 * t;
+      if (col >= p.n) continue;  // n is even: col + 1 < n too
+      const float2 b = p.bias ? load_pair(p.bias + col) : make_float2(0.0f, 0.0f);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+          const int row = row0 + 64 * h + 8 * ri;
+          if (row >= p.m) continue;
+          const float* d = &acc[h][4 * j + 2 * ri];
+          float y0 = d[0] + b.x, y1 = d[1] + b.y;
+          if constexpr (R) {
+            const float2 rv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r[jj][h][ri]));
+            y0 += rv.x, y1 += rv.y;
+          }
+          *reinterpret_cast<uint32_t*>(p.out + int64_t(row) * p.ldo + col) = pack2<__nv_bfloat16>(y0, y1);
+        }
+    }
   }
 }
 
@@ -195,30 +262,32 @@ __device__ __forceinline__ void epilogue(const float (&acc)[2][64], const Params
 // other consumer handed it the turn; the ring's slots of tile i start at i k_steps (the producer's order). Every
 // wait on a turn barrier has one arrival: consumer 1's first, for tile 0, then one after each tile's mainloop
 // where a next tile exists.
-template <Epi E, UnaryOp A>
+template <Epi E, UnaryOp A, int BN, bool R>
 __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint64_t* full, uint64_t* empty, int consumer,
                                         int ctid) {
   const int warp = (ctid % 128) / 32, lane = ctid % 32;
   const int n = block_tiles(p);
   if (consumer == 1) tma::bar_arrive(kTurnBarrier, kConsumerThreads);  // consumer 0 goes first
-  float acc[2][64];
+  float acc[2][BN / 2];
   for (int i = consumer; i < n; i += kConsumers) {
     int m0, c0;
-    tile_origin<E>(p, i, m0, c0);
+    tile_origin<E, BN>(p, i, m0, c0);
     tma::bar_sync(kTurnBarrier + consumer, kConsumerThreads);
-    mainloop(acc, p, ring, full, empty, i * p.k_steps, i + 1 < n, 1 - consumer);
-    epilogue<E, A>(acc, p, m0 + warp * 16 + lane / 4, c0, lane % 4);
+    mainloop<BN>(acc, p, ring, full, empty, i * p.k_steps, i + 1 < n, 1 - consumer);
+    if constexpr (E == Epi::kGlu) epilogue_glu<A>(acc, p, m0 + warp * 16 + lane / 4, c0, lane % 4);
+    else epilogue_linear<BN, R>(acc, p, m0 + warp * 16 + lane / 4, c0, lane % 4);
   }
 }
 
 #endif  // ATELIER_WGMMA
 
-template <Epi E, UnaryOp A>
+// R: the linear layer or convolution adds p.residual (the GLU takes none).
+template <Epi E, UnaryOp A, int BN, bool R>
 __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_constant__ Params p) {
 #ifdef ATELIER_WGMMA
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(ring + kStages * kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring + kStages * kStageBytes<BN>);
   uint64_t* empty = full + kStages;
   const int tid = int(threadIdx.x), wg = tid / 128;
   if (tid == 0) {
@@ -231,10 +300,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
   __syncthreads();
   if (wg == 0) {
     tma::regs_dealloc<kProducerRegs>();
-    if (tid == 0) produce<E>(p, ring, full, empty);
+    if (tid == 0) produce<E, BN>(p, ring, full, empty);
   } else {
     tma::regs_alloc<kConsumerRegs>();
-    consume<E, A>(p, ring, full, empty, wg - 1, tid - 128);
+    consume<E, A, BN, R>(p, ring, full, empty, wg - 1, tid - 128);
   }
 #else
   __trap();
@@ -255,27 +324,73 @@ bool make_map(CUtensorMap& map, const void* base, int64_t rows, int64_t cols, in
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The input box of a convolution tile's 128 output pixels, {width, height, images}: 128 pixels of one row (an output
+// width that is a multiple of 128), whole rows of one image, or whole images; false where 128 consecutive output
+// pixels are no such box (then the kernel does not take the shape).
+bool conv_box(int64_t ho, int64_t wo, cuuint32_t (&box)[3]) {
+  if (wo >= kBM) {
+    box[0] = kBM, box[1] = 1, box[2] = 1;
+    return wo % kBM == 0;
+  }
+  if (kBM % wo != 0) return false;
+  const int64_t rows = kBM / wo;
+  if (rows <= ho) {
+    box[0] = cuuint32_t(wo), box[1] = cuuint32_t(rows), box[2] = 1;
+    return ho % rows == 0;
+  }
+  box[0] = cuuint32_t(wo), box[1] = cuuint32_t(ho), box[2] = cuuint32_t(rows / ho);
+  return rows % ho == 0;
+}
+
+// A dense channels-last bf16 tensor [n][h][w][c] as a 4-D tensor map of 64-channel x `pixels` boxes in the 128-byte
+// swizzle (coordinates out of the tensor read as zeros: the convolution's padding).
+bool make_map_4d(CUtensorMap& map, const void* base, int64_t n, int64_t h, int64_t w, int64_t c, const cuuint32_t (&pixels)[3]) {
+  const tma::EncodeTiled encode = tma::encode_tiled();
+  if (!encode || reinterpret_cast<uintptr_t>(base) % 16 != 0 || c % kBK != 0) return false;
+  const cuuint64_t dims[4] = {cuuint64_t(c), cuuint64_t(w), cuuint64_t(h), cuuint64_t(n)};
+  const cuuint64_t strides[3] = {cuuint64_t(c) * 2, cuuint64_t(w * c) * 2, cuuint64_t(h * w * c) * 2};
+  const cuuint32_t box[4] = {cuuint32_t(kBK), pixels[0], pixels[1], pixels[2]};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box, unit,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // The grid, the tiles and the launch, once p's maps and pointers are set.
-template <Epi E, UnaryOp A>
+template <Epi E, UnaryOp A, int BN = 128, bool R = false>
 bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) {
   p.k_steps = int((k + kBK - 1) / kBK);
-  p.col_tiles = (p.n + kTileCols<E> - 1) / kTileCols<E>;
+  p.col_tiles = (p.n + kTileCols<E, BN> - 1) / kTileCols<E, BN>;
   p.tiles = int((m + kBM - 1) / kBM) * p.col_tiles;
-  const auto kernel = gemm_wgmma_kernel<E, A>;
+  const auto kernel = gemm_wgmma_kernel<E, A, BN, R>;
   // Per launch: the attribute belongs to the current device's context (as the attention kernels do).
-  ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+  ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem<BN>)));
   const unsigned blocks = unsigned(std::min<int64_t>(p.tiles, std::max(1, sm_count)));
-  kernel<<<blocks, kThreads, kSmem, stream>>>(p);
+  kernel<<<blocks, kThreads, kSmem<BN>, stream>>>(p);
   ATELIER_CUDA_LAUNCHED();
-  (E == Epi::kGlu ? g_glu_launches : g_linear_launches).fetch_add(1);
+  (E == Epi::kGlu ? g_glu_launches : E == Epi::kLinear ? g_linear_launches : g_conv_launches).fetch_add(1);
   return true;
 }
+
+// A linear layer's or convolution's instance: 128- or 160-column tiles, with or without p.residual.
+template <Epi E>
+bool launch_linear_form(Params& p, int64_t m, int64_t k, bool wide, int sm_count, cudaStream_t stream) {
+  if (wide)
+    return p.residual ? launch<E, UnaryOp::kIdentity, 160, true>(p, m, k, sm_count, stream)
+                      : launch<E, UnaryOp::kIdentity, 160, false>(p, m, k, sm_count, stream);
+  return p.residual ? launch<E, UnaryOp::kIdentity, 128, true>(p, m, k, sm_count, stream)
+                    : launch<E, UnaryOp::kIdentity, 128, false>(p, m, k, sm_count, stream);
+}
+
+// Whether a linear layer's or convolution's output width takes 160-column tiles: a multiple of 160 (SD's 320, 640,
+// 1280: whole tiles, fewer of them, each reading x's box for more columns).
+bool tile_160(int64_t n) { return n % 160 == 0; }
 
 // What both kernels need of the shapes and the output: sm_90, 32-bit rows and columns, an even output width and row
 // stride (pairs of bf16 per store), 4-byte aligned output, bias and residual.
 bool takes(int cc_major, size_t max_smem, int64_t m, int64_t k, int64_t n, int64_t ldo, std::initializer_list<const void*> pairs) {
   constexpr int64_t kMaxRows = int64_t(1) << 30;  // 32-bit row and column arithmetic in the kernel
-  if (cc_major != 9 || kSmem > max_smem || m <= 0 || k <= 0 || n <= 0 || m > kMaxRows || n > kMaxRows) return false;
+  if (cc_major != 9 || kSmem<160> > max_smem || m <= 0 || k <= 0 || n <= 0 || m > kMaxRows || n > kMaxRows) return false;
   if (n % 2 != 0 || ldo % 2 != 0 || ldo < n) return false;
   for (const void* q : pairs)
     if (reinterpret_cast<uintptr_t>(q) % 4 != 0) return false;
@@ -293,6 +408,9 @@ bool own_linear_takes(bool residual) {
 }
 int64_t fused_glu_launches() { return g_glu_launches.load(); }
 int64_t own_linear_launches() { return g_linear_launches.load(); }
+OwnConv own_conv_mode() { return conv_mode(); }
+void set_own_conv(OwnConv mode) { conv_mode() = mode; }
+int64_t own_conv_launches() { return g_conv_launches.load(); }
 
 bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream) {
   if (!takes(cc_major, a.max_smem, a.m, a.k, a.n, a.ldo, {a.out, a.bias})) return false;
@@ -313,13 +431,40 @@ bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream) {
 bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream) {
   if (!takes(cc_major, a.max_smem, a.m, a.k, a.n, a.ldo, {a.out, a.bias, a.residual})) return false;
   Params p{};
-  if (!make_map(p.x, a.x, a.m, a.k, a.ldx, kBM) || !make_map(p.w, a.w, a.n, a.k, a.ldw, kBoxRows)) return false;
+  const bool wide = tile_160(a.n);
+  if (!make_map(p.x, a.x, a.m, a.k, a.ldx, kBM) || !make_map(p.w, a.w, a.n, a.k, a.ldw, wide ? 160 : 128)) return false;
   p.bias = static_cast<const __nv_bfloat16*>(a.bias);
   p.residual = static_cast<const __nv_bfloat16*>(a.residual);
   p.out = static_cast<__nv_bfloat16*>(a.out);
   p.ldo = a.ldo;
   p.m = int(a.m), p.n = int(a.n);
-  return launch<Epi::kLinear, UnaryOp::kIdentity>(p, a.m, a.k, a.sm_count, stream);
+  return launch_linear_form<Epi::kLinear>(p, a.m, a.k, wide, a.sm_count, stream);
+}
+
+bool conv_implicit_takes(const OwnConvArgs& a, int cc_major) {
+  cuuint32_t box[3];
+  if (a.c % kBK != 0 || a.kh < 1 || a.kw < 1 || a.ho != a.h + 2 * a.pad_h - a.kh + 1 || a.wo != a.w + 2 * a.pad_w - a.kw + 1 ||
+      a.ho < 1 || a.wo < 1 || reinterpret_cast<uintptr_t>(a.input) % 16 != 0 || reinterpret_cast<uintptr_t>(a.weight) % 16 != 0 ||
+      !conv_box(a.ho, a.wo, box))
+    return false;
+  return takes(cc_major, a.max_smem, a.n * a.ho * a.wo, a.kh * a.kw * a.c, a.o, a.o, {a.out, a.bias, a.residual});
+}
+
+bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t stream) {
+  cuuint32_t box[3];
+  if (!conv_implicit_takes(a, cc_major) || !conv_box(a.ho, a.wo, box)) return false;
+  const int64_t m = a.n * a.ho * a.wo, k = a.kh * a.kw * a.c;
+  Params p{};
+  const bool wide = tile_160(a.o);
+  if (!make_map_4d(p.x, a.input, a.n, a.h, a.w, a.c, box) || !make_map(p.w, a.weight, a.o, k, k, wide ? 160 : 128)) return false;
+  p.bias = static_cast<const __nv_bfloat16*>(a.bias);
+  p.residual = static_cast<const __nv_bfloat16*>(a.residual);
+  p.out = static_cast<__nv_bfloat16*>(a.out);
+  p.ldo = a.o;
+  p.m = int(m), p.n = int(a.o);
+  p.conv_c_steps = int(a.c / kBK), p.conv_kw = int(a.kw), p.conv_ph = a.pad_h, p.conv_pw = a.pad_w;
+  p.conv_ho = int(a.ho), p.conv_wo = int(a.wo);
+  return launch_linear_form<Epi::kConv>(p, m, k, wide, a.sm_count, stream);
 }
 
 // --- the backend's op -------------------------------------------------------------------------------------

@@ -4,7 +4,10 @@
 //     act(x W_g^T + b_g). Without it the product writes both halves ([M, 2H]) and a second pass reads them back to
 //     write [M, H] (SD's GEGLU: 1.55 ms per 16-row UNet call, session 24's trace);
 //   - a linear layer with bias and residual (out = x W^T + b + r): session 24 measured SD's residual products on
-//     cuBLASLt's heuristics 1.15-1.96x the time of the same products without the residual.
+//     cuBLASLt's heuristics 1.15-1.96x the time of the same products without the residual;
+//   - a channels-last convolution (stride 1, no dilation) as an implicit GEMM with bias and residual: the linear
+//     layer's kernel with x's boxes read from the input shifted by each tap, the tensor map's zero fill as padding
+//     (no im2col matrix). A candidate beside cuDNN and im2col + cuBLASLt, timed per shape (CudaBackend's conv choice).
 // The GLU is on by default since session 30 (ping-pong consumers: faster than cuBLASLt's product + the glu pass at
 // every SD shape; docs/performance.md, session 30); the linear layer stays off (slower than cuBLASLt everywhere).
 #pragma once
@@ -35,11 +38,31 @@ struct OwnGemmArgs {
   size_t max_smem = 0;
 };
 
+// One convolution: input [n][h][w][c] (dense channels-last bf16), weight [o][kh][kw][c], optional bias [o] and
+// residual [n][ho][wo][o] (may be out), out [n][ho][wo][o]; stride 1, no dilation, ho = h + 2 pad_h - kh + 1 (the
+// same for w). out = conv(input, weight) + bias + residual.
+struct OwnConvArgs {
+  const void* input = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  const void* residual = nullptr;
+  void* out = nullptr;
+  int64_t n = 0, c = 0, h = 0, w = 0, o = 0, kh = 0, kw = 0, ho = 0, wo = 0;
+  int pad_h = 0, pad_w = 0;
+  int sm_count = 0;
+  size_t max_smem = 0;
+};
+
 // Enqueue the kernel; false (nothing launched) where it does not take the case: a device other than sm_90, an
 // activation other than GELU (erf or tanh) and SiLU, strides or addresses that break the tensor maps' 16-byte
 // rule, an odd output width or row stride.
 bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream);
 bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream);
+// The convolution also declines channel counts that are not multiples of 64 and output sizes whose 128 consecutive
+// pixels are not one box (whole rows of one image, whole images, or a part of a row whose width is a multiple of 128).
+bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t stream);
+// Whether launch_conv_implicit takes the case (all but the tensor maps' encoding, which needs the driver).
+bool conv_implicit_takes(const OwnConvArgs& a, int cc_major);
 
 // On unless ATELIER_FUSED_GLU=0: ops::linear_glu runs launch_gemm_glu (or the setter: tests, benches).
 bool fused_glu_enabled();
@@ -52,8 +75,14 @@ OwnLinear own_linear_mode();
 void set_own_linear(OwnLinear mode);
 // Whether the mode sends a product with (residual) or without a residual to the kernel.
 bool own_linear_takes(bool residual);
+// Whether channels-last bf16 convolutions that launch_conv_implicit takes are timed against cuDNN and the im2col GEMM
+// per shape (kAuto, default), never run it (ATELIER_OWN_CONV=0), or always do (ATELIER_OWN_CONV=force; tests).
+enum class OwnConv { kAuto, kOff, kForce };
+OwnConv own_conv_mode();
+void set_own_conv(OwnConv mode);
 // Kernels launched so far (tests: the case was taken).
 int64_t fused_glu_launches();
 int64_t own_linear_launches();
+int64_t own_conv_launches();
 
 }  // namespace atelier::cuda
