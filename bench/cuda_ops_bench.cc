@@ -257,6 +257,44 @@ int run(int iters, const Sections& want) {
       }
     }
   }
+  if (want("conv")) {  // channels-last bf16, as the UNet runs them: each path alone, then kAuto's timed choice
+    struct ClCase {
+      int64_t n, c, hw, o;
+      bool residual;
+    };
+    const ClCase cases[] = {{16, 320, 64, 320, false}, {16, 960, 64, 320, true}, {16, 640, 32, 640, false}, {16, 1280, 16, 1280, false},
+                            {2, 320, 128, 320, false}, {2, 640, 128, 320, true}, {2, 320, 64, 320, false},  {2, 1280, 8, 1280, false}};
+    const Conv2dParams p{1, 1, 1, 1, 1, 1, 1};
+    const auto nhwc = [](const Tensor& t) { return ops::contiguous(t.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}); };
+    const cuda::OwnConv own_was = cuda::own_conv_mode();
+    for (const ClCase& c : cases) {
+      const double f = 2.0 * double(c.n * c.hw * c.hw) * double(c.o) * double(c.c) * 9;
+      const Tensor x = nhwc(random_on({c.n, c.c, c.hw, c.hw}, DType::BF16, dev)), w = random_on({c.o, c.c, 3, 3}, DType::BF16, dev, 0.02f),
+                   b = random_on({c.o}, DType::BF16, dev);
+      const Tensor r = c.residual ? nhwc(random_on({c.n, c.o, c.hw, c.hw}, DType::BF16, dev)) : Tensor();
+      const std::string shape = "conv3x3 " + std::to_string(c.n) + "x" + std::to_string(c.c) + "x" + std::to_string(c.hw) + "x" +
+                                std::to_string(c.hw) + " -> " + std::to_string(c.o) + (c.residual ? " +bias +residual" : " +bias") +
+                                " channels-last bf16";
+      struct Path {
+        const char* name;
+        cuda::ConvGemm gemm;
+        cuda::OwnConv own;
+      };
+      for (const Path& path : {Path{"cuDNN", cuda::ConvGemm::kOff, cuda::OwnConv::kOff}, Path{"im2col GEMM", cuda::ConvGemm::kForce, cuda::OwnConv::kOff},
+                               Path{"own kernel", cuda::ConvGemm::kOff, cuda::OwnConv::kForce}, Path{"auto", cuda::ConvGemm::kAuto, cuda::OwnConv::kAuto}}) {
+        be.set_conv_gemm(path.gemm);
+        cuda::set_own_conv(path.own);
+        ops::conv2d(x, w, b, p, r);  // kAuto's choice is timed here, at the shape's first call
+        const int64_t own_before = cuda::own_conv_launches();
+        const double ms = time_ms(be, iters, [&] { ops::conv2d(x, w, b, p, r); });
+        const bool own_ran = cuda::own_conv_launches() > own_before;
+        if (path.own == cuda::OwnConv::kForce && !own_ran) continue;  // the kernel declined the shape
+        print({shape + ", " + path.name + (path.own == cuda::OwnConv::kAuto && own_ran ? " (took own)" : ""), ms, f, "TFLOP/s"});
+      }
+    }
+    be.set_conv_gemm(cuda::conv_gemm_default());
+    cuda::set_own_conv(own_was);
+  }
   if (want("attention")) {  // attention at the shapes the models run (SD 1.5 levels at 512 and 1024 px, batch 2 and 16; FLUX at 1024 px)
     struct AttnCase {
       int64_t b, h, sq, sk, d;

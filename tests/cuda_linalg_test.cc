@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_attention_wgmma.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_conv_graph.h"
+#include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_sdpa.h"
 #include "backend/graph_runner.h"
 #include "backend/ops.h"
@@ -30,7 +31,9 @@ using test::to_gpu;
 
 // Restores the backend's implementation switches when a test ends.
 struct ImplGuard {
+  cuda::OwnConv own_conv = cuda::own_conv_mode();
   ~ImplGuard() {
+    cuda::set_own_conv(own_conv);
     if (!backend_available(cuda0())) return;
     test::cuda_be().set_conv_impl(cuda::ConvImpl::kAuto);
     test::cuda_be().set_attention_impl(cuda::AttentionImpl::kAuto);
@@ -195,7 +198,8 @@ TEST(CudaOps, Conv2dGraphApiAtSdShapes) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
   ConvGraphGuard restore_graph;
-  test::cuda_be().set_conv_gemm(cuda::ConvGemm::kOff);  // cuDNN's paths only (the GEMM path: its own test)
+  test::cuda_be().set_conv_gemm(cuda::ConvGemm::kOff);  // cuDNN's paths only (the GEMM path and the own kernel: their own tests)
+  cuda::set_own_conv(cuda::OwnConv::kOff);
   struct Case {
     Shape x, w;
     Conv2dParams p;
@@ -248,6 +252,7 @@ TEST(CudaOps, Conv2dGraphApiUnderCudaGraphCapture) {
   ConvGraphGuard restore_graph;
   cuda::set_conv_graph_enabled(true);
   test::cuda_be().set_conv_gemm(cuda::ConvGemm::kOff);
+  cuda::set_own_conv(cuda::OwnConv::kOff);
   const Conv2dParams p{1, 1, 1, 1, 1, 1, 1};
   for (int warmup : {1, 0}) {
     // A channel count of its own per warm-up setting: the second loop must meet a shape never planned.
@@ -314,6 +319,47 @@ TEST(CudaOps, ChannelsLastConvThroughGemmMatchesCpu) {
   }
 }
 
+// Channels-last bf16 convolutions through the implicit-GEMM kernel of our own, forced (cuda_gemm_wgmma.cu): every box
+// form a tile's 128 output pixels take (two rows of 64 at SD's level 0, eight rows of 16, two whole 8x8 images with a
+// third image's tile half past the batch, four rows of 32, 128 pixels of a 256-wide row), padding 0 (the box narrower
+// than the input) and 2 with a 5x5 kernel, a 1x1, an output width past the last 128-column tile (200), each with a bias
+// and some with a channels-last residual; every bf16 case must have run the kernel. f16 and a stride-2 case must fall
+// through to the other paths (the kernel takes bf16 and stride 1 only) and still match.
+TEST(CudaOps, ChannelsLastConvThroughOwnKernelMatchesCpu) {
+  ATELIER_REQUIRE_HOPPER();
+  ImplGuard restore;
+  cuda::set_own_conv(cuda::OwnConv::kForce);
+  struct Case { Shape x; int64_t o; int k, pad, stride; bool residual; bool takes; };
+  const Case cases[] = {
+      {{2, 320, 64, 64}, 320, 3, 1, 1, false, true},  {{2, 640, 16, 16}, 1280, 3, 1, 1, true, true},
+      {{3, 64, 8, 8}, 128, 3, 1, 1, true, true},      {{1, 128, 4, 32}, 64, 3, 1, 1, false, true},
+      {{1, 64, 2, 256}, 64, 3, 1, 1, true, true},     {{2, 64, 10, 10}, 64, 3, 0, 1, false, true},
+      {{1, 64, 16, 16}, 64, 5, 2, 1, false, true},    {{2, 960, 16, 16}, 320, 1, 0, 1, true, true},
+      {{1, 64, 16, 16}, 200, 3, 1, 1, true, true},    {{2, 64, 17, 13}, 64, 3, 1, 1, false, false},
+      {{2, 64, 16, 16}, 64, 3, 1, 2, false, false}};
+  for (const Case& c : cases) {
+    Conv2dParams p;
+    p.stride_h = p.stride_w = c.stride;
+    p.pad_h = p.pad_w = c.pad;
+    const int64_t ho = (c.x[2] + 2 * c.pad - c.k) / c.stride + 1, wo = (c.x[3] + 2 * c.pad - c.k) / c.stride + 1;
+    const Tensor x = random_tensor(c.x, 71), w = random_tensor({c.o, c.x[1], c.k, c.k}, 72, 1.0f / std::sqrt(float(c.x[1] * c.k * c.k))),
+                 b = random_tensor({c.o}, 73), r = random_tensor({c.x[0], c.o, ho, wo}, 74);
+    const bool residual = c.residual;
+    const auto fn = [p, residual](const std::vector<Tensor>& in) {
+      return ops::conv2d(channels_last(in[0]), in[1], in[2], p, residual ? channels_last(in[3]) : Tensor());
+    };
+    const std::string what = "conv2d through the own kernel " + shape_str(c.x) + " -> " + std::to_string(c.o) + " k" +
+                             std::to_string(c.k) + " pad " + std::to_string(c.pad) + " stride " + std::to_string(c.stride) +
+                             (residual ? " + residual" : "");
+    for (DType dt : kLowp) {
+      const int64_t before = cuda::own_conv_launches();
+      EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b, r}), dt);
+      const int64_t ran = cuda::own_conv_launches() - before;
+      EXPECT_EQ(ran, dt == DType::BF16 && c.takes ? 1 : 0) << what << " [" << dtype_name(dt) << "]";
+    }
+  }
+}
+
 // The upsamplers (nearest 2x, then a 3x3 convolution) as one 2x2 convolution per output phase (cuda_conv_upsample.cu)
 // against the CPU's upsample-then-convolve: SD's 8x8 level, odd sizes, without a bias, and with fewer than 8 input
 // channels; each through cuDNN and through the GEMM path. Every case must have taken the phase path (forced: kAuto
@@ -361,7 +407,8 @@ TEST(CudaOps, ChannelsLastConvWithAddendMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   ImplGuard restore;
   FusedEpilogueGuard restore_fusion;
-  test::cuda_be().set_conv_gemm(cuda::ConvGemm::kOff);  // cuDNN's fused epilogues (the GEMM path: its own test)
+  test::cuda_be().set_conv_gemm(cuda::ConvGemm::kOff);  // cuDNN's fused epilogues (the GEMM path and the own kernel: their own tests)
+  cuda::set_own_conv(cuda::OwnConv::kOff);
   const bool graph_api = graph_api_in_use();
   struct Case { Shape x; int64_t o; int k; };
   // The last three have fewer than 8 channels in or out (the UNet's conv_in and conv_out, the VAE's conv_out:

@@ -28,6 +28,7 @@ class CudnnSdpa;
 class CudnnSdpaFp8;
 struct GemmCall;
 struct ConvShape;
+struct OwnConvArgs;
 
 // Which convolution implementation to use (tests force each one). kAuto prefers cuDNN when it loads, in
 // channels-last layout for 16-bit ungrouped convolutions (cuDNN's fast tensor-core kernels are NHWC: the
@@ -216,12 +217,17 @@ class CudaBackend final : public Backend {
   bool conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvShape& s, const Tensor& wn, const Tensor& bias,
                           const Conv2dParams& p, const Tensor& addend);
   // cuda_conv_gemm.cu: whether the GEMM path can take the case (x, out channels-last; wn [O, kh, kw, C]); the path
-  // itself; and whether it is faster than `cudnn` for this shape (timed at the first eager call, then cached).
+  // itself; the implicit-GEMM kernel of our own (false where it does not take the case); and which candidate is
+  // fastest for this shape (timed at the first eager call, then cached).
   bool conv_gemm_applies(const Tensor& out, const Tensor& x, const Tensor& wn, const Conv2dParams& p, const Tensor& addend) const;
   void conv2d_nhwc_gemm(Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
                         const Tensor& addend);
-  bool conv_gemm_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
-                        const Tensor& addend, const std::function<bool()>& cudnn, const std::function<void()>& gemm_path);
+  bool conv_own_args(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
+                     const Tensor& addend, OwnConvArgs& a) const;
+  bool conv2d_nhwc_own(Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
+                       const Tensor& addend);
+  int conv_path_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
+                       const Tensor& addend, const std::vector<std::function<bool()>>& candidates, const std::vector<const char*>& names);
   // Group norm of x (+ offset) into out (cuda_group_norm_nhwc.cu); false, enqueuing nothing, where its kernels do not
   // apply (either not channels-last, different dtypes, channel counts or buffers they cannot take).
   bool group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta, int groups,
@@ -249,8 +255,9 @@ class CudaBackend final : public Backend {
   bool conv_nhwc_ = true;  // ATELIER_CONV_NHWC=0 turns kAuto's channels-last path off
   ConvGemm conv_gemm_ = ConvGemm::kAuto;
   std::atomic<int64_t> conv_gemm_calls_{0};
-  // (out shape, x shape, kh, kw, stride h/w, pad h/w, dtype, bias?, addend?) -> the GEMM path is faster
-  TimedChoice<std::tuple<std::vector<int64_t>, std::vector<int64_t>, int, int, int, int, int, int, int, bool, bool>> conv_gemm_choices_;
+  // (out shape, x shape, kh, kw, stride h/w, pad h/w, dtype, bias?, addend?, the candidates' names) -> the fastest one's index
+  TimedChoice<std::tuple<std::vector<int64_t>, std::vector<int64_t>, int, int, int, int, int, int, int, bool, bool, std::string>>
+      conv_choices_;
   struct NhwcWeight {
     std::weak_ptr<Buffer> source;  // the NCHW weight's buffer: expired -> the entry is stale
     Tensor packed;

@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_gemm.h"
+#include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_nvtx.h"
 #include "backend/packed_operands.h"
 
@@ -570,14 +571,22 @@ bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvSh
     launch_nhwc_epilogue(out, bias, addend, stream_);
     return true;
   };
-  if (conv_impl_ == ConvImpl::kAuto && conv_gemm_ != ConvGemm::kOff && conv_gemm_applies(out, xn, wn, p, addend)) {
-    const auto gemm_path = [&] { conv2d_nhwc_gemm(out, xn, wn, bias, p, addend); };
-    if (conv_gemm_ == ConvGemm::kForce || conv_gemm_choice(out, xn, wn, bias, p, addend, cudnn, gemm_path)) {
-      gemm_path();
-      return true;
-    }
+  if (conv_impl_ != ConvImpl::kAuto) return cudnn();
+  const auto own = [&] { return conv2d_nhwc_own(out, xn, wn, bias, p, addend); };
+  if (own_conv_mode() == OwnConv::kForce && own()) return true;
+  std::vector<std::function<bool()>> candidates{cudnn};
+  std::vector<const char*> names{"cuDNN"};
+  if (conv_gemm_ != ConvGemm::kOff && conv_gemm_applies(out, xn, wn, p, addend)) {
+    const auto gemm_path = [&] { conv2d_nhwc_gemm(out, xn, wn, bias, p, addend); return true; };
+    if (conv_gemm_ == ConvGemm::kForce) return gemm_path();
+    candidates.push_back(gemm_path), names.push_back("GEMM");
   }
-  return cudnn();
+  OwnConvArgs own_args;
+  if (own_conv_mode() == OwnConv::kAuto && conv_own_args(out, xn, wn, bias, p, addend, own_args))
+    candidates.push_back(own), names.push_back("own kernel");
+  if (candidates.size() == 1) return cudnn();
+  const int pick = conv_path_choice(out, xn, wn, bias, p, addend, candidates, names);
+  return candidates[size_t(pick)]() || (pick != 0 && cudnn());
 }
 
 // The general path: per sample, blocks of output pixels are unfolded into a column matrix [groups, kc, width]

@@ -7,7 +7,8 @@
 // level's 3x3 convolutions (M = 128 pixels, K = 11,520, N = 1,280) took 42 us each at 90 TFLOP/s on the H200
 // (docs/performance.md, session 23), against a ~7 us floor for reading their 29 MB of weights; cuBLASLt's
 // candidates include split-K algorithms for such shapes. Which path is faster is timed per shape at its first
-// eager call (conv_gemm_choice), as attention chooses between cuDNN and the flash kernel.
+// eager call (conv_path_choice, with cuDNN and the implicit-GEMM kernel of our own), as attention chooses between
+// cuDNN and the flash kernel.
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include "backend/cuda/cuda_conv.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_event_timing.h"
+#include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_nvtx.h"
 #include "backend/cuda/cudnn_graph_api.h"
 
@@ -146,17 +148,54 @@ void CudaBackend::conv2d_nhwc_gemm(Tensor& out, const Tensor& x, const Tensor& w
   gemm(y, a, wk, bias, gp);
 }
 
-// Per shape (and epilogue), whether the GEMM path is faster than `cudnn` (TimedChoice: timed at the shape's first eager
-// call; under capture an unknown shape takes cuDNN).
-bool CudaBackend::conv_gemm_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
-                                   const Tensor& addend, const std::function<bool()>& cudnn, const std::function<void()>& gemm_path) {
+// The implicit-GEMM kernel's arguments (cuda_gemm_wgmma.cu) for out = conv(x, w) + bias + addend; false where it does
+// not take the case: bf16, groups 1, stride 1, no dilation, x / out / addend dense channels-last and the kernel's own
+// conditions (conv_implicit_takes).
+bool CudaBackend::conv_own_args(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
+                                const Tensor& addend, OwnConvArgs& a) const {
+  const auto bf16 = [](const Tensor& t) { return t.dtype() == DType::BF16; };
+  if (p.groups != 1 || p.stride_h != 1 || p.stride_w != 1 || p.dilation_h != 1 ||
+      p.dilation_w != 1 || !bf16(out) || !bf16(x) || !bf16(wn) || !x.is_channels_last() || !out.is_channels_last() ||
+      !wn.is_contiguous() || (bias.defined() && (!bf16(bias) || !bias.is_contiguous())) ||
+      (addend.defined() && (!bf16(addend) || !addend.is_channels_last() || addend.shape() != out.shape())))
+    return false;
+  a.input = x.raw(), a.weight = wn.raw(), a.out = out.raw();
+  a.bias = bias.defined() ? bias.raw() : nullptr;
+  a.residual = addend.defined() ? addend.raw() : nullptr;
+  a.n = x.size(0), a.c = x.size(1), a.h = x.size(2), a.w = x.size(3);
+  a.o = out.size(1), a.ho = out.size(2), a.wo = out.size(3), a.kh = wn.size(1), a.kw = wn.size(2);
+  a.pad_h = p.pad_h, a.pad_w = p.pad_w;
+  a.sm_count = sm_count_, a.max_smem = max_smem_optin_;
+  return conv_implicit_takes(a, cc_major_);
+}
+
+// out = conv(x, w) + bias + addend through that kernel; false (nothing enqueued) where it does not take the case.
+bool CudaBackend::conv2d_nhwc_own(Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
+                                  const Tensor& addend) {
+  OwnConvArgs a;
+  if (own_conv_mode() == OwnConv::kOff || !conv_own_args(out, x, wn, bias, p, addend, a)) return false;
+  NvtxRange range("conv2d_own");
+  return launch_conv_implicit(a, cc_major_, stream_);
+}
+
+// Per shape (and epilogue), which of the candidate paths (cuDNN first, then the GEMM path and the own kernel where
+// they apply) is fastest (TimedChoice: timed at the shape's first eager call; under capture an unknown shape takes
+// cuDNN). The candidates' names are part of the key: the answer is an index into this list, and the switches
+// (ATELIER_CONV_GEMM, ATELIER_OWN_CONV, the tests' setters) change which paths it holds.
+int CudaBackend::conv_path_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
+                                  const Tensor& addend, const std::vector<std::function<bool()>>& candidates,
+                                  const std::vector<const char*>& names) {
+  std::string listed;
+  for (const char* name : names) listed += std::string(name) + ";";
   const auto key = std::make_tuple(out.shape(), x.shape(), int(wn.size(1)), int(wn.size(2)), p.stride_h, p.stride_w, p.pad_h, p.pad_w,
-                                   int(out.dtype()), bias.defined(), addend.defined());
-  return conv_gemm_choices_.second_is_faster(key, stream_, cudnn, [&] { gemm_path(); return true; }, [&](float cudnn_ms, float gemm_ms, bool gemm) {
-    if (cudnn_graph::log_enabled())  // ATELIER_CUDNN_LOG=1: beside the cuDNN plans' lines
-      std::fprintf(stderr, "[conv gemm] x%s w[%lld,%lld] stride %d pad %d -> %s: cuDNN %.4f ms, GEMM %.4f ms: %s\n",
-                   shape_str(x.shape()).c_str(), (long long)wn.size(1), (long long)wn.size(2), p.stride_h, p.pad_h,
-                   shape_str(out.shape()).c_str(), double(cudnn_ms), double(gemm_ms), gemm ? "GEMM" : "cuDNN");
+                                   int(out.dtype()), bias.defined(), addend.defined(), listed);
+  return conv_choices_.fastest(key, stream_, candidates, [&](const std::vector<float>& ms, int pick) {
+    if (!cudnn_graph::log_enabled()) return;  // ATELIER_CUDNN_LOG=1: beside the cuDNN plans' lines
+    std::string times;
+    for (size_t i = 0; i < ms.size(); ++i) times += std::string(i ? ", " : "") + names[i] + " " + std::to_string(ms[i]) + " ms";
+    std::fprintf(stderr, "[conv path] x%s w[%lld,%lld] stride %d pad %d -> %s: %s: %s\n", shape_str(x.shape()).c_str(),
+                 (long long)wn.size(1), (long long)wn.size(2), p.stride_h, p.pad_h, shape_str(out.shape()).c_str(), times.c_str(),
+                 names[pick]);
   });
 }
 
