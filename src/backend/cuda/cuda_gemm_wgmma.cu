@@ -186,6 +186,18 @@ __device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
 }
 
 // This thread's accumulators hold rows row0 + 64 h + 8 ri, columns 8j + 2t (+1) of the tile in acc[h][4j + 2ri + e].
+// for_rows calls fn(h, ri, row) for those of the four rows (h, ri in {0, 1}) that lie inside the output.
+template <typename Fn>
+__device__ __forceinline__ void for_rows(const Params& p, int row0, Fn&& fn) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int row = row0 + 64 * h + 8 * ri;
+      if (row < p.m) fn(h, ri, row);
+    }
+}
+
 // GLU: out[row, c0 + col] = (value + b_v) * act(gate + b_g), value in acc[h][4j + ..], gate in acc[h][4(j + 8) + ..].
 // Each column's bias is loaded once for both halves.
 template <UnaryOp A>
@@ -196,18 +208,13 @@ __device__ __forceinline__ void epilogue_glu(const float (&acc)[2][64], const Pa
     if (col >= p.n) continue;  // n is even: col + 1 < n too
     float2 bv = make_float2(0.0f, 0.0f), bg = bv;
     if (p.bias) bv = load_pair(p.bias + col), bg = load_pair(p.bias + p.n + col);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        const int row = row0 + 64 * h + 8 * ri;
-        if (row >= p.m) continue;
-        const float* d = &acc[h][4 * j + 2 * ri];
-        const float* g = &acc[h][4 * (j + kBoxRows / 8) + 2 * ri];
-        const float y0 = (d[0] + bv.x) * apply_unary_for<__nv_bfloat16>(g[0] + bg.x, A);
-        const float y1 = (d[1] + bv.y) * apply_unary_for<__nv_bfloat16>(g[1] + bg.y, A);
-        *reinterpret_cast<uint32_t*>(p.out + int64_t(row) * p.ldo + col) = pack2<__nv_bfloat16>(y0, y1);
-      }
+    for_rows(p, row0, [&](int h, int ri, int row) {
+      const float* d = &acc[h][4 * j + 2 * ri];
+      const float* g = &acc[h][4 * (j + kBoxRows / 8) + 2 * ri];
+      const float y0 = (d[0] + bv.x) * apply_unary_for<__nv_bfloat16>(g[0] + bg.x, A);
+      const float y1 = (d[1] + bv.y) * apply_unary_for<__nv_bfloat16>(g[1] + bg.y, A);
+      *reinterpret_cast<uint32_t*>(p.out + int64_t(row) * p.ldo + col) = pack2<__nv_bfloat16>(y0, y1);
+    });
   }
 }
 
@@ -240,20 +247,15 @@ __device__ __forceinline__ void epilogue_linear(const float (&acc)[2][BN / 2], c
       const int j = j0 + jj, col = c0 + 8 * j + 2 * t;
       if (col >= p.n) continue;  // n is even: col + 1 < n too
       const float2 b = p.bias ? load_pair(p.bias + col) : make_float2(0.0f, 0.0f);
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int ri = 0; ri < 2; ++ri) {
-          const int row = row0 + 64 * h + 8 * ri;
-          if (row >= p.m) continue;
-          const float* d = &acc[h][4 * j + 2 * ri];
-          float y0 = d[0] + b.x, y1 = d[1] + b.y;
-          if constexpr (R) {
-            const float2 rv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r[jj][h][ri]));
-            y0 += rv.x, y1 += rv.y;
-          }
-          *reinterpret_cast<uint32_t*>(p.out + int64_t(row) * p.ldo + col) = pack2<__nv_bfloat16>(y0, y1);
+      for_rows(p, row0, [&](int h, int ri, int row) {
+        const float* d = &acc[h][4 * j + 2 * ri];
+        float y0 = d[0] + b.x, y1 = d[1] + b.y;
+        if constexpr (R) {
+          const float2 rv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r[jj][h][ri]));
+          y0 += rv.x, y1 += rv.y;
         }
+        *reinterpret_cast<uint32_t*>(p.out + int64_t(row) * p.ldo + col) = pack2<__nv_bfloat16>(y0, y1);
+      });
     }
   }
 }
