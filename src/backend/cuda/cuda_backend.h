@@ -217,15 +217,13 @@ class CudaBackend final : public Backend {
   bool conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvShape& s, const Tensor& wn, const Tensor& bias,
                           const Conv2dParams& p, const Tensor& addend);
   // cuda_conv_gemm.cu: whether the GEMM path can take the case (x, out channels-last; wn [O, kh, kw, C]); the path
-  // itself; the implicit-GEMM kernel of our own (false where it does not take the case); and which candidate is
-  // fastest for this shape (timed at the first eager call, then cached).
+  // itself; the arguments of the implicit-GEMM kernel of our own (false where it does not take the case); and which
+  // candidate is fastest for this shape (timed at the first eager call, then cached).
   bool conv_gemm_applies(const Tensor& out, const Tensor& x, const Tensor& wn, const Conv2dParams& p, const Tensor& addend) const;
   void conv2d_nhwc_gemm(Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
                         const Tensor& addend);
   bool conv_own_args(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
                      const Tensor& addend, OwnConvArgs& a) const;
-  bool conv2d_nhwc_own(Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
-                       const Tensor& addend);
   int conv_path_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
                        const Tensor& addend, const std::vector<std::function<bool()>>& candidates, const std::vector<const char*>& names);
   // Group norm of x (+ offset) into out (cuda_group_norm_nhwc.cu); false, enqueuing nothing, where its kernels do not

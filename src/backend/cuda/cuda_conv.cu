@@ -559,7 +559,8 @@ bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvSh
                                      const Tensor& bias, const Conv2dParams& p, const Tensor& addend) {
   const DType dt = out.dtype();
   // cuDNN writing out in place: bias and addend inside its plan where that is faster (and equal), else one
-  // output pass. Or the GEMM path (cuda_conv_gemm.cu) where it applies and measures faster for the shape.
+  // output pass. Or the GEMM path (cuda_conv_gemm.cu) or the implicit-GEMM kernel of our own where they apply and
+  // the shape's timed choice among the three picks one of them.
   const auto cudnn = [&] {
     ConvEpilogue e;
     if ((bias.defined() || addend.defined()) && fusable_epilogue(out, bias, addend, &e)) {
@@ -572,8 +573,15 @@ bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvSh
     return true;
   };
   if (conv_impl_ != ConvImpl::kAuto) return cudnn();
-  const auto own = [&] { return conv2d_nhwc_own(out, xn, wn, bias, p, addend); };
-  if (own_conv_mode() == OwnConv::kForce && own()) return true;
+  // The implicit-GEMM kernel of our own (cuda_gemm_wgmma.cu), where it takes the case.
+  OwnConvArgs own_args;
+  const OwnConv own_mode = own_conv_mode();
+  const bool own_takes = own_mode != OwnConv::kOff && conv_own_args(out, xn, wn, bias, p, addend, own_args);
+  const auto own = [&] {
+    NvtxRange range("conv2d_own");
+    return launch_conv_implicit(own_args, cc_major_, stream_);
+  };
+  if (own_takes && own_mode == OwnConv::kForce && own()) return true;
   std::vector<std::function<bool()>> candidates{cudnn};
   std::vector<const char*> names{"cuDNN"};
   if (conv_gemm_ != ConvGemm::kOff && conv_gemm_applies(out, xn, wn, p, addend)) {
@@ -581,9 +589,7 @@ bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvSh
     if (conv_gemm_ == ConvGemm::kForce) return gemm_path();
     candidates.push_back(gemm_path), names.push_back("GEMM");
   }
-  OwnConvArgs own_args;
-  if (own_conv_mode() == OwnConv::kAuto && conv_own_args(out, xn, wn, bias, p, addend, own_args))
-    candidates.push_back(own), names.push_back("own kernel");
+  if (own_takes && own_mode == OwnConv::kAuto) candidates.push_back(own), names.push_back("own kernel");
   if (candidates.size() == 1) return cudnn();
   const int pick = conv_path_choice(out, xn, wn, bias, p, addend, candidates, names);
   return candidates[size_t(pick)]() || (pick != 0 && cudnn());

@@ -169,15 +169,6 @@ bool CudaBackend::conv_own_args(const Tensor& out, const Tensor& x, const Tensor
   return conv_implicit_takes(a, cc_major_);
 }
 
-// out = conv(x, w) + bias + addend through that kernel; false (nothing enqueued) where it does not take the case.
-bool CudaBackend::conv2d_nhwc_own(Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
-                                  const Tensor& addend) {
-  OwnConvArgs a;
-  if (own_conv_mode() == OwnConv::kOff || !conv_own_args(out, x, wn, bias, p, addend, a)) return false;
-  NvtxRange range("conv2d_own");
-  return launch_conv_implicit(a, cc_major_, stream_);
-}
-
 // Per shape (and epilogue), which of the candidate paths (cuDNN first, then the GEMM path and the own kernel where
 // they apply) is fastest (TimedChoice: timed at the shape's first eager call; under capture an unknown shape takes
 // cuDNN). The candidates' names are part of the key: the answer is an index into this list, and the switches

@@ -314,16 +314,24 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
 
 // A row-major bf16 matrix [rows][cols] (row stride ld elements) as a tensor map of 64-column x box_rows boxes in
 // the 128-byte swizzle; false where it breaks TMA's rules (16-byte aligned base and row stride).
-bool make_map(CUtensorMap& map, const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
+// A bf16 tensor of `rank` dimensions (dims innermost first, byte strides of the outer ones) as a tensor map of `box`
+// boxes in the 128-byte swizzle, coordinates outside the tensor read as zeros; false where the driver lacks the
+// encoder, the base is not 16-byte aligned or the encoder refuses.
+template <int Rank>
+bool encode_map(CUtensorMap& map, const void* base, const cuuint64_t (&dims)[Rank], const cuuint64_t (&strides)[Rank - 1],
+                const cuuint32_t (&box)[Rank]) {
   const tma::EncodeTiled encode = tma::encode_tiled();
-  if (!encode || reinterpret_cast<uintptr_t>(base) % 16 != 0 || ld % 8 != 0 || ld < cols) return false;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(ld) * 2};
-  const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(box_rows)};
-  const cuuint32_t unit[2] = {1, 1};
-  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, unit,
+  if (!encode || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  cuuint32_t unit[Rank];
+  for (cuuint32_t& u : unit) u = 1;
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, Rank, const_cast<void*>(base), dims, strides, box, unit,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool make_map(CUtensorMap& map, const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
+  if (ld % 8 != 0 || ld < cols) return false;
+  return encode_map<2>(map, base, {cuuint64_t(cols), cuuint64_t(rows)}, {cuuint64_t(ld) * 2}, {cuuint32_t(kBK), cuuint32_t(box_rows)});
 }
 
 // The input box of a convolution tile's 128 output pixels, {width, height, images}: 128 pixels of one row (an output
@@ -347,15 +355,10 @@ bool conv_box(int64_t ho, int64_t wo, cuuint32_t (&box)[3]) {
 // A dense channels-last bf16 tensor [n][h][w][c] as a 4-D tensor map of 64-channel x `pixels` boxes in the 128-byte
 // swizzle (coordinates out of the tensor read as zeros: the convolution's padding).
 bool make_map_4d(CUtensorMap& map, const void* base, int64_t n, int64_t h, int64_t w, int64_t c, const cuuint32_t (&pixels)[3]) {
-  const tma::EncodeTiled encode = tma::encode_tiled();
-  if (!encode || reinterpret_cast<uintptr_t>(base) % 16 != 0 || c % kBK != 0) return false;
-  const cuuint64_t dims[4] = {cuuint64_t(c), cuuint64_t(w), cuuint64_t(h), cuuint64_t(n)};
-  const cuuint64_t strides[3] = {cuuint64_t(c) * 2, cuuint64_t(w * c) * 2, cuuint64_t(h * w * c) * 2};
-  const cuuint32_t box[4] = {cuuint32_t(kBK), pixels[0], pixels[1], pixels[2]};
-  const cuuint32_t unit[4] = {1, 1, 1, 1};
-  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box, unit,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  if (c % kBK != 0) return false;
+  return encode_map<4>(map, base, {cuuint64_t(c), cuuint64_t(w), cuuint64_t(h), cuuint64_t(n)},
+                       {cuuint64_t(c) * 2, cuuint64_t(w * c) * 2, cuuint64_t(h * w * c) * 2},
+                       {cuuint32_t(kBK), pixels[0], pixels[1], pixels[2]});
 }
 
 // The grid, the tiles and the launch, once p's maps and pointers are set.
@@ -443,18 +446,25 @@ bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream)
   return launch_linear_form<Epi::kLinear>(p, a.m, a.k, wide, a.sm_count, stream);
 }
 
-bool conv_implicit_takes(const OwnConvArgs& a, int cc_major) {
-  cuuint32_t box[3];
+namespace {
+// conv_implicit_takes with the input box of a tile (conv_box) where it holds.
+bool conv_takes_with_box(const OwnConvArgs& a, int cc_major, cuuint32_t (&box)[3]) {
   if (a.c % kBK != 0 || a.kh < 1 || a.kw < 1 || a.ho != a.h + 2 * a.pad_h - a.kh + 1 || a.wo != a.w + 2 * a.pad_w - a.kw + 1 ||
       a.ho < 1 || a.wo < 1 || reinterpret_cast<uintptr_t>(a.input) % 16 != 0 || reinterpret_cast<uintptr_t>(a.weight) % 16 != 0 ||
       !conv_box(a.ho, a.wo, box))
     return false;
   return takes(cc_major, a.max_smem, a.n * a.ho * a.wo, a.kh * a.kw * a.c, a.o, a.o, {a.out, a.bias, a.residual});
 }
+}  // namespace
+
+bool conv_implicit_takes(const OwnConvArgs& a, int cc_major) {
+  cuuint32_t box[3];
+  return conv_takes_with_box(a, cc_major, box);
+}
 
 bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t stream) {
   cuuint32_t box[3];
-  if (!conv_implicit_takes(a, cc_major) || !conv_box(a.ho, a.wo, box)) return false;
+  if (!conv_takes_with_box(a, cc_major, box)) return false;
   const int64_t m = a.n * a.ho * a.wo, k = a.kh * a.kw * a.c;
   Params p{};
   const bool wide = tile_160(a.o);
