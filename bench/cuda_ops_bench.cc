@@ -75,6 +75,9 @@ Tensor random_on(const Shape& shape, DType dt, Device dev, float scale = 1.0f) {
   return t.to(dev);
 }
 
+// x [N, C, H, W] with channels-last strides (the layout the UNet's activations have on CUDA).
+Tensor channels_last(const Tensor& x) { return ops::contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}); }
+
 // The sections asked for with --only (all when empty).
 struct Sections {
   std::vector<std::string> only;
@@ -265,13 +268,12 @@ int run(int iters, const Sections& want) {
     const ClCase cases[] = {{16, 320, 64, 320, false}, {16, 960, 64, 320, true}, {16, 640, 32, 640, false}, {16, 1280, 16, 1280, false},
                             {2, 320, 128, 320, false}, {2, 640, 128, 320, true}, {2, 320, 64, 320, false},  {2, 1280, 8, 1280, false}};
     const Conv2dParams p{1, 1, 1, 1, 1, 1, 1};
-    const auto nhwc = [](const Tensor& t) { return ops::contiguous(t.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}); };
     const cuda::OwnConv own_was = cuda::own_conv_mode();
     for (const ClCase& c : cases) {
       const double f = 2.0 * double(c.n * c.hw * c.hw) * double(c.o) * double(c.c) * 9;
-      const Tensor x = nhwc(random_on({c.n, c.c, c.hw, c.hw}, DType::BF16, dev)), w = random_on({c.o, c.c, 3, 3}, DType::BF16, dev, 0.02f),
+      const Tensor x = channels_last(random_on({c.n, c.c, c.hw, c.hw}, DType::BF16, dev)), w = random_on({c.o, c.c, 3, 3}, DType::BF16, dev, 0.02f),
                    b = random_on({c.o}, DType::BF16, dev);
-      const Tensor r = c.residual ? nhwc(random_on({c.n, c.o, c.hw, c.hw}, DType::BF16, dev)) : Tensor();
+      const Tensor r = c.residual ? channels_last(random_on({c.n, c.o, c.hw, c.hw}, DType::BF16, dev)) : Tensor();
       const std::string shape = "conv3x3 " + std::to_string(c.n) + "x" + std::to_string(c.c) + "x" + std::to_string(c.hw) + "x" +
                                 std::to_string(c.hw) + " -> " + std::to_string(c.o) + (c.residual ? " +bias +residual" : " +bias") +
                                 " channels-last bf16";
@@ -389,7 +391,7 @@ int run(int iters, const Sections& want) {
                            Shape{16, 1280, 16, 16}, Shape{16, 2560, 8, 8}, Shape{16, 960, 64, 64}, Shape{2, 320, 128, 128}, Shape{2, 640, 128, 128},
                            Shape{1, 512, 128, 128}, Shape{1, 256, 256, 256}}) {
       const Tensor nchw = random_on(s, DType::BF16, dev), gs = random_on({s[1]}, DType::BF16, dev);
-      const Tensor cl = ops::contiguous(nchw.permute({0, 2, 3, 1})).permute({0, 3, 1, 2});
+      const Tensor cl = channels_last(nchw);
       const bool with_nchw = s[0] != 2 && s[1] <= 320;
       for (const Tensor* t : {&cl, &nchw}) {
         if (t == &nchw && !with_nchw) continue;
