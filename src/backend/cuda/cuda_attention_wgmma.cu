@@ -10,9 +10,11 @@
 //   (P from registers, V as an MN-major operand), then the online softmax of S_j runs while P_{j-1} V_{j-1} is
 //   still on the tensor cores; the consumers take turns issuing their products (a ring of named barriers), so
 //   one's softmax overlaps the others' products.
-// Measured and not kept (docs/performance.md, session 20): consumers issuing without turns (8-20% slower), part
-// of the exponentials as a cubic on the FMA pipes (slower: the MUFU is ~58% busy, the issue slots ~52%; the
-// softmax is latency-bound), 64-key tiles, three K/V buffers (within noise of two).
+// Measured and not kept (docs/performance.md, sessions 20 and 33): consumers issuing without turns (8-20% slower),
+// part of the exponentials as a polynomial on the FMA pipes (9-23% slower at head dims 40/64, in proportion to the
+// instructions added: the consumers' issue bounds the tile as soon as the MUFU's share falls), 64-key tiles, three
+// K/V buffers (within noise of two), the row sums on the tensor cores through a column of ones written into V (P V
+// at N = D + 8: 4-6% slower at d40), bf16x2 exponentials (ptxas makes each two f32 MUFU operations: 14% slower).
 // Head dims are padded to whole atom columns (64): the tensor maps zero-fill columns past the head dim and rows
 // past the sequence (S's product stops at the head dim rounded up to 16; keys past the end are masked).
 #include "backend/cuda/cuda_attention_wgmma.h"
