@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 #include <numeric>
 #include <string>
@@ -358,6 +359,56 @@ TEST(CudaOps, ChannelsLastConvThroughOwnKernelMatchesCpu) {
       EXPECT_EQ(ran, dt == DType::BF16 && c.takes ? 1 : 0) << what << " [" << dtype_name(dt) << "]";
     }
   }
+}
+
+// Split-K in the own convolution kernel (forced part counts) against the CPU: SD's 8x8 level at CFG and at 16 rows
+// (8 and 64 tiles; 4 parts at 64 tiles make 256 units for 132 SMs, so blocks run several and owners wait on other
+// blocks), uneven parts (9 k-steps in 2), 128-column tiles, many tiles (units past the grid), with and without a
+// residual. Each case must have run split-K, and two runs must give the same bytes (the owner adds the parts in
+// order). The part counts the choice times for SD's shapes are checked too.
+TEST(CudaOps, ChannelsLastConvSplitKMatchesCpu) {
+  ATELIER_REQUIRE_HOPPER();
+  ImplGuard restore;
+  struct SplitGuard {
+    int was = cuda::own_conv_split();
+    ~SplitGuard() { cuda::set_own_conv_split(was); }
+  } split_restore;
+  cuda::set_own_conv(cuda::OwnConv::kForce);
+  struct Case { Shape x; int64_t o; int split; bool residual; };
+  const Case cases[] = {{{2, 1280, 8, 8}, 1280, 2, false},  {{2, 1280, 8, 8}, 1280, 16, true}, {{2, 2560, 8, 8}, 1280, 7, true},
+                        {{16, 1280, 8, 8}, 1280, 2, true},  {{16, 1280, 8, 8}, 1280, 4, false}, {{3, 64, 8, 8}, 128, 2, true},
+                        {{2, 320, 64, 64}, 320, 2, true}};
+  for (const Case& c : cases) {
+    Conv2dParams p;
+    p.pad_h = p.pad_w = 1;
+    const Tensor x = random_tensor(c.x, 81), w = random_tensor({c.o, c.x[1], 3, 3}, 82, 1.0f / std::sqrt(float(c.x[1] * 9))),
+                 b = random_tensor({c.o}, 83), r = random_tensor({c.x[0], c.o, c.x[2], c.x[3]}, 84);
+    const bool residual = c.residual;
+    const auto fn = [p, residual](const std::vector<Tensor>& in) {
+      return ops::conv2d(channels_last(in[0]), in[1], in[2], p, residual ? channels_last(in[3]) : Tensor());
+    };
+    const std::string what = "conv2d split-K " + std::to_string(c.split) + " " + shape_str(c.x) + " -> " + std::to_string(c.o) +
+                             (residual ? " + residual" : "");
+    cuda::set_own_conv_split(c.split);
+    const int64_t before = cuda::own_conv_split_launches();
+    EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b, r}), DType::BF16);
+    EXPECT_EQ(cuda::own_conv_split_launches() - before, 1) << what << ": split-K did not run";
+    const std::vector<Tensor> gpu = {to_gpu(x, DType::BF16), to_gpu(w, DType::BF16), to_gpu(b, DType::BF16), to_gpu(r, DType::BF16)};
+    const Tensor first = fn(gpu).to(Device::cpu()), second = fn(gpu).to(Device::cpu());
+    EXPECT_EQ(std::memcmp(first.raw(), second.raw(), first.nbytes()), 0) << what << ": two runs differ";
+  }
+  // The timed candidates at SD's shapes on 132 SMs: none where the tiles fill half the SMs.
+  cuda::OwnConvArgs a;
+  a.c = 1280, a.o = 1280, a.h = a.w = a.ho = a.wo = 8, a.kh = a.kw = 3, a.pad_h = a.pad_w = 1;
+  a.sm_count = 132;
+  a.n = 16;  // 64 tiles of 128 x 160
+  EXPECT_EQ(cuda::conv_implicit_splits(a), std::vector<int>({2, 4}));
+  a.n = 2;  // 8 tiles
+  EXPECT_EQ(cuda::conv_implicit_splits(a), std::vector<int>({16}));
+  a.n = 2, a.h = a.w = a.ho = a.wo = 32;  // 128 tiles: slower split (the SMs are busy)
+  EXPECT_TRUE(cuda::conv_implicit_splits(a).empty());
+  a.n = 16, a.c = a.o = 320, a.h = a.w = a.ho = a.wo = 64;  // 256 tiles
+  EXPECT_TRUE(cuda::conv_implicit_splits(a).empty());
 }
 
 // The upsamplers (nearest 2x, then a 3x3 convolution) as one 2x2 convolution per output phase (cuda_conv_upsample.cu)

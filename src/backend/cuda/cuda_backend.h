@@ -226,6 +226,8 @@ class CudaBackend final : public Backend {
                      const Tensor& addend, OwnConvArgs& a) const;
   int conv_path_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
                        const Tensor& addend, const std::vector<std::function<bool()>>& candidates, const std::vector<const char*>& names);
+  // The own kernel's split-K workspace (allocated at the first call, then kept).
+  void* conv_split_workspace();
   // Group norm of x (+ offset) into out (cuda_group_norm_nhwc.cu); false, enqueuing nothing, where its kernels do not
   // apply (either not channels-last, different dtypes, channel counts or buffers they cannot take).
   bool group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta, int groups,
@@ -253,6 +255,7 @@ class CudaBackend final : public Backend {
   bool conv_nhwc_ = true;  // ATELIER_CONV_NHWC=0 turns kAuto's channels-last path off
   ConvGemm conv_gemm_ = ConvGemm::kAuto;
   std::atomic<int64_t> conv_gemm_calls_{0};
+  std::shared_ptr<Buffer> conv_split_ws_;  // conv_split_workspace()
   // (out shape, x shape, kh, kw, stride h/w, pad h/w, dtype, bias?, addend?, the candidates' names) -> the fastest one's index
   TimedChoice<std::tuple<std::vector<int64_t>, std::vector<int64_t>, int, int, int, int, int, int, int, bool, bool, std::string>>
       conv_choices_;

@@ -12,6 +12,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -324,6 +327,15 @@ bool fusable_epilogue(const Tensor& out, const Tensor& bias, const Tensor& adden
   return true;
 }
 
+// The conv choice's name of the own kernel's split-K candidate of `split` parts (kept for the process: the names
+// are the choice's key and its log's words).
+const char* split_candidate_name(int split) {
+  static std::mutex mu;
+  static std::map<int, std::string> names;
+  std::lock_guard<std::mutex> lock(mu);
+  return names.try_emplace(split, "own kernel, split-K " + std::to_string(split)).first->second.c_str();
+}
+
 }  // namespace
 
 // --- ConvEngine ------------------------------------------------------------------------------------------------
@@ -577,11 +589,15 @@ bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvSh
   OwnConvArgs own_args;
   const OwnConv own_mode = own_conv_mode();
   const bool own_takes = own_mode != OwnConv::kOff && conv_own_args(out, xn, wn, bias, p, addend, own_args);
-  const auto own = [&] {
+  // split > 1: split-K (each tile's k-steps on `split` SMs), for shapes of few tiles.
+  const auto own = [&](int split) {
     NvtxRange range("conv2d_own");
-    return launch_conv_implicit(own_args, cc_major_, stream_);
+    OwnConvArgs a = own_args;
+    a.split = split;
+    a.split_workspace = split > 1 ? conv_split_workspace() : nullptr;
+    return launch_conv_implicit(a, cc_major_, stream_);
   };
-  if (own_takes && own_mode == OwnConv::kForce && own()) return true;
+  if (own_takes && own_mode == OwnConv::kForce && own(std::max(1, own_conv_split()))) return true;
   std::vector<std::function<bool()>> candidates{cudnn};
   std::vector<const char*> names{"cuDNN"};
   if (conv_gemm_ != ConvGemm::kOff && conv_gemm_applies(out, xn, wn, p, addend)) {
@@ -589,7 +605,12 @@ bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvSh
     if (conv_gemm_ == ConvGemm::kForce) return gemm_path();
     candidates.push_back(gemm_path), names.push_back("GEMM");
   }
-  if (own_takes && own_mode == OwnConv::kAuto) candidates.push_back(own), names.push_back("own kernel");
+  if (own_takes && own_mode == OwnConv::kAuto) {
+    candidates.push_back([&] { return own(1); }), names.push_back("own kernel");
+    if (own_conv_split() != 1)
+      for (int split : conv_implicit_splits(own_args))
+        candidates.push_back([&own, split] { return own(split); }), names.push_back(split_candidate_name(split));
+  }
   if (candidates.size() == 1) return cudnn();
   const int pick = conv_path_choice(out, xn, wn, bias, p, addend, candidates, names);
   return candidates[size_t(pick)]() || (pick != 0 && cudnn());

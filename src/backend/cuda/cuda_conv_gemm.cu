@@ -169,6 +169,16 @@ bool CudaBackend::conv_own_args(const Tensor& out, const Tensor& x, const Tensor
   return conv_implicit_takes(a, cc_major_);
 }
 
+// The own kernel's split-K workspace (cuda_gemm_wgmma.h), allocated at its first use and kept: replays of recorded
+// steps reuse its address. Its flags are zeroed once; every launch leaves them zero.
+void* CudaBackend::conv_split_workspace() {
+  if (!conv_split_ws_) {
+    conv_split_ws_ = alloc_.allocate(conv_split_workspace_bytes(sm_count_));
+    ATELIER_CUDA_OK(cudaMemsetAsync(conv_split_ws_->data(), 0, conv_split_flag_bytes(), stream_));
+  }
+  return conv_split_ws_->data();
+}
+
 // Per shape (and epilogue), which of the candidate paths (cuDNN first, then the GEMM path and the own kernel where
 // they apply) is fastest (TimedChoice: timed at the shape's first eager call; under capture an unknown shape takes
 // cuDNN). The candidates' names are part of the key: the answer is an index into this list, and the switches

@@ -23,6 +23,13 @@
 //     tensor map's zero fill outside the image is the convolution's padding. Its 128 rows of 128 bytes land in
 //     shared memory exactly as the linear layer's 128 x 64 box does, so the mainloop is the same.
 // Rows past m and k past the end are the tensor maps' zero fill; columns past the output width are not stored.
+//
+// Split-K (convolutions only, the SK instances): a product of fewer tiles than SMs (SD's 8x8 level at 16 rows: 64
+// tiles of 128 x 160, one consumer of two busy on 64 of 132 SMs) splits each tile's k-steps into `split` parts, the
+// work units (part, tile) numbered part-major. Parts 0 .. split - 2 write their f32 sums to a slot of the workspace
+// and count themselves on the tile's flag; the last part (the owner) waits for the count, adds the slots in part
+// order (the same sum at every run) and runs the usual epilogue. An owner only waits on units numbered before it,
+// which every block runs in order, and the launch is cooperative (all blocks resident), so the waits end.
 #include "backend/cuda/cuda_gemm_wgmma.h"
 
 #include <cuda.h>
@@ -30,7 +37,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <initializer_list>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
@@ -73,7 +82,7 @@ enum class Epi { kGlu, kLinear, kConv };
 template <Epi E, int BN>
 constexpr int kTileCols = E == Epi::kGlu ? kBoxRows : BN;
 
-std::atomic<int64_t> g_glu_launches{0}, g_linear_launches{0}, g_conv_launches{0};
+std::atomic<int64_t> g_glu_launches{0}, g_linear_launches{0}, g_conv_launches{0}, g_split_launches{0};
 
 bool& glu_flag() {
   static bool on = !env_is("ATELIER_FUSED_GLU", "0");
@@ -100,37 +109,62 @@ struct Params {
   int k_steps, col_tiles, tiles;
   // Convolution only: k-steps per tap (C / 64), the kernel's width, the padding, the output's height and width.
   int conv_c_steps, conv_kw, conv_ph, conv_pw, conv_ho, conv_wo;
+  // Split-K: parts per tile (1: none), work units (tiles x split), the parts' f32 slots and the tiles' flags.
+  int split, units;
+  float* partial;
+  int* flags;
 };
+
+// Split-K's workspace: the tiles' flags (ints, zero between launches: each owner resets its own), then a slot of a
+// tile's f32 sums per contributing unit, at most kSplitSlotsPerSm per SM.
+constexpr size_t kSplitFlagBytes = 4096;
+constexpr int kSplitMaxTiles = int(kSplitFlagBytes / sizeof(int));
+constexpr int kSplitSlotsPerSm = 2;
+constexpr size_t kSplitSlotBytes = size_t(kBM) * 160 * sizeof(float);
+constexpr int kMaxSplit = 16;          // parts per tile
+constexpr int kMinSplitSteps = 4;      // k-steps per part: fewer and the slots' traffic outweighs the products
 
 #ifdef ATELIER_WGMMA
 constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer c waits on 1 + c before its mainloop
 
-// Tile i of this block (tile blockIdx.x + i gridDim.x): its first row and column.
-template <Epi E, int BN>
-__device__ __forceinline__ void tile_origin(const Params& p, int i, int& m0, int& c0) {
-  const int tile = int(blockIdx.x) + i * int(gridDim.x);
-  m0 = (tile / p.col_tiles) * kBM;
-  c0 = (tile % p.col_tiles) * kTileCols<E, BN>;
+constexpr int kSplitBarrier = 3;  // named barriers 3 and 4: consumer c's own 128 threads around its split flag
+
+// Work unit i of this block (unit blockIdx.x + i gridDim.x): its tile's first row and column, and its k-steps
+// (split-K: part `part` of the tile's; else all of them).
+struct Unit {
+  int m0, c0, tile, part, k0, steps;
+};
+template <Epi E, int BN, bool SK>
+__device__ __forceinline__ Unit unit_of(const Params& p, int i) {
+  const int u = int(blockIdx.x) + i * int(gridDim.x);
+  Unit r;
+  r.part = SK ? u / p.tiles : 0;
+  r.tile = u - r.part * p.tiles;
+  r.m0 = (r.tile / p.col_tiles) * kBM;
+  r.c0 = (r.tile % p.col_tiles) * kTileCols<E, BN>;
+  r.k0 = SK ? r.part * p.k_steps / p.split : 0;
+  r.steps = SK ? (r.part + 1) * p.k_steps / p.split - r.k0 : p.k_steps;
+  return r;
 }
 __device__ __forceinline__ int block_tiles(const Params& p) {
-  return (p.tiles - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);  // >= 1: the grid has at most p.tiles
+  return (p.units - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);  // >= 1: the grid has at most p.units
 }
 
 // The producer's one thread: every (tile, k-step) of this block, in the consumers' order. The GLU's w comes as two
 // boxes, the value rows c0.. and the gate rows n + c0..; the others' as one box of BN rows.
-template <Epi E, int BN>
+template <Epi E, int BN, bool SK>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t* full, uint64_t* empty) {
   const int n = block_tiles(p);
   int it = 0;
   for (int i = 0; i < n; ++i) {
-    int m0, c0;
-    tile_origin<E, BN>(p, i, m0, c0);
+    const Unit u = unit_of<E, BN, SK>(p, i);
+    const int m0 = u.m0, c0 = u.c0;
     int img = 0, oy = 0, ox = 0;  // convolution: the tile's first output pixel
     if constexpr (E == Epi::kConv) {
       const int pixels = p.conv_ho * p.conv_wo, r = m0 % pixels;
       img = m0 / pixels, oy = r / p.conv_wo, ox = r % p.conv_wo;
     }
-    for (int ks = 0; ks < p.k_steps; ++ks, ++it) {
+    for (int ks = u.k0; ks < u.k0 + u.steps; ++ks, ++it) {
       const int s = it % kStages;
       tma::wait(&empty[s], ((it / kStages) & 1) ^ 1);
       tma::arrive_expect_tx(&full[s], kStageBytes<BN>);  // zero-filled parts of a box count too
@@ -148,12 +182,13 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
 }
 
 // acc[h] (64 x BN: rows 64 h.. of the tile; w's rows as the stage holds them: the GLU's value box in columns 0..63
-// and its gate box in 64..127) = those rows of x times those rows of w, over k; the ring's slots from `it` on. Once
-// the last k-step's products are issued the turn passes to the other consumer (when `hand_on`), before they finish.
+// and its gate box in 64..127) = those rows of x times those rows of w, over the unit's `steps` k-steps; the ring's
+// slots from `it` on. Once the last k-step's products are issued the turn passes to the other consumer (when
+// `hand_on`), before they finish.
 template <int BN>
-__device__ __forceinline__ void mainloop(float (&acc)[2][BN / 2], const Params& p, uint8_t* ring, uint64_t* full,
+__device__ __forceinline__ void mainloop(float (&acc)[2][BN / 2], int steps, uint8_t* ring, uint64_t* full,
                                          uint64_t* empty, int it, bool hand_on, int other) {
-  for (int ks = 0; ks < p.k_steps; ++ks, ++it) {
+  for (int ks = 0; ks < steps; ++ks, ++it) {
     const int s = it % kStages;
     tma::wait(&full[s], (it / kStages) & 1);
     const uint32_t a = smem_u32(ring + s * kStageBytes<BN>);
@@ -169,7 +204,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[2][BN / 2], const Params& 
         else wgmma::mma_m64n128k16_ss<0>(acc[h], da, db, ks > 0 || kk > 0);
       }
     wgmma::commit();
-    if (hand_on && ks == p.k_steps - 1) tma::bar_arrive(kTurnBarrier + other, kConsumerThreads);
+    if (hand_on && ks == steps - 1) tma::bar_arrive(kTurnBarrier + other, kConsumerThreads);
     wgmma::wait<1>();  // the previous k-step's products are done: its buffer can be refilled
     if (ks > 0) tma::arrive(&empty[(it - 1) % kStages]);
   }
@@ -260,31 +295,92 @@ __device__ __forceinline__ void epilogue_linear(const float (&acc)[2][BN / 2], c
   }
 }
 
-// Consumer c: the block's tiles c, c + 2, ... (tile blockIdx.x + i gridDim.x for the block's i-th), each after the
-// other consumer handed it the turn; the ring's slots of tile i start at i k_steps (the producer's order). Every
-// wait on a turn barrier has one arrival: consumer 1's first, for tile 0, then one after each tile's mainloop
-// where a next tile exists.
-template <Epi E, UnaryOp A, int BN, bool R>
+// Split-K's slot of unit (part, tile): a consumer's 2 x BN / 2 accumulators as BN / 4 float4 per thread, float4 q
+// of thread t at q * 128 + t (each store and load instruction of a warp covers 512 consecutive bytes).
+template <int BN>
+__device__ __forceinline__ float4* split_slot(const Params& p, int part, int tile) {
+  return reinterpret_cast<float4*>(p.partial) + (int64_t(part) * p.tiles + tile) * (kBM * BN / 4);
+}
+// A contributing part: its sums to its slot (past L1: another SM reads them), then one count on the tile's flag once
+// all 128 threads' stores are ordered before it (the barrier, then a device-scope fence).
+template <int BN>
+__device__ __forceinline__ void split_contribute(const float (&acc)[2][BN / 2], const Params& p, const Unit& u, int consumer,
+                                                 int t) {
+  float4* slot = split_slot<BN>(p, u.part, u.tile);
+#pragma unroll
+  for (int q = 0; q < BN / 4; ++q) {
+    const float* a = &acc[4 * q / (BN / 2)][4 * q % (BN / 2)];
+    __stcg(slot + q * 128 + t, make_float4(a[0], a[1], a[2], a[3]));
+  }
+  tma::bar_sync(kSplitBarrier + consumer, 128);
+  if (t == 0) {
+    __threadfence();
+    atomicAdd(p.flags + u.tile, 1);
+  }
+}
+// The owner (last part): waits until the other split - 1 parts have counted, resets the flag for the next launch,
+// and adds their slots to acc in part order.
+template <int BN>
+__device__ __forceinline__ void split_gather(float (&acc)[2][BN / 2], const Params& p, const Unit& u, int consumer, int t) {
+  if (t == 0) {
+    int done = 0;
+    do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(done) : "l"(p.flags + u.tile) : "memory");
+    while (done < p.split - 1);
+    atomicExch(p.flags + u.tile, 0);
+  }
+  tma::bar_sync(kSplitBarrier + consumer, 128);
+  for (int part = 0; part < p.split - 1; ++part) {
+    const float4* slot = split_slot<BN>(p, part, u.tile);
+#pragma unroll
+    for (int q = 0; q < BN / 4; ++q) {
+      const float4 v = __ldcg(slot + q * 128 + t);
+      float* a = &acc[4 * q / (BN / 2)][4 * q % (BN / 2)];
+      a[0] += v.x, a[1] += v.y, a[2] += v.z, a[3] += v.w;
+    }
+  }
+}
+
+// Consumer c: the block's units c, c + 2, ... (unit blockIdx.x + i gridDim.x for the block's i-th), each after the
+// other consumer handed it the turn; the ring's slots of unit i start after the block's earlier units' k-steps (the
+// producer's order: i k_steps without split-K). Every wait on a turn barrier has one arrival: consumer 1's first,
+// for unit 0, then one after each unit's mainloop where a next unit exists.
+template <Epi E, UnaryOp A, int BN, bool R, bool SK>
 __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint64_t* full, uint64_t* empty, int consumer,
                                         int ctid) {
   const int warp = (ctid % 128) / 32, lane = ctid % 32;
   const int n = block_tiles(p);
   if (consumer == 1) tma::bar_arrive(kTurnBarrier, kConsumerThreads);  // consumer 0 goes first
   float acc[2][BN / 2];
-  for (int i = consumer; i < n; i += kConsumers) {
-    int m0, c0;
-    tile_origin<E, BN>(p, i, m0, c0);
+  int it = 0;  // the ring slot of unit i's first k-step (split-K: the block's earlier units' k-steps, counted)
+  for (int i = SK ? 0 : consumer; i < n; i += SK ? 1 : kConsumers) {
+    const Unit u = unit_of<E, BN, SK>(p, i);
+    if constexpr (SK) {
+      if (i % kConsumers != consumer) {
+        it += u.steps;
+        continue;
+      }
+    } else {
+      it = i * p.k_steps;
+    }
     tma::bar_sync(kTurnBarrier + consumer, kConsumerThreads);
-    mainloop<BN>(acc, p, ring, full, empty, i * p.k_steps, i + 1 < n, 1 - consumer);
-    if constexpr (E == Epi::kGlu) epilogue_glu<A>(acc, p, m0 + warp * 16 + lane / 4, c0, lane % 4);
-    else epilogue_linear<BN, R>(acc, p, m0 + warp * 16 + lane / 4, c0, lane % 4);
+    mainloop<BN>(acc, u.steps, ring, full, empty, it, i + 1 < n, 1 - consumer);
+    if constexpr (SK) {
+      it += u.steps;
+      if (u.part + 1 < p.split) {
+        split_contribute<BN>(acc, p, u, consumer, ctid % 128);
+        continue;
+      }
+      split_gather<BN>(acc, p, u, consumer, ctid % 128);
+    }
+    if constexpr (E == Epi::kGlu) epilogue_glu<A>(acc, p, u.m0 + warp * 16 + lane / 4, u.c0, lane % 4);
+    else epilogue_linear<BN, R>(acc, p, u.m0 + warp * 16 + lane / 4, u.c0, lane % 4);
   }
 }
 
 #endif  // ATELIER_WGMMA
 
-// R: the linear layer or convolution adds p.residual (the GLU takes none).
-template <Epi E, UnaryOp A, int BN, bool R>
+// R: the linear layer or convolution adds p.residual (the GLU takes none); SK: split-K (p.split parts per tile).
+template <Epi E, UnaryOp A, int BN, bool R, bool SK>
 __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_constant__ Params p) {
 #ifdef ATELIER_WGMMA
   extern __shared__ uint8_t smem_raw[];
@@ -302,10 +398,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
   __syncthreads();
   if (wg == 0) {
     tma::regs_dealloc<kProducerRegs>();
-    if (tid == 0) produce<E, BN>(p, ring, full, empty);
+    if (tid == 0) produce<E, BN, SK>(p, ring, full, empty);
   } else {
     tma::regs_alloc<kConsumerRegs>();
-    consume<E, A, BN, R>(p, ring, full, empty, wg - 1, tid - 128);
+    consume<E, A, BN, R, SK>(p, ring, full, empty, wg - 1, tid - 128);
   }
 #else
   __trap();
@@ -361,30 +457,69 @@ bool make_map_4d(CUtensorMap& map, const void* base, int64_t n, int64_t h, int64
                        {cuuint32_t(kBK), pixels[0], pixels[1], pixels[2]});
 }
 
-// The grid, the tiles and the launch, once p's maps and pointers are set.
-template <Epi E, UnaryOp A, int BN = 128, bool R = false>
+// Output tiles of a product of m rows and n columns (kTileCols<E, BN> each).
+template <Epi E, int BN>
+int64_t tile_count(int64_t m, int64_t n) {
+  return (m + kBM - 1) / kBM * ((n + kTileCols<E, BN> - 1) / kTileCols<E, BN>);
+}
+
+// The grid, the tiles and the launch, once p's maps and pointers (and split-K's p.split, p.partial, p.flags) are set.
+// Split-K launches cooperatively: its owners wait on other blocks' units, so all blocks must be resident at once.
+template <Epi E, UnaryOp A, int BN = 128, bool R = false, bool SK = false>
 bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) {
   p.k_steps = int((k + kBK - 1) / kBK);
   p.col_tiles = (p.n + kTileCols<E, BN> - 1) / kTileCols<E, BN>;
-  p.tiles = int((m + kBM - 1) / kBM) * p.col_tiles;
-  const auto kernel = gemm_wgmma_kernel<E, A, BN, R>;
+  p.tiles = int(tile_count<E, BN>(m, p.n));
+  if constexpr (!SK) p.split = 1;
+  p.units = p.tiles * p.split;
+  const auto kernel = gemm_wgmma_kernel<E, A, BN, R, SK>;
   // Per launch: the attribute belongs to the current device's context (as the attention kernels do).
   ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem<BN>)));
-  const unsigned blocks = unsigned(std::min<int64_t>(p.tiles, std::max(1, sm_count)));
-  kernel<<<blocks, kThreads, kSmem<BN>, stream>>>(p);
+  const unsigned blocks = unsigned(std::min<int64_t>(p.units, std::max(1, sm_count)));
+  if constexpr (SK) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kSmem<BN>;
+    cfg.stream = stream;
+    cudaLaunchAttribute coop{};
+    coop.id = cudaLaunchAttributeCooperative;
+    coop.val.cooperative = 1;
+    cfg.attrs = &coop;
+    cfg.numAttrs = 1;
+    // Fewer SMs than the device reports (MPS limits, a partitioned context): decline, the caller takes another path.
+    const cudaError_t launched = cudaLaunchKernelEx(&cfg, kernel, p);
+    if (launched == cudaErrorCooperativeLaunchTooLarge) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    ATELIER_CUDA_OK(launched);
+    g_split_launches.fetch_add(1);
+  } else {
+    kernel<<<blocks, kThreads, kSmem<BN>, stream>>>(p);
+  }
   ATELIER_CUDA_LAUNCHED();
   (E == Epi::kGlu ? g_glu_launches : E == Epi::kLinear ? g_linear_launches : g_conv_launches).fetch_add(1);
   return true;
 }
 
-// A linear layer's or convolution's instance: 128- or 160-column tiles, with or without p.residual.
+// A linear layer's or convolution's instance: 128- or 160-column tiles, with or without p.residual; convolutions also
+// split-K (p.split > 1).
 template <Epi E>
 bool launch_linear_form(Params& p, int64_t m, int64_t k, bool wide, int sm_count, cudaStream_t stream) {
+  constexpr UnaryOp I = UnaryOp::kIdentity;
+  if constexpr (E == Epi::kConv) {
+    if (p.split > 1) {
+      if (wide)
+        return p.residual ? launch<E, I, 160, true, true>(p, m, k, sm_count, stream)
+                          : launch<E, I, 160, false, true>(p, m, k, sm_count, stream);
+      return p.residual ? launch<E, I, 128, true, true>(p, m, k, sm_count, stream)
+                        : launch<E, I, 128, false, true>(p, m, k, sm_count, stream);
+    }
+  }
   if (wide)
-    return p.residual ? launch<E, UnaryOp::kIdentity, 160, true>(p, m, k, sm_count, stream)
-                      : launch<E, UnaryOp::kIdentity, 160, false>(p, m, k, sm_count, stream);
-  return p.residual ? launch<E, UnaryOp::kIdentity, 128, true>(p, m, k, sm_count, stream)
-                    : launch<E, UnaryOp::kIdentity, 128, false>(p, m, k, sm_count, stream);
+    return p.residual ? launch<E, I, 160, true>(p, m, k, sm_count, stream) : launch<E, I, 160, false>(p, m, k, sm_count, stream);
+  return p.residual ? launch<E, I, 128, true>(p, m, k, sm_count, stream) : launch<E, I, 128, false>(p, m, k, sm_count, stream);
 }
 
 // Whether a linear layer's or convolution's output width takes 160-column tiles: a multiple of 160 (SD's 320, 640,
@@ -416,6 +551,16 @@ int64_t own_linear_launches() { return g_linear_launches.load(); }
 OwnConv own_conv_mode() { return conv_mode(); }
 void set_own_conv(OwnConv mode) { conv_mode() = mode; }
 int64_t own_conv_launches() { return g_conv_launches.load(); }
+int64_t own_conv_split_launches() { return g_split_launches.load(); }
+int& forced_split() {
+  static int split = [] {
+    const char* v = std::getenv("ATELIER_OWN_CONV_SPLIT");
+    return v ? std::max(0, std::atoi(v)) : 0;
+  }();
+  return split;
+}
+int own_conv_split() { return forced_split(); }
+void set_own_conv_split(int split) { forced_split() = std::max(0, split); }
 
 bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream) {
   if (!takes(cc_major, a.max_smem, a.m, a.k, a.n, a.ldo, {a.out, a.bias})) return false;
@@ -455,6 +600,20 @@ bool conv_takes_with_box(const OwnConvArgs& a, int cc_major, cuuint32_t (&box)[3
     return false;
   return takes(cc_major, a.max_smem, a.n * a.ho * a.wo, a.kh * a.kw * a.c, a.o, a.o, {a.out, a.bias, a.residual});
 }
+
+// The convolution's output tiles and k-steps.
+int64_t conv_tiles(const OwnConvArgs& a) {
+  const int64_t m = a.n * a.ho * a.wo;
+  return tile_160(a.o) ? tile_count<Epi::kConv, 160>(m, a.o) : tile_count<Epi::kConv, 128>(m, a.o);
+}
+int64_t conv_k_steps(const OwnConvArgs& a) { return (a.kh * a.kw * a.c + kBK - 1) / kBK; }
+
+// Whether `split` parts per tile fit the workspace, the flags and the k-steps.
+bool split_fits(const OwnConvArgs& a, int split) {
+  const int64_t tiles = conv_tiles(a);
+  return split >= 2 && split <= kMaxSplit && tiles <= kSplitMaxTiles && split * kMinSplitSteps <= conv_k_steps(a) &&
+         (split - 1) * tiles <= int64_t(kSplitSlotsPerSm) * a.sm_count;
+}
 }  // namespace
 
 bool conv_implicit_takes(const OwnConvArgs& a, int cc_major) {
@@ -462,11 +621,37 @@ bool conv_implicit_takes(const OwnConvArgs& a, int cc_major) {
   return conv_takes_with_box(a, cc_major, box);
 }
 
+size_t conv_split_workspace_bytes(int sm_count) {
+  return kSplitFlagBytes + size_t(kSplitSlotsPerSm) * size_t(std::max(sm_count, 1)) * kSplitSlotBytes;
+}
+size_t conv_split_flag_bytes() { return kSplitFlagBytes; }
+
+std::vector<int> conv_implicit_splits(const OwnConvArgs& a) {
+  std::vector<int> splits;
+  const int64_t tiles = conv_tiles(a);
+  // Half the SMs or more busy without it: at 67-131 tiles (a block each, one consumer of two busy) two parts per tile
+  // timed slower than one in every SD shape (1024²'s 32x32 level: 50 against 48 us, 90.5 against 87.7; session 34).
+  if (tiles <= 0 || 2 * tiles > a.sm_count) return splits;
+  // One unit per SM (one consumer of two busy), or two (both).
+  for (int64_t per_sm : {int64_t(1), int64_t(kConsumers)}) {
+    const int split = int(std::min<int64_t>(kMaxSplit, per_sm * a.sm_count / tiles));
+    if (split_fits(a, split) && (splits.empty() || splits.back() != split)) splits.push_back(split);
+  }
+  return splits;
+}
+
 bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t stream) {
   cuuint32_t box[3];
   if (!conv_takes_with_box(a, cc_major, box)) return false;
+  if (a.split > 1 && (!split_fits(a, a.split) || !a.split_workspace || reinterpret_cast<uintptr_t>(a.split_workspace) % 256 != 0))
+    return false;
   const int64_t m = a.n * a.ho * a.wo, k = a.kh * a.kw * a.c;
   Params p{};
+  p.split = std::max(1, a.split);
+  if (p.split > 1) {
+    p.flags = static_cast<int*>(a.split_workspace);
+    p.partial = reinterpret_cast<float*>(static_cast<char*>(a.split_workspace) + kSplitFlagBytes);
+  }
   const bool wide = tile_160(a.o);
   if (!make_map_4d(p.x, a.input, a.n, a.h, a.w, a.c, box) || !make_map(p.w, a.weight, a.o, k, k, wide ? 160 : 128)) return false;
   p.bias = static_cast<const __nv_bfloat16*>(a.bias);

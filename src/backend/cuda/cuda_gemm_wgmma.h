@@ -7,7 +7,9 @@
 //     cuBLASLt's heuristics 1.15-1.96x the time of the same products without the residual;
 //   - a channels-last convolution (stride 1, no dilation) as an implicit GEMM with bias and residual: the linear
 //     layer's kernel with x's boxes read from the input shifted by each tap, the tensor map's zero fill as padding
-//     (no im2col matrix). A candidate beside cuDNN and im2col + cuBLASLt, timed per shape (CudaBackend's conv choice).
+//     (no im2col matrix). A candidate beside cuDNN and im2col + cuBLASLt, timed per shape (CudaBackend's conv choice);
+//     for products of few tiles also split-K forms (each tile's k-steps on several SMs, the f32 parts summed in
+//     order by the last one: SD's 8x8 level at 16 rows, 81 -> 53 us; docs/performance.md, session 34).
 // The GLU is on by default since session 30 (ping-pong consumers: faster than cuBLASLt's product + the glu pass at
 // every SD shape; docs/performance.md, session 30); the linear layer stays off (slower than cuBLASLt everywhere).
 #pragma once
@@ -15,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -51,6 +54,11 @@ struct OwnConvArgs {
   int pad_h = 0, pad_w = 0;
   int sm_count = 0;
   size_t max_smem = 0;
+  // Split-K: each output tile's k-steps in `split` parts run on different SMs (1: none); the parts' sums meet in
+  // split_workspace (conv_split_workspace_bytes, 256-byte aligned, its first conv_split_flag_bytes zero before the
+  // first launch: every launch leaves them zero).
+  int split = 1;
+  void* split_workspace = nullptr;
 };
 
 // Enqueue the kernel; false (nothing launched) where it does not take the case: a device other than sm_90, an
@@ -63,6 +71,18 @@ bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream)
 bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t stream);
 // Whether launch_conv_implicit takes the case (all but the tensor maps' encoding, which needs the driver).
 bool conv_implicit_takes(const OwnConvArgs& a, int cc_major);
+// Split-K for convolutions of at most half as many output tiles as SMs (SD's 8x8 level at 16 rows: 64 tiles for 132
+// SMs): the part counts worth timing for the case (one unit per SM, two per SM; none for larger products), best guess
+// first. A split
+// that does not fit (the workspace's slots, 16 parts, 4 k-steps per part) is declined by launch_conv_implicit.
+std::vector<int> conv_implicit_splits(const OwnConvArgs& a);
+size_t conv_split_workspace_bytes(int sm_count);
+size_t conv_split_flag_bytes();
+// Split-K's switch (ATELIER_OWN_CONV_SPLIT=N or the setter: tests, A/B runs): 0 (default) times
+// conv_implicit_splits' counts beside the other candidates in kAuto; 1 never splits; N >= 2 also makes kForce run N
+// parts per tile where they fit (kForce runs no split otherwise).
+int own_conv_split();
+void set_own_conv_split(int split);
 
 // On unless ATELIER_FUSED_GLU=0: ops::linear_glu runs launch_gemm_glu (or the setter: tests, benches).
 bool fused_glu_enabled();
@@ -84,5 +104,6 @@ void set_own_conv(OwnConv mode);
 int64_t fused_glu_launches();
 int64_t own_linear_launches();
 int64_t own_conv_launches();
+int64_t own_conv_split_launches();  // of them split-K
 
 }  // namespace atelier::cuda
