@@ -421,8 +421,8 @@ int run(int iters, const Sections& want) {
       print({"glu (GEGLU) " + std::to_string(tokens) + "x2560 bf16", time_ms(be, iters, [&] { ops::glu(ff, UnaryOp::kGelu); }),
              1.5 * double(ff.nbytes()), "GB/s"});
     }
-    // SD's deeper levels at CFG batch 2: rows of 640 and 1280 channels (one warp per row; latency-bound).
-    for (const auto& [tokens, ch] : {std::pair<int64_t, int64_t>{2 * 1024, 640}, {2 * 256, 1280}}) {
+    // SD's deeper levels at CFG batch 2 (latency-bound) and at 16 rows: rows of 640 and 1280 channels.
+    for (const auto& [tokens, ch] : {std::pair<int64_t, int64_t>{2 * 1024, 640}, {2 * 256, 1280}, {16 * 1024, 640}, {16 * 256, 1280}}) {
       const Tensor t = random_on({tokens, ch}, DType::BF16, dev), gc = random_on({ch}, DType::BF16, dev);
       print({"layer_norm " + std::to_string(tokens) + "x" + std::to_string(ch) + " bf16",
              time_ms(be, iters, [&] { ops::layer_norm(t, gc, gc, 1e-5f); }), 2.0 * double(t.nbytes()), "GB/s"});

@@ -541,9 +541,12 @@ TEST(CudaOps, LayerNormAndRmsNormMatchCpu) {
   // 128: FLUX and Z-Image q/k norms, 27 rows: a last block only partly filled; 64: 33 rows), other rows up to
   // 1024 the warp-per-row kernel, longer rows the block-per-row kernel. Layer norm: rows of whole 16-byte
   // vectors up to 1536 bf16 / 768 f32 elements take its warp-per-row kernel (SD's 320/640/1280 channels; 1280
-  // in f32 and the odd widths take the block kernel).
+  // in f32 and the odd widths take the block kernel); 16-bit rows of 320 and 640 with 16-bit parameters, when
+  // there are many (16389: 96 per SM up to 170 SMs), at 8 and 16 lanes per row (a last warp whose later rows are past
+  // the end), and few of them (45, 37) at 32.
   for (const Shape& s : {Shape{7, 13}, Shape{3, 77, 768}, Shape{2, 5000}, Shape{4096, 320}, Shape{1, 1}, Shape{3, 9, 128},
-                         Shape{5, 1280}, Shape{11, 1536}, Shape{33, 64}}) {
+                         Shape{5, 1280}, Shape{11, 1536}, Shape{33, 64}, Shape{45, 320}, Shape{37, 640}, Shape{16389, 320},
+                         Shape{16389, 640}}) {
     const int64_t d = s.back();
     for (float offset : {0.0f, 50.0f}) {
       const Tensor x = random_tensor(s, 51, 1.0f, offset), g = random_tensor({d}, 52), b = random_tensor({d}, 53);

@@ -210,75 +210,94 @@ constexpr int64_t kMaxWarpRow = 1024;
 // statistics and normalisation as layer_norm_kernel. The kernel is compiled per row length in vectors per lane
 // (kMaxVecs): sized for the longest row, a 320-channel row kept registers for six vectors where it uses two,
 // and the occupancy that cost left too few loads in flight (1.3 TB/s on 65536 x 320).
-constexpr int kWarpLnMaxVecs = 6;  // per lane: 6 x 32 lanes x 8 bf16 = 1536 elements (768 in f32)
+constexpr int kWarpLnMaxVecs = 6;
+constexpr int kNarrowRowsPerSm = 96;  // rows per SM from which fewer lanes per row pay (12,672 on the H200's 132)  // per lane: 6 x 32 lanes x 8 bf16 = 1536 elements (768 in f32)
 
-template <typename T, int kMaxVecs>
-__global__ void layer_norm_warp_kernel(T* y, const T* x, NormAffine aff, int64_t rows, int64_t d, float eps) {
+// Blocks per SM asked of ptxas per row length where gamma and beta come from shared memory (kShared): the row's
+// packed vectors stay live across the reductions, and the conversions are cheap enough to redo in each pass rather
+// than hold 8 floats per vector. (The other parameter forms' loads need more registers: no bound.)
+template <int kMaxVecs, bool kShared>
+constexpr int kWarpLnMinBlocks = !kShared ? 1 : kMaxVecs <= 2 ? 6 : kMaxVecs == 3 ? 5 : kMaxVecs <= 5 ? 4 : 3;
+
+// The sum of v over the kLanes lanes of this lane's row (aligned groups of kLanes lanes of the warp).
+template <int kLanes>
+__device__ __forceinline__ float lanes_sum(float v) {
+#pragma unroll
+  for (int m = kLanes / 2; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+// kShared: gamma and beta both present, in T, 16-byte aligned (layer_norm checks it). kLanes lanes per row, 32 /
+// kLanes rows per warp: a 320-channel bf16 row is 40 vectors, 2 per lane of a whole warp with 24 of 64 slots idle, 5
+// per lane of 8 lanes with none idle (and each warp has 4 rows in flight).
+template <typename T, int kMaxVecs, bool kShared, int kLanes>
+__global__ void __launch_bounds__(kWarpRowsPerBlock * 32, (kWarpLnMinBlocks<kMaxVecs, kShared>))
+    layer_norm_warp_kernel(T* y, const T* x, NormAffine aff, int64_t rows, int64_t d, float eps) {
   constexpr int V = Vec<T>::kWidth;
-  const int64_t row = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
-  if (row >= rows) return;  // whole warps leave together
-  const int lane = threadIdx.x % 32;
+  // gamma and beta in x's dtype (SD's): the block's rows share them, so its threads stage them in shared memory once,
+  // beside their rows' loads. Held per lane in registers (session 29's early load, which took them off the critical
+  // path after the reductions) they made the kernel 71 registers at 320 channels, 3 blocks per SM (37.5% occupancy,
+  // too few rows in flight: 1.5-1.8 TB/s, session 33).
+  __shared__ Vec<T> sg[kShared ? kMaxVecs * 32 : 1], sb[kShared ? kMaxVecs * 32 : 1];
   const int64_t nvec = d / V;
-  const auto* xp = reinterpret_cast<const Vec<T>*>(x + row * d);
-  auto* yp = reinterpret_cast<Vec<T>*>(y + row * d);
-  // gamma and beta in x's dtype (SD's): loaded with the row, before the statistics. Loaded after them (as other
-  // dtypes still are) they put a memory round trip on every warp's critical path after its reductions (session
-  // 29: [8192, 320] 8% and [65536, 320] 9% faster, the deeper levels' rows within noise).
-  const bool packed = aff.gamma && aff.beta && params_of<T>(aff);
-  Vec<T> gv[kMaxVecs], bv[kMaxVecs];
-  if (packed) {
-    const auto* gp = static_cast<const Vec<T>*>(aff.gamma);
-    const auto* bp = static_cast<const Vec<T>*>(aff.beta);
+  constexpr int kRowsPerWarp = 32 / kLanes;
+  const int64_t row = (int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32) * kRowsPerWarp + threadIdx.x % 32 / kLanes;
+  const int lane = threadIdx.x % kLanes;
+  const bool live = row < rows;  // lanes past the last row still take part in their warp's shuffles
+  // The row as loaded (packed: 4 registers per vector instead of 8 floats), converted in each pass that reads it.
+  Vec<T> xv[kMaxVecs];
+  {
+    const auto* xp = reinterpret_cast<const Vec<T>*>(x + row * d);
 #pragma unroll
     for (int j = 0; j < kMaxVecs; ++j) {
-      const int64_t vi = int64_t(j) * 32 + lane;
-      if (vi < nvec) gv[j] = gp[vi], bv[j] = bp[vi];
+      const int64_t vi = int64_t(j) * kLanes + lane;
+      xv[j] = live && vi < nvec ? xp[vi] : Vec<T>{};
     }
   }
-  float vals[kMaxVecs][V];
+  if constexpr (kShared) {
+    const auto* gp = static_cast<const Vec<T>*>(aff.gamma);
+    const auto* bp = static_cast<const Vec<T>*>(aff.beta);
+    for (int64_t vi = threadIdx.x; vi < nvec; vi += blockDim.x) sg[vi] = gp[vi], sb[vi] = bp[vi];
+    __syncthreads();
+  }
+  auto* yp = reinterpret_cast<Vec<T>*>(y + row * d);
   float s = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kMaxVecs; ++j) {
-    const int64_t vi = int64_t(j) * 32 + lane;
-    const Vec<T> v = vi < nvec ? xp[vi] : Vec<T>{};
+  for (int j = 0; j < kMaxVecs; ++j)
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-      vals[j][e] = to_f32(v.v[e]);
-      s += vals[j][e];
-    }
-  }
-  const float mean = warp_sum(s) / float(d);
+    for (int e = 0; e < V; ++e) s += to_f32(xv[j].v[e]);  // zeros past the row
+  const float mean = lanes_sum<kLanes>(s) / float(d);
   float dev = 0.0f, sq = 0.0f;
 #pragma unroll
   for (int j = 0; j < kMaxVecs; ++j) {
-    if (int64_t(j) * 32 + lane >= nvec) continue;
+    if (int64_t(j) * kLanes + lane >= nvec) continue;
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      const float v = vals[j][e] - mean;
+      const float v = to_f32(xv[j].v[e]) - mean;
       dev += v;
       sq += v * v;
     }
   }
-  const float corr = warp_sum(dev) / float(d);
-  const float var = fmaxf(warp_sum(sq) / float(d) - corr * corr, 0.0f);
+  const float corr = lanes_sum<kLanes>(dev) / float(d);
+  const float var = fmaxf(lanes_sum<kLanes>(sq) / float(d) - corr * corr, 0.0f);
   const float rstd = 1.0f / sqrtf(var + eps);
+  if (!live) return;
 #pragma unroll
   for (int j = 0; j < kMaxVecs; ++j) {
-    const int64_t vi = int64_t(j) * 32 + lane;
+    const int64_t vi = int64_t(j) * kLanes + lane;
     if (vi >= nvec) continue;
     Vec<T> out;
     float g[V], b[V];
-    if (packed) {
+    if constexpr (kShared) {
+      const Vec<T> gv = sg[vi], bv = sb[vi];
 #pragma unroll
-      for (int e = 0; e < V; ++e) g[e] = to_f32(gv[j].v[e]), b[e] = to_f32(bv[j].v[e]);
+      for (int e = 0; e < V; ++e) g[e] = to_f32(gv.v[e]), b[e] = to_f32(bv.v[e]);
     } else {
       load_param_run<T>(g, aff.gamma, aff.gamma_dtype, vi * V, 1.0f);
       load_param_run<T>(b, aff.beta, aff.beta_dtype, vi * V, 0.0f);
     }
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-      out.v[e] = from_f32<T>(((vals[j][e] - mean) - corr) * rstd * g[e] + b[e]);
-    }
+    for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(((to_f32(xv[j].v[e]) - mean) - corr) * rstd * g[e] + b[e]);
     yp[vi] = out;
   }
 }
@@ -416,17 +435,31 @@ void CudaBackend::layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, 
     const bool aligned = reinterpret_cast<uintptr_t>(x.data<T>()) % sizeof(Vec<T>) == 0 &&
                          reinterpret_cast<uintptr_t>(out.data<T>()) % sizeof(Vec<T>) == 0;
     if (aligned && d % V == 0 && d <= int64_t(kWarpLnMaxVecs) * 32 * V) {
-      const unsigned blocks = unsigned((rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock);
-      const auto launch = [&](auto vecs) {
-        layer_norm_warp_kernel<T, decltype(vecs)::value><<<blocks, kWarpRowsPerBlock * 32, 0, stream_>>>(
-            out.data<T>(), x.data<T>(), affine_of(gamma, beta), rows, d, eps);
+      const auto in_t = [&](const Tensor& p) {
+        return p.defined() && p.dtype() == x.dtype() && p.is_contiguous() && reinterpret_cast<uintptr_t>(p.raw()) % sizeof(Vec<T>) == 0;
       };
+      const bool shared = in_t(gamma) && in_t(beta);
+      const auto launch = [&](auto vecs, auto lanes) {
+        constexpr int kVecs = decltype(vecs)::value, kLanes = decltype(lanes)::value;
+        const int64_t rows_per_block = int64_t(kWarpRowsPerBlock) * (32 / kLanes);
+        const unsigned blocks = unsigned((rows + rows_per_block - 1) / rows_per_block);
+        const auto kernel = shared ? layer_norm_warp_kernel<T, kVecs, true, kLanes> : layer_norm_warp_kernel<T, kVecs, false, kLanes>;
+        kernel<<<blocks, kWarpRowsPerBlock * 32, 0, stream_>>>(out.data<T>(), x.data<T>(), affine_of(gamma, beta), rows, d, eps);
+      };
+      using L32 = std::integral_constant<int, 32>;
+      // Rows of exactly 5 vectors per lane at 8 or 16 lanes (SD's 320 and 640 channels in bf16): no idle slots, 4 or 2
+      // rows in flight per warp. Only for many rows: with fewer, a whole warp per row finishes sooner (latency, not
+      // bandwidth: [8192, 320] 8 us against 9, [2048, 640] 5 against 7; [65536, 320] 38 against 30, session 34).
+      const bool many_rows = rows >= int64_t(kNarrowRowsPerSm) * sm_count_;
+      if (shared && many_rows && d / V == 5 * 8) return launch(std::integral_constant<int, 5>{}, std::integral_constant<int, 8>{});
+      if (shared && many_rows && d / V == 5 * 16) return launch(std::integral_constant<int, 5>{}, std::integral_constant<int, 16>{});
       switch ((d / V + 31) / 32) {  // vectors per lane
-        case 1: launch(std::integral_constant<int, 1>{}); break;
-        case 2: launch(std::integral_constant<int, 2>{}); break;
-        case 3: launch(std::integral_constant<int, 3>{}); break;
-        case 4: launch(std::integral_constant<int, 4>{}); break;
-        default: launch(std::integral_constant<int, kWarpLnMaxVecs>{}); break;
+        case 1: launch(std::integral_constant<int, 1>{}, L32{}); break;
+        case 2: launch(std::integral_constant<int, 2>{}, L32{}); break;
+        case 3: launch(std::integral_constant<int, 3>{}, L32{}); break;
+        case 4: launch(std::integral_constant<int, 4>{}, L32{}); break;
+        case 5: launch(std::integral_constant<int, 5>{}, L32{}); break;  // SD's 1280 channels
+        default: launch(std::integral_constant<int, kWarpLnMaxVecs>{}, L32{}); break;
       }
     } else {
       layer_norm_kernel<T><<<unsigned(rows), row_threads(d), 0, stream_>>>(out.data<T>(), x.data<T>(), affine_of(gamma, beta), d, eps);
