@@ -8,6 +8,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "core/status.h"
 
@@ -29,6 +30,24 @@ inline std::optional<double> env_number(const char* name) {
 
 // Whether p lies on a `bytes` boundary (the vector paths' 16-byte loads and stores, 8-byte table reads).
 inline bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Launches kernel<<<blocks, threads, smem, stream>>>(args...) cooperatively: all blocks resident at once (kernels
+// whose blocks wait on each other), or no launch and cudaErrorCooperativeLaunchTooLarge. Returns the launch's error.
+template <typename... Params, typename... Args>
+cudaError_t launch_cooperative(void (*kernel)(Params...), unsigned blocks, unsigned threads, size_t smem, cudaStream_t stream,
+                               Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute coop{};
+  coop.id = cudaLaunchAttributeCooperative;
+  coop.val.cooperative = 1;
+  cfg.attrs = &coop;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 inline bool aligned16(const void* p) { return aligned_to(p, 16); }
 
 // n / d for 32-bit n < 2^31 by a divisor fixed on the host: one high product, an add and a shift (the

@@ -477,18 +477,8 @@ bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) 
   ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem<BN>)));
   const unsigned blocks = unsigned(std::min<int64_t>(p.units, std::max(1, sm_count)));
   if constexpr (SK) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = kSmem<BN>;
-    cfg.stream = stream;
-    cudaLaunchAttribute coop{};
-    coop.id = cudaLaunchAttributeCooperative;
-    coop.val.cooperative = 1;
-    cfg.attrs = &coop;
-    cfg.numAttrs = 1;
     // Fewer SMs than the device reports (MPS limits, a partitioned context): decline, the caller takes another path.
-    const cudaError_t launched = cudaLaunchKernelEx(&cfg, kernel, p);
+    const cudaError_t launched = launch_cooperative(kernel, blocks, kThreads, kSmem<BN>, stream, p);
     if (launched == cudaErrorCooperativeLaunchTooLarge) {
       (void)cudaGetLastError();
       return false;

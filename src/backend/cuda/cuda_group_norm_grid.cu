@@ -384,17 +384,8 @@ void launch_group_norm_grid(const GroupNormSliceArgs& g, const GroupNormGridPlan
              plan.rows_per_pass, g.eps, g.act, static_cast<float2*>(scratch)};
   with_kernel(g.dtype, g.act, [&](auto kernel, auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(plan.blocks));
-    cfg.blockDim = dim3(unsigned(plan.threads));
-    cfg.dynamicSmemBytes = plan.smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute coop{};
-    coop.id = cudaLaunchAttributeCooperative;
-    coop.val.cooperative = 1;
-    cfg.attrs = &coop;
-    cfg.numAttrs = 1;
-    ATELIER_CUDA_OK(cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(g.y), static_cast<const T*>(g.x), a));
+    ATELIER_CUDA_OK(launch_cooperative(kernel, unsigned(plan.blocks), unsigned(plan.threads), plan.smem, stream, static_cast<T*>(g.y),
+                                       static_cast<const T*>(g.x), a));
     ATELIER_CUDA_LAUNCHED();
     g_launches.fetch_add(1);
     return true;
