@@ -210,8 +210,8 @@ constexpr int64_t kMaxWarpRow = 1024;
 // statistics and normalisation as layer_norm_kernel. The kernel is compiled per row length in vectors per lane
 // (kMaxVecs): sized for the longest row, a 320-channel row kept registers for six vectors where it uses two,
 // and the occupancy that cost left too few loads in flight (1.3 TB/s on 65536 x 320).
-constexpr int kWarpLnMaxVecs = 6;
-constexpr int kNarrowRowsPerSm = 96;  // rows per SM from which fewer lanes per row pay (12,672 on the H200's 132)  // per lane: 6 x 32 lanes x 8 bf16 = 1536 elements (768 in f32)
+constexpr int kWarpLnMaxVecs = 6;  // per lane: 6 x 32 lanes x 8 bf16 = 1536 elements (768 in f32)
+constexpr int kNarrowRowsPerSm = 96;  // rows per SM from which fewer lanes per row pay (12,672 on the H200's 132)
 
 // Blocks per SM asked of ptxas per row length where gamma and beta come from shared memory (kShared): the row's
 // packed vectors stay live across the reductions, and the conversions are cheap enough to redo in each pass rather
