@@ -37,7 +37,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <initializer_list>
 #include <vector>
 
@@ -493,23 +492,20 @@ bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) 
   return true;
 }
 
-// A linear layer's or convolution's instance: 128- or 160-column tiles, with or without p.residual; convolutions also
-// split-K (p.split > 1).
+// A linear layer's or convolution's instance: 128- or 160-column tiles, with or without p.residual, split-K or not.
+template <Epi E, bool SK>
+bool launch_tiles(Params& p, int64_t m, int64_t k, bool wide, int sm_count, cudaStream_t stream) {
+  constexpr UnaryOp I = UnaryOp::kIdentity;
+  if (wide)
+    return p.residual ? launch<E, I, 160, true, SK>(p, m, k, sm_count, stream) : launch<E, I, 160, false, SK>(p, m, k, sm_count, stream);
+  return p.residual ? launch<E, I, 128, true, SK>(p, m, k, sm_count, stream) : launch<E, I, 128, false, SK>(p, m, k, sm_count, stream);
+}
+// Convolutions also take split-K (p.split > 1); linear layers have no such instances.
 template <Epi E>
 bool launch_linear_form(Params& p, int64_t m, int64_t k, bool wide, int sm_count, cudaStream_t stream) {
-  constexpr UnaryOp I = UnaryOp::kIdentity;
-  if constexpr (E == Epi::kConv) {
-    if (p.split > 1) {
-      if (wide)
-        return p.residual ? launch<E, I, 160, true, true>(p, m, k, sm_count, stream)
-                          : launch<E, I, 160, false, true>(p, m, k, sm_count, stream);
-      return p.residual ? launch<E, I, 128, true, true>(p, m, k, sm_count, stream)
-                        : launch<E, I, 128, false, true>(p, m, k, sm_count, stream);
-    }
-  }
-  if (wide)
-    return p.residual ? launch<E, I, 160, true>(p, m, k, sm_count, stream) : launch<E, I, 160, false>(p, m, k, sm_count, stream);
-  return p.residual ? launch<E, I, 128, true>(p, m, k, sm_count, stream) : launch<E, I, 128, false>(p, m, k, sm_count, stream);
+  if constexpr (E == Epi::kConv)
+    if (p.split > 1) return launch_tiles<E, true>(p, m, k, wide, sm_count, stream);
+  return launch_tiles<E, false>(p, m, k, wide, sm_count, stream);
 }
 
 // Whether a linear layer's or convolution's output width takes 160-column tiles: a multiple of 160 (SD's 320, 640,
@@ -543,10 +539,7 @@ void set_own_conv(OwnConv mode) { conv_mode() = mode; }
 int64_t own_conv_launches() { return g_conv_launches.load(); }
 int64_t own_conv_split_launches() { return g_split_launches.load(); }
 int& forced_split() {
-  static int split = [] {
-    const char* v = std::getenv("ATELIER_OWN_CONV_SPLIT");
-    return v ? std::max(0, std::atoi(v)) : 0;
-  }();
+  static int split = std::max(0, int(env_number("ATELIER_OWN_CONV_SPLIT").value_or(0)));
   return split;
 }
 int own_conv_split() { return forced_split(); }

@@ -436,7 +436,7 @@ void CudaBackend::layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, 
                          reinterpret_cast<uintptr_t>(out.data<T>()) % sizeof(Vec<T>) == 0;
     if (aligned && d % V == 0 && d <= int64_t(kWarpLnMaxVecs) * 32 * V) {
       const auto in_t = [&](const Tensor& p) {
-        return p.defined() && p.dtype() == x.dtype() && p.is_contiguous() && reinterpret_cast<uintptr_t>(p.raw()) % sizeof(Vec<T>) == 0;
+        return p.defined() && p.dtype() == x.dtype() && p.is_contiguous() && aligned_to(p.raw(), kVecBytes);
       };
       const bool shared = in_t(gamma) && in_t(beta);
       const auto launch = [&](auto vecs, auto lanes) {

@@ -88,13 +88,6 @@ constexpr DType dtype_of() {
   return std::is_same_v<T, float> ? DType::F32 : std::is_same_v<T, __half> ? DType::F16 : DType::BF16;
 }
 
-// Whether both of aff's parameters are stored as T and 16-byte aligned: whole rows of them load as Vec<T>s.
-template <typename T>
-__device__ __forceinline__ bool params_of(const NormAffine& aff) {
-  return aff.gamma_dtype == dtype_of<T>() && aff.beta_dtype == dtype_of<T>() &&
-         reinterpret_cast<uintptr_t>(aff.gamma) % kVecBytes == 0 && reinterpret_cast<uintptr_t>(aff.beta) % kVecBytes == 0;
-}
-
 // Parameter p (gamma or beta) at channels c0 .. c0 + W - 1 into out[], `fallback` where p is absent. A vector
 // load where p is stored as T and the run is 16-byte aligned (the common case: weights cast to the compute
 // dtype), element loads otherwise: a dtype switch per element cost more than the row's own loads in the
