@@ -150,10 +150,12 @@ int run(int iters, const Sections& want) {
                  b = random_on({1280}, DType::BF16, dev);
     print({"linear 8192x320 -> 1280 +bias bf16", time_ms(be, iters, [&] { ops::linear(x, w, b); }), 2.0 * 8192 * 320 * 1280, "TFLOP/s"});
     // The products that end in a residual at SD 1.5's 16 rows (attention out-projections and FF's second product per
-    // level), each with and without it: whether the residual epilogue or the shape is what makes them slow.
+    // level), each with and without it: whether the residual epilogue or the shape is what makes them slow; and the
+    // level-0 GEGLU product with a plain epilogue (against the fused kernel below: what its GELU epilogue costs).
     struct Case { int64_t m, k, n; };
     for (const Case& c : {Case{16 * 4096, 320, 320}, Case{16 * 4096, 1280, 320}, Case{16 * 1024, 640, 640}, Case{16 * 1024, 2560, 640},
-                          Case{16 * 256, 1280, 1280}, Case{16 * 256, 5120, 1280}}) {
+                          Case{16 * 256, 1280, 1280}, Case{16 * 256, 5120, 1280},
+                          Case{16 * 4096, 320, 2560}}) {  // the last: the level-0 GEGLU's product, plain
       const Tensor xr = random_on({c.m, c.k}, DType::BF16, dev), wr = random_on({c.n, c.k}, DType::BF16, dev, 0.05f),
                    br = random_on({c.n}, DType::BF16, dev), res = random_on({c.m, c.n}, DType::BF16, dev);
       const std::string shape = std::to_string(c.m) + "x" + std::to_string(c.k) + " -> " + std::to_string(c.n);

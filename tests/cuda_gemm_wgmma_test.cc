@@ -25,14 +25,14 @@ struct FusedGluScope {
 };
 
 // SD's GEGLU shapes (a 64x64 latent's tokens, 320 channels, 1280 = 4 x 320 per half), rows that are not whole
-// tiles, halves that are not whole 64-column tiles, k that is not whole 64-element steps, no bias, SiLU and the
-// tanh GELU; each must have run the fused kernel on an H200.
+// tiles, halves that are not whole 64-column tiles (the bulk store of the last tile clipped), k that is not whole
+// 64-element steps, no bias, SiLU and the tanh GELU; each must have run the fused kernel on an H200.
 TEST(CudaOps, LinearGluInOneKernelMatchesCpu) {
   ATELIER_REQUIRE_HOPPER();
   FusedGluScope fused;
   struct Case { Shape x; int64_t h; bool bias; UnaryOp act; };
   const Case cases[] = {{{2, 4096, 320}, 1280, true, UnaryOp::kGelu},   {{1, 77, 64}, 96, true, UnaryOp::kGelu},
-                        {{3, 100, 104}, 130, false, UnaryOp::kGelu},    {{1, 200, 640}, 2560, true, UnaryOp::kSilu},
+                        {{3, 100, 104}, 136, false, UnaryOp::kGelu},    {{1, 200, 640}, 2560, true, UnaryOp::kSilu},
                         {{1, 129, 1280}, 64, true, UnaryOp::kGeluTanh}, {{5, 8}, 16, true, UnaryOp::kGelu}};
   for (const Case& c : cases) {
     const int64_t k = c.x.back();
@@ -51,11 +51,13 @@ TEST(CudaOps, LinearGluInOneKernelMatchesCpu) {
 }
 
 // What the kernel does not take runs as the product and the glu pass, with the same values: f16 and f32, an
-// odd half width, an activation it has no instance of, and every case with the kernel switched off.
+// odd half width, an even one whose rows are not 16-byte multiples (the output's tensor map needs them), an
+// activation it has no instance of, and every case with the kernel switched off.
 TEST(CudaOps, LinearGluOutsideTheKernelMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   const Tensor x = random_tensor({2, 33, 64}, 61), w = random_tensor({2 * 48, 64}, 62, 0.125f), b = random_tensor({96}, 63);
   const Tensor w_odd = random_tensor({2 * 37, 64}, 64, 0.125f), b_odd = random_tensor({74}, 65);
+  const Tensor w_even = random_tensor({2 * 130, 64}, 66, 0.125f), b_even = random_tensor({260}, 67);
   for (bool on : {true, false}) {
     FusedGluScope scope;
     cuda::set_fused_glu(on);
@@ -65,6 +67,7 @@ TEST(CudaOps, LinearGluOutsideTheKernelMatchesCpu) {
     EXPECT_PARITY("linear_glu f16", gelu, std::vector<Tensor>({x, w, b}), DType::F16);
     EXPECT_PARITY("linear_glu f32", gelu, std::vector<Tensor>({x, w, b}), DType::F32);
     EXPECT_PARITY("linear_glu odd half width", gelu, std::vector<Tensor>({x, w_odd, b_odd}), DType::BF16);
+    EXPECT_PARITY("linear_glu half width 130", gelu, std::vector<Tensor>({x, w_even, b_even}), DType::BF16);
     EXPECT_PARITY("linear_glu relu", relu, std::vector<Tensor>({x, w, b}), DType::BF16);
     EXPECT_EQ(cuda::fused_glu_launches(), before) << "the fused kernel took a case it does not handle (on = " << on << ")";
     if (!on) EXPECT_PARITY("linear_glu bf16, kernel off", gelu, std::vector<Tensor>({x, w, b}), DType::BF16);

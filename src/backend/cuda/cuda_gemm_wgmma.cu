@@ -65,21 +65,28 @@ constexpr uint32_t kBoxBytes = kBoxRows * kRowBytes;         // one GLU w box: 8
 // of 160) or 160 (widths of 320, 640, 1280: whole tiles, where 128 leaves half of every third 320-wide tile idle).
 template <int BN>
 constexpr uint32_t kStageBytes = kABytes + BN * kRowBytes;  // 32 or 36 KB
-template <int BN>
-constexpr size_t kSmem = kStages * kStageBytes<BN> + 2 * kStages * sizeof(uint64_t) + 1024;  // + barriers, alignment
-static_assert(kSmem<160> <= 227 * 1024);
 static_assert(2 * kBoxBytes == kStageBytes<128> - kABytes, "the GLU's two w boxes fill a 128-row stage");
+
+enum class Epi { kGlu, kLinear, kConv };
+// Output columns per tile: the GLU's 128 product columns make 64.
+template <Epi E, int BN>
+constexpr int kTileCols = E == Epi::kGlu ? kBoxRows : BN;
+// The GLU's output tile (128 rows of 64 bf16: one 128-byte swizzled row each) is staged in shared memory, a buffer per
+// consumer, and leaves as one bulk tensor store: 32 4-byte stores per thread (8 rows of 16 bytes per warp instruction)
+// moved its [65536, 1280] output at ~0.8 TB/s, slower than its products (session 35).
+constexpr uint32_t kOutTileBytes = kBM * kRowBytes;  // 16 KB
+template <Epi E>
+constexpr uint32_t kStagingBytes = E == Epi::kGlu ? kConsumers * kOutTileBytes : 0;
+template <Epi E, int BN>
+constexpr size_t kSmem = kStages * kStageBytes<BN> + kStagingBytes<E> + 2 * kStages * sizeof(uint64_t) + 1024;  // + barriers, alignment
+constexpr size_t kSmemMax = std::max(kSmem<Epi::kGlu, 128>, kSmem<Epi::kLinear, 160>);
+static_assert(kSmemMax <= 227 * 1024);
 // setmaxnreg: the producer gives registers to the consumers (each a multiple of 8; 128 x 40 + 256 x 232 fits the
 // 384 x 168 that __launch_bounds__(kThreads, 1) allows), as CUTLASS's warp-specialised kernels do: a consumer holds
 // 128 accumulators.
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8));
-
-enum class Epi { kGlu, kLinear, kConv };
-// Output columns per tile: the GLU's 128 product columns make 64.
-template <Epi E, int BN>
-constexpr int kTileCols = E == Epi::kGlu ? kBoxRows : BN;
 
 std::atomic<int64_t> g_glu_launches{0}, g_linear_launches{0}, g_conv_launches{0}, g_split_launches{0};
 
@@ -100,6 +107,7 @@ OwnConv& conv_mode() {
 
 struct Params {
   CUtensorMap x, w;  // x [m][k] in 64 x kBM boxes (convolution: [N][H][W][C] in 64 x the pixel box); w [rows][k] in 64 x BN (GLU: 64) boxes
+  CUtensorMap out_map;  // GLU: out [m][n] (row stride ldo) in 64 x kBM boxes, the staged tiles' destination
   const __nv_bfloat16* bias;
   const __nv_bfloat16* residual;  // linear: [m, n] (row stride ldo), may be out; null for none
   __nv_bfloat16* out;
@@ -126,7 +134,8 @@ constexpr int kMinSplitSteps = 4;      // k-steps per part: fewer and the slots'
 #ifdef ATELIER_WGMMA
 constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer c waits on 1 + c before its mainloop
 
-constexpr int kSplitBarrier = 3;  // named barriers 3 and 4: consumer c's own 128 threads around its split flag
+// Named barriers 3 and 4: consumer c's own 128 threads (around its split flag; around its staged output tile).
+constexpr int kConsumerBarrier = 3;
 
 // Work unit i of this block (unit blockIdx.x + i gridDim.x): its tile's first row and column, and its k-steps
 // (split-K: part `part` of the tile's; else all of them).
@@ -232,23 +241,41 @@ __device__ __forceinline__ void for_rows(const Params& p, int row0, Fn&& fn) {
     }
 }
 
-// GLU: out[row, c0 + col] = (value + b_v) * act(gate + b_g), value in acc[h][4j + ..], gate in acc[h][4(j + 8) + ..].
-// Each column's bias is loaded once for both halves.
+// GLU: out[m0 + r, c0 + col] = (value + b_v) * act(gate + b_g), value in acc[h][4j + ..], gate in acc[h][4(j + 8) + ..],
+// for this thread's rows r = r0 + 64 h + 8 ri (r0 = warp * 16 + lane / 4) and columns 8j + 2t (+1). The tile goes to
+// the consumer's staging buffer `staged` (row r at r * 128 bytes, its 16-byte chunk j at j ^ (r % 8): the 128-byte
+// swizzle of the output map, and no bank conflicts: a warp's 8 rows hit 8 chunks), then out as one bulk store by the
+// consumer's first thread; rows and columns past the output are left out by the store. Each column's bias is loaded
+// once for both halves.
 template <UnaryOp A>
-__device__ __forceinline__ void epilogue_glu(const float (&acc)[2][64], const Params& p, int row0, int c0, int t) {
+__device__ __forceinline__ void epilogue_glu(const float (&acc)[2][64], const Params& p, uint8_t* staged, int m0, int c0,
+                                             int consumer, int ctid) {
+  const int r0 = ctid / 32 * 16 + ctid % 32 / 4, t = ctid % 4;
+  if (ctid == 0) tma::bulk_wait_read<0>();  // the previous tile's store has read the buffer
+  tma::bar_sync(kConsumerBarrier + consumer, 128);
 #pragma unroll
   for (int j = 0; j < kBoxRows / 8; ++j) {
     const int col = c0 + 8 * j + 2 * t;
-    if (col >= p.n) continue;  // n is even: col + 1 < n too
     float2 bv = make_float2(0.0f, 0.0f), bg = bv;
-    if (p.bias) bv = load_pair(p.bias + col), bg = load_pair(p.bias + p.n + col);
-    for_rows(p, row0, [&](int h, int ri, int row) {
-      const float* d = &acc[h][4 * j + 2 * ri];
-      const float* g = &acc[h][4 * (j + kBoxRows / 8) + 2 * ri];
-      const float y0 = (d[0] + bv.x) * apply_unary_for<__nv_bfloat16>(g[0] + bg.x, A);
-      const float y1 = (d[1] + bv.y) * apply_unary_for<__nv_bfloat16>(g[1] + bg.y, A);
-      *reinterpret_cast<uint32_t*>(p.out + int64_t(row) * p.ldo + col) = pack2<__nv_bfloat16>(y0, y1);
-    });
+    if (p.bias && col < p.n) bv = load_pair(p.bias + col), bg = load_pair(p.bias + p.n + col);  // n is even: col + 1 < n too
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        const int r = r0 + 64 * h + 8 * ri;
+        const float* d = &acc[h][4 * j + 2 * ri];
+        const float* g = &acc[h][4 * (j + kBoxRows / 8) + 2 * ri];
+        const float y0 = (d[0] + bv.x) * apply_unary_for<__nv_bfloat16>(g[0] + bg.x, A);
+        const float y1 = (d[1] + bv.y) * apply_unary_for<__nv_bfloat16>(g[1] + bg.y, A);
+        const uint32_t at = smem_u32(staged) + uint32_t(r) * kRowBytes + (uint32_t(j ^ (r % 8)) << 4) + 4 * t;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack2<__nv_bfloat16>(y0, y1)) : "memory");
+      }
+  }
+  wgmma::fence_async_smem();  // the writes, visible to the bulk store
+  tma::bar_sync(kConsumerBarrier + consumer, 128);
+  if (ctid == 0) {
+    tma::store_2d(&p.out_map, c0, m0, staged);
+    tma::bulk_commit();
   }
 }
 
@@ -311,7 +338,7 @@ __device__ __forceinline__ void split_contribute(const float (&acc)[2][BN / 2], 
     const float* a = &acc[4 * q / (BN / 2)][4 * q % (BN / 2)];
     __stcg(slot + q * 128 + t, make_float4(a[0], a[1], a[2], a[3]));
   }
-  tma::bar_sync(kSplitBarrier + consumer, 128);
+  tma::bar_sync(kConsumerBarrier + consumer, 128);
   if (t == 0) {
     __threadfence();
     atomicAdd(p.flags + u.tile, 1);
@@ -327,7 +354,7 @@ __device__ __forceinline__ void split_gather(float (&acc)[2][BN / 2], const Para
     while (done < p.split - 1);
     atomicExch(p.flags + u.tile, 0);
   }
-  tma::bar_sync(kSplitBarrier + consumer, 128);
+  tma::bar_sync(kConsumerBarrier + consumer, 128);
   for (int part = 0; part < p.split - 1; ++part) {
     const float4* slot = split_slot<BN>(p, part, u.tile);
 #pragma unroll
@@ -344,8 +371,8 @@ __device__ __forceinline__ void split_gather(float (&acc)[2][BN / 2], const Para
 // producer's order: i k_steps without split-K). Every wait on a turn barrier has one arrival: consumer 1's first,
 // for unit 0, then one after each unit's mainloop where a next unit exists.
 template <Epi E, UnaryOp A, int BN, bool R, bool SK>
-__device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint64_t* full, uint64_t* empty, int consumer,
-                                        int ctid) {
+__device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t* staged, uint64_t* full, uint64_t* empty,
+                                        int consumer, int ctid) {
   const int warp = (ctid % 128) / 32, lane = ctid % 32;
   const int n = block_tiles(p);
   if (consumer == 1) tma::bar_arrive(kTurnBarrier, kConsumerThreads);  // consumer 0 goes first
@@ -371,9 +398,11 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint64_t
       }
       split_gather<BN>(acc, p, u, consumer, ctid % 128);
     }
-    if constexpr (E == Epi::kGlu) epilogue_glu<A>(acc, p, u.m0 + warp * 16 + lane / 4, u.c0, lane % 4);
+    if constexpr (E == Epi::kGlu) epilogue_glu<A>(acc, p, staged, u.m0, u.c0, consumer, ctid % 128);
     else epilogue_linear<BN, R>(acc, p, u.m0 + warp * 16 + lane / 4, u.c0, lane % 4);
   }
+  if constexpr (E == Epi::kGlu)
+    if (ctid % 128 == 0) tma::bulk_wait<0>();  // the last stores done before the block's shared memory goes
 }
 
 #endif  // ATELIER_WGMMA
@@ -384,7 +413,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
 #ifdef ATELIER_WGMMA
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(ring + kStages * kStageBytes<BN>);
+  uint8_t* staging = ring + kStages * kStageBytes<BN>;  // 1024-byte aligned: the stages are multiples of 1 KB
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + kStagingBytes<E>);
   uint64_t* empty = full + kStages;
   const int tid = int(threadIdx.x), wg = tid / 128;
   if (tid == 0) {
@@ -400,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
     if (tid == 0) produce<E, BN, SK>(p, ring, full, empty);
   } else {
     tma::regs_alloc<kConsumerRegs>();
-    consume<E, A, BN, R, SK>(p, ring, full, empty, wg - 1, tid - 128);
+    consume<E, A, BN, R, SK>(p, ring, staging + (wg - 1) * kOutTileBytes, full, empty, wg - 1, tid - 128);
   }
 #else
   __trap();
@@ -473,11 +503,11 @@ bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) 
   p.units = p.tiles * p.split;
   const auto kernel = gemm_wgmma_kernel<E, A, BN, R, SK>;
   // Per launch: the attribute belongs to the current device's context (as the attention kernels do).
-  ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem<BN>)));
+  ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem<E, BN>)));
   const unsigned blocks = unsigned(std::min<int64_t>(p.units, std::max(1, sm_count)));
   if constexpr (SK) {
     // Fewer SMs than the device reports (MPS limits, a partitioned context): decline, the caller takes another path.
-    const cudaError_t launched = launch_cooperative(kernel, blocks, kThreads, kSmem<BN>, stream, p);
+    const cudaError_t launched = launch_cooperative(kernel, blocks, kThreads, kSmem<E, BN>, stream, p);
     if (launched == cudaErrorCooperativeLaunchTooLarge) {
       (void)cudaGetLastError();
       return false;
@@ -485,7 +515,7 @@ bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) 
     ATELIER_CUDA_OK(launched);
     g_split_launches.fetch_add(1);
   } else {
-    kernel<<<blocks, kThreads, kSmem<BN>, stream>>>(p);
+    kernel<<<blocks, kThreads, kSmem<E, BN>, stream>>>(p);
   }
   ATELIER_CUDA_LAUNCHED();
   (E == Epi::kGlu ? g_glu_launches : E == Epi::kLinear ? g_linear_launches : g_conv_launches).fetch_add(1);
@@ -516,7 +546,7 @@ bool tile_160(int64_t n) { return n % 160 == 0; }
 // stride (pairs of bf16 per store), 4-byte aligned output, bias and residual.
 bool takes(int cc_major, size_t max_smem, int64_t m, int64_t k, int64_t n, int64_t ldo, std::initializer_list<const void*> pairs) {
   constexpr int64_t kMaxRows = int64_t(1) << 30;  // 32-bit row and column arithmetic in the kernel
-  if (cc_major != 9 || kSmem<160> > max_smem || m <= 0 || k <= 0 || n <= 0 || m > kMaxRows || n > kMaxRows) return false;
+  if (cc_major != 9 || kSmemMax > max_smem || m <= 0 || k <= 0 || n <= 0 || m > kMaxRows || n > kMaxRows) return false;
   if (n % 2 != 0 || ldo % 2 != 0 || ldo < n) return false;
   for (const void* q : pairs)
     if (reinterpret_cast<uintptr_t>(q) % 4 != 0) return false;
@@ -549,7 +579,10 @@ bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream) {
   if (!takes(cc_major, a.max_smem, a.m, a.k, a.n, a.ldo, {a.out, a.bias})) return false;
   if (a.act != UnaryOp::kGelu && a.act != UnaryOp::kGeluTanh && a.act != UnaryOp::kSilu) return false;
   Params p{};
-  if (!make_map(p.x, a.x, a.m, a.k, a.ldx, kBM) || !make_map(p.w, a.w, 2 * a.n, a.k, a.ldw, kBoxRows)) return false;
+  // (The output map needs a 16-byte aligned output and row stride; else the caller takes the two-pass path.)
+  if (!make_map(p.x, a.x, a.m, a.k, a.ldx, kBM) || !make_map(p.w, a.w, 2 * a.n, a.k, a.ldw, kBoxRows) ||
+      !make_map(p.out_map, a.out, a.m, a.n, a.ldo, kBM))
+    return false;
   p.bias = static_cast<const __nv_bfloat16*>(a.bias);
   p.out = static_cast<__nv_bfloat16*>(a.out);
   p.ldo = a.ldo;

@@ -63,7 +63,8 @@ struct OwnConvArgs {
 
 // Enqueue the kernel; false (nothing launched) where it does not take the case: a device other than sm_90, an
 // activation other than GELU (erf or tanh) and SiLU, strides or addresses that break the tensor maps' 16-byte
-// rule, an odd output width or row stride.
+// rule, an odd output width or row stride; the GLU also an output or output row stride that is not 16-byte aligned
+// (its tiles leave through a tensor map).
 bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream);
 bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream);
 // The convolution also declines channel counts that are not multiples of 64 and output sizes whose 128 consecutive

@@ -77,6 +77,27 @@ __device__ __forceinline__ void load_2d(void* dst, const void* tensor_map, int c
       : "memory");
 }
 
+// A box of shared memory at src into a 2-D tensor map at (c0 column, c1 row), as one bulk store of this thread's
+// current bulk group (parts of the box outside the tensor are not written). The shared-memory writes it reads must
+// be ordered before it: wgmma::fence_async_smem() in each writing thread, then a barrier.
+__device__ __forceinline__ void store_2d(const void* tensor_map, int c0, int c1, const void* src) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(tensor_map)),
+               "r"(c0), "r"(c1), "r"(smem_u32(src))
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's bulk groups still read their shared memory (it may be written again).
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Waits until at most N of this thread's bulk groups are still in flight (their writes done).
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Named barrier `id` (1-15; 0 is __syncthreads) over `threads` threads: sync waits, arrive does not.
 __device__ __forceinline__ void bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
