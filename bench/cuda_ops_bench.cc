@@ -146,6 +146,9 @@ int run(int iters, const Sections& want) {
     be.set_allow_tf32(false);
   }
   if (want("linear")) {  // linear with bias (SD attention projection / FF sizes)
+    // cuBLASLt's rows: the own kernel is not timed against it here (its own rows say "own kernel").
+    const cuda::OwnLinear mode_was = cuda::own_linear_mode();
+    cuda::set_own_linear(cuda::OwnLinear::kOff);
     const Tensor x = random_on({2 * 4096, 320}, DType::BF16, dev), w = random_on({1280, 320}, DType::BF16, dev),
                  b = random_on({1280}, DType::BF16, dev);
     print({"linear 8192x320 -> 1280 +bias bf16", time_ms(be, iters, [&] { ops::linear(x, w, b); }), 2.0 * 8192 * 320 * 1280, "TFLOP/s"});
@@ -202,6 +205,7 @@ int run(int iters, const Sections& want) {
       else
         std::printf("| linear_glu %-41s | (the fused kernel does not run on this device)\n", shape.c_str());
     }
+    cuda::set_own_linear(mode_was);
   }
   if (want("fp8")) {  // FLUX's FP8 block products (1024²: 4608 tokens), activations quantized beforehand as the blocks do. The
      // K = 12288 products ran at ~1140 TFLOP/s inside a FLUX step but ~1440 while their plans were tuned:

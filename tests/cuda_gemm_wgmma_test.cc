@@ -83,14 +83,15 @@ struct OwnLinearScope {
 
 // Linear layers at SD's shapes with bias, with a residual (read from a separate tensor, as ops::linear_residual
 // passes it, and accumulated in place: beta = 1 onto the output), odd rows, widths that are not whole 128-column
-// tiles, k that is not whole 64-element steps, no bias; each must have run the kernel. An odd width and f16 are
-// left to cuBLASLt.
+// tiles (nor whole 32-column boxes of the staged output), k that is not whole 64-element steps, no bias; each must
+// have run the kernel. An odd width, a width whose rows are not 16-byte multiples (the output's tensor map needs
+// them) and f16 are left to cuBLASLt.
 TEST(CudaOps, OwnLinearKernelMatchesCpu) {
   ATELIER_REQUIRE_HOPPER();
   OwnLinearScope own(cuda::OwnLinear::kAll);
   struct Case { Shape x; int64_t n; bool bias; };
   const Case cases[] = {{{2, 4096, 320}, 1280, true}, {{1, 16384, 640}, 640, true}, {{1, 77, 104}, 96, true},
-                        {{3, 50, 1280}, 330, false}, {{1, 5, 8}, 2, true}};
+                        {{3, 50, 1280}, 328, false}, {{1, 5, 8}, 8, true}};
   for (const Case& c : cases) {
     const int64_t k = c.x.back();
     Shape out_shape = c.x;
@@ -121,17 +122,36 @@ TEST(CudaOps, OwnLinearKernelMatchesCpu) {
   const auto plain = [](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1], in[2]); };
   const int64_t before = cuda::own_linear_launches();
   EXPECT_PARITY("own linear, odd width", plain, std::vector<Tensor>({x, w, b}), DType::BF16);
+  EXPECT_PARITY("own linear, width 36", plain, std::vector<Tensor>({x, random_tensor({36, 64}, 84, 0.125f), random_tensor({36}, 85)}), DType::BF16);
   EXPECT_PARITY("own linear, f16", plain, std::vector<Tensor>({x, random_tensor({36, 64}, 78, 0.125f), random_tensor({36}, 79)}), DType::F16);
   EXPECT_EQ(cuda::own_linear_launches(), before) << "the own kernel took a case it does not handle";
   // ATELIER_OWN_LINEAR=residual: only the products with a residual.
   cuda::set_own_linear(cuda::OwnLinear::kResidual);
-  const Tensor xe = random_tensor({9, 64}, 80), we = random_tensor({36, 64}, 81, 0.125f), be = random_tensor({36}, 82);
-  const Tensor re = random_tensor({9, 36}, 83);
+  const Tensor xe = random_tensor({9, 64}, 80), we = random_tensor({40, 64}, 81, 0.125f), be = random_tensor({40}, 82);
+  const Tensor re = random_tensor({9, 40}, 83);
   const auto resid = [](const std::vector<Tensor>& in) { return ops::linear_residual(in[0], in[1], in[2], in[3]); };
   EXPECT_PARITY("own linear, residual mode, no residual", plain, std::vector<Tensor>({xe, we, be}), DType::BF16);
   EXPECT_EQ(cuda::own_linear_launches(), before) << "the residual mode took a product without a residual";
   EXPECT_PARITY("own linear, residual mode, residual", resid, std::vector<Tensor>({xe, we, be, re}), DType::BF16);
   EXPECT_EQ(cuda::own_linear_launches(), before + 1) << "the residual mode left a residual product to cuBLASLt";
+}
+
+// The default mode: a product of at least 1 GFLOP is timed once on cuBLASLt and on the own kernel (the kernel must
+// have run while it was timed), and whichever was faster gives CPU's values, with a bias and with a residual, at
+// the first call (the timing's) and at the next (the chosen kernel's).
+TEST(CudaOps, OwnLinearTimedAgainstCublasMatchesCpu) {
+  ATELIER_REQUIRE_HOPPER();
+  OwnLinearScope timed(cuda::OwnLinear::kTimed);
+  const Tensor x = random_tensor({1, 8200, 328}, 91), w = random_tensor({344, 328}, 92, 1.0f / std::sqrt(328.0f));
+  const Tensor b = random_tensor({344}, 93, 0.5f), r = random_tensor({1, 8200, 344}, 94);
+  const auto plain = [](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1], in[2]); };
+  const auto resid = [](const std::vector<Tensor>& in) { return ops::linear_residual(in[0], in[1], in[2], in[3]); };
+  for (int call = 0; call < 2; ++call) {
+    const int64_t before = cuda::own_linear_launches();
+    EXPECT_PARITY("timed linear, call " + std::to_string(call), plain, std::vector<Tensor>({x, w, b}), DType::BF16);
+    EXPECT_PARITY("timed linear + residual, call " + std::to_string(call), resid, std::vector<Tensor>({x, w, b, r}), DType::BF16);
+    if (call == 0) EXPECT_GE(cuda::own_linear_launches() - before, 2) << "the own kernel was not timed";
+  }
 }
 
 }  // namespace

@@ -106,7 +106,12 @@ Tensor CudaBackend::as_dtype(const Tensor& like, DType dtype) {
 
 GemmEngine& CudaBackend::gemm_engine() {
   std::lock_guard<std::mutex> lock(engines_mu_);
-  if (!gemm_) gemm_ = std::make_unique<GemmEngine>(index_, stream_, alloc_);
+  if (!gemm_) {
+    gemm_ = std::make_unique<GemmEngine>(index_, stream_, alloc_);
+    gemm_->set_own_kernel([this](const GemmCall& call, void* out) {
+      return run_own_linear_call(call, out, cc_major_, sm_count_, max_smem_optin_, stream_);
+    });
+  }
   return *gemm_;
 }
 

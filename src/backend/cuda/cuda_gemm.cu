@@ -37,6 +37,11 @@ constexpr double kMinTunedFlops = 5e10;
 // 2.5% faster (session 26: 29.84 against 30.60 ms; the 65536x320 -> 320 product 0.081 -> 0.049 ms). SD's shapes
 // are few and fixed per resolution, so the tuning is paid once. ATELIER_GEMM_MIN_TUNED_RESIDUAL_GFLOP sets another.
 constexpr double kMinTunedResidualFlops = 1e9;
+// The own linear kernel (cuda_gemm_wgmma.cu) is timed against the heuristics' first choice from this size on (and
+// against every candidate where those are timed): at SD's 16 rows its 65536x320 -> 320 product took 0.032 ms against
+// cuBLASLt's 0.054, while at batch 2 running it everywhere made the UNet step 12% slower (session 35). Timing two
+// kernels per shape costs little.
+constexpr double kMinOwnTunedFlops = 1e9;
 
 double env_gflop(const char* name, double fallback) {
   const std::optional<double> v = env_number(name);
@@ -132,6 +137,7 @@ struct GemmEngine::Plan {
   // The heuristics' algorithms that fit the workspace, best first; timed once (tuned) at the first eager call.
   std::vector<std::pair<cublasLtMatmulAlgo_t, size_t>> candidates;
   bool tuned = false;
+  bool own = false;  // the own kernel measured faster than every timed algorithm
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -261,10 +267,13 @@ bool gemm_autotune() {
 // Times the plan's candidate algorithms (the output into a scratch buffer, so that a beta = 1 accumulation is
 // not disturbed) and keeps the fastest, as cudnn.benchmark does for convolutions: cuBLASLt's first heuristic
 // choice is not always its fastest algorithm for a shape.
-void GemmEngine::tune(Plan* p, double flops, bool residual, size_t out_bytes, const AlgoRun& run) {
+void GemmEngine::tune(Plan* p, double flops, bool residual, size_t out_bytes, const AlgoRun& run, const std::function<bool(void*)>& own) {
   if (stream_capturing(stream_)) return;  // tuned at the shape's next eager call
   p->tuned = true;
-  if (!gemm_autotune() || p->candidates.size() < 2 || flops < min_tuned_flops(residual)) return;
+  if (!gemm_autotune()) return;
+  const bool all = flops >= min_tuned_flops(residual) && p->candidates.size() >= 2;
+  const bool with_own = own && flops >= kMinOwnTunedFlops;
+  if (!all && !with_own) return;
   std::shared_ptr<Buffer> scratch;
   try {
     scratch = alloc_.allocate(out_bytes);
@@ -273,11 +282,14 @@ void GemmEngine::tune(Plan* p, double flops, bool residual, size_t out_bytes, co
   }
   EventPair ev;
   std::vector<std::function<bool()>> runs;
-  for (const auto& [algo, ws] : p->candidates) runs.push_back([&, algo = algo, ws = ws] { return run(algo, ws, scratch->data()); });
+  const size_t timed = all ? p->candidates.size() : 1;  // cuBLASLt's; then the own kernel's where it is one
+  for (size_t i = 0; i < timed; ++i)
+    runs.push_back([&, algo = p->candidates[i].first, ws = p->candidates[i].second] { return run(algo, ws, scratch->data()); });
+  if (with_own) runs.push_back([&] { return own(scratch->data()); });
   const std::vector<float> ms = time_in_turns(ev, stream_, kTimingRounds, kTimedRuns, runs);
   float best = -1.0f;
   size_t chosen = 0;
-  for (size_t i = 0; i < ms.size(); ++i) {
+  for (size_t i = 0; i < timed; ++i) {
     if (ms[i] >= 0.0f && (best < 0.0f || ms[i] < best)) {
       best = ms[i];
       chosen = i;
@@ -285,10 +297,12 @@ void GemmEngine::tune(Plan* p, double flops, bool residual, size_t out_bytes, co
       p->workspace = p->candidates[i].second;
     }
   }
+  const float own_ms = with_own ? ms.back() : -1.0f;
+  p->own = own_ms >= 0.0f && (best < 0.0f || own_ms < best);
   if (gemm_log() && best >= 0.0f)
-    std::fprintf(stderr, "[atelier gemm] tuned %.3g GFLOP%s: candidate %zu of %zu (%s), %.1f TFLOP/s; the heuristics' first %.1f\n",
-                 flops / 1e9, residual ? " +residual" : "", chosen, ms.size(), describe_algo(p->algo).c_str(), flops / (best * 1e9),
-                 ms[0] >= 0.0f ? flops / (ms[0] * 1e9) : 0.0);
+    std::fprintf(stderr, "[atelier gemm] tuned %.3g GFLOP%s: candidate %zu of %zu (%s), %.1f TFLOP/s; the heuristics' first %.1f; own kernel %.1f%s\n",
+                 flops / 1e9, residual ? " +residual" : "", chosen, timed, describe_algo(p->algo).c_str(), flops / (best * 1e9),
+                 ms[0] >= 0.0f ? flops / (ms[0] * 1e9) : 0.0, own_ms > 0.0f ? flops / (own_ms * 1e9) : 0.0, p->own ? " (chosen)" : "");
 }
 
 EpilogueChoice choose_epilogue(const void* bias, UnaryOp act, DType c_dtype) {
@@ -334,11 +348,14 @@ bool GemmEngine::run_lt(const GemmCall& call, bool allow_tf32) {
     return cublasLtMatmul(lt_, p->desc, &call.alpha, call.b.ptr, p->a, call.a.ptr, p->b, &call.beta, c_in, p->c, out, p->c,
                           &algo, workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
   };
+  std::function<bool(void*)> own;
+  if (own_ && own_linear_mode() == OwnLinear::kTimed) own = [&](void* out) { return own_(call, out); };
   if (!p->tuned) {
     const double flops = 2.0 * double(call.m) * double(call.n) * double(call.k) * double(call.batch);
     const int64_t elems = (call.batch - 1) * call.c_batch_stride + call.ldc * (call.m - 1) + call.n;
-    tune(p, flops, call.beta != 0.0f, size_t(elems) * dtype_size(call.c_dtype), run);
+    tune(p, flops, call.beta != 0.0f, size_t(elems) * dtype_size(call.c_dtype), run, own);
   }
+  if (p->own && own && own(call.c)) return true;  // the plan's bias pointer is not needed: the kernel adds the bias
   if (!run(p->algo, p->workspace, call.c)) return false;
   const bool need_bias = call.bias && !e.bias_done;
   const bool need_act = call.act != UnaryOp::kIdentity && !e.act_done;
@@ -439,7 +456,7 @@ bool GemmEngine::run_fp8(const Fp8GemmCall& call) {
       return cublasLtMatmul(lt_, p->desc, &alpha, call.w, p->a, call.x, p->b, &call.beta, out, p->c, out, p->c, &algo,
                             workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
     };
-    if (!p->tuned) tune(p, flops, call.beta != 0.0f, out_bytes, run);
+    if (!p->tuned) tune(p, flops, call.beta != 0.0f, out_bytes, run, {});
     if (run(p->algo, p->workspace, call.c)) {
       const bool need_bias = call.bias && !e.bias_done;
       const bool need_act = call.act != UnaryOp::kIdentity && !e.act_done;
@@ -457,7 +474,7 @@ bool GemmEngine::run_fp8(const Fp8GemmCall& call) {
     return cublasLtMatmul(lt_, u->desc, &alpha, call.w, u->a, call.x, u->b, &zero, out, u->c, out, u->c, &algo,
                           workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
   };
-  if (!u->tuned) tune(u, flops, false, out_bytes, run);
+  if (!u->tuned) tune(u, flops, false, out_bytes, run, {});
   if (!run(u->algo, u->workspace, raw->data())) return false;
   launch_fp8_scale_epilogue(call, raw->data(), stream_);
   ++fp8_gemm_stats().unscaled_then_epilogue;
@@ -514,24 +531,22 @@ int64_t leading_dim(const Tensor& t) {
   const int64_t rows = t.size(-2), cols = t.size(-1);
   return rows == 1 ? std::max<int64_t>(cols, 1) : t.strides()[t.dim() - 2];
 }
-// The product on our own kernel (cuda_gemm_wgmma.cu; ATELIER_OWN_LINEAR=1|residual) where it takes it: bf16, one batch, a
-// row-major [m, k] x times a [n, k] weight, no activation, alpha 1, beta 0 or 1 (the residual: c_in, or C itself).
-bool run_own_linear(const GemmCall& c, int cc_major, int sm_count, size_t max_smem, cudaStream_t stream) {
-  if (!own_linear_takes(c.beta != 0.0f) || c.c_dtype != DType::BF16 || c.a.dtype != DType::BF16 || c.batch != 1 || c.a.trans ||
-      !c.b.trans || c.alpha != 1.0f || (c.beta != 0.0f && c.beta != 1.0f) || c.act != UnaryOp::kIdentity)
+}  // namespace
+
+bool run_own_linear_call(const GemmCall& c, void* out, int cc_major, int sm_count, size_t max_smem, cudaStream_t stream) {
+  if (c.c_dtype != DType::BF16 || c.a.dtype != DType::BF16 || c.batch != 1 || c.a.trans || !c.b.trans || c.alpha != 1.0f ||
+      (c.beta != 0.0f && c.beta != 1.0f) || c.act != UnaryOp::kIdentity)
     return false;
   OwnGemmArgs a;
   a.x = c.a.ptr, a.ldx = c.a.ld;
   a.w = c.b.ptr, a.ldw = c.b.ld;
   a.bias = c.bias;
-  a.residual = c.beta != 0.0f ? (c.c_in ? c.c_in : c.c) : nullptr;
-  a.out = c.c, a.ldo = c.ldc;
+  a.residual = c.beta != 0.0f ? (c.c_in ? c.c_in : out) : nullptr;
+  a.out = out, a.ldo = c.ldc;
   a.m = c.m, a.n = c.n, a.k = c.k;
   a.sm_count = sm_count, a.max_smem = max_smem;
   return launch_gemm_linear(a, cc_major, stream);
 }
-
-}  // namespace
 
 // out [B, M, N] = act(alpha * op(a) @ op(b) + beta * out + bias); a [Ba, M, K] / [Ba, K, M] (trans_a),
 // b [Bb, K, N] / [Bb, N, K] (trans_b), Ba/Bb equal to B or 1; unit last strides; out contiguous.
@@ -563,9 +578,9 @@ void CudaBackend::gemm(Tensor& out, const Tensor& a_in, const Tensor& b_in, cons
   }
   c.bias = bias.defined() ? bias.raw() : nullptr;
   c.act = p.epilogue;
-  if (own_linear_mode() != OwnLinear::kOff) {
+  if (own_linear_takes(c.beta != 0.0f)) {  // forced (ATELIER_OWN_LINEAR=1|residual); else timed in GemmEngine
     DeviceGuard guard(index_);
-    if (run_own_linear(c, cc_major_, sm_count_, max_smem_optin_, stream_)) return;
+    if (run_own_linear_call(c, c.c, cc_major_, sm_count_, max_smem_optin_, stream_)) return;
   }
   run_gemm(c);
 }

@@ -90,6 +90,10 @@ class GemmEngine {
   // Enqueues an FP8 product with row-wise (outer-vector) scales on Hopper's FP8 tensor cores; false when
   // cuBLASLt has no algorithm for it (before sm_90, odd alignments): the caller then computes it otherwise.
   bool run_fp8(const Fp8GemmCall& call);
+  // A kernel of our own as one more candidate when a plan is timed: it enqueues `call` with its output at `out`,
+  // false where it does not take the call (run_own_linear_call). Plans where it measured fastest run it.
+  using OwnRun = std::function<bool(const GemmCall& call, void* out)>;
+  void set_own_kernel(OwnRun run) { own_ = std::move(run); }
 
  private:
   struct Plan;
@@ -107,7 +111,8 @@ class GemmEngine {
   // Picks the fastest of the plan's candidate algorithms by timing them once on an output of `out_bytes`
   // (ATELIER_GEMM_AUTOTUNE=0: the heuristics' first); nothing is timed while the stream is being captured.
   // residual: the product accumulates into C (beta != 0), which has its own size threshold.
-  void tune(Plan* p, double flops, bool residual, size_t out_bytes, const AlgoRun& run);
+  // own: the own kernel's run into an output (empty where it is not a candidate), timed from a lower size on.
+  void tune(Plan* p, double flops, bool residual, size_t out_bytes, const AlgoRun& run, const std::function<bool(void*)>& own);
   void run_classic(const GemmCall& call, bool allow_tf32);
   // The call with its separate beta input (c_in) copied into C first (enqueued), for the paths that read C in place.
   GemmCall with_c_in_copied(const GemmCall& call);
@@ -118,10 +123,16 @@ class GemmEngine {
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<Buffer> workspace_;
+  OwnRun own_;
   std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
   std::map<Key, std::unique_ptr<Plan>> fp8_plans_;
 };
+
+// The product on the own linear kernel (cuda_gemm_wgmma.cu) with its output at `out` (the residual, beta = 1, read
+// from c_in, else from out): bf16, one batch, a row-major [m, k] x times a [n, k] weight, no activation, alpha 1,
+// beta 0 or 1; false (nothing enqueued) where it does not take the call.
+bool run_own_linear_call(const GemmCall& c, void* out, int cc_major, int sm_count, size_t max_smem, cudaStream_t stream);
 
 // Which parts of act(product + bias) a cuBLASLt epilogue does: bias and ReLU always, the tanh GELU for 16-bit
 // outputs; the rest (unaligned bias, other activations) is left to launch_gemm_epilogue.

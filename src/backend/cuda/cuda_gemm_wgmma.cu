@@ -15,14 +15,17 @@
 //     column c and gate column c land in the same thread (accumulators j and j + 8), and the epilogue writes
 //     (value + b_v) * act(gate + b_g) as bf16 without the [M, 2H] product ever leaving registers;
 //   - linear: rows c0.. c0 + BN - 1 (BN = 160 for widths that are multiples of 160, SD's 320/640/1280, else 128);
-//     the epilogue adds the bias and the residual;
+//     the epilogue adds the bias and the residual (which a bulk copy brought into the staging buffer during the
+//     mainloop);
 //   - convolution (implicit GEMM, channels-last, stride 1): the linear layer's tiles and epilogue over the output
 //     pixels, k running over (tap, 64-channel chunk) as the weights [O][kh][kw][C] lay it out. x's box for a k-step
 //     is a 4-D box of the input [N][H][W][C] shifted by the tap: the tile's 128 output pixels are whole output rows
 //     (or whole images, or part of one row), the same box of input pixels moved by (i - pad_h, j - pad_w), and the
 //     tensor map's zero fill outside the image is the convolution's padding. Its 128 rows of 128 bytes land in
 //     shared memory exactly as the linear layer's 128 x 64 box does, so the mainloop is the same.
-// Rows past m and k past the end are the tensor maps' zero fill; columns past the output width are not stored.
+// The GLU's and the linear layer's tiles leave through a staging buffer in shared memory and bulk tensor stores
+// (kStagingBytes); the convolution's with 4-byte stores. Rows past m and k past the end are the tensor maps' zero
+// fill; rows and columns past the output are not stored.
 //
 // Split-K (convolutions only, the SK instances): a product of fewer tiles than SMs (SD's 8x8 level at 16 rows: 64
 // tiles of 128 x 160, one consumer of two busy on 64 of 132 SMs) splits each tile's k-steps into `split` parts, the
@@ -54,7 +57,7 @@ namespace {
 constexpr int kBM = 128;     // output rows per tile: one consumer warpgroup's, as two m64 halves
 constexpr int kBoxRows = 64;  // rows of w per GLU box; two boxes per stage: 128 product columns
 constexpr int kBK = 64;      // k per stage: one 128-byte swizzle atom of bf16
-constexpr int kStages = 6;   // buffers in the ring (192 KB): the producer runs a tile ahead of the consumer computing
+constexpr int kMaxStages = 6;  // buffers in the ring (192 KB): the producer runs a tile ahead of the consumer computing
 constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kConsumerThreads = 128 * kConsumers;
@@ -71,16 +74,31 @@ enum class Epi { kGlu, kLinear, kConv };
 // Output columns per tile: the GLU's 128 product columns make 64.
 template <Epi E, int BN>
 constexpr int kTileCols = E == Epi::kGlu ? kBoxRows : BN;
-// The GLU's output tile (128 rows of 64 bf16: one 128-byte swizzled row each) is staged in shared memory, a buffer per
-// consumer, and leaves as one bulk tensor store: 32 4-byte stores per thread (8 rows of 16 bytes per warp instruction)
-// moved its [65536, 1280] output at ~0.8 TB/s, slower than its products (session 35).
-constexpr uint32_t kOutTileBytes = kBM * kRowBytes;  // 16 KB
-template <Epi E>
-constexpr uint32_t kStagingBytes = E == Epi::kGlu ? kConsumers * kOutTileBytes : 0;
+// The GLU's and the linear layer's output tiles are staged in shared memory, a buffer per consumer, and leave as bulk
+// tensor stores: 4-byte stores (8 rows of 16 bytes per warp instruction) moved the GLU's [65536, 1280] output at
+// ~0.8 TB/s, slower than its products (session 35). The GLU's tile is one box of 128 rows of 64 bf16 (128-byte
+// rows, 128-byte swizzle); the linear layer's BN columns are BN / 32 boxes of 64 rows x 32 columns per m64 half
+// (64-byte rows, 64-byte swizzle), which its residual also arrives in. Convolutions keep the direct stores: their
+// long mainloops hide them, and the staging would cost them ring buffers.
+constexpr uint32_t kGluTileBytes = kBM * kRowBytes;  // 16 KB
+constexpr int kBoxCols = 32, kBoxHalfRows = 64;      // the linear layer's output boxes
+constexpr uint32_t kOutBoxBytes = kBoxCols * 2 * kBoxHalfRows;  // 4 KB
 template <Epi E, int BN>
-constexpr size_t kSmem = kStages * kStageBytes<BN> + kStagingBytes<E> + 2 * kStages * sizeof(uint64_t) + 1024;  // + barriers, alignment
-constexpr size_t kSmemMax = std::max(kSmem<Epi::kGlu, 128>, kSmem<Epi::kLinear, 160>);
-static_assert(kSmemMax <= 227 * 1024);
+constexpr uint32_t kOutTileBytes = E == Epi::kGlu ? kGluTileBytes : E == Epi::kLinear ? 2 * (BN / kBoxCols) * kOutBoxBytes : 0;
+template <Epi E, int BN>
+constexpr uint32_t kStagingBytes = kConsumers * kOutTileBytes<E, BN>;
+// Ring buffers: as many as fit beside the staging (6 for the GLU and convolutions, 5 and 4 for the linear layer's
+// 128- and 160-column tiles); one full and one empty barrier each, and a residual barrier per consumer.
+constexpr size_t kSmemLimit = 227 * 1024;
+constexpr size_t kSmemSlack = 1024 + 2 * sizeof(uint64_t);  // alignment, residual barriers
+template <Epi E, int BN>
+constexpr int kStages = std::min<int>(kMaxStages, int((kSmemLimit - kSmemSlack - kStagingBytes<E, BN>) / (kStageBytes<BN> + 2 * sizeof(uint64_t))));
+template <Epi E, int BN>
+constexpr size_t kSmem = kStages<E, BN> * (kStageBytes<BN> + 2 * sizeof(uint64_t)) + kStagingBytes<E, BN> + kSmemSlack;
+static_assert(kStages<Epi::kGlu, 128> == 6 && kStages<Epi::kConv, 160> == 6 && kStages<Epi::kLinear, 128> == 5 &&
+              kStages<Epi::kLinear, 160> == 4);
+constexpr size_t kSmemMax = std::max({kSmem<Epi::kGlu, 128>, kSmem<Epi::kLinear, 128>, kSmem<Epi::kLinear, 160>, kSmem<Epi::kConv, 160>});
+static_assert(kSmemMax <= kSmemLimit);
 // setmaxnreg: the producer gives registers to the consumers (each a multiple of 8; 128 x 40 + 256 x 232 fits the
 // 384 x 168 that __launch_bounds__(kThreads, 1) allows), as CUTLASS's warp-specialised kernels do: a consumer holds
 // 128 accumulators.
@@ -97,7 +115,8 @@ bool& glu_flag() {
 OwnLinear& linear_mode() {
   static OwnLinear mode = env_is("ATELIER_OWN_LINEAR", "1")          ? OwnLinear::kAll
                           : env_is("ATELIER_OWN_LINEAR", "residual") ? OwnLinear::kResidual
-                                                                     : OwnLinear::kOff;
+                          : env_is("ATELIER_OWN_LINEAR", "0")        ? OwnLinear::kOff
+                                                                     : OwnLinear::kTimed;
   return mode;
 }
 OwnConv& conv_mode() {
@@ -107,7 +126,9 @@ OwnConv& conv_mode() {
 
 struct Params {
   CUtensorMap x, w;  // x [m][k] in 64 x kBM boxes (convolution: [N][H][W][C] in 64 x the pixel box); w [rows][k] in 64 x BN (GLU: 64) boxes
-  CUtensorMap out_map;  // GLU: out [m][n] (row stride ldo) in 64 x kBM boxes, the staged tiles' destination
+  // out [m][n] (row stride ldo), the staged tiles' destination: the GLU's in 64 x kBM boxes, the linear layer's in
+  // kBoxCols x kBoxHalfRows ones, as res_map (the linear layer's residual, where there is one).
+  CUtensorMap out_map, res_map;
   const __nv_bfloat16* bias;
   const __nv_bfloat16* residual;  // linear: [m, n] (row stride ldo), may be out; null for none
   __nv_bfloat16* out;
@@ -162,6 +183,7 @@ __device__ __forceinline__ int block_tiles(const Params& p) {
 // boxes, the value rows c0.. and the gate rows n + c0..; the others' as one box of BN rows.
 template <Epi E, int BN, bool SK>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t* full, uint64_t* empty) {
+  constexpr int kS = kStages<E, BN>;
   const int n = block_tiles(p);
   int it = 0;
   for (int i = 0; i < n; ++i) {
@@ -173,8 +195,8 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
       img = m0 / pixels, oy = r / p.conv_wo, ox = r % p.conv_wo;
     }
     for (int ks = u.k0; ks < u.k0 + u.steps; ++ks, ++it) {
-      const int s = it % kStages;
-      tma::wait(&empty[s], ((it / kStages) & 1) ^ 1);
+      const int s = it % kS;
+      tma::wait(&empty[s], ((it / kS) & 1) ^ 1);
       tma::arrive_expect_tx(&full[s], kStageBytes<BN>);  // zero-filled parts of a box count too
       uint8_t* stage = ring + s * kStageBytes<BN>;
       if constexpr (E == Epi::kConv) {
@@ -193,12 +215,12 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
 // and its gate box in 64..127) = those rows of x times those rows of w, over the unit's `steps` k-steps; the ring's
 // slots from `it` on. Once the last k-step's products are issued the turn passes to the other consumer (when
 // `hand_on`), before they finish.
-template <int BN>
+template <int BN, int kS>
 __device__ __forceinline__ void mainloop(float (&acc)[2][BN / 2], int steps, uint8_t* ring, uint64_t* full,
                                          uint64_t* empty, int it, bool hand_on, int other) {
   for (int ks = 0; ks < steps; ++ks, ++it) {
-    const int s = it % kStages;
-    tma::wait(&full[s], (it / kStages) & 1);
+    const int s = it % kS;
+    tma::wait(&full[s], (it / kS) & 1);
     const uint32_t a = smem_u32(ring + s * kStageBytes<BN>);
     const uint32_t b = a + kABytes;
     wgmma::fence();
@@ -214,14 +236,14 @@ __device__ __forceinline__ void mainloop(float (&acc)[2][BN / 2], int steps, uin
     wgmma::commit();
     if (hand_on && ks == steps - 1) tma::bar_arrive(kTurnBarrier + other, kConsumerThreads);
     wgmma::wait<1>();  // the previous k-step's products are done: its buffer can be refilled
-    if (ks > 0) tma::arrive(&empty[(it - 1) % kStages]);
+    if (ks > 0) tma::arrive(&empty[(it - 1) % kS]);
   }
   wgmma::wait<0>();
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) wgmma::fence_operand(acc[h][i]);
-  tma::arrive(&empty[(it - 1) % kStages]);
+  tma::arrive(&empty[(it - 1) % kS]);
 }
 
 __device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
@@ -321,6 +343,72 @@ __device__ __forceinline__ void epilogue_linear(const float (&acc)[2][BN / 2], c
   }
 }
 
+// The linear layer's staged tile: box b of half h (columns 32 b.. of rows 64 h..) at (h BN / 32 + b) * 4 KB, row r of
+// a box at r * 64 bytes, its 16-byte chunk c at c ^ ((r / 2) % 4) (the 64-byte swizzle: a warp's 8 rows hit all 32
+// banks). The byte of this thread's pair (j, r) in it:
+template <int BN>
+__device__ __forceinline__ uint32_t staged_pair(uint32_t base, int h, int j, int r, int t) {
+  return base + uint32_t(h * (BN / kBoxCols) + j / 4) * kOutBoxBytes + uint32_t(r) * (kBoxCols * 2) +
+         (uint32_t((j % 4) ^ ((r / 2) % 4)) << 4) + 4 * t;
+}
+// The residual's tile into the consumer's staging buffer (issued by its first thread before the mainloop, once the
+// previous tile's store has read the buffer), completing on res_full.
+template <int BN>
+__device__ __forceinline__ void load_residual(const Params& p, uint8_t* staged, uint64_t* res_full, int m0, int c0) {
+  tma::bulk_wait_read<0>();
+  tma::arrive_expect_tx(res_full, kOutTileBytes<Epi::kLinear, BN>);
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int b = 0; b < BN / kBoxCols; ++b)
+      tma::load_2d(staged + (h * (BN / kBoxCols) + b) * kOutBoxBytes, &p.res_map, c0 + kBoxCols * b, m0 + kBoxHalfRows * h, res_full);
+}
+// Linear: out[m0 + r, c0 + col] = acc + bias (+ the residual, already in `staged` once res_full's phase `parity` has
+// completed), staged (staged_pair) and stored as 2 BN / 32 boxes by the consumer's first thread; rows and columns
+// past the output are left out by the stores.
+template <int BN, bool R>
+__device__ __forceinline__ void epilogue_staged(const float (&acc)[2][BN / 2], const Params& p, uint8_t* staged, uint64_t* res_full,
+                                                uint32_t parity, int m0, int c0, int consumer, int ctid) {
+  const int r0 = ctid / 32 * 16 + ctid % 32 / 4, t = ctid % 4;
+  if constexpr (R) {
+    tma::wait(res_full, parity);
+  } else {
+    if (ctid == 0) tma::bulk_wait_read<0>();  // the previous tile's store has read the buffer
+    tma::bar_sync(kConsumerBarrier + consumer, 128);
+  }
+  const uint32_t base = smem_u32(staged);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int col = c0 + 8 * j + 2 * t;
+    const float2 b = p.bias && col < p.n ? load_pair(p.bias + col) : make_float2(0.0f, 0.0f);  // n is even
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        const float* d = &acc[h][4 * j + 2 * ri];
+        const uint32_t at = staged_pair<BN>(base, h, j, r0 + 8 * ri, t);
+        float y0 = d[0] + b.x, y1 = d[1] + b.y;
+        if constexpr (R) {
+          uint32_t v;
+          asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(at) : "memory");
+          const float2 rv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+          y0 += rv.x, y1 += rv.y;
+        }
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack2<__nv_bfloat16>(y0, y1)) : "memory");
+      }
+  }
+  wgmma::fence_async_smem();  // the writes, visible to the bulk stores
+  tma::bar_sync(kConsumerBarrier + consumer, 128);
+  if (ctid == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int b = 0; b < BN / kBoxCols; ++b)
+        tma::store_2d(&p.out_map, c0 + kBoxCols * b, m0 + kBoxHalfRows * h, staged + (h * (BN / kBoxCols) + b) * kOutBoxBytes);
+    tma::bulk_commit();
+  }
+}
+
 // Split-K's slot of unit (part, tile): a consumer's 2 x BN / 2 accumulators as BN / 4 float4 per thread, float4 q
 // of thread t at q * 128 + t (each store and load instruction of a warp covers 512 consecutive bytes).
 template <int BN>
@@ -372,11 +460,12 @@ __device__ __forceinline__ void split_gather(float (&acc)[2][BN / 2], const Para
 // for unit 0, then one after each unit's mainloop where a next unit exists.
 template <Epi E, UnaryOp A, int BN, bool R, bool SK>
 __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t* staged, uint64_t* full, uint64_t* empty,
-                                        int consumer, int ctid) {
+                                        uint64_t* res_full, int consumer, int ctid) {
   const int warp = (ctid % 128) / 32, lane = ctid % 32;
   const int n = block_tiles(p);
   if (consumer == 1) tma::bar_arrive(kTurnBarrier, kConsumerThreads);  // consumer 0 goes first
   float acc[2][BN / 2];
+  int tiles_done = 0;  // this consumer's linear tiles: the parity of its residual barrier's phase
   int it = 0;  // the ring slot of unit i's first k-step (split-K: the block's earlier units' k-steps, counted)
   for (int i = SK ? 0 : consumer; i < n; i += SK ? 1 : kConsumers) {
     const Unit u = unit_of<E, BN, SK>(p, i);
@@ -388,8 +477,10 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
     } else {
       it = i * p.k_steps;
     }
+    if constexpr (E == Epi::kLinear && R)
+      if (ctid % 128 == 0) load_residual<BN>(p, staged, res_full, u.m0, u.c0);
     tma::bar_sync(kTurnBarrier + consumer, kConsumerThreads);
-    mainloop<BN>(acc, u.steps, ring, full, empty, it, i + 1 < n, 1 - consumer);
+    mainloop<BN, kStages<E, BN>>(acc, u.steps, ring, full, empty, it, i + 1 < n, 1 - consumer);
     if constexpr (SK) {
       it += u.steps;
       if (u.part + 1 < p.split) {
@@ -398,10 +489,16 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
       }
       split_gather<BN>(acc, p, u, consumer, ctid % 128);
     }
-    if constexpr (E == Epi::kGlu) epilogue_glu<A>(acc, p, staged, u.m0, u.c0, consumer, ctid % 128);
-    else epilogue_linear<BN, R>(acc, p, u.m0 + warp * 16 + lane / 4, u.c0, lane % 4);
+    if constexpr (E == Epi::kGlu) {
+      epilogue_glu<A>(acc, p, staged, u.m0, u.c0, consumer, ctid % 128);
+    } else if constexpr (E == Epi::kLinear) {
+      epilogue_staged<BN, R>(acc, p, staged, res_full, uint32_t(tiles_done & 1), u.m0, u.c0, consumer, ctid % 128);
+      ++tiles_done;
+    } else {
+      epilogue_linear<BN, R>(acc, p, u.m0 + warp * 16 + lane / 4, u.c0, lane % 4);
+    }
   }
-  if constexpr (E == Epi::kGlu)
+  if constexpr (E != Epi::kConv)
     if (ctid % 128 == 0) tma::bulk_wait<0>();  // the last stores done before the block's shared memory goes
 }
 
@@ -413,15 +510,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
 #ifdef ATELIER_WGMMA
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* staging = ring + kStages * kStageBytes<BN>;  // 1024-byte aligned: the stages are multiples of 1 KB
-  uint64_t* full = reinterpret_cast<uint64_t*>(staging + kStagingBytes<E>);
-  uint64_t* empty = full + kStages;
+  constexpr int kS = kStages<E, BN>;
+  uint8_t* staging = ring + kS * kStageBytes<BN>;  // 1024-byte aligned: the stages are multiples of 1 KB
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + kStagingBytes<E, BN>);
+  uint64_t* empty = full + kS;
+  uint64_t* res_full = empty + kS;  // a consumer's residual tile landed in its staging buffer
   const int tid = int(threadIdx.x), wg = tid / 128;
   if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) {
+    for (int i = 0; i < kS; ++i) {
       tma::mbar_init(&full[i], 1);
       tma::mbar_init(&empty[i], kConsumerThreads / kConsumers);  // the one consumer warpgroup whose tile the slot holds
     }
+    for (int c = 0; c < kConsumers; ++c) tma::mbar_init(&res_full[c], 1);
     tma::fence_mbar_init();
   }
   __syncthreads();
@@ -430,7 +530,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
     if (tid == 0) produce<E, BN, SK>(p, ring, full, empty);
   } else {
     tma::regs_alloc<kConsumerRegs>();
-    consume<E, A, BN, R, SK>(p, ring, staging + (wg - 1) * kOutTileBytes, full, empty, wg - 1, tid - 128);
+    consume<E, A, BN, R, SK>(p, ring, staging + (wg - 1) * kOutTileBytes<E, BN>, full, empty, res_full + (wg - 1), wg - 1, tid - 128);
   }
 #else
   __trap();
@@ -444,19 +544,25 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
 // encoder, the base is not 16-byte aligned or the encoder refuses.
 template <int Rank>
 bool encode_map(CUtensorMap& map, const void* base, const cuuint64_t (&dims)[Rank], const cuuint64_t (&strides)[Rank - 1],
-                const cuuint32_t (&box)[Rank]) {
+                const cuuint32_t (&box)[Rank], CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   const tma::EncodeTiled encode = tma::encode_tiled();
   if (!encode || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
   cuuint32_t unit[Rank];
   for (cuuint32_t& u : unit) u = 1;
   return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, Rank, const_cast<void*>(base), dims, strides, box, unit,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 bool make_map(CUtensorMap& map, const void* base, int64_t rows, int64_t cols, int64_t ld, int box_rows) {
   if (ld % 8 != 0 || ld < cols) return false;
   return encode_map<2>(map, base, {cuuint64_t(cols), cuuint64_t(rows)}, {cuuint64_t(ld) * 2}, {cuuint32_t(kBK), cuuint32_t(box_rows)});
+}
+// The linear layer's output (or residual) [rows][cols], row stride ld, in its staged tiles' boxes.
+bool make_linear_out_map(CUtensorMap& map, const void* base, int64_t rows, int64_t cols, int64_t ld) {
+  if (ld % 8 != 0 || ld < cols) return false;
+  return encode_map<2>(map, base, {cuuint64_t(cols), cuuint64_t(rows)}, {cuuint64_t(ld) * 2},
+                       {cuuint32_t(kBoxCols), cuuint32_t(kBoxHalfRows)}, CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
 // The input box of a convolution tile's 128 output pixels, {width, height, images}: 128 pixels of one row (an output
@@ -598,7 +704,10 @@ bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream)
   if (!takes(cc_major, a.max_smem, a.m, a.k, a.n, a.ldo, {a.out, a.bias, a.residual})) return false;
   Params p{};
   const bool wide = tile_160(a.n);
-  if (!make_map(p.x, a.x, a.m, a.k, a.ldx, kBM) || !make_map(p.w, a.w, a.n, a.k, a.ldw, wide ? 160 : 128)) return false;
+  // (The output maps need a 16-byte aligned output, residual and row stride; else cuBLASLt takes the product.)
+  if (!make_map(p.x, a.x, a.m, a.k, a.ldx, kBM) || !make_map(p.w, a.w, a.n, a.k, a.ldw, wide ? 160 : 128) ||
+      !make_linear_out_map(p.out_map, a.out, a.m, a.n, a.ldo) || (a.residual && !make_linear_out_map(p.res_map, a.residual, a.m, a.n, a.ldo)))
+    return false;
   p.bias = static_cast<const __nv_bfloat16*>(a.bias);
   p.residual = static_cast<const __nv_bfloat16*>(a.residual);
   p.out = static_cast<__nv_bfloat16*>(a.out);

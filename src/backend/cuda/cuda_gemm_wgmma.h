@@ -89,12 +89,13 @@ void set_own_conv_split(int split);
 bool fused_glu_enabled();
 void set_fused_glu(bool on);
 // Which bf16 linear products (one batch, weights [n, k], no activation) run launch_gemm_linear instead of cuBLASLt:
-// none (default), all (ATELIER_OWN_LINEAR=1), or only those with a residual (ATELIER_OWN_LINEAR=residual); or the
-// setter (tests, benches).
-enum class OwnLinear { kOff, kAll, kResidual };
+// those where it measured faster (default: the kernel is one more candidate when GemmEngine times a product's
+// algorithms), none (ATELIER_OWN_LINEAR=0), all (=1), or all those with a residual (=residual); or the setter
+// (tests, benches).
+enum class OwnLinear { kTimed, kOff, kAll, kResidual };
 OwnLinear own_linear_mode();
 void set_own_linear(OwnLinear mode);
-// Whether the mode sends a product with (residual) or without a residual to the kernel.
+// Whether the mode sends a product with (residual) or without a residual to the kernel without timing it.
 bool own_linear_takes(bool residual);
 // Whether channels-last bf16 convolutions that launch_conv_implicit takes are timed against cuDNN and the im2col GEMM
 // per shape (kAuto, default), never run it (ATELIER_OWN_CONV=0), or always do (ATELIER_OWN_CONV=force; tests).
