@@ -108,9 +108,10 @@ GemmEngine& CudaBackend::gemm_engine() {
   std::lock_guard<std::mutex> lock(engines_mu_);
   if (!gemm_) {
     gemm_ = std::make_unique<GemmEngine>(index_, stream_, alloc_);
-    gemm_->set_own_kernel([this](const GemmCall& call, void* out) {
-      return run_own_linear_call(call, out, cc_major_, sm_count_, max_smem_optin_, stream_);
-    });
+    if (cc_major_ == 9)  // the kernel is sm_90's (wgmma, TMA)
+      gemm_->set_own_kernel([this](const GemmCall& call, void* out) {
+        return run_own_linear_call(call, out, cc_major_, sm_count_, max_smem_optin_, stream_);
+      });
   }
   return *gemm_;
 }

@@ -349,7 +349,7 @@ bool GemmEngine::run_lt(const GemmCall& call, bool allow_tf32) {
                           &algo, workspace_->data(), ws, stream_) == CUBLAS_STATUS_SUCCESS;
   };
   std::function<bool(void*)> own;
-  if (own_ && own_linear_mode() == OwnLinear::kTimed) own = [&](void* out) { return own_(call, out); };
+  if (own_ && own_linear_mode() == OwnLinear::kTimed && own_linear_call_fits(call)) own = [&](void* out) { return own_(call, out); };
   if (!p->tuned) {
     const double flops = 2.0 * double(call.m) * double(call.n) * double(call.k) * double(call.batch);
     const int64_t elems = (call.batch - 1) * call.c_batch_stride + call.ldc * (call.m - 1) + call.n;
@@ -533,10 +533,13 @@ int64_t leading_dim(const Tensor& t) {
 }
 }  // namespace
 
+bool own_linear_call_fits(const GemmCall& c) {
+  return c.c_dtype == DType::BF16 && c.a.dtype == DType::BF16 && c.batch == 1 && !c.a.trans && c.b.trans && c.alpha == 1.0f &&
+         (c.beta == 0.0f || c.beta == 1.0f) && c.act == UnaryOp::kIdentity;
+}
+
 bool run_own_linear_call(const GemmCall& c, void* out, int cc_major, int sm_count, size_t max_smem, cudaStream_t stream) {
-  if (c.c_dtype != DType::BF16 || c.a.dtype != DType::BF16 || c.batch != 1 || c.a.trans || !c.b.trans || c.alpha != 1.0f ||
-      (c.beta != 0.0f && c.beta != 1.0f) || c.act != UnaryOp::kIdentity)
-    return false;
+  if (!own_linear_call_fits(c)) return false;
   OwnGemmArgs a;
   a.x = c.a.ptr, a.ldx = c.a.ld;
   a.w = c.b.ptr, a.ldw = c.b.ld;

@@ -133,6 +133,8 @@ class GemmEngine {
 // from c_in, else from out): bf16, one batch, a row-major [m, k] x times a [n, k] weight, no activation, alpha 1,
 // beta 0 or 1; false (nothing enqueued) where it does not take the call.
 bool run_own_linear_call(const GemmCall& c, void* out, int cc_major, int sm_count, size_t max_smem, cudaStream_t stream);
+// Whether the call has that form (the kernel may still decline its shapes, alignments or device).
+bool own_linear_call_fits(const GemmCall& c);
 
 // Which parts of act(product + bias) a cuBLASLt epilogue does: bias and ReLU always, the tanh GELU for 16-bit
 // outputs; the rest (unaligned bias, other activations) is left to launch_gemm_epilogue.
