@@ -87,7 +87,7 @@ class CudaBackend final : public Backend {
   void softmax(Tensor& out, const Tensor& x) override;
 
   void gemm(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmParams& p) override;
-  Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& bias, UnaryOp act) override;  // cuda_gemm_wgmma.cu
+  Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& bias, UnaryOp act) override;  // cuda_gemm.cu (the kernel: cuda_gemm_wgmma.cu)
   // FP8 linear layers (cuda_fp8.cu).
   void quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) override;
   void gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws, const Tensor& bias,

@@ -30,6 +30,7 @@ inline std::optional<double> env_number(const char* name) {
 
 // Whether p lies on a `bytes` boundary (the vector paths' 16-byte loads and stores, 8-byte table reads).
 inline bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+inline bool aligned16(const void* p) { return aligned_to(p, 16); }
 
 // Launches kernel<<<blocks, threads, smem, stream>>>(args...) cooperatively: all blocks resident at once (kernels
 // whose blocks wait on each other), or no launch and cudaErrorCooperativeLaunchTooLarge. Returns the launch's error.
@@ -48,7 +49,6 @@ cudaError_t launch_cooperative(void (*kernel)(Params...), unsigned blocks, unsig
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
-inline bool aligned16(const void* p) { return aligned_to(p, 16); }
 
 // n / d for 32-bit n < 2^31 by a divisor fixed on the host: one high product, an add and a shift (the
 // round-up method of Granlund and Montgomery: l = ceil(log2 d), m = floor(2^32 (2^l - d) / d) + 1, then

@@ -789,28 +789,4 @@ bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t strea
   return launch_linear_form<Epi::kConv>(p, m, k, wide, a.sm_count, stream);
 }
 
-// --- the backend's op -------------------------------------------------------------------------------------
-
-Tensor CudaBackend::linear_glu(const Tensor& x, const Tensor& w, const Tensor& bias, UnaryOp act) {
-  if (!fused_glu_enabled() || x.dtype() != DType::BF16 || w.dtype() != DType::BF16 || !x.is_contiguous() || !w.is_contiguous() ||
-      (bias.defined() && (bias.dtype() != DType::BF16 || !bias.is_contiguous())))
-    return Tensor();
-  NvtxRange range("linear_glu");
-  DeviceGuard guard(index_);
-  Shape shape = x.shape();
-  shape.back() = w.size(0) / 2;
-  Tensor out = Tensor::empty(shape, DType::BF16, device());
-  OwnGemmArgs a;
-  a.x = x.data<__nv_bfloat16>();
-  a.w = w.data<__nv_bfloat16>();
-  a.bias = bias.defined() ? bias.data<__nv_bfloat16>() : nullptr;
-  a.out = out.data<__nv_bfloat16>();
-  a.m = x.numel() / x.size(-1), a.k = x.size(-1), a.n = shape.back();
-  a.ldx = a.k, a.ldw = a.k, a.ldo = a.n;
-  a.act = act;
-  a.sm_count = sm_count_;
-  a.max_smem = max_smem_optin_;
-  return launch_gemm_glu(a, cc_major_, stream_) ? out : Tensor();
-}
-
 }  // namespace atelier::cuda
