@@ -26,14 +26,17 @@ struct FusedGluScope {
 
 // SD's GEGLU shapes (a 64x64 latent's tokens, 320 channels, 1280 = 4 x 320 per half), rows that are not whole
 // tiles, halves that are not whole 64-column tiles (the bulk store of the last tile clipped), k that is not whole
-// 64-element steps, no bias, SiLU and the tanh GELU; each must have run the fused kernel on an H200.
+// 64-element steps, no bias, SiLU and the tanh GELU (also at half widths of 80, 240 and 400: 1.25, 3.75 and 6.25 tiles);
+// each must have run the fused kernel on an H200.
 TEST(CudaOps, LinearGluInOneKernelMatchesCpu) {
   ATELIER_REQUIRE_HOPPER();
   FusedGluScope fused;
   struct Case { Shape x; int64_t h; bool bias; UnaryOp act; };
   const Case cases[] = {{{2, 4096, 320}, 1280, true, UnaryOp::kGelu},   {{1, 77, 64}, 96, true, UnaryOp::kGelu},
                         {{3, 100, 104}, 136, false, UnaryOp::kGelu},    {{1, 200, 640}, 2560, true, UnaryOp::kSilu},
-                        {{1, 129, 1280}, 64, true, UnaryOp::kGeluTanh}, {{5, 8}, 16, true, UnaryOp::kGelu}};
+                        {{1, 129, 1280}, 64, true, UnaryOp::kGeluTanh}, {{5, 8}, 16, true, UnaryOp::kGelu},
+                        {{3, 100, 104}, 240, false, UnaryOp::kGelu},    {{1, 129, 1280}, 80, true, UnaryOp::kGeluTanh},
+                        {{2, 77, 328}, 400, true, UnaryOp::kSilu}};
   for (const Case& c : cases) {
     const int64_t k = c.x.back();
     const Tensor x = random_tensor(c.x, 51), w = random_tensor({2 * c.h, k}, 52, 1.0f / std::sqrt(float(k)));

@@ -183,30 +183,40 @@ __device__ __forceinline__ int block_tiles(const Params& p) {
 // boxes, the value rows c0.. and the gate rows n + c0..; the others' as one box of BN rows.
 template <Epi E, int BN, bool SK>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t* full, uint64_t* empty) {
+  // The ring slot and its phase, and a convolution's (tap row, tap column, channel chunk), carried from k-step to
+  // k-step: the divisions by kS and by the run-time tap counts would cost the one issuing thread ~40 instructions
+  // per k-step.
   constexpr int kS = kStages<E, BN>;
   const int n = block_tiles(p);
-  int it = 0;
+  int s = 0;
+  uint32_t phase = 1;  // the empty barriers' phase "before" the first: passes at once
   for (int i = 0; i < n; ++i) {
     const Unit u = unit_of<E, BN, SK>(p, i);
     const int m0 = u.m0, c0 = u.c0;
-    int img = 0, oy = 0, ox = 0;  // convolution: the tile's first output pixel
+    int img = 0, oy = 0, ox = 0;  // convolution: the tile's first output pixel, and the k-step's tap and chunk
+    int ti = 0, tj = 0, chunk = 0;
     if constexpr (E == Epi::kConv) {
       const int pixels = p.conv_ho * p.conv_wo, r = m0 % pixels;
       img = m0 / pixels, oy = r / p.conv_wo, ox = r % p.conv_wo;
+      const int tap = u.k0 / p.conv_c_steps;
+      chunk = u.k0 - tap * p.conv_c_steps, ti = tap / p.conv_kw, tj = tap - ti * p.conv_kw;
     }
-    for (int ks = u.k0; ks < u.k0 + u.steps; ++ks, ++it) {
-      const int s = it % kS;
-      tma::wait(&empty[s], ((it / kS) & 1) ^ 1);
+    for (int ks = u.k0; ks < u.k0 + u.steps; ++ks) {
+      tma::wait(&empty[s], phase);
       tma::arrive_expect_tx(&full[s], kStageBytes<BN>);  // zero-filled parts of a box count too
       uint8_t* stage = ring + s * kStageBytes<BN>;
       if constexpr (E == Epi::kConv) {
-        const int tap = ks / p.conv_c_steps, chunk = ks - tap * p.conv_c_steps, ti = tap / p.conv_kw, tj = tap - ti * p.conv_kw;
         tma::load_4d(stage, &p.x, chunk * kBK, ox + tj - p.conv_pw, oy + ti - p.conv_ph, img, &full[s]);
+        if (++chunk == p.conv_c_steps) {
+          chunk = 0;
+          if (++tj == p.conv_kw) tj = 0, ++ti;
+        }
       } else {
         tma::load_2d(stage, &p.x, ks * kBK, m0, &full[s]);
       }
       tma::load_2d(stage + kABytes, &p.w, ks * kBK, c0, &full[s]);
       if constexpr (E == Epi::kGlu) tma::load_2d(stage + kABytes + kBoxBytes, &p.w, ks * kBK, p.n + c0, &full[s]);
+      if (++s == kS) s = 0, phase ^= 1u;
     }
   }
 }
@@ -218,32 +228,44 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
 template <int BN, int kS>
 __device__ __forceinline__ void mainloop(float (&acc)[2][BN / 2], int steps, uint8_t* ring, uint64_t* full,
                                          uint64_t* empty, int it, bool hand_on, int other) {
-  for (int ks = 0; ks < steps; ++ks, ++it) {
-    const int s = it % kS;
-    tma::wait(&full[s], (it / kS) & 1);
-    const uint32_t a = smem_u32(ring + s * kStageBytes<BN>);
-    const uint32_t b = a + kABytes;
+  // The slot and its phase carried from k-step to k-step, and the descriptors moved by constants: a descriptor's
+  // address field is the byte address / 16 (14 bits: the 227 KB of shared memory stay below its 16384), so
+  // desc(addr + off) = desc(addr) + off / 16. Rebuilt per k-step (a division by kS and 12 shift-and-mask
+  // descriptors), this was ~15 instructions per wgmma (session 35's profile of the k = 320 GLU); carried, the SD
+  // steps took 0.44 ms less at 16 rows and ~0.08 at CFG (session 36), most of it in the convolutions' long loops.
+  constexpr uint64_t kStageStep = kStageBytes<BN> >> 4, kRowStep = kRowBytes >> 4;
+  const uint64_t ring_desc = wgmma::desc_sw128(smem_u32(ring), 0, wgmma::kAtomGroupBytes);
+  int s = it % kS, last = s;
+  uint32_t phase = uint32_t(it / kS) & 1;
+  uint64_t da = ring_desc + uint64_t(s) * kStageStep;
+  for (int ks = 0; ks < steps; ++ks) {
+    tma::wait(&full[s], phase);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)  // k16 step kk starts 32 bytes further along the swizzled rows
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint64_t da = wgmma::desc_sw128(a + h * 64 * kRowBytes + kk * 32, 0, wgmma::kAtomGroupBytes);
-        const uint64_t db = wgmma::desc_sw128(b + kk * 32, 0, wgmma::kAtomGroupBytes);
-        if constexpr (BN == 160) wgmma::mma_m64n160k16_ss<0>(acc[h], da, db, ks > 0 || kk > 0);
-        else wgmma::mma_m64n128k16_ss<0>(acc[h], da, db, ks > 0 || kk > 0);
+        const uint64_t a = da + (h * 64 * kRowStep + kk * 2), b = da + (kABytes / 16 + kk * 2);
+        if constexpr (BN == 160) wgmma::mma_m64n160k16_ss<0>(acc[h], a, b, ks > 0 || kk > 0);
+        else wgmma::mma_m64n128k16_ss<0>(acc[h], a, b, ks > 0 || kk > 0);
       }
     wgmma::commit();
     if (hand_on && ks == steps - 1) tma::bar_arrive(kTurnBarrier + other, kConsumerThreads);
     wgmma::wait<1>();  // the previous k-step's products are done: its buffer can be refilled
-    if (ks > 0) tma::arrive(&empty[(it - 1) % kS]);
+    if (ks > 0) tma::arrive(&empty[last]);
+    last = s;
+    if (++s == kS) {
+      s = 0, phase ^= 1u, da = ring_desc;
+    } else {
+      da += kStageStep;
+    }
   }
   wgmma::wait<0>();
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) wgmma::fence_operand(acc[h][i]);
-  tma::arrive(&empty[(it - 1) % kS]);
+  tma::arrive(&empty[last]);
 }
 
 __device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
