@@ -23,8 +23,8 @@
 //     (or whole images, or part of one row), the same box of input pixels moved by (i - pad_h, j - pad_w), and the
 //     tensor map's zero fill outside the image is the convolution's padding. Its 128 rows of 128 bytes land in
 //     shared memory exactly as the linear layer's 128 x 64 box does, so the mainloop is the same.
-// The GLU's and the linear layer's tiles leave through a staging buffer in shared memory and bulk tensor stores
-// (kStagingBytes); the convolution's with 4-byte stores. Rows past m and k past the end are the tensor maps' zero
+// Every tile leaves through a staging buffer in shared memory and bulk tensor stores (kStagingBytes), except a
+// convolution's whose output rows are not 16-byte multiples (4-byte stores: kConvDirect). Rows past m and k past the end are the tensor maps' zero
 // fill; rows and columns past the output are not stored.
 //
 // Split-K (convolutions only, the SK instances): a product of fewer tiles than SMs (SD's 8x8 level at 16 rows: 64
@@ -70,7 +70,12 @@ template <int BN>
 constexpr uint32_t kStageBytes = kABytes + BN * kRowBytes;  // 32 or 36 KB
 static_assert(2 * kBoxBytes == kStageBytes<128> - kABytes, "the GLU's two w boxes fill a 128-row stage");
 
-enum class Epi { kGlu, kLinear, kConv };
+// kConv: a convolution whose tile leaves staged like the linear layer's (session 36: 16 rows -0.21 ms, CFG -0.06,
+// 1024² -0.25 against 4-byte stores, although the staging leaves the 160-column tiles 4 ring buffers instead of 6);
+// kConvDirect: with 4-byte stores, for outputs whose rows are not 16-byte multiples (the maps need them).
+enum class Epi { kGlu, kLinear, kConv, kConvDirect };
+constexpr bool is_conv(Epi e) { return e == Epi::kConv || e == Epi::kConvDirect; }
+constexpr bool staged_linear(Epi e) { return e == Epi::kLinear || e == Epi::kConv; }
 // Output columns per tile: the GLU's 128 product columns make 64.
 template <Epi E, int BN>
 constexpr int kTileCols = E == Epi::kGlu ? kBoxRows : BN;
@@ -78,26 +83,27 @@ constexpr int kTileCols = E == Epi::kGlu ? kBoxRows : BN;
 // tensor stores: 4-byte stores (8 rows of 16 bytes per warp instruction) moved the GLU's [65536, 1280] output at
 // ~0.8 TB/s, slower than its products (session 35). The GLU's tile is one box of 128 rows of 64 bf16 (128-byte
 // rows, 128-byte swizzle); the linear layer's BN columns are BN / 32 boxes of 64 rows x 32 columns per m64 half
-// (64-byte rows, 64-byte swizzle), which its residual also arrives in. Convolutions keep the direct stores: their
-// long mainloops hide them, and the staging would cost them ring buffers.
+// (64-byte rows, 64-byte swizzle), which its residual also arrives in; a convolution's tile is the linear layer's.
 constexpr uint32_t kGluTileBytes = kBM * kRowBytes;  // 16 KB
 constexpr int kBoxCols = 32, kBoxHalfRows = 64;      // the linear layer's output boxes
 constexpr uint32_t kOutBoxBytes = kBoxCols * 2 * kBoxHalfRows;  // 4 KB
 template <Epi E, int BN>
-constexpr uint32_t kOutTileBytes = E == Epi::kGlu ? kGluTileBytes : E == Epi::kLinear ? 2 * (BN / kBoxCols) * kOutBoxBytes : 0;
+constexpr uint32_t kOutTileBytes = E == Epi::kGlu ? kGluTileBytes : staged_linear(E) ? 2 * (BN / kBoxCols) * kOutBoxBytes : 0;
 template <Epi E, int BN>
 constexpr uint32_t kStagingBytes = kConsumers * kOutTileBytes<E, BN>;
-// Ring buffers: as many as fit beside the staging (6 for the GLU and convolutions, 5 and 4 for the linear layer's
-// 128- and 160-column tiles); one full and one empty barrier each, and a residual barrier per consumer.
+// Ring buffers: as many as fit beside the staging (6 for the GLU and the 4-byte-store convolutions, 5 and 4 for the
+// linear layer's and the staged convolutions' 128- and 160-column tiles); one full and one empty barrier each, and a
+// residual barrier per consumer.
 constexpr size_t kSmemLimit = 227 * 1024;
 constexpr size_t kSmemSlack = 1024 + 2 * sizeof(uint64_t);  // alignment, residual barriers
 template <Epi E, int BN>
 constexpr int kStages = std::min<int>(kMaxStages, int((kSmemLimit - kSmemSlack - kStagingBytes<E, BN>) / (kStageBytes<BN> + 2 * sizeof(uint64_t))));
 template <Epi E, int BN>
 constexpr size_t kSmem = kStages<E, BN> * (kStageBytes<BN> + 2 * sizeof(uint64_t)) + kStagingBytes<E, BN> + kSmemSlack;
-static_assert(kStages<Epi::kGlu, 128> == 6 && kStages<Epi::kConv, 160> == 6 && kStages<Epi::kLinear, 128> == 5 &&
-              kStages<Epi::kLinear, 160> == 4);
-constexpr size_t kSmemMax = std::max({kSmem<Epi::kGlu, 128>, kSmem<Epi::kLinear, 128>, kSmem<Epi::kLinear, 160>, kSmem<Epi::kConv, 160>});
+static_assert(kStages<Epi::kGlu, 128> == 6 && kStages<Epi::kConvDirect, 160> == 6 && kStages<Epi::kLinear, 128> == 5 &&
+              kStages<Epi::kLinear, 160> == 4 && kStages<Epi::kConv, 160> == 4);
+constexpr size_t kSmemMax = std::max({kSmem<Epi::kGlu, 128>, kSmem<Epi::kLinear, 128>, kSmem<Epi::kLinear, 160>, kSmem<Epi::kConv, 160>,
+                                      kSmem<Epi::kConvDirect, 160>});
 static_assert(kSmemMax <= kSmemLimit);
 // setmaxnreg: the producer gives registers to the consumers (each a multiple of 8; 128 x 40 + 256 x 232 fits the
 // 384 x 168 that __launch_bounds__(kThreads, 1) allows), as CUTLASS's warp-specialised kernels do: a consumer holds
@@ -195,7 +201,7 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
     const int m0 = u.m0, c0 = u.c0;
     int img = 0, oy = 0, ox = 0;  // convolution: the tile's first output pixel, and the k-step's tap and chunk
     int ti = 0, tj = 0, chunk = 0;
-    if constexpr (E == Epi::kConv) {
+    if constexpr (is_conv(E)) {
       const int pixels = p.conv_ho * p.conv_wo, r = m0 % pixels;
       img = m0 / pixels, oy = r / p.conv_wo, ox = r % p.conv_wo;
       const int tap = u.k0 / p.conv_c_steps;
@@ -205,7 +211,7 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
       tma::wait(&empty[s], phase);
       tma::arrive_expect_tx(&full[s], kStageBytes<BN>);  // zero-filled parts of a box count too
       uint8_t* stage = ring + s * kStageBytes<BN>;
-      if constexpr (E == Epi::kConv) {
+      if constexpr (is_conv(E)) {
         tma::load_4d(stage, &p.x, chunk * kBK, ox + tj - p.conv_pw, oy + ti - p.conv_ph, img, &full[s]);
         if (++chunk == p.conv_c_steps) {
           chunk = 0;
@@ -499,8 +505,8 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
     } else {
       it = i * p.k_steps;
     }
-    if constexpr (E == Epi::kLinear && R)
-      if (ctid % 128 == 0) load_residual<BN>(p, staged, res_full, u.m0, u.c0);
+    if constexpr (staged_linear(E) && R)  // (split-K: only the tile's last part, which runs the epilogue)
+      if (ctid % 128 == 0 && (!SK || u.part + 1 == p.split)) load_residual<BN>(p, staged, res_full, u.m0, u.c0);
     tma::bar_sync(kTurnBarrier + consumer, kConsumerThreads);
     mainloop<BN, kStages<E, BN>>(acc, u.steps, ring, full, empty, it, i + 1 < n, 1 - consumer);
     if constexpr (SK) {
@@ -513,14 +519,14 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
     }
     if constexpr (E == Epi::kGlu) {
       epilogue_glu<A>(acc, p, staged, u.m0, u.c0, consumer, ctid % 128);
-    } else if constexpr (E == Epi::kLinear) {
+    } else if constexpr (staged_linear(E)) {
       epilogue_staged<BN, R>(acc, p, staged, res_full, uint32_t(tiles_done & 1), u.m0, u.c0, consumer, ctid % 128);
       ++tiles_done;
     } else {
       epilogue_linear<BN, R>(acc, p, u.m0 + warp * 16 + lane / 4, u.c0, lane % 4);
     }
   }
-  if constexpr (E != Epi::kConv)
+  if constexpr (E != Epi::kConvDirect)
     if (ctid % 128 == 0) tma::bulk_wait<0>();  // the last stores done before the block's shared memory goes
 }
 
@@ -661,7 +667,7 @@ bool launch_tiles(Params& p, int64_t m, int64_t k, bool wide, int sm_count, cuda
 // Convolutions also take split-K (p.split > 1); linear layers have no such instances.
 template <Epi E>
 bool launch_linear_form(Params& p, int64_t m, int64_t k, bool wide, int sm_count, cudaStream_t stream) {
-  if constexpr (E == Epi::kConv)
+  if constexpr (is_conv(E))
     if (p.split > 1) return launch_tiles<E, true>(p, m, k, wide, sm_count, stream);
   return launch_tiles<E, false>(p, m, k, wide, sm_count, stream);
 }
@@ -801,6 +807,9 @@ bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t strea
   }
   const bool wide = tile_160(a.o);
   if (!make_map_4d(p.x, a.input, a.n, a.h, a.w, a.c, box) || !make_map(p.w, a.weight, a.o, k, k, wide ? 160 : 128)) return false;
+  // The staged epilogue's output (and residual) maps need 16-byte aligned rows; else the 4-byte stores.
+  const bool staged = make_linear_out_map(p.out_map, a.out, m, a.o, a.o) &&
+                      (!a.residual || make_linear_out_map(p.res_map, a.residual, m, a.o, a.o));
   p.bias = static_cast<const __nv_bfloat16*>(a.bias);
   p.residual = static_cast<const __nv_bfloat16*>(a.residual);
   p.out = static_cast<__nv_bfloat16*>(a.out);
@@ -808,7 +817,8 @@ bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t strea
   p.m = int(m), p.n = int(a.o);
   p.conv_c_steps = int(a.c / kBK), p.conv_kw = int(a.kw), p.conv_ph = a.pad_h, p.conv_pw = a.pad_w;
   p.conv_ho = int(a.ho), p.conv_wo = int(a.wo);
-  return launch_linear_form<Epi::kConv>(p, m, k, wide, a.sm_count, stream);
+  return staged ? launch_linear_form<Epi::kConv>(p, m, k, wide, a.sm_count, stream)
+                : launch_linear_form<Epi::kConvDirect>(p, m, k, wide, a.sm_count, stream);
 }
 
 }  // namespace atelier::cuda
