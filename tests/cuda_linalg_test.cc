@@ -324,8 +324,9 @@ TEST(CudaOps, ChannelsLastConvThroughGemmMatchesCpu) {
 // form a tile's 128 output pixels take (two rows of 64 at SD's level 0, eight rows of 16, two whole 8x8 images with a
 // third image's tile half past the batch, four rows of 32, 128 pixels of a 256-wide row), padding 0 (the box narrower
 // than the input) and 2 with a 5x5 kernel, a 1x1, an output width past the last 128-column tile (200), each with a bias
-// and some with a channels-last residual; every bf16 case must have run the kernel. f16 and a stride-2 case must fall
-// through to the other paths (the kernel takes bf16 and stride 1 only) and still match.
+// and some with a channels-last residual, and outputs of 4 and 6 channels (rows of 8 and 12 bytes: the tile leaves by
+// 4-byte stores, not through the staged tensor-map stores); every bf16 case must have run the kernel. f16 and a
+// stride-2 case must fall through to the other paths (the kernel takes bf16 and stride 1 only) and still match.
 TEST(CudaOps, ChannelsLastConvThroughOwnKernelMatchesCpu) {
   ATELIER_REQUIRE_HOPPER();
   ImplGuard restore;
@@ -337,7 +338,8 @@ TEST(CudaOps, ChannelsLastConvThroughOwnKernelMatchesCpu) {
       {{1, 64, 2, 256}, 64, 3, 1, 1, true, true},     {{2, 64, 10, 10}, 64, 3, 0, 1, false, true},
       {{1, 64, 16, 16}, 64, 5, 2, 1, false, true},    {{2, 960, 16, 16}, 320, 1, 0, 1, true, true},
       {{1, 64, 16, 16}, 200, 3, 1, 1, true, true},    {{2, 64, 17, 13}, 64, 3, 1, 1, false, false},
-      {{2, 64, 16, 16}, 64, 3, 1, 2, false, false}};
+      {{2, 64, 16, 16}, 64, 3, 1, 2, false, false},  {{2, 320, 16, 16}, 4, 3, 1, 1, true, true},
+      {{1, 64, 16, 16}, 6, 3, 1, 1, false, true}};
   for (const Case& c : cases) {
     Conv2dParams p;
     p.stride_h = p.stride_w = c.stride;
@@ -363,8 +365,8 @@ TEST(CudaOps, ChannelsLastConvThroughOwnKernelMatchesCpu) {
 
 // Split-K in the own convolution kernel (forced part counts) against the CPU: SD's 8x8 level at CFG and at 16 rows
 // (8 and 64 tiles; 4 parts at 64 tiles make 256 units for 132 SMs, so blocks run several and owners wait on other
-// blocks), uneven parts (9 k-steps in 2), 128-column tiles, many tiles (units past the grid), with and without a
-// residual. Each case must have run split-K, and two runs must give the same bytes (the owner adds the parts in
+// blocks), uneven parts (9 k-steps in 2), 128-column tiles, many tiles (units past the grid), SD's conv_out (4
+// output channels: 4-byte stores), with and without a residual. Each case must have run split-K, and two runs must give the same bytes (the owner adds the parts in
 // order). The part counts the choice times for SD's shapes are checked too.
 TEST(CudaOps, ChannelsLastConvSplitKMatchesCpu) {
   ATELIER_REQUIRE_HOPPER();
@@ -377,7 +379,7 @@ TEST(CudaOps, ChannelsLastConvSplitKMatchesCpu) {
   struct Case { Shape x; int64_t o; int split; bool residual; };
   const Case cases[] = {{{2, 1280, 8, 8}, 1280, 2, false},  {{2, 1280, 8, 8}, 1280, 16, true}, {{2, 2560, 8, 8}, 1280, 7, true},
                         {{16, 1280, 8, 8}, 1280, 2, true},  {{16, 1280, 8, 8}, 1280, 4, false}, {{3, 64, 8, 8}, 128, 2, true},
-                        {{2, 320, 64, 64}, 320, 2, true}};
+                        {{2, 320, 64, 64}, 320, 2, true},   {{2, 320, 64, 64}, 4, 2, false}};
   for (const Case& c : cases) {
     Conv2dParams p;
     p.pad_h = p.pad_w = 1;

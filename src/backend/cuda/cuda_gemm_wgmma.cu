@@ -24,8 +24,8 @@
 //     tensor map's zero fill outside the image is the convolution's padding. Its 128 rows of 128 bytes land in
 //     shared memory exactly as the linear layer's 128 x 64 box does, so the mainloop is the same.
 // Every tile leaves through a staging buffer in shared memory and bulk tensor stores (kStagingBytes), except a
-// convolution's whose output rows are not 16-byte multiples (4-byte stores: kConvDirect). Rows past m and k past the end are the tensor maps' zero
-// fill; rows and columns past the output are not stored.
+// convolution's whose output rows are not 16-byte multiples (4-byte stores: kConvDirect). Rows past m and k past the
+// end are the tensor maps' zero fill; rows and columns past the output are not stored.
 //
 // Split-K (convolutions only, the SK instances): a product of fewer tiles than SMs (SD's 8x8 level at 16 rows: 64
 // tiles of 128 x 160, one consumer of two busy on 64 of 132 SMs) splits each tile's k-steps into `split` parts, the
