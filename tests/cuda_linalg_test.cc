@@ -366,8 +366,9 @@ TEST(CudaOps, ChannelsLastConvThroughOwnKernelMatchesCpu) {
 // Split-K in the own convolution kernel (forced part counts) against the CPU: SD's 8x8 level at CFG and at 16 rows
 // (8 and 64 tiles; 4 parts at 64 tiles make 256 units for 132 SMs, so blocks run several and owners wait on other
 // blocks), uneven parts (9 k-steps in 2), 128-column tiles, many tiles (units past the grid), SD's conv_out (4
-// output channels: 4-byte stores), with and without a residual. Each case must have run split-K, and two runs must give the same bytes (the owner adds the parts in
-// order). The part counts the choice times for SD's shapes are checked too.
+// output channels: 4-byte stores), with and without a residual. Each case must have run split-K, and two runs must
+// give the same bytes (the owner adds the parts in order). The part counts the choice times for SD's shapes are
+// checked too.
 TEST(CudaOps, ChannelsLastConvSplitKMatchesCpu) {
   ATELIER_REQUIRE_HOPPER();
   ImplGuard restore;

@@ -232,7 +232,8 @@ __device__ __forceinline__ void fence_all(float (&r)[N]) {
 // 128 threads: its arrival completes one by itself, and its wait passes at once.
 struct Turns {
   int own, next, threads;
-  __device__ Turns(int c, int nc) : own(kSchedBarrier + c), next(kSchedBarrier + (c + 1 == nc ? 0 : c + 1)), threads(nc > 1 ? 256 : 128) {}
+  __device__ Turns(int c, int nc)
+      : own(kSchedBarrier + c), next(kSchedBarrier + (c + 1 == nc ? 0 : c + 1)), threads(nc > 1 ? 256 : 128) {}
   __device__ void begin() const { tma::bar_sync(own, threads); }
   __device__ void end() const { tma::bar_arrive(next, threads); }
 };

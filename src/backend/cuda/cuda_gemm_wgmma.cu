@@ -592,6 +592,11 @@ bool make_linear_out_map(CUtensorMap& map, const void* base, int64_t rows, int64
   return encode_map<2>(map, base, {cuuint64_t(cols), cuuint64_t(rows)}, {cuuint64_t(ld) * 2},
                        {cuuint32_t(kBoxCols), cuuint32_t(kBoxHalfRows)}, CU_TENSOR_MAP_SWIZZLE_64B);
 }
+// p.out_map and, with a residual, p.res_map for the staged epilogue of a linear layer or convolution ([m][n], row
+// stride ldo); false where either breaks TMA's rules (16-byte aligned base and row stride).
+bool make_staged_maps(Params& p, const void* out, const void* residual, int64_t m, int64_t n, int64_t ldo) {
+  return make_linear_out_map(p.out_map, out, m, n, ldo) && (!residual || make_linear_out_map(p.res_map, residual, m, n, ldo));
+}
 
 // The input box of a convolution tile's 128 output pixels, {width, height, images}: 128 pixels of one row (an output
 // width that is a multiple of 128), whole rows of one image, or whole images; false where 128 consecutive output
@@ -734,7 +739,7 @@ bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream)
   const bool wide = tile_160(a.n);
   // (The output maps need a 16-byte aligned output, residual and row stride; else cuBLASLt takes the product.)
   if (!make_map(p.x, a.x, a.m, a.k, a.ldx, kBM) || !make_map(p.w, a.w, a.n, a.k, a.ldw, wide ? 160 : 128) ||
-      !make_linear_out_map(p.out_map, a.out, a.m, a.n, a.ldo) || (a.residual && !make_linear_out_map(p.res_map, a.residual, a.m, a.n, a.ldo)))
+      !make_staged_maps(p, a.out, a.residual, a.m, a.n, a.ldo))
     return false;
   p.bias = static_cast<const __nv_bfloat16*>(a.bias);
   p.residual = static_cast<const __nv_bfloat16*>(a.residual);
@@ -808,8 +813,7 @@ bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t strea
   const bool wide = tile_160(a.o);
   if (!make_map_4d(p.x, a.input, a.n, a.h, a.w, a.c, box) || !make_map(p.w, a.weight, a.o, k, k, wide ? 160 : 128)) return false;
   // The staged epilogue's output (and residual) maps need 16-byte aligned rows; else the 4-byte stores.
-  const bool staged = make_linear_out_map(p.out_map, a.out, m, a.o, a.o) &&
-                      (!a.residual || make_linear_out_map(p.res_map, a.residual, m, a.o, a.o));
+  const bool staged = make_staged_maps(p, a.out, a.residual, m, a.o, a.o);
   p.bias = static_cast<const __nv_bfloat16*>(a.bias);
   p.residual = static_cast<const __nv_bfloat16*>(a.residual);
   p.out = static_cast<__nv_bfloat16*>(a.out);
