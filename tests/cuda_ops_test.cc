@@ -471,5 +471,41 @@ TEST(CudaDevice, FastDivisionEqualsIntegerDivision) {
     }
   }
 }
+
+// Timing with a cold L2 (ATELIER_TIMING_COLD=1's form of the per-shape choices' timing): its scratch outgrows this
+// device's L2, each of the runs calls the work once (timed alone), and a failing call fails the timing.
+TEST(CudaTiming, ColdRunsCallEachRunOnceAfterOverwritingTheL2) {
+  ATELIER_REQUIRE_CUDA();
+  int l2 = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), cudaSuccess);
+  EXPECT_GT(cuda::kColdBytes, size_t(l2)) << "the scratch must overwrite the whole L2";
+  void* scratch = cuda::cold_scratch();
+  ASSERT_NE(scratch, nullptr);
+  EXPECT_EQ(cuda::cold_scratch(), scratch);  // kept per device
+  constexpr size_t kBytes = size_t(8) << 20;
+  void* src = nullptr;
+  void* dst = nullptr;
+  ASSERT_EQ(cudaMalloc(&src, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dst, kBytes), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  int calls = 0;
+  const auto copy = [&] {
+    ++calls;
+    return cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyDeviceToDevice, stream) == cudaSuccess;
+  };
+  cuda::EventPair ev;
+  ASSERT_TRUE(ev.ok);
+  EXPECT_GT(cuda::time_runs_cold(ev, stream, 5, copy, scratch), 0.0f);
+  EXPECT_EQ(calls, 5);
+  int failing_calls = 0;
+  const auto failing = [&] { return ++failing_calls < 2; };
+  EXPECT_EQ(cuda::time_runs_cold(ev, stream, 5, failing, scratch), -1.0f);
+  EXPECT_EQ(failing_calls, 2);
+  cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  cudaFree(src);
+  cudaFree(dst);
+}
 }  // namespace
 }  // namespace atelier

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/cuda/cuda_common.h"
+
 namespace atelier::cuda {
 
 // CUDA events for timing, destroyed with the timer.
@@ -23,10 +25,52 @@ struct EventPair {
   EventPair& operator=(const EventPair&) = delete;
 };
 
-// Mean device milliseconds of `runs` back-to-back calls of `enqueue` on `stream`, or -1 when one returns false
-// or an event fails. Synchronises: never call it while the stream is being captured.
+// Timing with a cold L2 (ATELIER_TIMING_COLD=1, an A/B switch; off by default): each timed call comes after a write
+// of kColdBytes, more than the L2 holds (H200: 50 MB), so that the call reads its operands from DRAM as a replayed
+// model step reads its weights. Back to back, a candidate's second and third calls found its weights (SD's 8x8
+// convolutions: 29.5-59 MB) in L2, which may favour forms the replay then runs slower (docs/cuda.md, session 37).
+constexpr size_t kColdBytes = size_t(96) << 20;
+inline bool timing_cold() {
+  static const bool on = env_is("ATELIER_TIMING_COLD", "1");
+  return on;
+}
+// The current device's kColdBytes of scratch for timing_cold (allocated at its first use, kept for the process), or
+// null where it cannot be allocated (then the calls are timed warm).
+inline void* cold_scratch() {
+  static std::mutex mu;
+  static std::map<int, void*> scratch;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = scratch.try_emplace(device, nullptr);
+  if (fresh && cudaMalloc(&it->second, kColdBytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    it->second = nullptr;
+  }
+  return it->second;
+}
+
+// Mean device milliseconds of `runs` calls of `enqueue` on `stream`, or -1 when one returns false or an event fails:
+// back to back, or (timing_cold) each alone after the L2 is overwritten. Synchronises: never call it while the stream
+// is being captured.
+inline float time_runs_cold(const EventPair& ev, cudaStream_t stream, int runs, const std::function<bool()>& enqueue,
+                            void* scratch) {
+  float total = 0.0f;
+  for (int i = 0; i < runs; ++i) {
+    float ms = 0.0f;
+    if (cudaMemsetAsync(scratch, i & 1, kColdBytes, stream) != cudaSuccess ||
+        cudaEventRecord(ev.start, stream) != cudaSuccess || !enqueue() || cudaEventRecord(ev.stop, stream) != cudaSuccess ||
+        cudaEventSynchronize(ev.stop) != cudaSuccess || cudaEventElapsedTime(&ms, ev.start, ev.stop) != cudaSuccess)
+      return -1.0f;
+    total += ms;
+  }
+  return total / float(runs);
+}
 inline float time_runs(const EventPair& ev, cudaStream_t stream, int runs, const std::function<bool()>& enqueue) {
-  if (!ev.ok || cudaEventRecord(ev.start, stream) != cudaSuccess) return -1.0f;
+  if (!ev.ok) return -1.0f;
+  if (timing_cold())
+    if (void* scratch = cold_scratch()) return time_runs_cold(ev, stream, runs, enqueue, scratch);
+  if (cudaEventRecord(ev.start, stream) != cudaSuccess) return -1.0f;
   for (int i = 0; i < runs; ++i)
     if (!enqueue()) return -1.0f;
   float ms = 0.0f;
