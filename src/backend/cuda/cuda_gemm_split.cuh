@@ -10,6 +10,12 @@ template <int BN>
 __device__ __forceinline__ float4* split_slot(const Params& p, int part, int tile) {
   return reinterpret_cast<float4*>(p.partial) + (int64_t(part) * p.tiles + tile) * (kBM * BN / 4);
 }
+// One thread: waits until the count at `flag` reaches `target`; its acquire makes the counted parts' slots visible.
+__device__ __forceinline__ void wait_count(const int* flag, int target) {
+  int done = 0;
+  do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(done) : "l"(flag) : "memory");
+  while (done < target);
+}
 // A contributing part: its sums to its slot (past L1: another SM reads them), then one count on the tile's flag once
 // all 128 threads' stores are ordered before it (the barrier, then a device-scope fence).
 template <int BN>
@@ -32,9 +38,7 @@ __device__ __forceinline__ void split_contribute(const float (&acc)[2][BN / 2], 
 template <int BN>
 __device__ __forceinline__ void split_gather(float (&acc)[2][BN / 2], const Params& p, const Unit& u, int consumer, int t) {
   if (t == 0) {
-    int done = 0;
-    do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(done) : "l"(p.flags + u.tile) : "memory");
-    while (done < p.split - 1);
+    wait_count(p.flags + u.tile, p.split - 1);
     atomicExch(p.flags + u.tile, 0);
   }
   tma::bar_sync(kConsumerBarrier + consumer, 128);
@@ -54,11 +58,10 @@ __device__ __forceinline__ void split_gather(float (&acc)[2][BN / 2], const Para
 // slots (float4 f of the slot layout for f in [part F / split, (part + 1) F / split), F = kBM BN / 4) in part order
 // and stores it with bias and residual. The owner's form reads all split - 1 slots on one SM (16 parts of SD's 8x8
 // level at CFG: 1.2 MB through one SM); spread, each part reads 1 / split of them: those convolutions took 19-20 us
-// against 34-44 (ncu, eager), yet the replayed SD steps were 0.03-0.08 ms slower with it (docs/cuda.md, session 37),
-// so it is off by default. The slices come into the ring's
-// shared memory (free once the unit's products are done: 80 KB at most against the ring's 144 KB) as one bulk copy
-// per part: loaded by the threads, 4 in flight each, the 40 float4 a thread sums took 10 round trips (split 4 of
-// SD's 16x16 level: 5 us slower than the owner's form). The staged forms' residual tile is in `staged` (every part
+// against 34-44 (ncu, eager), yet the replayed SD steps were 0.02-0.08 ms slower with it (docs/cuda.md, session 37),
+// so it is off by default. The slices come into the ring's shared memory (free once the unit's products are done:
+// 80 KB at most against the ring's 144 KB) as one bulk copy per part: loaded by the threads, 4 in flight each, the
+// 40 float4 a thread sums took 10 round trips (split 4 of SD's 16x16 level: 5 us slower than the owner's form). The staged forms' residual tile is in `staged` (every part
 // loads it by TMA before its mainloop, completing phase 0 of `bar`; the copies complete phase 1); kConvDirect's is
 // read from global memory. The last part to leave zeroes both counters for the next launch (every part has passed
 // the wait on the first by then).
@@ -73,26 +76,16 @@ __device__ __forceinline__ int4 spread_coords(int f) {
 template <Epi E, int BN, bool R>
 __device__ __forceinline__ void split_spread(const float (&acc)[2][BN / 2], const Params& p, const Unit& u, uint8_t* ring,
                                              const uint8_t* staged, uint64_t* bar, int consumer, int t) {
-  float4* slot = split_slot<BN>(p, u.part, u.tile);
-#pragma unroll
-  for (int q = 0; q < BN / 4; ++q) {
-    const float* a = &acc[4 * q / (BN / 2)][4 * q % (BN / 2)];
-    __stcg(slot + q * 128 + t, make_float4(a[0], a[1], a[2], a[3]));
-  }
   constexpr bool kStagedResidual = R && staged_linear(E);
   if constexpr (kStagedResidual) tma::wait(bar, 0);  // before the copies' phase can complete
+  split_contribute<BN>(acc, p, u, consumer, t);  // its slot, then a count on the tile's `arrived` (flags[tile])
   constexpr int kF = kBM * BN / 4;
   const int f0 = u.part * kF / p.split, len = (u.part + 1) * kF / p.split - f0;
   const float4* parts = reinterpret_cast<const float4*>(ring);  // [split][len]
   int* arrived = p.flags + u.tile;
   int* left = p.flags + kSpreadLeft + u.tile;
-  tma::bar_sync(kConsumerBarrier + consumer, 128);
   if (t == 0) {
-    __threadfence();
-    atomicAdd(arrived, 1);
-    int done = 0;
-    do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(done) : "l"(arrived) : "memory");
-    while (done < p.split);
+    wait_count(arrived, p.split);
     tma::fence_proxy_async_global();  // the other parts' slots, acquired above, before the copies read them
     tma::arrive_expect_tx(bar, uint32_t(p.split * len) * sizeof(float4));
     for (int i = 0; i < p.split; ++i)
