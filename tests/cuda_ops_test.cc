@@ -7,6 +7,7 @@
 #include <functional>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -472,10 +473,11 @@ TEST(CudaDevice, FastDivisionEqualsIntegerDivision) {
   }
 }
 
-// Timing with a cold L2 (ATELIER_TIMING_COLD=1's form of the per-shape choices' timing): its scratch outgrows this
+// Timing with a cold L2 (the per-shape choices' timing unless ATELIER_TIMING_COLD=0): its scratch outgrows this
 // device's L2, each of the runs calls the work once (timed alone), and a failing call fails the timing.
 TEST(CudaTiming, ColdRunsCallEachRunOnceAfterOverwritingTheL2) {
   ATELIER_REQUIRE_CUDA();
+  if (!std::getenv("ATELIER_TIMING_COLD")) EXPECT_TRUE(cuda::timing_cold()) << "cold timing is the default";
   int l2 = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), cudaSuccess);
   EXPECT_GT(cuda::kColdBytes, size_t(l2)) << "the scratch must overwrite the whole L2";

@@ -25,13 +25,15 @@ struct EventPair {
   EventPair& operator=(const EventPair&) = delete;
 };
 
-// Timing with a cold L2 (ATELIER_TIMING_COLD=1, an A/B switch; off by default): each timed call comes after a write
-// of kColdBytes, more than the L2 holds (H200: 50 MB), so that the call reads its operands from DRAM as a replayed
-// model step reads its weights. Back to back, a candidate's second and third calls found its weights (SD's 8x8
-// convolutions: 29.5-59 MB) in L2, which may favour forms the replay then runs slower (docs/cuda.md, session 37).
+// Timing with a cold L2 (on unless ATELIER_TIMING_COLD=0): each timed call comes after a write of kColdBytes, more
+// than the L2 holds (H200: 50 MB), so that the call reads its operands from DRAM as a replayed model step reads its
+// weights. Back to back, a candidate's second and third calls found its weights (SD's 8x8 convolutions: 29.5-59 MB)
+// in L2, which favoured forms the replay then ran slower (session 37). Measured in session 38 (docs/performance.md),
+// in turns on one card each: CFG 5.011 / 5.013 ms against 5.054 / 5.051 back to back, 16 rows 26.27 / 26.45 against
+// 26.37 / 26.48.
 constexpr size_t kColdBytes = size_t(96) << 20;
 inline bool timing_cold() {
-  static const bool on = env_is("ATELIER_TIMING_COLD", "1");
+  static const bool on = !env_is("ATELIER_TIMING_COLD", "0");
   return on;
 }
 // The current device's kColdBytes of scratch for timing_cold (allocated at its first use, kept for the process), or
