@@ -346,19 +346,19 @@ TEST(CudaOps, ChannelsLastConvThroughOwnKernelMatchesCpu) {
     p.pad_h = p.pad_w = c.pad;
     const int64_t ho = (c.x[2] + 2 * c.pad - c.k) / c.stride + 1, wo = (c.x[3] + 2 * c.pad - c.k) / c.stride + 1;
     const Tensor x = random_tensor(c.x, 71), w = random_tensor({c.o, c.x[1], c.k, c.k}, 72, 1.0f / std::sqrt(float(c.x[1] * c.k * c.k))),
-                 b = random_tensor({c.o}, 73), r = random_tensor({c.x[0], c.o, ho, wo}, 74);
+               b = random_tensor({c.o}, 73), r = random_tensor({c.x[0], c.o, ho, wo}, 74);
     const bool residual = c.residual;
     const auto fn = [p, residual](const std::vector<Tensor>& in) {
-      return ops::conv2d(channels_last(in[0]), in[1], in[2], p, residual ? channels_last(in[3]) : Tensor());
+    return ops::conv2d(channels_last(in[0]), in[1], in[2], p, residual ? channels_last(in[3]) : Tensor());
     };
     const std::string what = "conv2d through the own kernel " + shape_str(c.x) + " -> " + std::to_string(c.o) + " k" +
-                             std::to_string(c.k) + " pad " + std::to_string(c.pad) + " stride " + std::to_string(c.stride) +
-                             (residual ? " + residual" : "");
+                           std::to_string(c.k) + " pad " + std::to_string(c.pad) + " stride " + std::to_string(c.stride) +
+                           (residual ? " + residual" : "");
     for (DType dt : kLowp) {
-      const int64_t before = cuda::own_conv_launches();
-      EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b, r}), dt);
-      const int64_t ran = cuda::own_conv_launches() - before;
-      EXPECT_EQ(ran, dt == DType::BF16 && c.takes ? 1 : 0) << what << " [" << dtype_name(dt) << "]";
+    const int64_t before = cuda::own_conv_launches();
+    EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b, r}), dt);
+    const int64_t ran = cuda::own_conv_launches() - before;
+    EXPECT_EQ(ran, dt == DType::BF16 && c.takes ? 1 : 0) << what << " [" << dtype_name(dt) << "]";
     }
   }
 }
@@ -366,51 +366,39 @@ TEST(CudaOps, ChannelsLastConvThroughOwnKernelMatchesCpu) {
 // Split-K in the own convolution kernel (forced part counts) against the CPU: SD's 8x8 level at CFG and at 16 rows
 // (8 and 64 tiles; 4 parts at 64 tiles make 256 units for 132 SMs, so blocks run several and owners wait on other
 // blocks), uneven parts (9 k-steps in 2), 128-column tiles, many tiles (units past the grid), SD's conv_out (4
-// output channels: 4-byte stores), with and without a residual; each with the parts' sum spread over them (where
-// every unit has its own block: all but the 256-unit cases) and by the tile's last part. Each case must have run
-// split-K in the form asked, and two runs must give the same bytes (the parts are added in order). The part counts
-// the choice times for SD's shapes are checked too.
+// output channels: 4-byte stores), with and without a residual. Each case must have run split-K, and two runs must
+// give the same bytes (the owner adds the parts in order). The part counts the choice times for SD's shapes are
+// checked too.
 TEST(CudaOps, ChannelsLastConvSplitKMatchesCpu) {
   ATELIER_REQUIRE_HOPPER();
   ImplGuard restore;
   struct SplitGuard {
     int was = cuda::own_conv_split();
-    bool spread = cuda::conv_split_spread();
-    ~SplitGuard() { cuda::set_own_conv_split(was), cuda::set_conv_split_spread(spread); }
+    ~SplitGuard() { cuda::set_own_conv_split(was); }
   } split_restore;
   cuda::set_own_conv(cuda::OwnConv::kForce);
   struct Case { Shape x; int64_t o; int split; bool residual; };
   const Case cases[] = {{{2, 1280, 8, 8}, 1280, 2, false},  {{2, 1280, 8, 8}, 1280, 16, true}, {{2, 2560, 8, 8}, 1280, 7, true},
                         {{16, 1280, 8, 8}, 1280, 2, true},  {{16, 1280, 8, 8}, 1280, 4, false}, {{3, 64, 8, 8}, 128, 2, true},
                         {{2, 320, 64, 64}, 320, 2, true},   {{2, 320, 64, 64}, 4, 2, false}};
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  for (const bool spread : {true, false}) {
-    for (const Case& c : cases) {
-      cuda::set_conv_split_spread(spread);
-      Conv2dParams p;
-      p.pad_h = p.pad_w = 1;
-      const Tensor x = random_tensor(c.x, 81), w = random_tensor({c.o, c.x[1], 3, 3}, 82, 1.0f / std::sqrt(float(c.x[1] * 9))),
-                   b = random_tensor({c.o}, 83), r = random_tensor({c.x[0], c.o, c.x[2], c.x[3]}, 84);
-      const bool residual = c.residual;
-      const auto fn = [p, residual](const std::vector<Tensor>& in) {
-        return ops::conv2d(channels_last(in[0]), in[1], in[2], p, residual ? channels_last(in[3]) : Tensor());
-      };
-      // One unit per block where the units fit the SMs: those cases take the spread sum when it is on.
-      const int64_t cols = c.o % 160 == 0 ? 160 : 128;
-      const int64_t units = (c.x[0] * c.x[2] * c.x[3] + 127) / 128 * ((c.o + cols - 1) / cols) * c.split;
-      const bool spreads = spread && units <= sms;
-      const std::string what = "conv2d split-K " + std::to_string(c.split) + " " + shape_str(c.x) + " -> " + std::to_string(c.o) +
-                               (residual ? " + residual" : "") + (spreads ? ", spread sum" : ", owner's sum");
-      cuda::set_own_conv_split(c.split);
-      const int64_t before = cuda::own_conv_split_launches(), spread_before = cuda::own_conv_spread_launches();
-      EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b, r}), DType::BF16);
-      EXPECT_EQ(cuda::own_conv_split_launches() - before, 1) << what << ": split-K did not run";
-      EXPECT_EQ(cuda::own_conv_spread_launches() - spread_before, spreads ? 1 : 0) << what << ": not the form asked";
-      const std::vector<Tensor> gpu = {to_gpu(x, DType::BF16), to_gpu(w, DType::BF16), to_gpu(b, DType::BF16), to_gpu(r, DType::BF16)};
-      const Tensor first = fn(gpu).to(Device::cpu()), second = fn(gpu).to(Device::cpu());
-      EXPECT_EQ(std::memcmp(first.raw(), second.raw(), first.nbytes()), 0) << what << ": two runs differ";
-    }
+  for (const Case& c : cases) {
+    Conv2dParams p;
+    p.pad_h = p.pad_w = 1;
+    const Tensor x = random_tensor(c.x, 81), w = random_tensor({c.o, c.x[1], 3, 3}, 82, 1.0f / std::sqrt(float(c.x[1] * 9))),
+                 b = random_tensor({c.o}, 83), r = random_tensor({c.x[0], c.o, c.x[2], c.x[3]}, 84);
+    const bool residual = c.residual;
+    const auto fn = [p, residual](const std::vector<Tensor>& in) {
+      return ops::conv2d(channels_last(in[0]), in[1], in[2], p, residual ? channels_last(in[3]) : Tensor());
+    };
+    const std::string what = "conv2d split-K " + std::to_string(c.split) + " " + shape_str(c.x) + " -> " + std::to_string(c.o) +
+                             (residual ? " + residual" : "");
+    cuda::set_own_conv_split(c.split);
+    const int64_t before = cuda::own_conv_split_launches();
+    EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b, r}), DType::BF16);
+    EXPECT_EQ(cuda::own_conv_split_launches() - before, 1) << what << ": split-K did not run";
+    const std::vector<Tensor> gpu = {to_gpu(x, DType::BF16), to_gpu(w, DType::BF16), to_gpu(b, DType::BF16), to_gpu(r, DType::BF16)};
+    const Tensor first = fn(gpu).to(Device::cpu()), second = fn(gpu).to(Device::cpu());
+    EXPECT_EQ(std::memcmp(first.raw(), second.raw(), first.nbytes()), 0) << what << ": two runs differ";
   }
   // The timed candidates at SD's shapes on 132 SMs: none where the tiles fill half the SMs.
   cuda::OwnConvArgs a;

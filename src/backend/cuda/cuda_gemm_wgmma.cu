@@ -112,7 +112,7 @@ constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8));
 
-std::atomic<int64_t> g_glu_launches{0}, g_linear_launches{0}, g_conv_launches{0}, g_split_launches{0}, g_spread_launches{0};
+std::atomic<int64_t> g_glu_launches{0}, g_linear_launches{0}, g_conv_launches{0}, g_split_launches{0};
 
 bool& glu_flag() {
   static bool on = !env_is("ATELIER_FUSED_GLU", "0");
@@ -124,10 +124,6 @@ OwnLinear& linear_mode() {
                           : env_is("ATELIER_OWN_LINEAR", "0")        ? OwnLinear::kOff
                                                                      : OwnLinear::kTimed;
   return mode;
-}
-bool& spread_flag() {  // off by default: measured slower in the replayed SD steps (docs/cuda.md, session 37)
-  static bool on = env_is("ATELIER_SPLIT_SPREAD", "1");
-  return on;
 }
 OwnConv& conv_mode() {
   static OwnConv mode = env_is("ATELIER_OWN_CONV", "0") ? OwnConv::kOff : env_is("ATELIER_OWN_CONV", "force") ? OwnConv::kForce : OwnConv::kAuto;
@@ -161,11 +157,6 @@ constexpr int kSplitSlotsPerSm = 2;
 constexpr size_t kSplitSlotBytes = size_t(kBM) * 160 * sizeof(float);
 constexpr int kMaxSplit = 16;          // parts per tile
 constexpr int kMinSplitSteps = 4;      // k-steps per part: fewer and the slots' traffic outweighs the products
-// The spread sum's two counters per tile: its parts arrived (at flags[tile]) and left (at flags[kSpreadLeft + tile]).
-constexpr int kSpreadLeft = kSplitMaxTiles / 2;
-// The spread sum's copies of a tile's slots fit the convolutions' rings.
-static_assert(kStages<Epi::kConv, 160> * kStageBytes<160> >= kSplitSlotBytes &&
-              kStages<Epi::kConv, 128> * kStageBytes<128> >= size_t(kBM) * 128 * sizeof(float));
 
 #ifdef ATELIER_WGMMA
 constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer c waits on 1 + c before its mainloop
@@ -446,13 +437,13 @@ __device__ __forceinline__ void epilogue_staged(const float (&acc)[2][BN / 2], c
   }
 }
 
-#include "backend/cuda/cuda_gemm_split.cuh"  // split_contribute, split_gather, split_spread
+#include "backend/cuda/cuda_gemm_split.cuh"  // split_contribute, split_gather
 
 // Consumer c: the block's units c, c + 2, ... (unit blockIdx.x + i gridDim.x for the block's i-th), each after the
 // other consumer handed it the turn; the ring's slots of unit i start after the block's earlier units' k-steps (the
 // producer's order: i k_steps without split-K). Every wait on a turn barrier has one arrival: consumer 1's first,
 // for unit 0, then one after each unit's mainloop where a next unit exists.
-template <Epi E, UnaryOp A, int BN, bool R, bool SK, bool SP>
+template <Epi E, UnaryOp A, int BN, bool R, bool SK>
 __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t* staged, uint64_t* full, uint64_t* empty,
                                         uint64_t* res_full, int consumer, int ctid) {
   const int warp = (ctid % 128) / 32, lane = ctid % 32;
@@ -471,16 +462,12 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
     } else {
       it = i * p.k_steps;
     }
-    if constexpr (staged_linear(E) && R)  // (split-K: only the tile's last part, which runs the epilogue, or all spread)
-      if (ctid % 128 == 0 && (!SK || SP || u.part + 1 == p.split)) load_residual<BN>(p, staged, res_full, u.m0, u.c0);
+    if constexpr (staged_linear(E) && R)  // (split-K: only the tile's last part, which runs the epilogue)
+      if (ctid % 128 == 0 && (!SK || u.part + 1 == p.split)) load_residual<BN>(p, staged, res_full, u.m0, u.c0);
     tma::bar_sync(kTurnBarrier + consumer, kConsumerThreads);
     mainloop<BN, kStages<E, BN>>(acc, u.steps, ring, full, empty, it, i + 1 < n, 1 - consumer);
     if constexpr (SK) {
       it += u.steps;
-      if constexpr (SP) {
-        split_spread<E, BN, R>(acc, p, u, ring, staged, res_full, consumer, ctid % 128);
-        break;  // the block's only unit: and acc is dead from here, its registers free for the sums
-      }
       if (u.part + 1 < p.split) {
         split_contribute<BN>(acc, p, u, consumer, ctid % 128);
         continue;
@@ -502,9 +489,8 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
 
 #endif  // ATELIER_WGMMA
 
-// R: the linear layer or convolution adds p.residual (the GLU takes none); SK: split-K (p.split parts per tile); SP:
-// split-K's spread sum (split_spread; its own instances, so that the others' code is as it was without it).
-template <Epi E, UnaryOp A, int BN, bool R, bool SK, bool SP>
+// R: the linear layer or convolution adds p.residual (the GLU takes none); SK: split-K (p.split parts per tile).
+template <Epi E, UnaryOp A, int BN, bool R, bool SK>
 __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_constant__ Params p) {
 #ifdef ATELIER_WGMMA
   extern __shared__ uint8_t smem_raw[];
@@ -529,8 +515,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
     if (tid == 0) produce<E, BN, SK>(p, ring, full, empty);
   } else {
     tma::regs_alloc<kConsumerRegs>();
-    consume<E, A, BN, R, SK, SP>(p, ring, staging + (wg - 1) * kOutTileBytes<E, BN>, full, empty, res_full + (wg - 1), wg - 1,
-                                 tid - 128);
+    consume<E, A, BN, R, SK>(p, ring, staging + (wg - 1) * kOutTileBytes<E, BN>, full, empty, res_full + (wg - 1), wg - 1,
+                             tid - 128);
   }
 #else
   __trap();
@@ -605,19 +591,14 @@ int64_t tile_count(int64_t m, int64_t n) {
 
 // The grid, the tiles and the launch, once p's maps and pointers (and split-K's p.split, p.partial, p.flags) are set.
 // Split-K launches cooperatively: its owners wait on other blocks' units, so all blocks must be resident at once.
-template <Epi E, UnaryOp A, int BN = 128, bool R = false, bool SK = false, bool SP = false>
+template <Epi E, UnaryOp A, int BN = 128, bool R = false, bool SK = false>
 bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) {
   p.k_steps = int((k + kBK - 1) / kBK);
   p.col_tiles = (p.n + kTileCols<E, BN> - 1) / kTileCols<E, BN>;
   p.tiles = int(tile_count<E, BN>(m, p.n));
   if constexpr (!SK) p.split = 1;
   p.units = p.tiles * p.split;
-  // The spread sum (where switched on) where every unit has its own block (its parts all resident and running: none
-  // waits on another's turn) and the tile counters fit.
-  if constexpr (SK && !SP)
-    if (spread_flag() && p.units <= sm_count && p.tiles <= kSpreadLeft)
-      return launch<E, A, BN, R, true, true>(p, m, k, sm_count, stream);
-  const auto kernel = gemm_wgmma_kernel<E, A, BN, R, SK, SP>;
+  const auto kernel = gemm_wgmma_kernel<E, A, BN, R, SK>;
   // Per launch: the attribute belongs to the current device's context (as the attention kernels do).
   ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem<E, BN>)));
   const unsigned blocks = unsigned(std::min<int64_t>(p.units, std::max(1, sm_count)));
@@ -630,7 +611,6 @@ bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) 
     }
     ATELIER_CUDA_OK(launched);
     g_split_launches.fetch_add(1);
-    if (SP) g_spread_launches.fetch_add(1);
   } else {
     kernel<<<blocks, kThreads, kSmem<E, BN>, stream>>>(p);
   }
@@ -689,9 +669,6 @@ int& forced_split() {
   static int split = std::max(0, int(env_number("ATELIER_OWN_CONV_SPLIT").value_or(0)));
   return split;
 }
-int64_t own_conv_spread_launches() { return g_spread_launches.load(); }
-bool conv_split_spread() { return spread_flag(); }
-void set_conv_split_spread(bool on) { spread_flag() = on; }
 int own_conv_split() { return forced_split(); }
 void set_own_conv_split(int split) { forced_split() = std::max(0, split); }
 

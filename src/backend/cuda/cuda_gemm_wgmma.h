@@ -107,10 +107,5 @@ int64_t fused_glu_launches();
 int64_t own_linear_launches();
 int64_t own_conv_launches();
 int64_t own_conv_split_launches();  // of them split-K
-int64_t own_conv_spread_launches();  // of those, with the spread sum
-// Split-K's sum of a tile's parts: by the tile's last part alone (default), or spread over the parts where each unit
-// has a block of its own (ATELIER_SPLIT_SPREAD=1, or true here: faster kernels, slower replayed SD steps; session 37).
-bool conv_split_spread();
-void set_conv_split_spread(bool on);
 
 }  // namespace atelier::cuda

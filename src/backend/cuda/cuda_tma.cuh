@@ -77,17 +77,6 @@ __device__ __forceinline__ void load_2d(void* dst, const void* tensor_map, int c
       : "memory");
 }
 
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) of global memory at src into shared memory at dst as
-// one bulk copy, completing on bar.
-__device__ __forceinline__ void load_bulk(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),
-               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
-// Orders this thread's view of global memory (e.g. another SM's writes it has acquired) before its later bulk copies
-// from global memory (the async proxy).
-__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
-
 // A box of shared memory at src into a 2-D tensor map at (c0 column, c1 row), as one bulk store of this thread's
 // current bulk group (parts of the box outside the tensor are not written). The shared-memory writes it reads must
 // be ordered before it: wgmma::fence_async_smem() in each writing thread, then a barrier.
