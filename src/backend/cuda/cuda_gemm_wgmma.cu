@@ -125,6 +125,13 @@ OwnLinear& linear_mode() {
                                                                      : OwnLinear::kTimed;
   return mode;
 }
+// ATELIER_SPLIT_COOP=0 (an A/B switch, session 38): split-K launched plainly instead of cooperatively (its grid is at
+// most one block per SM, each needing a whole SM's shared memory: resident at once on a device of its own). The
+// question: whether a cooperative node costs the replayed graph a drain before it.
+bool split_coop() {
+  static const bool on = !env_is("ATELIER_SPLIT_COOP", "0");
+  return on;
+}
 OwnConv& conv_mode() {
   static OwnConv mode = env_is("ATELIER_OWN_CONV", "0") ? OwnConv::kOff : env_is("ATELIER_OWN_CONV", "force") ? OwnConv::kForce : OwnConv::kAuto;
   return mode;
@@ -604,7 +611,13 @@ bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) 
   const unsigned blocks = unsigned(std::min<int64_t>(p.units, std::max(1, sm_count)));
   if constexpr (SK) {
     // Fewer SMs than the device reports (MPS limits, a partitioned context): decline, the caller takes another path.
-    const cudaError_t launched = launch_cooperative(kernel, blocks, kThreads, kSmem<E, BN>, stream, p);
+    cudaError_t launched = cudaSuccess;
+    if (split_coop()) {
+      launched = launch_cooperative(kernel, blocks, kThreads, kSmem<E, BN>, stream, p);
+    } else {
+      kernel<<<blocks, kThreads, kSmem<E, BN>, stream>>>(p);
+      launched = cudaGetLastError();
+    }
     if (launched == cudaErrorCooperativeLaunchTooLarge) {
       (void)cudaGetLastError();
       return false;
