@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_gemm_wgmma.h"
+#include "backend/cuda/cuda_norm_common.cuh"
 #include "backend/cuda/cuda_nvtx.h"
 
 namespace atelier::cuda {
@@ -27,22 +28,12 @@ namespace {
 
 constexpr int kStatsRowsPerBlock = 8;  // one warp per row
 constexpr int kFoldThreads = 256;      // one block per weight row
-constexpr int kBf16PerVec = 8;         // 16-byte loads of the rows
+using BfVec = Vec<__nv_bfloat16>;      // the rows' 16-byte loads: 8 values
 std::atomic<int64_t> g_fold_calls{0};
 
 bool& fold_flag() {
   static bool on = env_is("ATELIER_LN_FOLD", "1");
   return on;
-}
-
-// The 8 bf16 of a 16-byte vector as floats.
-__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[kBf16PerVec]) {
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < kBf16PerVec / 2; ++i) {
-    const float2 p = __bfloat1622float2(h[i]);
-    f[2 * i] = p.x, f[2 * i + 1] = p.y;
-  }
 }
 
 // stats[r] = (rstd, -mean rstd) of row r of x [rows, d] (d a multiple of 8, rows 16-byte aligned): the mean, then
@@ -52,22 +43,23 @@ __global__ void __launch_bounds__(kStatsRowsPerBlock * 32)
   const int64_t row = int64_t(blockIdx.x) * kStatsRowsPerBlock + threadIdx.x / 32;
   const int lane = int(threadIdx.x % 32);
   if (row >= rows) return;  // a whole warp: its shuffles need no absent lanes
-  const auto* xp = reinterpret_cast<const uint4*>(x + row * d);
-  const int nvec = d / kBf16PerVec;
+  const auto* xp = reinterpret_cast<const BfVec*>(x + row * d);
+  const int nvec = d / BfVec::kWidth;
   float s = 0.0f;
   for (int v = lane; v < nvec; v += 32) {
-    float f[kBf16PerVec];
-    unpack8(xp[v], f);
+    const BfVec xv = xp[v];
 #pragma unroll
-    for (int i = 0; i < kBf16PerVec; ++i) s += f[i];
+    for (int i = 0; i < BfVec::kWidth; ++i) s += to_f32(xv.v[i]);
   }
   const float mean = warp_sum(s) / float(d);
   float q = 0.0f;
   for (int v = lane; v < nvec; v += 32) {
-    float f[kBf16PerVec];
-    unpack8(xp[v], f);
+    const BfVec xv = xp[v];
 #pragma unroll
-    for (int i = 0; i < kBf16PerVec; ++i) q = fmaf(f[i] - mean, f[i] - mean, q);
+    for (int i = 0; i < BfVec::kWidth; ++i) {
+      const float dev = to_f32(xv.v[i]) - mean;
+      q = fmaf(dev, dev, q);
+    }
   }
   const float rstd = rsqrtf(warp_sum(q) / float(d) + eps);
   if (lane == 0) stats[row] = make_float2(rstd, -mean * rstd);
@@ -82,25 +74,20 @@ __global__ void __launch_bounds__(kFoldThreads)
   const int64_t base = int64_t(blockIdx.x) * k;
   float gs = 0.0f, bs = 0.0f;
   for (int i = int(threadIdx.x); i < k; i += blockDim.x) {
-    const float wv = __bfloat162float(w[base + i]);
-    const __nv_bfloat16 f = __float2bfloat16(wv * __bfloat162float(gamma[i]));
+    const float wv = to_f32(w[base + i]);
+    const __nv_bfloat16 f = __float2bfloat16(wv * to_f32(gamma[i]));
     wf[base + i] = f;
-    gs += __bfloat162float(f);
-    if (beta) bs = fmaf(wv, __bfloat162float(beta[i]), bs);
+    gs += to_f32(f);
+    if (beta) bs = fmaf(wv, to_f32(beta[i]), bs);
   }
   block_sum2(gs, bs, scratch);
   if (threadIdx.x == 0) {
     g[blockIdx.x] = gs;
-    b[blockIdx.x] = bs + (bias ? __bfloat162float(bias[blockIdx.x]) : 0.0f);
+    b[blockIdx.x] = bs + (bias ? to_f32(bias[blockIdx.x]) : 0.0f);
   }
 }
 
-}  // namespace
-
-bool ln_fold_enabled() { return fold_flag(); }
-void set_ln_fold(bool on) { fold_flag() = on; }
-int64_t ln_fold_calls() { return g_fold_calls.load(); }
-
+// stats [rows][2] f32 = (rstd, -mean rstd) of each row of x [rows, d] (bf16, d a multiple of 8, 16-byte aligned).
 void launch_ln_row_stats(float* stats, const void* x, int64_t rows, int64_t d, float eps, cudaStream_t stream) {
   const unsigned blocks = unsigned((rows + kStatsRowsPerBlock - 1) / kStatsRowsPerBlock);
   ln_row_stats_kernel<<<blocks, kStatsRowsPerBlock * 32, 0, stream>>>(reinterpret_cast<float2*>(stats),
@@ -108,6 +95,8 @@ void launch_ln_row_stats(float* stats, const void* x, int64_t rows, int64_t d, f
   ATELIER_CUDA_LAUNCHED();
 }
 
+// w [rows, k], gamma and beta [k], bias [rows] (bf16; beta and bias may be null) -> wf [rows, k] bf16 = w gamma,
+// g [rows] f32 = wf's row sums as rounded, b [rows] f32 = w beta + bias.
 void launch_ln_fold_weights(void* wf, float* g, float* b, const void* w, const void* gamma, const void* beta, const void* bias,
                             int64_t rows, int64_t k, cudaStream_t stream) {
   ln_fold_weights_kernel<<<unsigned(rows), kFoldThreads, 0, stream>>>(
@@ -115,6 +104,12 @@ void launch_ln_fold_weights(void* wf, float* g, float* b, const void* w, const v
       static_cast<const __nv_bfloat16*>(beta), static_cast<const __nv_bfloat16*>(bias), int(k));
   ATELIER_CUDA_LAUNCHED();
 }
+
+}  // namespace
+
+bool ln_fold_enabled() { return fold_flag(); }
+void set_ln_fold(bool on) { fold_flag() = on; }
+int64_t ln_fold_calls() { return g_fold_calls.load(); }
 
 // w [2H, K] with the norm's gamma folded in, its row sums and w beta + bias, made at the first call of a (weight,
 // norm) and kept while w's buffer lives (an address reused by a later model's weight is a new buffer: the old weak
@@ -146,7 +141,7 @@ Tensor CudaBackend::layer_norm_linear_glu(const Tensor& x, const Tensor& gamma, 
                                           const Tensor& bias, UnaryOp act) {
   const auto bf16 = [](const Tensor& t) { return !t.defined() || (t.dtype() == DType::BF16 && t.is_contiguous()); };
   if (!ln_fold_enabled() || !fused_glu_enabled() || !gamma.defined() || !bf16(x) || !bf16(w) || !bf16(gamma) || !bf16(beta) ||
-      !bf16(bias) || x.size(-1) % kBf16PerVec != 0 || !aligned16(x.raw()))
+      !bf16(bias) || x.size(-1) % BfVec::kWidth != 0 || !aligned16(x.raw()))
     return Tensor();
   NvtxRange range("layer_norm_linear_glu");
   DeviceGuard guard(index_);
