@@ -236,6 +236,21 @@ class CudaBackend final : public Backend {
                        float eps, UnaryOp act);
   // w [O, C, kh, kw] as [O, kh, kw, C], cached per weight buffer when `persistent` (model weights).
   Tensor nhwc_weight(const Tensor& w, bool persistent);
+  // The entry of `cache` made from weight w (an Entry whose `source` is a weak pointer to the weight's buffer), made
+  // again by make(entry), after `source` is set, where there is none, w's buffer is not the one it was made from (a
+  // model's weights keep their buffers; an address reused by a later model's weight is a new buffer, and the old
+  // weak pointer has expired) or fits(entry) fails; a new weight first drops the entries of weights freed since.
+  // The caller holds nhwc_mu_ (the caches of prepared weights: nhwc_weight, phase_weights, ln_fold_weights).
+  template <typename Entry, typename Fits, typename Make>
+  static Entry& weight_entry(std::unordered_map<const void*, Entry>& cache, const Tensor& w, Fits&& fits, Make&& make) {
+    if (!cache.count(w.raw())) std::erase_if(cache, [](const auto& kv) { return kv.second.source.expired(); });
+    Entry& e = cache[w.raw()];
+    if (e.source.expired() || e.source.lock() != w.buffer() || !fits(e)) {
+      e.source = w.buffer();
+      make(e);
+    }
+    return e;
+  }
   // A tensor of `like`'s shape in `dtype` (a cast copy, or `like` itself when it already has it).
   Tensor as_dtype(const Tensor& like, DType dtype);
 
@@ -275,6 +290,7 @@ class CudaBackend final : public Backend {
     Tensor weight, bias;
   };
   PhaseWeights phase_weights(const Tensor& w, const Tensor& bias);
+  void make_phase_weights(PhaseWeights& e, const Tensor& w, const Tensor& bias);
   std::unordered_map<const void*, PhaseWeights> phase_weights_;
   // A GLU's weights with a layer norm's gamma folded in (cuda_ln_fold.cu), cached per weight buffer (under nhwc_mu_).
   struct LnFoldWeights {

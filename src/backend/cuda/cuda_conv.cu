@@ -532,16 +532,10 @@ Tensor CudaBackend::nhwc_weight(const Tensor& w, bool persistent) {
   };
   if (!persistent) return pack();
   std::lock_guard<std::mutex> lock(nhwc_mu_);
-  if (!nhwc_weights_.count(w.raw()))  // a new weight: drop the packed copies of weights freed since
-    std::erase_if(nhwc_weights_, [](const auto& kv) { return kv.second.source.expired(); });
-  NhwcWeight& e = nhwc_weights_[w.raw()];
-  // A model's weights stay in their buffers for the model's life; an address reused by a later model is a
-  // new buffer (the old weak pointer has expired) and is packed again.
-  if (e.source.expired() || e.source.lock() != w.buffer() || e.packed.shape() != Shape{o, w.size(2), w.size(3), c}) {
-    e.source = w.buffer();
-    e.packed = pack();
-  }
-  return e.packed;
+  return weight_entry(
+             nhwc_weights_, w, [&](const NhwcWeight& e) { return e.packed.shape() == Shape{o, w.size(2), w.size(3), c}; },
+             [&](NhwcWeight& e) { e.packed = pack(); })
+      .packed;
 }
 
 bool CudaBackend::conv2d_nhwc(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,

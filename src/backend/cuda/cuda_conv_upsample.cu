@@ -84,12 +84,16 @@ UpsamplePhases upsample_phases_default() {
 CudaBackend::PhaseWeights CudaBackend::phase_weights(const Tensor& w, const Tensor& bias) {
   const int64_t o = w.size(0), c = w.size(1);
   std::lock_guard<std::mutex> lock(nhwc_mu_);
-  if (!phase_weights_.count(w.raw())) std::erase_if(phase_weights_, [](const auto& kv) { return kv.second.source.expired(); });
-  PhaseWeights& e = phase_weights_[w.raw()];
-  const bool same_bias = bias.defined() ? e.bias_source == bias.raw() && e.bias.defined() : !e.bias.defined();
-  if (!e.source.expired() && e.source.lock() == w.buffer() && same_bias && e.weight.size(0) == kPhases * o && e.weight.size(3) == c)
-    return e;
-  e.source = w.buffer();
+  const auto fits = [&](const PhaseWeights& e) {
+    const bool same_bias = bias.defined() ? e.bias_source == bias.raw() && e.bias.defined() : !e.bias.defined();
+    return same_bias && e.weight.size(0) == kPhases * o && e.weight.size(3) == c;
+  };
+  return weight_entry(phase_weights_, w, fits, [&](PhaseWeights& e) { make_phase_weights(e, w, bias); });
+}
+
+// e's weight and bias made from w [O, C, 3, 3] and bias (phase_weights' cache entry).
+void CudaBackend::make_phase_weights(PhaseWeights& e, const Tensor& w, const Tensor& bias) {
+  const int64_t o = w.size(0), c = w.size(1);
   e.weight = Tensor::empty({kPhases * o, kPhaseTaps, kPhaseTaps, c}, w.dtype(), device());
   const int64_t total = e.weight.numel();
   dispatch_float(w.dtype(), "upsample2x_conv2d", [&](auto tag) {
@@ -104,7 +108,6 @@ CudaBackend::PhaseWeights CudaBackend::phase_weights(const Tensor& w, const Tens
     Tensor rows = e.bias.reshape({kPhases, o});
     copy(rows, Tensor(bias.buffer(), {kPhases, o}, {0, bias.strides()[0]}, bias.dtype(), bias.offset()));  // repeated per phase
   }
-  return e;
 }
 
 // out [N, O, 2H, 2W] = conv3x3(upsample2x(x), w) + bias, x [N, C, H, W] and out channels-last (the file's comment).

@@ -119,19 +119,17 @@ CudaBackend::LnFoldWeights CudaBackend::ln_fold_weights(const Tensor& w, const T
   const void* beta_raw = beta.defined() ? beta.raw() : nullptr;
   const void* bias_raw = bias.defined() ? bias.raw() : nullptr;
   std::lock_guard<std::mutex> lock(nhwc_mu_);
-  if (!ln_fold_weights_.count(w.raw()))  // a new weight: drop the folded copies of weights freed since
-    std::erase_if(ln_fold_weights_, [](const auto& kv) { return kv.second.source.expired(); });
-  LnFoldWeights& e = ln_fold_weights_[w.raw()];
-  if (!e.source.expired() && e.source.lock() == w.buffer() && e.gamma == gamma.raw() && e.beta == beta_raw && e.bias == bias_raw &&
-      e.w.defined() && e.w.shape() == w.shape())
-    return e;
-  e.source = w.buffer();
-  e.gamma = gamma.raw(), e.beta = beta_raw, e.bias = bias_raw;
-  e.w = Tensor::empty({rows, k}, DType::BF16, device());
-  e.g = Tensor::empty({rows}, DType::F32, device());
-  e.b = Tensor::empty({rows}, DType::F32, device());
-  launch_ln_fold_weights(e.w.raw(), e.g.data<float>(), e.b.data<float>(), w.raw(), gamma.raw(), beta_raw, bias_raw, rows, k, stream_);
-  return e;
+  const auto fits = [&](const LnFoldWeights& e) {
+    return e.gamma == gamma.raw() && e.beta == beta_raw && e.bias == bias_raw && e.w.defined() && e.w.shape() == w.shape();
+  };
+  return weight_entry(ln_fold_weights_, w, fits, [&](LnFoldWeights& e) {
+    e.gamma = gamma.raw(), e.beta = beta_raw, e.bias = bias_raw;
+    e.w = Tensor::empty({rows, k}, DType::BF16, device());
+    e.g = Tensor::empty({rows}, DType::F32, device());
+    e.b = Tensor::empty({rows}, DType::F32, device());
+    launch_ln_fold_weights(e.w.raw(), e.g.data<float>(), e.b.data<float>(), w.raw(), gamma.raw(), beta_raw, bias_raw, rows, k,
+                           stream_);
+  });
 }
 
 // The GEGLU of layer_norm(x): the row statistics, then the fused GLU kernel on x with the folded weights; an
