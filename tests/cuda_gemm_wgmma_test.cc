@@ -8,7 +8,6 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_gemm_wgmma.h"
-#include "backend/cuda/cuda_ln_fold.h"
 #include "backend/ops.h"
 #include "cuda_test_util.h"
 #include "ops_test_util.h"
@@ -51,43 +50,6 @@ TEST(CudaOps, LinearGluInOneKernelMatchesCpu) {
     const std::vector<Tensor> inputs = c.bias ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
     EXPECT_PARITY(what, fn, inputs, DType::BF16);
     EXPECT_EQ(cuda::fused_glu_launches() - before, 1) << what << ": the fused kernel did not run";
-  }
-}
-
-// A layer norm folded into the GLU's product (ops::layer_norm_linear_glu with ATELIER_LN_FOLD's switch on:
-// cuda_ln_fold.cu): SD's norm3 + GEGLU shapes, ragged rows, no beta or bias, rows of mean 8 (the mean's part of the
-// product must cancel against the folded weights' row sums), the same weight with a second norm (the folded copy is
-// made again), and each case must have run folded; switched off, the same op runs the norm and the GLU.
-TEST(CudaOps, LayerNormFoldedIntoTheGluMatchesCpu) {
-  ATELIER_REQUIRE_HOPPER();
-  FusedGluScope fused;
-  struct FoldScope {
-    bool was = cuda::ln_fold_enabled();
-    ~FoldScope() { cuda::set_ln_fold(was); }
-  } fold;
-  struct Case { Shape x; int64_t h; bool affine_bias; float mean; };
-  const Case cases[] = {{{2, 4096, 320}, 1280, true, 0.0f}, {{3, 100, 640}, 2560, true, 0.0f}, {{1, 77, 64}, 96, false, 0.0f},
-                        {{2, 200, 320}, 1280, true, 8.0f}};
-  for (const bool on : {true, false}) {
-    cuda::set_ln_fold(on);
-    for (const Case& c : cases) {
-      const int64_t k = c.x.back();
-      Tensor x = random_tensor(c.x, 71);
-      for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += c.mean;
-      const Tensor gamma = random_tensor({k}, 72, 0.5f), beta = c.affine_bias ? random_tensor({k}, 73, 0.5f) : Tensor();
-      for (int64_t i = 0; i < k; ++i) gamma.data<float>()[i] += 1.0f;
-      const Tensor w = random_tensor({2 * c.h, k}, 74, 1.0f / std::sqrt(float(k)));
-      const Tensor b = c.affine_bias ? random_tensor({2 * c.h}, 75, 0.5f) : Tensor();
-      const auto fn = [](const std::vector<Tensor>& in) {  // beta and bias may be undefined
-        return ops::layer_norm_linear_glu(in[0], in[1], in[2], 1e-5f, in[3], in[4], UnaryOp::kGelu);
-      };
-      const std::string what = "layer_norm_linear_glu " + shape_str(c.x) + " x [" + std::to_string(2 * c.h) + ", " +
-                               std::to_string(k) + "]" + (c.affine_bias ? " + beta, bias" : "") + " mean " +
-                               std::to_string(int(c.mean)) + (on ? ", folded" : ", unfolded");
-      const int64_t before = cuda::ln_fold_calls();
-      EXPECT_PARITY(what, fn, (std::vector<Tensor>{x, gamma, beta, w, b}), DType::BF16);
-      EXPECT_EQ(cuda::ln_fold_calls() - before, on ? 1 : 0) << what;
-    }
   }
 }
 

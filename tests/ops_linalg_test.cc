@@ -125,22 +125,6 @@ TEST(OpsLinear, LinearGluIsValueTimesActivatedGate) {
   EXPECT_TRUE(refused_with([&] { ops::linear_glu(x, random_tensor({6, 8}, 26), random_tensor({3}, 27), UnaryOp::kGelu); }, "bias must be [6]"));
 }
 
-// layer_norm_linear_glu: the GLU of the normalised rows (SD's norm3 + GEGLU as one op, which a backend may fold;
-// the CPU runs the two ops, so the same values bit for bit), with and without beta and bias; a w that does not
-// match x refused.
-TEST(OpsLinear, LayerNormLinearGluIsTheGluOfTheNorm) {
-  const Tensor x = random_tensor({2, 9, 48}, 28), gamma = random_tensor({48}, 29), beta = random_tensor({48}, 30);
-  const Tensor w = random_tensor({2 * 20, 48}, 31, 0.2f), b = random_tensor({40}, 32);
-  for (const bool affine_bias : {true, false}) {
-    const Tensor be = affine_bias ? beta : Tensor(), bi = affine_bias ? b : Tensor();
-    const Tensor want = ops::linear_glu(ops::layer_norm(x, gamma, be, 1e-5f), w, bi, UnaryOp::kGelu);
-    const Tensor got = ops::layer_norm_linear_glu(x, gamma, be, 1e-5f, w, bi, UnaryOp::kGelu);
-    ASSERT_EQ(got.shape(), (Shape{2, 9, 20}));
-    EXPECT_EQ(got.to_vector(), want.to_vector()) << "beta and bias: " << affine_bias;
-  }
-  EXPECT_THROW(ops::layer_norm_linear_glu(x, gamma, beta, 1e-5f, random_tensor({40, 47}, 33), b, UnaryOp::kGelu), Error);
-}
-
 TEST(OpsLinear, LeadingDimsAndStridedInput) {
   // x a narrow of the last dim of [2, 5, 48] (rows 48 apart): read in place; a permuted x is packed.
   Tensor big = random_tensor({2, 5, 48}, 1);

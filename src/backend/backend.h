@@ -169,15 +169,6 @@ class Backend {
     (void)x, (void)w, (void)bias, (void)act;
     return Tensor();
   }
-  // The same product of x [..., K] after a layer norm (gamma, beta [K], eps): linear_glu(layer_norm(x)), with the
-  // norm folded into the product where the backend does that (the CUDA backend's ATELIER_LN_FOLD=1: the normalised
-  // rows are never written). An undefined tensor (this default) where it does not: ops::layer_norm_linear_glu then
-  // runs the norm and ops::linear_glu.
-  virtual Tensor layer_norm_linear_glu(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, const Tensor& w,
-                                       const Tensor& bias, UnaryOp act) {
-    (void)x, (void)gamma, (void)beta, (void)eps, (void)w, (void)bias, (void)act;
-    return Tensor();
-  }
   // x [R, C] (unit last stride) -> q [R, C] f8e4m3 and scale [R] f32, both contiguous: per row r,
   // scale[r] = f8e4m3_scale(amax_r) (core/dtype.h: a power of two; 1 for a row of zeros) and q[r, c] =
   // e4m3(x[r, c] / scale[r]) (exact: a power of two), rounded to nearest even and saturated to +-448, so that

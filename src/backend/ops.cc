@@ -495,26 +495,6 @@ Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act
   return glu(linear(x, w, b), act);
 }
 
-Tensor layer_norm_linear_glu(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, const Tensor& w, const Tensor& b,
-                             UnaryOp act) {
-  const std::string op = "layer_norm_linear_glu";
-  require_defined(x, op, "x");
-  require_defined(w, op, "w");
-  require(x.dim() >= 1 && x.size(-1) == w.size(1), op, "x " + shape_str(x.shape()) + " does not match w " + shape_str(w.shape()));
-  const bool one_dtype = w.dtype() == x.dtype() && (!b.defined() || b.dtype() == x.dtype()) &&
-                         (!gamma.defined() || gamma.dtype() == x.dtype()) && (!beta.defined() || beta.dtype() == x.dtype());
-  if (one_dtype && x.numel() > 0 && w.dim() == 2 && w.size(0) > 0 && w.size(0) % 2 == 0 && gamma.defined() &&
-      gamma.numel() == x.size(-1) && (!beta.defined() || beta.numel() == x.size(-1)) && (!b.defined() || b.numel() == w.size(0))) {
-    trace::Scope range("layer_norm_linear_glu", Category::kOp);
-    if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w.shape()) + "^T");
-    if (Tensor out = backend_of(x).layer_norm_linear_glu(x, gamma, beta, eps, w, b, act); out.defined()) {
-      trace::count_flops(gemm_flops(1, x.numel() / x.size(-1), w.size(0), w.size(1)));
-      return out;
-    }
-  }
-  return linear_glu(layer_norm(x, gamma, beta, eps), w, b, act);
-}
-
 Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual) {
   trace::Scope range("linear_residual", Category::kOp);
   if (range.active()) range.set_detail(shape_str(x.shape()) + " x " + shape_str(w.shape()) + "^T");

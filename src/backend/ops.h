@@ -55,10 +55,6 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = {}, UnaryOp ac
 // (x w[:H]^T + b[:H]) * act(x w[H:]^T + b[H:]) (GEGLU with kGelu), in one kernel where the backend has one
 // (Backend::linear_glu: the [..., 2H] product is then never written).
 Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, UnaryOp act);
-// linear_glu(layer_norm(x, gamma, beta, eps), w, b, act), x [..., K] (SD's norm3 and GEGLU): the backend may fold
-// the norm into the product (Backend::layer_norm_linear_glu), so the normalised rows are never written.
-Tensor layer_norm_linear_glu(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, const Tensor& w, const Tensor& b,
-                             UnaryOp act);
 // Same plus a residual of the output's shape: x @ w^T + b + residual (fused epilogue).
 Tensor linear_residual(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual);
 // The same with the residual given up by the caller: where no other tensor shares its buffer (contiguous, x's

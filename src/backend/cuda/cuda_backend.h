@@ -88,8 +88,6 @@ class CudaBackend final : public Backend {
 
   void gemm(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmParams& p) override;
   Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& bias, UnaryOp act) override;  // cuda_gemm.cu (the kernel: cuda_gemm_wgmma.cu)
-  Tensor layer_norm_linear_glu(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, const Tensor& w, const Tensor& bias,
-                               UnaryOp act) override;  // cuda_ln_fold.cu
   // FP8 linear layers (cuda_fp8.cu).
   void quantize_rows_fp8(Tensor& q, Tensor& scale, const Tensor& x) override;
   void gemm_fp8(Tensor& out, const Tensor& x8, const Tensor& xs, const Tensor& w8, const Tensor& ws, const Tensor& bias,
@@ -240,7 +238,7 @@ class CudaBackend final : public Backend {
   // again by make(entry), after `source` is set, where there is none, w's buffer is not the one it was made from (a
   // model's weights keep their buffers; an address reused by a later model's weight is a new buffer, and the old
   // weak pointer has expired) or fits(entry) fails; a new weight first drops the entries of weights freed since.
-  // The caller holds nhwc_mu_ (the caches of prepared weights: nhwc_weight, phase_weights, ln_fold_weights).
+  // The caller holds nhwc_mu_ (the caches of prepared weights: nhwc_weight, phase_weights).
   template <typename Entry, typename Fits, typename Make>
   static Entry& weight_entry(std::unordered_map<const void*, Entry>& cache, const Tensor& w, Fits&& fits, Make&& make) {
     if (!cache.count(w.raw())) std::erase_if(cache, [](const auto& kv) { return kv.second.source.expired(); });
@@ -292,14 +290,6 @@ class CudaBackend final : public Backend {
   PhaseWeights phase_weights(const Tensor& w, const Tensor& bias);
   void make_phase_weights(PhaseWeights& e, const Tensor& w, const Tensor& bias);
   std::unordered_map<const void*, PhaseWeights> phase_weights_;
-  // A GLU's weights with a layer norm's gamma folded in (cuda_ln_fold.cu), cached per weight buffer (under nhwc_mu_).
-  struct LnFoldWeights {
-    std::weak_ptr<Buffer> source;
-    const void *gamma = nullptr, *beta = nullptr, *bias = nullptr;  // the norm and bias they were made with
-    Tensor w, g, b;  // [2H, K] bf16 w gamma; [2H] f32 its row sums; [2H] f32 w beta + bias
-  };
-  LnFoldWeights ln_fold_weights(const Tensor& w, const Tensor& gamma, const Tensor& beta, const Tensor& bias);
-  std::unordered_map<const void*, LnFoldWeights> ln_fold_weights_;
   UpsamplePhases upsample_phases_ = upsample_phases_default();
   // Whether the phases are faster than `plain` for this shape (timed at its first eager call).
   bool upsample_phase_choice(const Tensor& out, const Tensor& x, const Tensor& bias, const std::function<bool()>& phases,

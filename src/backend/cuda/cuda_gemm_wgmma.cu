@@ -144,9 +144,6 @@ struct Params {
   CUtensorMap out_map, res_map;
   const __nv_bfloat16* bias;
   const __nv_bfloat16* residual;  // linear: [m, n] (row stride ldo), may be out; null for none
-  const float2* ln_rows;          // GLU with a layer norm folded in (OwnGemmArgs::ln_rows): [m] (rstd, -mean rstd)
-  const float* ln_g;              // and [2n] each: the folded weights' row sums, w beta + bias
-  const float* ln_b;
   __nv_bfloat16* out;
   int64_t ldo;
   int m, n;  // output rows and columns (GLU: n = h)
@@ -306,32 +303,18 @@ __device__ __forceinline__ void for_rows(const Params& p, int row0, Fn&& fn) {
 // the consumer's staging buffer `staged` (row r at r * 128 bytes, its 16-byte chunk j at j ^ (r % 8): the 128-byte
 // swizzle of the output map, and no bank conflicts: a warp's 8 rows hit 8 chunks), then out as one bulk store by the
 // consumer's first thread; rows and columns past the output are left out by the store. Each column's bias is loaded
-// once for both halves. LN (a layer norm folded into the product, cuda_ln_fold.cu): value and gate are
-// rstd acc + nm g + b with the row's (rstd, nm) from p.ln_rows and the column's g, b from p.ln_g, p.ln_b.
-template <UnaryOp A, bool LN>
+// once for both halves.
+template <UnaryOp A>
 __device__ __forceinline__ void epilogue_glu(const float (&acc)[2][64], const Params& p, uint8_t* staged, int m0, int c0,
                                              int consumer, int ctid) {
   const int r0 = ctid / 32 * 16 + ctid % 32 / 4, t = ctid % 4;
-  float2 rs[2][2];  // LN: this thread's rows' (rstd, nm); rows past m read the last row's (they are not stored)
-  if constexpr (LN)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) rs[h][ri] = p.ln_rows[min(m0 + r0 + 64 * h + 8 * ri, p.m - 1)];
   if (ctid == 0) tma::bulk_wait_read<0>();  // the previous tile's store has read the buffer
   tma::bar_sync(kConsumerBarrier + consumer, 128);
 #pragma unroll
   for (int j = 0; j < kBoxRows / 8; ++j) {
     const int col = c0 + 8 * j + 2 * t;
-    float2 bv = make_float2(0.0f, 0.0f), bg = bv, gv = bv, gg = bv;
-    if constexpr (LN) {
-      if (col < p.n) {
-        bv = *reinterpret_cast<const float2*>(p.ln_b + col), bg = *reinterpret_cast<const float2*>(p.ln_b + p.n + col);
-        gv = *reinterpret_cast<const float2*>(p.ln_g + col), gg = *reinterpret_cast<const float2*>(p.ln_g + p.n + col);
-      }
-    } else if (p.bias && col < p.n) {
-      bv = load_pair(p.bias + col), bg = load_pair(p.bias + p.n + col);  // n is even: col + 1 < n too
-    }
+    float2 bv = make_float2(0.0f, 0.0f), bg = bv;
+    if (p.bias && col < p.n) bv = load_pair(p.bias + col), bg = load_pair(p.bias + p.n + col);  // n is even: col + 1 < n too
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -339,14 +322,8 @@ __device__ __forceinline__ void epilogue_glu(const float (&acc)[2][64], const Pa
         const int r = r0 + 64 * h + 8 * ri;
         const float* d = &acc[h][4 * j + 2 * ri];
         const float* g = &acc[h][4 * (j + kBoxRows / 8) + 2 * ri];
-        float v0 = d[0] + bv.x, v1 = d[1] + bv.y, u0 = g[0] + bg.x, u1 = g[1] + bg.y;
-        if constexpr (LN) {
-          const float2 q = rs[h][ri];
-          v0 = fmaf(d[0], q.x, fmaf(q.y, gv.x, bv.x)), v1 = fmaf(d[1], q.x, fmaf(q.y, gv.y, bv.y));
-          u0 = fmaf(g[0], q.x, fmaf(q.y, gg.x, bg.x)), u1 = fmaf(g[1], q.x, fmaf(q.y, gg.y, bg.y));
-        }
-        const float y0 = v0 * apply_unary_for<__nv_bfloat16>(u0, A);
-        const float y1 = v1 * apply_unary_for<__nv_bfloat16>(u1, A);
+        const float y0 = (d[0] + bv.x) * apply_unary_for<__nv_bfloat16>(g[0] + bg.x, A);
+        const float y1 = (d[1] + bv.y) * apply_unary_for<__nv_bfloat16>(g[1] + bg.y, A);
         const uint32_t at = smem_u32(staged) + uint32_t(r) * kRowBytes + (uint32_t(j ^ (r % 8)) << 4) + 4 * t;
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(pack2<__nv_bfloat16>(y0, y1)) : "memory");
       }
@@ -505,7 +482,7 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
       split_gather<BN>(acc, p, u, consumer, ctid % 128);
     }
     if constexpr (E == Epi::kGlu) {
-      epilogue_glu<A, R>(acc, p, staged, u.m0, u.c0, consumer, ctid % 128);  // the GLU's R: a layer norm folded in
+      epilogue_glu<A>(acc, p, staged, u.m0, u.c0, consumer, ctid % 128);
     } else if constexpr (staged_linear(E)) {
       epilogue_staged<BN, R>(acc, p, staged, res_full, uint32_t(tiles_done & 1), u.m0, u.c0, consumer, ctid % 128);
       ++tiles_done;
@@ -519,8 +496,7 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
 
 #endif  // ATELIER_WGMMA
 
-// R: the linear layer or convolution adds p.residual; the GLU, which takes none, has a layer norm folded in
-// (epilogue_glu's LN). SK: split-K (p.split parts per tile).
+// R: the linear layer or convolution adds p.residual (the GLU takes none); SK: split-K (p.split parts per tile).
 template <Epi E, UnaryOp A, int BN, bool R, bool SK>
 __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_constant__ Params p) {
 #ifdef ATELIER_WGMMA
@@ -614,12 +590,6 @@ bool launch_linear_form(Params& p, int64_t m, int64_t k, bool wide, int sm_count
   return launch_tiles<E, false>(p, m, k, wide, sm_count, stream);
 }
 
-// The GLU, with a layer norm folded in (its R instances) or not.
-template <UnaryOp A>
-bool launch_glu(Params& p, bool ln, int64_t m, int64_t k, int sm_count, cudaStream_t stream) {
-  return ln ? launch<Epi::kGlu, A, 128, true>(p, m, k, sm_count, stream) : launch<Epi::kGlu, A>(p, m, k, sm_count, stream);
-}
-
 // Whether a linear layer's or convolution's output width takes 160-column tiles: a multiple of 160 (SD's 320, 640,
 // 1280: whole tiles, fewer of them, each reading x's box for more columns).
 bool tile_160(int64_t n) { return n % 160 == 0; }
@@ -669,15 +639,10 @@ bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream) {
   p.out = static_cast<__nv_bfloat16*>(a.out);
   p.ldo = a.ldo;
   p.m = int(a.m), p.n = int(a.n);
-  const bool ln = a.ln_rows != nullptr;
-  if (ln) {
-    if (!a.ln_g || !a.ln_b || a.bias) return false;
-    p.ln_rows = reinterpret_cast<const float2*>(a.ln_rows), p.ln_g = a.ln_g, p.ln_b = a.ln_b;
-  }
   switch (a.act) {
-    case UnaryOp::kGelu: return launch_glu<UnaryOp::kGelu>(p, ln, a.m, a.k, a.sm_count, stream);
-    case UnaryOp::kGeluTanh: return launch_glu<UnaryOp::kGeluTanh>(p, ln, a.m, a.k, a.sm_count, stream);
-    default: return launch_glu<UnaryOp::kSilu>(p, ln, a.m, a.k, a.sm_count, stream);
+    case UnaryOp::kGelu: return launch<Epi::kGlu, UnaryOp::kGelu>(p, a.m, a.k, a.sm_count, stream);
+    case UnaryOp::kGeluTanh: return launch<Epi::kGlu, UnaryOp::kGeluTanh>(p, a.m, a.k, a.sm_count, stream);
+    default: return launch<Epi::kGlu, UnaryOp::kSilu>(p, a.m, a.k, a.sm_count, stream);
   }
 }
 

@@ -37,12 +37,6 @@ struct OwnGemmArgs {
   int64_t ldx = 0, ldw = 0, ldo = 0;
   int64_t m = 0, k = 0, n = 0;
   UnaryOp act = UnaryOp::kGelu;  // GLU only
-  // GLU only, a layer norm folded in (cuda_ln_fold.cu; then no bias): x is the norm's input, w its weights times
-  // gamma, and value and gate are rstd[r] acc + nm[r] ln_g[c] + ln_b[c] with ln_rows[r] = (rstd, nm = -mean rstd)
-  // (f32 [m][2]) and ln_g, ln_b f32 [2n] (w's row sums, and w beta + bias).
-  const float* ln_rows = nullptr;
-  const float* ln_g = nullptr;
-  const float* ln_b = nullptr;
   int sm_count = 0;
   size_t max_smem = 0;
 };

@@ -119,13 +119,6 @@ struct LayerNorm {
   Tensor operator()(const Tensor& x) const { return ops::layer_norm(x, weight, bias, eps); }
 };
 
-// n(x) into l's gated linear unit (SD's norm3, then the GEGLU): one op, so that a backend can fold the norm into
-// the product (ops::layer_norm_linear_glu).
-inline Tensor layer_norm_glu(const LayerNorm& n, const Linear& l, const Tensor& x, UnaryOp act) {
-  if (l.is_fp8()) return l.glu(n(x), act);
-  return ops::layer_norm_linear_glu(x, n.weight, n.bias, n.eps, l.weight, l.bias, act);
-}
-
 struct RMSNorm {
   Tensor weight;  // [D]
   float eps = 1e-6f;

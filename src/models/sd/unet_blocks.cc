@@ -118,7 +118,7 @@ Tensor TransformerBlock::forward(Tensor h, const UNetConditioning& cond) const {
   h = attn1.to_out.with_residual(a, std::move(h));
   a = attn2.attend(norm2(h), cond.context, cond.context_kv);
   h = attn2.to_out.with_residual(a, std::move(h));
-  const Tensor g = layer_norm_glu(norm3, ff_in, h, UnaryOp::kGelu);  // GEGLU of norm3(h): value * gelu(gate)
+  const Tensor g = ff_in.glu(norm3(h), UnaryOp::kGelu);  // GEGLU: value * gelu(gate)
   return ff_out.with_residual(g, std::move(h));
 }
 
