@@ -55,6 +55,10 @@ for fam in "${families[@]}"; do
   [[ -d $FIXTURES/$fam/model ]] && mkdir -p "$stage/fixtures/$fam" && cp -r "$FIXTURES/$fam/model" "$stage/fixtures/$fam/"
 done
 (cd "$work" && "$DEVICEPACK" --max-mb 400 "$stage/bin" "$stage/fixtures")
+# CUPTI (kernel tracing: bench --kernels, --trace) is opened with dlopen, so ldd does not list it: add it by hand
+# (~1.5 MB packed) where the toolkit has it; without it those report that tracing is unavailable.
+cupti=$(ls "${CUDA_HOME:-/usr/local/cuda}"/lib64/libcupti.so.[0-9]* 2> /dev/null | head -1 || true)
+[[ -n $cupti ]] && cp -L "$cupti" "$work/.devicepack/lib/"
 
 mkdir -p "$dest/.gpupack"
 exclude=$(cd "$dest" && realpath -m "$(git rev-parse --git-path info/exclude)")

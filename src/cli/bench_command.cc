@@ -38,6 +38,8 @@ void add_bench_command(CLI::App& app, BenchCliOptions& o) {
   c->add_flag("--text-encoder", b.text_encoder, "zimage: build the Qwen3-4B text encoder (random weights) and time the prompt's encoding too");
   c->add_flag("--fp8", b.fp8, "flux/zimage: the transformer blocks' projections in FP8 e4m3 (as generate --dtype fp8)");
   c->add_flag("--ceiling", b.ceiling, "Measure the device's GEMM ceiling (alone, or to give % of it)");
+  c->add_flag("--kernels", b.kernels, "Trace every kernel (CUPTI; CUDA only) and report the timed calls' kernels: count, time, "
+              "idle gaps inside a call, busy %, the kernels that take the time");
   c->add_flag("--json", o.json, "Print JSON (for scripts)");
   c->add_option("--trace", o.trace, "Write a Chrome/Perfetto trace (JSON) of the whole run to this file");
 }

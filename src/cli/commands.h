@@ -71,7 +71,9 @@ class TraceFile {
  public:
   explicit TraceFile(std::string path);
   ~TraceFile();
-  // When a file is wanted: installs `dev`'s device timer (CUDA events) so that the trace gets a device track.
+  // When a file is wanted: installs `dev`'s device timer (CUDA events) so that the trace gets a device track,
+  // and on a GPU opens a kernel tracer (CUPTI) so that every kernel gets its own span there, graph replays
+  // included (without CUPTI the file has the timed ranges only, and a note on stderr says why).
   void time_device(Device dev);
   // Synchronizes `dev`, resolves device times and writes the file; returns false (message printed) on error.
   bool write(Device dev);
@@ -81,6 +83,7 @@ class TraceFile {
   std::unique_ptr<trace::Recorder> recorder_;
   std::unique_ptr<trace::GlobalAttach> attach_;
   std::unique_ptr<trace::DeviceTimer> timer_;
+  std::unique_ptr<KernelTracer> kernels_;
 };
 void add_serve_command(CLI::App& app, serve::ServeOptions& o);
 int run_serve(const serve::ServeOptions& o);

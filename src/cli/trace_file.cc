@@ -16,6 +16,12 @@ void TraceFile::time_device(Device dev) {
   if (!recorder_ || timer_ || trace::device_timer() || !backend_available(dev)) return;
   timer_ = backend_for(dev).make_device_timer();
   if (timer_) trace::set_device_timer(timer_.get());
+  if (dev.is_cpu()) return;  // the CPU's ranges are its kernels
+  auto tracer = open_kernel_tracer();
+  if (tracer)
+    kernels_ = std::move(*tracer);
+  else
+    std::fprintf(stderr, "trace: no kernel spans in the file: %s\n", tracer.status().message().c_str());
 }
 
 TraceFile::~TraceFile() {
@@ -28,6 +34,10 @@ bool TraceFile::write(Device dev) {
   const Status st = catch_status([&] {
     backend_for(dev).synchronize();
     recorder_->resolve_device_times();
+    if (kernels_) {
+      ATELIER_ASSIGN_OR_RETURN(std::vector<trace::Event> kernels, kernels_->collect());
+      for (trace::Event& k : kernels) recorder_->add(std::move(k));
+    }
     return recorder_->write_chrome_json(path_);
   });
   if (!st.is_ok()) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <set>
 
 namespace atelier::trace {
 namespace detail {
@@ -16,7 +17,8 @@ std::atomic<CategoryMask> g_mask{0};
 namespace {
 
 constexpr int kHostPid = 1;    // Chrome trace process of host ranges
-constexpr int kDevicePid = 2;  // and of device spans
+constexpr int kDevicePid = 2;  // and of device spans: traced ranges on thread 1,
+constexpr uint32_t kKernelTid0 = 2;  // kernels on thread 2 + their stream
 constexpr double kNsPerUs = 1e3;
 
 // The global recorder is read on every recorded range: a plain pointer published with g_mask, guarded by
@@ -129,7 +131,18 @@ nlohmann::json Recorder::chrome_json() const {
   nlohmann::json list = nlohmann::json::array();
   list.push_back(metadata("process_name", kHostPid, "atelier (host)"));
   bool device_track = false;
+  std::set<uint32_t> kernel_streams;
   for (const Event& e : events_) {
+    if (e.category == Category::kKernel) {  // device kernels (backend/kernel_tracer.h): a track per stream
+      nlohmann::json k = event_json(e, origin_ns_);
+      k["pid"] = kDevicePid;
+      k["tid"] = kKernelTid0 + e.thread;
+      if (e.index >= 0) k["args"].erase("index"), k["args"]["graph"] = e.index;
+      list.push_back(std::move(k));
+      kernel_streams.insert(e.thread);
+      device_track = true;
+      continue;
+    }
     list.push_back(event_json(e, origin_ns_));
     if (e.device_start_us < 0) continue;
     nlohmann::json d = {{"name", e.name}, {"cat", category_name(e.category)}, {"ph", "X"}, {"ts", e.device_start_us},
@@ -140,6 +153,11 @@ nlohmann::json Recorder::chrome_json() const {
   if (device_track) {
     DeviceTimer* t = device_timer();
     list.push_back(metadata("process_name", kDevicePid, t ? t->device_name() : std::string("device")));
+    for (uint32_t stream : kernel_streams) {
+      nlohmann::json m = metadata("thread_name", kDevicePid, "kernels, stream " + std::to_string(stream));
+      m["tid"] = kKernelTid0 + stream;
+      list.push_back(std::move(m));
+    }
   }
   return {{"traceEvents", std::move(list)}, {"displayTimeUnit", "ms"},
           {"otherData", {{"producer", std::string("atelier ") + ATELIER_VERSION}, {"clock", "steady_clock, us since recorder start"}}}};

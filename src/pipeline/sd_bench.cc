@@ -125,13 +125,6 @@ double malloc_count(Backend& backend) {
   return -1.0;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Shortest span given an energy figure: NVML's counter moves in steps ~100 ms apart (H200), so a span's two
 // ends are each uncertain by part of a step; over 1 s that stays within a few percent (FLUX's 2 s loops read
 // 50.8-53.1 J per step over five runs in session 18), over SD's 0.13 s loops it did not (2.1 to 4.7 J).
@@ -166,7 +159,7 @@ void summarize_bench(const std::vector<trace::Event>& ev, int64_t origin_ns, con
   r.model_calls = int(trace::named(ev, stage::kModelCall).size());
   r.unet_ms_min = r.unet_ms.empty() ? 0 : *std::min_element(r.unet_ms.begin(), r.unet_ms.end());
   for (double v : r.unet_ms) r.unet_ms_mean += v / double(r.unet_ms.size());
-  r.unet_ms_median = median(r.unet_ms);
+  r.unet_ms_median = bench_median(r.unet_ms);
   if (has_text_encoder) r.text_encode_s = trace::total_seconds(ev, stage::kTextEncode);
   r.denoise_s = trace::total_seconds(ev, stage::kDenoise);
   r.vae_decode_s = trace::total_seconds(ev, stage::kVaeDecode);
@@ -191,6 +184,7 @@ void summarize_bench(const std::vector<trace::Event>& ev, int64_t origin_ns, con
       const double end_ns = std::max(double(to), device_end_ns);
       if (busy > 0) r.gpu_busy_pct = kPercent * busy / ((end_ns - double(from)) * 1e-9);
       summarize_energy(ev, from, int64_t(end_ns), r);
+      r.kernels = summarize_kernels(ev, origin_ns, call_range, from, int64_t(end_ns));
     }
   }
 }
@@ -217,6 +211,26 @@ Status timed_run(const SdPipeline& pipe, const Loaded& l, const BenchOptions& o,
 
 }  // namespace
 
+double bench_median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Expected<std::unique_ptr<KernelTracer>> open_bench_tracer(const BenchOptions& o) {
+  if (!o.kernels) return std::unique_ptr<KernelTracer>();
+  return open_kernel_tracer();
+}
+
+Status add_traced_kernels(KernelTracer* tracer, int64_t from_ns, trace::Recorder& rec) {
+  if (!tracer) return Status::ok();
+  ATELIER_ASSIGN_OR_RETURN(std::vector<trace::Event> kernels, tracer->collect());
+  for (trace::Event& k : kernels)
+    if (k.start_ns >= from_ns) rec.add(std::move(k));
+  return Status::ok();
+}
+
 Status BenchOptions::validate() const {
   if (!model.empty() && !config.empty()) return invalid_argument("give either --model or --config, not both");
   if (model.empty() && config.empty() && !ceiling)
@@ -229,6 +243,8 @@ Status BenchOptions::validate() const {
   if (fp8 && config != "flux" && config != "zimage")
     return invalid_argument("--fp8 is supported for the flux and zimage configurations");
   if (text_encoder && config != "zimage") return invalid_argument("--text-encoder is supported for the zimage configuration");
+  if (kernels && device.rfind("cuda", 0) != 0)
+    return invalid_argument("--kernels needs a CUDA device (--device cuda[:N]): the kernels' activity comes from CUPTI");
   return Status::ok();
 }
 
@@ -319,6 +335,7 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
     r.load_s = trace::total_seconds(rec.events(), kLoadRange);
     const int f = m.vae->config().downscale_factor();
     const Shape latent1 = {1, m.unet->config().in_channels, r.height / f, r.width / f};
+    ATELIER_ASSIGN_OR_RETURN(std::unique_ptr<KernelTracer> tracer, open_bench_tracer(o));
     {
       ATELIER_ASSIGN_OR_RETURN(auto ctx, conditioning(pipe, l, o, dev));
       const Tensor context = ctx.second.defined() ? ops::concat({ctx.second, ctx.first}, 0) : ctx.first;
@@ -327,10 +344,12 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
       ATELIER_RETURN_IF_ERROR(warm_up(pipe, o, x, context));
     }
     rec.clear();  // the figures are the timed run's alone
+    const int64_t timed_from = trace::now_ns();
     const auto nvml = start_nvml_sampler(dev);
     TimedRunSampler mem{backend_for(dev)};
     ATELIER_RETURN_IF_ERROR(timed_run(pipe, l, o, dev, latent1, mem));
     backend_for(dev).synchronize();
+    ATELIER_RETURN_IF_ERROR(add_traced_kernels(tracer.get(), timed_from, rec));
     mem.finish(r);
     finish_nvml_sampler(nvml.get(), r);
     rec.resolve_device_times();

@@ -24,10 +24,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/kernel_tracer.h"
 #include "backend/nvml.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/trace.h"
+#include "pipeline/bench_kernels.h"
 
 namespace atelier {
 
@@ -54,6 +56,9 @@ struct BenchOptions {
   // Z-Image: also build its Qwen3-4B text encoder (random weights, f32 as the pipeline runs it) and encode a
   // text_tokens-long prompt inside the timed run, whose features condition the transformer: end to end.
   bool text_encoder = false;
+  // Trace every kernel (CUPTI, CUDA only) from the warm-up on and report what the timed calls' kernels did
+  // (bench_kernels.h). CUPTI's timestamps add a little device time per kernel: the run's other figures include it.
+  bool kernels = false;
 
   Status validate() const;
 };
@@ -114,6 +119,7 @@ struct BenchReport {
   // The backend's counters over the timed run, as changes (Backend::counters(): on CUDA cuda_mallocs and
   // cuda_malloc_seconds, on the CPU host_allocations): activation-sized growth here means the warm-up missed a shape.
   std::vector<std::pair<std::string, double>> timed_counters;
+  std::optional<KernelFigures> kernels;  // --kernels
 
   nlohmann::json to_json() const;
   std::string to_text() const;  // the human-readable table the CLI prints
@@ -145,6 +151,13 @@ Status run_traced(Device device, const std::function<Status(trace::Recorder&)>& 
 std::unique_ptr<NvmlSampler> start_nvml_sampler(Device device);
 // Stops `sampler` (may be null) and keeps what it read in `r`: nvml_util_pct and nvml_samples.
 void finish_nvml_sampler(NvmlSampler* sampler, BenchReport& r);
+// --kernels: a tracer opened before the warm-up, so that the graphs it records are traced from their first
+// replay; null when the option is off. Errors when it is on and the device cannot be traced.
+Expected<std::unique_ptr<KernelTracer>> open_bench_tracer(const BenchOptions& options);
+// Adds the kernels `tracer` saw start at or after `from_ns` to `rec` (a no-op for a null tracer); call after
+// the device has synchronized.
+Status add_traced_kernels(KernelTracer* tracer, int64_t from_ns, trace::Recorder& rec);
+double bench_median(std::vector<double> v);  // 0 for none
 // Each counter of `after` minus its value in `before` (a counter absent from `before` counts from zero).
 std::vector<std::pair<std::string, double>> counter_changes(const std::vector<std::pair<std::string, double>>& before,
                                                             const std::vector<std::pair<std::string, double>>& after);

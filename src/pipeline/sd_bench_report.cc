@@ -85,6 +85,7 @@ nlohmann::json BenchReport::to_json() const {
   nlohmann::json counters = nlohmann::json::object();
   for (const auto& [name, change] : timed_counters) counters[name] = change;
   j["timed_run_counters"] = counters;
+  j["kernels"] = kernels ? kernels->to_json() : nlohmann::json(nullptr);
   return j;
 }
 
@@ -129,6 +130,7 @@ std::string BenchReport::to_text() const {
   for (const auto& [name, change] : timed_counters)
     if (name != "bytes_reserved") changes += (changes.empty() ? "" : ", ") + name + " " + fmt("%g", change);
   if (!changes.empty()) line("timed run", changes + " (changes of the backend's counters over the timed run)");
+  if (kernels) s += kernels->to_text(model_call);
   return s;
 }
 

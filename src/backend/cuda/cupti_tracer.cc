@@ -1,0 +1,199 @@
+// CUPTI's concurrent-kernel activity (backend/kernel_tracer.h): one activity subscription per process, shared by
+// every open tracer; records arrive in buffers CUPTI hands back (buffer_completed, on CUPTI's thread or inside a
+// flush) and are kept, named and timed, until the last tracer closes.
+#include "backend/cuda/cupti_tracer.h"
+
+#include <cupti.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda/cuda_init.h"
+
+namespace atelier::cuda {
+namespace {
+
+constexpr size_t kBufferBytes = size_t(8) << 20;  // CUPTI's guides use 8 MB; a 380-kernel step is ~40 KB of records
+constexpr size_t kBufferAlign = 8;                // activity records need 8-byte alignment
+constexpr const char* kLibraries[] = {"libcupti.so.13", "libcupti.so"};
+
+// The few CUPTI entry points used here, looked up in the library opened at run time.
+struct Api {
+  CUptiResult (*enable)(CUpti_ActivityKind) = nullptr;
+  CUptiResult (*disable)(CUpti_ActivityKind) = nullptr;
+  CUptiResult (*register_buffers)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc) = nullptr;
+  CUptiResult (*register_timestamp)(CUpti_TimestampCallbackFunc) = nullptr;
+  CUptiResult (*flush_all)(uint32_t) = nullptr;
+  CUptiResult (*next_record)(uint8_t*, size_t, CUpti_Activity**) = nullptr;
+  CUptiResult (*dropped)(CUcontext, uint32_t, size_t*) = nullptr;
+  CUptiResult (*result_string)(CUptiResult, const char**) = nullptr;
+};
+
+struct KernelRecord {
+  const char* name;  // interned short name
+  int64_t start_ns, end_ns;
+  uint32_t stream;
+  int64_t graph;  // -1 outside graphs
+  int32_t grid[3], block[3];
+};
+
+// Process-wide: CUPTI calls the buffer callbacks without a user pointer.
+struct State {
+  std::mutex toggle;  // held while a tracer opens or closes: enabling and disabling the activity happen in turns
+  std::mutex mu;      // guards everything below (buffer_completed takes it; it may run inside a flush)
+  Api api;
+  std::string load_error;  // why the library could not be used ("" = loaded)
+  bool loaded = false, callbacks = false;
+  int open = 0;  // tracers open
+  std::vector<KernelRecord> records;
+  size_t dropped = 0;
+  std::unordered_map<std::string, const char*> names;  // mangled -> interned short name
+  std::deque<std::string> name_storage;                // never shrinks: a process runs a bounded set of kernels
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+std::string result_text(const Api& api, CUptiResult r) {
+  const char* text = nullptr;
+  if (api.result_string && api.result_string(r, &text) == CUPTI_SUCCESS && text) return text;
+  return "CUPTI error " + std::to_string(int(r));
+}
+
+// CUPTI's timestamps on the host's steady clock (trace::now_ns), so kernels line up with the ranges that launched them.
+uint64_t CUPTIAPI steady_timestamp() { return uint64_t(trace::now_ns()); }
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(kBufferAlign, kBufferBytes));
+  *size = *buffer ? kBufferBytes : 0;
+  *max_records = 0;  // as many as fit
+}
+
+const char* intern(State& s, const char* mangled) {
+  auto it = s.names.find(mangled);
+  if (it != s.names.end()) return it->second;
+  s.name_storage.push_back(short_kernel_name(mangled));
+  return s.names.emplace(mangled, s.name_storage.back().c_str()).first->second;
+}
+
+void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buffer, size_t, size_t valid) {
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    CUpti_Activity* record = nullptr;
+    while (s.api.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
+      if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
+      // The record layout of the CUPTI these headers describe (libcupti.so.13: CUpti_ActivityKernel10).
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+      s.records.push_back({intern(s, k->name ? k->name : "?"), int64_t(k->start), int64_t(k->end), k->streamId,
+                           k->graphId ? int64_t(k->graphId) : -1, {k->gridX, k->gridY, k->gridZ},
+                           {k->blockX, k->blockY, k->blockZ}});
+    }
+    size_t dropped = 0;
+    if (s.api.dropped && s.api.dropped(context, stream, &dropped) == CUPTI_SUCCESS) s.dropped += dropped;
+  }
+  std::free(buffer);
+}
+
+// Opens libcupti and looks up the entry points (once); the caller holds s.mu.
+bool load(State& s) {
+  if (s.loaded || !s.load_error.empty()) return s.loaded;
+  void* lib = nullptr;
+  for (const char* name : kLibraries)
+    if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+  if (!lib) {
+    s.load_error = "CUPTI's library (libcupti.so.13, from the CUDA toolkit) is not on the library path";
+    return false;
+  }
+  auto sym = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+    return fn != nullptr;
+  };
+  Api& a = s.api;
+  s.loaded = sym(a.enable, "cuptiActivityEnable") && sym(a.disable, "cuptiActivityDisable") &&
+             sym(a.register_buffers, "cuptiActivityRegisterCallbacks") &&
+             sym(a.register_timestamp, "cuptiActivityRegisterTimestampCallback") && sym(a.flush_all, "cuptiActivityFlushAll") &&
+             sym(a.next_record, "cuptiActivityGetNextRecord") && sym(a.dropped, "cuptiActivityGetNumDroppedRecords") &&
+             sym(a.result_string, "cuptiGetResultString");
+  if (!s.loaded) s.load_error = "the CUPTI library found lacks entry points this build needs (CUDA 13's CUPTI)";
+  return s.loaded;
+}
+
+class CuptiTracer final : public KernelTracer {
+ public:
+  explicit CuptiTracer(int64_t opened_ns) : opened_ns_(opened_ns) {}
+  ~CuptiTracer() override {
+    State& s = state();
+    std::lock_guard<std::mutex> toggle(s.toggle);
+    std::unique_lock<std::mutex> lock(s.mu);
+    if (--s.open > 0) return;
+    lock.unlock();  // disabling flushes through buffer_completed, which takes the lock
+    s.api.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    s.api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    lock.lock();
+    s.records.clear();
+    s.dropped = 0;
+  }
+
+  Expected<std::vector<trace::Event>> collect() override {
+    State& s = state();
+    if (CUptiResult r = s.api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED); r != CUPTI_SUCCESS)
+      return internal_error("CUPTI could not flush its kernel records: " + result_text(s.api, r));
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.dropped)
+      return internal_error("CUPTI dropped " + std::to_string(s.dropped) + " kernel records (its buffers filled faster than they were read)");
+    std::vector<trace::Event> out;
+    for (const KernelRecord& k : s.records) {
+      if (k.start_ns < opened_ns_) continue;
+      trace::Event e;
+      e.name = k.name;
+      e.category = trace::Category::kKernel;
+      e.thread = k.stream;
+      e.start_ns = k.start_ns;
+      e.dur_ns = k.end_ns - k.start_ns;
+      e.index = k.graph;
+      e.detail = "grid " + std::to_string(k.grid[0]) + "," + std::to_string(k.grid[1]) + "," + std::to_string(k.grid[2]) +
+                 " block " + std::to_string(k.block[0]) + "," + std::to_string(k.block[1]) + "," + std::to_string(k.block[2]);
+      out.push_back(std::move(e));
+    }
+    std::stable_sort(out.begin(), out.end(), [](const trace::Event& a, const trace::Event& b) { return a.start_ns < b.start_ns; });
+    return out;
+  }
+
+ private:
+  int64_t opened_ns_;
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<KernelTracer>> open_cupti_tracer() {
+  if (const std::string& why = init_cuda_backends(); !why.empty()) return unsupported("kernel tracing needs a CUDA device: " + why);
+  State& s = state();
+  std::lock_guard<std::mutex> toggle(s.toggle);
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!load(s)) return unsupported("kernel tracing is not available: " + s.load_error);
+  if (!s.callbacks) {
+    // The clock first: CUPTI applies it to records of kinds enabled after it.
+    if (CUptiResult r = s.api.register_timestamp(steady_timestamp); r != CUPTI_SUCCESS)
+      return unsupported("CUPTI refused the host clock: " + result_text(s.api, r));
+    if (CUptiResult r = s.api.register_buffers(buffer_requested, buffer_completed); r != CUPTI_SUCCESS)
+      return unsupported("CUPTI refused its buffers (is another profiler attached?): " + result_text(s.api, r));
+    s.callbacks = true;
+  }
+  if (s.open == 0) {
+    if (CUptiResult r = s.api.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL); r != CUPTI_SUCCESS)
+      return unsupported("CUPTI could not trace kernels (is another profiler attached?): " + result_text(s.api, r));
+  }
+  ++s.open;
+  return std::unique_ptr<KernelTracer>(std::make_unique<CuptiTracer>(trace::now_ns()));
+}
+
+}  // namespace atelier::cuda
