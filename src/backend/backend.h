@@ -88,6 +88,12 @@ class Backend {
   // Copies between this device and the host (either direction); both tensors contiguous, same bytes.
   virtual void copy_between_devices(Tensor& dst, const Tensor& src) = 0;
   virtual void synchronize() {}
+  // A mark in this device's queue after everything enqueued so far, and a wait for the host until the device
+  // has passed it: a host loop can enqueue step n + 1 before it waits for step n, so that the device does not
+  // idle while the host prepares a step. On a device that runs ops as they are called (the CPU) every mark is
+  // already passed (0).
+  virtual uint64_t mark_queue() { return 0; }
+  virtual void wait_for_mark(uint64_t mark) { (void)mark; }
   // Makes this device the calling thread's current one, for a thread that works on one device only (a
   // server worker): every op then finds its device already current instead of switching to it and back.
   virtual void bind_current_thread() {}

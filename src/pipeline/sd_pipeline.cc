@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -110,6 +111,18 @@ Expected<std::vector<Tensor>> SdPipeline::encode_prompts(const std::vector<std::
   return out;
 }
 
+namespace {
+// ATELIER_SYNC_EACH_CALL=1: the denoise loop waits for each call before enqueueing the next (before session 39's
+// run-ahead; an A/B switch).
+bool sync_each_call() {
+  static const bool on = [] {
+    const char* v = std::getenv("ATELIER_SYNC_EACH_CALL");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+}  // namespace
+
 Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samplers, Tensor x, const Tensor& cond,
                                      const Tensor& uncond, float cfg_scale, int batch_index,
                                      const ProgressCallback& progress, StageTimes* times) const {
@@ -131,23 +144,48 @@ Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samp
     ptrs.push_back(&d);
   }
   const int total = samplers.front()->calls_remaining();
-  // call_ms for `times` comes from this loop's own model_call ranges.
-  trace::Recorder calls(trace::bit(Category::kCall));
-  std::optional<trace::ThreadAttach> attach;
-  if (times) attach.emplace(calls);
-  for (int call = 0; !samplers.front()->done(); ++call) {
-    // One model call: the UNet (its own stage::kUnet range) and the sampler update (stage::kSamplerStep),
-    // both opened inside denoise_batch_step, then the device synchronisation.
-    trace::Scope call_range(stage::kModelCall, Category::kCall, call);
-    ATELIER_ASSIGN_OR_RETURN(BatchStepOutput step, denoise_batch_step(unet, ptrs, bool(progress)));
-    x = step.x;
-    backend_for(x.device()).synchronize();
-    call_range.finish();
-    if (progress && !progress({batch_index, call + 1, total, &x, step.denoised.defined() ? &step.denoised : nullptr}))
+  // One call in flight ahead of the host: call n + 1 is enqueued before the host waits for call n, so the device
+  // runs n + 1's first kernels right after n's last. Waiting after each call left the device idle ~0.2 ms per
+  // step while the host prepared the next one (docs/performance.md, session 39). Progress is reported per
+  // finished call, in order; a cancel takes effect one call later. ATELIER_SYNC_EACH_CALL=1: wait after each.
+  Backend& backend = backend_for(x.device());
+  const bool run_ahead = !sync_each_call();
+  struct Finished {
+    int call;
+    Tensor x, denoised;
+    uint64_t mark;  // the device has finished the call once it passes this
+  };
+  std::optional<Finished> in_flight;
+  int64_t last_done_ns = trace::now_ns();
+  const auto finish = [&](Finished& f) -> Status {
+    backend.wait_for_mark(f.mark);
+    const int64_t now = trace::now_ns();
+    if (times) times->call_ms.push_back(double(now - last_done_ns) * 1e-6);  // from the previous call's end
+    last_done_ns = now;
+    if (progress && !progress({batch_index, f.call + 1, total, &f.x, f.denoised.defined() ? &f.denoised : nullptr}))
       return cancelled("generation cancelled");
+    return Status::ok();
+  };
+  for (int call = 0; !samplers.front()->done(); ++call) {
+    // One model call: the UNet (its own stage::kUnet range) and the sampler update (stage::kSamplerStep), both
+    // opened inside denoise_batch_step; the range holds the enqueueing (its device span, where a device timer
+    // runs, the call's device work).
+    Finished f;
+    {
+      trace::Scope call_range(stage::kModelCall, Category::kCall, call);
+      ATELIER_ASSIGN_OR_RETURN(BatchStepOutput step, denoise_batch_step(unet, ptrs, bool(progress)));
+      f = {call, step.x, step.denoised, 0};
+    }
+    f.mark = backend.mark_queue();
+    x = f.x;
+    if (in_flight) ATELIER_RETURN_IF_ERROR(finish(*in_flight));
+    in_flight = std::move(f);
+    if (!run_ahead) {
+      ATELIER_RETURN_IF_ERROR(finish(*in_flight));
+      in_flight.reset();
+    }
   }
-  if (times)
-    for (const trace::Event* e : trace::named(calls.events(), stage::kModelCall)) times->call_ms.push_back(e->seconds() * 1e3);
+  if (in_flight) ATELIER_RETURN_IF_ERROR(finish(*in_flight));
   return x;
 }
 

@@ -62,11 +62,35 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
 
 bool CudaBackend::fp8_attention_default() { return !env_is("ATELIER_FP8_ATTENTION", "0"); }
 
-CudaBackend::~CudaBackend() = default;
+CudaBackend::~CudaBackend() {
+  for (cudaEvent_t e : marks_)
+    if (e) cudaEventDestroy(e);  // at exit the driver may be gone: nothing to report
+}
 
 void CudaBackend::synchronize() {
   DeviceGuard guard(index_);
   ATELIER_CUDA_OK(cudaStreamSynchronize(stream_));
+}
+
+uint64_t CudaBackend::mark_queue() {
+  DeviceGuard guard(index_);
+  std::lock_guard<std::mutex> lock(marks_mu_);
+  const uint64_t mark = ++marks_issued_;
+  cudaEvent_t& e = marks_[mark % kQueueMarks];
+  if (!e) ATELIER_CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  ATELIER_CUDA_OK(cudaEventRecord(e, stream_));
+  return mark;
+}
+
+void CudaBackend::wait_for_mark(uint64_t mark) {
+  DeviceGuard guard(index_);
+  cudaEvent_t e = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    if (mark >= 1 && mark <= marks_issued_ && marks_issued_ - mark < uint64_t(kQueueMarks)) e = marks_[mark % kQueueMarks];
+  }
+  // Recorded again after this read, the event stands for a later point in the stream: waiting for it passes the mark too.
+  ATELIER_CUDA_OK(e ? cudaEventSynchronize(e) : cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::bind_current_thread() { ATELIER_CUDA_OK(cudaSetDevice(index_)); }

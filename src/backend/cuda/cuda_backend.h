@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <array>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -61,6 +62,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Buffer> allocate(size_t bytes) override { return alloc_.allocate(bytes); }
   void copy_between_devices(Tensor& dst, const Tensor& src) override;
   void synchronize() override;
+  uint64_t mark_queue() override;  // an event recorded on the stream, from a ring of kQueueMarks
+  void wait_for_mark(uint64_t mark) override;
   void bind_current_thread() override;
   size_t bytes_reserved() const override { return alloc_.bytes_reserved(); }
   void release_cached() override { alloc_.release_cached(); }
@@ -258,6 +261,12 @@ class CudaBackend final : public Backend {
   int cc_major_ = 0;  // compute capability
   size_t max_smem_optin_ = 0;
   cudaStream_t stream_ = nullptr;
+  // mark_queue's events, reused in turn; a mark older than the ring (its event recorded again since) is waited
+  // for by synchronizing the whole stream, which passes it too.
+  static constexpr int kQueueMarks = 8;
+  std::mutex marks_mu_;
+  std::array<cudaEvent_t, kQueueMarks> marks_{};
+  uint64_t marks_issued_ = 0;
   DeviceAllocator alloc_;
   PinnedStaging staging_;
   std::unique_ptr<GemmEngine> gemm_;
