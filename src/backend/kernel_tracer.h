@@ -23,7 +23,7 @@ class KernelTracer {
   // name = the kernel's function name without namespaces, return type or parameters (template arguments kept, so
   // instances stay apart; static storage), start_ns / dur_ns its device span on the host's steady clock (the
   // clock of trace::now_ns(), so kernels line up with the host ranges that launched them), thread = the stream,
-  // index = the CUDA graph it ran in (-1 outside graphs), detail = "grid x,y,z block x,y,z". Call after the device
+  // index = the CUDA graph it ran in (-1 outside graphs), detail = "cuda:D grid x,y,z block x,y,z". Call after the device
   // has synchronized: a kernel still running is not reported yet. Errors when CUPTI dropped records.
   virtual Expected<std::vector<trace::Event>> collect() = 0;
 };

@@ -10,8 +10,9 @@
 //
 // Device time: on an asynchronous device (CUDA) host times measure launches, not execution. A backend that
 // can time its queue installs a DeviceTimer (CUDA events recorded on its stream, NVTX push/pop for external
-// profilers, later CUPTI); each recorded range then also carries a device token that Recorder::
-// resolve_device_times() turns into device start/duration once the device has synchronized.
+// profilers); each recorded range then also carries a device token that Recorder::resolve_device_times() turns
+// into device start/duration once the device has synchronized. Kernels themselves (inside replayed graphs too)
+// come from a KernelTracer (backend/kernel_tracer.h, CUPTI) as events of category kKernel.
 //
 // FLOPs: the op front end counts the arithmetic of the compute ops into a per-thread counter (count_flops),
 // 2 per multiply-add as torch's FlopCounterMode does: gemm 2*B*M*N*K, conv 2*N*O*Ho*Wo*(C/g)*kh*kw, attention
@@ -39,7 +40,7 @@ enum class Category : uint8_t {
   kStage = 0,  // pipeline stages: generate, text encode, denoise, VAE decode/encode, image encode, PNG write
   kCall = 1,   // inside the denoise loop: one model call, one UNet forward, one sampler update
   kOp = 2,     // the op front end (backend/ops.cc): one range per ops:: call, nested ops at depth > 0
-  kKernel = 3, // device kernels reported by a DeviceTimer (reserved for the CUDA backend / CUPTI)
+  kKernel = 3, // device kernels as a KernelTracer reports them (backend/kernel_tracer.h)
 };
 inline constexpr int kCategoryCount = 4;
 const char* category_name(Category c);  // "stage", "call", "op", "kernel"

@@ -11,6 +11,7 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -38,7 +39,7 @@ struct Api {
 struct KernelRecord {
   const char* name;  // interned short name
   int64_t start_ns, end_ns;
-  uint32_t stream;
+  uint32_t device, stream;
   int64_t graph;  // -1 outside graphs
   int32_t grid[3], block[3];
 };
@@ -93,7 +94,7 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
       if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
       // The record layout of the CUPTI these headers describe (libcupti.so.13: CUpti_ActivityKernel10).
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      s.records.push_back({intern(s, k->name ? k->name : "?"), int64_t(k->start), int64_t(k->end), k->streamId,
+      s.records.push_back({intern(s, k->name ? k->name : "?"), int64_t(k->start), int64_t(k->end), k->deviceId, k->streamId,
                            k->graphId ? int64_t(k->graphId) : -1, {k->gridX, k->gridY, k->gridZ},
                            {k->blockX, k->blockY, k->blockZ}});
     }
@@ -150,6 +151,9 @@ class CuptiTracer final : public KernelTracer {
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.dropped)
       return internal_error("CUPTI dropped " + std::to_string(s.dropped) + " kernel records (its buffers filled faster than they were read)");
+    const auto triple = [](const int32_t (&v)[3]) {
+      return std::to_string(v[0]) + "," + std::to_string(v[1]) + "," + std::to_string(v[2]);
+    };
     std::vector<trace::Event> out;
     for (const KernelRecord& k : s.records) {
       if (k.start_ns < opened_ns_) continue;
@@ -160,8 +164,7 @@ class CuptiTracer final : public KernelTracer {
       e.start_ns = k.start_ns;
       e.dur_ns = k.end_ns - k.start_ns;
       e.index = k.graph;
-      e.detail = "grid " + std::to_string(k.grid[0]) + "," + std::to_string(k.grid[1]) + "," + std::to_string(k.grid[2]) +
-                 " block " + std::to_string(k.block[0]) + "," + std::to_string(k.block[1]) + "," + std::to_string(k.block[2]);
+      e.detail = "cuda:" + std::to_string(k.device) + " grid " + triple(k.grid) + " block " + triple(k.block);
       out.push_back(std::move(e));
     }
     std::stable_sort(out.begin(), out.end(), [](const trace::Event& a, const trace::Event& b) { return a.start_ns < b.start_ns; });
