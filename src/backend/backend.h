@@ -131,6 +131,14 @@ class Backend {
   // dst[i] = cast(src[i]) over dst's shape; both may be strided (a zero stride broadcasts), dtypes may differ.
   virtual void copy(Tensor& dst, const Tensor& src) = 0;
   virtual void fill(Tensor& dst, float value) = 0;
+  // Channels-last concatenation along channels in one pass: out [N, C, H, W] and parts [N, C_i, H, W], all
+  // channels-last and of one dtype, sum of C_i = C; each out pixel's channels are the parts' side by side. False
+  // (nothing done) where the device has no such kernel or the case is not one it takes: ops::concat then copies
+  // part by part.
+  virtual bool concat_channels_last(Tensor& out, const std::vector<Tensor>& parts) {
+    (void)out, (void)parts;
+    return false;
+  }
   // x [N, C, H, W] (any strides) -> out [N, C, H*f, W*f] contiguous, nearest neighbour. The default is one
   // strided copy from a view that repeats each element (zero strides); a device may have a faster kernel.
   virtual void upsample_nearest2d(Tensor& out, const Tensor& x, int factor) {

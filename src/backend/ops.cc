@@ -188,6 +188,7 @@ Tensor concat(const std::vector<Tensor>& xs, int dim) {
   bool channels_last = d == 1 && wants_channels_last(first);
   for (const Tensor& x : xs) channels_last = channels_last && x.is_channels_last();
   Tensor out = channels_last ? Tensor::empty_channels_last(shape, first.dtype(), first.device()) : empty_like_shape(first, shape);
+  if (channels_last && backend_of(first).concat_channels_last(out, xs)) return out;
   int64_t at = 0;
   for (const Tensor& x : xs) {
     Tensor part = out.narrow(d, at, x.shape()[d]);

@@ -79,6 +79,7 @@ class CudaBackend final : public Backend {
 
   void copy(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& dst, float value) override;
+  bool concat_channels_last(Tensor& out, const std::vector<Tensor>& parts) override;  // cuda_copy.cu
   void upsample_nearest2d(Tensor& out, const Tensor& x, int factor) override;  // cuda_copy.cu
   bool upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override;  // cuda_conv_upsample.cu
   void embedding(Tensor& out, const Tensor& ids, const Tensor& table) override;
@@ -318,5 +319,10 @@ class CudaBackend final : public Backend {
 
 // The backend of cuda:`index` (throws atelier::Error when that device is not available).
 CudaBackend& cuda_backend(int index);
+
+// concat_channels_last's one-pass kernel: launches so far (tests: which path ran), and its switch (default on,
+// unless ATELIER_CONCAT_ONE_PASS=0: one copy per part).
+int64_t concat_one_pass_launches();
+void set_concat_one_pass(bool on);
 
 }  // namespace atelier::cuda
