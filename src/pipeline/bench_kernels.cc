@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <map>
 
+#include <fmt/printf.h>
+
 #include "pipeline/sd_bench.h"
 
 namespace atelier {
@@ -23,14 +25,7 @@ std::pair<int64_t, int64_t> call_span(const Event& call, int64_t origin_ns) {
   return {start, start + int64_t(call.device_dur_us * 1e3)};
 }
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), f, v);
-  return buf;
-}
-
-}  // namespace
-
+// Seconds covered by the union of the kernels that start inside [from_ns, to_ns), clipped to it.
 double kernel_union_seconds(const std::vector<const Event*>& kernels, int64_t from_ns, int64_t to_ns) {
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (const Event* k : kernels)
@@ -44,6 +39,8 @@ double kernel_union_seconds(const std::vector<const Event*>& kernels, int64_t fr
   }
   return double(busy) * 1e-9;
 }
+
+}  // namespace
 
 std::optional<KernelFigures> summarize_kernels(const std::vector<Event>& ev, int64_t origin_ns, const char* call_range,
                                                int64_t window_from_ns, int64_t window_to_ns) {
@@ -115,10 +112,10 @@ nlohmann::json KernelFigures::to_json() const {
 }
 
 std::string KernelFigures::to_text(const std::string& call) const {
-  std::string s = "kernels           " + fmt("%.0f", kernels_per_call) + " per " + call + " call, " + fmt("%.3f ms", kernel_ms_per_call) +
-                  " of kernel time in a " + fmt("%.3f ms", span_ms_per_call) + " span: the device idle " +
-                  fmt("%.3f ms", idle_ms_per_call) + " between them (medians over " + std::to_string(calls) + " calls";
-  s += busy_pct ? fmt("; kernels busy %.1f%% of the denoise loop, CUPTI)\n", *busy_pct) : std::string(", CUPTI)\n");
+  std::string s = "kernels           " + fmt::sprintf("%.0f", kernels_per_call) + " per " + call + " call, " + fmt::sprintf("%.3f ms", kernel_ms_per_call) +
+                  " of kernel time in a " + fmt::sprintf("%.3f ms", span_ms_per_call) + " span: the device idle " +
+                  fmt::sprintf("%.3f ms", idle_ms_per_call) + " between them (medians over " + std::to_string(calls) + " calls";
+  s += busy_pct ? fmt::sprintf("; kernels busy %.1f%% of the denoise loop, CUPTI)\n", *busy_pct) : std::string(", CUPTI)\n");
   s += "  ms/call  share  count  mean us  kernel\n";
   for (const KernelGroup& g : top) {
     const std::string name = g.name.size() > kNameColumns ? g.name.substr(0, kNameColumns - 3) + "..." : g.name;

@@ -45,7 +45,4 @@ inline constexpr size_t kTopKernelGroups = 15;
 std::optional<KernelFigures> summarize_kernels(const std::vector<trace::Event>& ev, int64_t origin_ns, const char* call_range,
                                                int64_t window_from_ns, int64_t window_to_ns);
 
-// Seconds covered by the union of the kKernel events that start inside [from_ns, to_ns), clipped to it.
-double kernel_union_seconds(const std::vector<const trace::Event*>& kernels, int64_t from_ns, int64_t to_ns);
-
 }  // namespace atelier

@@ -1,6 +1,8 @@
 // The GEMM ceiling measurement and the bench report's JSON and text forms.
 #include <cstdio>
 
+#include <fmt/printf.h>
+
 #include "backend/ops.h"
 #include "core/trace.h"
 #include "pipeline/sd_bench.h"
@@ -14,12 +16,6 @@ constexpr float kCeilingFill = 1.0f / 64;   // harmless values (no overflow, no 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 nlohmann::json opt(const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), f, v);
-  return buf;
-}
 
 }  // namespace
 
@@ -95,40 +91,40 @@ std::string BenchReport::to_text() const {
     s += key + std::string(key.size() < 18 ? 18 - key.size() : 1, ' ') + value + "\n";
   };
   if (ceiling)
-    line("GEMM ceiling", fmt("%.3f TFLOP/s", ceiling->tflops) + " (" + ceiling->dtype + " " + std::to_string(ceiling->size) +
+    line("GEMM ceiling", fmt::sprintf("%.3f TFLOP/s", ceiling->tflops) + " (" + ceiling->dtype + " " + std::to_string(ceiling->size) +
                              "^3 on " + ceiling->device + ", best of " + std::to_string(ceiling->reps) + ")");
   if (!ran) return s;
-  line("model", model + " (" + model_kind + "), loaded in " + fmt("%.2f s", load_s));
+  line("model", model + " (" + model_kind + "), loaded in " + fmt::sprintf("%.2f s", load_s));
   line("run", device + " (" + std::to_string(host_threads) + " host threads), " + std::to_string(width) + "x" + std::to_string(height) + ", batch " + std::to_string(batch) +
                   " (" + model_call + " batch " + std::to_string(unet_batch) + "), " + std::to_string(steps) + " steps " + sampler +
-                  ", cfg " + fmt("%g", cfg_scale) + ", warmup " + std::to_string(warmup));
+                  ", cfg " + fmt::sprintf("%g", cfg_scale) + ", warmup " + std::to_string(warmup));
   if (!conditioning.empty()) line("conditioning", conditioning);
-  line(model_call + " call", fmt("%.2f ms", unet_ms_mean) + " mean, " + fmt("%.2f", unet_ms_min) + " min, " +
-                        fmt("%.2f", unet_ms_median) + " median over " + std::to_string(unet_ms.size()) + " calls");
-  line("it/s", fmt("%.3f", it_per_s) + " (model calls per second, sampler included)");
-  line("s/image", fmt("%.3f", s_per_image) + " (text " + (text_encode_s ? fmt("%.3f s", *text_encode_s) : "n/a") +
-                      ", denoise " + fmt("%.3f s", denoise_s) + ", VAE decode " + fmt("%.3f s", vae_decode_s) + ")");
-  line("images/min", fmt("%.2f", images_per_min));
-  line("FLOPs/" + model_call + " call", fmt("%.4f TFLOP", double(unet_flops) / 1e12) + " (engine count)");
-  line("achieved", fmt("%.3f TFLOP/s", unet_tflops) +
-                       (pct_of_ceiling ? fmt(" (%.1f%% of the GEMM ceiling)", *pct_of_ceiling) : std::string(" (no ceiling: add --ceiling)")));
-  line("VAE decode", fmt("%.4f TFLOP", double(vae_decode_flops) / 1e12) + ", " + fmt("%.3f TFLOP/s", vae_decode_tflops));
-  line("busy", (gpu_busy_pct ? fmt("%.1f%% GPU (kernel time / wall)", *gpu_busy_pct) : std::string("n/a on this device")) +
-                   "; op time / wall " + fmt("%.1f%%", op_time_pct) + " of the denoise loop" +
-                   (nvml_util_pct ? fmt("; NVML %.0f%%", *nvml_util_pct) : std::string()));
+  line(model_call + " call", fmt::sprintf("%.2f ms", unet_ms_mean) + " mean, " + fmt::sprintf("%.2f", unet_ms_min) + " min, " +
+                        fmt::sprintf("%.2f", unet_ms_median) + " median over " + std::to_string(unet_ms.size()) + " calls");
+  line("it/s", fmt::sprintf("%.3f", it_per_s) + " (model calls per second, sampler included)");
+  line("s/image", fmt::sprintf("%.3f", s_per_image) + " (text " + (text_encode_s ? fmt::sprintf("%.3f s", *text_encode_s) : "n/a") +
+                      ", denoise " + fmt::sprintf("%.3f s", denoise_s) + ", VAE decode " + fmt::sprintf("%.3f s", vae_decode_s) + ")");
+  line("images/min", fmt::sprintf("%.2f", images_per_min));
+  line("FLOPs/" + model_call + " call", fmt::sprintf("%.4f TFLOP", double(unet_flops) / 1e12) + " (engine count)");
+  line("achieved", fmt::sprintf("%.3f TFLOP/s", unet_tflops) +
+                       (pct_of_ceiling ? fmt::sprintf(" (%.1f%% of the GEMM ceiling)", *pct_of_ceiling) : std::string(" (no ceiling: add --ceiling)")));
+  line("VAE decode", fmt::sprintf("%.4f TFLOP", double(vae_decode_flops) / 1e12) + ", " + fmt::sprintf("%.3f TFLOP/s", vae_decode_tflops));
+  line("busy", (gpu_busy_pct ? fmt::sprintf("%.1f%% GPU (kernel time / wall)", *gpu_busy_pct) : std::string("n/a on this device")) +
+                   "; op time / wall " + fmt::sprintf("%.1f%%", op_time_pct) + " of the denoise loop" +
+                   (nvml_util_pct ? fmt::sprintf("; NVML %.0f%%", *nvml_util_pct) : std::string()));
   if (!energy_per_call_j && !energy_per_image_j && mean_sm_clock_mhz)
-    line("energy", "n/a: " + fmt("the run lasted %.2f s", total_s) +
+    line("energy", "n/a: " + fmt::sprintf("the run lasted %.2f s", total_s) +
                        "; NVML's energy counter moves in ~100 ms steps, a figure needs 1 s (more --steps)" +
-                       fmt("; SM clock %.0f MHz (NVML)", *mean_sm_clock_mhz));
+                       fmt::sprintf("; SM clock %.0f MHz (NVML)", *mean_sm_clock_mhz));
   if (energy_per_call_j || energy_per_image_j)
-    line("energy", (energy_per_call_j ? fmt("%.2f J per ", *energy_per_call_j) + model_call + " call" : std::string("n/a per call")) +
-                       (energy_per_image_j ? fmt(", %.1f J per image", *energy_per_image_j) : std::string()) +
-                       (mean_power_w ? fmt("; denoise loop at %.0f W", *mean_power_w) : std::string()) +
-                       (mean_sm_clock_mhz ? fmt(", SM clock %.0f MHz (NVML)", *mean_sm_clock_mhz) : std::string()));
-  line("peak memory", fmt("%.2f GiB reserved", double(peak_bytes_reserved) / kGiB));
+    line("energy", (energy_per_call_j ? fmt::sprintf("%.2f J per ", *energy_per_call_j) + model_call + " call" : std::string("n/a per call")) +
+                       (energy_per_image_j ? fmt::sprintf(", %.1f J per image", *energy_per_image_j) : std::string()) +
+                       (mean_power_w ? fmt::sprintf("; denoise loop at %.0f W", *mean_power_w) : std::string()) +
+                       (mean_sm_clock_mhz ? fmt::sprintf(", SM clock %.0f MHz (NVML)", *mean_sm_clock_mhz) : std::string()));
+  line("peak memory", fmt::sprintf("%.2f GiB reserved", double(peak_bytes_reserved) / kGiB));
   std::string changes;
   for (const auto& [name, change] : timed_counters)
-    if (name != "bytes_reserved") changes += (changes.empty() ? "" : ", ") + name + " " + fmt("%g", change);
+    if (name != "bytes_reserved") changes += (changes.empty() ? "" : ", ") + name + " " + fmt::sprintf("%g", change);
   if (!changes.empty()) line("timed run", changes + " (changes of the backend's counters over the timed run)");
   if (kernels) s += kernels->to_text(model_call);
   return s;
