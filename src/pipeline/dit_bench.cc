@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <string_view>
 
 #include "backend/nvml.h"
 #include "backend/ops.h"
@@ -223,10 +222,7 @@ Expected<BenchReport> run_dit_bench(const BenchOptions& o, const BuiltinDitConfi
     ATELIER_ASSIGN_OR_RETURN(std::unique_ptr<KernelTracer> tracer, open_bench_tracer(o));
     ATELIER_RETURN_IF_ERROR(c.flux ? run_flux(run, rec) : run_zimage(run, rec));
     backend_for(dev).synchronize();
-    int64_t timed_from = 0;  // the timed run's start (the recorder holds nothing from before it)
-    for (const trace::Event& e : rec.events())
-      if (std::string_view(e.name) == kBenchRunRange) timed_from = e.start_ns;
-    ATELIER_RETURN_IF_ERROR(add_traced_kernels(tracer.get(), timed_from, rec));
+    ATELIER_RETURN_IF_ERROR(add_traced_kernels(tracer.get(), rec));
     rec.resolve_device_times();
     summarize_bench(rec.events(), rec.origin_ns(), stage::kModelCall, o.text_encoder, r);
     r.ran = true;

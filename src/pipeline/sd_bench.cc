@@ -223,8 +223,11 @@ Expected<std::unique_ptr<KernelTracer>> open_bench_tracer(const BenchOptions& o)
   return open_kernel_tracer();
 }
 
-Status add_traced_kernels(KernelTracer* tracer, int64_t from_ns, trace::Recorder& rec) {
+Status add_traced_kernels(KernelTracer* tracer, trace::Recorder& rec) {
   if (!tracer) return Status::ok();
+  int64_t from_ns = 0;
+  const std::vector<trace::Event> events = rec.events();
+  for (const trace::Event* e : trace::named(events, kRunRange)) from_ns = e->start_ns;
   ATELIER_ASSIGN_OR_RETURN(std::vector<trace::Event> kernels, tracer->collect());
   for (trace::Event& k : kernels)
     if (k.start_ns >= from_ns) rec.add(std::move(k));
@@ -344,12 +347,11 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
       ATELIER_RETURN_IF_ERROR(warm_up(pipe, o, x, context));
     }
     rec.clear();  // the figures are the timed run's alone
-    const int64_t timed_from = trace::now_ns();
     const auto nvml = start_nvml_sampler(dev);
     TimedRunSampler mem{backend_for(dev)};
     ATELIER_RETURN_IF_ERROR(timed_run(pipe, l, o, dev, latent1, mem));
     backend_for(dev).synchronize();
-    ATELIER_RETURN_IF_ERROR(add_traced_kernels(tracer.get(), timed_from, rec));
+    ATELIER_RETURN_IF_ERROR(add_traced_kernels(tracer.get(), rec));
     mem.finish(r);
     finish_nvml_sampler(nvml.get(), r);
     rec.resolve_device_times();

@@ -154,9 +154,9 @@ void finish_nvml_sampler(NvmlSampler* sampler, BenchReport& r);
 // --kernels: a tracer opened before the warm-up, so that the graphs it records are traced from their first
 // replay; null when the option is off. Errors when it is on and the device cannot be traced.
 Expected<std::unique_ptr<KernelTracer>> open_bench_tracer(const BenchOptions& options);
-// Adds the kernels `tracer` saw start at or after `from_ns` to `rec` (a no-op for a null tracer); call after
-// the device has synchronized.
-Status add_traced_kernels(KernelTracer* tracer, int64_t from_ns, trace::Recorder& rec);
+// Adds the kernels `tracer` saw start inside the timed run (the kBenchRunRange range in `rec`) to `rec` (a no-op
+// for a null tracer); call after the run's range has closed and the device has synchronized.
+Status add_traced_kernels(KernelTracer* tracer, trace::Recorder& rec);
 double bench_median(std::vector<double> v);  // 0 for none
 // Each counter of `after` minus its value in `before` (a counter absent from `before` counts from zero).
 std::vector<std::pair<std::string, double>> counter_changes(const std::vector<std::pair<std::string, double>>& before,
