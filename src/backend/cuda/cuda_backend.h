@@ -6,11 +6,11 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
-#include <array>
 #include <mutex>
 #include <string>
 #include <tuple>

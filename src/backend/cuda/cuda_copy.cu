@@ -227,7 +227,7 @@ void set_concat_one_pass(bool on) { g_concat_one_pass.store(on); }
 // tail: 2.8 us apiece for SD's CFG skip concatenations, session 39).
 bool CudaBackend::concat_channels_last(Tensor& out, const std::vector<Tensor>& parts) {
   if (!g_concat_one_pass.load() || parts.empty() || parts.size() > size_t(kMaxConcatParts)) return false;
-  if (out.dim() != 4 || !out.is_channels_last() || out.device().is_cpu() || !aligned16(out.raw())) return false;
+  if (out.dim() != 4 || !out.is_channels_last() || !aligned16(out.raw())) return false;
   const size_t elem = dtype_size(out.dtype());
   ConcatRows a{};
   uint32_t at = 0;
