@@ -73,6 +73,22 @@ TEST(KernelTrace, BenchFiguresPerCallAndOverTheWindow) {
   EXPECT_DOUBLE_EQ(j["busy_pct"].get<double>(), *f->busy_pct);
 }
 
+// Kernels that overlap (other streams): the union counts their common time once, so a call of three overlapping
+// kernels has no idle time although their summed time passes its span; the busy share never passes 100%.
+TEST(KernelTrace, OverlappingKernelsCountOnceInTheUnion) {
+  constexpr int64_t kOrigin = 1'000'000'000;
+  const std::vector<trace::Event> ev{test::trace_event("unet", Category::kCall, kOrigin, 200'000, 0, 200),
+                                     kernel("a", kOrigin, 100'000), kernel("b", kOrigin + 50'000, 100'000),
+                                     kernel("c", kOrigin + 60'000, 10'000)};  // inside both
+  const std::optional<KernelFigures> f = summarize_kernels(ev, kOrigin, "unet", kOrigin, kOrigin + 200'000);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_NEAR(f->kernel_ms_per_call, 0.21, 1e-9);
+  EXPECT_NEAR(f->span_ms_per_call, 0.15, 1e-9);
+  EXPECT_NEAR(f->idle_ms_per_call, 0.0, 1e-9);
+  ASSERT_TRUE(f->busy_pct.has_value());
+  EXPECT_NEAR(*f->busy_pct, 100.0 * 0.15 / 0.2, 1e-9);
+}
+
 TEST(KernelTrace, NoFiguresWithoutKernelsInACall) {
   constexpr int64_t kOrigin = 1'000'000'000;
   std::vector<trace::Event> ev = two_calls(kOrigin);
