@@ -339,6 +339,19 @@ TEST(OpsLayout, ConcatAlongEachDim) {
   EXPECT_THROW(ops::concat({a, random_tensor({2, 4, 4}, 4)}, 2), Error);
 }
 
+// Backend::copy_many copies every pair by copy's rules: plain runs of bytes, a cast, a strided destination.
+TEST(OpsLayout, CopyManyCopiesEveryPair) {
+  const Tensor a = random_tensor({3, 5}, 11), b = random_tensor({7}, 12), c = random_tensor({4, 6}, 13);
+  Tensor da = Tensor::empty({3, 5}, DType::F32, Device::cpu()), db = Tensor::empty({7}, DType::BF16, Device::cpu());
+  Tensor wide = Tensor::zeros({4, 12}, DType::F32, Device::cpu());
+  backend_for(Device::cpu()).copy_many({{da, a}, {db, b}, {wide.narrow(1, 3, 6), c}});
+  EXPECT_EQ(da.to_vector(), a.to_vector());
+  EXPECT_EQ(db.to_vector(), ops::cast(b, DType::BF16).to_vector());
+  EXPECT_EQ(ops::contiguous(wide.narrow(1, 3, 6)).to_vector(), c.to_vector());
+  EXPECT_EQ(ops::contiguous(wide.narrow(1, 0, 3)).to_vector(), std::vector<float>(12, 0.0f));
+  EXPECT_THROW(backend_for(Device::cpu()).copy_many({{da, c}}), Error);  // shapes differ
+}
+
 // Channels-last activations (the GPU's layout), run on the CPU through its test switch: convolution outputs
 // are channels-last, group norm, elementwise ops, channel concat and upsampling keep the layout, and every
 // value equals the NCHW run's; the convolution's addend (a per-sample bias, a residual) equals a separate add.

@@ -131,6 +131,16 @@ class Backend {
   // dst[i] = cast(src[i]) over dst's shape; both may be strided (a zero stride broadcasts), dtypes may differ.
   virtual void copy(Tensor& dst, const Tensor& src) = 0;
   virtual void fill(Tensor& dst, float value) = 0;
+  // dst = src for each (dst, src) pair, by copy's rules; no pair's destination may overlap another pair's source
+  // or destination (as with memcpy: a device may run them at once). A device may move them all in one launch (a
+  // CUDA graph's inputs before a replay, the rows of a concatenation along its first dimension: each launch is
+  // device time at a step's boundary); the default copies pair by pair.
+  virtual void copy_many(const std::vector<std::pair<Tensor, Tensor>>& pairs) {
+    for (const auto& [dst, src] : pairs) {
+      Tensor d = dst;
+      copy(d, src);
+    }
+  }
   // Channels-last concatenation along channels in one pass: out [N, C, H, W] and parts [N, C_i, H, W], all
   // channels-last and of one dtype, sum of C_i = C; each out pixel's channels are the parts' side by side. False
   // (nothing done) where the device has no such kernel or the case is not one it takes: ops::concat then copies

@@ -189,19 +189,16 @@ Tensor concat(const std::vector<Tensor>& xs, int dim) {
   for (const Tensor& x : xs) channels_last = channels_last && x.is_channels_last();
   Tensor out = channels_last ? Tensor::empty_channels_last(shape, first.dtype(), first.device()) : empty_like_shape(first, shape);
   if (channels_last && backend_of(first).concat_channels_last(out, xs)) return out;
+  // Part by part, handed over together: a device may move parts that are plain runs of bytes (a concatenation
+  // along the first dimension: a CFG batch's rows) in one launch.
+  std::vector<std::pair<Tensor, Tensor>> parts;
   int64_t at = 0;
   for (const Tensor& x : xs) {
     Tensor part = out.narrow(d, at, x.shape()[d]);
-    if (x.numel() > 0) {
-      if (channels_last) {
-        Tensor dst = nhwc_order(part);
-        backend_of(x).copy(dst, nhwc_order(x));
-      } else {
-        backend_of(x).copy(part, x);
-      }
-    }
+    if (x.numel() > 0) parts.emplace_back(channels_last ? nhwc_order(part) : part, channels_last ? nhwc_order(x) : x);
     at += x.shape()[d];
   }
+  backend_of(first).copy_many(parts);
   return out;
 }
 

@@ -79,6 +79,7 @@ class CudaBackend final : public Backend {
 
   void copy(Tensor& dst, const Tensor& src) override;
   void fill(Tensor& dst, float value) override;
+  void copy_many(const std::vector<std::pair<Tensor, Tensor>>& pairs) override;  // cuda_copy.cu
   bool concat_channels_last(Tensor& out, const std::vector<Tensor>& parts) override;  // cuda_copy.cu
   void upsample_nearest2d(Tensor& out, const Tensor& x, int factor) override;  // cuda_copy.cu
   bool upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) override;  // cuda_conv_upsample.cu
@@ -324,5 +325,9 @@ CudaBackend& cuda_backend(int index);
 // unless ATELIER_CONCAT_ONE_PASS=0: one copy per part).
 int64_t concat_one_pass_launches();
 void set_concat_one_pass(bool on);
+// Contiguous device-to-device copies (copy, copy_many) as kernels, up to 8 in one launch: launches so far (tests),
+// and the switch to the driver's cudaMemcpyAsync instead (ATELIER_DRIVER_COPIES=1; default off).
+int64_t copy_many_launches();
+void set_driver_copies(bool on);
 
 }  // namespace atelier::cuda

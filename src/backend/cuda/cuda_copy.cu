@@ -1,5 +1,5 @@
-// Data movement on the GPU: strided copies with dtype conversion (up to kMaxDims dims after merging),
-// channels-last concatenation in one pass, fill, embedding gathers.
+// Data movement on the GPU: strided copies with dtype conversion (up to kMaxDims dims after merging), contiguous
+// copies (many in one kernel), channels-last concatenation in one pass, fill, embedding gathers.
 #include <atomic>
 #include <cstring>
 
@@ -257,6 +257,112 @@ bool CudaBackend::concat_channels_last(Tensor& out, const std::vector<Tensor>& p
   return true;
 }
 
+// --- contiguous copies as one kernel for many ------------------------------------------------------------
+namespace {
+
+// Why kernels and not cudaMemcpyAsync: a device-to-device cudaMemcpyAsync runs on a copy engine, which the kernel
+// tracer does not see as kernel time, and each one paid ~8-10 us of latency at a denoise step's boundary (session
+// 39: ~34 us between the input preparation's last kernel and the replayed graph's first, its three input copies in
+// between). One kernel moves all of a replay's inputs (or a concatenation's rows) 16 bytes per thread.
+constexpr int kMaxCopySegments = 8;
+constexpr uint64_t kCopyChunk = 16;
+std::atomic<int64_t> g_copy_many_launches{0};
+std::atomic<bool> g_driver_copies{env_is("ATELIER_DRIVER_COPIES", "1")};
+
+// Segment q: bytes[q] bytes from src[q] to dst[q] (both 16-byte aligned), its chunks numbered from first[q].
+struct CopySegments {
+  char* dst[kMaxCopySegments];
+  const char* src[kMaxCopySegments];
+  uint64_t bytes[kMaxCopySegments];
+  uint64_t first[kMaxCopySegments];
+  int count;
+};
+
+// One 16-byte chunk per thread and step over all segments' chunks (n); a segment's last chunk may be partial and
+// is then copied byte by byte. The segment is picked by selects, not by indexing the parameter arrays (a dynamic
+// index would copy them to local memory).
+__global__ void copy_segments_kernel(CopySegments a, uint64_t n) {
+  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+    char* dst = a.dst[0];
+    const char* src = a.src[0];
+    uint64_t bytes = a.bytes[0], first = 0;
+#pragma unroll
+    for (int q = 1; q < kMaxCopySegments; ++q)
+      if (q < a.count && i >= a.first[q]) dst = a.dst[q], src = a.src[q], bytes = a.bytes[q], first = a.first[q];
+    const uint64_t at = (i - first) * kCopyChunk;
+    if (at + kCopyChunk <= bytes) {
+      *reinterpret_cast<uint4*>(dst + at) = *reinterpret_cast<const uint4*>(src + at);
+    } else {
+      for (uint64_t b = at; b < bytes; ++b) dst[b] = src[b];
+    }
+  }
+}
+
+// Whether dst = src is a plain run of bytes the segment kernel takes (same dtype, both contiguous and 16-byte
+// aligned); shapes are checked as copy checks them.
+bool is_segment(const Tensor& dst, const Tensor& src) {
+  ATELIER_CHECK(dst.shape() == src.shape(), "copy: shape " + shape_str(src.shape()) + " to " + shape_str(dst.shape()));
+  return dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous() && !dst.device().is_cpu() &&
+         !src.device().is_cpu() && aligned16(dst.raw()) && aligned16(src.raw());
+}
+
+// Gathers segments and launches the kernel for every kMaxCopySegments of them, or when flushed.
+class SegmentBatch {
+ public:
+  explicit SegmentBatch(cudaStream_t stream) : stream_(stream) {}
+  ~SegmentBatch() { flush(); }  // a launch cannot throw here: launch errors surface at the stream's next check
+  void add(const Tensor& dst, const Tensor& src) {
+    const uint64_t bytes = dst.nbytes();
+    if (bytes == 0) return;
+    a_.dst[a_.count] = static_cast<char*>(dst.raw());
+    a_.src[a_.count] = static_cast<const char*>(src.raw());
+    a_.bytes[a_.count] = bytes;
+    a_.first[a_.count] = chunks_;
+    chunks_ += (bytes + kCopyChunk - 1) / kCopyChunk;
+    if (++a_.count == kMaxCopySegments) flush();
+  }
+  void flush() {
+    if (a_.count == 0) return;
+    copy_segments_kernel<<<grid_for(int64_t(chunks_)), kThreads, 0, stream_>>>(a_, chunks_);
+    g_copy_many_launches.fetch_add(1);
+    a_ = CopySegments{};
+    chunks_ = 0;
+  }
+
+ private:
+  cudaStream_t stream_;
+  CopySegments a_{};
+  uint64_t chunks_ = 0;
+};
+
+}  // namespace
+
+int64_t copy_many_launches() { return g_copy_many_launches.load(); }
+void set_driver_copies(bool on) { g_driver_copies.store(on); }
+
+// Plain runs of bytes, up to kMaxCopySegments per launch; a pair the kernel does not take (a cast, a strided view)
+// goes through copy between two launches.
+void CudaBackend::copy_many(const std::vector<std::pair<Tensor, Tensor>>& pairs) {
+  if (g_driver_copies.load()) {
+    Backend::copy_many(pairs);
+    return;
+  }
+  NvtxRange range("copy_many");
+  DeviceGuard guard(index_);
+  SegmentBatch batch(stream_);
+  for (const auto& [dst, src] : pairs) {
+    if (is_segment(dst, src)) {
+      batch.add(dst, src);
+      continue;
+    }
+    batch.flush();
+    Tensor d = dst;
+    copy(d, src);
+  }
+  batch.flush();
+  ATELIER_CUDA_LAUNCHED();
+}
+
 // dst[i] = cast(src[i]) over dst's shape; both strided (src may broadcast with zero strides).
 void CudaBackend::copy(Tensor& dst, const Tensor& src) {
   ATELIER_CHECK(dst.shape() == src.shape(), "copy: shape " + shape_str(src.shape()) + " to " + shape_str(dst.shape()));
@@ -268,8 +374,17 @@ void CudaBackend::copy(Tensor& dst, const Tensor& src) {
   NvtxRange range("copy");
   DeviceGuard guard(index_);
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
-    ATELIER_CUDA_OK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream_));
-    return;
+    if (g_driver_copies.load()) {
+      ATELIER_CUDA_OK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    if (aligned16(dst.raw()) && aligned16(src.raw())) {
+      SegmentBatch batch(stream_);
+      batch.add(dst, src);
+      batch.flush();
+      ATELIER_CUDA_LAUNCHED();
+      return;
+    }
   }
   const StridedLayout<2> l = collapse<2>(dst.shape(), {&dst.strides(), &src.strides()});
   if (dst.dtype() == src.dtype()) {

@@ -1,0 +1,89 @@
+// Contiguous copies on cuda:0 as kernels (CudaBackend::copy, CudaBackend::copy_many; cuda_copy.cu): the same bits as
+// the CPU's copies for plain runs of bytes of every size (whole 16-byte chunks, a partial last chunk, a few bytes),
+// up to eight of them per launch, the pairs the kernel does not take (casts, strided views) between launches, and
+// the driver's copies where ATELIER_DRIVER_COPIES is on. Skips with the reason without a GPU.
+#include <gtest/gtest.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/ops.h"
+#include "cuda_test_util.h"
+#include "ops_test_util.h"
+#include "test_util.h"
+
+namespace atelier {
+namespace {
+
+using test::cuda0;
+using test::random_tensor;
+using test::to_gpu;
+
+struct DriverCopiesScope {
+  ~DriverCopiesScope() { cuda::set_driver_copies(false); }
+};
+
+// Every value of a GPU tensor as the CPU sees it, in f32.
+std::vector<float> values(const Tensor& x) { return ops::cast(ops::contiguous(x).to(Device::cpu()), DType::F32).to_vector(); }
+
+TEST(CudaCopy, ManyPairsMatchTheCpuInFewLaunches) {
+  ATELIER_REQUIRE_CUDA();
+  DriverCopiesScope restore;
+  // A replay's inputs (SD's CFG latents, its timesteps, its context), then sizes around the 16-byte chunk and
+  // other dtypes: ten plain runs of bytes, so two launches (eight and two).
+  const std::vector<std::pair<Shape, DType>> runs = {
+      {{2, 4, 64, 64}, DType::F32}, {{2}, DType::F32},  {{2, 77, 768}, DType::BF16}, {{1}, DType::F16},
+      {{3}, DType::F32},            {{4}, DType::F32},  {{37}, DType::BF16},         {{5, 9}, DType::F16},
+      {{1000003}, DType::BF16},     {{6}, DType::BF16}};
+  std::vector<Tensor> srcs, dsts;
+  std::vector<std::pair<Tensor, Tensor>> pairs;
+  uint32_t seed = 70;
+  for (const auto& [shape, dt] : runs) {
+    srcs.push_back(to_gpu(ops::cast(random_tensor(shape, seed++), dt)));
+    dsts.push_back(Tensor::empty(shape, dt, cuda0()));
+    pairs.emplace_back(dsts.back(), srcs.back());
+  }
+  int64_t before = cuda::copy_many_launches();
+  backend_for(cuda0()).copy_many(pairs);
+  EXPECT_EQ(cuda::copy_many_launches() - before, 2);
+  for (size_t i = 0; i < runs.size(); ++i) EXPECT_EQ(values(dsts[i]), values(srcs[i])) << "pair " << i;
+
+  // A cast and a strided destination in the middle: the runs before them go in one launch, those after in another.
+  const Tensor x = to_gpu(random_tensor({8, 8}, 90)), y = to_gpu(random_tensor({5, 3}, 91)), z = to_gpu(random_tensor({33}, 92));
+  Tensor dx = Tensor::empty({8, 8}, DType::F32, cuda0()), cast = Tensor::empty({8, 8}, DType::BF16, cuda0());
+  Tensor wide = Tensor::zeros({5, 7}, DType::F32, cuda0()), dz = Tensor::empty({33}, DType::F32, cuda0());
+  before = cuda::copy_many_launches();
+  backend_for(cuda0()).copy_many({{dx, x}, {cast, x}, {wide.narrow(1, 2, 3), y}, {dz, z}});
+  EXPECT_EQ(cuda::copy_many_launches() - before, 2);
+  EXPECT_EQ(values(dx), values(x));
+  EXPECT_EQ(values(cast), values(ops::cast(x, DType::BF16)));
+  EXPECT_EQ(values(wide.narrow(1, 2, 3)), values(y));
+  EXPECT_EQ(values(wide.narrow(1, 0, 2)), std::vector<float>(10, 0.0f));
+  EXPECT_EQ(values(dz), values(z));
+
+  // Views that start off a 16-byte boundary go through copy.
+  Tensor off = Tensor::empty({9}, DType::F32, cuda0());
+  before = cuda::copy_many_launches();
+  backend_for(cuda0()).copy_many({{off.narrow(0, 1, 8), x.narrow(0, 0, 1).reshape({8})}});
+  EXPECT_EQ(cuda::copy_many_launches() - before, 0);
+  EXPECT_EQ(values(off.narrow(0, 1, 8)), values(x.narrow(0, 0, 1).reshape({8})));
+}
+
+TEST(CudaCopy, ContiguousCopiesAreKernelsUnlessTheDriverIsAsked) {
+  ATELIER_REQUIRE_CUDA();
+  DriverCopiesScope restore;
+  const Tensor x = to_gpu(ops::cast(random_tensor({3, 1001}, 93), DType::BF16));  // 6006 bytes: a partial chunk
+  for (const bool driver : {false, true}) {
+    cuda::set_driver_copies(driver);
+    const int64_t before = cuda::copy_many_launches();
+    const Tensor c = ops::clone(x);
+    EXPECT_EQ(cuda::copy_many_launches() - before, driver ? 0 : 1) << "driver copies " << driver;
+    EXPECT_EQ(values(c), values(x)) << "driver copies " << driver;
+    // A concatenation along the first dimension: its parts are plain runs of bytes, one launch for both.
+    const int64_t before_concat = cuda::copy_many_launches();
+    const Tensor cat = ops::concat({x, c}, 0);
+    EXPECT_EQ(cuda::copy_many_launches() - before_concat, driver ? 0 : 1) << "driver copies " << driver;
+    EXPECT_EQ(values(cat), values(ops::concat({x.to(Device::cpu()), x.to(Device::cpu())}, 0)));
+  }
+}
+
+}  // namespace
+}  // namespace atelier
