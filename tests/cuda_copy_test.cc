@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_upload.h"
 #include "backend/ops.h"
 #include "cuda_test_util.h"
 #include "ops_test_util.h"
@@ -83,6 +84,30 @@ TEST(CudaCopy, ContiguousCopiesAreKernelsUnlessTheDriverIsAsked) {
     EXPECT_EQ(cuda::copy_many_launches() - before_concat, driver ? 0 : 1) << "driver copies " << driver;
     EXPECT_EQ(values(cat), values(ops::concat({x.to(Device::cpu()), x.to(Device::cpu())}, 0)));
   }
+}
+
+// Host values of up to 1 KB reach the device in a kernel's parameters (a step's timesteps and CFG scales), larger
+// ones through the pinned staging buffers; both give the host's bits.
+TEST(CudaCopy, SmallUploadsRideInAKernelsParameters) {
+  ATELIER_REQUIRE_CUDA();
+  DriverCopiesScope restore;
+  for (const int64_t n : {1, 2, 3, 16, 17, 255, 256, 257}) {  // f32 values: 4 bytes to 1028
+    const Tensor host = random_tensor({n}, 95);
+    const int64_t before = cuda::inline_uploads();
+    const Tensor dev = host.to(cuda0());
+    EXPECT_EQ(cuda::inline_uploads() - before, n * 4 <= int64_t(cuda::kInlineUploadBytes) ? 1 : 0) << n << " values";
+    EXPECT_EQ(values(dev), host.to_vector()) << n << " values";
+  }
+  const Tensor bytes = ops::cast(random_tensor({7}, 96), DType::BF16);  // 14 bytes, into an odd offset
+  Tensor dst = Tensor::zeros({9}, DType::BF16, cuda0());
+  Tensor part = dst.narrow(0, 1, 7);
+  backend_for(cuda0()).copy_between_devices(part, bytes);
+  EXPECT_EQ(values(dst.narrow(0, 1, 7)), ops::cast(bytes, DType::F32).to_vector());
+  EXPECT_EQ(values(dst.narrow(0, 8, 1)), std::vector<float>{0.0f});
+  cuda::set_driver_copies(true);
+  const int64_t before = cuda::inline_uploads();
+  EXPECT_EQ(values(random_tensor({5}, 97).to(cuda0())), random_tensor({5}, 97).to_vector());
+  EXPECT_EQ(cuda::inline_uploads() - before, 0);
 }
 
 }  // namespace

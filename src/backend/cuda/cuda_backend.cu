@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_init.h"
 #include "backend/cuda/cuda_sdpa.h"
 #include "backend/cuda/cuda_sdpa_fp8.h"
+#include "backend/cuda/cuda_upload.h"
 
 namespace atelier {
 namespace cuda {
@@ -104,7 +105,9 @@ void CudaBackend::copy_between_devices(Tensor& dst, const Tensor& src) {
   if (src_host && dst_host) {
     std::memcpy(dst.raw(), src.raw(), bytes);
   } else if (src_host) {
-    cuda_backend(dst.device().index).staging_.host_to_device(dst.raw(), src.raw(), bytes, cuda_backend(dst.device().index).stream_);
+    CudaBackend& to = cuda_backend(dst.device().index);
+    DeviceGuard guard(to.index_);
+    if (!upload_inline(dst.raw(), src.raw(), bytes, to.stream_)) to.staging_.host_to_device(dst.raw(), src.raw(), bytes, to.stream_);
   } else if (dst_host) {
     CudaBackend& from = cuda_backend(src.device().index);
     from.staging_.device_to_host(dst.raw(), src.raw(), bytes, from.stream_);

@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_nvtx.h"
+#include "backend/cuda/cuda_upload.h"
 
 namespace atelier::cuda {
 namespace {
@@ -336,6 +337,48 @@ class SegmentBatch {
 };
 
 }  // namespace
+
+// --- small uploads in a kernel's parameters ------------------------------------------------------------------
+namespace {
+
+constexpr size_t kSmallUploadBytes = 64;  // timesteps and CFG scales of a batch of up to 16 samples
+constexpr int kUploadThreads = 128;
+std::atomic<int64_t> g_inline_uploads{0};
+
+template <size_t N>
+struct UploadBytes {
+  unsigned char b[N];
+};
+
+template <size_t N>
+__global__ void upload_inline_kernel(unsigned char* dst, UploadBytes<N> src, uint32_t n) {
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src.b[i];
+}
+
+template <size_t N>
+void launch_upload(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  UploadBytes<N> p{};
+  std::memcpy(p.b, src, bytes);
+  upload_inline_kernel<N><<<1, kUploadThreads, 0, stream>>>(static_cast<unsigned char*>(dst), p, uint32_t(bytes));
+}
+
+}  // namespace
+
+bool upload_inline(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0 || bytes > kInlineUploadBytes || g_driver_copies.load()) return false;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  ATELIER_CUDA_OK(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return false;
+  if (bytes <= kSmallUploadBytes)
+    launch_upload<kSmallUploadBytes>(dst, src, bytes, stream);
+  else
+    launch_upload<kInlineUploadBytes>(dst, src, bytes, stream);
+  ATELIER_CUDA_LAUNCHED();
+  g_inline_uploads.fetch_add(1);
+  return true;
+}
+
+int64_t inline_uploads() { return g_inline_uploads.load(); }
 
 int64_t copy_many_launches() { return g_copy_many_launches.load(); }
 void set_driver_copies(bool on) { g_driver_copies.store(on); }
