@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/graph_runner.h"
 #include "backend/kernel_tracer.h"
 #include "backend/ops.h"
@@ -119,6 +120,40 @@ TEST(CudaKernelTracer, BenchReportsTheCallsKernels) {
   for (const KernelGroup& g : k.top) shares += g.share_pct;
   EXPECT_LE(shares, 100.0 + 1e-6);
   std::printf("[ kernels  ] %s", k.to_text("UNet").c_str());
+}
+
+// The queue's copies and memsets come back too, named in brackets with their bytes: a device-to-device copy through
+// the driver (ATELIER_DRIVER_COPIES=1), a zero fill (cudaMemsetAsync) and an upload past the inline size.
+TEST(CudaKernelTracer, SeesTheQueuesCopiesAndMemsets) {
+  ATELIER_REQUIRE_CUDA();
+  struct Restore {
+    ~Restore() { cuda::set_driver_copies(false); }
+  } restore;
+  const Tensor x = to_gpu(random_tensor({1000}, 3));
+  const Tensor host = random_tensor({4096}, 4);  // 16 KB: through the pinned staging buffers
+  backend_for(cuda0()).synchronize();
+  std::unique_ptr<KernelTracer> tracer = open_or_fail();
+  ASSERT_TRUE(tracer);
+  cuda::set_driver_copies(true);
+  (void)ops::clone(x);
+  cuda::set_driver_copies(false);
+  (void)Tensor::zeros({1000}, DType::F32, cuda0());
+  (void)host.to(cuda0());
+  backend_for(cuda0()).synchronize();
+  auto events = tracer->collect();
+  ASSERT_TRUE(events.has_value()) << events.status().message();
+  int dtod = 0, memset = 0, htod = 0;
+  for (const trace::Event& e : *events) {
+    if (!is_copy_activity(e)) continue;
+    EXPECT_GT(e.dur_ns, 0) << e.name;
+    const std::string name = e.name;
+    if (name == "[memcpy DtoD]" && e.detail == "cuda:0 4000 bytes") ++dtod;
+    if (name == kMemsetName && e.detail == "cuda:0 4000 bytes") ++memset;
+    if (name == "[memcpy HtoD]" && e.detail == "cuda:0 16384 bytes") ++htod;
+  }
+  EXPECT_EQ(dtod, 1);
+  EXPECT_EQ(memset, 1);
+  EXPECT_EQ(htod, 1);
 }
 
 }  // namespace

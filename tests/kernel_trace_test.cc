@@ -89,6 +89,30 @@ TEST(KernelTrace, OverlappingKernelsCountOnceInTheUnion) {
   EXPECT_NEAR(*f->busy_pct, 100.0 * 0.15 / 0.2, 1e-9);
 }
 
+// The queue's copies and memsets (bracketed names) are counted apart: not kernels, not in the idle or busy figures.
+TEST(KernelTrace, CopiesAreCountedApartFromKernels) {
+  constexpr int64_t kOrigin = 1'000'000'000;
+  std::vector<trace::Event> ev = two_calls(kOrigin);
+  ev.push_back(kernel("[memcpy DtoD]", kOrigin + 100'000, 40'000));  // first call, before its first kernel
+  ev.push_back(kernel("[memcpy DtoD]", kOrigin + 1'000'000, 20'000));  // second call
+  ev.push_back(kernel(kMemsetName, kOrigin + 1'020'000, 10'000));       // second call
+  ev.push_back(kernel("[memcpy HtoD]", kOrigin + 900'000, 30'000));    // between the calls
+  const std::optional<KernelFigures> f = summarize_kernels(ev, kOrigin, "unet", kOrigin, kOrigin + 2'000'000);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_DOUBLE_EQ(f->kernels_per_call, 3);
+  EXPECT_NEAR(f->idle_ms_per_call, (0.05 + 0.0) / 2, 1e-9);
+  EXPECT_NEAR(*f->busy_pct, 100.0 * 1.05 / 2.0, 1e-9);
+  EXPECT_DOUBLE_EQ(f->copies_per_call, 1.5);                 // the median of 1 and 2
+  EXPECT_NEAR(f->copy_ms_per_call, (0.04 + 0.03) / 2, 1e-9);
+  EXPECT_EQ(f->window_copies, 4);
+  EXPECT_NEAR(f->window_copy_ms, 0.1, 1e-9);
+  for (const KernelGroup& g : f->top) EXPECT_FALSE(g.name.starts_with("[")) << g.name;
+  EXPECT_NE(f->to_text("UNet").find("2 per UNet call (0.035 ms); 4 in the denoise loop (0.100 ms)"), std::string::npos)
+      << f->to_text("UNet");
+  EXPECT_EQ(summarize_kernels(two_calls(kOrigin), kOrigin, "unet", kOrigin, kOrigin + 2'000'000)->to_text("UNet").find("copies"),
+            std::string::npos);
+}
+
 TEST(KernelTrace, NoFiguresWithoutKernelsInACall) {
   constexpr int64_t kOrigin = 1'000'000'000;
   std::vector<trace::Event> ev = two_calls(kOrigin);

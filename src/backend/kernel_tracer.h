@@ -19,7 +19,8 @@ namespace atelier {
 class KernelTracer {
  public:
   virtual ~KernelTracer() = default;
-  // The kernels that started since this tracer was opened, in start order, as trace events of category kKernel:
+  // The kernels (and copies, below) that started since this tracer was opened, in start order, as trace events of
+  // category kKernel:
   // name = the kernel's function name without namespaces, return type or parameters (template arguments kept, so
   // instances stay apart; static storage), start_ns / dur_ns its device span on the host's steady clock (the
   // clock of trace::now_ns(), so kernels line up with the host ranges that launched them), thread = the stream,
@@ -27,6 +28,12 @@ class KernelTracer {
   // has synchronized: a kernel still running is not reported yet. Errors when CUPTI dropped records.
   virtual Expected<std::vector<trace::Event>> collect() = 0;
 };
+
+// Copies and memsets of the device's queue (a copy engine's work: cudaMemcpyAsync, cudaMemsetAsync) come as events
+// of the same category, on their stream's track, named in brackets ("[memcpy HtoD]", "[memcpy DtoD]",
+// "[memset]"; kernel names never start with one) with detail "cuda:D N bytes".
+inline constexpr const char* kMemsetName = "[memset]";
+inline bool is_copy_activity(const trace::Event& e) { return e.name && e.name[0] == '['; }
 
 // Opens a tracer; an error says why none can run (a build without CUDA, no CUPTI library, no GPU or driver,
 // another profiler holding CUPTI).

@@ -6,6 +6,7 @@
 
 #include <fmt/printf.h>
 
+#include "backend/kernel_tracer.h"
 #include "pipeline/sd_bench.h"
 
 namespace atelier {
@@ -44,12 +45,13 @@ double kernel_union_seconds(const std::vector<const Event*>& kernels, int64_t fr
 
 std::optional<KernelFigures> summarize_kernels(const std::vector<Event>& ev, int64_t origin_ns, const char* call_range,
                                                int64_t window_from_ns, int64_t window_to_ns) {
-  std::vector<const Event*> kernels;
+  std::vector<const Event*> kernels, copies;
   for (const Event& e : ev)
-    if (e.category == Category::kKernel) kernels.push_back(&e);
-  std::sort(kernels.begin(), kernels.end(), [](const Event* a, const Event* b) { return a->start_ns < b->start_ns; });
+    if (e.category == Category::kKernel) (is_copy_activity(e) ? copies : kernels).push_back(&e);
+  const auto by_start = [](const Event* a, const Event* b) { return a->start_ns < b->start_ns; };
+  std::sort(kernels.begin(), kernels.end(), by_start);
   KernelFigures f;
-  std::vector<double> counts, sums, spans, idles;
+  std::vector<double> counts, sums, spans, idles, copy_counts, copy_sums;
   std::map<std::string, KernelGroup> groups;
   double total_ms = 0;
   for (const Event* call : trace::named(ev, call_range)) {
@@ -74,6 +76,11 @@ std::optional<KernelFigures> summarize_kernels(const std::vector<Event>& ev, int
     sums.push_back(sum_ms);
     spans.push_back(span_ms);
     idles.push_back(span_ms - kernel_union_seconds(mine, first, last_end + 1) * 1e3);
+    double copy_count = 0, copy_ms = 0;
+    for (const Event* c : copies)
+      if (c->start_ns >= from && c->start_ns < to) copy_count += 1, copy_ms += double(c->dur_ns) / kNsPerMs;
+    copy_counts.push_back(copy_count);
+    copy_sums.push_back(copy_ms);
     total_ms += sum_ms;
     ++f.calls;
   }
@@ -82,8 +89,13 @@ std::optional<KernelFigures> summarize_kernels(const std::vector<Event>& ev, int
   f.kernel_ms_per_call = bench_median(sums);
   f.span_ms_per_call = bench_median(spans);
   f.idle_ms_per_call = bench_median(idles);
-  if (window_to_ns > window_from_ns)
+  f.copies_per_call = bench_median(copy_counts);
+  f.copy_ms_per_call = bench_median(copy_sums);
+  if (window_to_ns > window_from_ns) {
     f.busy_pct = kPercent * kernel_union_seconds(kernels, window_from_ns, window_to_ns) / (double(window_to_ns - window_from_ns) * 1e-9);
+    for (const Event* c : copies)
+      if (c->start_ns >= window_from_ns && c->start_ns < window_to_ns) ++f.window_copies, f.window_copy_ms += double(c->dur_ns) / kNsPerMs;
+  }
   for (auto& [name, g] : groups) {
     g.name = name;
     g.mean_us = g.ms_per_call * 1e3 / g.count_per_call;
@@ -108,6 +120,10 @@ nlohmann::json KernelFigures::to_json() const {
           {"span_ms_per_call", span_ms_per_call},
           {"idle_ms_per_call", idle_ms_per_call},
           {"busy_pct", busy_pct ? nlohmann::json(*busy_pct) : nlohmann::json(nullptr)},
+          {"copies_per_call", copies_per_call},
+          {"copy_ms_per_call", copy_ms_per_call},
+          {"window_copies", window_copies},
+          {"window_copy_ms", window_copy_ms},
           {"top", std::move(groups)}};
 }
 
@@ -116,6 +132,10 @@ std::string KernelFigures::to_text(const std::string& call) const {
                   " of kernel time in a " + fmt::sprintf("%.3f ms", span_ms_per_call) + " span: the device idle " +
                   fmt::sprintf("%.3f ms", idle_ms_per_call) + " between them (medians over " + std::to_string(calls) + " calls";
   s += busy_pct ? fmt::sprintf("; kernels busy %.1f%% of the denoise loop, CUPTI)\n", *busy_pct) : std::string(", CUPTI)\n");
+  if (copies_per_call > 0 || window_copies > 0)
+    s += "copies            " + fmt::sprintf("%.0f per %s call (%.3f ms); %d in the denoise loop (%.3f ms): ", copies_per_call, call,
+                                             copy_ms_per_call, window_copies, window_copy_ms) +
+         "copy engines' memcpys and memsets, not in the kernel figures\n";
   s += "  ms/call  share  count  mean us  kernel\n";
   for (const KernelGroup& g : top) {
     const std::string name = g.name.size() > kNameColumns ? g.name.substr(0, kNameColumns - 3) + "..." : g.name;

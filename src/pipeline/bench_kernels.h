@@ -30,6 +30,11 @@ struct KernelFigures {
   double span_ms_per_call = 0;    //   first kernel's start to the last one's end
   double idle_ms_per_call = 0;    //   span minus the union of the kernels: the device idle inside the call
   std::optional<double> busy_pct; // union of all kernels over the window summarize_kernels is given / its length
+  // The queue's copies and memsets (copy engines' work, not kernels: kernel_tracer.h's bracketed names), medians per
+  // call, and in the whole window (where the busy figure above does not count them).
+  double copies_per_call = 0, copy_ms_per_call = 0;
+  int window_copies = 0;
+  double window_copy_ms = 0;
   std::vector<KernelGroup> top;   // the kernels with the most time per call, most first (kTopKernelGroups at most)
 
   nlohmann::json to_json() const;
@@ -38,7 +43,7 @@ struct KernelFigures {
 
 inline constexpr size_t kTopKernelGroups = 15;
 
-// Figures from the kKernel events among `ev`: per call for the events named `call_range` (a kernel belongs to the
+// Figures from the kKernel events among `ev` (copies apart from kernels): per call for the events named `call_range` (a kernel belongs to the
 // call whose device span, or host span where it has none, holds its start; `origin_ns` is the recorder's origin,
 // which device spans count from), and busy over [window_from_ns, window_to_ns) when that is non-empty. None when
 // no kernel fell inside a call.

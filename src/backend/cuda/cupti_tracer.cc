@@ -1,6 +1,6 @@
-// CUPTI's concurrent-kernel activity (backend/kernel_tracer.h): one activity subscription per process, shared by
-// every open tracer; records arrive in buffers CUPTI hands back (buffer_completed, on CUPTI's thread or inside a
-// flush) and are kept, named and timed, until the last tracer closes.
+// CUPTI's concurrent-kernel, memcpy and memset activities (backend/kernel_tracer.h): one activity subscription per
+// process, shared by every open tracer; records arrive in buffers CUPTI hands back (buffer_completed, on CUPTI's
+// thread or inside a flush) and are kept, named and timed, until the last tracer closes.
 #include "backend/cuda/cupti_tracer.h"
 
 #include <cupti.h>
@@ -36,13 +36,28 @@ struct Api {
   CUptiResult (*result_string)(CUptiResult, const char**) = nullptr;
 };
 
+// The activities traced: kernels, and the queue's copies and memsets (copy engines' work, not kernels).
+constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                         CUPTI_ACTIVITY_KIND_MEMSET};
+
 struct KernelRecord {
-  const char* name;  // interned short name
+  const char* name;  // interned short name, or a copy's bracketed name (kernel_tracer.h)
   int64_t start_ns, end_ns;
   uint32_t device, stream;
   int64_t graph;  // -1 outside graphs
   int32_t grid[3], block[3];
+  uint64_t bytes;  // copies and memsets (kernels: 0)
 };
+
+const char* copy_name(uint8_t kind) {
+  switch (kind) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "[memcpy HtoD]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "[memcpy DtoH]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "[memcpy DtoD]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: return "[memcpy PtoP]";
+    default: return "[memcpy]";
+  }
+}
 
 // Process-wide: CUPTI calls the buffer callbacks without a user pointer.
 struct State {
@@ -91,12 +106,21 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
     std::lock_guard<std::mutex> lock(s.mu);
     CUpti_Activity* record = nullptr;
     while (s.api.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
-      if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
-      // The record layout of the CUPTI these headers describe (libcupti.so.13: CUpti_ActivityKernel10).
-      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      s.records.push_back({intern(s, k->name ? k->name : "?"), int64_t(k->start), int64_t(k->end), k->deviceId, k->streamId,
-                           k->graphId ? int64_t(k->graphId) : -1, {k->gridX, k->gridY, k->gridZ},
-                           {k->blockX, k->blockY, k->blockZ}});
+      // The record layouts of the CUPTI these headers describe (libcupti.so.13).
+      if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+        s.records.push_back({intern(s, k->name ? k->name : "?"), int64_t(k->start), int64_t(k->end), k->deviceId, k->streamId,
+                             k->graphId ? int64_t(k->graphId) : -1, {k->gridX, k->gridY, k->gridZ},
+                             {k->blockX, k->blockY, k->blockZ}, 0});
+      } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+        const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+        s.records.push_back({copy_name(c->copyKind), int64_t(c->start), int64_t(c->end), c->deviceId, c->streamId,
+                             c->graphId ? int64_t(c->graphId) : -1, {}, {}, c->bytes});
+      } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+        s.records.push_back({kMemsetName, int64_t(m->start), int64_t(m->end), m->deviceId, m->streamId,
+                             m->graphId ? int64_t(m->graphId) : -1, {}, {}, m->bytes});
+      }
     }
     size_t dropped = 0;
     if (s.api.dropped && s.api.dropped(context, stream, &dropped) == CUPTI_SUCCESS) s.dropped += dropped;
@@ -137,7 +161,7 @@ class CuptiTracer final : public KernelTracer {
     std::unique_lock<std::mutex> lock(s.mu);
     if (--s.open > 0) return;
     lock.unlock();  // disabling flushes through buffer_completed, which takes the lock
-    s.api.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    for (CUpti_ActivityKind kind : kKinds) s.api.disable(kind);
     s.api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     lock.lock();
     s.records.clear();
@@ -164,7 +188,8 @@ class CuptiTracer final : public KernelTracer {
       e.start_ns = k.start_ns;
       e.dur_ns = k.end_ns - k.start_ns;
       e.index = k.graph;
-      e.detail = "cuda:" + std::to_string(k.device) + " grid " + triple(k.grid) + " block " + triple(k.block);
+      e.detail = "cuda:" + std::to_string(k.device) + (is_copy_activity(e) ? " " + std::to_string(k.bytes) + " bytes"
+                                                                             : " grid " + triple(k.grid) + " block " + triple(k.block));
       out.push_back(std::move(e));
     }
     std::stable_sort(out.begin(), out.end(), [](const trace::Event& a, const trace::Event& b) { return a.start_ns < b.start_ns; });
@@ -192,8 +217,11 @@ Expected<std::unique_ptr<KernelTracer>> open_cupti_tracer() {
     s.callbacks = true;
   }
   if (s.open == 0) {
-    if (CUptiResult r = s.api.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL); r != CUPTI_SUCCESS)
-      return unsupported("CUPTI could not trace kernels (is another profiler attached?): " + result_text(s.api, r));
+    for (CUpti_ActivityKind kind : kKinds)
+      if (CUptiResult r = s.api.enable(kind); r != CUPTI_SUCCESS) {
+        for (CUpti_ActivityKind k : kKinds) s.api.disable(k);
+        return unsupported("CUPTI could not trace kernels and copies (is another profiler attached?): " + result_text(s.api, r));
+      }
   }
   ++s.open;
   return std::unique_ptr<KernelTracer>(std::make_unique<CuptiTracer>(trace::now_ns()));
