@@ -310,6 +310,21 @@ TEST(CudaOps, LincombAndAffineMatchCpu) {
                 {random_tensor({3, 1001}, 64)}, DType::BF16);
 }
 
+// The guidance kernel gives the CPU's three ops' bits: packed and channels-last rows, 1-64 rows (the kernel) and 65
+// (sub, mul and add), odd row sizes.
+TEST(CudaOps, GuidanceCombineMatchesCpuBitForBit) {
+  ATELIER_REQUIRE_CUDA();
+  for (const Shape& shape : {Shape{1, 4, 64, 64}, Shape{3, 4, 7, 9}, Shape{64, 4, 3, 5}, Shape{65, 2, 3, 3}}) {
+    const Tensor c = random_tensor(shape, 31, 3.0f), u = random_tensor(shape, 32, 3.0f);
+    std::vector<float> g;
+    for (int64_t s = 0; s < shape[0]; ++s) g.push_back(1.0f + 0.37f * float(s));
+    const std::vector<float> want = ops::guidance_combine(c, u, g).to_vector();
+    EXPECT_EQ(ops::guidance_combine(to_gpu(c), to_gpu(u), g).to(Device::cpu()).to_vector(), want) << shape_str(shape);
+    const Tensor cl = test::channels_last(to_gpu(c)), ul = test::channels_last(to_gpu(u));
+    EXPECT_EQ(ops::contiguous(ops::guidance_combine(cl, ul, g)).to(Device::cpu()).to_vector(), want) << shape_str(shape);
+  }
+}
+
 TEST(CudaOps, GluMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   // Widths of whole 16-byte vectors take the vectorised kernel (1280, 8), the others the scalar one.

@@ -149,6 +149,28 @@ TEST(OpsLincomb, SharedAndPerSampleCoefficients) {
   EXPECT_THROW(ops::lincomb_per_sample(xs, c), Error);  // 3 coefficients for 3 samples x 3 inputs
 }
 
+// Classifier-free guidance, row by row with its own scale, rounded as u + g * (c - u) in f32 op by op; packed and
+// channels-last inputs alike; bad shapes and scale counts refused.
+TEST(OpsGuidance, CombinesEachRowWithItsScale) {
+  const Tensor c = random_tensor({3, 4, 5, 6}, 21), u = random_tensor({3, 4, 5, 6}, 22);
+  const std::vector<float> g = {7.5f, 1.0f, -2.25f};
+  const std::vector<float> cv = c.to_vector(), uv = u.to_vector();
+  std::vector<float> want(cv.size());
+  for (size_t j = 0; j < want.size(); ++j) {
+    const volatile float d = cv[j] - uv[j];  // volatile: each op rounded on its own, no contraction into an FMA
+    const volatile float m = d * g[j / 120];
+    want[j] = uv[j] + m;
+  }
+  EXPECT_EQ(ops::guidance_combine(c, u, g).to_vector(), want);
+  const auto channels_last = [](const Tensor& x) { return ops::contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}); };
+  const Tensor cl = channels_last(c), ul = channels_last(u);
+  ASSERT_TRUE(cl.is_channels_last());
+  EXPECT_EQ(ops::contiguous(ops::guidance_combine(cl, ul, g)).to_vector(), want);
+  EXPECT_THROW(ops::guidance_combine(c, u, {7.5f}), Error);                                  // one scale, three rows
+  EXPECT_THROW(ops::guidance_combine(c, random_tensor({3, 4, 5, 5}, 23), g), Error);         // shapes differ
+  EXPECT_THROW(ops::guidance_combine(ops::cast(c, DType::BF16), ops::cast(u, DType::BF16), g), Error);  // f32 only
+}
+
 // The unfused sequence the models used before ops::rope (and the reference runs): pairs split, four
 // products, a difference and a sum, concatenated back. x [B, A, C, D] contiguous, cos/sin [S, D/2].
 Tensor rope_reference(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim) {

@@ -176,6 +176,14 @@ class Backend {
   // out = sum_i coeffs[s, i] * inputs[i] per sample s along dim 0 (coeffs [S, n], or [1, n] for all samples).
   // Samplers, CFG combine and img2img noising are all this one fused op.
   virtual void lincomb(Tensor& out, const std::vector<Tensor>& inputs, const std::vector<float>& coeffs, int coeff_rows) = 0;
+  // out = uncond + scales[s] * (cond - uncond) for each row s along dim 0, all [S, ...] f32 packed alike (contiguous,
+  // or all channels-last: either way row s is one block of memory and elements pair up as they lie), each op
+  // rounded to f32 as ops::sub, mul and add round it (classifier-free guidance in diffusers' form). False (nothing
+  // done) where the device has no such kernel: ops::guidance_combine then runs those three ops.
+  virtual bool guidance_combine(Tensor& out, const Tensor& cond, const Tensor& uncond, const std::vector<float>& scales) {
+    (void)out, (void)cond, (void)uncond, (void)scales;
+    return false;
+  }
   // x [.., 2H] -> out [.., H] = x[.., :H] * act(x[.., H:]) (GEGLU with kGelu).
   virtual void glu(Tensor& out, const Tensor& x, UnaryOp act) = 0;
   // Softmax over the last dim, in place allowed (out may alias x).

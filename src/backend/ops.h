@@ -43,6 +43,9 @@ Tensor affine(const Tensor& x, float alpha, float beta = 0.0f);
 Tensor lincomb(const std::vector<Tensor>& xs, const std::vector<float>& coeffs);
 // Per-sample coefficients: xs [S, ...], coeffs row-major [S, xs.size()].
 Tensor lincomb_per_sample(const std::vector<Tensor>& xs, const std::vector<float>& coeffs);
+// Classifier-free guidance: cond, uncond [S, ...] f32, scales [S] -> uncond + scales[s] * (cond - uncond) per row s,
+// rounded as diffusers' three ops round it (a device may fuse them: one kernel, no upload of the scales).
+Tensor guidance_combine(const Tensor& cond, const Tensor& uncond, const std::vector<float>& scales);
 // x [..., 2H] -> [..., H] = first half * act(second half)  (GEGLU: act = kGelu)
 Tensor glu(const Tensor& x, UnaryOp act);
 // softmax over the last dim

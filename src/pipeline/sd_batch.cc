@@ -97,9 +97,7 @@ Expected<BatchStepOutput> denoise_batch_step(const UNet& unet, std::span<Denoise
       scales.push_back(g ? samples[size_t(s)]->cfg_scale : 1.0f);
       if (g) ++next_guided;
     }
-    const Tensor u = stack_rows(u_rows);
-    const Tensor g = Tensor::from_vector(scales, {S, 1, 1, 1}).to(x.device());
-    eps = ops::add(u, ops::mul(ops::sub(eps, u), g));
+    eps = ops::guidance_combine(eps, stack_rows(u_rows), scales);
   }
   BatchStepOutput result;
   result.x = sampling::apply_step(span, x, eps, want_denoised ? &result.denoised : nullptr);

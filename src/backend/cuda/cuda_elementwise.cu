@@ -84,6 +84,26 @@ __global__ void binary_strided_kernel(T* out, const T* a, const T* b, StridedLay
   }
 }
 
+// --- guidance combine -------------------------------------------------------------------------------------
+
+constexpr int kMaxGuidanceRows = 64;  // scales per launch, passed by value (a server's batch is at most 64 rows)
+
+struct GuidanceArgs {
+  float scale[kMaxGuidanceRows];
+  int64_t per_row = 0;
+};
+
+// out[s, e] = u + g_s * (c - u) for row s = blockIdx.y, each op rounded on its own (no contraction into an FMA), as
+// the three elementwise ops it replaces round: the same bits as sub, mul and add.
+__global__ void guidance_kernel(float* out, const float* cond, const float* uncond, GuidanceArgs a) {
+  const int64_t base = int64_t(blockIdx.y) * a.per_row;
+  const float g = a.scale[blockIdx.y];
+  for (int64_t k = global_thread(); k < a.per_row; k += grid_threads()) {
+    const float u = uncond[base + k];
+    out[base + k] = __fadd_rn(u, __fmul_rn(__fsub_rn(cond[base + k], u), g));
+  }
+}
+
 // --- lincomb ----------------------------------------------------------------------------------------------
 
 constexpr int kLincombInputs = 8;     // inputs per launch (more are accumulated by further launches)
@@ -235,6 +255,21 @@ void CudaBackend::binary(Tensor& out, const Tensor& a, const Tensor& b, BinaryOp
 // out[s, ...] = sum_i coeffs[s * n + i] * inputs[i][s, ...] (coeff_rows == 1: one row for all samples).
 // All tensors contiguous with out's shape and dtype. Launches cover at most kLincombInputs inputs and
 // kLincombCoeffs coefficients each: further inputs accumulate onto out, further samples get their own launch.
+// One kernel for classifier-free guidance's sub, mul and add, the scales in its arguments (no upload per step).
+bool CudaBackend::guidance_combine(Tensor& out, const Tensor& cond, const Tensor& uncond, const std::vector<float>& scales) {
+  const int64_t rows = cond.size(0);
+  if (rows < 1 || rows > kMaxGuidanceRows || out.numel() == 0) return false;
+  GuidanceArgs a;
+  for (int64_t s = 0; s < rows; ++s) a.scale[s] = scales[size_t(s)];
+  a.per_row = out.numel() / rows;
+  NvtxRange range("guidance_combine");
+  DeviceGuard guard(index_);
+  const dim3 grid(grid_for(a.per_row), unsigned(rows));
+  guidance_kernel<<<grid, kThreads, 0, stream_>>>(out.data<float>(), cond.data<float>(), uncond.data<float>(), a);
+  ATELIER_CUDA_LAUNCHED();
+  return true;
+}
+
 void CudaBackend::lincomb(Tensor& out, const std::vector<Tensor>& inputs, const std::vector<float>& coeffs, int coeff_rows) {
   const int n_in = int(inputs.size());
   ATELIER_CHECK(n_in >= 1 && int64_t(coeffs.size()) == int64_t(n_in) * coeff_rows, "lincomb: coefficient count");
