@@ -3,6 +3,8 @@
 // the field while the server keeps serving.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <omp.h>
 #include <unistd.h>
 
@@ -120,6 +122,37 @@ TEST_F(ServeApi, NativeJobLifecycleWithEvents) {
   auto missing = client_->Get("/v1/jobs/0123456789abcdef0123456789abcdef");
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->status, 404);
+}
+
+// A worker keeps one model call in flight: progress still comes once per step, in order, through the last step,
+// before the job is done; its previews come in step order.
+TEST_F(ServeApi, StepsAndPreviewsArriveInOrderOncePerStep) {
+  int status = 0;
+  auto body = small_job(6, 4, 32);
+  body["preview"] = true;
+  const auto created = post_json(*client_, "/v1/jobs", body, &status);
+  ASSERT_EQ(status, 202) << created.dump();
+  std::string stream;
+  auto r = client_->Get(("/v1/jobs/" + created["id"].get<std::string>() + "/events").c_str(), [&](const char* data, size_t n) {
+    stream.append(data, n);
+    return true;
+  });
+  ASSERT_TRUE(r);
+  std::vector<int> steps, previews;
+  bool done_after_last_step = false;
+  for (size_t at = stream.find("event: "); at != std::string::npos; at = stream.find("event: ", at + 1)) {
+    const std::string type = stream.substr(at + 7, stream.find('\n', at) - at - 7);
+    const size_t data = stream.find("data: ", at);
+    const auto j = parse(stream.substr(data + 6, stream.find('\n', data) - data - 6));
+    if (type == "step") steps.push_back(j["step"].get<int>());
+    if (type == "preview") previews.push_back(j["step"].get<int>());
+    if (type == "done") done_after_last_step = !steps.empty() && steps.back() == 4;
+  }
+  EXPECT_EQ(steps, (std::vector<int>{0, 1, 2, 3, 4})) << stream.substr(0, 2000);  // 0: admitted
+  EXPECT_TRUE(done_after_last_step) << stream.substr(0, 2000);
+  EXPECT_FALSE(previews.empty());
+  EXPECT_TRUE(std::is_sorted(previews.begin(), previews.end()) && std::adjacent_find(previews.begin(), previews.end()) == previews.end());
+  for (int p : previews) EXPECT_TRUE(p >= 1 && p <= 4) << p;
 }
 
 TEST_F(ServeApi, ImagesEqualThePipelines) {

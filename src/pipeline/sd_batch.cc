@@ -1,5 +1,7 @@
 #include "pipeline/sd_batch.h"
 
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include "backend/ops.h"
@@ -46,6 +48,14 @@ Status check_samples(const UNet& unet, std::span<DenoiseSample* const> samples) 
 }
 
 }  // namespace
+
+bool sync_each_call() {
+  static const bool on = [] {
+    const char* v = std::getenv("ATELIER_SYNC_EACH_CALL");
+    return v && std::string_view(v) == "1";
+  }();
+  return on;
+}
 
 bool batch_compatible(const DenoiseSample& a, const DenoiseSample& b) {
   return a.x.shape() == b.x.shape() && a.cond.shape() == b.cond.shape() && a.x.dtype() == b.x.dtype();

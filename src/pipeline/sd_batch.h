@@ -48,4 +48,9 @@ bool batch_compatible(const DenoiseSample& a, const DenoiseSample& b);
 Expected<BatchStepOutput> denoise_batch_step(const UNet& unet, std::span<DenoiseSample* const> samples,
                                              bool want_denoised);
 
+// Callers of denoise_batch_step keep one call in flight: call n + 1 is enqueued before the host waits for call n, so
+// the device starts n + 1 right after n (SdPipeline::denoise, the server's workers). ATELIER_SYNC_EACH_CALL=1 in the
+// environment makes them wait after each call instead (an A/B switch: before session 39 they all did).
+bool sync_each_call();
+
 }  // namespace atelier

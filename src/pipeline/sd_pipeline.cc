@@ -111,18 +111,6 @@ Expected<std::vector<Tensor>> SdPipeline::encode_prompts(const std::vector<std::
   return out;
 }
 
-namespace {
-// ATELIER_SYNC_EACH_CALL=1: the denoise loop waits for each call before enqueueing the next (before session 39's
-// run-ahead; an A/B switch).
-bool sync_each_call() {
-  static const bool on = [] {
-    const char* v = std::getenv("ATELIER_SYNC_EACH_CALL");
-    return v && std::strcmp(v, "1") == 0;
-  }();
-  return on;
-}
-}  // namespace
-
 Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samplers, Tensor x, const Tensor& cond,
                                      const Tensor& uncond, float cfg_scale, int batch_index,
                                      const ProgressCallback& progress, StageTimes* times) const {

@@ -42,7 +42,8 @@ struct Worker::ActiveJob {
   std::vector<DenoiseSample> samples;
   std::string group;                     // model + latent shape + conditioning shape: who may share a call
   int total_calls = 0;                   // per image
-  int reported_step = 0;
+  int enqueued_step = 0;  // calls done once the last call enqueued with it finishes
+  int reported_step = 0;  // calls done as last reported (set_progress), once that call finished
   int previews_sent = 0;
 
   bool done() const {
@@ -149,7 +150,7 @@ bool Worker::wait_for_work() {
     cv_.wait_for(lock, std::chrono::milliseconds(options_.probe_interval_ms), [&] { return stopping_; });
     return !stopping_;
   }
-  if (active_.empty()) {
+  if (active_.empty() && !in_flight_) {
     cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
     if (stopping_) return false;
     // Dynamic batching: an idle worker that just got work waits briefly for more to share its first call.
@@ -193,11 +194,12 @@ void Worker::loop() {
         incoming.pop_front();
       }
       drop_cancelled();
-      if (!active_.empty()) run_call();
+      if (!active_.empty() || in_flight_) run_call();
     } catch (const std::bad_alloc&) {  // out of host memory: the jobs at hand fail, the device stays
       for (const JobPtr& j : incoming) j->fail(Status(ErrorCode::kResourceExhausted, "out of memory"));
       for (const auto& aj : active_) aj->job->fail(Status(ErrorCode::kResourceExhausted, "out of memory"));
       active_.clear();
+      in_flight_.reset();
       update_load();
     } catch (const std::exception& e) {
       {
@@ -213,6 +215,7 @@ void Worker::loop() {
   for (const auto& aj : active_) aj->job->fail(why);
   for (const auto& j : inbox_) j->fail(why);
   active_.clear();
+  in_flight_.reset();
   inbox_.clear();
   load_ = 0;
   outstanding_ = 0;
@@ -414,12 +417,45 @@ void Worker::drop_cancelled() {
   }
 }
 
+// A model call enqueued on the device and not yet finished: what finishing it reports, taken when it was enqueued
+// (by then the next call may have moved the samples on).
+struct Worker::PendingCall {
+  std::shared_ptr<SdModel> model;  // its UNet's recording statistics, for status()
+  std::vector<JobPtr> jobs;        // the jobs in the call (looked up in active_ when it finishes: a job may have left)
+  std::vector<int> steps;          // per job: its calls done once this call finishes
+  std::vector<Tensor> previews;    // per job: its first sample's x0 estimate, where this call makes a preview
+  int rows = 0;                    // samples in the call
+  Clock::time_point enqueued;
+  uint64_t timed = 0;              // its device timer range (0: none)
+  double enqueue_s = 0;            // host time to enqueue it
+  uint64_t mark = 0;               // the device has finished it once its queue passes this mark
+};
+
+Worker::ActiveJob* Worker::find_active(const JobPtr& job) {
+  for (const auto& aj : active_)
+    if (aj->job == job) return aj.get();
+  return nullptr;
+}
+
 void Worker::run_call() {
+  std::unique_ptr<PendingCall> next = enqueue_call();
+  if (in_flight_) {
+    std::unique_ptr<PendingCall> done = std::move(in_flight_);
+    finish_call(*done, next.get());
+  }
+  in_flight_ = std::move(next);
+  if (in_flight_ && sync_each_call()) {
+    std::unique_ptr<PendingCall> done = std::move(in_flight_);
+    finish_call(*done, nullptr);
+  }
+}
+
+std::unique_ptr<Worker::PendingCall> Worker::enqueue_call() {
   // Groups in admission order; the one after the last served takes this call (round robin).
   std::vector<std::string> groups;
   for (const auto& aj : active_)
     if (!aj->done() && std::find(groups.begin(), groups.end(), aj->group) == groups.end()) groups.push_back(aj->group);
-  if (groups.empty()) return;
+  if (groups.empty()) return nullptr;
   const auto last = std::find(groups.begin(), groups.end(), last_group_);
   last_group_ = groups[last == groups.end() ? 0 : size_t(last - groups.begin() + 1) % groups.size()];
 
@@ -439,44 +475,66 @@ void Worker::run_call() {
   }
   if (fail_next_call_.exchange(false)) throw Error("injected device failure (test hook)");
 
-  const auto t0 = Clock::now();
-  const uint64_t timed = call_timer_ ? call_timer_->begin("model_call", trace::Category::kCall) : 0;
-  const UNet& unet = *in_call.front()->model->unet;
-  auto out = denoise_batch_step(unet, batch, want_denoised);
-  if (timed) call_timer_->end(timed);
-  const double enqueue_s = since(t0);  // host time to enqueue the call; the rest is waiting for the device
-  backend_for(device()).synchronize();
-  const double dt = since(t0);
-  add_busy(BusyKind::kModelCall, dt, int(batch.size()));
-  note_call(timed, enqueue_s, unet.graphs().stats());
-  if (profile_) fold_profile();
+  auto call = std::make_unique<PendingCall>();
+  call->enqueued = Clock::now();
+  call->timed = call_timer_ ? call_timer_->begin("model_call", trace::Category::kCall) : 0;
+  call->model = in_call.front()->model;
+  auto out = denoise_batch_step(*call->model->unet, batch, want_denoised);
+  if (call->timed) call_timer_->end(call->timed);
+  call->enqueue_s = since(call->enqueued);  // host time to enqueue the call; the rest is waiting for the device
   if (!out) {  // not a device problem: the request could not be batched (shape error) — fail those jobs
-    for (ActiveJob* aj : in_call)
-      aj->job->fail(out.status());
+    for (ActiveJob* aj : in_call) aj->job->fail(out.status());
     active_.remove_if([&](const auto& aj) { return std::find(in_call.begin(), in_call.end(), aj.get()) != in_call.end(); });
     update_load();
-    return;
+    return nullptr;
   }
-  metrics_.observe(metric::kStage, {{"stage", "model_call"}}, dt);
-  metrics_.observe(metric::kBatchSize, {}, double(batch.size()));
-  metrics_.inc(metric::kSteps, {}, double(batch.size()));
-  metrics_.inc(metric::kModelCalls, {{"device", device().str()}});
-
+  call->rows = int(batch.size());
   for (ActiveJob* aj : in_call) {
     const int step = aj->min_calls_done();
-    if (step == aj->reported_step) continue;
-    if (aj->wants_preview(step) && aj->samples.front().denoised.defined()) {
-      const Tensor lat = aj->samples.front().denoised.to(Device::cpu());
+    call->jobs.push_back(aj->job);
+    call->steps.push_back(step);
+    const bool moved = step != aj->enqueued_step;  // a job some of whose samples sat out the call may not move
+    aj->enqueued_step = step;
+    const bool preview = moved && aj->wants_preview(step) && aj->samples.front().denoised.defined();
+    call->previews.push_back(preview ? aj->samples.front().denoised : Tensor());
+    aj->previews_sent += preview;  // counted here: the next call's wants_preview must see it
+  }
+  call->mark = backend_for(device()).mark_queue();
+  return call;
+}
+
+void Worker::finish_call(PendingCall& call, const PendingCall* next) {
+  backend_for(device()).wait_for_mark(call.mark);
+  const auto now = Clock::now();
+  // From its enqueueing, or from the previous call's end where it was enqueued before that: spans never overlap.
+  const double dt = std::chrono::duration<double>(now - std::max(call.enqueued, last_call_end_)).count();
+  last_call_end_ = now;
+  add_busy(BusyKind::kModelCall, dt, call.rows);
+  note_call(call.timed, call.enqueue_s, call.model->unet->graphs().stats());
+  if (profile_) fold_profile();
+  metrics_.observe(metric::kStage, {{"stage", "model_call"}}, dt);
+  metrics_.observe(metric::kBatchSize, {}, double(call.rows));
+  metrics_.inc(metric::kSteps, {}, double(call.rows));
+  metrics_.inc(metric::kModelCalls, {{"device", device().str()}});
+
+  for (size_t i = 0; i < call.jobs.size(); ++i) {
+    ActiveJob* aj = find_active(call.jobs[i]);
+    const int step = call.steps[i];
+    if (!aj || step == aj->reported_step) continue;  // a job cancelled since, or one whose step did not move
+    if (call.previews[i].defined()) {
+      const Tensor lat = call.previews[i].to(Device::cpu());
       const JobPtr job = aj->job;
       host_pool_.submit([job, lat, step] { publish_preview(job, lat, step); });
-      ++aj->previews_sent;
     }
     aj->reported_step = step;
     aj->job->set_progress(step, aj->total_calls);
   }
+  // Jobs whose samples are all done and whose last call has finished (a job of the next call, already enqueued,
+  // waits for it: its last step is reported before its images).
+  const auto in_next = [&](const ActiveJob& aj) { return next && std::find(next->jobs.begin(), next->jobs.end(), aj.job) != next->jobs.end(); };
   std::vector<std::unique_ptr<ActiveJob>> finished;
   for (auto it = active_.begin(); it != active_.end();) {
-    if (!(*it)->done()) {
+    if (!(*it)->done() || in_next(**it)) {
       ++it;
       continue;
     }
@@ -484,7 +542,10 @@ void Worker::run_call() {
     it = active_.erase(it);
   }
   const bool retired = !finished.empty();
-  if (retired) retire(std::move(finished));
+  if (retired) {
+    retire(std::move(finished));
+    last_call_end_ = Clock::now();  // the decode's busy span waited out the next call too: no overlap
+  }
   update_load();
   if (retired && hooks_.capacity_freed) hooks_.capacity_freed();
 }
@@ -541,6 +602,7 @@ void Worker::fail_device(const Status& why) {
   std::vector<JobPtr> jobs;
   for (const auto& aj : active_) jobs.push_back(aj->job);
   active_.clear();
+  in_flight_.reset();  // what the failed device was computing is redone elsewhere
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& j : inbox_) jobs.push_back(j);

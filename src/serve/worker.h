@@ -97,11 +97,17 @@ class Worker {
 
  private:
   struct ActiveJob;
+  struct PendingCall;
   void loop();
   bool wait_for_work();
   void admit(const JobPtr& job);
   void prefetch_prompts(const std::deque<JobPtr>& jobs);
+  // One step of the loop: enqueues the next model call, then finishes the one in flight (one call ahead of the host,
+  // as SdPipeline::denoise runs; ATELIER_SYNC_EACH_CALL=1 finishes each call at once).
   void run_call();
+  std::unique_ptr<PendingCall> enqueue_call();  // null: nothing to run, or the batch failed (its jobs failed)
+  void finish_call(PendingCall& call, const PendingCall* next);  // waits for the device, reports, retires jobs done
+  ActiveJob* find_active(const JobPtr& job);
   void retire(std::vector<std::unique_ptr<ActiveJob>> finished);
   Expected<Tensor> encode_prompt(const ActiveJob& aj, const std::string& text);
   void note_call(uint64_t timed, double enqueue_s, const GraphRunner::Stats& graphs);
@@ -139,6 +145,8 @@ class Worker {
 
   // Worker-thread state.
   std::list<std::unique_ptr<ActiveJob>> active_;
+  std::unique_ptr<PendingCall> in_flight_;  // the model call enqueued and not yet finished
+  Clock::time_point last_call_end_{};       // when the host saw the previous call finish (busy spans never overlap)
   std::string last_group_;
   PromptCache prompts_;
   // Groups whose device shapes are planned and recorded, with the model they were warmed on: a model evicted
