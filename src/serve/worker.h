@@ -1,7 +1,9 @@
 // A device worker: one thread that owns one device's model replicas and runs the step-level batching loop.
 //
 // Each iteration of the loop is ONE denoising model call (pipeline/sd_batch.h) over the active samples that
-// share a model and a latent size (groups take turns, oldest samples first, at most max_batch per call).
+// share a model and a latent size (groups take turns, oldest samples first, at most max_batch per call). The call
+// is enqueued before the worker waits for the previous one (one call in flight: the device starts it right after
+// the previous call's last kernel, while the host reports that call and prepares the next).
 // Between calls, at the step boundary, the worker admits the jobs the scheduler assigned to it (text
 // encoding, initial latents), drops cancelled and timed-out jobs, and retires finished ones: their latents
 // are decoded on the worker and their images encoded on the host pool, so the next call never waits on
