@@ -325,6 +325,34 @@ TEST(CudaOps, GuidanceCombineMatchesCpuBitForBit) {
   }
 }
 
+// The timestep features' kernel gives the bits of the ops it replaced on the GPU (product, sin, cos, concatenations,
+// a cast): SD's 320 features of 160 frequencies, both orders, one timestep or one per row, f32 and bf16, an odd dim.
+TEST(CudaOps, TimestepFeaturesMatchTheUnfusedOpsBitForBit) {
+  ATELIER_REQUIRE_CUDA();
+  std::vector<float> fv;
+  for (int i = 0; i < 160; ++i) fv.push_back(std::exp(-std::log(10000.0f) * float(i) / 160.0f));
+  const Tensor freqs = to_gpu(Tensor::from_vector(fv, {1, 160}));
+  const auto unfused = [&](const Tensor& t, bool flip, int64_t dim, int64_t rows, DType dt) {
+    const Tensor tr = t.size(0) == rows ? t : ops::concat(std::vector<Tensor>(size_t(rows), t), 0);
+    const Tensor args = ops::mul(tr.view({rows, 1}), freqs);
+    const Tensor s = ops::unary(args, UnaryOp::kSin), c = ops::unary(args, UnaryOp::kCos);
+    Tensor f = flip ? ops::concat({c, s}, 1) : ops::concat({s, c}, 1);
+    if (dim > 320) f = ops::concat({f, Tensor::zeros({rows, dim - 320}, DType::F32, cuda0())}, 1);
+    return ops::cast(f, dt);
+  };
+  const Tensor per_row = to_gpu(Tensor::from_vector({999.0f, 951.0f, 1.0f, 0.0f}, {4})), shared = to_gpu(Tensor::from_vector({761.0f}, {1}));
+  for (const bool flip : {false, true})
+    for (const DType dt : {DType::F32, DType::BF16})
+      for (const int64_t dim : {320, 321})
+        for (const Tensor& t : {per_row, shared}) {
+          const Tensor got = ops::timestep_features(t, freqs, flip, dim, 4, dt);
+          ASSERT_EQ(got.dtype(), dt);
+          EXPECT_EQ(ops::cast(got, DType::F32).to(Device::cpu()).to_vector(),
+                    ops::cast(unfused(t, flip, dim, 4, dt), DType::F32).to(Device::cpu()).to_vector())
+              << "flip " << flip << " dim " << dim << " rows of t " << t.size(0) << " " << dtype_name(dt);
+        }
+}
+
 TEST(CudaOps, GluMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   // Widths of whole 16-byte vectors take the vectorised kernel (1280, 8), the others the scalar one.

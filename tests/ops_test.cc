@@ -171,6 +171,30 @@ TEST(OpsGuidance, CombinesEachRowWithItsScale) {
   EXPECT_THROW(ops::guidance_combine(ops::cast(c, DType::BF16), ops::cast(u, DType::BF16), g), Error);  // f32 only
 }
 
+// A UNet's timestep features: sin then cos of t * freq (cos first with flip), zeros past them, one timestep for
+// every row or one per row, rounded to the asked dtype; bad shapes refused.
+TEST(OpsDiffusion, TimestepFeaturesAreSinesThenCosines) {
+  const Tensor t = Tensor::from_vector({999.0f, 1.0f, 500.5f}, {3}), freqs = Tensor::from_vector({1.0f, 0.1f, 0.001f}, {1, 3});
+  for (const bool flip : {false, true}) {
+    const Tensor f = ops::timestep_features(t, freqs, flip, 7, 3, DType::F32);
+    ASSERT_EQ(f.shape(), (Shape{3, 7}));
+    const std::vector<float> v = f.to_vector();
+    for (int r = 0; r < 3; ++r)
+      for (int j = 0; j < 3; ++j) {
+        const double arg = double(t.to_vector()[r]) * double(freqs.to_vector()[j]);
+        EXPECT_NEAR(v[r * 7 + (flip ? 3 : 0) + j], std::sin(arg), 2e-4) << r << " " << j;
+        EXPECT_NEAR(v[r * 7 + (flip ? 0 : 3) + j], std::cos(arg), 2e-4) << r << " " << j;
+      }
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(v[r * 7 + 6], 0.0f);
+  }
+  const Tensor one = ops::timestep_features(Tensor::from_vector({1.0f}, {1}), freqs, false, 6, 4, DType::F32);
+  const Tensor many = ops::timestep_features(Tensor::from_vector({1.0f, 1.0f, 1.0f, 1.0f}, {4}), freqs, false, 6, 4, DType::F32);
+  EXPECT_EQ(one.to_vector(), many.to_vector());
+  EXPECT_EQ(ops::timestep_features(t, freqs, false, 6, 3, DType::BF16).dtype(), DType::BF16);
+  EXPECT_THROW(ops::timestep_features(t, freqs, false, 5, 3, DType::F32), Error);  // 3 frequencies need 6 features
+  EXPECT_THROW(ops::timestep_features(t, freqs, false, 6, 2, DType::F32), Error);  // 3 timesteps for 2 rows
+}
+
 // The unfused sequence the models used before ops::rope (and the reference runs): pairs split, four
 // products, a difference and a sum, concatenated back. x [B, A, C, D] contiguous, cos/sin [S, D/2].
 Tensor rope_reference(const Tensor& x, const Tensor& cos, const Tensor& sin, int seq_dim) {

@@ -184,6 +184,14 @@ class Backend {
     (void)out, (void)cond, (void)uncond, (void)scales;
     return false;
   }
+  // t [rows] or [1] f32, freqs [1, half] f32 -> out [rows, dim] (f32, bf16 or f16): sin(t * freq) then cos(t * freq)
+  // (cos first with flip_sin_to_cos), zeros past 2 * half; each product and function in f32 as ops::mul and
+  // ops::unary compute them (no contraction, the same sinf / cosf), rounded to out's dtype once. False (nothing done)
+  // where the device has no such kernel: ops::timestep_features then runs those ops.
+  virtual bool timestep_features(Tensor& out, const Tensor& t, const Tensor& freqs, bool flip_sin_to_cos) {
+    (void)out, (void)t, (void)freqs, (void)flip_sin_to_cos;
+    return false;
+  }
   // x [.., 2H] -> out [.., H] = x[.., :H] * act(x[.., H:]) (GEGLU with kGelu).
   virtual void glu(Tensor& out, const Tensor& x, UnaryOp act) = 0;
   // Softmax over the last dim, in place allowed (out may alias x).

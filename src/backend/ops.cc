@@ -354,30 +354,6 @@ Tensor lincomb_per_sample(const std::vector<Tensor>& xs, const std::vector<float
   return lincomb_impl(xs, coeffs, true, "lincomb_per_sample");
 }
 
-Tensor guidance_combine(const Tensor& cond, const Tensor& uncond, const std::vector<float>& scales) {
-  trace::Scope range("guidance_combine", Category::kOp);
-  require_defined(cond, "guidance_combine", "cond");
-  require_defined(uncond, "guidance_combine", "uncond");
-  require_same_device(cond, uncond, "guidance_combine");
-  require(cond.dtype() == DType::F32 && uncond.dtype() == DType::F32, "guidance_combine", "cond and uncond must be f32");
-  require(cond.dim() >= 1 && cond.shape() == uncond.shape(), "guidance_combine",
-          "cond and uncond must have one shape [S, ...], got " + shape_str(cond.shape()) + " and " + shape_str(uncond.shape()));
-  require(int64_t(scales.size()) == cond.size(0), "guidance_combine",
-          std::to_string(scales.size()) + " scales for " + std::to_string(cond.size(0)) + " rows");
-  // Both packed alike (contiguous, or both channels-last: a UNet's output may be), so that row s is one block of
-  // memory in all three and the device may combine them element by element as they lie.
-  const bool packed = cond.is_contiguous() && uncond.is_contiguous();
-  if (packed || (cond.is_channels_last() && uncond.is_channels_last())) {
-    Tensor out = packed ? Tensor::empty(cond.shape(), DType::F32, cond.device())
-                        : Tensor::empty_channels_last(cond.shape(), DType::F32, cond.device());
-    if (backend_of(cond).guidance_combine(out, cond, uncond, scales)) return out;
-  }
-  Shape per_row(size_t(cond.dim()), 1);
-  per_row[0] = cond.size(0);
-  const Tensor g = Tensor::from_vector(scales, per_row).to(cond.device());
-  return add(uncond, mul(sub(cond, uncond), g));
-}
-
 Tensor glu(const Tensor& x, UnaryOp act) {
   trace::Scope range("glu", Category::kOp);
   if (range.active()) range.set_detail(shape_str(x.shape()));

@@ -43,9 +43,14 @@ Tensor affine(const Tensor& x, float alpha, float beta = 0.0f);
 Tensor lincomb(const std::vector<Tensor>& xs, const std::vector<float>& coeffs);
 // Per-sample coefficients: xs [S, ...], coeffs row-major [S, xs.size()].
 Tensor lincomb_per_sample(const std::vector<Tensor>& xs, const std::vector<float>& coeffs);
+// --- diffusion glue (ops_diffusion.cc): a device may fuse each into one kernel, with the same bits ---
 // Classifier-free guidance: cond, uncond [S, ...] f32, scales [S] -> uncond + scales[s] * (cond - uncond) per row s,
-// rounded as diffusers' three ops round it (a device may fuse them: one kernel, no upload of the scales).
+// rounded as diffusers' three ops round it (one kernel, no upload of the scales).
 Tensor guidance_combine(const Tensor& cond, const Tensor& uncond, const std::vector<float>& scales);
+// A UNet's sinusoidal timestep features: t [rows] or [1] f32, freqs [half] (any shape of half values) f32 ->
+// [rows, dim] in `dtype`: sin(t * freq) then cos(t * freq) (cos first with flip_sin_to_cos), zeros past 2 * half;
+// products and functions in f32 as ops::mul and ops::unary compute them, then rounded to dtype once.
+Tensor timestep_features(const Tensor& t, const Tensor& freqs, bool flip_sin_to_cos, int64_t dim, int64_t rows, DType dtype);
 // x [..., 2H] -> [..., H] = first half * act(second half)  (GEGLU: act = kGelu)
 Tensor glu(const Tensor& x, UnaryOp act);
 // softmax over the last dim

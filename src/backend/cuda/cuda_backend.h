@@ -90,6 +90,7 @@ class CudaBackend final : public Backend {
   void lincomb(Tensor& out, const std::vector<Tensor>& inputs, const std::vector<float>& coeffs, int coeff_rows) override;
   void glu(Tensor& out, const Tensor& x, UnaryOp act) override;
   bool guidance_combine(Tensor& out, const Tensor& cond, const Tensor& uncond, const std::vector<float>& scales) override;  // cuda_elementwise.cu
+  bool timestep_features(Tensor& out, const Tensor& t, const Tensor& freqs, bool flip_sin_to_cos) override;  // cuda_elementwise.cu
   void softmax(Tensor& out, const Tensor& x) override;
 
   void gemm(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmParams& p) override;

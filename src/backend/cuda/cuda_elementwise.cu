@@ -104,6 +104,26 @@ __global__ void guidance_kernel(float* out, const float* cond, const float* unco
   }
 }
 
+// --- timestep features ------------------------------------------------------------------------------------
+
+// out [rows, dim]: column j < half is sin(t * freq_j), half <= j < 2 half cos(t * freq_{j - half}) (swapped with
+// flip), zeros past; t [rows] or [1] (t_stride 0). The product rounded on its own and sinf / cosf as the unary
+// kernel calls them: the bits of ops::mul, ops::unary and the concatenations they replace, then one rounding to T.
+template <typename T>
+__global__ void timestep_features_kernel(T* out, const float* t, int64_t t_stride, const float* freqs, int64_t half,
+                                         int64_t dim, int64_t n, bool flip) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const int64_t r = i / dim, j = i - r * dim;
+    float v = 0.0f;
+    if (j < 2 * half) {
+      const bool first = j < half;
+      const float arg = __fmul_rn(t[r * t_stride], freqs[first ? j : j - half]);
+      v = first != flip ? sinf(arg) : cosf(arg);
+    }
+    out[i] = from_f32<T>(v);
+  }
+}
+
 // --- lincomb ----------------------------------------------------------------------------------------------
 
 constexpr int kLincombInputs = 8;     // inputs per launch (more are accumulated by further launches)
@@ -255,6 +275,22 @@ void CudaBackend::binary(Tensor& out, const Tensor& a, const Tensor& b, BinaryOp
 // out[s, ...] = sum_i coeffs[s * n + i] * inputs[i][s, ...] (coeff_rows == 1: one row for all samples).
 // All tensors contiguous with out's shape and dtype. Launches cover at most kLincombInputs inputs and
 // kLincombCoeffs coefficients each: further inputs accumulate onto out, further samples get their own launch.
+// A UNet's timestep features in one kernel (the product, sin, cos, two concatenations and a cast before).
+bool CudaBackend::timestep_features(Tensor& out, const Tensor& t, const Tensor& freqs, bool flip_sin_to_cos) {
+  const int64_t n = out.numel();
+  if (n == 0) return true;
+  NvtxRange range("timestep_features");
+  DeviceGuard guard(index_);
+  const int64_t t_stride = t.size(0) == 1 ? 0 : 1;
+  dispatch_float(out.dtype(), "timestep_features", [&](auto tag) {
+    using T = decltype(tag);
+    timestep_features_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(out.data<T>(), t.data<float>(), t_stride, freqs.data<float>(),
+                                                                       freqs.numel(), out.size(1), n, flip_sin_to_cos);
+  });
+  ATELIER_CUDA_LAUNCHED();
+  return true;
+}
+
 // One kernel for classifier-free guidance's sub, mul and add, the scales in its arguments (no upload per step).
 bool CudaBackend::guidance_combine(Tensor& out, const Tensor& cond, const Tensor& uncond, const std::vector<float>& scales) {
   const int64_t rows = cond.size(0);

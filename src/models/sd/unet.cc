@@ -305,20 +305,14 @@ Expected<Tensor> UNet::forward(const Tensor& x, const Tensor& timesteps, const T
   return out;
 }
 
-// timesteps [B] or [1] f32 on any device -> [batch, block_out_channels[0]] f32 on the weights' device.
-// The same arithmetic as timestep_embedding (f32 products t * freq, then sin and cos), but as ops on the
-// device, so a UNet call needs no host round trip and can be captured as one CUDA graph whose input is the
-// timesteps tensor.
+// timesteps [B] or [1] f32 on any device -> [batch, block_out_channels[0]] in the UNet's dtype on the weights'
+// device. The same arithmetic as timestep_embedding (f32 products t * freq, then sin and cos), but as an op on the
+// device (one kernel on CUDA), so a UNet call needs no host round trip and can be captured as one CUDA graph whose
+// input is the timesteps tensor.
 Tensor UNet::device_timestep_features(const Tensor& timesteps, int64_t batch) const {
   Tensor t = ops::contiguous(timesteps.dtype() == DType::F32 ? timesteps : ops::cast(timesteps, DType::F32));
   if (t.device() != device_) t = t.to(device_);
-  if (t.size(0) == 1 && batch > 1) t = ops::concat(std::vector<Tensor>(size_t(batch), t), 0);
-  const Tensor args = ops::mul(t.view({batch, 1}), freqs_);  // [B, half]
-  const Tensor sin = ops::unary(args, UnaryOp::kSin), cos = ops::unary(args, UnaryOp::kCos);
-  Tensor features = config_.flip_sin_to_cos ? ops::concat({cos, sin}, 1) : ops::concat({sin, cos}, 1);
-  const int64_t dim = config_.block_out_channels[0];
-  if (features.size(1) < dim) features = ops::concat({features, Tensor::zeros({batch, 1}, DType::F32, device_)}, 1);
-  return features;
+  return ops::timestep_features(t, freqs_, config_.flip_sin_to_cos, config_.block_out_channels[0], batch, dtype_);
 }
 
 Tensor UNet::run(const Tensor& x_in, const Tensor& timesteps, const Tensor& context_in) const {
@@ -326,7 +320,7 @@ Tensor UNet::run(const Tensor& x_in, const Tensor& timesteps, const Tensor& cont
   const int64_t batch = x_in.size(0);
   const auto in_dtype = [&](const Tensor& t) { return t.dtype() == dtype_ ? t : ops::cast(t, dtype_); };
 
-  const Tensor features = in_dtype(device_timestep_features(timesteps, batch));
+  const Tensor features = device_timestep_features(timesteps, batch);
   const Tensor temb = time_linear_2_(time_linear_1_(features, UnaryOp::kSilu));
   UNetConditioning cond;
   cond.temb_act = ops::silu(temb);  // every resnet applies SiLU before its time projection

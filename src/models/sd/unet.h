@@ -64,7 +64,7 @@ class UNet {
   Status check_inputs(const Tensor& x, const Tensor& timesteps, const Tensor& context) const;
   // Same shapes as forward; inputs already checked.
   Tensor run(const Tensor& x, const Tensor& timesteps, const Tensor& context) const;
-  Tensor device_timestep_features(const Tensor& timesteps, int64_t batch) const;
+  Tensor device_timestep_features(const Tensor& timesteps, int64_t batch) const;  // [batch, C0] in dtype_
   // Stacks every resnet's time_emb_proj into time_proj_ and every cross-attention's to_k/to_v into context_kv_
   // (the per-block Linears become views of the stacked weights); nothing where weights are not bound.
   void stack_shared_projections();
