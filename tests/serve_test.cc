@@ -77,21 +77,34 @@ TEST_F(ServeApi, HealthReadinessMetricsStats) {
   EXPECT_EQ(parse(models->body)["data"][0]["id"], "tiny");
 }
 
-TEST_F(ServeApi, NativeJobLifecycleWithEvents) {
+// A native job with previews: its id (empty when the post failed, with the failure recorded).
+std::string post_preview_job(httplib::Client& c, int64_t seed, int steps, int side) {
   int status = 0;
-  auto body = small_job(5, 3, 64);
+  auto body = small_job(seed, steps, side);
   body["preview"] = true;
-  const auto created = post_json(*client_, "/v1/jobs", body, &status);
-  ASSERT_EQ(status, 202) << created.dump();
-  const std::string id = created["id"];
-  // The event stream from the start (it replays what happened before we connected).
+  const auto created = post_json(c, "/v1/jobs", body, &status);
+  EXPECT_EQ(status, 202) << created.dump();
+  return status == 202 ? created["id"].get<std::string>() : std::string();
+}
+
+// A job's event stream from the start (it replays what happened before we connected) to its end.
+std::string read_events(httplib::Client& c, const std::string& id, std::string* content_type = nullptr) {
   std::string stream;
-  auto r = client_->Get(("/v1/jobs/" + id + "/events").c_str(), [&](const char* data, size_t n) {
+  auto r = c.Get(("/v1/jobs/" + id + "/events").c_str(), [&](const char* data, size_t n) {
     stream.append(data, n);
     return true;
   });
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  EXPECT_TRUE(r);
+  if (r && content_type) *content_type = r->get_header_value("Content-Type");
+  return stream;
+}
+
+TEST_F(ServeApi, NativeJobLifecycleWithEvents) {
+  const std::string id = post_preview_job(*client_, 5, 3, 64);
+  ASSERT_FALSE(id.empty());
+  std::string content_type;
+  const std::string stream = read_events(*client_, id, &content_type);
+  EXPECT_EQ(content_type, "text/event-stream");
   size_t last = 0;
   for (const char* ev : {"event: queued", "event: started", "event: step", "event: preview", "event: done"}) {
     const size_t at = stream.find(ev, last);
@@ -127,17 +140,9 @@ TEST_F(ServeApi, NativeJobLifecycleWithEvents) {
 // A worker keeps one model call in flight: progress still comes once per step, in order, through the last step,
 // before the job is done; its previews come in step order.
 TEST_F(ServeApi, StepsAndPreviewsArriveInOrderOncePerStep) {
-  int status = 0;
-  auto body = small_job(6, 4, 32);
-  body["preview"] = true;
-  const auto created = post_json(*client_, "/v1/jobs", body, &status);
-  ASSERT_EQ(status, 202) << created.dump();
-  std::string stream;
-  auto r = client_->Get(("/v1/jobs/" + created["id"].get<std::string>() + "/events").c_str(), [&](const char* data, size_t n) {
-    stream.append(data, n);
-    return true;
-  });
-  ASSERT_TRUE(r);
+  const std::string id = post_preview_job(*client_, 6, 4, 32);
+  ASSERT_FALSE(id.empty());
+  const std::string stream = read_events(*client_, id);
   std::vector<int> steps, previews;
   bool done_after_last_step = false;
   for (size_t at = stream.find("event: "); at != std::string::npos; at = stream.find("event: ", at + 1)) {
