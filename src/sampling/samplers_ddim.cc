@@ -138,19 +138,12 @@ class LCMSampler final : public AlphaSampler {
   }
 };
 
-template <typename T>
-Expected<std::unique_ptr<Sampler>> build(const SchedulerConfig& config, int steps) {
-  auto s = std::make_unique<T>(config);
-  ATELIER_RETURN_IF_ERROR(s->init(steps));
-  return std::unique_ptr<Sampler>(std::move(s));
-}
-
 }  // namespace
 
 Expected<std::unique_ptr<Sampler>> make_ddim_family(const SchedulerConfig& config, int steps) {
   switch (config.kind) {
-    case SamplerKind::kDDIM: return build<DDIMSampler>(config, steps);
-    case SamplerKind::kLCM: return build<LCMSampler>(config, steps);
+    case SamplerKind::kDDIM: return build_sampler<DDIMSampler>(config, steps);
+    case SamplerKind::kLCM: return build_sampler<LCMSampler>(config, steps);
     default: return internal_error("make_ddim_family: not DDIM or LCM");
   }
 }

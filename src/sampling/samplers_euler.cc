@@ -178,20 +178,13 @@ class HeunSampler final : public SigmaSampler {
   }
 };
 
-template <typename T>
-Expected<std::unique_ptr<Sampler>> build(const SchedulerConfig& config, int steps) {
-  auto s = std::make_unique<T>(config);
-  ATELIER_RETURN_IF_ERROR(s->init(steps));
-  return std::unique_ptr<Sampler>(std::move(s));
-}
-
 }  // namespace
 
 Expected<std::unique_ptr<Sampler>> make_euler_family(const SchedulerConfig& config, int steps) {
   switch (config.kind) {
-    case SamplerKind::kEuler: return build<EulerSampler>(config, steps);
-    case SamplerKind::kEulerAncestral: return build<EulerAncestralSampler>(config, steps);
-    case SamplerKind::kHeun: return build<HeunSampler>(config, steps);
+    case SamplerKind::kEuler: return build_sampler<EulerSampler>(config, steps);
+    case SamplerKind::kEulerAncestral: return build_sampler<EulerAncestralSampler>(config, steps);
+    case SamplerKind::kHeun: return build_sampler<HeunSampler>(config, steps);
     default: return internal_error("make_euler_family: not an Euler-family sampler");
   }
 }

@@ -7,6 +7,14 @@
 
 namespace atelier::sampling::detail {
 
+// A sampler of type T for the config, initialised for `steps` steps (its init's error, if any).
+template <typename T>
+Expected<std::unique_ptr<Sampler>> build_sampler(const SchedulerConfig& config, int steps) {
+  auto s = std::make_unique<T>(config);
+  ATELIER_RETURN_IF_ERROR(s->init(steps));
+  return std::unique_ptr<Sampler>(std::move(s));
+}
+
 // Euler, Euler ancestral, Heun (sigma space: x = x0 + sigma * eps).
 Expected<std::unique_ptr<Sampler>> make_euler_family(const SchedulerConfig& config, int steps);
 // DDIM and LCM (alpha-bar space: x = sqrt(a) * x0 + sqrt(1 - a) * eps).
