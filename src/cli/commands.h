@@ -85,6 +85,12 @@ class TraceFile {
   std::unique_ptr<trace::DeviceTimer> timer_;
   std::unique_ptr<KernelTracer> kernels_;
 };
+
+// What every generate command (SD, FLUX, Z-Image) shows and does at its end:
+// a progress line on stderr where stderr is a terminal ("batch 1: step 3/20"; `unit` names what p.batch_index
+// counts), and the result's error, or its images written (write_generate_outputs) and the trace file; exit code.
+ProgressCallback terminal_progress(const char* unit);
+int finish_generate(const GenerateOptions& o, const Expected<GenerateResult>& res, TraceFile& trace_file, Device device);
 void add_serve_command(CLI::App& app, serve::ServeOptions& o);
 int run_serve(const serve::ServeOptions& o);
 void add_worker_command(CLI::App& app, serve::redis::RedisWorkerOptions& o);

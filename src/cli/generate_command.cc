@@ -116,20 +116,26 @@ int run_generate(const GenerateOptions& o) {
     return 1;
   }
   SdPipeline pipe(*model);
+  return finish_generate(o, pipe.generate(request, terminal_progress("batch")), trace_file, *dev);
+}
+
+ProgressCallback terminal_progress(const char* unit) {
   const bool tty = isatty(fileno(stderr));  // a progress line only where someone watches it
-  auto progress = [tty](const StepProgress& p) {
+  return [tty, unit](const StepProgress& p) {
     if (!tty) return true;
-    std::fprintf(stderr, "\rbatch %d: step %d/%d", p.batch_index + 1, p.call, p.total_calls);
+    std::fprintf(stderr, "\r%s %d: step %d/%d", unit, p.batch_index + 1, p.call, p.total_calls);
     if (p.call == p.total_calls) std::fputc('\n', stderr);
     return true;
   };
-  auto res = pipe.generate(request, progress);
+}
+
+int finish_generate(const GenerateOptions& o, const Expected<GenerateResult>& res, TraceFile& trace_file, Device device) {
   if (!res) {
     std::fprintf(stderr, "\nerror: %s\n", res.status().message().c_str());
     return 1;
   }
   if (int rc = write_generate_outputs(o, *res); rc != 0) return rc;
-  return trace_file.write(*dev) ? 0 : 1;
+  return trace_file.write(device) ? 0 : 1;
 }
 
 int write_generate_outputs(const GenerateOptions& o, const GenerateResult& res) {

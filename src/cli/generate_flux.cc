@@ -1,5 +1,4 @@
 // `atelier generate` on a FLUX model: the FLUX flags into FluxLoadOptions / FluxOptions, then the shared output writer.
-#include <unistd.h>
 
 #include <cstdio>
 
@@ -34,20 +33,7 @@ int run_generate_flux(const GenerateOptions& o, Device device) {
     return 1;
   }
   const FluxPipeline pipe(*model);
-  const bool tty = isatty(fileno(stderr));  // a progress line only where someone watches it
-  auto progress = [tty](const StepProgress& p) {
-    if (!tty) return true;
-    std::fprintf(stderr, "\rbatch %d: step %d/%d", p.batch_index + 1, p.call, p.total_calls);
-    if (p.call == p.total_calls) std::fputc('\n', stderr);
-    return true;
-  };
-  auto res = pipe.generate(o.request, fo, progress);
-  if (!res) {
-    std::fprintf(stderr, "\nerror: %s\n", res.status().message().c_str());
-    return 1;
-  }
-  if (int rc = write_generate_outputs(o, *res); rc != 0) return rc;
-  return trace_file.write(device) ? 0 : 1;
+  return finish_generate(o, pipe.generate(o.request, fo, terminal_progress("batch")), trace_file, device);
 }
 
 }  // namespace atelier::cli

@@ -1,5 +1,4 @@
 // `atelier generate` on a Z-Image model (is_zimage_model): load, generate, then the shared output writer.
-#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -39,20 +38,7 @@ int run_generate_zimage(const GenerateOptions& o, Device device) {
     std::fprintf(stderr, "error: %s\n", model.status().message().c_str());
     return 1;
   }
-  const bool tty = isatty(fileno(stderr));  // a progress line only where someone watches it
-  auto progress = [tty](const StepProgress& p) {
-    if (!tty) return true;
-    std::fprintf(stderr, "\rimage %d: step %d/%d", p.batch_index + 1, p.call, p.total_calls);
-    if (p.call == p.total_calls) std::fputc('\n', stderr);
-    return true;
-  };
-  auto res = ZImagePipeline(*model).generate(o.request, progress);
-  if (!res) {
-    std::fprintf(stderr, "\nerror: %s\n", res.status().message().c_str());
-    return 1;
-  }
-  if (int rc = write_generate_outputs(o, *res); rc != 0) return rc;
-  return trace_file.write(device) ? 0 : 1;
+  return finish_generate(o, ZImagePipeline(*model).generate(o.request, terminal_progress("image")), trace_file, device);
 }
 
 }  // namespace atelier::cli
