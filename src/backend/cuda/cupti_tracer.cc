@@ -36,7 +36,8 @@ struct Api {
   CUptiResult (*result_string)(CUptiResult, const char**) = nullptr;
 };
 
-// The activities traced: kernels, and the queue's copies and memsets (copy engines' work, not kernels).
+// The activities traced: kernels (required), and the queue's copies and memsets (copy engines' work, not kernels;
+// where CUPTI refuses them, kernels are still traced).
 constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                          CUPTI_ACTIVITY_KIND_MEMSET};
 
@@ -217,11 +218,10 @@ Expected<std::unique_ptr<KernelTracer>> open_cupti_tracer() {
     s.callbacks = true;
   }
   if (s.open == 0) {
+    if (CUptiResult r = s.api.enable(kKinds[0]); r != CUPTI_SUCCESS)
+      return unsupported("CUPTI could not trace kernels (is another profiler attached?): " + result_text(s.api, r));
     for (CUpti_ActivityKind kind : kKinds)
-      if (CUptiResult r = s.api.enable(kind); r != CUPTI_SUCCESS) {
-        for (CUpti_ActivityKind k : kKinds) s.api.disable(k);
-        return unsupported("CUPTI could not trace kernels and copies (is another profiler attached?): " + result_text(s.api, r));
-      }
+      if (kind != kKinds[0]) (void)s.api.enable(kind);  // optional: without them the copies are just not reported
   }
   ++s.open;
   return std::unique_ptr<KernelTracer>(std::make_unique<CuptiTracer>(trace::now_ns()));
