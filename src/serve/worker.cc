@@ -43,7 +43,6 @@ struct Worker::ActiveJob {
   std::string group;                     // model + latent shape + conditioning shape: who may share a call
   int total_calls = 0;                   // per image
   int enqueued_step = 0;  // calls done once the last call enqueued with it finishes
-  int reported_step = 0;  // calls done as last reported (set_progress), once that call finished
   int previews_sent = 0;
 
   bool done() const {
@@ -420,10 +419,14 @@ void Worker::drop_cancelled() {
 // A model call enqueued on the device and not yet finished: what finishing it reports, taken when it was enqueued
 // (by then the next call may have moved the samples on).
 struct Worker::PendingCall {
+  struct Entry {
+    JobPtr job;      // looked up in active_ when the call finishes: the job may have left since
+    int step = 0;    // its calls done once this call finishes
+    bool moved = false;  // whether the call moved that count (a job some of whose samples sat out may not move)
+    Tensor preview;  // its first sample's x0 estimate, where this call makes a preview
+  };
   std::shared_ptr<SdModel> model;  // its UNet's recording statistics, for status()
-  std::vector<JobPtr> jobs;        // the jobs in the call (looked up in active_ when it finishes: a job may have left)
-  std::vector<int> steps;          // per job: its calls done once this call finishes
-  std::vector<Tensor> previews;    // per job: its first sample's x0 estimate, where this call makes a preview
+  std::vector<Entry> jobs;         // the jobs in the call
   int rows = 0;                    // samples in the call
   Clock::time_point enqueued;
   uint64_t timed = 0;              // its device timer range (0: none)
@@ -490,13 +493,13 @@ std::unique_ptr<Worker::PendingCall> Worker::enqueue_call() {
   }
   call->rows = int(batch.size());
   for (ActiveJob* aj : in_call) {
-    const int step = aj->min_calls_done();
-    call->jobs.push_back(aj->job);
-    call->steps.push_back(step);
-    const bool moved = step != aj->enqueued_step;  // a job some of whose samples sat out the call may not move
-    aj->enqueued_step = step;
-    const bool preview = moved && aj->wants_preview(step) && aj->samples.front().denoised.defined();
-    call->previews.push_back(preview ? aj->samples.front().denoised : Tensor());
+    PendingCall::Entry& j = call->jobs.emplace_back();
+    j.job = aj->job;
+    j.step = aj->min_calls_done();
+    j.moved = j.step != aj->enqueued_step;
+    aj->enqueued_step = j.step;
+    const bool preview = j.moved && aj->wants_preview(j.step) && aj->samples.front().denoised.defined();
+    if (preview) j.preview = aj->samples.front().denoised;
     aj->previews_sent += preview;  // counted here: the next call's wants_preview must see it
   }
   call->mark = backend_for(device()).mark_queue();
@@ -517,21 +520,20 @@ void Worker::finish_call(PendingCall& call, const PendingCall* next) {
   metrics_.inc(metric::kSteps, {}, double(call.rows));
   metrics_.inc(metric::kModelCalls, {{"device", device().str()}});
 
-  for (size_t i = 0; i < call.jobs.size(); ++i) {
-    ActiveJob* aj = find_active(call.jobs[i]);
-    const int step = call.steps[i];
-    if (!aj || step == aj->reported_step) continue;  // a job cancelled since, or one whose step did not move
-    if (call.previews[i].defined()) {
-      const Tensor lat = call.previews[i].to(Device::cpu());
-      const JobPtr job = aj->job;
-      host_pool_.submit([job, lat, step] { publish_preview(job, lat, step); });
+  for (const PendingCall::Entry& j : call.jobs) {
+    ActiveJob* aj = find_active(j.job);
+    if (!aj || !j.moved) continue;  // a job cancelled since, or one whose step did not move
+    if (j.preview.defined()) {
+      const Tensor lat = j.preview.to(Device::cpu());
+      host_pool_.submit([job = j.job, lat, step = j.step] { publish_preview(job, lat, step); });
     }
-    aj->reported_step = step;
-    aj->job->set_progress(step, aj->total_calls);
+    aj->job->set_progress(j.step, aj->total_calls);
   }
   // Jobs whose samples are all done and whose last call has finished (a job of the next call, already enqueued,
   // waits for it: its last step is reported before its images).
-  const auto in_next = [&](const ActiveJob& aj) { return next && std::find(next->jobs.begin(), next->jobs.end(), aj.job) != next->jobs.end(); };
+  const auto in_next = [&](const ActiveJob& aj) {
+    return next && std::any_of(next->jobs.begin(), next->jobs.end(), [&](const PendingCall::Entry& j) { return j.job == aj.job; });
+  };
   std::vector<std::unique_ptr<ActiveJob>> finished;
   for (auto it = active_.begin(); it != active_.end();) {
     if (!(*it)->done() || in_next(**it)) {
