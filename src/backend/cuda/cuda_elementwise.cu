@@ -272,9 +272,6 @@ void CudaBackend::binary(Tensor& out, const Tensor& a, const Tensor& b, BinaryOp
   ATELIER_CUDA_LAUNCHED();
 }
 
-// out[s, ...] = sum_i coeffs[s * n + i] * inputs[i][s, ...] (coeff_rows == 1: one row for all samples).
-// All tensors contiguous with out's shape and dtype. Launches cover at most kLincombInputs inputs and
-// kLincombCoeffs coefficients each: further inputs accumulate onto out, further samples get their own launch.
 // A UNet's timestep features in one kernel (the product, sin, cos, two concatenations and a cast before).
 bool CudaBackend::timestep_features(Tensor& out, const Tensor& t, const Tensor& freqs, bool flip_sin_to_cos) {
   const int64_t n = out.numel();
@@ -306,6 +303,9 @@ bool CudaBackend::guidance_combine(Tensor& out, const Tensor& cond, const Tensor
   return true;
 }
 
+// out[s, ...] = sum_i coeffs[s * n + i] * inputs[i][s, ...] (coeff_rows == 1: one row for all samples).
+// All tensors contiguous with out's shape and dtype. Launches cover at most kLincombInputs inputs and
+// kLincombCoeffs coefficients each: further inputs accumulate onto out, further samples get their own launch.
 void CudaBackend::lincomb(Tensor& out, const std::vector<Tensor>& inputs, const std::vector<float>& coeffs, int coeff_rows) {
   const int n_in = int(inputs.size());
   ATELIER_CHECK(n_in >= 1 && int64_t(coeffs.size()) == int64_t(n_in) * coeff_rows, "lincomb: coefficient count");
