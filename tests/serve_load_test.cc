@@ -201,6 +201,36 @@ TEST(ServeLoad, FullQueueAnswers429WithRetryAfter) {
   EXPECT_GE(test::prom_value(m->body, "atelier_http_requests_total{endpoint=\"POST /v1/jobs\",status=\"429\"}"), rejected);
 }
 
+// A job whose images take turns in calls (two images, one sample per call): its progress (the fewest calls any
+// of its images has had) moves only every other call, and each step is reported once, in order, with the worker's
+// call in flight.
+TEST(ServeLoad, StepsOfAJobWhoseImagesTakeTurnsAreReportedOnce) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  ServeOptions o = test::tiny_options();
+  o.max_batch = 1;
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  nlohmann::json body = job(7, 3, 32);
+  body["batch_size"] = 2;
+  int status = 0;
+  const auto created = post_json(*c, "/v1/jobs", body, &status);
+  ASSERT_EQ(status, 202) << created.dump();
+  std::string stream;
+  auto r = c->Get(("/v1/jobs/" + created["id"].get<std::string>() + "/events").c_str(), [&](const char* data, size_t n) {
+    stream.append(data, n);
+    return true;
+  });
+  ASSERT_TRUE(r);
+  std::vector<int> steps;
+  for (size_t at = stream.find("event: step"); at != std::string::npos; at = stream.find("event: step", at + 1)) {
+    const size_t data = stream.find("data: ", at);
+    steps.push_back(parse(stream.substr(data + 6, stream.find('\n', data) - data - 6))["step"].get<int>());
+  }
+  EXPECT_EQ(steps, (std::vector<int>{0, 1, 2, 3})) << stream.substr(0, 2000);  // 0: admitted
+  EXPECT_EQ(test::wait_job(*c, created["id"])["images"].size(), 2u);
+}
+
 TEST(ServeLoad, CancelsQueuedAndRunningJobs) {
   ATELIER_REQUIRE_TINY_MODEL();
   ServeOptions o = test::tiny_options();
