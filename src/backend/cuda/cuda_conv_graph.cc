@@ -168,6 +168,121 @@ float time_plan(const CudnnGraphApi& a, cudnnHandle_t handle, cudaStream_t strea
   return time_runs(ev, stream, kTimedRuns, run);
 }
 
+// The host-time budget of one shape's planning (kPlanningBudget), and whether it cut the candidates short.
+struct PlanningBudget {
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::now() + kPlanningBudget;
+  bool cut = false;
+  bool over() const { return std::chrono::steady_clock::now() > deadline; }
+};
+
+// The finalized plans a shape's graph offers, and what was offered and refused on the way (for the log).
+struct CandidateSearch {
+  std::vector<Candidate> list;
+  int offered = 0, refused = 0;
+  std::string why = "heuristics gave no engine configuration";
+};
+
+// Engine configurations from heuristics mode A, best first (at most kMaxTimedCandidates plans when they are
+// timed, the first that finalizes otherwise); FALLBACK's only when A gives none that finalizes.
+CandidateSearch find_candidates(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& graph, bool fused,
+                                PlanningBudget& budget) {
+  CandidateSearch found;
+  const size_t wanted = conv_graph_autotune() ? (fused ? kMaxFusedCandidates : kMaxTimedCandidates) : 1;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    if (!found.list.empty()) break;
+    for (Descriptor& cfg : engine_configs(a, graph, mode, &found.why)) {
+      if (found.list.size() >= wanted) break;
+      ++found.offered;
+      Candidate c;
+      c.engine = engine_info(a, cfg);
+      if (!c.engine.acceptable) {
+        ++found.refused;
+        continue;
+      }
+      // A fused graph's runtime-compiled engines are not taken: each compiles at finalize (about a second),
+      // which for SD 1.5's residual convolutions added 8.7 s to the first UNet call to save ~50 us per step
+      // (H200, session 22). Precompiled engines take the bias.
+      if (fused && c.engine.runtime_compiled) {
+        ++found.refused;
+        continue;
+      }
+      c.cfg = std::move(cfg);
+      if (!found.list.empty() && budget.over()) {
+        budget.cut = true;
+        break;
+      }
+      if (make_plan(a, handle, c, &found.why)) found.list.push_back(std::move(c));
+    }
+  }
+  return found;
+}
+
+// Times every candidate on the real buffers (the output is overwritten by the real call after) and returns the
+// fastest one's index, or -1 when every plan failed to execute. Candidates left untimed (no workspace, no events,
+// autotuning off or a single candidate) leave the heuristics' first choice, index 0. `first_ms`: the heuristics'
+// first choice's time, for the log. Synchronises: never called while the stream is being captured.
+int fastest_candidate(const CudnnGraphApi& a, cudnnHandle_t handle, cudaStream_t stream, std::vector<Candidate>& candidates,
+                      const Operands& ops, DeviceAllocator& alloc, PlanningBudget& budget, float* first_ms) {
+  if (!conv_graph_autotune() || candidates.size() < 2) return 0;
+  EventPair events;
+  int64_t max_ws = 0;
+  for (const Candidate& c : candidates) max_ws = std::max(max_ws, c.workspace);
+  std::shared_ptr<Buffer> ws;
+  try {
+    if (max_ws > 0) ws = alloc.allocate(size_t(max_ws));
+  } catch (const Error&) {
+    ws = nullptr;
+  }
+  if (!events.ok || (max_ws > 0 && !ws)) return 0;
+  void* const workspace = ws ? ws->data() : nullptr;
+  size_t best = 0;
+  bool any = false;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (any && budget.over()) {
+      budget.cut = true;
+      break;
+    }
+    Candidate& c = candidates[i];
+    c.ms = time_plan(a, handle, stream, events, c, ops, workspace, any ? candidates[best].ms : -1.0f);
+    if (i == 0) *first_ms = c.ms;
+    if (c.ms >= 0.0f && (!any || c.ms < candidates[best].ms)) {
+      best = i;
+      any = true;
+    }
+  }
+  if (!any) return -1;
+  // The plans within kConfirmFactor of the best take turns (time_in_turns) and keep their best time: timed
+  // once each in order, the first met lower clocks than the last.
+  std::vector<size_t> close;
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (candidates[i].ms >= 0.0f && candidates[i].ms <= kConfirmFactor * candidates[best].ms) close.push_back(i);
+  if (close.size() > 1 && !budget.over()) {
+    std::string ignored;
+    std::vector<std::function<bool()>> runs;
+    for (size_t i : close)
+      runs.push_back([&, cp = &candidates[i]] { return execute_conv(a, handle, cp->plan, ops, workspace, &ignored); });
+    const std::vector<float> ms = time_in_turns(events, stream, kConfirmRounds, kTimedRuns, runs);
+    for (size_t j = 0; j < close.size(); ++j) {
+      Candidate& c = candidates[close[j]];
+      if (ms[j] >= 0.0f) c.ms = std::min(c.ms, ms[j]);
+      if (c.ms < candidates[best].ms) best = close[j];
+    }
+  }
+  counters().autotuned.fetch_add(1);
+  return int(best);
+}
+
+// " engine:ms" of every candidate, in the heuristics' order, for the log.
+std::string candidate_timings(const std::vector<Candidate>& candidates) {
+  std::string timings;
+  for (const Candidate& c : candidates) {
+    char item[48];
+    std::snprintf(item, sizeof item, " %lld:%.4f", (long long)c.engine.index, double(c.ms));
+    timings += item;
+  }
+  return timings;
+}
+
 std::string shape_text(DType dtype, const ConvShape& s, const Conv2dParams& p, const ConvEpilogue* e) {
   char buf[320];
   std::snprintf(buf, sizeof buf, "%s x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld] stride %d,%d pad %d,%d dil %d,%d%s%s",
@@ -243,9 +358,7 @@ ConvGraph::Plan* ConvGraph::plan_for(void* y, const void* x, const void* w, DTyp
   const bool fused = has_epilogue(epilogue);
   const Operands ops = operands(y, x, w, epilogue);
   const std::string what = log_enabled() ? shape_text(dtype, s, p, epilogue) : std::string();
-  const auto deadline = std::chrono::steady_clock::now() + kPlanningBudget;
-  const auto over_budget = [&] { return std::chrono::steady_clock::now() > deadline; };
-  bool budget_cut = false;
+  PlanningBudget budget;
   auto decline = [&](const std::string& why) -> Plan* {
     (fused ? counters().fused_declined : counters().declined).fetch_add(1);
     if (log_enabled())
@@ -256,102 +369,16 @@ ConvGraph::Plan* ConvGraph::plan_for(void* y, const void* x, const void* w, DTyp
   Builder b(a);
   plan->graph = build_graph(b, handle, dtype, s, p, epilogue);
   if (!b.ok()) return decline(b.why());
-
-  // Engine configurations from heuristics mode A, best first (at most kMaxTimedCandidates plans when they are
-  // timed, the first that finalizes otherwise); FALLBACK's only when A gives none that finalizes.
-  std::vector<Candidate> candidates;
-  std::string why = "heuristics gave no engine configuration";
-  int offered = 0, refused = 0;
-  const size_t wanted = conv_graph_autotune() ? (fused ? kMaxFusedCandidates : kMaxTimedCandidates) : 1;
-  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    if (!candidates.empty()) break;
-    for (Descriptor& cfg : engine_configs(a, plan->graph.graph, mode, &why)) {
-      if (candidates.size() >= wanted) break;
-      ++offered;
-      Candidate c;
-      c.engine = engine_info(a, cfg);
-      if (!c.engine.acceptable) {
-        ++refused;
-        continue;
-      }
-      // A fused graph's runtime-compiled engines are not taken: each compiles at finalize (about a second),
-      // which for SD 1.5's residual convolutions added 8.7 s to the first UNet call to save ~50 us per step
-      // (H200, session 22). Precompiled engines take the bias.
-      if (fused && c.engine.runtime_compiled) {
-        ++refused;
-        continue;
-      }
-      c.cfg = std::move(cfg);
-      if (!candidates.empty() && over_budget()) {
-        budget_cut = true;
-        break;
-      }
-      if (make_plan(a, handle, c, &why)) candidates.push_back(std::move(c));
-    }
-  }
+  CandidateSearch found = find_candidates(a, handle, plan->graph.graph, fused, budget);
+  std::vector<Candidate>& candidates = found.list;
   if (candidates.empty())
-    return decline(std::to_string(offered) + " configurations, " + std::to_string(refused) +
-                   (fused ? " refused for numerics or runtime compilation; " : " refused for numerics; ") + why);
-
-  // Autotune: time every candidate on the real buffers (the output is overwritten by the real call after).
-  size_t best = 0;
+    return decline(std::to_string(found.offered) + " configurations, " + std::to_string(found.refused) +
+                   (fused ? " refused for numerics or runtime compilation; " : " refused for numerics; ") + found.why);
   float first_ms = -1.0f;  // the heuristics' first choice, for the log
-  if (conv_graph_autotune() && candidates.size() > 1) {
-    EventPair events;
-    int64_t max_ws = 0;
-    for (const Candidate& c : candidates) max_ws = std::max(max_ws, c.workspace);
-    std::shared_ptr<Buffer> ws;
-    try {
-      if (max_ws > 0) ws = alloc.allocate(size_t(max_ws));
-    } catch (const Error&) {
-      ws = nullptr;
-    }
-    if (events.ok && (max_ws == 0 || ws)) {
-      bool any = false;
-      for (size_t i = 0; i < candidates.size(); ++i) {
-        if (any && over_budget()) {
-          budget_cut = true;
-          break;
-        }
-        Candidate& c = candidates[i];
-        c.ms = time_plan(a, handle, stream_, events, c, ops, ws ? ws->data() : nullptr, any ? candidates[best].ms : -1.0f);
-        if (i == 0) first_ms = c.ms;
-        if (c.ms >= 0.0f && (!any || c.ms < candidates[best].ms)) {
-          best = i;
-          any = true;
-        }
-      }
-      if (!any) return decline("every plan failed to execute");
-      // The plans within kConfirmFactor of the best take turns (time_in_turns) and keep their best time: timed
-      // once each in order, the first met lower clocks than the last.
-      std::vector<size_t> close;
-      for (size_t i = 0; i < candidates.size(); ++i)
-        if (candidates[i].ms >= 0.0f && candidates[i].ms <= kConfirmFactor * candidates[best].ms) close.push_back(i);
-      if (close.size() > 1 && !over_budget()) {
-        std::string ignored;
-        std::vector<std::function<bool()>> runs;
-        for (size_t i : close)
-          runs.push_back([&, cp = &candidates[i]] {
-            return execute_conv(a, handle, cp->plan, ops, ws ? ws->data() : nullptr, &ignored);
-          });
-        const std::vector<float> ms = time_in_turns(events, stream_, kConfirmRounds, kTimedRuns, runs);
-        for (size_t j = 0; j < close.size(); ++j) {
-          Candidate& c = candidates[close[j]];
-          if (ms[j] >= 0.0f) c.ms = std::min(c.ms, ms[j]);
-          if (c.ms < candidates[best].ms) best = close[j];
-        }
-      }
-      counters().autotuned.fetch_add(1);
-    }
-  }
-  std::string timings;  // "engine:ms" of every candidate, in the heuristics' order, for the log
-  if (log_enabled())
-    for (const Candidate& c : candidates) {
-      char item[48];
-      std::snprintf(item, sizeof item, " %lld:%.4f", (long long)c.engine.index, double(c.ms));
-      timings += item;
-    }
-  plan->chosen = std::move(candidates[best]);
+  const int best = fastest_candidate(a, handle, stream_, candidates, ops, alloc, budget, &first_ms);
+  if (best < 0) return decline("every plan failed to execute");
+  const std::string timings = log_enabled() ? candidate_timings(candidates) : std::string();
+  plan->chosen = std::move(candidates[size_t(best)]);
   std::string why_not;
   if (fused && !keep_fused(*plan, y, x, w, dtype, s, p, alloc, *epilogue, &why_not))
     return decline(why_not);  // remembered: plan->valid stays false
@@ -361,9 +388,9 @@ ConvGraph::Plan* ConvGraph::plan_for(void* y, const void* x, const void* w, DTyp
     std::fprintf(stderr,
                  "[cudnn graph] %s: %d configurations (%d refused for numerics), %zu plans; engine %lld%s, workspace %lld B, "
                  "%.4f ms (heuristics' first: %.4f ms)%s; engine:ms%s\n",
-                 what.c_str(), offered, refused, candidates.size(), (long long)plan->chosen.engine.index,
+                 what.c_str(), found.offered, found.refused, candidates.size(), (long long)plan->chosen.engine.index,
                  plan->chosen.engine.runtime_compiled ? " (runtime-compiled)" : "", (long long)plan->chosen.workspace,
-                 double(plan->chosen.ms), double(first_ms), budget_cut ? ", planning budget reached" : "", timings.c_str());
+                 double(plan->chosen.ms), double(first_ms), budget.cut ? ", planning budget reached" : "", timings.c_str());
   return plan;
 }
 
