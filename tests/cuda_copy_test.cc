@@ -18,8 +18,11 @@ using test::cuda0;
 using test::random_tensor;
 using test::to_gpu;
 
+// Kernel copies for the test (whatever ATELIER_DRIVER_COPIES says), the setting it found restored after.
 struct DriverCopiesScope {
-  ~DriverCopiesScope() { cuda::set_driver_copies(false); }
+  bool was = cuda::driver_copies();
+  DriverCopiesScope() { cuda::set_driver_copies(false); }
+  ~DriverCopiesScope() { cuda::set_driver_copies(was); }
 };
 
 // Every value of a GPU tensor as the CPU sees it, in f32.
@@ -72,17 +75,23 @@ TEST(CudaCopy, ContiguousCopiesAreKernelsUnlessTheDriverIsAsked) {
   ATELIER_REQUIRE_CUDA();
   DriverCopiesScope restore;
   const Tensor x = to_gpu(ops::cast(random_tensor({3, 1001}, 93), DType::BF16));  // 6006 bytes: a partial chunk
+  const Tensor even = to_gpu(ops::cast(random_tensor({3, 1000}, 94), DType::BF16));  // 6000 bytes: whole chunks
   for (const bool driver : {false, true}) {
     cuda::set_driver_copies(driver);
     const int64_t before = cuda::copy_many_launches();
     const Tensor c = ops::clone(x);
     EXPECT_EQ(cuda::copy_many_launches() - before, driver ? 0 : 1) << "driver copies " << driver;
     EXPECT_EQ(values(c), values(x)) << "driver copies " << driver;
-    // A concatenation along the first dimension: its parts are plain runs of bytes, one launch for both.
-    const int64_t before_concat = cuda::copy_many_launches();
-    const Tensor cat = ops::concat({x, c}, 0);
-    EXPECT_EQ(cuda::copy_many_launches() - before_concat, driver ? 0 : 1) << "driver copies " << driver;
-    EXPECT_EQ(values(cat), values(ops::concat({x.to(Device::cpu()), x.to(Device::cpu())}, 0)));
+    // A concatenation along the first dimension: parts of whole 16-byte chunks are plain runs of bytes, one launch
+    // for both; a part that starts off a 16-byte boundary (the second 6006-byte part) is a driver copy, so those
+    // parts take one launch (the first part) too, and one copy engine transfer.
+    for (const Tensor* part : {&even, &x}) {
+      const int64_t before_concat = cuda::copy_many_launches();
+      const Tensor cat = ops::concat({*part, ops::clone(*part)}, 0);
+      EXPECT_EQ(cuda::copy_many_launches() - before_concat, driver ? 0 : 1) << "driver copies " << driver << " " << shape_str(part->shape());
+      const Tensor host = part->to(Device::cpu());
+      EXPECT_EQ(values(cat), values(ops::concat({host, host}, 0))) << "driver copies " << driver << " " << shape_str(part->shape());
+    }
   }
 }
 
@@ -98,11 +107,12 @@ TEST(CudaCopy, SmallUploadsRideInAKernelsParameters) {
     EXPECT_EQ(cuda::inline_uploads() - before, n * 4 <= int64_t(cuda::kInlineUploadBytes) ? 1 : 0) << n << " values";
     EXPECT_EQ(values(dev), host.to_vector()) << n << " values";
   }
-  const Tensor bytes = ops::cast(random_tensor({7}, 96), DType::BF16);  // 14 bytes, into an odd offset
+  const Tensor bytes = ops::cast(random_tensor({7}, 96), DType::BF16);  // 14 bytes, 2 bytes into the buffer
   Tensor dst = Tensor::zeros({9}, DType::BF16, cuda0());
   Tensor part = dst.narrow(0, 1, 7);
   backend_for(cuda0()).copy_between_devices(part, bytes);
   EXPECT_EQ(values(dst.narrow(0, 1, 7)), ops::cast(bytes, DType::F32).to_vector());
+  EXPECT_EQ(values(dst.narrow(0, 0, 1)), std::vector<float>{0.0f});  // the bytes on either side untouched
   EXPECT_EQ(values(dst.narrow(0, 8, 1)), std::vector<float>{0.0f});
   cuda::set_driver_copies(true);
   const int64_t before = cuda::inline_uploads();

@@ -319,9 +319,14 @@ TEST(CudaOps, GuidanceCombineMatchesCpuBitForBit) {
     std::vector<float> g;
     for (int64_t s = 0; s < shape[0]; ++s) g.push_back(1.0f + 0.37f * float(s));
     const std::vector<float> want = ops::guidance_combine(c, u, g).to_vector();
+    const int64_t launches = shape[0] <= 64 ? 1 : 0;  // past 64 rows: the three ops (the same bits, so count them)
+    int64_t before = cuda::guidance_combine_launches();
     EXPECT_EQ(ops::guidance_combine(to_gpu(c), to_gpu(u), g).to(Device::cpu()).to_vector(), want) << shape_str(shape);
+    EXPECT_EQ(cuda::guidance_combine_launches() - before, launches) << "packed " << shape_str(shape);
     const Tensor cl = test::channels_last(to_gpu(c)), ul = test::channels_last(to_gpu(u));
+    before = cuda::guidance_combine_launches();
     EXPECT_EQ(ops::contiguous(ops::guidance_combine(cl, ul, g)).to(Device::cpu()).to_vector(), want) << shape_str(shape);
+    EXPECT_EQ(cuda::guidance_combine_launches() - before, launches) << "channels-last " << shape_str(shape);
   }
 }
 
@@ -345,7 +350,9 @@ TEST(CudaOps, TimestepFeaturesMatchTheUnfusedOpsBitForBit) {
     for (const DType dt : {DType::F32, DType::BF16})
       for (const int64_t dim : {320, 321})
         for (const Tensor& t : {per_row, shared}) {
+          const int64_t before = cuda::timestep_features_launches();
           const Tensor got = ops::timestep_features(t, freqs, flip, dim, 4, dt);
+          EXPECT_EQ(cuda::timestep_features_launches() - before, 1) << "the fused kernel ran";  // not the fallback
           ASSERT_EQ(got.dtype(), dt);
           EXPECT_EQ(ops::cast(got, DType::F32).to(Device::cpu()).to_vector(),
                     ops::cast(unfused(t, flip, dim, 4, dt), DType::F32).to(Device::cpu()).to_vector())

@@ -331,5 +331,9 @@ void set_concat_one_pass(bool on);
 // and the switch to the driver's cudaMemcpyAsync instead (ATELIER_DRIVER_COPIES=1; default off).
 int64_t copy_many_launches();
 void set_driver_copies(bool on);
+bool driver_copies();
+// The fused guidance combine's and timestep features' launches so far (tests: which path ran).
+int64_t guidance_combine_launches();
+int64_t timestep_features_launches();
 
 }  // namespace atelier::cuda

@@ -1,6 +1,7 @@
 // Elementwise GPU ops: activations, broadcast binary ops, the fused linear combination, GLU, softmax.
 // Storage in f32/bf16/f16, arithmetic in f32, one rounding per stored element.
 #include <algorithm>
+#include <atomic>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
@@ -234,6 +235,11 @@ int softmax_threads(int64_t d) { return d <= 128 ? 32 : d <= 512 ? 128 : d <= 20
 
 }  // namespace
 
+namespace {
+// Launches of the fused diffusion kernels so far (tests: the fused path ran, not the unfused ops' fallback).
+std::atomic<int64_t> g_guidance_launches{0}, g_timestep_features_launches{0};
+}  // namespace
+
 // out = op(x); x and out contiguous, same shape and dtype.
 void CudaBackend::unary(Tensor& out, const Tensor& x, UnaryOp op) {
   const int64_t n = x.numel();
@@ -276,6 +282,8 @@ void CudaBackend::binary(Tensor& out, const Tensor& a, const Tensor& b, BinaryOp
 bool CudaBackend::timestep_features(Tensor& out, const Tensor& t, const Tensor& freqs, bool flip_sin_to_cos) {
   const int64_t n = out.numel();
   if (n == 0) return true;
+  const DType dt = out.dtype();
+  if (dt != DType::F32 && dt != DType::BF16 && dt != DType::F16) return false;  // the unfused ops take the rest
   NvtxRange range("timestep_features");
   DeviceGuard guard(index_);
   const int64_t t_stride = t.size(0) == 1 ? 0 : 1;
@@ -285,6 +293,7 @@ bool CudaBackend::timestep_features(Tensor& out, const Tensor& t, const Tensor& 
                                                                        freqs.numel(), out.size(1), n, flip_sin_to_cos);
   });
   ATELIER_CUDA_LAUNCHED();
+  g_timestep_features_launches.fetch_add(1);
   return true;
 }
 
@@ -292,6 +301,7 @@ bool CudaBackend::timestep_features(Tensor& out, const Tensor& t, const Tensor& 
 bool CudaBackend::guidance_combine(Tensor& out, const Tensor& cond, const Tensor& uncond, const std::vector<float>& scales) {
   const int64_t rows = cond.size(0);
   if (rows < 1 || rows > kMaxGuidanceRows || out.numel() == 0) return false;
+  ATELIER_CHECK(int64_t(scales.size()) == rows, "guidance_combine: one scale per row expected");
   GuidanceArgs a;
   for (int64_t s = 0; s < rows; ++s) a.scale[s] = scales[size_t(s)];
   a.per_row = out.numel() / rows;
@@ -300,8 +310,12 @@ bool CudaBackend::guidance_combine(Tensor& out, const Tensor& cond, const Tensor
   const dim3 grid(grid_for(a.per_row), unsigned(rows));
   guidance_kernel<<<grid, kThreads, 0, stream_>>>(out.data<float>(), cond.data<float>(), uncond.data<float>(), a);
   ATELIER_CUDA_LAUNCHED();
+  g_guidance_launches.fetch_add(1);
   return true;
 }
+
+int64_t guidance_combine_launches() { return g_guidance_launches.load(); }
+int64_t timestep_features_launches() { return g_timestep_features_launches.load(); }
 
 // out[s, ...] = sum_i coeffs[s * n + i] * inputs[i][s, ...] (coeff_rows == 1: one row for all samples).
 // All tensors contiguous with out's shape and dtype. Launches cover at most kLincombInputs inputs and

@@ -37,7 +37,9 @@ struct Api {
 };
 
 // The activities traced: kernels (required), and the queue's copies and memsets (copy engines' work, not kernels;
-// where CUPTI refuses them, kernels are still traced).
+// where CUPTI refuses them, kernels are still traced). Copies between two GPUs (copy_between_devices' peer copies)
+// are CUPTI's MEMCPY2 kind, not traced: no single-GPU step has any, and the two-GPU server's workers each trace
+// their own device.
 constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                          CUPTI_ACTIVITY_KIND_MEMSET};
 
