@@ -34,8 +34,10 @@ int max_pixel_diff(const Image& a, const Image& b) {
   return worst;
 }
 
-TEST(ServeFault, DeviceFailureRequeuesWorkElsewhereNothingLost) {
-  ATELIER_REQUIRE_TINY_MODEL();
+// Worker 0 of two fails at `at` ("call": its next model call; "decode": its next decode of finished jobs, whose
+// steps are all done): every job still finishes once, the re-queued ones on worker 1, with the images their seeds
+// give, and worker 0 is probed back into service.
+void expect_failure_loses_nothing(const std::string& at) {
   ServeOptions o = test::tiny_options();
   o.devices = "cpu,cpu";
   o.test_hooks = true;
@@ -45,7 +47,7 @@ TEST(ServeFault, DeviceFailureRequeuesWorkElsewhereNothingLost) {
   ASSERT_TRUE(s);
   auto c = s->client();
   int status = 0;
-  auto armed = post_json(*c, "/v1/admin/fail-device", {{"worker", 0}, {"failing_probes", 3}}, &status);
+  auto armed = post_json(*c, "/v1/admin/fail-device", {{"worker", 0}, {"failing_probes", 3}, {"at", at}}, &status);
   ASSERT_EQ(status, 200) << armed.dump();
 
   std::vector<std::string> ids;
@@ -64,7 +66,7 @@ TEST(ServeFault, DeviceFailureRequeuesWorkElsewhereNothingLost) {
       EXPECT_EQ(done.back()["device"], "cpu#1") << "a re-queued job runs on the healthy worker";
     }
   }
-  EXPECT_GE(restarted, 1) << "worker 0 held work when it failed";
+  EXPECT_GE(restarted, 1) << "worker 0 held work when it failed at its " << at;
   auto m = c->Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_EQ(test::prom_value(m->body, "atelier_device_failures_total{device=\"cpu\",worker=\"0\"}"), 1);
@@ -89,6 +91,31 @@ TEST(ServeFault, DeviceFailureRequeuesWorkElsewhereNothingLost) {
   const auto stats = parse(c->Get("/v1/stats")->body);
   EXPECT_GT(stats["workers"][0]["busy_seconds"].get<double>(), 0.0);
   EXPECT_EQ(stats["workers"][0]["failures"], 1);
+}
+
+TEST(ServeFault, DeviceFailureRequeuesWorkElsewhereNothingLost) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  expect_failure_loses_nothing("call");
+}
+
+// A fault that surfaces while finished jobs are decoded (on a GPU: the decode's wait is the first after the next
+// call was enqueued) re-queues those jobs too; none is left running.
+TEST(ServeFault, DeviceFailureAtADecodeRequeuesTheFinishedJobs) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  expect_failure_loses_nothing("decode");
+}
+
+TEST(ServeFault, AdminSwitchNamesWhereItCanFail) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  ServeOptions o = test::tiny_options();
+  o.test_hooks = true;
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  int status = 0;
+  const auto r = post_json(*c, "/v1/admin/fail-device", {{"worker", 0}, {"at", "upload"}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(r.dump().find("call, decode"), std::string::npos) << r.dump();
 }
 
 TEST(ServeFault, AdminSwitchExistsOnlyWithTestHooks) {

@@ -45,6 +45,30 @@ std::unique_ptr<RunningServer> batching_server(int window_ms) {
   return RunningServer::start(o);
 }
 
+// The model calls and their samples in the workers' timelines (/v1/stats), after checking that each worker's busy
+// spans are in order on one clock and never overlap (no time counted twice).
+struct TimelineTotals {
+  double calls = 0, samples = 0;
+};
+TimelineTotals check_timelines(const nlohmann::json& st) {
+  TimelineTotals t;
+  for (const auto& w : st["workers"]) {
+    double last_end = 0;
+    for (const auto& span : w["timeline"]) {
+      const double start = span[0].get<double>(), end = span[1].get<double>();
+      EXPECT_LE(start, end);
+      EXPECT_GE(start, last_end - 1e-6) << "spans of one worker overlap or are out of order: " << span.dump();
+      EXPECT_LE(end, st["clock_s"].get<double>());
+      last_end = end;
+      if (span[2] == "model_call") {
+        ++t.calls;
+        t.samples += span[3].get<double>();
+      }
+    }
+  }
+  return t;
+}
+
 TEST(ServeLoad, SixteenConcurrentClientsAnsweredOnceWithBatching) {
   ATELIER_REQUIRE_TINY_MODEL();
   auto s = batching_server(50);
@@ -102,24 +126,9 @@ TEST(ServeLoad, SixteenConcurrentClientsAnsweredOnceWithBatching) {
   EXPECT_EQ(test::prom_value(m->body, "atelier_images_total"), kClients);
 
   // The workers' timelines (/v1/stats): the same model calls and samples, spans in order on one clock.
-  const auto st = nlohmann::json::parse(s->client()->Get("/v1/stats")->body);
-  double timeline_calls = 0, timeline_samples = 0;
-  for (const auto& w : st["workers"]) {
-    double last_end = 0;
-    for (const auto& span : w["timeline"]) {
-      const double start = span[0].get<double>(), end = span[1].get<double>();
-      EXPECT_LE(start, end);
-      EXPECT_GE(start, last_end - 1e-6) << "spans of one worker overlap or are out of order";
-      EXPECT_LE(end, st["clock_s"].get<double>());
-      last_end = end;
-      if (span[2] == "model_call") {
-        ++timeline_calls;
-        timeline_samples += span[3].get<double>();
-      }
-    }
-  }
-  EXPECT_EQ(timeline_calls, calls);
-  EXPECT_EQ(timeline_samples, samples);
+  const TimelineTotals t = check_timelines(nlohmann::json::parse(s->client()->Get("/v1/stats")->body));
+  EXPECT_EQ(t.calls, calls);
+  EXPECT_EQ(t.samples, samples);
 }
 
 // Jobs reaching the worker together (the batch window gathers them) have their prompts encoded in one
@@ -229,6 +238,39 @@ TEST(ServeLoad, StepsOfAJobWhoseImagesTakeTurnsAreReportedOnce) {
   }
   EXPECT_EQ(steps, (std::vector<int>{0, 1, 2, 3})) << stream.substr(0, 2000);  // 0: admitted
   EXPECT_EQ(test::wait_job(*c, created["id"])["images"].size(), 2u);
+}
+
+// Jobs admitted while a model call is in flight (the worker keeps one call ahead of the host): the admissions' busy
+// spans and the calls' spans never overlap, and every model call is in the timeline once.
+TEST(ServeLoad, AdmissionsDuringACallKeepTheTimelineInOrder) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  ServeOptions o = test::tiny_options();
+  o.max_batch = 8;
+  o.batch_window_ms = 0;
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  int status = 0;
+  const std::string first = post_json(*c, "/v1/jobs", job(1, 40, 32), &status)["id"];
+  ASSERT_EQ(status, 202);
+  for (int i = 0; i < 500 && parse(c->Get(("/v1/jobs/" + first).c_str())->body)["step"] < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::vector<std::string> ids = {first};
+  for (int i = 0; i < 3; ++i) {  // each admitted between two calls of the first job's
+    ids.push_back(post_json(*c, "/v1/jobs", job(2 + i, 4, 32), &status)["id"]);
+    ASSERT_EQ(status, 202);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (const std::string& id : ids) EXPECT_EQ(test::wait_job(*c, id)["state"], "done");
+  const auto st = parse(c->Get("/v1/stats")->body);
+  int admissions = 0;
+  for (const auto& span : st["workers"][0]["timeline"]) admissions += span[2] == "admit";
+  EXPECT_GE(admissions, 4) << "every job's admission is a span";
+  auto m = c->Get("/metrics");
+  ASSERT_TRUE(m);
+  const TimelineTotals t = check_timelines(st);
+  EXPECT_EQ(t.calls, test::prom_value(m->body, "atelier_batch_size_count"));
+  EXPECT_EQ(t.samples, 40.0 + 3 * 4.0);  // every sample's steps, each counted once
 }
 
 TEST(ServeLoad, CancelsQueuedAndRunningJobs) {

@@ -79,6 +79,7 @@ void Job::mark_requeued(const std::string& reason) {
   if (terminal_locked()) return;
   state_ = JobState::kQueued;
   step_ = 0;
+  preview_step_ = 0;  // the next attempt's previews start again
   emit_locked("requeued", {{"state", "queued"}, {"reason", reason}});
 }
 
@@ -92,7 +93,9 @@ void Job::set_progress(int step, int total) {
 
 void Job::set_preview(int step, std::string jpeg_b64) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (terminal_locked()) return;
+  // Previews are encoded on the host pool's threads and may finish out of order: one older than the preview already
+  // shown is dropped, so clients see them in step order.
+  if (terminal_locked() || step <= preview_step_) return;
   preview_step_ = step;
   preview_b64_ = jpeg_b64;
   emit_locked("preview", {{"step", step}, {"total_steps", total_steps_}, {"image", std::move(jpeg_b64)}, {"format", "jpeg"}});

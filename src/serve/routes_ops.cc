@@ -47,10 +47,12 @@ void add_ops_routes(httplib::Server& http, ServerContext& ctx) {
     if (!body) return send_error(res, body.status());
     FieldReader f(*body);
     int worker = 0, probes = 0;
+    std::string at = "call";  // where the failure surfaces: the next model call, or the next decode of finished jobs
     if (Status st = f.integer("worker", 0, int(ctx.pool.size()) - 1, worker); !st.is_ok()) return send_error(res, st);
     if (Status st = f.integer("failing_probes", 0, 1000, probes); !st.is_ok()) return send_error(res, st);
-    ctx.pool.at(worker)->inject_failure(probes);
-    send_json(res, 200, {{"worker", worker}, {"failing_probes", probes}, {"armed", true}});
+    if (Status st = f.choice("at", {"call", "decode"}, at); !st.is_ok()) return send_error(res, st);
+    ctx.pool.at(worker)->inject_failure(probes, at == "decode");
+    send_json(res, 200, {{"worker", worker}, {"failing_probes", probes}, {"at", at}, {"armed", true}});
   });
 }
 

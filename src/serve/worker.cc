@@ -110,9 +110,9 @@ void Worker::assign(JobPtr job) {
   cv_.notify_all();
 }
 
-void Worker::inject_failure(int failing_probes) {
+void Worker::inject_failure(int failing_probes, bool at_decode) {
   failing_probes_ = failing_probes;
-  fail_next_call_ = true;
+  (at_decode ? fail_next_decode_ : fail_next_call_) = true;
   cv_.notify_all();
 }
 
@@ -133,6 +133,7 @@ void Worker::update_load() {
 }
 
 void Worker::add_busy(BusyKind kind, double seconds, int rows) {
+  last_busy_end_ = Clock::now();  // worker thread only, as every caller
   const double end = steady_seconds();
   std::lock_guard<std::mutex> lock(busy_mu_);
   timeline_.push_back({end - seconds, end, kind, rows});
@@ -432,6 +433,7 @@ struct Worker::PendingCall {
   uint64_t timed = 0;              // its device timer range (0: none)
   double enqueue_s = 0;            // host time to enqueue it
   uint64_t mark = 0;               // the device has finished it once its queue passes this mark
+  double busy_s = -1;              // its busy span once accounted (account_call), -1 before
 };
 
 Worker::ActiveJob* Worker::find_active(const JobPtr& job) {
@@ -506,13 +508,18 @@ std::unique_ptr<Worker::PendingCall> Worker::enqueue_call() {
   return call;
 }
 
-void Worker::finish_call(PendingCall& call, const PendingCall* next) {
+void Worker::account_call(PendingCall& call) {
+  if (call.busy_s >= 0) return;
   backend_for(device()).wait_for_mark(call.mark);
-  const auto now = Clock::now();
-  // From its enqueueing, or from the previous call's end where it was enqueued before that: spans never overlap.
-  const double dt = std::chrono::duration<double>(now - std::max(call.enqueued, last_call_end_)).count();
-  last_call_end_ = now;
-  add_busy(BusyKind::kModelCall, dt, call.rows);
+  // From its enqueueing, or from the end of the worker's previous busy span (a call, an admission, a decode) where
+  // it was enqueued before that: spans never overlap, and no time is counted twice.
+  call.busy_s = std::chrono::duration<double>(Clock::now() - std::max(call.enqueued, last_busy_end_)).count();
+  add_busy(BusyKind::kModelCall, call.busy_s, call.rows);
+}
+
+void Worker::finish_call(PendingCall& call, PendingCall* next) {
+  account_call(call);
+  const double dt = call.busy_s;
   note_call(call.timed, call.enqueue_s, call.model->unet->graphs().stats());
   if (profile_) fold_profile();
   metrics_.observe(metric::kStage, {{"stage", "model_call"}}, dt);
@@ -545,14 +552,23 @@ void Worker::finish_call(PendingCall& call, const PendingCall* next) {
   }
   const bool retired = !finished.empty();
   if (retired) {
-    retire(std::move(finished));
-    last_call_end_ = Clock::now();  // the decode's busy span waited out the next call too: no overlap
+    // The decode queues behind the next call on the device: that call is waited for (and its span recorded) first,
+    // so the decode's span and the vae_decode stage time the decode alone.
+    if (next) account_call(*next);
+    try {
+      retire(finished);
+    } catch (...) {  // a device failure surfacing in the decode: those not handed over go back to be re-queued
+      for (auto& aj : finished)
+        if (aj) active_.push_back(std::move(aj));
+      throw;
+    }
   }
   update_load();
   if (retired && hooks_.capacity_freed) hooks_.capacity_freed();
 }
 
-void Worker::retire(std::vector<std::unique_ptr<ActiveJob>> finished) {
+void Worker::retire(std::vector<std::unique_ptr<ActiveJob>>& finished) {
+  if (fail_next_decode_.exchange(false)) throw Error("injected device failure at a decode (test hook)");
   // Every image row of the finished jobs, decoded in chunks of rows of one group (model and latent shape).
   struct Row {
     size_t job;  // index into finished
@@ -594,6 +610,7 @@ void Worker::retire(std::vector<std::unique_ptr<ActiveJob>> finished) {
       if (st.is_ok()) complete_job(job, images, dir, metrics);
       else job->fail(st);
     });
+    finished[j].reset();  // handed over
   }
 }
 

@@ -91,8 +91,9 @@ class Worker {
   int max_batch() const { return options_.max_batch; }
   bool healthy() const { return healthy_.load(); }
 
-  // Test hook: the next model call fails as a device error, then `failing_probes` probes fail too.
-  void inject_failure(int failing_probes);
+  // Test hook: the next model call (or, with `at_decode`, the next VAE decode of finished jobs) fails as a device
+  // error, then `failing_probes` probes fail too.
+  void inject_failure(int failing_probes, bool at_decode = false);
 
   nlohmann::json status() const;
   void collect(MetricsRegistry& m);
@@ -108,9 +109,12 @@ class Worker {
   // as SdPipeline::denoise runs; ATELIER_SYNC_EACH_CALL=1 finishes each call at once).
   void run_call();
   std::unique_ptr<PendingCall> enqueue_call();  // null: nothing to run, or the batch failed (its jobs failed)
-  void finish_call(PendingCall& call, const PendingCall* next);  // waits for the device, reports, retires jobs done
+  void finish_call(PendingCall& call, PendingCall* next);  // waits for the device, reports, retires jobs done
+  void account_call(PendingCall& call);  // waits for the device to finish it and adds its busy span (once)
   ActiveJob* find_active(const JobPtr& job);
-  void retire(std::vector<std::unique_ptr<ActiveJob>> finished);
+  // Decodes the finished jobs and hands each to the host pool, leaving null where a job was handed over (on an
+  // exception the caller puts the others back in active_, so a device failure re-queues them).
+  void retire(std::vector<std::unique_ptr<ActiveJob>>& finished);
   Expected<Tensor> encode_prompt(const ActiveJob& aj, const std::string& text);
   void note_call(uint64_t timed, double enqueue_s, const GraphRunner::Stats& graphs);
   void warm_up(const ActiveJob& aj);
@@ -141,14 +145,14 @@ class Worker {
   std::atomic<bool> healthy_{true};
   std::atomic<int> load_{0};
   std::atomic<double> outstanding_{0};
-  std::atomic<bool> fail_next_call_{false};
+  std::atomic<bool> fail_next_call_{false}, fail_next_decode_{false};
   std::atomic<int> failing_probes_{0};
   std::atomic<int64_t> failures_{0};
 
   // Worker-thread state.
   std::list<std::unique_ptr<ActiveJob>> active_;
   std::unique_ptr<PendingCall> in_flight_;  // the model call enqueued and not yet finished
-  Clock::time_point last_call_end_{};       // when the host saw the previous call finish (busy spans never overlap)
+  Clock::time_point last_busy_end_{};       // the end of the last busy span of any kind (spans never overlap)
   std::string last_group_;
   PromptCache prompts_;
   // Groups whose device shapes are planned and recorded, with the model they were warmed on: a model evicted
