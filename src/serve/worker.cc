@@ -484,7 +484,14 @@ std::unique_ptr<Worker::PendingCall> Worker::enqueue_call() {
   call->enqueued = Clock::now();
   call->timed = call_timer_ ? call_timer_->begin("model_call", trace::Category::kCall) : 0;
   call->model = in_call.front()->model;
-  auto out = denoise_batch_step(*call->model->unet, batch, want_denoised);
+  Expected<BatchStepOutput> out = [&] {
+    try {
+      return denoise_batch_step(*call->model->unet, batch, want_denoised);
+    } catch (...) {  // a device failure: the range (and its NVTX range) is closed before the worker fails over
+      if (call->timed) call_timer_->end(call->timed);
+      throw;
+    }
+  }();
   if (call->timed) call_timer_->end(call->timed);
   call->enqueue_s = since(call->enqueued);  // host time to enqueue the call; the rest is waiting for the device
   if (!out) {  // not a device problem: the request could not be batched (shape error) — fail those jobs
@@ -621,7 +628,10 @@ void Worker::fail_device(const Status& why) {
   std::vector<JobPtr> jobs;
   for (const auto& aj : active_) jobs.push_back(aj->job);
   active_.clear();
-  in_flight_.reset();  // what the failed device was computing is redone elsewhere
+  // What the failed device was computing is redone elsewhere. Dropping the call without waiting for the device is
+  // safe while everything it uses is stream-ordered on one stream (the allocator reuses a block only after the
+  // stream passes its free; pinned staging is event-guarded; a graph exec destroyed mid-launch is freed after it).
+  in_flight_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& j : inbox_) jobs.push_back(j);
