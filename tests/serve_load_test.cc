@@ -244,10 +244,7 @@ TEST(ServeLoad, StepsOfAJobWhoseImagesTakeTurnsAreReportedOnce) {
 // spans and the calls' spans never overlap, and every model call is in the timeline once.
 TEST(ServeLoad, AdmissionsDuringACallKeepTheTimelineInOrder) {
   ATELIER_REQUIRE_TINY_MODEL();
-  ServeOptions o = test::tiny_options();
-  o.max_batch = 8;
-  o.batch_window_ms = 0;
-  auto s = RunningServer::start(o);
+  auto s = batching_server(0);
   ASSERT_TRUE(s);
   auto c = s->client();
   int status = 0;
