@@ -270,6 +270,52 @@ TEST(ServeLoad, AdmissionsDuringACallKeepTheTimelineInOrder) {
   EXPECT_EQ(t.samples, 40.0 + 3 * 4.0);  // every sample's steps, each counted once
 }
 
+// Event streams and synchronous calls hold an HTTP thread each while their job runs; past the held slots (all but an
+// eighth of --http-threads) they are answered 503 at once, and the threads left keep health checks and polling
+// answered.
+TEST(ServeLoad, WaitingConnectionsLeaveThreadsForShortRequests) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  ServeOptions o = test::tiny_options();
+  o.http_threads = 8;  // 6 held slots, 2 threads kept free
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  int status = 0;
+  const std::string id = post_json(*c, "/v1/jobs", job(1, 150, 64), &status)["id"];
+  ASSERT_EQ(status, 202);
+  const std::string events = "/v1/jobs/" + id + "/events";
+  std::vector<std::thread> streams;
+  for (int i = 0; i < 6; ++i)
+    streams.emplace_back([&] { s->client()->Get(events.c_str(), [](const char*, size_t) { return true; }); });
+  const auto held = [&] { return parse(c->Get("/v1/stats")->body)["held_connections"]; };
+  for (int i = 0; i < 500 && held()["open"] != 6; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(held()["open"], 6);
+  EXPECT_EQ(held()["capacity"], 6);
+  // A seventh stream and a synchronous call: 503 at once, with Retry-After, and no job submitted for the call.
+  auto more = c->Get(events.c_str());
+  ASSERT_TRUE(more);
+  EXPECT_EQ(more->status, 503);
+  EXPECT_TRUE(more->has_header("Retry-After"));
+  EXPECT_NE(more->body.find("too many connections waiting on jobs"), std::string::npos) << more->body;
+  post_json(*c, "/sdapi/v1/txt2img", job(2, 1, 32), &status);
+  EXPECT_EQ(status, 503);
+  EXPECT_EQ(parse(c->Get("/v1/stats")->body)["jobs_stored"], 1);
+  // Short requests are still answered promptly.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto health = c->Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(parse(c->Get(("/v1/jobs/" + id).c_str())->body)["state"], "running");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  // The job ends, the streams end, and their slots are free again.
+  ASSERT_EQ(c->Delete(("/v1/jobs/" + id).c_str())->status, 202);
+  for (auto& t : streams) t.join();
+  for (int i = 0; i < 500 && held()["open"] != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(held()["open"], 0);
+  post_json(*c, "/sdapi/v1/txt2img", job(3, 1, 32), &status);
+  EXPECT_EQ(status, 200);
+}
+
 TEST(ServeLoad, CancelsQueuedAndRunningJobs) {
   ATELIER_REQUIRE_TINY_MODEL();
   ServeOptions o = test::tiny_options();

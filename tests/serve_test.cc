@@ -305,6 +305,8 @@ TEST_F(ServeApi, MalformedRequestsAre400AndHarmless) {
       {"/v1/jobs", "{\"prompt\": \"\xff\xfe\"}", "not valid JSON"},
       {"/v1/jobs", R"({"steps": "abc"})", "steps"},
       {"/v1/jobs", R"({"steps": 1e308})", "steps"},
+      {"/v1/jobs", R"({"steps": 1e999})", "JSON numbers cannot represent"},  // past a double: not a parse error to nlohmann
+      {"/v1/images/generations", R"({"prompt": "x", "seed": -1e999})", "JSON numbers cannot represent"},
       {"/v1/jobs", R"({"steps": 2.5})", "steps"},
       {"/v1/jobs", R"({"width": 33, "height": 32})", "width"},
       {"/v1/jobs", R"({"width": 100000})", "width"},
@@ -329,6 +331,7 @@ TEST_F(ServeApi, MalformedRequestsAre400AndHarmless) {
       {"/v1/jobs", R"({"init_image": "data:image/png,xyz"})", "init_image"},
       {"/v1/jobs", R"({"timeout_s": -1})", "timeout_s"},
       {"/v1/jobs", R"x({"prompt": "(cat:1.2.3)", "emphasis": true})x", "prompt: prompt emphasis weight"},
+      {"/v1/jobs", R"x({"negative_prompt": "(cat:100000)", "emphasis": true})x", "negative_prompt: prompt emphasis weight 100000 is out of range"},
       {"/sdapi/v1/txt2img", R"({"sampler_name": 3})", "sampler_name"},
       {"/sdapi/v1/txt2img", R"({"scheduler": "Beta"})", "scheduler"},
       {"/sdapi/v1/txt2img", R"({"override_settings": []})", "override_settings"},
@@ -355,6 +358,12 @@ TEST_F(ServeApi, MalformedRequestsAre400AndHarmless) {
   auto big = client_->Post("/v1/jobs", std::string(o.max_body_bytes + 1, ' '), "application/json");
   ASSERT_TRUE(big);
   EXPECT_EQ(big->status, 413);
+  // A compressed body is refused before it is read (a small gzip body can inflate to gigabytes past the limit).
+  auto gz = client_->Post("/v1/jobs", httplib::Headers{{"Content-Encoding", "gzip"}}, std::string("\x1f\x8b not gzip", 12),
+                          "application/json");
+  ASSERT_TRUE(gz);
+  EXPECT_EQ(gz->status, 415);
+  EXPECT_NE(gz->body.find("uncompressed only"), std::string::npos) << gz->body;
   auto none = client_->Get("/nope");
   ASSERT_TRUE(none);
   EXPECT_EQ(none->status, 404);

@@ -352,6 +352,21 @@ TEST(PromptWeights, BadWeightIsAnError) {
   EXPECT_FALSE(parse_prompt_attention("(a:.)"));
 }
 
+// Weights past +-100 (explicit, or nested brackets multiplied) are refused: 1.1^1000 or (a:1e39) overflowed the
+// weighted embeddings to inf, and the image came out black.
+TEST(PromptWeights, WeightsPastAHundredAreAnError) {
+  for (const std::string& p : {"(a:1" + std::string(39, '0') + ")", std::string(60, '(') + "a" + std::string(60, ')'),
+                               std::string("((a:100))"), std::string("(a:-100.5)"), std::string(1000, '(') + "a"}) {
+    auto r = parse_prompt_attention(p);
+    ASSERT_FALSE(r) << p.substr(0, 80);
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("out of range"), std::string::npos) << r.status().message();
+  }
+  EXPECT_TRUE(parse_prompt_attention("(a:100) (b:-100)"));
+  EXPECT_TRUE(parse_prompt_attention(std::string(48, '(') + "a" + std::string(48, ')')));  // 1.1^48 = 97.0
+  EXPECT_TRUE(parse_prompt_attention(std::string(1000, '[') + "a"));  // tiny weights are harmless
+}
+
 TEST(PromptWeights, EncodeWeightedTruncates) {
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
   const ClipTokenizer t = load_or_die(dir / "model/tokenizer");

@@ -29,6 +29,8 @@ Expected<nlohmann::json> parse_body(std::string_view body) {
     j = nlohmann::json::parse(body);
   } catch (const nlohmann::json::parse_error& e) {
     return invalid_argument("the body is not valid JSON (byte " + std::to_string(e.byte) + ")");
+  } catch (const nlohmann::json::exception& e) {  // a number past a double's range (1e999) is out_of_range, not a parse error
+    return invalid_argument(std::string("the body holds a value JSON numbers cannot represent: ") + e.what());
   }
   if (!j.is_object()) return invalid_argument("the body must be a JSON object, got " + describe_json_value(j));
   return j;

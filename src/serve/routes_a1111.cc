@@ -110,6 +110,8 @@ void generate(ServerContext& ctx, const httplib::Request& req, httplib::Response
   bool send_images = true;
   FieldReader f(*body);
   if (Status st = f.boolean("send_images", send_images); !st.is_ok()) return send_error(res, st);
+  const std::shared_ptr<void> slot = ctx.hold_connection(res);  // held while the job runs
+  if (!slot) return;
   auto job = ctx.submit(std::move(*r));
   if (!job) return send_error(res, job.status(), ctx.retry_after_s());
   if (!ctx.wait(*job)) return send_error(res, 503, "the server is shutting down");

@@ -70,12 +70,13 @@ uint64_t last_event_id(const httplib::Request& req) {
   return std::stoull(v);
 }
 
-void stream_events(ServerContext& ctx, const JobPtr& job, uint64_t after, httplib::Response& res) {
+// `slot`: the held-connection slot the stream keeps until it ends.
+void stream_events(ServerContext& ctx, const JobPtr& job, uint64_t after, std::shared_ptr<void> slot, httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   auto cursor = std::make_shared<uint64_t>(after);
   auto idle = std::make_shared<int>(0);
-  res.set_chunked_content_provider("text/event-stream", [&ctx, job, cursor, idle](size_t, httplib::DataSink& sink) {
+  res.set_chunked_content_provider("text/event-stream", [&ctx, job, cursor, idle, slot](size_t, httplib::DataSink& sink) {
     bool terminal = false;
     const auto events = job->events_after(*cursor, kEventWait, &terminal);
     for (const JobEvent& e : events) {
@@ -120,7 +121,9 @@ void add_native_routes(httplib::Server& http, ServerContext& ctx) {
   http.Get(R"(/v1/jobs/([^/]+)/events)", [&ctx](const httplib::Request& req, httplib::Response& res) {
     const JobPtr job = find_job(ctx, req, res);
     if (!job) return;
-    stream_events(ctx, job, last_event_id(req), res);
+    std::shared_ptr<void> slot = ctx.hold_connection(res);
+    if (!slot) return;
+    stream_events(ctx, job, last_event_id(req), std::move(slot), res);
   });
 
   http.Delete(R"(/v1/jobs/([^/]+))", [&ctx](const httplib::Request& req, httplib::Response& res) {

@@ -68,8 +68,11 @@ int64_t unix_now() {
 void respond(const Job& job, httplib::Response& res) {
   if (job.state() != JobState::kDone) {
     const Status err = job.error();
-    return send_error(res, err.code() == ErrorCode::kCancelled ? (job.state() == JobState::kCancelled ? 409 : 504) : 500,
-                      err.message());
+    // A cancelled job 409, a timed-out one 504; bad input found only at run time 400 (as the A1111 routes answer).
+    const int status = err.code() == ErrorCode::kCancelled ? (job.state() == JobState::kCancelled ? 409 : 504)
+                       : http_status(err) == 500                 ? 500
+                                                                 : 400;
+    return send_error(res, status, err.message());
   }
   nlohmann::json data = nlohmann::json::array();
   const auto images = job.images();
@@ -79,11 +82,12 @@ void respond(const Job& job, httplib::Response& res) {
 }
 
 // SSE: partial images from the job's preview events, then one completed event per image (or an error).
-void stream(ServerContext& ctx, const JobPtr& job, httplib::Response& res) {
+// `slot`: the held-connection slot the stream keeps until it ends.
+void stream(ServerContext& ctx, const JobPtr& job, std::shared_ptr<void> slot, httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
   auto cursor = std::make_shared<uint64_t>(0);
   auto partial = std::make_shared<int>(0);
-  res.set_chunked_content_provider("text/event-stream", [&ctx, job, cursor, partial](size_t, httplib::DataSink& sink) {
+  res.set_chunked_content_provider("text/event-stream", [&ctx, job, cursor, partial, slot](size_t, httplib::DataSink& sink) {
     bool terminal = false;
     const auto events = job->events_after(*cursor, kEventWait, &terminal);
     const std::string format = job->request().output_format;
@@ -122,9 +126,11 @@ void add_openai_routes(httplib::Server& http, ServerContext& ctx) {
     bool streaming = false;
     auto r = parse_openai(*body, ctx.options.limits, &streaming);
     if (!r) return send_error(res, r.status());
+    std::shared_ptr<void> slot = ctx.hold_connection(res);  // held while the job runs
+    if (!slot) return;
     auto job = ctx.submit(std::move(*r));
     if (!job) return send_error(res, job.status(), ctx.retry_after_s());
-    if (streaming) return stream(ctx, *job, res);
+    if (streaming) return stream(ctx, *job, std::move(slot), res);
     if (!ctx.wait(*job)) return send_error(res, 503, "the server is shutting down");
     ctx.store.erase((*job)->id());  // answered: the result is not kept for polling
     respond(**job, res);

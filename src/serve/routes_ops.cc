@@ -35,6 +35,7 @@ void add_ops_routes(httplib::Server& http, ServerContext& ctx) {
                          {"workers", workers},
                          {"queue", {{"depth", ctx.scheduler.queue_depth()}, {"capacity", ctx.scheduler.queue_capacity()}}},
                          {"jobs_stored", ctx.store.size()},
+                         {"held_connections", {{"open", ctx.held.held()}, {"capacity", ctx.held.capacity()}}},
                          {"models", models},
                          {"uptime_s", uptime},
                          {"clock_s", steady_seconds()},  // the time base of each worker's "timeline"

@@ -67,6 +67,7 @@ struct Server::Impl {
 
 void Server::Impl::configure_http() {
   const int threads = std::max(4, options.http_threads);
+  ctx->held.set_capacity(held_connection_slots(threads));
   http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   http.set_payload_max_length(options.max_body_bytes);
   http.set_keep_alive_timeout(kKeepAliveTimeoutS);
@@ -87,6 +88,12 @@ void Server::Impl::configure_http() {
         res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, Last-Event-ID");
         res.set_header("Access-Control-Max-Age", "600");
       }
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // Compressed bodies are refused before they are read: the body limit counts the bytes on the wire, and a small
+    // gzip body can inflate to gigabytes.
+    if (const std::string enc = req.get_header_value("Content-Encoding"); !enc.empty() && enc != "identity") {
+      send_error(res, 415, "request bodies are accepted uncompressed only (Content-Encoding: " + enc.substr(0, 32) + ")");
       return httplib::Server::HandlerResponse::Handled;
     }
     if (options.api_key.empty() || is_public_path(req.path)) return httplib::Server::HandlerResponse::Unhandled;

@@ -31,7 +31,7 @@ struct ServeOptions {
   size_t max_body_bytes = 32u << 20;
   ServeLimits limits;
   double default_timeout_s = 600;        // per job unless the request gives one (0 = none)
-  int http_threads = 64;                 // concurrent connections (each SSE stream or waiting call holds one)
+  int http_threads = 128;                // concurrent connections (each SSE stream or waiting call holds one; an eighth stay free for short requests)
   int host_threads = 0;                  // image encoding pool; 0 = ThreadPool::default_size()
   int cpu_threads = 0;                   // OpenMP threads per CPU worker; 0 = the cores divided among CPU workers
   size_t max_models_per_device = 2;

@@ -1,6 +1,9 @@
 #include "serve/server_context.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "serve/http_util.h"
 
 namespace atelier::serve {
 
@@ -40,6 +43,27 @@ bool ServerContext::wait(const JobPtr& job) const {
     if (stopping.load()) return job->finished();
   }
   return true;
+}
+
+std::shared_ptr<void> HeldConnections::try_hold() {
+  if (held_.fetch_add(1) >= capacity_) {
+    held_.fetch_sub(1);
+    return nullptr;
+  }
+  return std::shared_ptr<void>(this, [](void* self) { static_cast<HeldConnections*>(self)->held_.fetch_sub(1); });  // non-null: a handle tests true
+}
+
+int held_connection_slots(int http_threads) { return http_threads - std::max(2, http_threads / 8); }
+
+std::shared_ptr<void> ServerContext::hold_connection(httplib::Response& res) {
+  std::shared_ptr<void> slot = held.try_hold();
+  if (!slot)
+    send_error(res, 503,
+               "too many connections waiting on jobs (" + std::to_string(held.capacity()) +
+                   " event streams and synchronous calls are open): retry later, or submit with POST /v1/jobs and poll "
+                   "GET /v1/jobs/{id}",
+               retry_after_s());
+  return slot;
 }
 
 int ServerContext::retry_after_s() const {

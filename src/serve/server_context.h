@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 
 #include "serve/device_pool.h"
 #include "serve/job_store.h"
@@ -14,9 +15,29 @@
 
 namespace httplib {
 class Server;
+struct Response;
 }
 
 namespace atelier::serve {
+
+// Connections held for as long as a job runs (event streams, synchronous generation calls) each take one of a fixed
+// number of slots. The HTTP threads beyond the slots stay free for short requests, so health checks, polling and
+// submissions are answered however many clients wait on jobs (each held connection holds an HTTP thread).
+class HeldConnections {
+ public:
+  void set_capacity(int slots) { capacity_ = slots; }
+  // A slot, given back when the last copy of the handle is gone; null when every slot is taken.
+  std::shared_ptr<void> try_hold();
+  int capacity() const { return capacity_; }
+  int held() const { return held_.load(); }
+
+ private:
+  int capacity_ = 0;
+  std::atomic<int> held_{0};
+};
+
+// The held slots of a server with `http_threads` threads: all but an eighth of them (at least 2 kept free).
+int held_connection_slots(int http_threads);
 
 // Counts a job's outcome in the metrics (jobs by state, images, end-to-end latency).
 TerminalHook terminal_hook(MetricsRegistry& metrics);
@@ -32,6 +53,7 @@ struct ServerContext {
   std::chrono::steady_clock::time_point started;
   // Redis mode: workers with a fresh heartbeat (readiness); empty = the local device pool decides.
   std::function<int()> cluster_workers = {};
+  HeldConnections held = {};  // its capacity is set with the HTTP threads (Server::Impl::configure_http)
 
   // Resolves the model, validates against the limits, creates and queues the job.
   // Errors: kInvalidArgument (400), kNotFound (unknown model, 400), kResourceExhausted (queue full, 429).
@@ -40,6 +62,8 @@ struct ServerContext {
   bool wait(const JobPtr& job) const;
   // Seconds a client should wait after a 429: the mean job latency so far, at least 1.
   int retry_after_s() const;
+  // A held slot for a request that will wait on a job (take it before submitting), or null with a 503 sent.
+  std::shared_ptr<void> hold_connection(httplib::Response& res);
 };
 
 // Route registration, one function per API family (routes_*.cc).

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
 
 #include "tokenizers/unicode.h"
 
@@ -11,6 +13,10 @@ namespace {
 constexpr double kRoundMultiplier = 1.1;
 constexpr double kSquareMultiplier = 1 / 1.1;
 constexpr double kBreakWeight = -1.0;
+// The largest weight magnitude a chunk may end with (explicit weights and nested brackets multiplied): far past any
+// useful emphasis, and small enough that weighted embeddings stay finite in f16 (1.1^1000 from nested brackets, or
+// (word:1e39), overflowed to inf and the image came out black).
+constexpr double kMaxEmphasisWeight = 100.0;
 constexpr std::u32string_view kBreak = U"BREAK";
 
 // Python's re \s for str patterns: str.isspace(), i.e. White_Space plus the separators U+001C..U+001F.
@@ -144,6 +150,13 @@ Expected<std::vector<PromptChunk>> parse_prompt_attention(std::string_view promp
   for (size_t pos : round) multiply_range(res, pos, kRoundMultiplier);
   for (size_t pos : square) multiply_range(res, pos, kSquareMultiplier);
   if (res.empty()) res.push_back({"", 1.0});
+  for (const PromptChunk& chunk : res)
+    if (!chunk.is_break() && !(std::abs(chunk.weight) <= kMaxEmphasisWeight)) {
+      char weight[32];
+      std::snprintf(weight, sizeof weight, "%g", chunk.weight);
+      return invalid_argument("prompt emphasis weight " + std::string(weight) + " is out of range: a chunk's weight (explicit " +
+                              "weights and nested brackets multiplied) must be within +-100");
+    }
   // Merge neighbours with exactly equal weights.
   std::vector<PromptChunk> merged;
   for (PromptChunk& chunk : res) {
