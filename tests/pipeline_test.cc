@@ -182,8 +182,11 @@ TEST(SdGenerate, RejectsBadRequests) {
   r.clip_skip = 9;
   expect_error(r, "clip skip");
   r = ok;
+  r.steps = 4;  // int(4 x 0.75) = 3 steps of img2img at the default strength (1 step would leave none)
   r.init_image = "/nonexistent/image.png";
   expect_error(r, "/nonexistent/image.png");
+  r.strength = 0.2;  // int(4 x 0.2) = 0 steps: refused before the image is even read
+  expect_error(r, "leaves no step to run");
 }
 
 TEST(SdGenerate, SingleFileWithoutTokenizerSaysWhatToPass) {

@@ -116,6 +116,9 @@ TEST(ServeFault, AdminSwitchNamesWhereItCanFail) {
   const auto r = post_json(*c, "/v1/admin/fail-device", {{"worker", 0}, {"at", "upload"}}, &status);
   EXPECT_EQ(status, 400);
   EXPECT_NE(r.dump().find("call, decode"), std::string::npos) << r.dump();
+  const auto typo = post_json(*c, "/v1/admin/fail-device", {{"worker", 0}, {"failing_probe", 3}}, &status);
+  EXPECT_EQ(status, 400) << "a misspelt field arms nothing";
+  EXPECT_NE(typo.dump().find("failing_probe"), std::string::npos) << typo.dump();
 }
 
 TEST(ServeFault, AdminSwitchExistsOnlyWithTestHooks) {

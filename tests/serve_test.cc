@@ -227,6 +227,14 @@ TEST_F(ServeApi, A1111Txt2ImgAndImg2Img) {
   EXPECT_EQ(out.width, 32);
   EXPECT_NE(parse(i2i["info"].get<std::string>())["infotexts"][0].get<std::string>().find("Denoising strength: 0.5"),
             std::string::npos);
+  // A strength that leaves no step of the 4 (int(4 x 0.2) = 0) is a 400 before anything is queued.
+  const auto none = post_json(*client_, "/sdapi/v1/img2img",
+                              {{"prompt", "a cat"}, {"init_images", {t2i["images"][0]}}, {"denoising_strength", 0.2},
+                               {"width", 32}, {"height", 32}, {"steps", 4}},
+                              &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(none.dump().find("denoising_strength: 0.2"), std::string::npos) << none.dump();
+  EXPECT_NE(none.dump().find("leaves no step to run"), std::string::npos) << none.dump();
 }
 
 TEST_F(ServeApi, A1111InfoEndpoints) {

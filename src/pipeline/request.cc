@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "sampling/sampler.h"
+
 namespace atelier {
 
 Status GenerateRequest::validate() const {
@@ -30,6 +32,9 @@ Status GenerateRequest::validate() const {
     return invalid_argument("unknown prediction '" + prediction + "': supported are epsilon and v");
   if (!init_image.empty() && (!(strength > 0) || strength > 1))
     return invalid_argument("strength must be in (0, 1] for img2img");
+  if (!init_image.empty() && steps >= 1 && sampling::img2img_steps(steps, strength) < 1)
+    return invalid_argument("strength " + std::to_string(strength) + " with " + std::to_string(steps) +
+                            " steps leaves no step to run (img2img runs the last int(steps x strength)); raise either");
   if (batch_size < 1 || batch_size > kMaxBatch)
     return invalid_argument("batch size must be from 1 to " + std::to_string(kMaxBatch));
   if (batch_count < 1 || batch_count > 1000) return invalid_argument("batch count must be from 1 to 1000");

@@ -59,14 +59,18 @@ LinearExpr clip_if_configured(const SchedulerConfig& config, const LinearExpr& x
 
 }  // namespace detail
 
+int img2img_steps(int steps, double strength) {
+  const int init_timestep = std::min(int(double(steps) * strength), steps);
+  return steps - std::max(steps - init_timestep, 0);
+}
+
 Status Sampler::set_strength(double strength) {
   if (call_ != begin_index_) return invalid_argument("set_strength must be called before the first model call");
   if (!(strength >= 0.0 && strength <= 1.0)) {
     return invalid_argument("strength must be in [0, 1], got " + std::to_string(strength));
   }
   // StableDiffusionImg2ImgPipeline.get_timesteps.
-  const int init_timestep = std::min(int(double(steps_) * strength), steps_);
-  const int t_start = std::max(steps_ - init_timestep, 0);
+  const int t_start = steps_ - img2img_steps(steps_, strength);
   if (steps_ - t_start < 1) {
     return invalid_argument("strength " + std::to_string(strength) + " with " + std::to_string(steps_) +
                             " steps leaves no step to run; raise the strength or the steps");

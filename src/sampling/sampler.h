@@ -124,6 +124,10 @@ struct NoiseRule {
   float noise = 1.0f;
 };
 
+// The steps an img2img run of `steps` at `strength` in [0, 1] runs: the last min(int(steps * strength), steps), as
+// the img2img pipeline's get_timesteps keeps them (0: none, which Sampler::set_strength refuses).
+int img2img_steps(int steps, double strength);
+
 // Draws standard normal noise of the given shape (bound by the pipeline to a torch-compatible generator).
 using NoiseSource = std::function<Tensor(const Shape&)>;
 

@@ -52,6 +52,7 @@ void add_ops_routes(httplib::Server& http, ServerContext& ctx) {
     if (Status st = f.integer("worker", 0, int(ctx.pool.size()) - 1, worker); !st.is_ok()) return send_error(res, st);
     if (Status st = f.integer("failing_probes", 0, 1000, probes); !st.is_ok()) return send_error(res, st);
     if (Status st = f.choice("at", {"call", "decode"}, at); !st.is_ok()) return send_error(res, st);
+    if (Status st = f.only({"worker", "failing_probes", "at"}); !st.is_ok()) return send_error(res, st);
     ctx.pool.at(worker)->inject_failure(probes, at == "decode");
     send_json(res, 200, {{"worker", worker}, {"failing_probes", probes}, {"at", at}, {"armed", true}});
   });

@@ -2,6 +2,7 @@
 
 #include <webp/decode.h>
 
+#include "sampling/sampler.h"
 #include "sampling/sampler_names.h"
 #include "tokenizers/prompt_weights.h"
 #include "serve/base64.h"
@@ -85,6 +86,9 @@ Status validate_request(const ServeRequest& r, const ServeLimits& limits) {
     return invalid_argument("timeout: must be from 0 to " + std::to_string(int(limits.max_timeout_s)) + " seconds");
   if (r.init_image && !(g.strength > 0 && g.strength <= 1))
     return invalid_argument("denoising_strength: must be in (0, 1] for img2img");
+  if (r.init_image && sampling::img2img_steps(g.steps, g.strength) < 1)
+    return invalid_argument("denoising_strength: " + std::to_string(g.strength) + " with " + std::to_string(g.steps) +
+                            " steps leaves no step to run (img2img runs the last int(steps x strength)); raise either");
   if (g.emphasis) {  // A1111 (word:1.2) syntax: a malformed prompt is a 400 now, not a failed job later
     for (auto [name, text] : {std::pair{"prompt", &g.prompt}, std::pair{"negative_prompt", &g.negative_prompt}}) {
       if (auto chunks = parse_prompt_attention(*text); !chunks)
