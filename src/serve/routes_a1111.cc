@@ -50,6 +50,9 @@ Expected<ServeRequest> parse_a1111(const nlohmann::json& body, const ServeLimits
   ATELIER_RETURN_IF_ERROR(f.number("cfg_scale", 0.0, 100.0, g.cfg_scale));
   ATELIER_RETURN_IF_ERROR(f.string("sampler_index", g.sampler, 64));  // the old name of sampler_name
   ATELIER_RETURN_IF_ERROR(f.string("sampler_name", g.sampler, 64));
+  for (const char* field : {"sampler_name", "sampler_index"})  // the error names the field the client sent
+    if (f.has(field))
+      if (auto spec = sampling::parse_sampler(g.sampler); !spec) return invalid_argument(std::string(field) + ": " + spec.status().message());
   ATELIER_RETURN_IF_ERROR(read_scheduler(f, g.schedule));
   ATELIER_RETURN_IF_ERROR(f.integer("seed", int64_t(-1), int64_t(0xffffffffffffLL), g.seed));
   ATELIER_RETURN_IF_ERROR(f.integer("batch_size", 1, limits.max_images, g.batch_size));

@@ -16,7 +16,7 @@ namespace {
 constexpr int kMaxPartialImages = 3;  // OpenAI's limit
 constexpr auto kEventWait = std::chrono::milliseconds(1000);
 
-Status parse_size(const std::string& size, GenerateRequest& g) {
+Status parse_size(const std::string& size, const ServeLimits& limits, GenerateRequest& g) {
   if (size.empty() || size == "auto") return Status::ok();  // the model's default size
   const size_t x = size.find('x');
   auto number = [](const std::string& s) -> int {
@@ -27,6 +27,10 @@ Status parse_size(const std::string& size, GenerateRequest& g) {
   const int h = x == std::string::npos ? -1 : number(size.substr(x + 1));
   if (w <= 0 || h <= 0)
     return invalid_argument("size: expected \"WIDTHxHEIGHT\" (e.g. \"512x512\") or \"auto\", got \"" + size.substr(0, 32) + "\"");
+  for (const int side : {w, h})
+    if (side < kLatentFactor || side > limits.max_side || side % kLatentFactor != 0)
+      return invalid_argument("size: \"" + size + "\" is not supported: each side from " + std::to_string(kLatentFactor) + " to " +
+                              std::to_string(limits.max_side) + " pixels, a multiple of " + std::to_string(kLatentFactor));
   g.width = w;
   g.height = h;
   return Status::ok();
@@ -44,7 +48,7 @@ Expected<ServeRequest> parse_openai(const nlohmann::json& body, const ServeLimit
   ATELIER_RETURN_IF_ERROR(f.integer("n", 1, limits.max_images, g.batch_size));
   std::string size, response_format = "b64_json";
   ATELIER_RETURN_IF_ERROR(f.string("size", size, 32));
-  ATELIER_RETURN_IF_ERROR(parse_size(size, g));
+  ATELIER_RETURN_IF_ERROR(parse_size(size, limits, g));
   ATELIER_RETURN_IF_ERROR(f.string("response_format", response_format, 32));
   if (response_format != "b64_json")
     return unsupported("response_format: only \"b64_json\" is supported (this server does not host image URLs)");
