@@ -128,9 +128,39 @@ std::string json_type_name(const json& v) {
   return v.type_name();
 }
 
-Expected<json> parse_json(std::string_view text, const std::string& label) {
+namespace {
+struct TooDeep {};  // thrown from the parser callback: nlohmann has no other way to stop a parse
+}  // namespace
+
+json parse_json_bounded(std::string_view text, bool* too_deep, const json::parser_callback_t& keep, int max_depth) {
+  if (too_deep) *too_deep = false;
+  const json::parser_callback_t bounded = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > max_depth) throw TooDeep{};
+    return keep ? keep(depth, event, parsed) : true;
+  };
   try {
-    return json::parse(text.begin(), text.end());
+    return json::parse(text.begin(), text.end(), bounded, /*allow_exceptions=*/false);
+  } catch (const TooDeep&) {
+    if (too_deep) *too_deep = true;
+    return json(json::value_t::discarded);
+  }
+}
+
+std::string json_excerpt(const json& v, size_t max_chars) {
+  std::string text = v.dump();  // bounded: every value here comes from a depth-limited parse
+  if (text.size() > max_chars) text = text.substr(0, max_chars) + "...";
+  return text;
+}
+
+Expected<json> parse_json(std::string_view text, const std::string& label) {
+  const json::parser_callback_t bounded = [](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxJsonDepth) throw TooDeep{};
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), bounded);
+  } catch (const TooDeep&) {
+    return corrupt(label + ": JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   } catch (const json::parse_error& e) {
     // e.byte is 1-based: the position of the character that failed.
     const size_t pos = e.byte > 0 ? size_t(e.byte - 1) : 0;

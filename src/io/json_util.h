@@ -18,6 +18,18 @@
 
 namespace atelier {
 
+// The deepest nesting a JSON file read here may have (configs, tokenizer files and safetensors headers are a few levels
+// deep). nlohmann's parser is iterative, but its dump, copy and comparison recurse: a hostile file nested 100,000
+// deep overflowed the stack.
+constexpr int kMaxJsonDepth = 64;
+
+// nlohmann::json::parse(text, keep, false) with the nesting limited: a discarded value on a syntax error or past
+// `max_depth` (then *too_deep is set). `keep`: nlohmann's optional callback (which values to keep).
+nlohmann::json parse_json_bounded(std::string_view text, bool* too_deep = nullptr,
+                                  const nlohmann::json::parser_callback_t& keep = nullptr, int max_depth = kMaxJsonDepth);
+// A value's JSON text for an error message, cut to `max_chars` ("..." after it).
+std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 80);
+
 // Reads and parses a JSON file. Errors: kNotFound (missing), kInvalidArgument (unreadable, too large),
 // kCorrupt (syntax error, with line and column).
 Expected<nlohmann::json> read_json_file(const std::string& path);

@@ -17,6 +17,9 @@
 #include <filesystem>
 #include <limits>
 #include <set>
+#include <stdexcept>
+
+#include "io/json_util.h"
 
 namespace atelier {
 namespace {
@@ -27,6 +30,7 @@ constexpr size_t kLengthPrefixBytes = 8;
 // Real headers are a few MB at most (tens of thousands of tensors); a larger length is corruption, and
 // capping it keeps a hostile file from making us parse gigabytes of JSON.
 constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;
+constexpr int kMaxHeaderDepth = 4;  // a tensor entry is 3 levels deep: {name: {"shape": [...]}}
 constexpr size_t kHeaderAlignment = 8;       // writer pads the header so the data section is 8-byte aligned
 constexpr int64_t kParallelMinElements = 1 << 16;  // below this, conversion threads cost more than they save
 constexpr const char* kMetadataKey = "__metadata__";
@@ -129,7 +133,10 @@ bool as_nonnegative_integer(const json& v, uint64_t* out) {
 Expected<json> parse_header_json(const char* text, size_t len, const std::string& label) {
   std::vector<std::set<std::string>> key_stack;
   std::string duplicate;
-  auto callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
+    // {name: {"shape": [...], ...}} is three levels deep; a hostile header nested far deeper would overflow the stack
+    // in nlohmann's recursive copy and dump.
+    if (depth > kMaxHeaderDepth) throw std::length_error("header nests deeper than " + std::to_string(kMaxHeaderDepth) + " levels");
     if (event == json::parse_event_t::object_start) {
       key_stack.emplace_back();
     } else if (event == json::parse_event_t::object_end) {
@@ -145,6 +152,8 @@ Expected<json> parse_header_json(const char* text, size_t len, const std::string
     header = json::parse(text, text + len, callback);
   } catch (const json::exception& e) {
     return corrupt(label + ": header is not valid JSON: " + e.what());
+  } catch (const std::length_error& e) {
+    return corrupt(label + ": " + e.what());
   }
   if (!duplicate.empty()) return corrupt(label + ": header has the key '" + duplicate + "' more than once");
   if (!header.is_object()) return corrupt(label + ": header must be a JSON object, got " + header.type_name());
@@ -180,7 +189,7 @@ Status parse_entry(const std::string& label, const std::string& name, const json
   for (size_t i = 0; i < shape.size(); ++i) {
     uint64_t d = 0;
     if (!as_nonnegative_integer(shape[i], &d))
-      return corrupt(where + "shape entry " + std::to_string(i) + " (" + shape[i].dump() +
+      return corrupt(where + "shape entry " + std::to_string(i) + " (" + json_excerpt(shape[i]) +
                      ") is not a non-negative integer");
     if (d > uint64_t(std::numeric_limits<int64_t>::max()))
       return corrupt(where + "shape entry " + std::to_string(i) + " (" + std::to_string(d) + ") is too large");
@@ -192,14 +201,14 @@ Status parse_entry(const std::string& label, const std::string& name, const json
   }
   const uint64_t elem = dtype_size(info->dtype);
   if (overflow || span > uint64_t(std::numeric_limits<int64_t>::max()) / elem)
-    return corrupt(where + "shape " + shape.dump() + " overflows the addressable size");
+    return corrupt(where + "shape " + json_excerpt(shape) + " overflows the addressable size");
   const uint64_t numel = has_zero_dim ? 0 : span;
 
   const json& off = entry["data_offsets"];
   uint64_t begin = 0, end = 0;
   if (!off.is_array() || off.size() != 2 || !as_nonnegative_integer(off[0], &begin) ||
       !as_nonnegative_integer(off[1], &end))
-    return corrupt(where + "data_offsets must be [begin, end] non-negative integers, got " + off.dump());
+    return corrupt(where + "data_offsets must be [begin, end] non-negative integers, got " + json_excerpt(off));
   if (end < begin)
     return corrupt(where + "data_offsets end " + std::to_string(end) + " is before begin " + std::to_string(begin));
   if (end > data_bytes)

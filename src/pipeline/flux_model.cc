@@ -205,7 +205,9 @@ bool is_flux_model(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     auto j = read_json_file((fs::path(path) / "model_index.json").string());
-    return j && j->is_object() && j->value("_class_name", std::string()) == kPipelineClass;
+    if (!j || !j->is_object()) return false;
+    const auto cls = j->find("_class_name");  // any type: a folder is probed before its files are checked
+    return cls != j->end() && cls->is_string() && *cls == kPipelineClass;
   }
   if (fs::path(path).extension() != ".safetensors" || !fs::is_regular_file(path, ec)) return false;
   auto store = WeightStore::open({path});

@@ -21,7 +21,9 @@ DType vae_dtype(const ZImageLoadOptions& o) { return model_dtype(o) == DType::F1
 
 bool is_zimage_folder(const fs::path& dir) {
   auto j = read_json_file((dir / "model_index.json").string());
-  return j && j->is_object() && j->value("_class_name", "") == kPipelineClass;
+  if (!j || !j->is_object()) return false;
+  const auto cls = j->find("_class_name");  // any type: a folder is probed before its files are checked
+  return cls != j->end() && cls->is_string() && *cls == kPipelineClass;
 }
 
 // Tokenizer, text encoder, VAE and scheduler of a Z-Image diffusers folder.

@@ -4,6 +4,8 @@
 #include <limits>
 #include <set>
 
+#include "io/json_util.h"
+
 namespace atelier::sampling {
 namespace {
 
@@ -318,8 +320,11 @@ const nlohmann::json& class_defaults(SamplerKind kind) {
 }
 
 Expected<nlohmann::json> parse_config_json(std::string_view text) {
-  json j = json::parse(quote_python_floats(text), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalid_argument("scheduler config is not valid JSON");
+  bool too_deep = false;  // restore_python_floats recurses: the depth is bounded first
+  json j = parse_json_bounded(quote_python_floats(text), &too_deep);
+  if (j.is_discarded())
+    return invalid_argument(too_deep ? "scheduler config nests deeper than " + std::to_string(kMaxJsonDepth) + " levels"
+                                     : std::string("scheduler config is not valid JSON"));
   restore_python_floats(j);
   return j;
 }

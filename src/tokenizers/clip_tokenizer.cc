@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/json_util.h"
 #include "tokenizers/unicode.h"
 
 namespace atelier {
@@ -19,6 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+constexpr size_t kMaxIdSlack = 4096;  // ids past twice the vocabulary's size plus this are refused (added tokens fit)
 constexpr const char* kEndOfWord = "</w>";
 constexpr const char* kDefaultBos = "<|startoftext|>";
 constexpr const char* kDefaultEos = "<|endoftext|>";
@@ -42,8 +44,9 @@ Expected<json> read_json_if_present(const fs::path& path, const char* skip_key =
   json::parser_callback_t keep = [skip_key](int depth, json::parse_event_t event, json& parsed) {
     return !(skip_key && depth == 1 && event == json::parse_event_t::key && parsed == skip_key);
   };
-  json j = json::parse(text, keep, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return corrupt(path.string() + " is not valid JSON");
+  bool too_deep = false;
+  json j = parse_json_bounded(text, &too_deep, keep);
+  if (j.is_discarded()) return corrupt(path.string() + (too_deep ? " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels" : " is not valid JSON"));
   return j;
 }
 
@@ -244,6 +247,11 @@ Expected<ClipTokenizer> ClipTokenizer::load_impl(const std::string& dir_str) {
     return not_found(dir_str + " has neither vocab.json + merges.txt nor a tokenizer.json with a BPE model");
   }
   if (t.vocab_.empty()) return corrupt(dir_str + ": the vocabulary is empty");
+  // Ids index a table of the vocabulary's size: one absurd id (100000000) made it take gigabytes.
+  for (const auto& [token, id] : t.vocab_)
+    if (size_t(id) >= 2 * t.vocab_.size() + kMaxIdSlack)
+      return corrupt(dir_str + ": token id " + std::to_string(id) + " is far past the vocabulary's " +
+                     std::to_string(t.vocab_.size()) + " entries");
   ATELIER_RETURN_IF_ERROR(t.add_special_tokens(config, special_map, tok_json, dir_str));
   if (config.contains("model_max_length") && config.at("model_max_length").is_number()) {
     const double m = config.at("model_max_length").get<double>();
@@ -258,7 +266,7 @@ Status ClipTokenizer::add_special_tokens(const json& config, const json& special
                                          const std::string& dir) {
   // Added tokens (tokenizer.json, tokenizer_config.json's added_tokens_decoder) carry their own ids.
   auto add_token = [&](const std::string& content, int64_t id) -> Status {
-    if (id < 0 || id > std::numeric_limits<int32_t>::max()) return corrupt(dir + ": bad id for added token " + content);
+    if (id < 0 || size_t(id) >= 2 * vocab_.size() + kMaxIdSlack) return corrupt(dir + ": bad id for added token " + content);
     vocab_.emplace(content, int32_t(id));
     special_tokens_.emplace_back(content, int32_t(id));
     return Status::ok();

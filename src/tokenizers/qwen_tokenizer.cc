@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/json_util.h"
 #include "tokenizers/unicode.h"
 
 namespace atelier {
@@ -30,8 +31,9 @@ Expected<std::string> read_text(const fs::path& path) {
 
 Expected<json> read_json(const fs::path& path) {
   ATELIER_ASSIGN_OR_RETURN(std::string text, read_text(path));
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return corrupt(path.string() + " is not valid JSON");
+  bool too_deep = false;
+  json j = parse_json_bounded(text, &too_deep);
+  if (j.is_discarded()) return corrupt(path.string() + (too_deep ? " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels" : " is not valid JSON"));
   return j;
 }
 

@@ -1,7 +1,9 @@
 #include "models/clip/clip_config.h"
 
 #include <fstream>
+#include <limits>
 
+#include "io/json_util.h"
 #include "models/common/weights.h"
 
 namespace atelier {
@@ -51,7 +53,7 @@ int count_layers(const WeightStore& store, const std::string& layers_prefix) {
     try {
       size_t used = 0;
       const int n = std::stoi(rest.substr(0, dot), &used);
-      if (used == dot && n >= 0 && n + 1 > count) count = n + 1;
+      if (used == dot && n >= 0 && n < std::numeric_limits<int>::max() && n + 1 > count) count = n + 1;
     } catch (const std::exception&) {  // not a layer index: ignore the key
     }
   }
@@ -111,8 +113,11 @@ Expected<ClipTextConfig> ClipTextConfig::from_json(const nlohmann::json& root) {
 Expected<ClipTextConfig> ClipTextConfig::from_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) return not_found("CLIP text encoder config: cannot open '" + path + "'");
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return invalid_argument("CLIP text encoder config: '" + path + "' is not valid JSON");
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  bool too_deep = false;
+  nlohmann::json j = parse_json_bounded(text, &too_deep);
+  if (j.is_discarded())
+    return invalid_argument("CLIP text encoder config: '" + path + "'" + (too_deep ? " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels" : " is not valid JSON"));
   auto c = from_json(j);
   if (!c) return Status(c.status().code(), c.status().message() + " (in '" + path + "')");
   return c;
@@ -152,6 +157,8 @@ Status ClipTextConfig::validate() const {
   if (vocab_size <= 0 || hidden_size <= 0 || intermediate_size <= 0 || max_position_embeddings <= 0)
     return bad("vocab_size, hidden_size, intermediate_size and max_position_embeddings must be positive");
   if (num_hidden_layers <= 0) return bad("num_hidden_layers must be positive");
+  if (num_hidden_layers > kMaxLayerCount)
+    return bad("num_hidden_layers " + std::to_string(num_hidden_layers) + " is more than " + std::to_string(kMaxLayerCount));
   if (num_attention_heads <= 0 || hidden_size % num_attention_heads != 0)
     return bad("num_attention_heads (" + std::to_string(num_attention_heads) + ") must divide hidden_size (" +
                std::to_string(hidden_size) + ")");

@@ -58,6 +58,20 @@ class WeightStore {
 // Canonical (diffusers) key -> key in the file. Identity for the canonical layout.
 using KeyMap = std::function<std::string(const std::string&)>;
 
+// The most layers (per level, or per encoder) a configuration may ask for: real models have up to ~48 (SDXL's
+// transformer depth 10, CLIP-bigG 32, T5-XXL 24); a config or file asking for a million built a million layers' worth
+// of missing-tensor errors (gigabytes) before failing.
+constexpr int kMaxLayerCount = 256;
+
+// Whether a probed shape (WeightStore::shape) has `rank` dimensions, all positive: what a configuration detected from
+// a file's tensors may divide by or index (a malformed file's [] or [0] crashed the probes).
+inline bool shape_is(const std::optional<Shape>& s, size_t rank) {
+  if (!s || s->size() != rank) return false;
+  for (int64_t d : *s)
+    if (d < 1) return false;
+  return true;
+}
+
 class WeightLoader {
  public:
   // `prefix` is prepended (after mapping) to every key, e.g. "text_model." or "model.diffusion_model.".

@@ -137,6 +137,11 @@ Expected<FluxConfig> FluxConfig::detect(const WeightStore& store, FluxLayout lay
   if (!x_in || !ctx || !pooled || !qnorm || !out) {
     return not_found("no FLUX transformer weights found (expected " + key("x_embedder.weight") + ")");
   }
+  if (!shape_is(x_in, 2) || !shape_is(ctx, 2) || !shape_is(pooled, 2) || !shape_is(qnorm, 1) || !shape_is(out, 2) ||
+      (*x_in)[0] % (*qnorm)[0] != 0)
+    return corrupt("FLUX transformer weights: " + key("x_embedder.weight") + ", " + key("context_embedder.weight") + ", " +
+                   key("proj_out.weight") + " and the text embedder must be matrices of positive sizes, and " +
+                   key("transformer_blocks.0.attn.norm_q.weight") + " a vector (the head dim) that divides the width");
   FluxConfig c;
   c.in_channels = (*x_in)[1];
   c.out_channels = (*out)[0];

@@ -1,8 +1,12 @@
 #include "models/sd/unet_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
+
+#include "io/json_util.h"
+#include "models/common/weights.h"
 
 namespace atelier {
 namespace {
@@ -130,7 +134,9 @@ Status parse_scalars(const nlohmann::json& j, UNetConfig& c) {
   c.mid_block_scale_factor = float(value_or<double>(j, "mid_block_scale_factor", 1.0));
   c.resnet_time_scale_shift = value_or<std::string>(j, "resnet_time_scale_shift", "default");
   const auto& ss = is_null_or_absent(j, "sample_size") ? nlohmann::json(64) : j["sample_size"];
+  if (ss.is_array() && ss.empty()) return invalid_argument("UNet config: sample_size is an empty list (expected an integer or [H, W])");
   c.sample_size = ss.is_array() ? ss[0].get<int>() : ss.get<int>();
+  if (c.sample_size < 1) return invalid_argument("UNet config: sample_size must be positive, got " + std::to_string(c.sample_size));
   return Status::ok();
 }
 
@@ -189,6 +195,9 @@ Status UNetConfig::validate() const {
     if (layers_per_block[i] < 1 || transformer_layers_per_block[i] < 1 || reverse_transformer_layers_per_block[i] < 1 ||
         cross_attention_dim[i] < 1)
       return invalid_argument("UNet config: layer counts and cross_attention_dim must be positive");
+    if (std::max({layers_per_block[i], transformer_layers_per_block[i], reverse_transformer_layers_per_block[i]}) > kMaxLayerCount)
+      return invalid_argument("UNet config: level " + std::to_string(i) + " asks for more than " + std::to_string(kMaxLayerCount) +
+                              " layers (layers_per_block, transformer_layers_per_block)");
   }
   if (in_channels < 1 || out_channels < 1 || time_embed_dim < 1)
     return invalid_argument("UNet config: in/out channels and the time embedding width must be positive");
@@ -201,7 +210,10 @@ Status UNetConfig::validate() const {
 
 Expected<UNetConfig> parse_unet_config(const nlohmann::json& j) {
   if (!j.is_object()) return invalid_argument("UNet config must be a JSON object");
-  const std::string cls = value_or<std::string>(j, "_class_name", "UNet2DConditionModel");
+  const auto cls_field = j.find("_class_name");
+  const std::string cls = cls_field == j.end() || cls_field->is_null() ? "UNet2DConditionModel"
+                          : cls_field->is_string()                     ? cls_field->get<std::string>()
+                                                                       : json_excerpt(*cls_field);
   if (cls != "UNet2DConditionModel")
     return unsupported("UNet config: class '" + cls + "' is not supported (UNet2DConditionModel is)");
   UNetConfig c;
@@ -222,8 +234,10 @@ Expected<UNetConfig> parse_unet_config(const nlohmann::json& j) {
 Expected<UNetConfig> load_unet_config(const std::string& path) {
   std::ifstream f(path);
   if (!f) return not_found("cannot open UNet config '" + path + "'");
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return corrupt("UNet config '" + path + "' is not valid JSON");
+  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  bool too_deep = false;
+  nlohmann::json j = parse_json_bounded(text, &too_deep);
+  if (j.is_discarded()) return corrupt("UNet config '" + path + "'" + (too_deep ? " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels" : " is not valid JSON"));
   auto c = parse_unet_config(j);
   if (!c) return Status(c.status().code(), path + ": " + c.status().message());
   return c;

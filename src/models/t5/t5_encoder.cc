@@ -82,6 +82,9 @@ Expected<T5Config> T5Config::detect(const WeightStore& store, const std::string&
   const auto q = store.shape(prefix + block_key(0) + ".layer.0.SelfAttention.q.weight");
   const auto wi = store.shape(prefix + block_key(0) + ".layer.1.DenseReluDense.wi_0.weight");
   if (!emb || !bias || !q || !wi) return not_found("no T5 encoder weights found (expected " + prefix + kSharedKey + ")");
+  if (!shape_is(emb, 2) || !shape_is(bias, 2) || !shape_is(q, 2) || !shape_is(wi, 2) || (*q)[0] % (*bias)[1] != 0)
+    return corrupt("T5 encoder weights (" + prefix + "): the embedding, the relative attention bias [buckets, heads], q and wi "
+                   "must be matrices of positive sizes, q's rows a multiple of the heads");
   c.vocab_size = (*emb)[0], c.d_model = (*emb)[1];
   c.relative_attention_num_buckets = int((*bias)[0]), c.num_heads = int((*bias)[1]);
   c.d_kv = (*q)[0] / c.num_heads;

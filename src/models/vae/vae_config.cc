@@ -2,6 +2,9 @@
 
 #include <fstream>
 
+#include "io/json_util.h"
+#include "models/common/weights.h"
+
 namespace atelier {
 
 namespace {
@@ -63,6 +66,9 @@ Status VaeConfig::validate() const {
     return invalid_argument("vae config: block_out_channels must have 1.." + std::to_string(kMaxLevels) + " entries");
   if (in_channels <= 0 || out_channels <= 0 || latent_channels <= 0 || layers_per_block <= 0 || norm_num_groups <= 0)
     return invalid_argument("vae config: channel counts, layers_per_block and norm_num_groups must be positive");
+  if (layers_per_block > kMaxLayerCount)
+    return invalid_argument("vae config: layers_per_block " + std::to_string(layers_per_block) + " is more than " +
+                            std::to_string(kMaxLayerCount));
   for (int ch : block_out_channels)
     if (ch <= 0 || ch % norm_num_groups != 0)
       return invalid_argument("vae config: block_out_channels entry " + std::to_string(ch) + " is not a multiple of norm_num_groups " +
@@ -87,8 +93,10 @@ Expected<VaeConfig> VaeConfig::from_json(const nlohmann::json& j) {
 Expected<VaeConfig> VaeConfig::from_file(const std::string& path) {
   std::ifstream f(path);
   if (!f) return not_found("vae config '" + path + "' cannot be opened");
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return corrupt("vae config '" + path + "' is not valid JSON");
+  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  bool too_deep = false;
+  nlohmann::json j = parse_json_bounded(text, &too_deep);
+  if (j.is_discarded()) return corrupt("vae config '" + path + "'" + (too_deep ? " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels" : " is not valid JSON"));
   auto c = from_json(j);
   if (!c) return Status(c.status().code(), path + ": " + c.status().message());
   return c;
@@ -116,8 +124,10 @@ Expected<VaeConfig> detect_vae_config(const WeightStore& store, VaeLayout layout
   c.latent_channels = int((*dec_in)[1]);
   c.block_out_channels.clear();
   for (int i = 0; i < kMaxLevels; ++i) {
-    auto s = shape("encoder.down_blocks." + std::to_string(i) + ".resnets.0.conv1.weight");
+    const std::string name = "encoder.down_blocks." + std::to_string(i) + ".resnets.0.conv1.weight";
+    auto s = shape(name);
     if (!s) break;
+    if (s->size() != 4 || (*s)[0] < 1) return corrupt("VAE weights: '" + key(name, 1) + "' is not a convolution weight [O, C, kh, kw]");
     c.block_out_channels.push_back(int((*s)[0]));
   }
   if (c.block_out_channels.empty()) return not_found("VAE weights have no encoder level ('" + key("encoder.down_blocks.0.resnets.0.conv1.weight", 1) + "')");
@@ -126,6 +136,7 @@ Expected<VaeConfig> detect_vae_config(const WeightStore& store, VaeLayout layout
   while (shape("encoder.down_blocks.0.resnets." + std::to_string(c.layers_per_block) + ".conv1.weight")) ++c.layers_per_block;
   auto out = shape("decoder.conv_out.weight", n);
   if (!out) return not_found("VAE weights lack '" + key("decoder.conv_out.weight", n) + "'");
+  if (out->size() != 4) return corrupt("VAE weights: '" + key("decoder.conv_out.weight", n) + "' is not a convolution weight [O, C, kh, kw]");
   c.out_channels = int((*out)[0]);
   c.norm_num_groups = kDefaultNormGroups;
   c.scaling_factor = kSdScalingFactor;
