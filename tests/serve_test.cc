@@ -237,6 +237,29 @@ TEST_F(ServeApi, A1111Txt2ImgAndImg2Img) {
   EXPECT_NE(none.dump().find("leaves no step to run"), std::string::npos) << none.dump();
 }
 
+// A1111's API reads (word:1.2) emphasis by default, as A1111 does; override_settings.emphasis "None" reads brackets
+// literally ("No norm" is not implemented: a 400).
+TEST_F(ServeApi, A1111ReadsEmphasisByDefault) {
+  const auto image_of = [&](const nlohmann::json& overrides) {
+    nlohmann::json body = small_job(21, 2);
+    body["prompt"] = "a (red:1.8) circle";
+    if (!overrides.is_null()) body["override_settings"] = overrides;
+    int status = 0;
+    const auto r = post_json(*client_, "/sdapi/v1/txt2img", body, &status);
+    EXPECT_EQ(status, 200) << r.dump().substr(0, 300);
+    return status == 200 ? decode_b64_image(r["images"][0]).pixels : std::vector<uint8_t>();
+  };
+  const auto by_default = image_of(nullptr), original = image_of({{"emphasis", "Original"}}),
+             literal = image_of({{"emphasis", "None"}});
+  ASSERT_FALSE(by_default.empty());
+  EXPECT_EQ(by_default, original);
+  EXPECT_NE(by_default, literal) << "the weight changed nothing";
+  int status = 0;
+  const auto r = post_json(*client_, "/sdapi/v1/txt2img", {{"prompt", "x"}, {"override_settings", {{"emphasis", "No norm"}}}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(r.dump().find("emphasis"), std::string::npos) << r.dump();
+}
+
 TEST_F(ServeApi, A1111InfoEndpoints) {
   auto get = [&](const char* path) {
     auto r = client_->Get(path);

@@ -41,6 +41,7 @@ Expected<ServeRequest> parse_a1111(const nlohmann::json& body, const ServeLimits
   g.steps = kA1111DefaultSteps;
   g.width = g.height = kApiDefaultSide;
   g.sampler = "Euler a";
+  g.emphasis = true;  // A1111 reads (word:1.2) / [word] by default (its "emphasis" option, "Original")
   FieldReader f(body);
   ATELIER_RETURN_IF_ERROR(f.string("prompt", g.prompt, limits.max_prompt_bytes));
   ATELIER_RETURN_IF_ERROR(f.string("negative_prompt", g.negative_prompt, limits.max_prompt_bytes));
@@ -66,6 +67,9 @@ Expected<ServeRequest> parse_a1111(const nlohmann::json& body, const ServeLimits
     std::string rng;
     ATELIER_RETURN_IF_ERROR(os.choice("randn_source", {"GPU", "CPU"}, rng));
     if (!rng.empty()) g.rng = rng == "CPU" ? "cpu" : "cuda";
+    std::string emphasis;  // "No norm" (weights without the mean restored) is A1111's third mode, not implemented
+    ATELIER_RETURN_IF_ERROR(os.choice("emphasis", {"Original", "None"}, emphasis));
+    if (!emphasis.empty()) g.emphasis = emphasis == "Original";
   }
   if (f.has("mask")) return unsupported("mask: inpainting is not supported yet; send img2img without a mask");
   if (!img2img) return r;
