@@ -99,6 +99,21 @@ TEST(LoaderRobustness, ConfigValuesOfTheWrongShapeAreErrors) {
   unet = parse_unet_config(config);
   ASSERT_FALSE(unet);
   EXPECT_NE(unet.status().message().find("more than 256 layers"), std::string::npos) << unet.status().message();
+  config["layers_per_block"] = 2;
+  // Integers that do not fit, or are not whole, are errors: nlohmann's get<int> read 2^32 + 64 as 64 and 64.5 as 64.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"block_out_channels", {uint64_t(1) << 32 | 32, 64, 64, 64}}, {"layers_per_block", 2.5}, {"sample_size", 64.5}}) {
+    nlohmann::json bad = config;
+    bad[key] = value;
+    unet = parse_unet_config(bad);
+    ASSERT_FALSE(unet) << key;
+    EXPECT_NE(unet.status().message().find(key + ": expected an integer"), std::string::npos) << unet.status().message();
+  }
+  nlohmann::json vae = read_json_file((fixture / "model/vae/config.json").string()).value();
+  vae["latent_channels"] = (uint64_t(1) << 32) + 4;
+  const auto v = VaeConfig::from_json(vae);
+  ASSERT_FALSE(v);
+  EXPECT_NE(v.status().message().find("latent_channels: expected an integer"), std::string::npos) << v.status().message();
   unet = parse_unet_config(nlohmann::json{{"_class_name", 5}});
   ASSERT_FALSE(unet);
   EXPECT_NE(unet.status().message().find("class '5'"), std::string::npos) << unet.status().message();

@@ -7,7 +7,9 @@
 // `require_*` variants fail when the key is absent or null. `context` (e.g. "unet/config.json") prefixes
 // every error message.
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,6 +29,50 @@ constexpr int kMaxJsonDepth = 64;
 // `max_depth` (then *too_deep is set). `keep`: nlohmann's optional callback (which values to keep).
 nlohmann::json parse_json_bounded(std::string_view text, bool* too_deep = nullptr,
                                   const nlohmann::json::parser_callback_t& keep = nullptr, int max_depth = kMaxJsonDepth);
+// A config integer of type I: `v` must be an integer, or a float with an integral value (some exporters write 4.0),
+// that fits I; anything else throws Error naming `key`. nlohmann's get<int> wraps 2^32 + 64 to 64 and cuts 64.5 to
+// 64 without a word. ConfigValue<T>::read applies it to ints, int64s and lists of them, and get<T> to the rest.
+template <typename I>
+I config_integer(const nlohmann::json& v, std::string_view key) {
+  const auto fail = [&] {
+    throw Error(invalid_argument(std::string(key) + ": expected an integer from " + std::to_string(std::numeric_limits<I>::min()) +
+                                 " to " + std::to_string(std::numeric_limits<I>::max()) + ", got " + v.dump().substr(0, 40)));
+  };
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(std::numeric_limits<I>::max())
+                               : v.get<int64_t>() < int64_t(std::numeric_limits<I>::min()) ||
+                                     v.get<int64_t>() > int64_t(std::numeric_limits<I>::max()))
+      fail();
+    return I(v.get<int64_t>());
+  }
+  if (!v.is_number_float()) fail();
+  const double d = v.get<double>();
+  if (!(d == std::floor(d)) || d < double(std::numeric_limits<I>::min()) || d > double(std::numeric_limits<I>::max())) fail();
+  return I(d);
+}
+
+template <typename T>
+struct ConfigValue {
+  static T read(const nlohmann::json& v, std::string_view) { return v.get<T>(); }
+};
+template <>
+struct ConfigValue<int> {
+  static int read(const nlohmann::json& v, std::string_view key) { return config_integer<int>(v, key); }
+};
+template <>
+struct ConfigValue<int64_t> {
+  static int64_t read(const nlohmann::json& v, std::string_view key) { return config_integer<int64_t>(v, key); }
+};
+template <typename I>
+struct ConfigValue<std::vector<I>> {
+  static std::vector<I> read(const nlohmann::json& v, std::string_view key) {
+    if (!v.is_array()) return v.get<std::vector<I>>();  // nlohmann's type error, as before
+    std::vector<I> out;
+    for (const auto& e : v) out.push_back(ConfigValue<I>::read(e, key));
+    return out;
+  }
+};
+
 // A value's JSON text for an error message, cut to `max_chars` ("..." after it).
 std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 80);
 

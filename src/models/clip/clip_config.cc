@@ -18,7 +18,7 @@ constexpr int64_t kLegacyEosTokenId = 2;
 template <typename T>
 void read_field(const nlohmann::json& j, const char* name, T& field) {
   auto it = j.find(name);
-  if (it != j.end() && !it->is_null()) field = it->get<T>();
+  if (it != j.end() && !it->is_null()) field = ConfigValue<T>::read(*it, std::string("CLIP text encoder config: ") + name);
 }
 
 // Names of the tensors `detect` reads, in one of the two naming schemes.
@@ -104,6 +104,8 @@ Expected<ClipTextConfig> ClipTextConfig::from_json(const nlohmann::json& root) {
     read_field(j, "hidden_act", act);
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument(std::string("CLIP text encoder config: a field has the wrong type: ") + e.what());
+  } catch (const Error& e) {  // an integer that does not fit (ConfigValue)
+    return e.status();
   }
   ATELIER_ASSIGN_OR_RETURN(c.hidden_act, clip_activation_from_name(act));
   ATELIER_RETURN_IF_ERROR(c.validate());

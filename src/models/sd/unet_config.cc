@@ -18,14 +18,15 @@ bool is_null_or_absent(const nlohmann::json& j, const char* key) { return !j.con
 template <typename T>
 T value_or(const nlohmann::json& j, const char* key, T fallback) {
   if (is_null_or_absent(j, key)) return fallback;
-  return j[key].get<T>();
+  return ConfigValue<T>::read(j[key], std::string("UNet config: ") + key);
 }
 
 // diffusers accepts an int (same for every level) or a list with one entry per level.
 Expected<std::vector<int>> per_level_ints(const nlohmann::json& j, const char* key, int fallback, int levels) {
   if (is_null_or_absent(j, key)) return std::vector<int>(levels, fallback);
   const auto& v = j[key];
-  if (v.is_number_integer()) return std::vector<int>(levels, v.get<int>());
+  const std::string where = std::string("UNet config: ") + key;
+  if (v.is_number()) return std::vector<int>(levels, config_integer<int>(v, where));
   if (!v.is_array() || int(v.size()) != levels)
     return invalid_argument(std::string("UNet config: '") + key + "' must be an int or a list of " +
                             std::to_string(levels) + " ints (one per level)");
@@ -34,7 +35,7 @@ Expected<std::vector<int>> per_level_ints(const nlohmann::json& j, const char* k
     if (!e.is_number_integer())
       return unsupported(std::string("UNet config: '") + key +
                          "' with per-layer lists (SDXL-refiner style) is not supported; use one int per level");
-    out.push_back(e.get<int>());
+    out.push_back(config_integer<int>(e, where));
   }
   return out;
 }
@@ -84,7 +85,7 @@ Expected<std::vector<int>> resolve_heads(const nlohmann::json& j, int levels) {
 Status parse_lists(const nlohmann::json& j, UNetConfig& c) {
   if (is_null_or_absent(j, "block_out_channels") || !j["block_out_channels"].is_array())
     return invalid_argument("UNet config: 'block_out_channels' (a list of ints) is required");
-  c.block_out_channels = j["block_out_channels"].get<std::vector<int>>();
+  c.block_out_channels = ConfigValue<std::vector<int>>::read(j["block_out_channels"], "UNet config: block_out_channels");
   const int n = c.levels();
   ATELIER_ASSIGN_OR_RETURN(c.down_block_types, string_list(j, "down_block_types"));
   ATELIER_ASSIGN_OR_RETURN(c.up_block_types, string_list(j, "up_block_types"));
@@ -135,7 +136,7 @@ Status parse_scalars(const nlohmann::json& j, UNetConfig& c) {
   c.resnet_time_scale_shift = value_or<std::string>(j, "resnet_time_scale_shift", "default");
   const auto& ss = is_null_or_absent(j, "sample_size") ? nlohmann::json(64) : j["sample_size"];
   if (ss.is_array() && ss.empty()) return invalid_argument("UNet config: sample_size is an empty list (expected an integer or [H, W])");
-  c.sample_size = ss.is_array() ? ss[0].get<int>() : ss.get<int>();
+  c.sample_size = config_integer<int>(ss.is_array() ? ss[0] : ss, "UNet config: sample_size");
   if (c.sample_size < 1) return invalid_argument("UNet config: sample_size must be positive, got " + std::to_string(c.sample_size));
   return Status::ok();
 }

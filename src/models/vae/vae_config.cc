@@ -17,7 +17,7 @@ constexpr int kMaxLevels = 8;                  // sanity bound while probing key
 template <typename T>
 void read_field(const nlohmann::json& j, const char* key, T& out) {
   auto it = j.find(key);
-  if (it != j.end() && !it->is_null()) out = it->get<T>();
+  if (it != j.end() && !it->is_null()) out = ConfigValue<T>::read(*it, std::string("vae config: ") + key);
 }
 
 Status check_block_types(const nlohmann::json& j, const char* key, const char* expected, size_t levels) {
