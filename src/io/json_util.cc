@@ -130,16 +130,20 @@ std::string json_type_name(const json& v) {
 
 namespace {
 struct TooDeep {};  // thrown from the parser callback: nlohmann has no other way to stop a parse
+
+// `keep` (or keep everything), throwing TooDeep past `max_depth`.
+json::parser_callback_t bounded(int max_depth, const json::parser_callback_t& keep = nullptr) {
+  return [max_depth, keep](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > max_depth) throw TooDeep{};
+    return keep ? keep(depth, event, parsed) : true;
+  };
+}
 }  // namespace
 
 json parse_json_bounded(std::string_view text, bool* too_deep, const json::parser_callback_t& keep, int max_depth) {
   if (too_deep) *too_deep = false;
-  const json::parser_callback_t bounded = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth > max_depth) throw TooDeep{};
-    return keep ? keep(depth, event, parsed) : true;
-  };
   try {
-    return json::parse(text.begin(), text.end(), bounded, /*allow_exceptions=*/false);
+    return json::parse(text.begin(), text.end(), bounded(max_depth, keep), /*allow_exceptions=*/false);
   } catch (const TooDeep&) {
     if (too_deep) *too_deep = true;
     return json(json::value_t::discarded);
@@ -153,12 +157,8 @@ std::string json_excerpt(const json& v, size_t max_chars) {
 }
 
 Expected<json> parse_json(std::string_view text, const std::string& label) {
-  const json::parser_callback_t bounded = [](int depth, json::parse_event_t, json&) {
-    if (depth > kMaxJsonDepth) throw TooDeep{};
-    return true;
-  };
   try {
-    return json::parse(text.begin(), text.end(), bounded);
+    return json::parse(text.begin(), text.end(), bounded(kMaxJsonDepth));
   } catch (const TooDeep&) {
     return corrupt(label + ": JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   } catch (const json::parse_error& e) {

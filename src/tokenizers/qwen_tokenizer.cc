@@ -29,13 +29,6 @@ Expected<std::string> read_text(const fs::path& path) {
   return ss.str();
 }
 
-Expected<json> read_json(const fs::path& path) {
-  ATELIER_ASSIGN_OR_RETURN(std::string text, read_text(path));
-  bool too_deep = false;
-  json j = parse_json_bounded(text, &too_deep);
-  if (j.is_discarded()) return corrupt(path.string() + (too_deep ? " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels" : " is not valid JSON"));
-  return j;
-}
 
 bool is_newline(char32_t c) { return c == U'\r' || c == U'\n'; }
 bool is_ws(char32_t c) { return unicode::is_whitespace(c); }
@@ -120,7 +113,7 @@ Expected<QwenTokenizer> QwenTokenizer::load(const std::string& dir) {
 Expected<QwenTokenizer> QwenTokenizer::load_impl(const std::string& dir_str) {
   const fs::path dir(dir_str);
   if (!fs::exists(dir / "tokenizer.json")) return not_found(dir_str + " has no tokenizer.json (Qwen tokenizers need it)");
-  ATELIER_ASSIGN_OR_RETURN(json tj, read_json(dir / "tokenizer.json"));
+  ATELIER_ASSIGN_OR_RETURN(json tj, read_json_file((dir / "tokenizer.json").string()));
   const json& model = tj.at("model");
   if (model.value("type", "") != "BPE") return unsupported(dir_str + "/tokenizer.json: only BPE models are supported");
   QwenTokenizer t;
@@ -151,7 +144,7 @@ Expected<QwenTokenizer> QwenTokenizer::load_impl(const std::string& dir_str) {
     t.byte_id_[b] = it->second;
   }
 
-  json config = fs::exists(dir / "tokenizer_config.json") ? read_json(dir / "tokenizer_config.json").value() : json::object();
+  json config = fs::exists(dir / "tokenizer_config.json") ? read_json_file((dir / "tokenizer_config.json").string()).value() : json::object();
   std::string pad_name = "<|endoftext|>";
   if (config.contains("pad_token")) {
     const json& p = config.at("pad_token");

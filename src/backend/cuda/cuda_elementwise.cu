@@ -233,11 +233,9 @@ __global__ void softmax_kernel(T* out, const T* x, int64_t d) {
 
 int softmax_threads(int64_t d) { return d <= 128 ? 32 : d <= 512 ? 128 : d <= 2048 ? 256 : 512; }
 
-}  // namespace
-
-namespace {
 // Launches of the fused diffusion kernels so far (tests: the fused path ran, not the unfused ops' fallback).
 std::atomic<int64_t> g_guidance_launches{0}, g_timestep_features_launches{0};
+
 }  // namespace
 
 // out = op(x); x and out contiguous, same shape and dtype.

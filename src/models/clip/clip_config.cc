@@ -1,6 +1,5 @@
 #include "models/clip/clip_config.h"
 
-#include <fstream>
 #include <limits>
 
 #include "io/json_util.h"
@@ -113,13 +112,7 @@ Expected<ClipTextConfig> ClipTextConfig::from_json(const nlohmann::json& root) {
 }
 
 Expected<ClipTextConfig> ClipTextConfig::from_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return not_found("CLIP text encoder config: cannot open '" + path + "'");
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  bool too_deep = false;
-  nlohmann::json j = parse_json_bounded(text, &too_deep);
-  if (j.is_discarded())
-    return invalid_argument("CLIP text encoder config: '" + path + "'" + (too_deep ? " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels" : " is not valid JSON"));
+  ATELIER_ASSIGN_OR_RETURN(const nlohmann::json j, read_json_file(path));
   auto c = from_json(j);
   if (!c) return Status(c.status().code(), c.status().message() + " (in '" + path + "')");
   return c;

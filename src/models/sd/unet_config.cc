@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <sstream>
 
 #include "io/json_util.h"
@@ -233,12 +232,7 @@ Expected<UNetConfig> parse_unet_config(const nlohmann::json& j) {
 }
 
 Expected<UNetConfig> load_unet_config(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return not_found("cannot open UNet config '" + path + "'");
-  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-  bool too_deep = false;
-  nlohmann::json j = parse_json_bounded(text, &too_deep);
-  if (j.is_discarded()) return corrupt("UNet config '" + path + "'" + (too_deep ? " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels" : " is not valid JSON"));
+  ATELIER_ASSIGN_OR_RETURN(const nlohmann::json j, read_json_file(path));
   auto c = parse_unet_config(j);
   if (!c) return Status(c.status().code(), path + ": " + c.status().message());
   return c;

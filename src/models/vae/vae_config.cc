@@ -1,7 +1,5 @@
 #include "models/vae/vae_config.h"
 
-#include <fstream>
-
 #include "io/json_util.h"
 #include "models/common/weights.h"
 
@@ -91,12 +89,7 @@ Expected<VaeConfig> VaeConfig::from_json(const nlohmann::json& j) {
 }
 
 Expected<VaeConfig> VaeConfig::from_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return not_found("vae config '" + path + "' cannot be opened");
-  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-  bool too_deep = false;
-  nlohmann::json j = parse_json_bounded(text, &too_deep);
-  if (j.is_discarded()) return corrupt("vae config '" + path + "'" + (too_deep ? " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels" : " is not valid JSON"));
+  ATELIER_ASSIGN_OR_RETURN(const nlohmann::json j, read_json_file(path));
   auto c = from_json(j);
   if (!c) return Status(c.status().code(), path + ": " + c.status().message());
   return c;
