@@ -32,11 +32,7 @@ nlohmann::json job(int64_t seed, int steps, int side, bool preview) {
 
 // The (type, step) of every event of a finished job, replayed from its start.
 std::vector<std::pair<std::string, int>> events_of(httplib::Client& c, const std::string& id) {
-  std::string stream;
-  c.Get(("/v1/jobs/" + id + "/events").c_str(), [&](const char* d, size_t n) {
-    stream.append(d, n);
-    return true;
-  });
+  const std::string stream = test::read_events(c, id);
   std::vector<std::pair<std::string, int>> out;
   for (size_t at = stream.find("event: "); at != std::string::npos; at = stream.find("event: ", at + 1)) {
     const std::string type = stream.substr(at + 7, stream.find('\n', at) - at - 7);
@@ -116,8 +112,7 @@ TEST(CudaServe, CancellingDuringACallInFlightLeavesTheWorkerServing) {
   const auto created = post_json(*c, "/v1/jobs", job(1, 150, 1024, true), &status);
   ASSERT_EQ(status, 202) << created.dump();
   const std::string id = created["id"];
-  for (int i = 0; i < 3000 && parse(c->Get(("/v1/jobs/" + id).c_str())->body)["step"] < 3; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  test::wait_for_step(*c, id, 3);
   ASSERT_EQ(c->Delete(("/v1/jobs/" + id).c_str())->status, 202) << "the job ended before it could be cancelled";
   const auto cancelled = test::wait_job(*c, id, 60);
   EXPECT_EQ(cancelled["state"], "cancelled");

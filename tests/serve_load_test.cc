@@ -225,12 +225,7 @@ TEST(ServeLoad, StepsOfAJobWhoseImagesTakeTurnsAreReportedOnce) {
   int status = 0;
   const auto created = post_json(*c, "/v1/jobs", body, &status);
   ASSERT_EQ(status, 202) << created.dump();
-  std::string stream;
-  auto r = c->Get(("/v1/jobs/" + created["id"].get<std::string>() + "/events").c_str(), [&](const char* data, size_t n) {
-    stream.append(data, n);
-    return true;
-  });
-  ASSERT_TRUE(r);
+  const std::string stream = test::read_events(*c, created["id"]);
   std::vector<int> steps;
   for (size_t at = stream.find("event: step"); at != std::string::npos; at = stream.find("event: step", at + 1)) {
     const size_t data = stream.find("data: ", at);
@@ -250,8 +245,7 @@ TEST(ServeLoad, AdmissionsDuringACallKeepTheTimelineInOrder) {
   int status = 0;
   const std::string first = post_json(*c, "/v1/jobs", job(1, 40, 32), &status)["id"];
   ASSERT_EQ(status, 202);
-  for (int i = 0; i < 500 && parse(c->Get(("/v1/jobs/" + first).c_str())->body)["step"] < 2; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  test::wait_for_step(*c, first, 2);
   std::vector<std::string> ids = {first};
   for (int i = 0; i < 3; ++i) {  // each admitted between two calls of the first job's
     ids.push_back(post_json(*c, "/v1/jobs", job(2 + i, 4, 32), &status)["id"]);
@@ -337,8 +331,7 @@ TEST(ServeLoad, CancelsQueuedAndRunningJobs) {
   EXPECT_EQ(del->status, 202);
   EXPECT_EQ(parse(del->body)["state"], "cancelled");
   // The running one: leaves its batch at the next step boundary.
-  for (int i = 0; i < 500 && parse(c->Get(("/v1/jobs/" + running).c_str())->body)["step"] < 2; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  test::wait_for_step(*c, running, 2);
   del = c->Delete(("/v1/jobs/" + running).c_str());
   ASSERT_TRUE(del);
   EXPECT_EQ(del->status, 202);

@@ -21,6 +21,7 @@ namespace {
 using test::decode_b64_image;
 using test::parse;
 using test::post_json;
+using test::read_events;
 using test::RunningServer;
 
 nlohmann::json small_job(int64_t seed, int steps = 1, int side = 32) {
@@ -85,18 +86,6 @@ std::string post_preview_job(httplib::Client& c, int64_t seed, int steps, int si
   const auto created = post_json(c, "/v1/jobs", body, &status);
   EXPECT_EQ(status, 202) << created.dump();
   return status == 202 ? created["id"].get<std::string>() : std::string();
-}
-
-// A job's event stream from the start (it replays what happened before we connected) to its end.
-std::string read_events(httplib::Client& c, const std::string& id, std::string* content_type = nullptr) {
-  std::string stream;
-  auto r = c.Get(("/v1/jobs/" + id + "/events").c_str(), [&](const char* data, size_t n) {
-    stream.append(data, n);
-    return true;
-  });
-  EXPECT_TRUE(r);
-  if (r && content_type) *content_type = r->get_header_value("Content-Type");
-  return stream;
 }
 
 TEST_F(ServeApi, NativeJobLifecycleWithEvents) {

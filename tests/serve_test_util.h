@@ -4,8 +4,10 @@
 #include <cstdio>
 #include <httplib.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -98,6 +100,25 @@ inline nlohmann::json wait_job(httplib::Client& c, const std::string& id, double
   }
   ADD_FAILURE() << "job " << id << " did not finish in " << timeout_s << " s: " << j.dump().substr(0, 300);
   return j;
+}
+
+// A job's event stream from the start (it replays what happened before we connected) to its end.
+inline std::string read_events(httplib::Client& c, const std::string& id, std::string* content_type = nullptr) {
+  std::string stream;
+  auto r = c.Get(("/v1/jobs/" + id + "/events").c_str(), [&](const char* data, size_t n) {
+    stream.append(data, n);
+    return true;
+  });
+  EXPECT_TRUE(r);
+  if (r && content_type) *content_type = r->get_header_value("Content-Type");
+  return stream;
+}
+
+// Polls GET /v1/jobs/{id} until the job has done `step` calls (up to `timeout_s`): a running job to act on.
+inline void wait_for_step(httplib::Client& c, const std::string& id, int step, double timeout_s = 30) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline && parse(c.Get(("/v1/jobs/" + id).c_str())->body)["step"] < step)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
 }
 
 // Value of one Prometheus sample line "name{labels} value" (exact name+labels text), -1 when absent.
