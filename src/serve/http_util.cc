@@ -15,6 +15,11 @@ int http_status(const Status& st) {
   }
 }
 
+int failed_job_status(const Status& err) {
+  if (err.code() == ErrorCode::kCancelled) return 504;
+  return http_status(err) == 500 ? 500 : 400;
+}
+
 std::string json_text(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
 void send_json(httplib::Response& res, int status, const nlohmann::json& body) {

@@ -15,6 +15,9 @@ namespace atelier::serve {
 // 400 for bad input (invalid argument, not found, unsupported, corrupt), 429 for a full queue, 409 for a
 // cancelled job, 500 otherwise.
 int http_status(const Status& st);
+// The status a synchronous call answers for its failed job's error: 504 for a timeout (kCancelled on a failed job),
+// 500 for an internal error, 400 for the rest (bad input found only when the job ran).
+int failed_job_status(const Status& err);
 
 // JSON text that never throws: invalid UTF-8 (e.g. from a truncated message) is replaced.
 std::string json_text(const nlohmann::json& j);

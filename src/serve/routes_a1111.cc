@@ -128,7 +128,7 @@ void generate(ServerContext& ctx, const httplib::Request& req, httplib::Response
   if (params.contains("init_images")) params["init_images"] = nullptr;  // not echoed back: they can be large
   const Status err = j.error();
   if (j.state() == JobState::kFailed)
-    return send_error(res, err.code() == ErrorCode::kCancelled ? 504 : http_status(err) == 500 ? 500 : 400, err.message());
+    return send_error(res, failed_job_status(err), err.message());
   nlohmann::json images = nlohmann::json::array();
   if (j.state() == JobState::kDone && send_images)
     for (const JobImage& i : j.images()) images.push_back(i.data_b64);

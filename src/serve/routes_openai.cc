@@ -72,11 +72,7 @@ int64_t unix_now() {
 void respond(const Job& job, httplib::Response& res) {
   if (job.state() != JobState::kDone) {
     const Status err = job.error();
-    // A cancelled job 409, a timed-out one 504; bad input found only at run time 400 (as the A1111 routes answer).
-    const int status = err.code() == ErrorCode::kCancelled ? (job.state() == JobState::kCancelled ? 409 : 504)
-                       : http_status(err) == 500                 ? 500
-                                                                 : 400;
-    return send_error(res, status, err.message());
+    return send_error(res, job.state() == JobState::kCancelled ? 409 : failed_job_status(err), err.message());
   }
   nlohmann::json data = nlohmann::json::array();
   const auto images = job.images();
