@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "io/json_util.h"
 #include "io/safetensors.h"
@@ -114,6 +115,32 @@ TEST(LoaderRobustness, ConfigValuesOfTheWrongShapeAreErrors) {
   const auto v = VaeConfig::from_json(vae);
   ASSERT_FALSE(v);
   EXPECT_NE(v.status().message().find("latent_channels: expected an integer"), std::string::npos) << v.status().message();
+  // Values of the wrong JSON type name their key and what was expected (nlohmann's type_error names neither).
+  for (const auto& [key, value, expected] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"act_fn", 5, "act_fn: expected a string"},
+           {"use_linear_projection", "yes", "use_linear_projection: expected true or false"},
+           {"norm_eps", "x", "norm_eps: expected a number"},
+           {"down_block_types", {"CrossAttnDownBlock2D", 5}, "down_block_types: expected a string"},
+           {"only_cross_attention", {true, 1, false, false}, "only_cross_attention: expected true or false"},
+           {"block_out_channels", "abc", "'block_out_channels' must be a list of ints"}}) {
+    nlohmann::json bad = config;
+    bad[key] = value;
+    unet = parse_unet_config(bad);
+    ASSERT_FALSE(unet) << key;
+    EXPECT_NE(unet.status().message().find(expected), std::string::npos) << unet.status().message();
+  }
+  for (const auto& [key, value, expected] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"scaling_factor", "0.18", "scaling_factor: expected a number"},
+           {"block_out_channels", 3, "block_out_channels: expected a list"},
+           {"act_fn", 5, "act_fn: expected a string"},
+           {"_class_name", nlohmann::json::array(), "_class_name: expected a string"},
+           {"up_block_types", {"UpDecoderBlock2D", 5, "UpDecoderBlock2D", "UpDecoderBlock2D"}, "up_block_types: expected a string"}}) {
+    nlohmann::json bad = read_json_file((fixture / "model/vae/config.json").string()).value();
+    bad[key] = value;
+    const auto b = VaeConfig::from_json(bad);
+    ASSERT_FALSE(b) << key;
+    EXPECT_NE(b.status().message().find(expected), std::string::npos) << b.status().message();
+  }
   unet = parse_unet_config(nlohmann::json{{"_class_name", 5}});
   ASSERT_FALSE(unet);
   EXPECT_NE(unet.status().message().find("class '5'"), std::string::npos) << unet.status().message();

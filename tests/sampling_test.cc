@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "sampling/sampler.h"
 #include "sampling/sampler_names.h"
@@ -225,6 +227,27 @@ TEST(SamplingErrors, ClearMessages) {
   EXPECT_NE(thresholding.status().message().find("thresholding"), std::string::npos);
   EXPECT_FALSE(make_sampler(json{{"beta_schedule", "cubic"}}, "euler", 4).has_value());
   EXPECT_FALSE(make_sampler(json{{"prediction_type", "sample"}}, "euler_a", 4).has_value());
+
+  // Schedule values that give NaN or negative sigmas, or tables of any length, are config errors naming the key
+  // (they surfaced as "sampler update uses an operand that is not available", or ate 20 GB, before).
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const auto& [config, key, sampler] : std::vector<std::tuple<json, std::string, std::string>>{
+           {{{"beta_end", 2.0}}, "beta_end", "euler"},
+           {{{"beta_start", -1.0}}, "beta_start", "dpmpp_2m"},
+           {{{"beta_schedule", "scaled_linear"}, {"beta_start", std::nan("")}}, "beta_start", "euler"},
+           {{{"num_train_timesteps", 2}, {"trained_betas", {0.5, 1.0}}}, "trained_betas", "ddim"},
+           {{{"num_train_timesteps", 2000000000}}, "num_train_timesteps", "euler"},
+           {{{"sigma_max", -5.0}}, "sigma_max", "euler"},
+           {{{"sigma_min", inf}}, "sigma_min", "euler"},
+           {{{"clip_sample", true}, {"clip_sample_range", -1.0}}, "clip_sample_range", "ddim"}}) {
+    auto bad = make_sampler(config, sampler, 4);
+    ASSERT_FALSE(bad.has_value()) << config.dump();
+    EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument) << config.dump();
+    EXPECT_NE(bad.status().message().find(key), std::string::npos) << bad.status().message();
+  }
+  EXPECT_TRUE(make_sampler(json{{"beta_start", 0.0}, {"beta_end", 0.02}}, "euler", 4).has_value());
+  EXPECT_TRUE(make_sampler(json{{"beta_schedule", "squaredcos_cap_v2"}, {"beta_start", 5.0}}, "ddim", 4).has_value())
+      << "beta_start is not used by squaredcos_cap_v2";
 
   auto s = make_sampler(json(), "euler", 4).value();
   EXPECT_FALSE(s->set_strength(1.5).is_ok());

@@ -12,6 +12,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -51,9 +52,25 @@ I config_integer(const nlohmann::json& v, std::string_view key) {
   return I(d);
 }
 
+// The expected type's words for an error message ("a number", "true or false", ...).
+template <typename T>
+constexpr const char* config_type_words() {
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
+  else if constexpr (std::is_floating_point_v<T>) return "a number";
+  else if constexpr (std::is_same_v<T, std::string>) return "a string";
+  else return "a value of another type";
+}
 template <typename T>
 struct ConfigValue {
-  static T read(const nlohmann::json& v, std::string_view) { return v.get<T>(); }
+  // nlohmann's type_error text names neither the key nor the value ("type must be string, but is number").
+  static T read(const nlohmann::json& v, std::string_view key) {
+    try {
+      return v.get<T>();
+    } catch (const nlohmann::json::type_error&) {
+      throw Error(invalid_argument(std::string(key) + ": expected " + config_type_words<T>() + ", got " +
+                                   v.dump().substr(0, 40)));
+    }
+  }
 };
 template <>
 struct ConfigValue<int> {
@@ -66,7 +83,8 @@ struct ConfigValue<int64_t> {
 template <typename I>
 struct ConfigValue<std::vector<I>> {
   static std::vector<I> read(const nlohmann::json& v, std::string_view key) {
-    if (!v.is_array()) return v.get<std::vector<I>>();  // nlohmann's type error, as before
+    if (!v.is_array())
+      throw Error(invalid_argument(std::string(key) + ": expected a list, got " + v.dump().substr(0, 40)));
     std::vector<I> out;
     for (const auto& e : v) out.push_back(ConfigValue<I>::read(e, key));
     return out;

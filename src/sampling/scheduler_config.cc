@@ -15,6 +15,8 @@ using nlohmann::json;
 constexpr const char* kNegInfToken = "@@atelier:-Infinity@@";
 constexpr const char* kPosInfToken = "@@atelier:Infinity@@";
 constexpr const char* kNanToken = "@@atelier:NaN@@";
+// Published schedules train on 1000 steps; the tables are this long, so a hostile config must not size them freely.
+constexpr int kMaxTrainTimesteps = 100000;
 
 // The __init__ signatures of diffusers 0.40's scheduler classes (parameter name -> default).
 json euler_defaults() {
@@ -245,6 +247,35 @@ Status read_common(Reader& r, SchedulerConfig& c) {
   return r.status();
 }
 
+// A config number in an error message: JSON text, with NaN and the infinities spelled (json's dump writes null).
+std::string number_text(double v) { return std::isfinite(v) ? json(v).dump() : std::isnan(v) ? "NaN" : v > 0 ? "Infinity" : "-Infinity"; }
+
+// A beta is a per-step noise variance: outside [0, 1) the alphas' product turns negative or NaN and so do the sigmas
+// (diffusers does not check; its samplers then produce NaN images).
+Status check_beta(const std::string& cls, const char* key, double beta) {
+  if (std::isfinite(beta) && beta >= 0.0 && beta < 1.0) return Status::ok();
+  return invalid_argument(cls + ": " + key + " must be in [0, 1), got " + number_text(beta));
+}
+
+// Values the schedule is computed from, within the ranges that give finite sigmas.
+Status validate_numbers(const std::string& cls, const SchedulerConfig& c) {
+  if (c.trained_betas) {
+    for (double b : *c.trained_betas) ATELIER_RETURN_IF_ERROR(check_beta(cls, "each of trained_betas", b));
+  } else if (c.beta_schedule == "linear" || c.beta_schedule == "scaled_linear") {
+    ATELIER_RETURN_IF_ERROR(check_beta(cls, "beta_start", c.beta_start));
+    ATELIER_RETURN_IF_ERROR(check_beta(cls, "beta_end", c.beta_end));
+  }
+  for (const auto& [key, v] : {std::pair{"sigma_min", c.sigma_min}, std::pair{"sigma_max", c.sigma_max}}) {
+    if (v && !(std::isfinite(*v) && *v >= 0.0))
+      return invalid_argument(cls + ": " + key + " must be a finite number >= 0, got " + number_text(*v));
+  }
+  if (c.clip_sample && !(std::isfinite(c.clip_sample_range) && c.clip_sample_range > 0.0))
+    return invalid_argument(cls + ": clip_sample_range must be a finite number > 0, got " + number_text(c.clip_sample_range));
+  if (!std::isfinite(c.timestep_scaling))
+    return invalid_argument(cls + ": timestep_scaling must be finite, got " + number_text(c.timestep_scaling));
+  return Status::ok();
+}
+
 // What diffusers would accept but this engine does not implement, and values diffusers itself rejects.
 Status validate(Reader& r, const SchedulerConfig& c) {
   const std::string cls(diffusers_class(c.kind));
@@ -252,6 +283,11 @@ Status validate(Reader& r, const SchedulerConfig& c) {
     return invalid_argument(cls + ": num_train_timesteps must be at least 2, got " +
                             std::to_string(c.num_train_timesteps));
   }
+  if (c.num_train_timesteps > kMaxTrainTimesteps) {
+    return invalid_argument(cls + ": num_train_timesteps must be at most " + std::to_string(kMaxTrainTimesteps) + ", got " +
+                            std::to_string(c.num_train_timesteps));
+  }
+  ATELIER_RETURN_IF_ERROR(validate_numbers(cls, c));
   if (c.trained_betas && int(c.trained_betas->size()) != c.num_train_timesteps) {
     return invalid_argument(cls + ": trained_betas has " + std::to_string(c.trained_betas->size()) +
                             " values but num_train_timesteps is " + std::to_string(c.num_train_timesteps));

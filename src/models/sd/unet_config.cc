@@ -42,7 +42,7 @@ Expected<std::vector<int>> per_level_ints(const nlohmann::json& j, const char* k
 Expected<std::vector<std::string>> string_list(const nlohmann::json& j, const char* key) {
   if (is_null_or_absent(j, key) || !j[key].is_array())
     return invalid_argument(std::string("UNet config: '") + key + "' must be a list of block type names");
-  return j[key].get<std::vector<std::string>>();
+  return ConfigValue<std::vector<std::string>>::read(j[key], std::string("UNet config: ") + key);
 }
 
 // Features of UNet2DConditionModel that SD 1.x/2.x never use: each must be absent/null (or its default).
@@ -82,8 +82,10 @@ Expected<std::vector<int>> resolve_heads(const nlohmann::json& j, int levels) {
 }
 
 Status parse_lists(const nlohmann::json& j, UNetConfig& c) {
-  if (is_null_or_absent(j, "block_out_channels") || !j["block_out_channels"].is_array())
+  if (is_null_or_absent(j, "block_out_channels"))
     return invalid_argument("UNet config: 'block_out_channels' (a list of ints) is required");
+  if (!j["block_out_channels"].is_array())
+    return invalid_argument("UNet config: 'block_out_channels' must be a list of ints, got " + json_excerpt(j["block_out_channels"]));
   c.block_out_channels = ConfigValue<std::vector<int>>::read(j["block_out_channels"], "UNet config: block_out_channels");
   const int n = c.levels();
   ATELIER_ASSIGN_OR_RETURN(c.down_block_types, string_list(j, "down_block_types"));
@@ -105,7 +107,7 @@ Status parse_lists(const nlohmann::json& j, UNetConfig& c) {
     if (v.is_boolean()) {
       c.only_cross_attention.assign(n, v.get<bool>());
     } else if (v.is_array() && int(v.size()) == n) {
-      for (int i = 0; i < n; ++i) c.only_cross_attention[i] = v[i].get<bool>();
+      for (int i = 0; i < n; ++i) c.only_cross_attention[i] = ConfigValue<bool>::read(v[i], "UNet config: only_cross_attention");
     } else {
       return invalid_argument("UNet config: 'only_cross_attention' must be a bool or one bool per level");
     }

@@ -23,19 +23,23 @@ Status check_block_types(const nlohmann::json& j, const char* key, const char* e
   if (it == j.end() || it->is_null()) return Status::ok();
   if (!it->is_array() || it->size() != levels)
     return invalid_argument(std::string("vae config: ") + key + " must list one block per entry of block_out_channels");
-  for (const auto& t : *it)
-    if (t.get<std::string>() != expected)
-      return unsupported(std::string("vae config: ") + key + " entry '" + t.get<std::string>() + "' is not supported (only " +
-                         expected + ", as in AutoencoderKL)");
+  for (const auto& t : *it) {
+    const auto name = ConfigValue<std::string>::read(t, std::string("vae config: ") + key);
+    if (name != expected)
+      return unsupported(std::string("vae config: ") + key + " entry '" + name + "' is not supported (only " + expected +
+                         ", as in AutoencoderKL)");
+  }
   return Status::ok();
 }
 
 Status parse_into(const nlohmann::json& j, VaeConfig& c) {
   if (!j.is_object()) return invalid_argument("vae config: expected a JSON object");
-  if (auto it = j.find("_class_name"); it != j.end() && it->get<std::string>() != "AutoencoderKL")
-    return unsupported("vae config: _class_name '" + it->get<std::string>() + "' is not supported (only AutoencoderKL)");
-  if (auto it = j.find("act_fn"); it != j.end() && !it->is_null() && it->get<std::string>() != "silu")
-    return unsupported("vae config: act_fn '" + it->get<std::string>() + "' is not supported (only silu)");
+  std::string class_name = "AutoencoderKL", act_fn = "silu";
+  read_field(j, "_class_name", class_name);
+  read_field(j, "act_fn", act_fn);
+  if (class_name != "AutoencoderKL")
+    return unsupported("vae config: _class_name '" + class_name + "' is not supported (only AutoencoderKL)");
+  if (act_fn != "silu") return unsupported("vae config: act_fn '" + act_fn + "' is not supported (only silu)");
   for (const char* k : {"latents_mean", "latents_std"})
     if (auto it = j.find(k); it != j.end() && !it->is_null())
       return unsupported(std::string("vae config: per-channel ") + k + " is not supported (only scaling_factor/shift_factor)");
