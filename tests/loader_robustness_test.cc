@@ -15,10 +15,12 @@
 #include "io/safetensors.h"
 #include "models/common/weights.h"
 #include "models/flux/flux_config.h"
+#include "models/qwen3/qwen3_encoder.h"
 #include "models/sd/unet_config.h"
 #include "models/t5/t5_encoder.h"
 #include "models/vae/vae_config.h"
 #include "pipeline/flux_model.h"
+#include "sampling/flow_match.h"
 #include "sampling/scheduler_config.h"
 #include "tokenizers/clip_tokenizer.h"
 #include "test_util.h"
@@ -150,6 +152,37 @@ TEST(LoaderRobustness, ConfigValuesOfTheWrongShapeAreErrors) {
     dir.write("model/model_index.json", std::string("{\"_class_name\": ") + cls + "}");
     EXPECT_FALSE(is_flux_model((dir.path / "model").string())) << cls;
   }
+}
+
+// The DiT models' configs (FLUX transformer, T5, Qwen3) and the flow-match scheduler's: values of the wrong type name
+// their key (nlohmann's bare "type must be number, but is string" before, or silently the default), counts that do not
+// fit are errors, and schedule values that give no usable sigmas are refused.
+TEST(LoaderRobustness, DitAndFlowMatchConfigErrorsNameTheKey) {
+  const auto expect_error = [](const Status& st, const std::string& expected) {
+    ASSERT_FALSE(st.is_ok()) << expected;
+    EXPECT_NE(st.message().find(expected), std::string::npos) << st.message();
+  };
+  using J = nlohmann::json;
+  expect_error(FluxConfig::from_json(J{{"num_layers", "2"}}).status(), "num_layers: expected an integer");
+  expect_error(FluxConfig::from_json(J{{"guidance_embeds", "yes"}}).status(), "guidance_embeds: expected true or false");
+  expect_error(FluxConfig::from_json(J{{"num_layers", (uint64_t(1) << 32) + 2}}).status(), "num_layers: expected an integer");
+  expect_error(FluxConfig::from_json(J{{"num_layers", 1000}}).status(), "num_layers + num_single_layers must be");
+  expect_error(FluxConfig::from_json(J{{"axes_dims_rope", {1.5, 2, 3}}}).status(), "axes_dims_rope: expected an integer");
+  EXPECT_TRUE(FluxConfig::from_json(J{{"out_channels", nullptr}}).has_value());
+  expect_error(T5Config::from_json(J{{"d_model", "x"}}).status(), "d_model: expected an integer");
+  expect_error(T5Config::from_json(J{{"feed_forward_proj", 5}}).status(), "feed_forward_proj: expected a string");
+  expect_error(T5Config::from_json(J{{"num_layers", 100000}}).status(), "num_layers 1..256");
+  expect_error(Qwen3Config::from_json(J{{"num_hidden_layers", 1e12}}).status(), "num_hidden_layers must be at most 256");
+  expect_error(Qwen3Config::from_json(J{{"rms_norm_eps", -1.0}}).status(), "rms_norm_eps must be a finite number > 0");
+  expect_error(sampling::parse_flow_match_config(J{{"shift", "x"}}).status(), "shift: expected a number");
+  expect_error(sampling::parse_flow_match_config(J{{"use_dynamic_shifting", "no"}}).status(), "use_dynamic_shifting: expected true or false");
+  for (const double shift : {0.0, -1.0})
+    expect_error(sampling::parse_flow_match_config(J{{"shift", shift}}).status(), "shift must be a finite number > 0");
+  expect_error(sampling::parse_flow_match_config(J{{"shift_terminal", 1.0}}).status(), "shift_terminal must be in [0, 1)");
+  expect_error(sampling::parse_flow_match_config(J{{"num_train_timesteps", 2000000000}}).status(), "num_train_timesteps must be");
+  // diffusers leaves the terminal stretch off for a falsy shift_terminal (0 or null).
+  EXPECT_FALSE(sampling::parse_flow_match_config(J{{"shift_terminal", 0.0}}).value().shift_terminal.has_value());
+  EXPECT_TRUE(sampling::parse_flow_match_config(J{{"shift_terminal", 0.02}}).value().shift_terminal.has_value());
 }
 
 // A vocabulary id far past the vocabulary's size is refused: the id-to-token table is sized by the largest id.

@@ -91,6 +91,15 @@ struct ConfigValue<std::vector<I>> {
   }
 };
 
+// Reads `key` of the object j into `out` when present and not null, by ConfigValue<T>::read: a value of the wrong
+// type, or an integer that is not whole or does not fit, throws Error naming "context: key" (callers turn it into a
+// Status with catch_status).
+template <typename T>
+void read_config_field(const nlohmann::json& j, const char* key, T& out, std::string_view context) {
+  auto it = j.find(key);
+  if (it != j.end() && !it->is_null()) out = ConfigValue<T>::read(*it, std::string(context) + ": " + key);
+}
+
 // A value's JSON text for an error message, cut to `max_chars` ("..." after it).
 std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 80);
 

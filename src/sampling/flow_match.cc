@@ -3,24 +3,23 @@
 #include <cmath>
 
 #include "backend/ops.h"
+#include "io/json_util.h"
 #include "sampling/schedule.h"
 
 namespace atelier::sampling {
 namespace {
 
 constexpr int kMaxFlowSteps = 10000;  // as make_sampler: a server must not allocate without bound
+constexpr int kMaxTrainTimesteps = 100000;  // published schedulers train on 1000
+constexpr const char* kContext = "flow-match scheduler config";
 
 template <typename T>
 T json_number(const nlohmann::json& j, const char* key, T fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null() || !it->is_number()) return fallback;
-  return it->get<T>();
+  read_config_field(j, key, fallback, kContext);  // a string or list where a number belongs: an error naming the key
+  return fallback;
 }
 
-bool json_true(const nlohmann::json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_boolean() && it->get<bool>();
-}
+bool json_true(const nlohmann::json& j, const char* key) { return json_number<bool>(j, key, false); }
 
 // The shifting stages of set_timesteps in the precision diffusers runs them in: T = float when the
 // pipeline gave sigmas (np.float32 array, python scalars cast to float32), double on the default path.
@@ -42,12 +41,8 @@ std::vector<T> shift_sigmas(const FlowMatchConfig& c, std::vector<T> s, std::opt
   return s;
 }
 
-}  // namespace
-
-Expected<FlowMatchConfig> parse_flow_match_config(const nlohmann::json& j) {
-  FlowMatchConfig c;
-  if (j.is_null()) return c;
-  if (!j.is_object()) return invalid_argument("flow-match scheduler config must be a JSON object");
+// parse_flow_match_config's reads and checks; a value of the wrong type throws Error (read_config_field).
+Status read_flow_match_config(const nlohmann::json& j, FlowMatchConfig& c) {
   for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "stochastic_sampling"}) {
     if (json_true(j, key)) {
       return unsupported(std::string("FlowMatchEulerDiscreteScheduler with ") + key +
@@ -62,15 +57,36 @@ Expected<FlowMatchConfig> parse_flow_match_config(const nlohmann::json& j) {
   c.base_image_seq_len = json_number<int64_t>(j, "base_image_seq_len", c.base_image_seq_len);
   c.max_image_seq_len = json_number<int64_t>(j, "max_image_seq_len", c.max_image_seq_len);
   c.invert_sigmas = json_true(j, "invert_sigmas");
-  if (auto it = j.find("shift_terminal"); it != j.end() && it->is_number()) c.shift_terminal = it->get<double>();
-  if (auto it = j.find("time_shift_type"); it != j.end() && it->is_string()) c.time_shift_type = it->get<std::string>();
+  // diffusers applies the stretch when shift_terminal is truthy: 0 and null leave it off.
+  if (const double t = json_number<double>(j, "shift_terminal", 0.0); t != 0.0) c.shift_terminal = t;
+  c.time_shift_type = json_number<std::string>(j, "time_shift_type", c.time_shift_type);
   if (c.time_shift_type != "exponential" && c.time_shift_type != "linear") {
     return unsupported("time_shift_type '" + c.time_shift_type + "' is not supported (exponential, linear)");
   }
-  if (c.num_train_timesteps < 1) return invalid_argument("num_train_timesteps must be positive");
+  if (c.num_train_timesteps < 1 || c.num_train_timesteps > kMaxTrainTimesteps)
+    return invalid_argument(std::string(kContext) + ": num_train_timesteps must be 1.." + std::to_string(kMaxTrainTimesteps));
   if (c.max_image_seq_len == c.base_image_seq_len && c.use_dynamic_shifting) {
     return invalid_argument("base_image_seq_len and max_image_seq_len must differ for dynamic shifting");
   }
+  // sigma' = shift * s / (1 + (shift - 1) * s): 0 collapses every sigma to 0, a negative shift divides by zero inside
+  // (0, 1]. diffusers does not check; its images are then noise or NaN.
+  if (!(std::isfinite(c.shift) && c.shift > 0.0))
+    return invalid_argument(std::string(kContext) + ": shift must be a finite number > 0");
+  for (const double v : {c.base_shift, c.max_shift})
+    if (!std::isfinite(v)) return invalid_argument(std::string(kContext) + ": base_shift and max_shift must be finite");
+  if (c.shift_terminal && !(std::isfinite(*c.shift_terminal) && *c.shift_terminal >= 0.0 && *c.shift_terminal < 1.0))
+    return invalid_argument(std::string(kContext) + ": shift_terminal must be in [0, 1)");
+  return Status::ok();
+}
+
+}  // namespace
+
+Expected<FlowMatchConfig> parse_flow_match_config(const nlohmann::json& j) {
+  FlowMatchConfig c;
+  if (j.is_null()) return c;
+  if (!j.is_object()) return invalid_argument("flow-match scheduler config must be a JSON object");
+  Status st = catch_status([&] { return read_flow_match_config(j, c); });
+  if (!st) return st;
   return c;
 }
 

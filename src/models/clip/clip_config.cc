@@ -16,8 +16,7 @@ constexpr int64_t kLegacyEosTokenId = 2;
 
 template <typename T>
 void read_field(const nlohmann::json& j, const char* name, T& field) {
-  auto it = j.find(name);
-  if (it != j.end() && !it->is_null()) field = ConfigValue<T>::read(*it, std::string("CLIP text encoder config: ") + name);
+  read_config_field(j, name, field, "CLIP text encoder config");
 }
 
 // Names of the tensors `detect` reads, in one of the two naming schemes.

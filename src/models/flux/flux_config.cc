@@ -98,22 +98,35 @@ std::optional<std::string> flux_bfl_prefix(const WeightStore& store) {
 }
 
 Expected<FluxConfig> FluxConfig::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) return invalid_argument("FLUX transformer config: expected a JSON object");
   FluxConfig c;
-  c.in_channels = j.value("in_channels", c.in_channels);
-  c.out_channels = j.contains("out_channels") && j["out_channels"].is_number() ? j["out_channels"].get<int64_t>() : c.in_channels;
-  c.num_layers = j.value("num_layers", c.num_layers);
-  c.num_single_layers = j.value("num_single_layers", c.num_single_layers);
-  c.num_heads = j.value("num_attention_heads", c.num_heads);
-  c.head_dim = j.value("attention_head_dim", c.head_dim);
-  c.joint_attention_dim = j.value("joint_attention_dim", c.joint_attention_dim);
-  c.pooled_projection_dim = j.value("pooled_projection_dim", c.pooled_projection_dim);
-  c.guidance_embeds = j.value("guidance_embeds", c.guidance_embeds);
-  if (j.contains("axes_dims_rope")) {
-    const auto& a = j["axes_dims_rope"];
-    if (!a.is_array() || a.size() != 3) return unsupported("FLUX axes_dims_rope must list 3 axes");
-    for (int i = 0; i < 3; ++i) c.axes_dims_rope[size_t(i)] = a[size_t(i)].get<int>();
-  }
-  if (j.value("patch_size", 1) != 1) return unsupported("FLUX transformer: only patch_size 1 is supported");
+  int64_t patch_size = 1;
+  Status st = catch_status([&]() -> Status {
+    constexpr const char* kContext = "FLUX transformer config";
+    read_config_field(j, "in_channels", c.in_channels, kContext);
+    c.out_channels = c.in_channels;
+    read_config_field(j, "out_channels", c.out_channels, kContext);
+    read_config_field(j, "num_layers", c.num_layers, kContext);
+    read_config_field(j, "num_single_layers", c.num_single_layers, kContext);
+    read_config_field(j, "num_attention_heads", c.num_heads, kContext);
+    read_config_field(j, "attention_head_dim", c.head_dim, kContext);
+    read_config_field(j, "joint_attention_dim", c.joint_attention_dim, kContext);
+    read_config_field(j, "pooled_projection_dim", c.pooled_projection_dim, kContext);
+    read_config_field(j, "guidance_embeds", c.guidance_embeds, kContext);
+    read_config_field(j, "patch_size", patch_size, kContext);
+    if (j.contains("axes_dims_rope")) {
+      std::vector<int> axes;
+      read_config_field(j, "axes_dims_rope", axes, kContext);
+      if (axes.size() != 3) return unsupported("FLUX axes_dims_rope must list 3 axes");
+      for (size_t i = 0; i < 3; ++i) c.axes_dims_rope[i] = axes[i];
+    }
+    return Status::ok();
+  });
+  if (!st) return st;
+  if (patch_size != 1) return unsupported("FLUX transformer: only patch_size 1 is supported");
+  if (c.num_layers < 0 || c.num_single_layers < 0 || c.num_layers + c.num_single_layers > kMaxLayerCount)
+    return invalid_argument("FLUX transformer config: num_layers + num_single_layers must be 0.." + std::to_string(kMaxLayerCount));
+  if (c.num_heads < 1 || c.head_dim < 1) return invalid_argument("FLUX transformer config: num_attention_heads and attention_head_dim must be positive");
   if (c.axes_dims_rope[0] + c.axes_dims_rope[1] + c.axes_dims_rope[2] != c.head_dim) {
     return invalid_argument("FLUX config: axes_dims_rope must sum to attention_head_dim");
   }
@@ -122,7 +135,9 @@ Expected<FluxConfig> FluxConfig::from_json(const nlohmann::json& j) {
 
 Expected<FluxConfig> FluxConfig::from_file(const std::string& path) {
   ATELIER_ASSIGN_OR_RETURN(auto j, read_json_file(path));
-  return from_json(j);
+  auto c = from_json(j);
+  if (!c) return Status(c.status().code(), path + ": " + c.status().message());
+  return c;
 }
 
 Expected<FluxConfig> FluxConfig::detect(const WeightStore& store, FluxLayout layout, const std::string& prefix) {

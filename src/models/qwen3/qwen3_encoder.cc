@@ -11,6 +11,8 @@ namespace atelier {
 namespace {
 
 constexpr const char* kContext = "text_encoder/config.json";
+// The most attention heads a config may ask for (Qwen3 models have 16-64).
+constexpr int64_t kMaxHeads = 4096;
 
 
 Tensor on_device(const Tensor& host, Device dev) { return dev.is_cpu() ? host : host.to(dev); }
@@ -63,6 +65,10 @@ Expected<Qwen3Config> Qwen3Config::from_json(const nlohmann::json& j) {
   ATELIER_ASSIGN_OR_RETURN(int64_t layers, get_int(j, "num_hidden_layers", c.num_hidden_layers, kContext));
   ATELIER_ASSIGN_OR_RETURN(int64_t heads, get_int(j, "num_attention_heads", c.num_attention_heads, kContext));
   ATELIER_ASSIGN_OR_RETURN(int64_t kv_heads, get_int(j, "num_key_value_heads", heads, kContext));
+  // Checked before narrowing to int: 1e12 layers read as a negative count.
+  if (layers > kMaxLayerCount || heads > kMaxHeads || kv_heads > kMaxHeads)
+    return invalid_argument(std::string(kContext) + ": num_hidden_layers must be at most " + std::to_string(kMaxLayerCount) +
+                            " and the head counts at most " + std::to_string(kMaxHeads));
   c.num_hidden_layers = int(layers), c.num_attention_heads = int(heads), c.num_key_value_heads = int(kv_heads);
   ATELIER_ASSIGN_OR_RETURN(c.head_dim, get_int(j, "head_dim", heads > 0 ? c.hidden_size / heads : 0, kContext));
   ATELIER_ASSIGN_OR_RETURN(double eps, get_number(j, "rms_norm_eps", c.rms_norm_eps, kContext));
@@ -89,6 +95,8 @@ Status Qwen3Config::validate() const {
   if (vocab_size < 1 || hidden_size < 1 || intermediate_size < 1 || head_dim < 2 || head_dim % 2 != 0)
     return invalid_argument("Qwen3 config: sizes must be positive and head_dim even");
   if (num_hidden_layers < 2) return invalid_argument("Qwen3 config: hidden_states[-2] needs at least 2 layers");
+  if (!(rms_norm_eps > 0.0f) || !std::isfinite(rms_norm_eps))
+    return invalid_argument("Qwen3 config: rms_norm_eps must be a finite number > 0");
   if (num_attention_heads < 1 || num_key_value_heads < 1 || num_attention_heads % num_key_value_heads != 0)
     return invalid_argument("Qwen3 config: num_attention_heads must be a multiple of num_key_value_heads");
   return Status::ok();

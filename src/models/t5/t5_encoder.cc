@@ -45,17 +45,24 @@ int t5_relative_position_bucket(int64_t relative_position, int num_buckets, int 
 }
 
 Expected<T5Config> T5Config::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) return invalid_argument("T5 config: expected a JSON object");
   T5Config c;
-  c.vocab_size = j.value("vocab_size", c.vocab_size);
-  c.d_model = j.value("d_model", c.d_model);
-  c.d_kv = j.value("d_kv", c.d_kv);
-  c.d_ff = j.value("d_ff", c.d_ff);
-  c.num_layers = j.value("num_layers", c.num_layers);
-  c.num_heads = j.value("num_heads", c.num_heads);
-  c.relative_attention_num_buckets = j.value("relative_attention_num_buckets", c.relative_attention_num_buckets);
-  c.relative_attention_max_distance = j.value("relative_attention_max_distance", c.relative_attention_max_distance);
-  c.layer_norm_epsilon = float(j.value("layer_norm_epsilon", double(c.layer_norm_epsilon)));
-  const std::string ff = j.value("feed_forward_proj", std::string("relu"));
+  std::string ff = "relu";
+  Status st = catch_status([&]() -> Status {
+    constexpr const char* kContext = "T5 config";
+    read_config_field(j, "vocab_size", c.vocab_size, kContext);
+    read_config_field(j, "d_model", c.d_model, kContext);
+    read_config_field(j, "d_kv", c.d_kv, kContext);
+    read_config_field(j, "d_ff", c.d_ff, kContext);
+    read_config_field(j, "num_layers", c.num_layers, kContext);
+    read_config_field(j, "num_heads", c.num_heads, kContext);
+    read_config_field(j, "relative_attention_num_buckets", c.relative_attention_num_buckets, kContext);
+    read_config_field(j, "relative_attention_max_distance", c.relative_attention_max_distance, kContext);
+    read_config_field(j, "layer_norm_epsilon", c.layer_norm_epsilon, kContext);
+    read_config_field(j, "feed_forward_proj", ff, kContext);
+    return Status::ok();
+  });
+  if (!st) return st;
   if (ff == "gated-gelu") {
     c.gated = true, c.act = UnaryOp::kGeluTanh;
   } else if (ff == "relu") {
@@ -65,13 +72,16 @@ Expected<T5Config> T5Config::from_json(const nlohmann::json& j) {
   } else {
     return unsupported("T5 feed_forward_proj '" + ff + "' is not supported (gated-gelu, gated-relu, relu)");
   }
-  if (c.num_heads < 1 || c.d_kv < 1 || c.num_layers < 1) return invalid_argument("T5 config: bad head or layer count");
+  if (c.num_heads < 1 || c.d_kv < 1 || c.num_layers < 1 || c.num_layers > kMaxLayerCount)
+    return invalid_argument("T5 config: num_heads and d_kv must be positive, num_layers 1.." + std::to_string(kMaxLayerCount));
   return c;
 }
 
 Expected<T5Config> T5Config::from_file(const std::string& path) {
   ATELIER_ASSIGN_OR_RETURN(auto j, read_json_file(path));
-  return from_json(j);
+  auto c = from_json(j);
+  if (!c) return Status(c.status().code(), path + ": " + c.status().message());
+  return c;
 }
 
 Expected<T5Config> T5Config::detect(const WeightStore& store, const std::string& prefix) {

@@ -11,11 +11,9 @@ constexpr float kSdScalingFactor = 0.18215f;   // SD 1.x/2.x; the only factor a 
 constexpr int kDefaultNormGroups = 32;         // every published KL VAE
 constexpr int kMaxLevels = 8;                  // sanity bound while probing keys
 
-// Reads `key` into `out` when present and not null.
 template <typename T>
 void read_field(const nlohmann::json& j, const char* key, T& out) {
-  auto it = j.find(key);
-  if (it != j.end() && !it->is_null()) out = ConfigValue<T>::read(*it, std::string("vae config: ") + key);
+  read_config_field(j, key, out, "vae config");
 }
 
 Status check_block_types(const nlohmann::json& j, const char* key, const char* expected, size_t levels) {
