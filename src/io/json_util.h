@@ -30,6 +30,13 @@ constexpr int kMaxJsonDepth = 64;
 // `max_depth` (then *too_deep is set). `keep`: nlohmann's optional callback (which values to keep).
 nlohmann::json parse_json_bounded(std::string_view text, bool* too_deep = nullptr,
                                   const nlohmann::json::parser_callback_t& keep = nullptr, int max_depth = kMaxJsonDepth);
+
+// A value's JSON text for an error message, cut to `max_chars` ("..." after it).
+std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 80);
+
+// How much of a wrong config value an error message quotes.
+constexpr size_t kConfigExcerptChars = 40;
+
 // A config integer of type I: `v` must be an integer, or a float with an integral value (some exporters write 4.0),
 // that fits I; anything else throws Error naming `key`. nlohmann's get<int> wraps 2^32 + 64 to 64 and cuts 64.5 to
 // 64 without a word. ConfigValue<T>::read applies it to ints, int64s and lists of them, and get<T> to the rest.
@@ -37,7 +44,7 @@ template <typename I>
 I config_integer(const nlohmann::json& v, std::string_view key) {
   const auto fail = [&] {
     throw Error(invalid_argument(std::string(key) + ": expected an integer from " + std::to_string(std::numeric_limits<I>::min()) +
-                                 " to " + std::to_string(std::numeric_limits<I>::max()) + ", got " + v.dump().substr(0, 40)));
+                                 " to " + std::to_string(std::numeric_limits<I>::max()) + ", got " + json_excerpt(v, kConfigExcerptChars)));
   };
   if (v.is_number_integer()) {
     if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(std::numeric_limits<I>::max())
@@ -68,7 +75,7 @@ struct ConfigValue {
       return v.get<T>();
     } catch (const nlohmann::json::type_error&) {
       throw Error(invalid_argument(std::string(key) + ": expected " + config_type_words<T>() + ", got " +
-                                   v.dump().substr(0, 40)));
+                                   json_excerpt(v, kConfigExcerptChars)));
     }
   }
 };
@@ -84,7 +91,7 @@ template <typename I>
 struct ConfigValue<std::vector<I>> {
   static std::vector<I> read(const nlohmann::json& v, std::string_view key) {
     if (!v.is_array())
-      throw Error(invalid_argument(std::string(key) + ": expected a list, got " + v.dump().substr(0, 40)));
+      throw Error(invalid_argument(std::string(key) + ": expected a list, got " + json_excerpt(v, kConfigExcerptChars)));
     std::vector<I> out;
     for (const auto& e : v) out.push_back(ConfigValue<I>::read(e, key));
     return out;
@@ -99,9 +106,6 @@ void read_config_field(const nlohmann::json& j, const char* key, T& out, std::st
   auto it = j.find(key);
   if (it != j.end() && !it->is_null()) out = ConfigValue<T>::read(*it, std::string(context) + ": " + key);
 }
-
-// A value's JSON text for an error message, cut to `max_chars` ("..." after it).
-std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 80);
 
 // Reads and parses a JSON file. Errors: kNotFound (missing), kInvalidArgument (unreadable, too large),
 // kCorrupt (syntax error, with line and column).

@@ -10,16 +10,14 @@ namespace atelier::sampling {
 namespace {
 
 constexpr int kMaxFlowSteps = 10000;  // as make_sampler: a server must not allocate without bound
-constexpr int kMaxTrainTimesteps = 100000;  // published schedulers train on 1000
 constexpr const char* kContext = "flow-match scheduler config";
 
+// `key`'s value, or `fallback` where it is absent or null; a value of another type throws Error naming the key.
 template <typename T>
-T json_number(const nlohmann::json& j, const char* key, T fallback) {
-  read_config_field(j, key, fallback, kContext);  // a string or list where a number belongs: an error naming the key
+T field_or(const nlohmann::json& j, const char* key, T fallback) {
+  read_config_field(j, key, fallback, kContext);
   return fallback;
 }
-
-bool json_true(const nlohmann::json& j, const char* key) { return json_number<bool>(j, key, false); }
 
 // The shifting stages of set_timesteps in the precision diffusers runs them in: T = float when the
 // pipeline gave sigmas (np.float32 array, python scalars cast to float32), double on the default path.
@@ -44,22 +42,22 @@ std::vector<T> shift_sigmas(const FlowMatchConfig& c, std::vector<T> s, std::opt
 // parse_flow_match_config's reads and checks; a value of the wrong type throws Error (read_config_field).
 Status read_flow_match_config(const nlohmann::json& j, FlowMatchConfig& c) {
   for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "stochastic_sampling"}) {
-    if (json_true(j, key)) {
+    if (field_or<bool>(j, key, false)) {
       return unsupported(std::string("FlowMatchEulerDiscreteScheduler with ") + key +
                          " is not supported (plain and shifted sigma schedules are)");
     }
   }
-  c.num_train_timesteps = json_number<int>(j, "num_train_timesteps", c.num_train_timesteps);
-  c.shift = json_number<double>(j, "shift", c.shift);
-  c.use_dynamic_shifting = json_true(j, "use_dynamic_shifting");
-  c.base_shift = json_number<double>(j, "base_shift", c.base_shift);
-  c.max_shift = json_number<double>(j, "max_shift", c.max_shift);
-  c.base_image_seq_len = json_number<int64_t>(j, "base_image_seq_len", c.base_image_seq_len);
-  c.max_image_seq_len = json_number<int64_t>(j, "max_image_seq_len", c.max_image_seq_len);
-  c.invert_sigmas = json_true(j, "invert_sigmas");
+  c.num_train_timesteps = field_or<int>(j, "num_train_timesteps", c.num_train_timesteps);
+  c.shift = field_or<double>(j, "shift", c.shift);
+  c.use_dynamic_shifting = field_or<bool>(j, "use_dynamic_shifting", false);
+  c.base_shift = field_or<double>(j, "base_shift", c.base_shift);
+  c.max_shift = field_or<double>(j, "max_shift", c.max_shift);
+  c.base_image_seq_len = field_or<int64_t>(j, "base_image_seq_len", c.base_image_seq_len);
+  c.max_image_seq_len = field_or<int64_t>(j, "max_image_seq_len", c.max_image_seq_len);
+  c.invert_sigmas = field_or<bool>(j, "invert_sigmas", false);
   // diffusers applies the stretch when shift_terminal is truthy: 0 and null leave it off.
-  if (const double t = json_number<double>(j, "shift_terminal", 0.0); t != 0.0) c.shift_terminal = t;
-  c.time_shift_type = json_number<std::string>(j, "time_shift_type", c.time_shift_type);
+  if (const double t = field_or<double>(j, "shift_terminal", 0.0); t != 0.0) c.shift_terminal = t;
+  c.time_shift_type = field_or<std::string>(j, "time_shift_type", c.time_shift_type);
   if (c.time_shift_type != "exponential" && c.time_shift_type != "linear") {
     return unsupported("time_shift_type '" + c.time_shift_type + "' is not supported (exponential, linear)");
   }

@@ -15,8 +15,6 @@ using nlohmann::json;
 constexpr const char* kNegInfToken = "@@atelier:-Infinity@@";
 constexpr const char* kPosInfToken = "@@atelier:Infinity@@";
 constexpr const char* kNanToken = "@@atelier:NaN@@";
-// Published schedules train on 1000 steps; the tables are this long, so a hostile config must not size them freely.
-constexpr int kMaxTrainTimesteps = 100000;
 
 // The __init__ signatures of diffusers 0.40's scheduler classes (parameter name -> default).
 json euler_defaults() {

@@ -18,6 +18,10 @@
 
 namespace atelier::sampling {
 
+// The longest training schedule a scheduler config may ask for (published ones train on 1000 steps): the tables are
+// this long, so a hostile config must not size them freely (2e9 took 20 GB and a minute).
+constexpr int kMaxTrainTimesteps = 100000;
+
 struct SchedulerConfig {
   SamplerKind kind = SamplerKind::kEuler;
   // Every init parameter of the class with its resolved value: what diffusers prints as `scheduler.config`

@@ -29,7 +29,6 @@ Expected<std::string> read_text(const fs::path& path) {
   return ss.str();
 }
 
-
 bool is_newline(char32_t c) { return c == U'\r' || c == U'\n'; }
 bool is_ws(char32_t c) { return unicode::is_whitespace(c); }
 bool is_letter(char32_t c) { return unicode::is_letter(c); }

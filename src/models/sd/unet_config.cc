@@ -16,8 +16,8 @@ bool is_null_or_absent(const nlohmann::json& j, const char* key) { return !j.con
 
 template <typename T>
 T value_or(const nlohmann::json& j, const char* key, T fallback) {
-  if (is_null_or_absent(j, key)) return fallback;
-  return ConfigValue<T>::read(j[key], std::string("UNet config: ") + key);
+  read_config_field(j, key, fallback, "UNet config");
+  return fallback;
 }
 
 // diffusers accepts an int (same for every level) or a list with one entry per level.
