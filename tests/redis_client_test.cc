@@ -35,6 +35,8 @@ TEST(RedisClient, RequestCodecRoundTrips) {
   r.preview = true;
   r.api = ApiFamily::kOpenAI;
   r.output_format = "webp";
+  r.guidance = 2.25f;
+  r.max_sequence_length = 77;
   Image img;
   img.width = 2, img.height = 1, img.channels = 3;
   img.pixels = {1, 2, 3, 4, 5, 6};
@@ -48,6 +50,8 @@ TEST(RedisClient, RequestCodecRoundTrips) {
   EXPECT_TRUE(back->preview);
   EXPECT_EQ(back->api, ApiFamily::kOpenAI);
   EXPECT_EQ(back->output_format, "webp");
+  EXPECT_EQ(back->guidance, 2.25f);  // FLUX's: a worker elsewhere runs the job with it
+  EXPECT_EQ(back->max_sequence_length, 77);
   ASSERT_TRUE(back->init_image);
   EXPECT_EQ(back->init_image->pixels, img.pixels);
   EXPECT_FALSE(decode_request("[1]"));

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "pipeline/builtin_models.h"
+#include "pipeline/flux_model.h"
 #include "pipeline/demo_model.h"
 #include "io/hash.h"
 
@@ -27,6 +28,22 @@ bool is_model_path(const fs::path& p) {
 
 }  // namespace
 
+const char* model_family_name(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::kFlux: return "flux";
+    case ModelFamily::kZImage: return "zimage";
+    case ModelFamily::kSd: break;
+  }
+  return "sd";
+}
+
+ModelFamily detect_model_family(const std::string& path) {
+  if (!builtin_name_of(path).empty()) return ModelFamily::kSd;  // the built-in configurations are SD's
+  if (is_flux_model(path)) return ModelFamily::kFlux;
+  if (is_zimage_model(path)) return ModelFamily::kZImage;
+  return ModelFamily::kSd;
+}
+
 std::vector<std::string> specs_with_default_model(const std::vector<std::string>& specs, const std::string& model_dir,
                                                   const std::string& exe_dir) {
   if (!specs.empty() || !model_dir.empty()) return specs;
@@ -41,7 +58,15 @@ Expected<ModelRegistry> ModelRegistry::create(const std::vector<std::string>& sp
     if (name.empty()) return invalid_argument("--model: empty model name in '" + name + "=" + path + "'");
     for (const auto& e : r.entries_)
       if (e.name == name) return invalid_argument("--model: two models are named '" + name + "'; use NAME=PATH");
-    r.entries_.push_back({std::move(name), path});
+    const ModelFamily family = detect_model_family(path);
+    // A DiT's single transformer file needs its other parts named (atelier generate's --vae, --clip-l, --t5,
+    // --components): the server has no such flags per model, so it takes the diffusers folder.
+    std::error_code ec;
+    if (family != ModelFamily::kSd && !fs::is_directory(path, ec))
+      return invalid_argument("--model: '" + path + "' is a single " + model_family_name(family) +
+                              " transformer file; the server loads FLUX and Z-Image models from their diffusers folders "
+                              "(with model_index.json)");
+    r.entries_.push_back({std::move(name), path, family});
     return Status::ok();
   };
   for (const std::string& spec : specs) {
@@ -94,7 +119,56 @@ size_t model_bytes(const SdModel& m) {
   return size_t(params) * dtype_size(m.unet ? m.unet->dtype() : DType::F32);
 }
 
-Expected<std::shared_ptr<SdModel>> ModelCache::acquire(const ModelEntry& entry, double* load_s) {
+size_t weight_file_bytes(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return size_t(fs::file_size(path, ec));  // 0 on error
+  size_t total = 0;
+  for (fs::recursive_directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec) && it->path().extension() == ".safetensors") total += size_t(it->file_size(ec));
+  return total;
+}
+
+long LoadedModel::use_count() const {
+  if (sd) return sd.use_count();
+  if (flux) return flux.use_count();
+  return zimage.use_count();
+}
+
+// Every model takes the server's name (infotext "Model", A1111 sd_model_checkpoint).
+Expected<LoadedModel> ModelCache::load(const ModelEntry& entry, size_t* bytes) const {
+  LoadedModel m;
+  switch (entry.family) {
+    case ModelFamily::kSd: {
+      SdLoadOptions lo;
+      lo.device = options_.device;
+      lo.tokenizer_dir = options_.tokenizer_dir;
+      ATELIER_ASSIGN_OR_RETURN(m.sd, load_sd_model(entry.path, lo));
+      m.sd->name = entry.name;
+      *bytes = model_bytes(*m.sd);
+      return m;
+    }
+    case ModelFamily::kFlux: {
+      FluxLoadOptions lo;
+      lo.device = options_.device;
+      ATELIER_ASSIGN_OR_RETURN(m.flux, load_flux_model(entry.path, lo));
+      m.flux->name = entry.name;
+      break;
+    }
+    case ModelFamily::kZImage: {
+      ZImageLoadOptions lo;
+      lo.device = options_.device;
+      ATELIER_ASSIGN_OR_RETURN(std::shared_ptr<const ZImageModel> loaded, load_zimage_model(entry.path, lo));
+      auto named = std::make_shared<ZImageModel>(*loaded);  // shares the loaded components
+      named->name = entry.name;
+      m.zimage = std::move(named);
+      break;
+    }
+  }
+  *bytes = weight_file_bytes(entry.path);
+  return m;
+}
+
+Expected<LoadedModel> ModelCache::acquire(const ModelEntry& entry, double* load_s) {
   if (load_s) *load_s = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -104,12 +178,8 @@ Expected<std::shared_ptr<SdModel>> ModelCache::acquire(const ModelEntry& entry, 
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
-  SdLoadOptions lo;
-  lo.device = options_.device;
-  lo.tokenizer_dir = options_.tokenizer_dir;
-  ATELIER_ASSIGN_OR_RETURN(std::shared_ptr<SdModel> model, load_sd_model(entry.path, lo));
-  model->name = entry.name;  // the server's name for it (infotext "Model", A1111 sd_model_checkpoint)
-  const size_t bytes = model_bytes(*model);
+  size_t bytes = 0;
+  ATELIER_ASSIGN_OR_RETURN(LoadedModel model, load(entry, &bytes));
   if (load_s) *load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> lock(mu_);
   evict_for(bytes);
@@ -120,7 +190,7 @@ Expected<std::shared_ptr<SdModel>> ModelCache::acquire(const ModelEntry& entry, 
 std::shared_ptr<SdModel> ModelCache::resident(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = find_slot(slots_, name);
-  return it != slots_.end() ? it->model : nullptr;
+  return it != slots_.end() ? it->model.sd : nullptr;
 }
 
 void ModelCache::evict_for(size_t incoming) {

@@ -5,6 +5,8 @@
 // first is the default. Nothing is loaded until a request needs it.
 // ModelCache: one per worker. Loads a model onto the worker's device on first use and evicts the least
 // recently used models that no running job holds when the memory budget or the model count is exceeded.
+// Models of three families: SD 1.x/2.x (step-level batched by the worker), FLUX.1 and Z-Image (diffusers
+// folders; the worker runs their requests whole, see worker.h).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -15,14 +17,25 @@
 #include <vector>
 
 #include "core/status.h"
+#include "pipeline/flux_model.h"
 #include "pipeline/sd_model.h"
+#include "pipeline/zimage_pipeline.h"
 
 namespace atelier::serve {
+
+enum class ModelFamily { kSd, kFlux, kZImage };
+const char* model_family_name(ModelFamily f);  // "sd", "flux", "zimage"
 
 struct ModelEntry {
   std::string name;
   std::string path;
+  ModelFamily family = ModelFamily::kSd;  // read from the folder or file when the registry is made
+
+  bool is_dit() const { return family != ModelFamily::kSd; }
 };
+
+// The family of the model at `path` (FLUX and Z-Image diffusers folders or transformer files; anything else SD).
+ModelFamily detect_model_family(const std::string& path);
 
 // The model specs to serve: `specs` as given, or — when neither a model nor a model folder is named — the
 // bundled demo model as "demo=<path>" (pipeline/demo_model.h looks in $ATELIER_DEMO_MODEL, beside an installed
@@ -58,13 +71,23 @@ struct ModelCacheOptions {
   size_t max_models = 2;          // resident models at most (0 = no limit)
 };
 
+// A resident model: exactly one of the three is set, by the entry's family.
+struct LoadedModel {
+  std::shared_ptr<SdModel> sd;
+  std::shared_ptr<FluxModel> flux;
+  std::shared_ptr<const ZImageModel> zimage;
+
+  // How many holders share the model (the cache's own slot is one): above 1, a job is using it.
+  long use_count() const;
+};
+
 class ModelCache {
  public:
   explicit ModelCache(ModelCacheOptions o) : options_(std::move(o)) {}
   // The model on this device, loading it (and evicting) when needed. `load_s` receives the load time
   // (0 when resident). Called from the worker thread only.
-  Expected<std::shared_ptr<SdModel>> acquire(const ModelEntry& entry, double* load_s);
-  // The model when it is resident (nothing loaded, the LRU order unchanged), else nullptr.
+  Expected<LoadedModel> acquire(const ModelEntry& entry, double* load_s);
+  // The SD model when it is resident (nothing loaded, the LRU order unchanged), else nullptr.
   std::shared_ptr<SdModel> resident(const std::string& name) const;
   void clear();  // after a device failure: replicas on a failed device are not trusted
   size_t loaded() const;
@@ -73,10 +96,11 @@ class ModelCache {
  private:
   struct Slot {
     std::string name;
-    std::shared_ptr<SdModel> model;
+    LoadedModel model;
     size_t bytes = 0;
   };
   void evict_for(size_t incoming_bytes);
+  Expected<LoadedModel> load(const ModelEntry& entry, size_t* bytes) const;
 
   ModelCacheOptions options_;
   mutable std::mutex mu_;    // guards slots_ for the metrics readers
@@ -90,5 +114,8 @@ class ModelCache {
 
 // Weight bytes of a loaded model (text encoder + UNet + VAE).
 size_t model_bytes(const SdModel& m);
+// Bytes of the weight files at `path` (a .safetensors file, or every one under a folder): a DiT model's size for
+// the cache's budget (its components keep their file dtypes on a GPU; on the CPU they widen to f32).
+size_t weight_file_bytes(const std::string& path);
 
 }  // namespace atelier::serve

@@ -48,7 +48,9 @@ Expected<ServeRequest> parse_a1111(const nlohmann::json& body, const ServeLimits
   ATELIER_RETURN_IF_ERROR(f.integer("width", kLatentFactor, limits.max_side, g.width));
   ATELIER_RETURN_IF_ERROR(f.integer("height", kLatentFactor, limits.max_side, g.height));
   ATELIER_RETURN_IF_ERROR(f.integer("steps", 1, limits.max_steps, g.steps));
-  ATELIER_RETURN_IF_ERROR(f.number("cfg_scale", 0.0, 100.0, g.cfg_scale));
+  ATELIER_RETURN_IF_ERROR(f.number("cfg_scale", 0.0, kMaxGuidance, g.cfg_scale));
+  r.cfg_given = f.has("cfg_scale");
+  ATELIER_RETURN_IF_ERROR(f.number("distilled_cfg_scale", 0.0, kMaxGuidance, r.guidance));  // FLUX (Forge's name)
   ATELIER_RETURN_IF_ERROR(f.string("sampler_index", g.sampler, 64));  // the old name of sampler_name
   ATELIER_RETURN_IF_ERROR(f.string("sampler_name", g.sampler, 64));
   for (const char* field : {"sampler_name", "sampler_index"})  // the error names the field the client sent

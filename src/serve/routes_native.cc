@@ -18,7 +18,7 @@ constexpr int kKeepAliveEvery = 10;  // event waits between SSE keep-alive comme
 const std::set<std::string> kNativeFields = {
     "prompt", "negative_prompt", "model", "width", "height", "steps", "cfg_scale", "sampler", "schedule", "seed", "rng",
     "clip_skip", "batch_size", "batch_count", "emphasis", "init_image", "strength", "preview", "timeout_s",
-    "output_format"};
+    "output_format", "guidance", "max_sequence_length"};
 
 Expected<ServeRequest> parse_native(const nlohmann::json& body, const ServeLimits& limits) {
   ServeRequest r;
@@ -32,7 +32,10 @@ Expected<ServeRequest> parse_native(const nlohmann::json& body, const ServeLimit
   ATELIER_RETURN_IF_ERROR(f.integer("width", kLatentFactor, limits.max_side, g.width));
   ATELIER_RETURN_IF_ERROR(f.integer("height", kLatentFactor, limits.max_side, g.height));
   ATELIER_RETURN_IF_ERROR(f.integer("steps", 1, limits.max_steps, g.steps));
-  ATELIER_RETURN_IF_ERROR(f.number("cfg_scale", 0.0, 100.0, g.cfg_scale));
+  ATELIER_RETURN_IF_ERROR(f.number("cfg_scale", 0.0, kMaxGuidance, g.cfg_scale));
+  r.cfg_given = f.has("cfg_scale");
+  ATELIER_RETURN_IF_ERROR(f.number("guidance", 0.0, kMaxGuidance, r.guidance));
+  ATELIER_RETURN_IF_ERROR(f.integer("max_sequence_length", 1, kFluxDefaultMaxSequenceLength, r.max_sequence_length));
   ATELIER_RETURN_IF_ERROR(f.string("sampler", g.sampler, 64));
   ATELIER_RETURN_IF_ERROR(f.string("schedule", g.schedule, 64));
   ATELIER_RETURN_IF_ERROR(f.integer("seed", int64_t(-1), int64_t(0xffffffffffffLL), g.seed));
@@ -137,7 +140,8 @@ void add_native_routes(httplib::Server& http, ServerContext& ctx) {
   http.Get("/v1/models", [&ctx](const httplib::Request&, httplib::Response& res) {
     nlohmann::json data = nlohmann::json::array();
     for (const ModelEntry& e : ctx.registry.entries())
-      data.push_back({{"id", e.name}, {"object", "model"}, {"path", e.path}, {"default", &e == ctx.registry.default_model()}});
+      data.push_back({{"id", e.name}, {"object", "model"}, {"path", e.path}, {"family", model_family_name(e.family)},
+                      {"default", &e == ctx.registry.default_model()}});
     send_json(res, 200, {{"object", "list"}, {"data", data}});
   });
 }

@@ -4,7 +4,7 @@
 // With stream: true the answer is a server-sent-event stream: "image_generation.partial_image" events
 // (low-cost previews of the denoised latents, JPEG) while the job runs, then one
 // "image_generation.completed" event per image. Beyond OpenAI's fields, negative_prompt, steps, cfg_scale,
-// sampler, seed are accepted (Atelier extensions); quality, style, background, moderation and user are ignored.
+// guidance (FLUX), sampler, seed are accepted (Atelier extensions); quality, style, background, moderation and user are ignored.
 #include <httplib.h>
 
 #include "serve/http_util.h"
@@ -56,7 +56,9 @@ Expected<ServeRequest> parse_openai(const nlohmann::json& body, const ServeLimit
   ATELIER_RETURN_IF_ERROR(f.boolean("stream", *stream));
   ATELIER_RETURN_IF_ERROR(f.integer("partial_images", 0, kMaxPartialImages, r.partial_images));
   ATELIER_RETURN_IF_ERROR(f.integer("steps", 1, limits.max_steps, g.steps));
-  ATELIER_RETURN_IF_ERROR(f.number("cfg_scale", 0.0, 100.0, g.cfg_scale));
+  ATELIER_RETURN_IF_ERROR(f.number("cfg_scale", 0.0, kMaxGuidance, g.cfg_scale));
+  r.cfg_given = f.has("cfg_scale");
+  ATELIER_RETURN_IF_ERROR(f.number("guidance", 0.0, kMaxGuidance, r.guidance));
   ATELIER_RETURN_IF_ERROR(f.string("sampler", g.sampler, 64));
   ATELIER_RETURN_IF_ERROR(f.integer("seed", int64_t(-1), int64_t(0xffffffffffffLL), g.seed));
   if (!*stream) r.partial_images = 0;

@@ -4,8 +4,9 @@
 
 #include "sampling/sampler.h"
 #include "sampling/sampler_names.h"
-#include "tokenizers/prompt_weights.h"
 #include "serve/base64.h"
+#include "serve/model_registry.h"
+#include "tokenizers/prompt_weights.h"
 
 namespace atelier::serve {
 namespace {
@@ -100,6 +101,25 @@ Status validate_request(const ServeRequest& r, const ServeLimits& limits) {
   auto sched = sampling::parse_schedule(g.schedule);
   if (!sched) return invalid_argument("schedule: " + sched.status().message());
   if (auto both = sampling::with_schedule(*spec, *sched); !both) return invalid_argument("sampler: " + both.status().message());
+  return Status::ok();
+}
+
+Status validate_for_model(ServeRequest& r, ModelFamily family) {
+  if (family == ModelFamily::kSd) return Status::ok();
+  const char* what = family == ModelFamily::kFlux ? "FLUX" : "Z-Image";
+  if (r.init_image)
+    return invalid_argument(std::string("init_image: ") + what + " models take txt2img only on this server (img2img is SD's)");
+  for (auto [name, v] : {std::pair{"width", r.gen.width}, std::pair{"height", r.gen.height}})
+    if (v % kFluxSizeMultiple != 0)  // 0 = the model's default size
+      return invalid_argument(std::string(name) + ": " + what + " models take multiples of " +
+                              std::to_string(kFluxSizeMultiple) + " (got " + std::to_string(v) + ")");
+  if (!(r.guidance >= 0 && r.guidance <= kMaxGuidance))
+    return invalid_argument("guidance: must be from 0 to " + std::to_string(int(kMaxGuidance)));
+  if (r.max_sequence_length < 1 || r.max_sequence_length > kFluxDefaultMaxSequenceLength)
+    return invalid_argument("max_sequence_length: must be from 1 to " + std::to_string(kFluxDefaultMaxSequenceLength));
+  // Without the client's cfg_scale (A1111 clients send 7 only when their user set it), the value that runs one
+  // model call per step: FLUX.1-dev is guidance-distilled, Z-Image-Turbo is run with 0.
+  if (!r.cfg_given) r.gen.cfg_scale = family == ModelFamily::kFlux ? 1.0f : 0.0f;
   return Status::ok();
 }
 

@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "io/image.h"
+#include "pipeline/flux_pipeline.h"
 #include "pipeline/request.h"
 
 namespace atelier::serve {
@@ -28,6 +29,7 @@ struct ServeLimits {
 };
 
 constexpr int kApiDefaultSide = 512;  // A1111's default width/height; also the estimate for "model default"
+constexpr double kMaxGuidance = 100.0;  // cfg_scale and FLUX's guidance, in every API
 
 struct ServeRequest {
   GenerateRequest gen;                 // gen.init_image (a path) is never used by the server
@@ -38,6 +40,12 @@ struct ServeRequest {
   double timeout_s = 0;                // 0 = the server's default
   ApiFamily api = ApiFamily::kNative;
   std::string output_format = "png";   // png | jpeg | webp
+  // FLUX and Z-Image (ModelFamily): whether the client gave cfg_scale (without it, no CFG runs for them:
+  // validate_for_model sets cfg_scale to 1 for FLUX, 0 for Z-Image-Turbo), FLUX's distilled guidance (native and
+  // OpenAI "guidance", A1111 "distilled_cfg_scale" as Forge names it) and the T5 token count.
+  bool cfg_given = false;
+  float guidance = kFluxDefaultGuidance;
+  int max_sequence_length = kFluxDefaultMaxSequenceLength;
 
   int images() const { return gen.batch_size * gen.batch_count; }
   // Pixels of one image, with "model default" (0) counted as kApiDefaultSide.
@@ -48,6 +56,12 @@ struct ServeRequest {
 
 // gen.validate() plus the server's limits, sampler/schedule names resolved.
 Status validate_request(const ServeRequest& r, const ServeLimits& limits);
+
+enum class ModelFamily;
+// What the model's family takes, checked once the model is known (a 400 before the job exists): FLUX and Z-Image
+// run txt2img at sizes of multiples of 16, and take cfg_scale only when the client gave it (else set here to
+// what runs no CFG). Their sampler and schedule fields are ignored (flow-matching Euler; the infotext says so).
+Status validate_for_model(ServeRequest& r, ModelFamily family);
 
 // base64 (or data URL) -> decoded image, refusing oversized data and images before their pixels are
 // allocated (the dimensions are read from the header first).

@@ -28,6 +28,7 @@ Expected<JobPtr> ServerContext::submit(ServeRequest r) {
   if (!entry) return invalid_argument("model: unknown model '" + r.model + "'; available: " + registry.names());
   r.model = entry->name;
   ATELIER_RETURN_IF_ERROR(validate_request(r, options.limits));
+  ATELIER_RETURN_IF_ERROR(validate_for_model(r, entry->family));
   const double timeout = r.timeout_s > 0 ? r.timeout_s : options.default_timeout_s;
   auto job = std::make_shared<Job>(store.new_id(), std::move(r), timeout, terminal_hook(metrics));
   store.add(job);

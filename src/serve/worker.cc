@@ -123,6 +123,10 @@ void Worker::update_load() {
     for (const auto& s : aj->samples) load += !s.done();
     work += aj->remaining_work();
   }
+  for (const DitJob& d : dit_jobs_) {
+    load += d.job->request().images();
+    work += d.job->request().work();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& j : inbox_) {
     load += j->request().images();
@@ -150,7 +154,7 @@ bool Worker::wait_for_work() {
     cv_.wait_for(lock, std::chrono::milliseconds(options_.probe_interval_ms), [&] { return stopping_; });
     return !stopping_;
   }
-  if (active_.empty() && !in_flight_) {
+  if (active_.empty() && !in_flight_ && dit_jobs_.empty()) {
     cv_.wait(lock, [&] { return stopping_ || !inbox_.empty(); });
     if (stopping_) return false;
     // Dynamic batching: an idle worker that just got work waits briefly for more to share its first call.
@@ -195,10 +199,14 @@ void Worker::loop() {
       }
       drop_cancelled();
       if (!active_.empty() || in_flight_) run_call();
+      if (!dit_jobs_.empty()) run_dit_job();
     } catch (const std::bad_alloc&) {  // out of host memory: the jobs at hand fail, the device stays
-      for (const JobPtr& j : incoming) j->fail(Status(ErrorCode::kResourceExhausted, "out of memory"));
-      for (const auto& aj : active_) aj->job->fail(Status(ErrorCode::kResourceExhausted, "out of memory"));
+      const Status oom(ErrorCode::kResourceExhausted, "out of memory");
+      for (const JobPtr& j : incoming) j->fail(oom);
+      for (const auto& aj : active_) aj->job->fail(oom);
+      for (const DitJob& d : dit_jobs_) d.job->fail(oom);
       active_.clear();
+      dit_jobs_.clear();
       in_flight_.reset();
       update_load();
     } catch (const std::exception& e) {
@@ -213,8 +221,10 @@ void Worker::loop() {
   std::lock_guard<std::mutex> lock(mu_);
   const Status why = internal_error(stop_reason_);
   for (const auto& aj : active_) aj->job->fail(why);
+  for (const DitJob& d : dit_jobs_) d.job->fail(why);
   for (const auto& j : inbox_) j->fail(why);
   active_.clear();
+  dit_jobs_.clear();
   in_flight_.reset();
   inbox_.clear();
   load_ = 0;
@@ -240,11 +250,17 @@ void Worker::admit(const JobPtr& job) {
   auto model = models_.acquire(*entry, &load_s);
   if (!model) return fail(model.status());
   if (load_s > 0) metrics_.observe(metric::kStage, {{"stage", "model_load"}}, load_s);
+  if (entry->is_dit()) {  // runs whole, in its turn (run_dit_job)
+    dit_jobs_.push_back({job, std::move(*model)});
+    ++admissions_;
+    add_busy(BusyKind::kAdmit, since(t_admit));
+    return;
+  }
 
   auto aj = std::make_unique<ActiveJob>();
   aj->job = job;
-  aj->model = *model;
-  aj->pipe = std::make_shared<SdPipeline>(*model);
+  aj->model = model->sd;
+  aj->pipe = std::make_shared<SdPipeline>(aj->model);
   auto plan = aj->pipe->plan(r.gen, r.init_image ? &*r.init_image : nullptr);
   if (!plan) return fail(plan.status());
   aj->plan = std::move(*plan);
@@ -398,6 +414,19 @@ Expected<Tensor> Worker::encode_prompt(const ActiveJob& aj, const std::string& t
 
 void Worker::drop_cancelled() {
   bool freed = false;
+  for (auto it = dit_jobs_.begin(); it != dit_jobs_.end();) {  // DiT jobs waiting for their turn
+    Job& j = *it->job;
+    if (j.cancel_requested()) {
+      j.cancel(j.cancel_reason());
+    } else if (Clock::now() > j.deadline()) {
+      j.fail(Status(ErrorCode::kCancelled, "timed out after " + std::to_string(int(j.age_s())) + " s"));
+    } else {
+      ++it;
+      continue;
+    }
+    it = dit_jobs_.erase(it);
+    freed = true;
+  }
   for (auto it = active_.begin(); it != active_.end();) {
     Job& j = *(*it)->job;
     if (j.cancel_requested()) {
@@ -449,10 +478,13 @@ void Worker::run_call() {
     finish_call(*done, next.get());
   }
   in_flight_ = std::move(next);
-  if (in_flight_ && sync_each_call()) {
-    std::unique_ptr<PendingCall> done = std::move(in_flight_);
-    finish_call(*done, nullptr);
-  }
+  if (sync_each_call()) finish_in_flight();
+}
+
+void Worker::finish_in_flight() {
+  if (!in_flight_) return;
+  std::unique_ptr<PendingCall> done = std::move(in_flight_);
+  finish_call(*done, nullptr);
 }
 
 std::unique_ptr<Worker::PendingCall> Worker::enqueue_call() {
@@ -627,7 +659,9 @@ void Worker::fail_device(const Status& why) {
   metrics_.inc(metric::kDeviceFailures, device_labels());
   std::vector<JobPtr> jobs;
   for (const auto& aj : active_) jobs.push_back(aj->job);
+  for (const DitJob& d : dit_jobs_) jobs.push_back(d.job);  // the one running is redone from its start
   active_.clear();
+  dit_jobs_.clear();
   // What the failed device was computing is redone elsewhere. Dropping the call without waiting for the device is
   // safe while everything it uses is stream-ordered on one stream (the allocator reuses a block only after the
   // stream passes its free; pinned staging is event-guarded; a graph exec destroyed mid-launch is freed after it).

@@ -10,6 +10,11 @@
 // PNG encoding or on a client. Jobs that finish in the same call are decoded together, and encoded prompts
 // are cached (serve/prompt_cache.h): both are device work that everyone else's batch waits for.
 //
+// FLUX and Z-Image jobs (ModelFamily) are not step-batched: their pipelines run a request whole, so the worker
+// queues them apart and runs one whole request per loop iteration (worker_dit.cc), after finishing the SD call in
+// flight; SD jobs on the same worker wait for it, and SD calls and admissions go on between DiT requests. Each
+// DiT step still reports progress and is a point where cancellation and the timeout take effect.
+//
 // A failure of the device (an exception from the engine, e.g. a CUDA error, or the test hook) marks the
 // worker unhealthy and hands every job it holds back to the scheduler, which re-queues them at the front;
 // the worker then probes its device every probe interval and returns to service when a probe passes.
@@ -101,6 +106,12 @@ class Worker {
  private:
   struct ActiveJob;
   struct PendingCall;
+  // A FLUX or Z-Image job admitted and waiting for its turn (its model loaded and held).
+  struct DitJob {
+    JobPtr job;
+    LoadedModel model;
+  };
+  void run_dit_job();  // the oldest DiT job, whole (worker_dit.cc)
   void loop();
   bool wait_for_work();
   void admit(const JobPtr& job);
@@ -110,6 +121,7 @@ class Worker {
   void run_call();
   std::unique_ptr<PendingCall> enqueue_call();  // null: nothing to run, or the batch failed (its jobs failed)
   void finish_call(PendingCall& call, PendingCall* next);  // waits for the device, reports, retires jobs done
+  void finish_in_flight();  // finish_call of the call in flight, if any, with none after it
   void account_call(PendingCall& call);  // waits for the device to finish it and adds its busy span (once)
   ActiveJob* find_active(const JobPtr& job);
   // Decodes the finished jobs and hands each to the host pool, leaving null where a job was handed over (on an
@@ -152,6 +164,7 @@ class Worker {
   // Worker-thread state.
   std::list<std::unique_ptr<ActiveJob>> active_;
   std::unique_ptr<PendingCall> in_flight_;  // the model call enqueued and not yet finished
+  std::deque<DitJob> dit_jobs_;             // admitted FLUX / Z-Image jobs, oldest first (the first may be running)
   Clock::time_point last_busy_end_{};       // the end of the last busy span of any kind (spans never overlap)
   std::string last_group_;
   PromptCache prompts_;

@@ -14,6 +14,7 @@
 
   const $ = (id) => document.getElementById(id);
   let initImage = null;  // data URL of the start image, or null
+  let families = {};  // model id -> family, from GET /v1/models
 
   function numberOf(id) {
     const v = $(id).value.trim();
@@ -37,6 +38,7 @@
     const [models, samplers, schedulers] = await Promise.all([
       A.request('GET', '/v1/models'), A.request('GET', '/sdapi/v1/samplers'), A.request('GET', '/sdapi/v1/schedulers')]);
     const list = models.data.slice().sort((a, b) => (b.default === true) - (a.default === true));
+    families = Object.fromEntries(list.map((m) => [m.id, m.family || 'sd']));
     fillSelect($('model'), list.map((m) => ({value: m.id, label: m.id + (m.default ? ' (default)' : '')})));
     // Ours (the alias) is what /v1/jobs reads; A1111's name is what people know.
     fillSelect($('sampler'), samplers.map((s) => ({value: (s.aliases && s.aliases[0]) || s.name, label: s.name})));
@@ -46,9 +48,16 @@
     updateGuidanceLabel();
   }
 
-  // FLUX models take a guidance value rather than classifier-free guidance.
+  // The selected model's family ("sd", "flux", "zimage": GET /v1/models).
+  function family() {
+    return families[$('model').value] || 'sd';
+  }
+
+  // FLUX models take a distilled guidance value (sent as "guidance") rather than classifier-free guidance;
+  // Z-Image-Turbo runs with CFG off (0).
   function updateGuidanceLabel() {
-    $('cfg-label').textContent = /flux/i.test($('model').value) ? 'Guidance' : 'CFG scale';
+    const f = family();
+    $('cfg-label').textContent = f === 'flux' ? 'Guidance' : f === 'zimage' ? 'CFG scale (Turbo: 0)' : 'CFG scale';
   }
 
   function onPresetChange() {
@@ -118,6 +127,10 @@
     for (const id of TEXT_FIELDS) body[id] = $(id).value;
     for (const id of NUMBER_FIELDS) if (numberOf(id) !== undefined) body[id] = numberOf(id);
     for (const id of SELECT_FIELDS) if ($(id).value) body[id] = $(id).value;
+    if (family() === 'flux' && body.cfg_scale !== undefined) {
+      body.guidance = body.cfg_scale;
+      delete body.cfg_scale;
+    }
     const mode = $('seed-mode').value;
     const seed = mode === 'last' ? Number(localStorage.getItem(LAST_SEED_STORAGE) || -1) : numberOf('seed');
     body.seed = mode === 'random' || seed === undefined ? -1 : seed;
@@ -165,6 +178,7 @@
   function fill(params, seed) {
     for (const id of TEXT_FIELDS) $(id).value = params[id] || '';
     for (const id of NUMBER_FIELDS) $(id).value = params[id] === undefined ? '' : String(params[id]);
+    if (params.guidance !== undefined) $('cfg_scale').value = String(params.guidance);  // a FLUX job's (values())
     for (const id of SELECT_FIELDS) setSelect(id, params[id]);
     $('seed-mode').value = 'fixed';
     syncSeedMode();

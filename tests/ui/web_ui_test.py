@@ -7,13 +7,15 @@ in the gallery with a PNG that carries its parameters; the progress bar takes in
 preview and an ETA; a running job is cancelled from its card; "Reuse" fills the form with a gallery entry's
 parameters; a 400 (width 100), a 429 (full queue) and a 401 (API key) show readable messages; the dashboard
 says it has no GPU metrics on a CPU worker; the layout fits 375 px; a stopped server shows "Server
-unreachable". Screenshots of each check go to --artifacts.
+unreachable"; with the flux-tiny fixture served beside it, a FLUX model's CFG field reads "Guidance" and is sent
+as FLUX's distilled guidance. Screenshots of each check go to --artifacts.
 
 Run by ctest (label `ui`); exits 77 (SKIP_RETURN_CODE) with the reason when chromium, chromedriver,
 selenium or the fixture is missing, 1 when a check fails.
 """
 import argparse
 import base64
+import json
 import os
 import shutil
 import subprocess
@@ -317,6 +319,23 @@ class UiTest:
             "return Array.from(document.querySelectorAll('.job'))"
             "  .every((j) => ['done', 'failed', 'cancelled'].includes(j.dataset.state))"))
 
+    def check_flux_guidance(self, url):
+        Select(self.el("#model")).select_by_value("flux")
+        self.wait("the Guidance label", lambda: self.el("#cfg-label").text == "Guidance")
+        self.form_for_job("a blue fox", 2, seed=77, preview=False)
+        self.set_value("width", 64)
+        self.set_value("height", 64)
+        self.set_value("cfg_scale", 2.5)
+        job_id = self.submit_job()
+        self.wait_job_state(job_id, ("done",))
+        with urllib.request.urlopen(url + "/v1/jobs/" + job_id) as r:
+            info = json.load(r)["images"][0]["infotext"]
+        # The field went out as "guidance": no true CFG (CFG scale 1), the distilled guidance 2.5.
+        assert "Distilled CFG Scale: 2.5" in info and "CFG scale: 1," in info, "infotext: " + info
+        Select(self.el("#model")).select_by_value("tiny")
+        self.wait("the CFG scale label", lambda: self.el("#cfg-label").text == "CFG scale")
+        self.set_value("cfg_scale", 7)
+
     def check_phone_layout(self, url):
         # A phone's viewport through DevTools (a headless window cannot be made narrower than ~500 px).
         self.d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
@@ -407,7 +426,9 @@ def main():
         skip("headless chromium could not start: %s" % str(e).splitlines()[0])
 
     # One CPU worker that takes one job at a time and a queue of one: a third concurrent job gets a 429.
-    server = AtelierServer(args.atelier, model, ["--max-batch", "1", "--max-queue", "1"])
+    flux = os.path.join(fixtures, "flux-tiny", "model")
+    flux_args = ["--model", "flux=" + flux] if os.path.isdir(flux) else []
+    server = AtelierServer(args.atelier, model, ["--max-batch", "1", "--max-queue", "1"] + flux_args)
     keyed = None
     t = UiTest(driver, args.artifacts)
     try:
@@ -421,6 +442,10 @@ def main():
         t.run("bad_request", t.check_bad_request)
         t.run("queue_full", t.check_queue_full)
         t.run("phone_layout", lambda: t.check_phone_layout(server.url))
+        if flux_args:
+            t.run("flux_guidance", lambda: t.check_flux_guidance(server.url))
+        else:
+            print("--- flux_guidance: skipped, fixture 'flux-tiny' not found in %r" % fixtures)
         keyed = AtelierServer(args.atelier, model, ["--api-key", "s3cret"])
         t.run("http_files", lambda: t.check_http(keyed.url))
         t.run("api_key", lambda: t.check_api_key(keyed.url))

@@ -1,0 +1,243 @@
+// FLUX and Z-Image through the server's real port: the fixture models' reference images through the native jobs API,
+// the A1111 API's FLUX fields (distilled_cfg_scale, no CFG unless cfg_scale is given) against the pipeline run
+// directly, the per-step events, cancellation of a running DiT job with the server still serving SD, a device
+// failure during a DiT job (re-queued, same image), and the requests these models refuse (400s).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "pipeline/flux_pipeline.h"
+#include "pipeline/zimage_pipeline.h"
+#include "serve/model_registry.h"
+#include "serve_test_util.h"
+
+namespace atelier::serve {
+namespace {
+
+using test::decode_b64_image;
+using test::parse;
+using test::post_json;
+using test::RunningServer;
+
+// The fixtures' reference runs (tests/flux_pipeline_test.cc, tests/zimage_pipeline_test.cc).
+const char* const kPrompt = "a photo of an astronaut riding a horse on mars";
+constexpr int kSide = 128;
+constexpr int kSeed = 1234;
+constexpr int kFluxSteps = 4, kFluxMaxSeq = 32;
+constexpr int kZImageSteps = 5;
+
+std::string fixture_model(const char* name) {
+  auto dir = ::atelier::test::fixture(name);
+  return dir ? (*dir / "model").string() : std::string();
+}
+
+#define REQUIRE_DIT_FIXTURES()                                                                                       \
+  if (fixture_model("flux-tiny").empty() || fixture_model("zimage-tiny").empty() || test::tiny_model_path().empty()) \
+  GTEST_SKIP() << "fixtures 'flux-tiny', 'zimage-tiny' and 'sd15-tiny' are needed (looked in ../shared/fixtures and $ATELIER_FIXTURES)"
+
+ServeOptions dit_options() {
+  ServeOptions o = test::tiny_options();
+  o.models = {"tiny=" + test::tiny_model_path(), "flux=" + fixture_model("flux-tiny"), "zimage=" + fixture_model("zimage-tiny")};
+  return o;
+}
+
+// Largest difference of an image from a golden [1, 3, H, W] tensor in [0, 1], in 8-bit levels.
+int levels_from_golden(const Image& img, const char* fixture, const char* key) {
+  const std::vector<float> want = ::atelier::test::golden(fixture, key).to_vector();
+  if (img.pixels.size() != want.size()) return 256;
+  int worst = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    worst = std::max(worst, std::abs(int(img.pixels[i]) - int(std::lround(want[i] * 255.0f))));
+  return worst;
+}
+
+nlohmann::json flux_job(int steps = kFluxSteps) {
+  return {{"model", "flux"},  {"prompt", kPrompt}, {"width", kSide}, {"height", kSide}, {"steps", steps},
+          {"seed", kSeed},    {"rng", "cpu"},      {"max_sequence_length", kFluxMaxSeq}};
+}
+
+TEST(ServeDit, RegistryKnowsTheFamiliesAndWantsDitFolders) {
+  REQUIRE_DIT_FIXTURES();
+  EXPECT_EQ(detect_model_family(fixture_model("flux-tiny")), ModelFamily::kFlux);
+  EXPECT_EQ(detect_model_family(fixture_model("zimage-tiny")), ModelFamily::kZImage);
+  EXPECT_EQ(detect_model_family(test::tiny_model_path()), ModelFamily::kSd);
+  const std::string bfl = (*::atelier::test::fixture("flux-tiny") / "flux-tiny-transformer.bfl.safetensors").string();
+  auto r = ModelRegistry::create({"f=" + bfl}, "");
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.status().message().find("diffusers folders"), std::string::npos) << r.status().message();
+}
+
+TEST(ServeDit, FluxAndZImageJobsGiveTheReferenceImagesWithStepEvents) {
+  REQUIRE_DIT_FIXTURES();
+  auto s = RunningServer::start(dit_options());
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  const nlohmann::json models = parse(c->Get("/v1/models")->body);
+  std::map<std::string, std::string> families;
+  for (const auto& m : models["data"]) families[m["id"]] = m["family"];
+  EXPECT_EQ(families, (std::map<std::string, std::string>{{"tiny", "sd"}, {"flux", "flux"}, {"zimage", "zimage"}}));
+  int status = 0;
+  const std::string flux_id = post_json(*c, "/v1/jobs", flux_job(), &status)["id"];
+  ASSERT_EQ(status, 202);
+  // Z-Image without cfg_scale: the Turbo setting (0, one call per step), as the golden turbo run.
+  const nlohmann::json zimage = {{"model", "zimage"}, {"prompt", kPrompt}, {"width", kSide}, {"height", kSide},
+                                 {"steps", kZImageSteps}, {"seed", kSeed}, {"rng", "cpu"}};
+  const std::string zimage_id = post_json(*c, "/v1/jobs", zimage, &status)["id"];
+  ASSERT_EQ(status, 202);
+
+  for (const auto& [id, fixture, key, steps] : {std::tuple{flux_id, "flux-tiny", "run.flux_euler.image", kFluxSteps},
+                                                std::tuple{zimage_id, "zimage-tiny", "run.turbo.image", kZImageSteps}}) {
+    const nlohmann::json j = test::wait_job(*c, id);
+    ASSERT_EQ(j["state"], "done") << j.dump().substr(0, 300);
+    ASSERT_EQ(j["images"].size(), 1u);
+    const Image img = decode_b64_image(j["images"][0]["data"]);
+    EXPECT_LE(levels_from_golden(img, fixture, key), 1) << fixture;  // 8-bit rounding
+    EXPECT_EQ(j["total_steps"], steps);
+    // The events: one step event per model call, in order, then done.
+    const std::string events = test::read_events(*c, id);
+    size_t at = 0;
+    for (int step = 1; step <= steps; ++step) {
+      at = events.find("\"step\":" + std::to_string(step), at);
+      ASSERT_NE(at, std::string::npos) << "step " << step << " of " << fixture << " in:\n" << events.substr(0, 2000);
+    }
+    EXPECT_NE(events.find("event: done", at), std::string::npos);
+  }
+  auto m = c->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(test::prom_value(m->body, "atelier_steps_total"), kFluxSteps + kZImageSteps);
+  EXPECT_EQ(test::prom_value(m->body, "atelier_images_total"), 2);
+}
+
+TEST(ServeDit, A1111FluxTakesDistilledGuidanceAndRunsNoCfgUnlessAsked) {
+  REQUIRE_DIT_FIXTURES();
+  auto s = RunningServer::start(dit_options());
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  const float guidance = 2.0f;
+  // A1111 clients send a sampler name and, often, no cfg_scale: the sampler is ignored (flow-matching Euler).
+  const nlohmann::json body = {{"prompt", kPrompt}, {"width", 64}, {"height", 64}, {"steps", 2}, {"seed", 7},
+                               {"sampler_name", "Euler a"}, {"distilled_cfg_scale", guidance},
+                               {"override_settings", {{"sd_model_checkpoint", "flux"}}}};
+  int status = 0;
+  const nlohmann::json res = post_json(*c, "/sdapi/v1/txt2img", body, &status);
+  ASSERT_EQ(status, 200) << res.dump().substr(0, 300);
+  ASSERT_EQ(res["images"].size(), 1u);
+  const Image served = decode_b64_image(res["images"][0]);
+  const std::string info = res["info"];
+  EXPECT_NE(info.find("Distilled CFG Scale: 2"), std::string::npos) << info;
+  EXPECT_NE(info.find("CFG scale: 1,"), std::string::npos) << info;
+
+  // The same request run by the pipeline: A1111's GPU-style noise (rng cuda), T5 at its default length.
+  GenerateRequest g;
+  g.prompt = kPrompt;
+  g.width = g.height = 64;
+  g.steps = 2;
+  g.seed = 7;
+  g.cfg_scale = 1.0f;
+  FluxOptions fo;
+  fo.guidance = guidance;
+  fo.cfg_explicit = true;
+  auto model = load_flux_model(fixture_model("flux-tiny"));
+  ASSERT_TRUE(model) << model.status().message();
+  auto direct = FluxPipeline(*model).generate(g, fo);
+  ASSERT_TRUE(direct) << direct.status().message();
+  EXPECT_EQ(served.pixels, direct->images[0].image.pixels);
+
+  // cfg_scale given and > 1: true CFG against the negative prompt (a different image).
+  nlohmann::json cfg_body = body;
+  cfg_body["cfg_scale"] = 4;
+  const nlohmann::json cfg = post_json(*c, "/sdapi/v1/txt2img", cfg_body, &status);
+  ASSERT_EQ(status, 200) << cfg.dump().substr(0, 300);
+  EXPECT_NE(decode_b64_image(cfg["images"][0]).pixels, served.pixels);
+  EXPECT_NE(cfg["info"].get<std::string>().find("CFG scale: 4,"), std::string::npos);
+}
+
+TEST(ServeDit, RequestsTheseModelsCannotRunAreRefused) {
+  REQUIRE_DIT_FIXTURES();
+  auto s = RunningServer::start(dit_options());
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  const auto expect_400 = [&](const std::string& path, const nlohmann::json& body, const std::string& words) {
+    int status = 0;
+    const nlohmann::json res = post_json(*c, path, body, &status);
+    EXPECT_EQ(status, 400) << body.dump();
+    EXPECT_NE(res.dump().find(words), std::string::npos) << res.dump();
+  };
+  nlohmann::json j = flux_job();
+  j["width"] = 72;
+  expect_400("/v1/jobs", j, "multiples of 16");
+  j = flux_job();
+  j["max_sequence_length"] = 0;
+  expect_400("/v1/jobs", j, "max_sequence_length");
+  j = flux_job();
+  j["guidance"] = -1;
+  expect_400("/v1/jobs", j, "guidance");
+  const auto png = encode_png(Image{32, 32, 3, std::vector<uint8_t>(32 * 32 * 3, 200)});
+  ASSERT_TRUE(png);
+  for (const char* model : {"flux", "zimage"})
+    expect_400("/sdapi/v1/img2img",
+               {{"prompt", "x"}, {"init_images", {base64_encode(*png)}}, {"override_settings", {{"sd_model_checkpoint", model}}}},
+               "txt2img only");
+  // Still serving.
+  int status = 0;
+  post_json(*c, "/v1/jobs", flux_job(1), &status);
+  EXPECT_EQ(status, 202);
+}
+
+TEST(ServeDit, CancellingARunningDitJobLeavesTheServerServing) {
+  REQUIRE_DIT_FIXTURES();
+  auto s = RunningServer::start(dit_options());
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  int status = 0;
+  const std::string id = post_json(*c, "/v1/jobs", flux_job(100), &status)["id"];
+  ASSERT_EQ(status, 202);
+  test::wait_for_step(*c, id, 1);
+  auto del = c->Delete(("/v1/jobs/" + id).c_str());
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 202) << del->body;  // running: it leaves at its next step
+  const nlohmann::json j = test::wait_job(*c, id);
+  EXPECT_EQ(j["state"], "cancelled");
+  EXPECT_LT(j["step"].get<int>(), 100) << "left at a step boundary";
+  // An SD job and a Z-Image job after it both finish.
+  const std::string sd = post_json(*c, "/v1/jobs", {{"model", "tiny"}, {"prompt", "a red circle"}, {"width", 32},
+                                                   {"height", 32}, {"steps", 2}}, &status)["id"];
+  const std::string zi = post_json(*c, "/v1/jobs", {{"model", "zimage"}, {"prompt", "a cat"}, {"width", 32}, {"height", 32},
+                                                   {"steps", 2}}, &status)["id"];
+  EXPECT_EQ(test::wait_job(*c, sd)["state"], "done");
+  EXPECT_EQ(test::wait_job(*c, zi)["state"], "done");
+}
+
+TEST(ServeDit, ADeviceFailureDuringADitJobRequeuesItWithTheSameImage) {
+  REQUIRE_DIT_FIXTURES();
+  ServeOptions o = dit_options();
+  o.devices = "cpu,cpu";
+  o.test_hooks = true;
+  o.probe_interval_ms = 100;
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  int status = 0;
+  post_json(*c, "/v1/admin/fail-device", {{"worker", 0}, {"failing_probes", 3}}, &status);
+  ASSERT_EQ(status, 200);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {  // one lands on each idle worker
+    ids.push_back(post_json(*c, "/v1/jobs", flux_job(), &status)["id"]);
+    ASSERT_EQ(status, 202);
+  }
+  int restarted = 0;
+  for (const std::string& id : ids) {
+    const nlohmann::json j = test::wait_job(*c, id);
+    ASSERT_EQ(j["state"], "done") << j.dump().substr(0, 300);
+    EXPECT_LE(levels_from_golden(decode_b64_image(j["images"][0]["data"]), "flux-tiny", "run.flux_euler.image"), 1);
+    restarted += j["attempts"].get<int>() > 1;
+  }
+  EXPECT_EQ(restarted, 1);
+  auto m = c->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(test::prom_value(m->body, "atelier_device_failures_total{device=\"cpu\",worker=\"0\"}"), 1);
+}
+
+}  // namespace
+}  // namespace atelier::serve
