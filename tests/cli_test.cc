@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/image.h"
+#include "pipeline/flux_model.h"
 #include "test_util.h"
 
 namespace atelier {
@@ -94,6 +95,42 @@ TEST(Cli, InfoDescribesBothLayouts) {
   EXPECT_EQ(j["family"], "SD 1.x");
   EXPECT_EQ(j["layout"], "single-file (CompVis)");
   EXPECT_GT(j["unet"]["parameters"].get<int64_t>(), 0);
+}
+
+// FLUX and Z-Image from their files alone: the two layouts of one transformer count the same parameters, the total
+// is the components', and the hash is the one the loader gives the infotext.
+TEST(Cli, InfoDescribesFluxAndZImageFromTheirFiles) {
+  ATELIER_REQUIRE_FIXTURE(flux, "flux-tiny");
+  ATELIER_REQUIRE_FIXTURE(zimage, "zimage-tiny");
+  auto info = [](const fs::path& p) {
+    const auto r = run_cli("info --json " + q(p));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output, nullptr, false);
+  };
+  const auto folder = info(flux / "model");
+  ASSERT_FALSE(folder.is_discarded());
+  EXPECT_EQ(folder["family"], "flux");
+  EXPECT_EQ(folder["layout"], "diffusers");
+  EXPECT_EQ(folder["components"]["transformer"]["class"], "FluxTransformer2DModel");
+  EXPECT_FALSE(folder["components"]["scheduler"].contains("parameters"));
+  int64_t sum = 0;
+  for (const auto& [name, c] : folder["components"].items()) sum += c.value("parameters", int64_t(0));
+  EXPECT_EQ(folder["parameters_total"], sum);
+  EXPECT_GT(folder["components"]["vae"]["parameters"].get<int64_t>(), 0);
+  FluxLoadOptions lo;
+  EXPECT_EQ(folder["hash"], load_flux_model((flux / "model").string(), lo).value()->hash);
+  const auto bfl = info(flux / "flux-tiny-transformer.bfl.safetensors");
+  EXPECT_EQ(bfl["layout"], "single-file (BFL)");
+  EXPECT_EQ(bfl["components"]["transformer"]["parameters"], folder["components"]["transformer"]["parameters"]);
+
+  const auto zfolder = info(zimage / "model");
+  const auto zfile = info(zimage / "zimage-tiny-transformer.original.safetensors");
+  EXPECT_EQ(zfolder["family"], "zimage");
+  EXPECT_EQ(zfile["layout"], "single-file (original)");
+  EXPECT_GT(zfolder["components"]["text_encoder"]["parameters"].get<int64_t>(), 0);
+  EXPECT_EQ(zfile["components"]["transformer"]["parameters"], zfolder["components"]["transformer"]["parameters"]);
+  const auto text = run_cli("info " + q(zimage / "model"));
+  EXPECT_NE(text.output.find("ZImageTransformer2DModel"), std::string::npos) << text.output;
 }
 
 struct BadCase {

@@ -2,18 +2,55 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "pipeline/dit_info.h"
+#include "pipeline/flux_model.h"
 #include "pipeline/sd_model.h"
+#include "pipeline/zimage_pipeline.h"
 
 namespace atelier::cli {
+namespace {
+
+double millions(int64_t n) { return double(n) / 1e6; }
+
+// FLUX and Z-Image: described from their files (describe_dit_model), a line per component.
+int run_dit_info(const InfoOptions& o, DitFamily family) {
+  auto d = describe_dit_model(o.model, family);
+  if (!d) {
+    std::fprintf(stderr, "error: %s\n", d.status().message().c_str());
+    return 1;
+  }
+  if (o.json) {
+    std::printf("%s\n", d->dump(2).c_str());
+    return 0;
+  }
+  std::printf("model       %s\n", (*d)["path"].get<std::string>().c_str());
+  std::printf("family      %s (%s)\n", (*d)["family"].get<std::string>().c_str(), (*d)["variant"].get<std::string>().c_str());
+  std::printf("layout      %s\n", (*d)["layout"].get<std::string>().c_str());
+  std::printf("hash        %s\n", (*d)["hash"].get<std::string>().c_str());
+  for (const auto& [name, c] : (*d)["components"].items()) {
+    const std::string cls = c["class"].is_string() ? c["class"].get<std::string>() : "?";
+    if (c.contains("parameters"))
+      std::printf("%-15s %s, %.2f M parameters\n", name.c_str(), cls.c_str(), millions(c["parameters"]));
+    else
+      std::printf("%-15s %s\n", name.c_str(), cls.c_str());
+  }
+  if (d->contains("note")) std::printf("note        %s\n", (*d)["note"].get<std::string>().c_str());
+  std::printf("total       %.2f M parameters\n", millions((*d)["parameters_total"]));
+  return 0;
+}
+
+}  // namespace
 
 void add_info_command(CLI::App& app, InfoOptions& o) {
-  CLI::App* c = app.add_subcommand("info", "Describe a model: family, layout, configuration, parameter counts");
+  CLI::App* c = app.add_subcommand("info", "Describe a model (SD 1.x/2.x, FLUX.1, Z-Image): family, layout, configuration, parameter counts");
   c->add_option("model", o.model, "Diffusers folder or single-file .safetensors checkpoint")->required();
   c->add_option("--tokenizer", o.tokenizer, "CLIP tokenizer folder, for single files");
   c->add_flag("--json", o.json, "Print JSON");
 }
 
 int run_info(const InfoOptions& o) {
+  if (is_zimage_model(o.model)) return run_dit_info(o, DitFamily::kZImage);
+  if (is_flux_model(o.model)) return run_dit_info(o, DitFamily::kFlux);
   SdLoadOptions lo;
   lo.tokenizer_dir = o.tokenizer;
   lo.require_tokenizer = false;
@@ -27,7 +64,6 @@ int run_info(const InfoOptions& o) {
     std::printf("%s\n", d.dump(2).c_str());
     return 0;
   }
-  auto millions = [](int64_t n) { return double(n) / 1e6; };
   std::printf("model       %s\n", d["path"].get<std::string>().c_str());
   std::printf("family      %s (%s prediction, %s)\n", d["family"].get<std::string>().c_str(),
               d["prediction"].get<std::string>().c_str(), d["prediction_source"].get<std::string>().c_str());
