@@ -412,34 +412,23 @@ Expected<Tensor> Worker::encode_prompt(const ActiveJob& aj, const std::string& t
                       [&] { return aj.pipe->encode_prompt(text, g.clip_skip, g.emphasis); });
 }
 
+bool Worker::end_if_cancelled_or_late(Job& j) {
+  if (j.cancel_requested()) {
+    j.cancel(j.cancel_reason());
+  } else if (Clock::now() > j.deadline()) {
+    j.fail(Status(ErrorCode::kCancelled, "timed out after " + std::to_string(int(j.age_s())) + " s"));
+  } else {
+    return false;
+  }
+  return true;
+}
+
 void Worker::drop_cancelled() {
-  bool freed = false;
-  for (auto it = dit_jobs_.begin(); it != dit_jobs_.end();) {  // DiT jobs waiting for their turn
-    Job& j = *it->job;
-    if (j.cancel_requested()) {
-      j.cancel(j.cancel_reason());
-    } else if (Clock::now() > j.deadline()) {
-      j.fail(Status(ErrorCode::kCancelled, "timed out after " + std::to_string(int(j.age_s())) + " s"));
-    } else {
-      ++it;
-      continue;
-    }
-    it = dit_jobs_.erase(it);
-    freed = true;
-  }
-  for (auto it = active_.begin(); it != active_.end();) {
-    Job& j = *(*it)->job;
-    if (j.cancel_requested()) {
-      j.cancel(j.cancel_reason());
-    } else if (Clock::now() > j.deadline()) {
-      j.fail(Status(ErrorCode::kCancelled, "timed out after " + std::to_string(int(j.age_s())) + " s"));
-    } else {
-      ++it;
-      continue;
-    }
-    it = active_.erase(it);  // its samples leave the batch at this step boundary
-    freed = true;
-  }
+  const size_t before = dit_jobs_.size() + active_.size();
+  std::erase_if(dit_jobs_, [](const DitJob& d) { return end_if_cancelled_or_late(*d.job); });  // waiting for their turn
+  // Their samples leave the batch at this step boundary.
+  std::erase_if(active_, [](const std::unique_ptr<ActiveJob>& aj) { return end_if_cancelled_or_late(*aj->job); });
+  const bool freed = dit_jobs_.size() + active_.size() < before;
   if (freed) {
     update_load();
     if (hooks_.capacity_freed) hooks_.capacity_freed();

@@ -131,6 +131,8 @@ class Worker {
   void note_call(uint64_t timed, double enqueue_s, const GraphRunner::Stats& graphs);
   void warm_up(const ActiveJob& aj);
   void drop_cancelled();
+  // Cancels `j` (a cancel was asked) or fails it (past its deadline) and says so; false: it goes on.
+  static bool end_if_cancelled_or_late(Job& j);
   void fail_device(const Status& why);
   void probe();
   void update_load();

@@ -64,11 +64,7 @@ void Worker::run_dit_job() {
     host_pool_.submit([job, images = std::move(result->images), dir = options_.output_dir, &metrics = metrics_] {
       complete_job(job, images, dir, metrics);
     });
-  } else if (job->cancel_requested()) {
-    job->cancel(job->cancel_reason());
-  } else if (Clock::now() > job->deadline()) {
-    job->fail(Status(ErrorCode::kCancelled, "timed out after " + std::to_string(int(job->age_s())) + " s"));
-  } else {
+  } else if (!end_if_cancelled_or_late(*job)) {
     job->fail(result.status());
   }
   update_load();
