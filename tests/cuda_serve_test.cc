@@ -2,7 +2,8 @@
 // (Worker::run_call): on the CPU the queue marks are no-ops, so only on a GPU is the run-ahead asynchronous, with
 // the host composing call n + 1 while the device runs call n. Concurrent jobs of two groups, some with previews,
 // each finish once with a valid image, their step events once and in order before `done`, previews in order, and
-// the worker's busy spans never overlap; a job cancelled while its call is in flight leaves the worker serving.
+// the worker's busy spans never overlap; a job cancelled while its call is in flight leaves the worker serving;
+// FLUX and Z-Image jobs run between the SD calls.
 // Skips with the reason without a GPU or the fixture.
 #include <gtest/gtest.h>
 
@@ -119,6 +120,47 @@ TEST(CudaServe, CancellingDuringACallInFlightLeavesTheWorkerServing) {
   EXPECT_LT(cancelled["step"].get<int>(), 150);
   const std::string next = post_json(*c, "/v1/jobs", job(2, 4, 64, false), &status)["id"];
   EXPECT_EQ(test::wait_job(*c, next, 60)["state"], "done");
+  EXPECT_EQ(c->Get("/readyz")->status, 200);
+}
+
+// FLUX and Z-Image jobs on the GPU worker between SD jobs (worker_dit.cc): the SD call in flight finishes before a
+// DiT request runs whole; every job finishes once with its step events 0..steps once and in order.
+TEST(CudaServe, DitJobsRunBetweenSdCallsOnTheGpu) {
+  ATELIER_REQUIRE_CUDA();
+  ATELIER_REQUIRE_TINY_MODEL();
+  const auto flux = ::atelier::test::fixture("flux-tiny"), zimage = ::atelier::test::fixture("zimage-tiny");
+  if (!flux || !zimage) GTEST_SKIP() << "fixtures 'flux-tiny' and 'zimage-tiny' not found";
+  ServeOptions o = gpu_options();
+  o.models.push_back("flux=" + (*flux / "model").string());
+  o.models.push_back("zimage=" + (*zimage / "model").string());
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  struct Submitted {
+    std::string id, model;
+    int steps;
+  };
+  std::vector<Submitted> jobs;
+  int status = 0;
+  for (int i = 0; i < 6; ++i) {
+    const std::string model = i % 3 == 0 ? "tiny" : i % 3 == 1 ? "flux" : "zimage";
+    const int steps = 3 + i;
+    nlohmann::json body = job(100 + i, steps, model == "tiny" ? 32 : 64, false);
+    body["model"] = model;
+    jobs.push_back({post_json(*c, "/v1/jobs", body, &status)["id"], model, steps});
+    ASSERT_EQ(status, 202);
+  }
+  for (const Submitted& j : jobs) {
+    const nlohmann::json done = test::wait_job(*c, j.id, 120);
+    ASSERT_EQ(done["state"], "done") << j.model << ": " << done.dump().substr(0, 300);
+    EXPECT_EQ(done["images"].size(), 1u);
+    std::vector<int> steps;
+    for (const auto& [type, step] : events_of(*c, j.id))
+      if (type == "step") steps.push_back(step);
+    std::vector<int> want(j.steps + 1);  // step 0 (started), then one per model call
+    for (int k = 0; k <= j.steps; ++k) want[k] = k;
+    EXPECT_EQ(steps, want) << j.model;
+  }
   EXPECT_EQ(c->Get("/readyz")->status, 200);
 }
 
