@@ -37,6 +37,7 @@ TEST(RedisClient, RequestCodecRoundTrips) {
   r.output_format = "webp";
   r.guidance = 2.25f;
   r.max_sequence_length = 77;
+  r.cost = 6.0;
   Image img;
   img.width = 2, img.height = 1, img.channels = 3;
   img.pixels = {1, 2, 3, 4, 5, 6};
@@ -52,6 +53,7 @@ TEST(RedisClient, RequestCodecRoundTrips) {
   EXPECT_EQ(back->output_format, "webp");
   EXPECT_EQ(back->guidance, 2.25f);  // FLUX's: a worker elsewhere runs the job with it
   EXPECT_EQ(back->max_sequence_length, 77);
+  EXPECT_EQ(back->cost, 6.0);  // the worker's load estimate
   ASSERT_TRUE(back->init_image);
   EXPECT_EQ(back->init_image->pixels, img.pixels);
   EXPECT_FALSE(decode_request("[1]"));

@@ -68,6 +68,29 @@ TEST(ServeDit, RegistryKnowsTheFamiliesAndWantsDitFolders) {
   EXPECT_NE(r.status().message().find("diffusers folders"), std::string::npos) << r.status().message();
 }
 
+// The router's unit: a DiT request counts its family's cost per pixel and call (twice with CFG), and the sampler
+// that runs (a Heun from an A1111 client is not two calls per step for these models).
+TEST(ServeDit, RequestsCountTheirModelsCost) {
+  ServeRequest sd;
+  sd.gen.width = sd.gen.height = 512;
+  sd.gen.steps = 20;
+  sd.gen.sampler = "Heun";
+  ASSERT_TRUE(validate_for_model(sd, ModelFamily::kSd).is_ok());
+  const double sd_euler_work = sd.work() / 2;  // Heun: two calls per step
+  ServeRequest flux = sd;
+  ASSERT_TRUE(validate_for_model(flux, ModelFamily::kFlux).is_ok());
+  EXPECT_EQ(flux.gen.sampler, "euler");
+  EXPECT_EQ(flux.gen.cfg_scale, 1.0f);
+  EXPECT_DOUBLE_EQ(flux.work() / sd_euler_work, 6.0);
+  ServeRequest zimage = sd;
+  ASSERT_TRUE(validate_for_model(zimage, ModelFamily::kZImage).is_ok());
+  EXPECT_DOUBLE_EQ(zimage.work() / sd_euler_work, 4.5);
+  ServeRequest flux_cfg = sd;
+  flux_cfg.cfg_given = true;  // cfg_scale 7 from the client: true CFG, two calls per step
+  ASSERT_TRUE(validate_for_model(flux_cfg, ModelFamily::kFlux).is_ok());
+  EXPECT_DOUBLE_EQ(flux_cfg.work() / sd_euler_work, 12.0);
+}
+
 TEST(ServeDit, FluxAndZImageJobsGiveTheReferenceImagesWithStepEvents) {
   REQUIRE_DIT_FIXTURES();
   auto s = RunningServer::start(dit_options());

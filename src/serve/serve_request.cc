@@ -11,6 +11,13 @@
 namespace atelier::serve {
 namespace {
 
+// A DiT model call's cost per image pixel against SD 1.x/2.x with CFG, from the H200 figures in
+// docs/performance.md: an SD 1.5 CFG step at 512² takes 5.0 ms (19 ns per pixel), a FLUX.1-dev bf16 step at 1024²
+// 122 ms (116 ns), a Z-Image bf16 evaluation at 1024² 93 ms (89 ns). Only the ratios matter (the router compares
+// workers' sums of work); true CFG doubles a DiT's calls.
+constexpr double kFluxCost = 6.0;
+constexpr double kZImageCost = 4.5;
+
 uint32_t be32(std::string_view b, size_t at) {
   return uint32_t(uint8_t(b[at])) << 24 | uint32_t(uint8_t(b[at + 1])) << 16 | uint32_t(uint8_t(b[at + 2])) << 8 |
          uint8_t(b[at + 3]);
@@ -61,7 +68,7 @@ double ServeRequest::work() const {
   const bool two_calls = spec && spec->kind == sampling::SamplerKind::kHeun;  // Heun evaluates the model twice per step
   const double calls = two_calls ? 2.0 * gen.steps : gen.steps;
   const double strength = init_image ? double(gen.strength) : 1.0;
-  return calls * strength * double(images()) * double(pixels());
+  return calls * strength * double(images()) * double(pixels()) * cost;
 }
 
 Status validate_request(const ServeRequest& r, const ServeLimits& limits) {
@@ -120,6 +127,9 @@ Status validate_for_model(ServeRequest& r, ModelFamily family) {
   // Without the client's cfg_scale (A1111 clients send 7 only when their user set it), the value that runs one
   // model call per step: FLUX.1-dev is guidance-distilled, Z-Image-Turbo is run with 0.
   if (!r.cfg_given) r.gen.cfg_scale = family == ModelFamily::kFlux ? 1.0f : 0.0f;
+  r.gen.sampler = "euler";  // what runs; a "Heun" sent by an A1111 client would count twice the calls
+  r.gen.schedule = "default";
+  r.cost = (family == ModelFamily::kFlux ? kFluxCost : kZImageCost) * (r.gen.cfg_scale > 1.0f ? 2.0 : 1.0);
   return Status::ok();
 }
 

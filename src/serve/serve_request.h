@@ -46,11 +46,13 @@ struct ServeRequest {
   bool cfg_given = false;
   float guidance = kFluxDefaultGuidance;
   int max_sequence_length = kFluxDefaultMaxSequenceLength;
+  // A model call's cost per image pixel against SD 1.x/2.x with CFG (the router's unit): set by validate_for_model.
+  double cost = 1.0;
 
   int images() const { return gen.batch_size * gen.batch_count; }
   // Pixels of one image, with "model default" (0) counted as kApiDefaultSide.
   int64_t pixels() const;
-  // Estimated work: model calls x images x pixels (the router's unit; Heun counts ~2 calls per step).
+  // Estimated work: model calls x images x pixels x cost (the router's unit; Heun counts ~2 calls per step).
   double work() const;
 };
 
@@ -60,7 +62,8 @@ Status validate_request(const ServeRequest& r, const ServeLimits& limits);
 enum class ModelFamily;
 // What the model's family takes, checked once the model is known (a 400 before the job exists): FLUX and Z-Image
 // run txt2img at sizes of multiples of 16, and take cfg_scale only when the client gave it (else set here to
-// what runs no CFG). Their sampler and schedule fields are ignored (flow-matching Euler; the infotext says so).
+// what runs no CFG). Their sampler and schedule are set to what runs (flow-matching Euler; the infotext says so),
+// and `cost` to the family's (twice that with CFG).
 Status validate_for_model(ServeRequest& r, ModelFamily family);
 
 // base64 (or data URL) -> decoded image, refusing oversized data and images before their pixels are

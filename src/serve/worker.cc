@@ -123,9 +123,9 @@ void Worker::update_load() {
     for (const auto& s : aj->samples) load += !s.done();
     work += aj->remaining_work();
   }
-  for (const DitJob& d : dit_jobs_) {
+  for (const DitJob& d : dit_jobs_) {  // the running one (the first) counts what is left of it
     load += d.job->request().images();
-    work += d.job->request().work();
+    work += d.job->request().work() * (1.0 - d.job->progress());
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& j : inbox_) {

@@ -31,7 +31,7 @@ nlohmann::json encode_request(const ServeRequest& r) {
                       {"batch_count", g.batch_count}, {"emphasis", g.emphasis}, {"model", r.model},
                       {"preview", r.preview}, {"partial_images", r.partial_images}, {"timeout_s", r.timeout_s},
                       {"api", api_family_name(r.api)}, {"output_format", r.output_format},
-                      {"guidance", r.guidance}, {"max_sequence_length", r.max_sequence_length}};
+                      {"guidance", r.guidance}, {"max_sequence_length", r.max_sequence_length}, {"cost", r.cost}};
   if (r.init_image) {
     auto png = encode_png(*r.init_image);
     if (png) j["init_image_png"] = base64_encode(*png);
@@ -67,6 +67,7 @@ Expected<ServeRequest> decode_request(const std::string& text) {
   ATELIER_RETURN_IF_ERROR(read(j, "output_format", r.output_format));
   ATELIER_RETURN_IF_ERROR(read(j, "guidance", r.guidance));  // cfg_scale is final by now (validate_for_model)
   ATELIER_RETURN_IF_ERROR(read(j, "max_sequence_length", r.max_sequence_length));
+  ATELIER_RETURN_IF_ERROR(read(j, "cost", r.cost));
   std::string api = "native";
   ATELIER_RETURN_IF_ERROR(read(j, "api", api));
   r.api = api == "a1111" ? ApiFamily::kA1111 : api == "openai" ? ApiFamily::kOpenAI : ApiFamily::kNative;
