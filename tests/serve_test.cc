@@ -511,6 +511,61 @@ TEST(ServeModels, ModelDirLoadsOnDemandAndEvictsLeastRecentlyUsed) {
 namespace atelier::serve {
 namespace {
 
+// POST /sdapi/v1/options, as A1111 clients switch models: the checkpoint, clip skip, noise source and image format
+// of later A1111 requests, checked as a whole (a bad value changes nothing), override_settings still winning.
+TEST(ServeA1111Options, PostSetsTheDefaultsOfLaterRequests) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  ServeOptions o = test::tiny_options();
+  o.models = {"tiny=" + test::tiny_model_path(), "other=" + test::tiny_model_path()};
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  auto options = [&] { return parse(c->Get("/sdapi/v1/options")->body); };
+  EXPECT_EQ(options()["sd_model_checkpoint"].get<std::string>().rfind("tiny", 0), 0u);
+  int status = 0;
+  const auto applied = post_json(*c, "/sdapi/v1/options",
+                                 {{"sd_model_checkpoint", "other"}, {"CLIP_stop_at_last_layers", 2}, {"samples_format", "jpg"},
+                                  {"randn_source", "CPU"}, {"sd_vae", "Automatic"}}, &status);
+  ASSERT_EQ(status, 200) << applied.dump();
+  EXPECT_EQ(applied["applied"].size(), 4u);
+  EXPECT_EQ(applied["ignored"], nlohmann::json::array({"sd_vae"}));
+  auto now = options();
+  EXPECT_EQ(now["sd_model_checkpoint"].get<std::string>().rfind("other [", 0), 0u) << now.dump();
+  EXPECT_EQ(now["CLIP_stop_at_last_layers"], 2);
+  EXPECT_EQ(now["samples_format"], "jpg");
+  EXPECT_EQ(now["randn_source"], "CPU");
+
+  const nlohmann::json req = {{"prompt", "a red circle"}, {"width", 32}, {"height", 32}, {"steps", 2}, {"seed", 5}};
+  auto res = post_json(*c, "/sdapi/v1/txt2img", req, &status);
+  ASSERT_EQ(status, 200) << res.dump().substr(0, 300);
+  auto info = parse(res["info"].get<std::string>());
+  EXPECT_EQ(info["sd_model_name"], "other");
+  EXPECT_EQ(info["clip_skip"], 2);
+  EXPECT_NE(info["infotexts"][0].get<std::string>().find("RNG: CPU"), std::string::npos) << info["infotexts"][0];
+  auto bytes = base64_decode(res["images"][0].get<std::string>(), "image", 1 << 20);
+  ASSERT_TRUE(bytes);
+  EXPECT_EQ(bytes->substr(0, 2), std::string("\xff\xd8")) << "samples_format jpg: a JPEG";
+
+  nlohmann::json overridden = req;
+  overridden["override_settings"] = {{"sd_model_checkpoint", "tiny"}, {"samples_format", "png"}};
+  res = post_json(*c, "/sdapi/v1/txt2img", overridden, &status);
+  ASSERT_EQ(status, 200);
+  EXPECT_EQ(parse(res["info"].get<std::string>())["sd_model_name"], "tiny");
+  bytes = base64_decode(res["images"][0].get<std::string>(), "image", 1 << 20);
+  ASSERT_TRUE(bytes);
+  EXPECT_EQ(bytes->substr(1, 3), "PNG");
+
+  // Bad values: a 400 that names the option, and nothing applied (not even the good keys beside it).
+  post_json(*c, "/sdapi/v1/options", {{"sd_model_checkpoint", "nope"}}, &status);
+  EXPECT_EQ(status, 400);
+  const auto bad = post_json(*c, "/sdapi/v1/options", {{"sd_model_checkpoint", "tiny"}, {"CLIP_stop_at_last_layers", 99}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(bad.dump().find("CLIP_stop_at_last_layers"), std::string::npos) << bad.dump();
+  EXPECT_EQ(options()["sd_model_checkpoint"].get<std::string>().rfind("other [", 0), 0u);
+  post_json(*c, "/sdapi/v1/options", nlohmann::json::array({1}), &status);
+  EXPECT_EQ(status, 400);
+}
+
 TEST(ServeOutput, OutputDirKeepsEveryImageWithItsSidecar) {
   ATELIER_REQUIRE_TINY_MODEL();
   namespace fs = std::filesystem;

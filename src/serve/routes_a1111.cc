@@ -1,7 +1,8 @@
 // The AUTOMATIC1111 web UI API (/sdapi/v1/*), the de-facto standard of image-generation clients.
 // txt2img and img2img are synchronous (the HTTP thread waits while the job runs in the shared batches);
 // progress reports the oldest running A1111 job; interrupt cancels the running A1111 jobs (A1111 interrupts
-// "the current job"; here several run at once). Unknown request fields are ignored, as A1111 does.
+// "the current job"; here several run at once). Unknown request fields are ignored, as A1111 does. POST options sets
+// the defaults of later A1111 requests (a1111_settings.h).
 #include <httplib.h>
 
 #include <algorithm>
@@ -34,10 +35,15 @@ Status read_scheduler(FieldReader& f, std::string& schedule) {
   return Status::ok();
 }
 
-Expected<ServeRequest> parse_a1111(const nlohmann::json& body, const ServeLimits& limits, bool img2img) {
+// `d`: the options set through POST /sdapi/v1/options (model, clip skip, noise source, image format).
+Expected<ServeRequest> parse_a1111(const nlohmann::json& body, const ServeLimits& limits, bool img2img, const A1111Defaults& d) {
   ServeRequest r;
   r.api = ApiFamily::kA1111;
+  r.model = d.model;
+  r.output_format = d.output_format;
   GenerateRequest& g = r.gen;
+  g.clip_skip = d.clip_skip;
+  g.rng = d.rng;
   g.steps = kA1111DefaultSteps;
   g.width = g.height = kApiDefaultSide;
   g.sampler = "Euler a";
@@ -64,11 +70,12 @@ Expected<ServeRequest> parse_a1111(const nlohmann::json& body, const ServeLimits
   if (const nlohmann::json* o = f.get("override_settings")) {
     if (!o->is_object()) return invalid_argument("override_settings: expected an object, got " + describe_json_value(*o));
     FieldReader os(*o, "override_settings.");
-    ATELIER_RETURN_IF_ERROR(os.integer("CLIP_stop_at_last_layers", 1, 12, g.clip_skip));
-    ATELIER_RETURN_IF_ERROR(os.string("sd_model_checkpoint", r.model, 256));
-    std::string rng;
-    ATELIER_RETURN_IF_ERROR(os.choice("randn_source", {"GPU", "CPU"}, rng));
-    if (!rng.empty()) g.rng = rng == "CPU" ? "cpu" : "cuda";
+    A1111Defaults these{r.model, g.clip_skip, g.rng, r.output_format};  // this request's, over the options
+    ATELIER_RETURN_IF_ERROR(read_a1111_options(os, these));
+    r.model = these.model;
+    g.clip_skip = these.clip_skip;
+    g.rng = these.rng;
+    r.output_format = these.output_format;
     std::string emphasis;  // "No norm" (weights without the mean restored) is A1111's third mode, not implemented
     ATELIER_RETURN_IF_ERROR(os.choice("emphasis", {"Original", "None"}, emphasis));
     if (!emphasis.empty()) g.emphasis = emphasis == "Original";
@@ -114,7 +121,7 @@ nlohmann::json a1111_info(const ServerContext& ctx, const Job& job) {
 void generate(ServerContext& ctx, const httplib::Request& req, httplib::Response& res, bool img2img) {
   auto body = json_body(req);
   if (!body) return send_error(res, body.status());
-  auto r = parse_a1111(*body, ctx.options.limits, img2img);
+  auto r = parse_a1111(*body, ctx.options.limits, img2img, ctx.a1111.get());
   if (!r) return send_error(res, r.status());
   bool send_images = true;
   FieldReader f(*body);
@@ -221,11 +228,14 @@ void add_a1111_routes(httplib::Server& http, ServerContext& ctx) {
   http.Get("/sdapi/v1/schedulers", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, schedulers_list()); });
 
   http.Get("/sdapi/v1/options", [&ctx](const httplib::Request&, httplib::Response& res) {
-    const ModelEntry* m = ctx.registry.default_model();
-    const std::string hash = ctx.registry.hash(*m);
-    send_json(res, 200, {{"sd_model_checkpoint", hash.empty() ? m->name : m->name + " [" + hash + "]"},
-                         {"CLIP_stop_at_last_layers", 1}, {"samples_format", "png"}, {"randn_source", "GPU"},
-                         {"live_previews_enable", false}, {"outdir_samples", ctx.options.output_dir}});
+    send_json(res, 200, ctx.a1111.to_json(ctx.registry, ctx.options.output_dir));
+  });
+  http.Post("/sdapi/v1/options", [&ctx](const httplib::Request& req, httplib::Response& res) {
+    auto body = json_body(req);
+    if (!body) return send_error(res, body.status());
+    auto applied = ctx.a1111.apply(*body, ctx.registry);
+    if (!applied) return send_error(res, applied.status());
+    send_json(res, 200, *applied);
   });
 
   http.Get("/sdapi/v1/memory", [](const httplib::Request&, httplib::Response& res) {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 
+#include "serve/a1111_settings.h"
 #include "serve/device_pool.h"
 #include "serve/job_store.h"
 #include "serve/metrics.h"
@@ -54,6 +55,7 @@ struct ServerContext {
   // Redis mode: workers with a fresh heartbeat (readiness); empty = the local device pool decides.
   std::function<int()> cluster_workers = {};
   HeldConnections held = {};  // its capacity is set with the HTTP threads (Server::Impl::configure_http)
+  A1111Settings a1111 = {};   // GET/POST /sdapi/v1/options: the A1111 requests' defaults
 
   // Resolves the model, validates against the limits, creates and queues the job.
   // Errors: kInvalidArgument (400), kNotFound (unknown model, 400), kResourceExhausted (queue full, 429).
