@@ -307,6 +307,49 @@ TEST_F(ServeApi, OpenAIGenerationsPlainAndStreamed) {
   EXPECT_EQ(completed["output_format"], "jpeg");
 }
 
+// response_format "url" (OpenAI's default for its DALL-E models): each image at a URL of this server, the same bytes as
+// b64_json gives for the same seed; the file route is public (a client fetches the URL without the key, as it would
+// OpenAI's signed URL) and knows only the names it gave out.
+TEST(ServeAuth, OpenAIImagesByUrlArePublicUnguessableFiles) {
+  ATELIER_REQUIRE_TINY_MODEL();
+  ServeOptions o = test::tiny_options();
+  o.api_key = "s3cret";
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  c->set_bearer_token_auth("s3cret");
+  const nlohmann::json req = {{"prompt", "a cat"}, {"size", "32x32"}, {"n", 2}, {"steps", 1}, {"seed", 9}};
+  int status = 0;
+  nlohmann::json by_url = req;
+  by_url["response_format"] = "url";
+  const auto urls = post_json(*c, "/v1/images/generations", by_url, &status);
+  ASSERT_EQ(status, 200) << urls.dump().substr(0, 300);
+  const auto inline_ = post_json(*c, "/v1/images/generations", req, &status);
+  ASSERT_EQ(status, 200);
+  ASSERT_EQ(urls["data"].size(), 2u);
+  auto anon = s->client();  // no key
+  const std::string base = "http://127.0.0.1:" + std::to_string(s->port);
+  for (int i = 0; i < 2; ++i) {
+    const std::string url = urls["data"][i]["url"];
+    EXPECT_FALSE(urls["data"][i].contains("b64_json"));
+    ASSERT_EQ(url.rfind(base + "/v1/images/files/", 0), 0u) << url;
+    EXPECT_EQ(url.size(), base.size() + std::string("/v1/images/files/").size() + 32 + 4) << url;
+    auto got = anon->Get(url.substr(base.size()).c_str());
+    ASSERT_TRUE(got);
+    ASSERT_EQ(got->status, 200) << got->body;
+    EXPECT_EQ(got->get_header_value("Content-Type"), "image/png");
+    EXPECT_EQ(base64_encode(got->body), inline_["data"][i]["b64_json"].get<std::string>()) << "image " << i;
+  }
+  EXPECT_NE(urls["data"][0]["url"], urls["data"][1]["url"]);
+  auto unknown = anon->Get("/v1/images/files/0123456789abcdef0123456789abcdef.png");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  auto elsewhere = anon->Get("/v1/images/files/../../v1/models");
+  ASSERT_TRUE(elsewhere);
+  EXPECT_NE(elsewhere->status, 200);
+  EXPECT_EQ(anon->Get("/v1/models")->status, 401);  // the rest still wants the key
+}
+
 // Every kind of bad input: a 400 whose message names the field, and the server still answers the next request.
 TEST_F(ServeApi, MalformedRequestsAre400AndHarmless) {
   const std::string deep(100000, '[');
@@ -365,7 +408,7 @@ TEST_F(ServeApi, MalformedRequestsAre400AndHarmless) {
       {"/v1/images/generations", R"({"prompt": "x", "size": "big"})", "size"},
       {"/v1/images/generations", R"({"prompt": "x", "size": "1x1"})", "size: \"1x1\" is not supported: each side from 8 to 2048"},
       {"/v1/images/generations", R"({"prompt": "x", "size": "4096x8"})", "size: \"4096x8\" is not supported"},
-      {"/v1/images/generations", R"({"prompt": "x", "response_format": "url"})", "response_format"},
+      {"/v1/images/generations", R"({"prompt": "x", "response_format": "svg"})", "response_format: \"svg\" is not supported"},
       {"/v1/images/generations", R"({"prompt": "x", "n": 0})", "n"},
       {"/v1/images/generations", R"({"prompt": "x", "partial_images": 9})", "partial_images"},
   };

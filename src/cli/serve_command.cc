@@ -36,7 +36,7 @@ void add_serve_command(CLI::App& app, serve::ServeOptions& o) {
   c->add_option("--max-models", o.max_models_per_device, "Models resident per device (LRU)")->capture_default_str();
   c->add_option("--model-memory-mb", o.model_memory_mb, "Model weight budget per device, MiB (0 = none)")->capture_default_str();
   c->add_option("--keep-results", o.max_finished_jobs, "Finished jobs kept for polling")->capture_default_str();
-  c->add_option("--keep-results-mb", o.max_result_mb, "Encoded images kept for polling, MiB")->capture_default_str();
+  c->add_option("--keep-results-mb", o.max_result_mb, "Encoded images kept for polling, MiB (and as much again for images answered by URL)")->capture_default_str();
   c->add_option("--probe-interval-ms", o.probe_interval_ms, "How often a failed device is probed")->capture_default_str();
   c->add_flag("--test-hooks", o.test_hooks, "Enable POST /v1/admin/fail-device (for tests only)");
   c->add_option("--queue", o.queue, "redis://HOST:PORT[/DB]: queue jobs in Redis for `atelier worker` processes (no local workers)");

@@ -1,5 +1,5 @@
 // The OpenAI images API: POST /v1/images/generations.
-//   {prompt, model, n, size "WxH" | "auto", response_format "b64_json", output_format png|jpeg|webp,
+//   {prompt, model, n, size "WxH" | "auto", response_format "b64_json" | "url", output_format png|jpeg|webp,
 //    stream, partial_images 0..3}  -> {created, data: [{b64_json, revised_prompt}], output_format, size}
 // With stream: true the answer is a server-sent-event stream: "image_generation.partial_image" events
 // (low-cost previews of the denoised latents, JPEG) while the job runs, then one
@@ -7,6 +7,7 @@
 // guidance (FLUX), sampler, seed are accepted (Atelier extensions); quality, style, background, moderation and user are ignored.
 #include <httplib.h>
 
+#include "serve/base64.h"
 #include "serve/http_util.h"
 #include "serve/server_context.h"
 
@@ -36,7 +37,8 @@ Status parse_size(const std::string& size, const ServeLimits& limits, GenerateRe
   return Status::ok();
 }
 
-Expected<ServeRequest> parse_openai(const nlohmann::json& body, const ServeLimits& limits, bool* stream) {
+// `stream`: answer with server-sent events; `as_url`: response_format "url" (images by URL, not inline).
+Expected<ServeRequest> parse_openai(const nlohmann::json& body, const ServeLimits& limits, bool* stream, bool* as_url) {
   ServeRequest r;
   r.api = ApiFamily::kOpenAI;
   GenerateRequest& g = r.gen;
@@ -50,8 +52,9 @@ Expected<ServeRequest> parse_openai(const nlohmann::json& body, const ServeLimit
   ATELIER_RETURN_IF_ERROR(f.string("size", size, 32));
   ATELIER_RETURN_IF_ERROR(parse_size(size, limits, g));
   ATELIER_RETURN_IF_ERROR(f.string("response_format", response_format, 32));
-  if (response_format != "b64_json")
-    return unsupported("response_format: only \"b64_json\" is supported (this server does not host image URLs)");
+  if (response_format != "b64_json" && response_format != "url")
+    return invalid_argument("response_format: \"" + response_format.substr(0, 32) + "\" is not supported; supported: \"url\", \"b64_json\"");
+  *as_url = response_format == "url";
   ATELIER_RETURN_IF_ERROR(f.choice("output_format", {"png", "jpeg", "webp"}, r.output_format));
   ATELIER_RETURN_IF_ERROR(f.boolean("stream", *stream));
   ATELIER_RETURN_IF_ERROR(f.integer("partial_images", 0, kMaxPartialImages, r.partial_images));
@@ -71,14 +74,31 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void respond(const Job& job, httplib::Response& res) {
+// Where the client reached this server: scheme (a proxy's X-Forwarded-Proto, else http) and Host.
+std::string base_url(const httplib::Request& req) {
+  const std::string proto = req.get_header_value("X-Forwarded-Proto");
+  return (proto == "https" ? "https" : "http") + std::string("://") + req.get_header_value("Host");
+}
+
+// `url_base`: non-empty for response_format "url" (each image kept in ctx.image_files and answered by its URL).
+void respond(ServerContext& ctx, const Job& job, const std::string& url_base, httplib::Response& res) {
   if (job.state() != JobState::kDone) {
     const Status err = job.error();
     return send_error(res, job.state() == JobState::kCancelled ? 409 : failed_job_status(err), err.message());
   }
   nlohmann::json data = nlohmann::json::array();
   const auto images = job.images();
-  for (const JobImage& i : images) data.push_back({{"b64_json", i.data_b64}, {"revised_prompt", job.request().gen.prompt}});
+  for (const JobImage& i : images) {
+    nlohmann::json item = {{"revised_prompt", job.request().gen.prompt}};
+    if (url_base.empty()) {
+      item["b64_json"] = i.data_b64;
+    } else {
+      auto bytes = base64_decode(i.data_b64, "image", i.data_b64.size());
+      if (!bytes) return send_error(res, bytes.status());
+      item["url"] = url_base + kImageFilesPath + ctx.image_files->put(std::move(*bytes), i.format);
+    }
+    data.push_back(std::move(item));
+  }
   send_json(res, 200, {{"created", unix_now()}, {"data", data}, {"output_format", job.request().output_format},
                        {"size", images.empty() ? "" : size_text(images.front())}});
 }
@@ -125,8 +145,8 @@ void add_openai_routes(httplib::Server& http, ServerContext& ctx) {
   http.Post("/v1/images/generations", [&ctx](const httplib::Request& req, httplib::Response& res) {
     auto body = json_body(req);
     if (!body) return send_error(res, body.status());
-    bool streaming = false;
-    auto r = parse_openai(*body, ctx.options.limits, &streaming);
+    bool streaming = false, as_url = false;
+    auto r = parse_openai(*body, ctx.options.limits, &streaming, &as_url);
     if (!r) return send_error(res, r.status());
     std::shared_ptr<void> slot = ctx.hold_connection(res);  // held while the job runs
     if (!slot) return;
@@ -135,7 +155,14 @@ void add_openai_routes(httplib::Server& http, ServerContext& ctx) {
     if (streaming) return stream(ctx, *job, std::move(slot), res);
     if (!ctx.wait(*job)) return send_error(res, 503, "the server is shutting down");
     ctx.store.erase((*job)->id());  // answered: the result is not kept for polling
-    respond(**job, res);
+    respond(ctx, **job, as_url ? base_url(req) : std::string(), res);
+  });
+  // The images answered by URL: public (unguessable names), for kImageUrlLifetime.
+  http.Get(R"(/v1/images/files/([0-9a-f]{32}\.(png|jpg|webp)))", [&ctx](const httplib::Request& req, httplib::Response& res) {
+    const auto file = ctx.image_files->get(req.matches[1]);
+    if (!file) return send_error(res, 404, "no such image (image URLs last an hour, and the oldest go first when many are kept)");
+    res.set_header("Cache-Control", "private, max-age=3600");
+    res.set_content(file->bytes, "image/" + file->format);
   });
 }
 

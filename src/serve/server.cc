@@ -33,7 +33,10 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-bool is_public_path(const std::string& path) { return path == "/healthz" || path == "/readyz" || is_web_ui_path(path); }
+// The image files answered by URL are public, as OpenAI's signed URLs are: their names are unguessable tokens.
+bool is_public_path(const std::string& path) {
+  return path == "/healthz" || path == "/readyz" || is_web_ui_path(path) || path.rfind(kImageFilesPath, 0) == 0;
+}
 
 }  // namespace
 
@@ -200,6 +203,7 @@ Expected<std::unique_ptr<Server>> Server::create(const ServeOptions& o) {
   s.pool.add_workers(devices, worker_options_of(o), s.registry, s.metrics, *s.host_pool, s.scheduler->hooks());
   s.ctx.reset(new ServerContext{s.options, s.registry, s.store, *s.scheduler, s.pool, s.metrics, s.stopping,
                                 std::chrono::steady_clock::now()});
+  s.ctx->image_files = std::make_unique<ImageFiles>(o.max_result_mb << 20);
   if (s.gateway) {
     s.ctx->cluster_workers = [&s] { return s.gateway->live_workers(); };
     s.metrics.add_collector([&s](MetricsRegistry& m) { s.gateway->collect(m); });

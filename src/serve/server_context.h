@@ -8,6 +8,7 @@
 
 #include "serve/a1111_settings.h"
 #include "serve/device_pool.h"
+#include "serve/image_files.h"
 #include "serve/job_store.h"
 #include "serve/metrics.h"
 #include "serve/model_registry.h"
@@ -56,6 +57,7 @@ struct ServerContext {
   std::function<int()> cluster_workers = {};
   HeldConnections held = {};  // its capacity is set with the HTTP threads (Server::Impl::configure_http)
   A1111Settings a1111 = {};   // GET/POST /sdapi/v1/options: the A1111 requests' defaults
+  std::unique_ptr<ImageFiles> image_files = {};  // OpenAI's response_format "url" (set up with the server)
 
   // Resolves the model, validates against the limits, creates and queues the job.
   // Errors: kInvalidArgument (400), kNotFound (unknown model, 400), kResourceExhausted (queue full, 429).
