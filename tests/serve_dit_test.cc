@@ -3,6 +3,7 @@
 // directly, the per-step events, cancellation of a running DiT job with the server still serving SD, a device
 // failure during a DiT job (re-queued, same image), and the requests these models refuse (400s).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <map>
@@ -174,6 +175,61 @@ TEST(ServeDit, A1111FluxTakesDistilledGuidanceAndRunsNoCfgUnlessAsked) {
   ASSERT_EQ(status, 200) << cfg.dump().substr(0, 300);
   EXPECT_NE(decode_b64_image(cfg["images"][0]).pixels, served.pixels);
   EXPECT_NE(cfg["info"].get<std::string>().find("CFG scale: 4,"), std::string::npos);
+}
+
+// `atelier serve --dtype fp8 --offload`: the served FLUX image is the one the pipeline draws with FP8 blocks (the
+// encoders' offload changes no number), not the f32 one; an unknown dtype stops the server from starting.
+TEST(ServeDit, DtypeAndOffloadReachTheDitModels) {
+  REQUIRE_DIT_FIXTURES();
+  ServeOptions o = dit_options();
+  o.dtype = "fp8";
+  o.offload = true;
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  int status = 0;
+  const std::string id = post_json(*c, "/v1/jobs", flux_job(2), &status)["id"];
+  ASSERT_EQ(status, 202);
+  const nlohmann::json j = test::wait_job(*c, id);
+  ASSERT_EQ(j["state"], "done") << j.dump().substr(0, 300);
+  const Image served = decode_b64_image(j["images"][0]["data"]);
+
+  GenerateRequest g;
+  g.prompt = kPrompt;
+  g.width = g.height = kSide;
+  g.steps = 2;
+  g.seed = kSeed;
+  g.rng = "cpu";
+  g.cfg_scale = 1.0f;
+  FluxOptions fo;
+  fo.max_sequence_length = kFluxMaxSeq;
+  fo.cfg_explicit = true;
+  // The pipeline on one OpenMP thread, as the server's CPU worker computes here (tiny_options: cpu_threads 1): the
+  // reductions then add in the same order.
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  FluxLoadOptions lo;
+  lo.fp8 = true;
+  auto fp8 = load_flux_model(fixture_model("flux-tiny"), lo);
+  ASSERT_TRUE(fp8) << fp8.status().message();
+  const auto max_diff = [&](const Image& other) {
+    int worst = 0;
+    for (size_t i = 0; i < served.pixels.size(); ++i) worst = std::max(worst, std::abs(int(served.pixels[i]) - int(other.pixels[i])));
+    return worst;
+  };
+  const int to_fp8 = max_diff(FluxPipeline(*fp8).generate(g, fo).value().images[0].image);
+  auto f32 = load_flux_model(fixture_model("flux-tiny"));
+  ASSERT_TRUE(f32);
+  const int to_f32 = max_diff(FluxPipeline(*f32).generate(g, fo).value().images[0].image);
+  std::printf("served fp8 image: max |diff| %d to the pipeline's fp8 image, %d to its f32 image\n", to_fp8, to_f32);
+  EXPECT_EQ(to_fp8, 0);
+  EXPECT_GT(to_f32, 0);
+  omp_set_num_threads(threads);
+
+  o.dtype = "fp4";
+  auto bad = Server::create(o);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.status().message().find("--dtype"), std::string::npos) << bad.status().message();
 }
 
 TEST(ServeDit, RequestsTheseModelsCannotRunAreRefused) {

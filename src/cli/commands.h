@@ -33,11 +33,11 @@ struct GenerateOptions {
   bool sampler_given = false;  // --sampler was on the command line (the demo model has its own default)
   std::string components;  // Z-Image: the diffusers folder with the parts a single-file transformer lacks
 
-  // --dtype as a model load option: none for "auto" (the device's default), else the named dtype.
+  // --dtype as model load options (CLI11 admits only kModelDtypeNames): none for "auto" (the device's default).
   bool fp8() const { return dtype == "fp8"; }
   std::optional<DType> load_dtype() const {
-    if (dtype == "auto" || dtype == "fp8") return std::nullopt;
-    return dtype == "bf16" ? DType::BF16 : dtype == "f16" ? DType::F16 : DType::F32;
+    const auto d = parse_model_dtype(dtype);
+    return d ? d->dtype : std::nullopt;
   }
 };
 void add_generate_command(CLI::App& app, GenerateOptions& o);

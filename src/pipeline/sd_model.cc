@@ -173,6 +173,15 @@ namespace atelier {
 
 DType default_model_dtype(Device device) { return device.is_cpu() ? DType::F32 : DType::BF16; }
 
+Expected<ModelDtype> parse_model_dtype(const std::string& name) {
+  if (name == "auto") return ModelDtype{};
+  if (name == "fp8") return ModelDtype{std::nullopt, true};
+  if (name == "f32") return ModelDtype{DType::F32, false};
+  if (name == "bf16") return ModelDtype{DType::BF16, false};
+  if (name == "f16") return ModelDtype{DType::F16, false};
+  return invalid_argument("--dtype: '" + name + "' is not supported; supported: auto, f32, bf16, f16, fp8");
+}
+
 Expected<std::shared_ptr<SdModel>> load_sd_model(const std::string& path, const SdLoadOptions& options) {
   auto m = std::make_shared<SdModel>();
   const fs::path p(path);

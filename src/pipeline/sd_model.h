@@ -29,6 +29,15 @@ Expected<Prediction> parse_prediction(const std::string& s);  // "epsilon" | "v"
 // f32 on the CPU (its backend computes in f32), bf16 on CUDA (f32 accumulation; diffusers users run fp16/bf16).
 DType default_model_dtype(Device device);
 
+// A `--dtype` name as model load options: "auto" (unset: default_model_dtype), "f32", "bf16", "f16", or "fp8" (FLUX and
+// Z-Image block projections in FP8 e4m3, the rest in the device's default dtype; SD has no FP8 path).
+struct ModelDtype {
+  std::optional<DType> dtype;
+  bool fp8 = false;
+};
+inline constexpr const char* kModelDtypeNames[] = {"auto", "f32", "bf16", "f16", "fp8"};
+Expected<ModelDtype> parse_model_dtype(const std::string& name);
+
 struct SdLoadOptions {
   std::string tokenizer_dir;   // where vocab.json + merges.txt are, when the model carries no tokenizer
   std::string prediction;      // "" = detect; "epsilon" | "v" overrides

@@ -136,12 +136,14 @@ long LoadedModel::use_count() const {
 
 // Every model takes the server's name (infotext "Model", A1111 sd_model_checkpoint).
 Expected<LoadedModel> ModelCache::load(const ModelEntry& entry, size_t* bytes) const {
+  ATELIER_ASSIGN_OR_RETURN(const ModelDtype dt, parse_model_dtype(options_.dtype));
   LoadedModel m;
   switch (entry.family) {
     case ModelFamily::kSd: {
       SdLoadOptions lo;
       lo.device = options_.device;
       lo.tokenizer_dir = options_.tokenizer_dir;
+      lo.dtype = dt.dtype;  // fp8: SD has no FP8 path and runs in the device's default dtype
       ATELIER_ASSIGN_OR_RETURN(m.sd, load_sd_model(entry.path, lo));
       m.sd->name = entry.name;
       *bytes = model_bytes(*m.sd);
@@ -150,6 +152,9 @@ Expected<LoadedModel> ModelCache::load(const ModelEntry& entry, size_t* bytes) c
     case ModelFamily::kFlux: {
       FluxLoadOptions lo;
       lo.device = options_.device;
+      lo.dtype = dt.dtype;
+      lo.fp8 = dt.fp8;
+      lo.offload = options_.offload;
       ATELIER_ASSIGN_OR_RETURN(m.flux, load_flux_model(entry.path, lo));
       m.flux->name = entry.name;
       break;
@@ -157,6 +162,9 @@ Expected<LoadedModel> ModelCache::load(const ModelEntry& entry, size_t* bytes) c
     case ModelFamily::kZImage: {
       ZImageLoadOptions lo;
       lo.device = options_.device;
+      lo.dtype = dt.dtype;
+      lo.fp8 = dt.fp8;
+      lo.offload = options_.offload;
       ATELIER_ASSIGN_OR_RETURN(std::shared_ptr<const ZImageModel> loaded, load_zimage_model(entry.path, lo));
       auto named = std::make_shared<ZImageModel>(*loaded);  // shares the loaded components
       named->name = entry.name;

@@ -69,6 +69,8 @@ struct ModelCacheOptions {
   std::string tokenizer_dir;      // for single-file checkpoints without a tokenizer
   size_t budget_bytes = 0;        // 0 = no memory budget
   size_t max_models = 2;          // resident models at most (0 = no limit)
+  std::string dtype = "auto";     // parse_model_dtype's names; fp8 applies to FLUX and Z-Image (SD keeps "auto")
+  bool offload = false;           // FLUX / Z-Image text encoders off the device between requests' prompts
 };
 
 // A resident model: exactly one of the three is set, by the entry's family.

@@ -178,6 +178,7 @@ Expected<std::unique_ptr<Server>> Server::create(const ServeOptions& o) {
     if (ec) return invalid_argument("--output-dir: cannot create '" + o.output_dir + "': " + ec.message());
   }
   ATELIER_ASSIGN_OR_RETURN(std::vector<Device> devices, parse_devices(o.devices));
+  ATELIER_RETURN_IF_ERROR(parse_model_dtype(o.dtype).status());
   ATELIER_ASSIGN_OR_RETURN(ModelRegistry registry, ModelRegistry::create(o.models, o.model_dir));
   auto impl = std::make_unique<Impl>(o, std::move(registry));
   Impl& s = *impl;

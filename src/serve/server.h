@@ -35,6 +35,8 @@ struct ServeOptions {
   int host_threads = 0;                  // image encoding pool; 0 = ThreadPool::default_size()
   int cpu_threads = 0;                   // OpenMP threads per CPU worker; 0 = the cores divided among CPU workers
   size_t max_models_per_device = 2;
+  std::string dtype = "auto";              // models' dtype: auto | f32 | bf16 | f16 | fp8 (FLUX / Z-Image blocks; parse_model_dtype)
+  bool offload = false;                  // FLUX / Z-Image: text encoders leave the device after each request's prompts
   size_t model_memory_mb = 0;            // per device; 0 = no budget
   size_t max_finished_jobs = 1000;       // results kept for polling
   size_t max_result_mb = 256;            // ... and at most this many MiB of encoded images

@@ -62,7 +62,7 @@ WorkerOptions worker_options_of(const CommandOptions& o) {
   wo.batch_window_ms = o.batch_window_ms;
   wo.probe_interval_ms = o.probe_interval_ms;
   wo.output_dir = o.output_dir;
-  wo.models = {Device::cpu(), o.tokenizer_dir, o.model_memory_mb << 20, o.max_models_per_device};
+  wo.models = {Device::cpu(), o.tokenizer_dir, o.model_memory_mb << 20, o.max_models_per_device, o.dtype, o.offload};
   return wo;
 }
 

@@ -117,6 +117,7 @@ Expected<std::unique_ptr<RedisWorkerNode>> RedisWorkerNode::create(const RedisWo
   }
   ATELIER_ASSIGN_OR_RETURN(RedisUrl url, RedisUrl::parse(o.queue));
   ATELIER_ASSIGN_OR_RETURN(std::vector<Device> devices, parse_devices(o.devices));
+  ATELIER_RETURN_IF_ERROR(parse_model_dtype(o.dtype).status());
   ATELIER_ASSIGN_OR_RETURN(ModelRegistry registry, ModelRegistry::create(o.models, o.model_dir));
   auto impl = std::make_unique<Impl>(o, url, std::move(registry));
   Impl& s = *impl;

@@ -38,6 +38,8 @@ struct RedisWorkerOptions {
   int host_threads = 0;  // 0 = ThreadPool::default_size()
   int probe_interval_ms = 1000;
   size_t max_models_per_device = 2;
+  std::string dtype = "auto";              // models' dtype: auto | f32 | bf16 | f16 | fp8 (FLUX / Z-Image blocks; parse_model_dtype)
+  bool offload = false;                  // FLUX / Z-Image: text encoders leave the device after each request's prompts
   size_t model_memory_mb = 0;
   std::string output_dir;                  // large results (and, when set, every image) are written here
   size_t max_inline_kb = 1024;             // larger encoded images go to --output-dir when it is set
