@@ -45,7 +45,7 @@
     fillSelect($('schedule'), schedulers.map((s) => ({value: s.name === 'automatic' ? 'default' : s.name, label: s.label})));
     if (!localStorage.getItem(SETTINGS_STORAGE)) setSelect('sampler', DEFAULT_SAMPLER);
     restore();
-    updateGuidanceLabel();
+    updateModelControls();
   }
 
   // The selected model's family ("sd", "flux", "zimage": GET /v1/models).
@@ -53,11 +53,14 @@
     return families[$('model').value] || 'sd';
   }
 
-  // FLUX models take a distilled guidance value (sent as "guidance") rather than classifier-free guidance;
-  // Z-Image-Turbo runs with CFG off (0).
-  function updateGuidanceLabel() {
+  // What the selected model takes. FLUX models take a distilled guidance value (sent as "guidance") rather than
+  // classifier-free guidance; Z-Image-Turbo runs with CFG off (0). Both run flow-matching Euler, txt2img only: no
+  // sampler, schedule, CLIP skip or start image to choose.
+  function updateModelControls() {
     const f = family();
     $('cfg-label').textContent = f === 'flux' ? 'Guidance' : f === 'zimage' ? 'CFG scale (Turbo: 0)' : 'CFG scale';
+    for (const id of ['sampler', 'schedule', 'clip_skip']) $(id).closest('.field').hidden = f !== 'sd';
+    document.querySelector('fieldset.img2img').hidden = f !== 'sd';
   }
 
   function onPresetChange() {
@@ -135,7 +138,7 @@
     const seed = mode === 'last' ? Number(localStorage.getItem(LAST_SEED_STORAGE) || -1) : numberOf('seed');
     body.seed = mode === 'random' || seed === undefined ? -1 : seed;
     body.preview = $('preview').checked;
-    if (initImage) {
+    if (initImage && family() === 'sd') {
       body.init_image = initImage;
       if (numberOf('strength') !== undefined) body.strength = numberOf('strength');
     }
@@ -186,7 +189,7 @@
     if (params.strength !== undefined) $('strength').value = String(params.strength);
     if (typeof params.preview === 'boolean') $('preview').checked = params.preview;
     syncPreset();
-    updateGuidanceLabel();
+    updateModelControls();
     save();
   }
 
@@ -200,7 +203,7 @@
     for (const id of ['width', 'height'])
       for (const type of ['input', 'change']) $(id).addEventListener(type, syncPreset);
     $('seed-mode').addEventListener('change', syncSeedMode);
-    $('model').addEventListener('change', updateGuidanceLabel);
+    $('model').addEventListener('change', updateModelControls);
     $('gen-form').addEventListener('change', save);
     initDrop();
     restore();

@@ -322,6 +322,9 @@ class UiTest:
     def check_flux_guidance(self, url):
         Select(self.el("#model")).select_by_value("flux")
         self.wait("the Guidance label", lambda: self.el("#cfg-label").text == "Guidance")
+        # Flow-matching Euler, txt2img only: no sampler, schedule, CLIP skip or start image to choose.
+        for css in ("#sampler", "#schedule", "#clip_skip", "fieldset.img2img"):
+            assert not self.el(css).is_displayed(), css + " is shown for a FLUX model"
         self.form_for_job("a blue fox", 2, seed=77, preview=False)
         self.set_value("width", 64)
         self.set_value("height", 64)
@@ -334,6 +337,8 @@ class UiTest:
         assert "Distilled CFG Scale: 2.5" in info and "CFG scale: 1," in info, "infotext: " + info
         Select(self.el("#model")).select_by_value("tiny")
         self.wait("the CFG scale label", lambda: self.el("#cfg-label").text == "CFG scale")
+        for css in ("#sampler", "#schedule", "#clip_skip", "fieldset.img2img"):
+            assert self.el(css).is_displayed(), css + " is hidden for an SD model"
         self.set_value("cfg_scale", 7)
 
     def check_phone_layout(self, url):
