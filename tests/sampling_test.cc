@@ -237,6 +237,8 @@ TEST(SamplingErrors, ClearMessages) {
            {{{"beta_schedule", "scaled_linear"}, {"beta_start", std::nan("")}}, "beta_start", "euler"},
            {{{"num_train_timesteps", 2}, {"trained_betas", {0.5, 1.0}}}, "trained_betas", "ddim"},
            {{{"num_train_timesteps", 2000000000}}, "num_train_timesteps", "euler"},
+           {{{"num_train_timesteps", 4294967396}}, "num_train_timesteps", "euler"},  // 2^32 + 100: read as 100 before
+           {{{"steps_offset", "1"}}, "steps_offset", "ddim"},
            {{{"sigma_max", -5.0}}, "sigma_max", "euler"},
            {{{"sigma_min", inf}}, "sigma_min", "euler"},
            {{{"clip_sample", true}, {"clip_sample_range", -1.0}}, "clip_sample_range", "ddim"}}) {

@@ -40,14 +40,15 @@ Expected<const json*> lookup(const json& obj, std::string_view key, std::string_
   return &*it;
 }
 
-// Element converters: return false when `v` does not have the wanted type.
-bool convert(const json& v, double* out) {
+}  // namespace
+
+bool json_to(const json& v, double* out) {
   if (!v.is_number()) return false;
   *out = v.get<double>();
   return true;
 }
 
-bool convert(const json& v, int64_t* out) {
+bool json_to(const json& v, int64_t* out) {
   constexpr double kTwo63 = 9223372036854775808.0;
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
@@ -65,23 +66,19 @@ bool convert(const json& v, int64_t* out) {
   return false;
 }
 
-bool convert(const json& v, bool* out) {
+bool json_to(const json& v, bool* out) {
   if (!v.is_boolean()) return false;
   *out = v.get<bool>();
   return true;
 }
 
-bool convert(const json& v, std::string* out) {
+bool json_to(const json& v, std::string* out) {
   if (!v.is_string()) return false;
   *out = v.get<std::string>();
   return true;
 }
 
-template <typename T> const char* type_word();
-template <> const char* type_word<double>() { return "a number"; }
-template <> const char* type_word<int64_t>() { return "an integer"; }
-template <> const char* type_word<bool>() { return "a boolean"; }
-template <> const char* type_word<std::string>() { return "a string"; }
+namespace {
 
 template <typename T>
 Expected<T> get_scalar(const json& obj, std::string_view key, std::optional<T> def, std::string_view context) {
@@ -91,7 +88,7 @@ Expected<T> get_scalar(const json& obj, std::string_view key, std::optional<T> d
     return not_found(prefix(context) + "required key '" + std::string(key) + "' is missing");
   }
   T out{};
-  if (!convert(*v, &out)) return wrong_type(context, key, type_word<T>(), *v);
+  if (!json_to(*v, &out)) return wrong_type(context, key, config_type_words<T>(), *v);
   return out;
 }
 
@@ -103,9 +100,9 @@ Expected<std::vector<T>> get_array(const json& obj, std::string_view key, const 
   if (!v->is_array()) return wrong_type(context, key, "an array", *v);
   std::vector<T> out(v->size());
   for (size_t i = 0; i < v->size(); ++i) {
-    if (!convert((*v)[i], &out[i]))
+    if (!json_to((*v)[i], &out[i]))
       return invalid_argument(prefix(context) + "key '" + std::string(key) + "' element " + std::to_string(i) +
-                              ": expected " + type_word<T>() + ", got " + json_type_name((*v)[i]) + " " + echo((*v)[i]));
+                              ": expected " + config_type_words<T>() + ", got " + json_type_name((*v)[i]) + " " + echo((*v)[i]));
   }
   return out;
 }

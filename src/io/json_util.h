@@ -37,26 +37,23 @@ std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 80);
 // How much of a wrong config value an error message quotes.
 constexpr size_t kConfigExcerptChars = 40;
 
-// A config integer of type I: `v` must be an integer, or a float with an integral value (some exporters write 4.0),
-// that fits I; anything else throws Error naming `key`. nlohmann's get<int> wraps 2^32 + 64 to 64 and cuts 64.5 to
-// 64 without a word. ConfigValue<T>::read applies it to ints, int64s and lists of them, and get<T> to the rest.
+// What counts as each type in a config, for every reader here (the get_* functions and ConfigValue): false when `v`
+// is not one. Numbers: any JSON number. Integers: JSON integers that fit int64, or floats with an integral value
+// (some exporters write 4.0). Booleans and strings: only those JSON types (no "true" or 1 for true).
+bool json_to(const nlohmann::json& v, double* out);
+bool json_to(const nlohmann::json& v, int64_t* out);
+bool json_to(const nlohmann::json& v, bool* out);
+bool json_to(const nlohmann::json& v, std::string* out);
+
+// A config integer of type I: an integer by json_to that fits I; anything else throws Error naming `key`. (nlohmann's
+// get<int> wraps 2^32 + 64 to 64 and cuts 64.5 to 64 without a word.)
 template <typename I>
 I config_integer(const nlohmann::json& v, std::string_view key) {
-  const auto fail = [&] {
+  int64_t wide = 0;
+  if (!json_to(v, &wide) || wide < int64_t(std::numeric_limits<I>::min()) || wide > int64_t(std::numeric_limits<I>::max()))
     throw Error(invalid_argument(std::string(key) + ": expected an integer from " + std::to_string(std::numeric_limits<I>::min()) +
                                  " to " + std::to_string(std::numeric_limits<I>::max()) + ", got " + json_excerpt(v, kConfigExcerptChars)));
-  };
-  if (v.is_number_integer()) {
-    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(std::numeric_limits<I>::max())
-                               : v.get<int64_t>() < int64_t(std::numeric_limits<I>::min()) ||
-                                     v.get<int64_t>() > int64_t(std::numeric_limits<I>::max()))
-      fail();
-    return I(v.get<int64_t>());
-  }
-  if (!v.is_number_float()) fail();
-  const double d = v.get<double>();
-  if (!(d == std::floor(d)) || d < double(std::numeric_limits<I>::min()) || d > double(std::numeric_limits<I>::max())) fail();
-  return I(d);
+  return I(wide);
 }
 
 // The expected type's words for an error message ("a number", "true or false", ...).
@@ -64,19 +61,19 @@ template <typename T>
 constexpr const char* config_type_words() {
   if constexpr (std::is_same_v<T, bool>) return "true or false";
   else if constexpr (std::is_floating_point_v<T>) return "a number";
-  else if constexpr (std::is_same_v<T, std::string>) return "a string";
-  else return "a value of another type";
+  else if constexpr (std::is_integral_v<T>) return "an integer";
+  else return "a string";
 }
+// A config value of type T by json_to's rules (floats read as doubles); anything else throws Error naming `key` and
+// quoting the value.
 template <typename T>
 struct ConfigValue {
-  // nlohmann's type_error text names neither the key nor the value ("type must be string, but is number").
   static T read(const nlohmann::json& v, std::string_view key) {
-    try {
-      return v.get<T>();
-    } catch (const nlohmann::json::type_error&) {
+    std::conditional_t<std::is_floating_point_v<T>, double, T> wire{};
+    if (!json_to(v, &wire))
       throw Error(invalid_argument(std::string(key) + ": expected " + config_type_words<T>() + ", got " +
                                    json_excerpt(v, kConfigExcerptChars)));
-    }
+    return T(wire);
   }
 };
 template <>

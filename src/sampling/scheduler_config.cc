@@ -121,7 +121,8 @@ std::string keys_of(const json& j) {
   return out;
 }
 
-// Typed reads of the resolved config; a wrong type is reported with the key and the class.
+// Typed reads of the resolved config by json_to's rules (io/json_util.h), but for booleans (Python's truthiness);
+// a wrong type is reported with the key and the class.
 class Reader {
  public:
   Reader(const json& j, std::string_view cls) : j_(j), cls_(cls) {}
@@ -129,16 +130,15 @@ class Reader {
   bool has(const char* key) const { return j_.contains(key); }
 
   double number(const char* key, double fallback) {
-    if (!has(key)) return fallback;
-    const json& v = j_.at(key);
-    if (v.is_number()) return v.get<double>();
-    return fail(key, "a number"), fallback;
+    double out = fallback;
+    if (has(key) && !json_to(j_.at(key), &out)) fail(key, "a number");
+    return out;
   }
   int integer(const char* key, int fallback) {
     if (!has(key)) return fallback;
-    const json& v = j_.at(key);
-    if (v.is_number_integer()) return v.get<int>();
-    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) return int(v.get<double>());
+    int64_t wide = 0;  // json_to: integers and integral floats; an int's range on top (get<int> would wrap)
+    if (json_to(j_.at(key), &wide) && wide >= std::numeric_limits<int>::min() && wide <= std::numeric_limits<int>::max())
+      return int(wide);
     return fail(key, "an integer"), fallback;
   }
   bool boolean(const char* key, bool fallback) {
@@ -151,9 +151,9 @@ class Reader {
   }
   std::string string(const char* key, const std::string& fallback) {
     if (!has(key) || j_.at(key).is_null()) return fallback;
-    const json& v = j_.at(key);
-    if (v.is_string()) return v.get<std::string>();
-    return fail(key, "a string"), fallback;
+    std::string out = fallback;
+    if (!json_to(j_.at(key), &out)) fail(key, "a string");
+    return out;
   }
   std::optional<double> optional_number(const char* key) {
     if (!has(key) || j_.at(key).is_null()) return std::nullopt;
@@ -165,8 +165,7 @@ class Reader {
     std::vector<double> out;
     if (v.is_array()) {
       for (const auto& x : v) {
-        if (!x.is_number()) return fail(key, "a list of numbers"), std::nullopt;
-        out.push_back(x.get<double>());
+        if (!json_to(x, &out.emplace_back())) return fail(key, "a list of numbers"), std::nullopt;
       }
       return out;
     }
