@@ -128,6 +128,17 @@ size_t weight_file_bytes(const std::string& path) {
   return total;
 }
 
+// The load options the DiT families share (FluxLoadOptions, ZImageLoadOptions), from the cache's.
+template <typename Options>
+Options dit_load_options(const ModelCacheOptions& o, const ModelDtype& dt) {
+  Options lo;
+  lo.device = o.device;
+  lo.dtype = dt.dtype;
+  lo.fp8 = dt.fp8;
+  lo.offload = o.offload;
+  return lo;
+}
+
 long LoadedModel::use_count() const {
   if (sd) return sd.use_count();
   if (flux) return flux.use_count();
@@ -150,22 +161,13 @@ Expected<LoadedModel> ModelCache::load(const ModelEntry& entry, size_t* bytes) c
       return m;
     }
     case ModelFamily::kFlux: {
-      FluxLoadOptions lo;
-      lo.device = options_.device;
-      lo.dtype = dt.dtype;
-      lo.fp8 = dt.fp8;
-      lo.offload = options_.offload;
-      ATELIER_ASSIGN_OR_RETURN(m.flux, load_flux_model(entry.path, lo));
+      ATELIER_ASSIGN_OR_RETURN(m.flux, load_flux_model(entry.path, dit_load_options<FluxLoadOptions>(options_, dt)));
       m.flux->name = entry.name;
       break;
     }
     case ModelFamily::kZImage: {
-      ZImageLoadOptions lo;
-      lo.device = options_.device;
-      lo.dtype = dt.dtype;
-      lo.fp8 = dt.fp8;
-      lo.offload = options_.offload;
-      ATELIER_ASSIGN_OR_RETURN(std::shared_ptr<const ZImageModel> loaded, load_zimage_model(entry.path, lo));
+      ATELIER_ASSIGN_OR_RETURN(std::shared_ptr<const ZImageModel> loaded,
+                               load_zimage_model(entry.path, dit_load_options<ZImageLoadOptions>(options_, dt)));
       auto named = std::make_shared<ZImageModel>(*loaded);  // shares the loaded components
       named->name = entry.name;
       m.zimage = std::move(named);
