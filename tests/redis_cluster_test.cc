@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <omp.h>
+
 #include <map>
 #include <set>
 
+#include "pipeline/flux_pipeline.h"
 #include "redis_test_util.h"
 #include "serve_test_util.h"
 
@@ -29,10 +32,12 @@ nlohmann::json tiny_job(int64_t seed, int steps = 1, int side = 32) {
 struct Gateway {
   Child proc;
   int port = 0;
-  static std::unique_ptr<Gateway> start(const std::string& queue, int max_queue = 256) {
+  static std::unique_ptr<Gateway> start(const std::string& queue, int max_queue = 256, const std::vector<std::string>& extra = {}) {
     auto g = std::make_unique<Gateway>();
-    g->proc = Child::spawn({ATELIER_BINARY, "serve", "--queue", queue, "--model", "tiny=" + test::tiny_model_path(),
-                            "--port", "0", "--host", "127.0.0.1", "--max-queue", std::to_string(max_queue)});
+    std::vector<std::string> args = {ATELIER_BINARY, "serve", "--queue", queue, "--model", "tiny=" + test::tiny_model_path(),
+                                     "--port", "0", "--host", "127.0.0.1", "--max-queue", std::to_string(max_queue)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    g->proc = Child::spawn(args);
     const std::string rest = g->proc.line_with("listening on http://127.0.0.1:");
     EXPECT_FALSE(rest.empty()) << "the gateway did not start";
     if (rest.empty()) return nullptr;
@@ -377,6 +382,55 @@ TEST(RedisCluster, LargeResultsGoThroughTheSharedOutputDir) {
   EXPECT_EQ(test::decode_b64_image(j["images"][0]["data"]).width, 64) << "read back from the shared path";
   const std::string result = rc->command({"HGET", "atelier:job:" + ids[0], "result"})->str;
   EXPECT_EQ(result.find("\"key\""), std::string::npos) << "no copy in Redis: " << result;
+}
+
+// A FLUX job through Redis: the gateway validates it against the model's family, the codec carries FLUX's guidance and
+// T5 length, and the worker process runs it whole: the image is the pipeline's for those settings, bit for bit.
+TEST(RedisCluster, FluxJobsKeepTheirSettingsThroughRedis) {
+  REQUIRE_CLUSTER();
+  const auto flux = ::atelier::test::fixture("flux-tiny");
+  if (!flux) GTEST_SKIP() << "fixture 'flux-tiny' not found";
+  const std::string flux_model = "flux=" + (*flux / "model").string();
+  auto redis = RedisProcess::start(false);
+  ASSERT_TRUE(redis);
+  auto g = Gateway::start(redis->url(), 256, {"--model", flux_model});
+  ASSERT_TRUE(g);
+  Child w = start_worker(redis->url(), "w1", 4, {"--model", flux_model});
+  auto c = g->client();
+  int status = 0;
+  const nlohmann::json body = {{"model", "flux"}, {"prompt", "a fox"}, {"width", 64}, {"height", 64}, {"steps", 2},
+                               {"seed", 11}, {"rng", "cpu"}, {"guidance", 2.5}, {"max_sequence_length", 16}};
+  const std::string id = post_json(*c, "/v1/jobs", body, &status)["id"];
+  ASSERT_EQ(status, 202);
+  const auto j = test::wait_job(*c, id, 120);
+  ASSERT_EQ(j["state"], "done") << j.dump().substr(0, 300);
+  EXPECT_NE(j["images"][0]["infotext"].get<std::string>().find("Distilled CFG Scale: 2.5"), std::string::npos)
+      << j["images"][0]["infotext"];
+
+  GenerateRequest gen;
+  gen.prompt = "a fox";
+  gen.width = gen.height = 64;
+  gen.steps = 2;
+  gen.seed = 11;
+  gen.rng = "cpu";
+  gen.cfg_scale = 1.0f;
+  FluxOptions fo;
+  fo.guidance = 2.5f;
+  fo.max_sequence_length = 16;
+  fo.cfg_explicit = true;
+  auto model = load_flux_model((*flux / "model").string());
+  ASSERT_TRUE(model) << model.status().message();
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);  // as the worker (--cpu-threads 1): reductions add in the same order
+  const auto direct = FluxPipeline(*model).generate(gen, fo);
+  omp_set_num_threads(threads);
+  ASSERT_TRUE(direct) << direct.status().message();
+  EXPECT_EQ(test::decode_b64_image(j["images"][0]["data"]).pixels, direct->images[0].image.pixels);
+  // The gateway refuses what FLUX cannot run before it reaches Redis.
+  nlohmann::json wide = body;
+  wide["width"] = 72;
+  post_json(*c, "/v1/jobs", wide, &status);
+  EXPECT_EQ(status, 400);
 }
 
 }  // namespace
