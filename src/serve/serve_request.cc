@@ -124,8 +124,9 @@ Status validate_for_model(ServeRequest& r, ModelFamily family) {
     return invalid_argument("guidance: must be from 0 to " + std::to_string(int(kMaxGuidance)));
   if (r.max_sequence_length < 1 || r.max_sequence_length > kFluxDefaultMaxSequenceLength)
     return invalid_argument("max_sequence_length: must be from 1 to " + std::to_string(kFluxDefaultMaxSequenceLength));
-  // Without the client's cfg_scale (A1111 clients send 7 only when their user set it), the value that runs one
-  // model call per step: FLUX.1-dev is guidance-distilled, Z-Image-Turbo is run with 0.
+  // Without the client's cfg_scale, the value that runs one model call per step: FLUX.1-dev is guidance-distilled,
+  // Z-Image-Turbo is run with 0. A client that sends a cfg_scale above 1 (an A1111 client's usual 7) gets true CFG,
+  // as Forge gives it: docs/serve.md says to send 1 (FLUX) or 0 (Z-Image-Turbo).
   if (!r.cfg_given) r.gen.cfg_scale = family == ModelFamily::kFlux ? 1.0f : 0.0f;
   r.gen.sampler = "euler";  // what runs; a "Heun" sent by an A1111 client would count twice the calls
   r.gen.schedule = "default";
