@@ -232,6 +232,49 @@ TEST(ServeDit, DtypeAndOffloadReachTheDitModels) {
   EXPECT_NE(bad.status().message().find("--dtype"), std::string::npos) << bad.status().message();
 }
 
+// Previews of DiT jobs are VAE decodes, so few: three for a job that asks for per-step previews, partial_images for an
+// OpenAI stream; each a JPEG of the image's size (up to 256 px), before the job's result.
+TEST(ServeDit, PreviewsAreAFewDecodedImages) {
+  REQUIRE_DIT_FIXTURES();
+  auto s = RunningServer::start(dit_options());
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  int status = 0;
+  nlohmann::json body = flux_job(8);
+  body["preview"] = true;
+  const std::string id = post_json(*c, "/v1/jobs", body, &status)["id"];
+  ASSERT_EQ(status, 202);
+  ASSERT_EQ(test::wait_job(*c, id)["state"], "done");
+  const std::string events = test::read_events(*c, id);
+  int previews = 0;
+  for (size_t at = events.find("event: preview"); at != std::string::npos; at = events.find("event: preview", at + 1)) {
+    ++previews;
+    const size_t data = events.find("data: ", at);
+    const auto j = parse(events.substr(data + 6, events.find('\n', data) - data - 6));
+    EXPECT_EQ(j["step"].get<int>() % 2, 0) << "8 steps, 3 previews: every 2nd step";
+    EXPECT_LT(events.find("event: preview", at), events.find("event: done"));
+  }
+  EXPECT_EQ(previews, 3) << events.substr(0, 1500);
+
+  auto r = c->Post("/v1/images/generations",
+                   nlohmann::json({{"model", "zimage"}, {"prompt", "a cat"}, {"size", "64x64"}, {"steps", 6}, {"stream", true},
+                                   {"partial_images", 2}}).dump(),
+                   "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  int partial = 0;
+  for (size_t at = r->body.find("event: image_generation.partial_image"); at != std::string::npos;
+       at = r->body.find("event: image_generation.partial_image", at + 1)) {
+    ++partial;
+    const size_t data = r->body.find("data: ", at);
+    const auto j = parse(r->body.substr(data + 6, r->body.find('\n', data) - data - 6));
+    const Image img = decode_b64_image(j["b64_json"]);
+    EXPECT_EQ(img.width, 64);
+  }
+  EXPECT_EQ(partial, 2);
+  EXPECT_NE(r->body.find("event: image_generation.completed"), std::string::npos);
+}
+
 TEST(ServeDit, RequestsTheseModelsCannotRunAreRefused) {
   REQUIRE_DIT_FIXTURES();
   auto s = RunningServer::start(dit_options());

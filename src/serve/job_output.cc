@@ -1,9 +1,11 @@
 #include "serve/job_output.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
 #include "io/image.h"
+#include "pipeline/image_resize.h"
 #include "pipeline/latent_preview.h"
 #include "serve/base64.h"
 
@@ -67,6 +69,19 @@ void publish_preview(const JobPtr& job, const Tensor& latents, int step) {
   (void)catch_status([&]() -> Status {
     ATELIER_ASSIGN_OR_RETURN(Image img, latent_preview(latents));
     ATELIER_ASSIGN_OR_RETURN(std::string jpeg, encode_jpeg(img, kPreviewJpegQuality));
+    job->set_preview(step, base64_encode(jpeg));
+    return Status::ok();
+  });
+}
+
+void publish_preview_image(const JobPtr& job, const Image& image, int step) {
+  (void)catch_status([&]() -> Status {
+    const int side = std::max(image.width, image.height);
+    const Image small = side <= kDecodedPreviewMaxSide
+                            ? image
+                            : resize_image(image, std::max(1, image.width * kDecodedPreviewMaxSide / side),
+                                           std::max(1, image.height * kDecodedPreviewMaxSide / side));
+    ATELIER_ASSIGN_OR_RETURN(std::string jpeg, encode_jpeg(small, kPreviewJpegQuality));
     job->set_preview(step, base64_encode(jpeg));
     return Status::ok();
   });

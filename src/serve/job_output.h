@@ -20,5 +20,9 @@ void complete_job(const JobPtr& job, const std::vector<GeneratedImage>& images, 
 
 // latents [1, 4, h, w] host -> job->set_preview(step, base64 JPEG). Never throws (a failed preview is skipped).
 void publish_preview(const JobPtr& job, const Tensor& latents, int step);
+// The largest side of a preview made from decoded pixels (a FLUX / Z-Image VAE decode), scaled down to it.
+constexpr int kDecodedPreviewMaxSide = 256;
+// A decoded image -> job->set_preview(step, base64 JPEG), scaled down to kDecodedPreviewMaxSide. Never throws.
+void publish_preview_image(const JobPtr& job, const Image& image, int step);
 
 }  // namespace atelier::serve

@@ -12,6 +12,30 @@ namespace {
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Previews of a DiT job cost a VAE decode each (the low-cost latent->RGB map is fitted to SD's 4 channels), so a job
+// gets the OpenAI request's partial_images, or kDitPreviews when it asked for per-step previews, evenly spaced.
+constexpr int kDitPreviews = 3;
+
+bool wants_dit_preview(const ServeRequest& r, int step, int total, int sent) {
+  const int wanted = r.partial_images > 0 ? r.partial_images : r.preview ? kDitPreviews : 0;
+  if (sent >= wanted || step >= total) return false;  // the last step's image is the result itself
+  return step % std::max(1, total / (wanted + 1)) == 0;
+}
+
+// The first image of `latents` (FLUX: packed [B, L, 64]; Z-Image: [1, C, h, w]) decoded to host pixels, as the
+// pipelines decode their results (the current latents, not an x0 estimate: flow matching's are part noise until
+// the end).
+Expected<Image> decode_preview(const LoadedModel& m, const GenerateRequest& g, const Tensor& latents) {
+  const Tensor first = latents.narrow(0, 0, 1);
+  if (m.flux) {
+    const int64_t f = m.flux->vae->config().downscale_factor();
+    const int64_t h = (g.height ? g.height : m.flux->default_size) / f, w = (g.width ? g.width : m.flux->default_size) / f;
+    return image_from_tensor(FluxPipeline(m.flux).decode(first, h, w).to(Device::cpu()), 0);
+  }
+  ATELIER_ASSIGN_OR_RETURN(Tensor pixels, ZImagePipeline(m.zimage).decode(first));
+  return image_from_tensor(pixels.to(Device::cpu()), 0);
+}
+
 // Progress sequences of a request: FLUX denoises each batch of batch_size images together, Z-Image one image at a
 // time; each sequence reports `steps` model calls.
 int dit_sequences(const LoadedModel& m, const GenerateRequest& g) {
@@ -31,6 +55,7 @@ void Worker::run_dit_job() {
   job->set_progress(0, r.gen.steps * sequences);
 
   Clock::time_point mark = Clock::now();
+  int previews = 0;
   auto progress = [&](const StepProgress& p) {
     if (fail_next_call_.exchange(false)) throw Error("injected device failure (test hook)");
     const double dt = since(mark);
@@ -40,7 +65,15 @@ void Worker::run_dit_job() {
     metrics_.observe(metric::kBatchSize, {}, double(rows));
     metrics_.inc(metric::kSteps, {}, double(rows));
     metrics_.inc(metric::kModelCalls, {{"device", device().str()}});
-    job->set_progress(p.batch_index * p.total_calls + p.call, sequences * p.total_calls);
+    const int step = p.batch_index * p.total_calls + p.call, total = sequences * p.total_calls;
+    job->set_progress(step, total);
+    if (p.latents && wants_dit_preview(r, step, total, previews)) {
+      auto image = decode_preview(dj.model, r.gen, *p.latents);
+      if (image) {
+        ++previews;
+        host_pool_.submit([job, image = std::move(*image), step] { publish_preview_image(job, image, step); });
+      }
+    }
     return !job->cancel_requested() && Clock::now() <= job->deadline();  // false: the pipeline stops at this step
   };
   Expected<GenerateResult> result = [&]() -> Expected<GenerateResult> {
