@@ -8,9 +8,8 @@
 #include "cli/commands.h"
 #include "io/image.h"
 #include "pipeline/demo_model.h"
-#include "pipeline/flux_model.h"
+#include "pipeline/model_family.h"
 #include "pipeline/sd_pipeline.h"
-#include "pipeline/zimage_pipeline.h"
 
 namespace atelier::cli {
 namespace fs = std::filesystem;
@@ -86,8 +85,11 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "error: %s\n", dev.status().message().c_str());
     return 2;
   }
-  if (is_zimage_model(o.model)) return run_generate_zimage(o, *dev);
-  if (is_flux_model(o.model)) return run_generate_flux(o, *dev);
+  switch (detect_model_family(o.model)) {
+    case ModelFamily::kZImage: return run_generate_zimage(o, *dev);
+    case ModelFamily::kFlux: return run_generate_flux(o, *dev);
+    case ModelFamily::kSd: break;
+  }
   if (o.fp8()) {
     std::fprintf(stderr, "error: --dtype fp8 is supported for FLUX and Z-Image models; SD models take auto, f32, bf16 or f16\n");
     return 2;

@@ -3,9 +3,8 @@
 
 #include "cli/commands.h"
 #include "pipeline/dit_info.h"
-#include "pipeline/flux_model.h"
+#include "pipeline/model_family.h"
 #include "pipeline/sd_model.h"
-#include "pipeline/zimage_pipeline.h"
 
 namespace atelier::cli {
 namespace {
@@ -13,7 +12,7 @@ namespace {
 double millions(int64_t n) { return double(n) / 1e6; }
 
 // FLUX and Z-Image: described from their files (describe_dit_model), a line per component.
-int run_dit_info(const InfoOptions& o, DitFamily family) {
+int run_dit_info(const InfoOptions& o, ModelFamily family) {
   auto d = describe_dit_model(o.model, family);
   if (!d) {
     std::fprintf(stderr, "error: %s\n", d.status().message().c_str());
@@ -49,8 +48,7 @@ void add_info_command(CLI::App& app, InfoOptions& o) {
 }
 
 int run_info(const InfoOptions& o) {
-  if (is_zimage_model(o.model)) return run_dit_info(o, DitFamily::kZImage);
-  if (is_flux_model(o.model)) return run_dit_info(o, DitFamily::kFlux);
+  if (const ModelFamily family = detect_model_family(o.model); family != ModelFamily::kSd) return run_dit_info(o, family);
   SdLoadOptions lo;
   lo.tokenizer_dir = o.tokenizer;
   lo.require_tokenizer = false;

@@ -60,10 +60,10 @@ Status describe_folder(const fs::path& root, nlohmann::json& d) {
   return Status::ok();
 }
 
-Status describe_file(const std::string& file, DitFamily family, nlohmann::json& d) {
+Status describe_file(const std::string& file, ModelFamily family, nlohmann::json& d) {
   ATELIER_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open({file}));
   nlohmann::json t;
-  if (family == DitFamily::kFlux) {
+  if (family == ModelFamily::kFlux) {
     const auto prefix = flux_bfl_prefix(store);
     if (!prefix) return unsupported(file + " holds no FLUX transformer in BFL layout");
     ATELIER_ASSIGN_OR_RETURN(FluxConfig cfg, FluxConfig::detect(store, FluxLayout::kBfl, *prefix));
@@ -87,10 +87,11 @@ Status describe_file(const std::string& file, DitFamily family, nlohmann::json& 
 
 }  // namespace
 
-Expected<nlohmann::json> describe_dit_model(const std::string& path, DitFamily family) {
-  nlohmann::json d = {{"path", path}, {"family", family == DitFamily::kFlux ? "flux" : "zimage"},
+Expected<nlohmann::json> describe_dit_model(const std::string& path, ModelFamily family) {
+  if (family == ModelFamily::kSd) return invalid_argument(path + ": describe_dit_model takes FLUX and Z-Image models");
+  nlohmann::json d = {{"path", path}, {"family", model_family_name(family)},
                       {"components", nlohmann::json::object()}};
-  if (family == DitFamily::kZImage) d["variant"] = "Z-Image";
+  if (family == ModelFamily::kZImage) d["variant"] = "Z-Image";
   std::error_code ec;
   const Status st = catch_status([&] {
     return fs::is_directory(path, ec) ? describe_folder(path, d) : describe_file(path, family, d);

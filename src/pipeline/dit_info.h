@@ -6,15 +6,14 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "pipeline/model_family.h"
 
 namespace atelier {
-
-enum class DitFamily { kFlux, kZImage };
 
 // The model at `path` (a diffusers folder, or a single transformer file in BFL / Z-Image's original layout) ->
 // {path, family, variant, layout, hash, components: {name: {class, parameters, config}}, parameters_total}.
 // `hash`: the A1111 "Model hash" the pipelines write (first 10 hex digits of the SHA-256 of the transformer's first
-// weight file). Components without weights (scheduler, tokenizers) have no "parameters".
-Expected<nlohmann::json> describe_dit_model(const std::string& path, DitFamily family);
+// weight file). Components without weights (scheduler, tokenizers) have no "parameters". `family`: kFlux or kZImage.
+Expected<nlohmann::json> describe_dit_model(const std::string& path, ModelFamily family);
 
 }  // namespace atelier

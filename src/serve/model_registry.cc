@@ -28,22 +28,6 @@ bool is_model_path(const fs::path& p) {
 
 }  // namespace
 
-const char* model_family_name(ModelFamily f) {
-  switch (f) {
-    case ModelFamily::kFlux: return "flux";
-    case ModelFamily::kZImage: return "zimage";
-    case ModelFamily::kSd: break;
-  }
-  return "sd";
-}
-
-ModelFamily detect_model_family(const std::string& path) {
-  if (!builtin_name_of(path).empty()) return ModelFamily::kSd;  // the built-in configurations are SD's
-  if (is_flux_model(path)) return ModelFamily::kFlux;
-  if (is_zimage_model(path)) return ModelFamily::kZImage;
-  return ModelFamily::kSd;
-}
-
 std::vector<std::string> specs_with_default_model(const std::vector<std::string>& specs, const std::string& model_dir,
                                                   const std::string& exe_dir) {
   if (!specs.empty() || !model_dir.empty()) return specs;

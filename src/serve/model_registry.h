@@ -18,13 +18,11 @@
 
 #include "core/status.h"
 #include "pipeline/flux_model.h"
+#include "pipeline/model_family.h"
 #include "pipeline/sd_model.h"
 #include "pipeline/zimage_pipeline.h"
 
 namespace atelier::serve {
-
-enum class ModelFamily { kSd, kFlux, kZImage };
-const char* model_family_name(ModelFamily f);  // "sd", "flux", "zimage"
 
 struct ModelEntry {
   std::string name;
@@ -34,8 +32,6 @@ struct ModelEntry {
   bool is_dit() const { return family != ModelFamily::kSd; }
 };
 
-// The family of the model at `path` (FLUX and Z-Image diffusers folders or transformer files; anything else SD).
-ModelFamily detect_model_family(const std::string& path);
 
 // The model specs to serve: `specs` as given, or — when neither a model nor a model folder is named — the
 // bundled demo model as "demo=<path>" (pipeline/demo_model.h looks in $ATELIER_DEMO_MODEL, beside an installed

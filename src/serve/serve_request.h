@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "io/image.h"
 #include "pipeline/flux_pipeline.h"
+#include "pipeline/model_family.h"
 #include "pipeline/request.h"
 
 namespace atelier::serve {
@@ -59,7 +60,6 @@ struct ServeRequest {
 // gen.validate() plus the server's limits, sampler/schedule names resolved.
 Status validate_request(const ServeRequest& r, const ServeLimits& limits);
 
-enum class ModelFamily;
 // What the model's family takes, checked once the model is known (a 400 before the job exists): FLUX and Z-Image
 // run txt2img at sizes of multiples of 16, and take cfg_scale only when the client gave it (else set here to
 // what runs no CFG). Their sampler and schedule are set to what runs (flow-matching Euler; the infotext says so),
