@@ -41,6 +41,19 @@ struct GenerateOptions {
   }
 };
 void add_generate_command(CLI::App& app, GenerateOptions& o);
+
+// CLI11's check of a --dtype value: one of kModelDtypeNames.
+inline CLI::IsMember model_dtype_check() {
+  return CLI::IsMember(std::vector<std::string>(std::begin(kModelDtypeNames), std::end(kModelDtypeNames)));
+}
+// `--dtype` and `--offload` for the models a server process loads (`atelier serve`, `atelier worker`).
+inline void add_model_load_flags(CLI::App* c, std::string& dtype, bool& offload) {
+  c->add_option("--dtype", dtype, "Model compute dtype: auto (CPU f32, CUDA bf16), f32, bf16, f16; fp8: FLUX and Z-Image "
+                                  "block projections in FP8 e4m3 (SD models keep the device's default)")
+      ->check(model_dtype_check())
+      ->capture_default_str();
+  c->add_flag("--offload", offload, "FLUX / Z-Image: the text encoders leave the device after each request's prompts");
+}
 int run_generate(const GenerateOptions& o);
 // FLUX models (is_flux_model): load, generate, write (generate_flux.cc).
 int run_generate_flux(const GenerateOptions& o, Device device);

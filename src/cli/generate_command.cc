@@ -47,7 +47,7 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--dtype", o.dtype,
                 "Model compute dtype: auto (CPU f32, CUDA bf16), f32, bf16, f16 (CUDA only); fp8: FLUX and Z-Image "
                 "transformer blocks in FP8 e4m3 (FP8 tensor cores on Hopper), the rest as auto")
-      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kModelDtypeNames), std::end(kModelDtypeNames))))
+      ->check(model_dtype_check())
       ->capture_default_str();
   c->add_option("--output", o.output, "Output PNG path; several images get -N suffixes")->capture_default_str();
   c->add_option("--trace", o.trace, "Write a Chrome/Perfetto trace (JSON) of every stage and op to this file");

@@ -33,11 +33,7 @@ void add_serve_command(CLI::App& app, serve::ServeOptions& o) {
   c->add_option("--http-threads", o.http_threads, "Concurrent HTTP connections")->capture_default_str();
   c->add_option("--host-threads", o.host_threads, "Threads encoding images (0 = half the cores, 2 to 16)")->capture_default_str();
   c->add_option("--cpu-threads", o.cpu_threads, "Threads per CPU worker (default: the cores divided among CPU workers)");
-  c->add_option("--dtype", o.dtype, "Model compute dtype: auto (CPU f32, CUDA bf16), f32, bf16, f16; fp8: FLUX and Z-Image "
-                                   "block projections in FP8 e4m3 (SD models keep the device's default)")
-      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kModelDtypeNames), std::end(kModelDtypeNames))))
-      ->capture_default_str();
-  c->add_flag("--offload", o.offload, "FLUX / Z-Image: the text encoders leave the device after each request's prompts");
+  add_model_load_flags(c, o.dtype, o.offload);
   c->add_option("--max-models", o.max_models_per_device, "Models resident per device (LRU)")->capture_default_str();
   c->add_option("--model-memory-mb", o.model_memory_mb, "Model weight budget per device, MiB (0 = none)")->capture_default_str();
   c->add_option("--keep-results", o.max_finished_jobs, "Finished jobs kept for polling")->capture_default_str();

@@ -179,7 +179,9 @@ Expected<ModelDtype> parse_model_dtype(const std::string& name) {
   if (name == "f32") return ModelDtype{DType::F32, false};
   if (name == "bf16") return ModelDtype{DType::BF16, false};
   if (name == "f16") return ModelDtype{DType::F16, false};
-  return invalid_argument("--dtype: '" + name + "' is not supported; supported: auto, f32, bf16, f16, fp8");
+  std::string supported;
+  for (const char* n : kModelDtypeNames) supported += (supported.empty() ? "" : ", ") + std::string(n);
+  return invalid_argument("--dtype: '" + name + "' is not supported; supported: " + supported);
 }
 
 Expected<std::shared_ptr<SdModel>> load_sd_model(const std::string& path, const SdLoadOptions& options) {
