@@ -33,6 +33,8 @@ inline Status corrupt(std::string m) { return {ErrorCode::kCorrupt, std::move(m)
 inline Status unsupported(std::string m) { return {ErrorCode::kUnsupported, std::move(m)}; }
 inline Status internal_error(std::string m) { return {ErrorCode::kInternal, std::move(m)}; }
 inline Status cancelled(std::string m) { return {ErrorCode::kCancelled, std::move(m)}; }
+// `s` with "prefix: " before its message (the file or part it came from), same code.
+inline Status prefixed(const Status& s, const std::string& prefix) { return {s.code(), prefix + ": " + s.message()}; }
 
 // Thrown for violated invariants inside a module; never crosses a public API (see catch_status).
 class Error : public std::runtime_error {

@@ -228,7 +228,7 @@ Expected<std::string> encode_png(const Image& img, const TextChunks& text_chunks
 
 Status write_png(const std::string& path, const Image& img, const TextChunks& text_chunks) {
   auto bytes = encode_png(img, text_chunks);
-  if (!bytes) return Status(bytes.status().code(), path + ": " + bytes.status().message());
+  if (!bytes) return prefixed(bytes.status(), path);
   return write_file(path, *bytes);
 }
 

@@ -236,7 +236,7 @@ Expected<UNetConfig> parse_unet_config(const nlohmann::json& j) {
 Expected<UNetConfig> load_unet_config(const std::string& path) {
   ATELIER_ASSIGN_OR_RETURN(const nlohmann::json j, read_json_file(path));
   auto c = parse_unet_config(j);
-  if (!c) return Status(c.status().code(), path + ": " + c.status().message());
+  if (!c) return prefixed(c.status(), path);
   return c;
 }
 

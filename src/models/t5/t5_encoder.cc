@@ -80,7 +80,7 @@ Expected<T5Config> T5Config::from_json(const nlohmann::json& j) {
 Expected<T5Config> T5Config::from_file(const std::string& path) {
   ATELIER_ASSIGN_OR_RETURN(auto j, read_json_file(path));
   auto c = from_json(j);
-  if (!c) return Status(c.status().code(), path + ": " + c.status().message());
+  if (!c) return prefixed(c.status(), path);
   return c;
 }
 

@@ -93,7 +93,7 @@ Expected<VaeConfig> VaeConfig::from_json(const nlohmann::json& j) {
 Expected<VaeConfig> VaeConfig::from_file(const std::string& path) {
   ATELIER_ASSIGN_OR_RETURN(const nlohmann::json j, read_json_file(path));
   auto c = from_json(j);
-  if (!c) return Status(c.status().code(), path + ": " + c.status().message());
+  if (!c) return prefixed(c.status(), path);
   return c;
 }
 
