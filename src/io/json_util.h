@@ -7,7 +7,6 @@
 // `require_*` variants fail when the key is absent or null. `context` (e.g. "unet/config.json") prefixes
 // every error message.
 #pragma once
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>

@@ -18,6 +18,9 @@ namespace {
 // scheduler_config.json, tokenizers tokenizer_config.json.
 constexpr const char* kConfigFiles[] = {"config.json", "scheduler_config.json", "tokenizer_config.json"};
 
+// FLUX.1-dev has the guidance embedder (distilled guidance), schnell has none.
+const char* flux_variant(bool guidance_embeds) { return guidance_embeds ? "FLUX.1-dev (guidance-distilled)" : "FLUX.1-schnell"; }
+
 // One component folder of a diffusers model: its class (model_index.json), parameter count and config.
 Expected<nlohmann::json> describe_component(const fs::path& dir, const nlohmann::json& entry, std::string* first_file) {
   nlohmann::json c = {{"class", entry.is_array() && entry.size() == 2 && entry[1].is_string() ? entry[1] : nlohmann::json()}};
@@ -56,7 +59,7 @@ Status describe_folder(const fs::path& root, nlohmann::json& d) {
   ATELIER_ASSIGN_OR_RETURN(std::string hash, model_hash(transformer_file));
   d["hash"] = hash;
   const nlohmann::json& cfg = d["components"]["transformer"].value("config", nlohmann::json::object());
-  if (d["family"] == "flux") d["variant"] = cfg.value("guidance_embeds", false) ? "FLUX.1-dev (guidance-distilled)" : "FLUX.1-schnell";
+  if (d["family"] == "flux") d["variant"] = flux_variant(cfg.value("guidance_embeds", false));
   return Status::ok();
 }
 
@@ -68,7 +71,7 @@ Status describe_file(const std::string& file, ModelFamily family, nlohmann::json
     if (!prefix) return unsupported(file + " holds no FLUX transformer in BFL layout");
     ATELIER_ASSIGN_OR_RETURN(FluxConfig cfg, FluxConfig::detect(store, FluxLayout::kBfl, *prefix));
     d["layout"] = "single-file (BFL)";
-    d["variant"] = cfg.guidance_embeds ? "FLUX.1-dev (guidance-distilled)" : "FLUX.1-schnell";
+    d["variant"] = flux_variant(cfg.guidance_embeds);
     t = {{"class", "FluxTransformer2DModel"}, {"parameters", store.count_params(*prefix)},
          {"config", {{"num_layers", cfg.num_layers}, {"num_single_layers", cfg.num_single_layers},
                      {"num_attention_heads", cfg.num_heads}, {"guidance_embeds", cfg.guidance_embeds}}}};

@@ -4,8 +4,12 @@
 #include <cstdio>
 
 namespace atelier::serve {
+namespace {
 
+// The file extension of an image format ("jpeg" -> "jpg").
 std::string image_extension(const std::string& format) { return format == "jpeg" ? "jpg" : format; }
+
+}  // namespace
 
 std::string ImageFiles::put(std::string bytes, const std::string& format) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -28,11 +32,6 @@ std::optional<ImageFiles::File> ImageFiles::get(const std::string& name) const {
   const auto it = std::find_if(files_.begin(), files_.end(), [&](const Entry& e) { return e.name == name; });
   if (it == files_.end() || it->expires <= now) return std::nullopt;
   return it->file;
-}
-
-size_t ImageFiles::bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return bytes_;
 }
 
 void ImageFiles::expire_locked() {

@@ -25,7 +25,6 @@ class ImageFiles {
   std::string put(std::string bytes, const std::string& format);
   // The file named `name` while it lasts.
   std::optional<File> get(const std::string& name) const;
-  size_t bytes() const;
 
  private:
   struct Entry {
@@ -41,8 +40,5 @@ class ImageFiles {
   size_t bytes_ = 0;
   std::random_device random_;  // the kernel's generator: tokens nobody can predict from the ones they have seen
 };
-
-// The file extension of an image format ("jpeg" -> "jpg").
-std::string image_extension(const std::string& format);
 
 }  // namespace atelier::serve
