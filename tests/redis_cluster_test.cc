@@ -6,8 +6,6 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include <omp.h>
-
 #include <map>
 #include <set>
 
@@ -420,10 +418,8 @@ TEST(RedisCluster, FluxJobsKeepTheirSettingsThroughRedis) {
   fo.cfg_explicit = true;
   auto model = load_flux_model((*flux / "model").string());
   ASSERT_TRUE(model) << model.status().message();
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);  // as the worker (--cpu-threads 1): reductions add in the same order
-  const auto direct = FluxPipeline(*model).generate(gen, fo);
-  omp_set_num_threads(threads);
+  // As the worker computes (--cpu-threads 1).
+  const auto direct = ::atelier::test::on_one_omp_thread([&] { return FluxPipeline(*model).generate(gen, fo); });
   ASSERT_TRUE(direct) << direct.status().message();
   EXPECT_EQ(test::decode_b64_image(j["images"][0]["data"]).pixels, direct->images[0].image.pixels);
   // The gateway refuses what FLUX cannot run before it reaches Redis.

@@ -3,7 +3,6 @@
 // directly, the per-step events, cancellation of a running DiT job with the server still serving SD, a device
 // failure during a DiT job (re-queued, same image), and the requests these models refuse (400s).
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <map>
@@ -204,10 +203,6 @@ TEST(ServeDit, DtypeAndOffloadReachTheDitModels) {
   FluxOptions fo;
   fo.max_sequence_length = kFluxMaxSeq;
   fo.cfg_explicit = true;
-  // The pipeline on one OpenMP thread, as the server's CPU worker computes here (tiny_options: cpu_threads 1): the
-  // reductions then add in the same order.
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
   FluxLoadOptions lo;
   lo.fp8 = true;
   auto fp8 = load_flux_model(fixture_model("flux-tiny"), lo);
@@ -217,14 +212,17 @@ TEST(ServeDit, DtypeAndOffloadReachTheDitModels) {
     for (size_t i = 0; i < served.pixels.size(); ++i) worst = std::max(worst, std::abs(int(served.pixels[i]) - int(other.pixels[i])));
     return worst;
   };
-  const int to_fp8 = max_diff(FluxPipeline(*fp8).generate(g, fo).value().images[0].image);
+  // The pipeline on one OpenMP thread, as the server's CPU worker computes here (tiny_options: cpu_threads 1).
+  const auto pipeline_image = [&](const std::shared_ptr<FluxModel>& m) {
+    return ::atelier::test::on_one_omp_thread([&] { return FluxPipeline(m).generate(g, fo); }).value().images[0].image;
+  };
+  const int to_fp8 = max_diff(pipeline_image(*fp8));
   auto f32 = load_flux_model(fixture_model("flux-tiny"));
   ASSERT_TRUE(f32);
-  const int to_f32 = max_diff(FluxPipeline(*f32).generate(g, fo).value().images[0].image);
+  const int to_f32 = max_diff(pipeline_image(*f32));
   std::printf("served fp8 image: max |diff| %d to the pipeline's fp8 image, %d to its f32 image\n", to_fp8, to_f32);
   EXPECT_EQ(to_fp8, 0);
   EXPECT_GT(to_f32, 0);
-  omp_set_num_threads(threads);
 
   o.dtype = "fp4";
   auto bad = Server::create(o);

@@ -5,12 +5,10 @@
 
 #include <algorithm>
 
-#include <omp.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
 #include "pipeline/sd_pipeline.h"
 #include "serve_test_util.h"
@@ -162,11 +160,7 @@ TEST_F(ServeApi, ImagesEqualThePipelines) {
   r.seed = 77;
   r.batch_size = 2;
   r.sampler = "dpmpp_2m";
-  Expected<GenerateResult> want = internal_error("not run");
-  std::thread([&] {  // one OpenMP thread, as the server's workers in these tests (steady on a shared machine)
-    omp_set_num_threads(1);
-    want = pipe.generate(r);
-  }).join();
+  const Expected<GenerateResult> want = ::atelier::test::on_one_omp_thread([&] { return pipe.generate(r); });
   ASSERT_TRUE(want) << want.status().message();
   int status = 0;
   auto body = small_job(77, 3, 64);

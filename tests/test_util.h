@@ -1,12 +1,14 @@
 // Helpers shared by the tests: where the reference fixtures are, golden tensors, and error measures.
 #pragma once
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/tensor.h"
@@ -30,6 +32,18 @@ struct ChannelsLastOnCpu {
   ChannelsLastOnCpu(const ChannelsLastOnCpu&) = delete;
   ChannelsLastOnCpu& operator=(const ChannelsLastOnCpu&) = delete;
 };
+
+// fn() on a new thread with one OpenMP thread (the setting is per thread: the caller's stays as it is), as the server's
+// CPU workers compute in the server tests (--cpu-threads 1), so that reductions add in the same order; its result.
+template <typename Fn>
+auto on_one_omp_thread(Fn&& fn) -> decltype(fn()) {
+  std::optional<decltype(fn())> out;
+  std::thread([&] {
+    omp_set_num_threads(1);
+    out.emplace(fn());
+  }).join();
+  return std::move(*out);
+}
 
 // The top-level op ranges (category kOp, depth 0) that fn records on this thread, in order: what a model's
 // forward calls, for tests that count its GEMMs, norms or ropes.
