@@ -66,7 +66,7 @@ void check_run(const std::shared_ptr<FluxModel>& model, const std::string& label
     per_step.push_back(ops::clone(*sp.latents));
     return true;
   };
-  const Tensor x = pipe.denoise(sched, x0, p, nullptr, kGuidance, 1.0f, h, w, 0, capture).value();
+  const Tensor x = pipe.denoise(sched, x0, p, nullptr, {kGuidance}, 1.0f, h, w, 0, capture).value();
   const Tensor want_steps = test::golden("flux-tiny", "run.flux_euler.latents_per_step");
   ASSERT_EQ(int(per_step.size()), kSteps);
   for (int i = 0; i < kSteps; ++i) {
@@ -162,6 +162,69 @@ TEST(FluxPipeline, GenerateEndToEnd) {
   EXPECT_NE(res.images[0].infotext.find("Distilled CFG Scale: 3.5"), std::string::npos) << res.images[0].infotext;
   r.width = 120;
   EXPECT_FALSE(pipe.generate(r, o).has_value());  // not a multiple of 16
+}
+
+// Requests denoised as one batch (the server's FLUX batching): each gets the image generate() gives it alone, though
+// its batch-mates differ in prompt, seed, guidance and image count, with its own infotext; requests that cannot share
+// model calls are refused.
+TEST(FluxPipeline, BatchOfRequestsGivesEachItsOwnImages) {
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  const FluxPipeline pipe(load_folder(dir));
+  std::vector<FluxBatchItem> items(3);
+  const char* prompts[] = {kPrompt, "a red circle on a blue background", kPrompt};
+  for (int i = 0; i < 3; ++i) {
+    GenerateRequest& r = items[i].request;
+    r.prompt = prompts[i];
+    r.width = 64, r.height = 48;
+    r.steps = 2;
+    r.seed = kSeed + 10 * i;
+    r.rng = i == 1 ? "cpu" : "cuda";
+    r.batch_size = i == 2 ? 2 : 1;
+    items[i].options.max_sequence_length = kMaxSeq;
+    items[i].options.guidance = 1.5f + float(i);
+  }
+  int calls = 0;
+  const auto batched = pipe.generate_batch(items, [&](const StepProgress& p) {
+    ++calls;
+    EXPECT_EQ(p.latents->size(0), 4);  // 1 + 1 + 2 rows in every call
+    return true;
+  });
+  ASSERT_TRUE(batched) << batched.status().message();
+  EXPECT_EQ(calls, 2);
+  ASSERT_EQ(batched->size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    const GenerateResult alone = pipe.generate(items[i].request, items[i].options).value();
+    const GenerateResult& got = (*batched)[i];
+    ASSERT_EQ(got.images.size(), alone.images.size()) << i;
+    for (size_t k = 0; k < alone.images.size(); ++k) {
+      const auto& a = got.images[k].image.pixels;
+      const auto& b = alone.images[k].image.pixels;
+      ASSERT_EQ(a.size(), b.size());
+      int worst = 0;  // 8-bit rounding at most: the BLAS sees another M in a batch
+      for (size_t p = 0; p < a.size(); ++p) worst = std::max(worst, std::abs(int(a[p]) - int(b[p])));
+      EXPECT_LE(worst, 1) << "request " << i << " image " << k;
+      EXPECT_EQ(got.images[k].seed, alone.images[k].seed);
+      EXPECT_EQ(got.images[k].infotext, alone.images[k].infotext);
+    }
+  }
+  EXPECT_NE((*batched)[0].images[0].image.pixels, (*batched)[2].images[0].image.pixels);  // guidance and noise differ
+
+  std::vector<FluxBatchItem> mixed = {items[0], items[1]};
+  mixed[1].request.steps = 3;
+  EXPECT_FALSE(pipe.batch_compatible(mixed[0], mixed[1]));
+  const auto refused = pipe.generate_batch(mixed);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.status().message().find("steps"), std::string::npos) << refused.status().message();
+  mixed[1] = items[1];
+  mixed[1].request.cfg_scale = 4.0f;
+  mixed[1].options.cfg_explicit = true;  // true CFG for one and not the other
+  EXPECT_FALSE(pipe.batch_compatible(mixed[0], mixed[1]));
+  mixed[1] = items[1];
+  mixed[1].request.batch_count = 2;
+  EXPECT_FALSE(pipe.batch_compatible(mixed[0], mixed[1]));
+  mixed[1] = items[1];
+  mixed[1].request.width = 0;  // the model's default size (not 64)
+  EXPECT_FALSE(pipe.batch_compatible(mixed[0], mixed[1]));
 }
 
 }  // namespace

@@ -89,7 +89,7 @@ Status run_flux(DitRun& run, trace::Recorder& rec) {
   if (o.warmup > 0) {
     trace::Scope range(kBenchWarmupRange, Category::kStage);
     ATELIER_ASSIGN_OR_RETURN(auto sched, pipe.make_scheduler(o.warmup, run.h, run.w));
-    ATELIER_ASSIGN_OR_RETURN(Tensor x, pipe.denoise(sched, noise(), cond, neg, o.guidance, o.cfg_scale, run.h, run.w, 0, {}));
+    ATELIER_ASSIGN_OR_RETURN(Tensor x, pipe.denoise(sched, noise(), cond, neg, {o.guidance}, o.cfg_scale, run.h, run.w, 0, {}));
     ATELIER_RETURN_IF_ERROR(warm_up_decodes(run.dev, [&] {
       (void)pipe.decode(x, run.h, run.w);
       return Status::ok();
@@ -104,7 +104,7 @@ Status run_flux(DitRun& run, trace::Recorder& rec) {
   mem.sample();
   {
     trace::Scope denoise(stage::kDenoise, Category::kStage);
-    ATELIER_ASSIGN_OR_RETURN(x, pipe.denoise(sched, x, cond, neg, o.guidance, o.cfg_scale, run.h, run.w, 0, mem.progress()));
+    ATELIER_ASSIGN_OR_RETURN(x, pipe.denoise(sched, x, cond, neg, {o.guidance}, o.cfg_scale, run.h, run.w, 0, mem.progress()));
   }
   (void)pipe.decode(x, run.h, run.w);  // synchronizes
   mem.sample();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "backend/ops.h"
@@ -105,8 +106,14 @@ Expected<FluxPrompt> FluxPipeline::encode_prompt(const std::string& text, int ma
   return p;
 }
 
-Status FluxPipeline::encode_prompts(const GenerateRequest& r, bool cfg, int max_sequence_length, FluxPrompt& cond,
-                                    FluxPrompt& uncond) const {
+struct FluxPipeline::EncodedItem {
+  GenerateRequest r;  // resolved
+  FluxOptions o;
+  bool cfg = false;
+  FluxPrompt cond, uncond;
+};
+
+Status FluxPipeline::encode_items(std::vector<EncodedItem>& items) const {
   FluxModel& m = *model_;
   std::lock_guard<std::mutex> lock(*m.text_mu);
   if ((!m.clip || !m.t5) && m.load_text_encoders) {
@@ -114,9 +121,18 @@ Status FluxPipeline::encode_prompts(const GenerateRequest& r, bool cfg, int max_
     ATELIER_RETURN_IF_ERROR(m.load_text_encoders(m));
   }
   if (!m.clip || !m.t5) return internal_error("FLUX: the text encoders are not loaded");
-  ATELIER_ASSIGN_OR_RETURN(cond, encode_prompt(r.prompt, max_sequence_length));
-  if (cfg) {
-    ATELIER_ASSIGN_OR_RETURN(uncond, encode_prompt(r.negative_prompt, max_sequence_length));
+  std::map<std::pair<std::string, int>, FluxPrompt> seen;  // (text, T5 length) -> its encoding
+  auto encode = [&](const std::string& text, int length) -> Expected<FluxPrompt> {
+    auto it = seen.find({text, length});
+    if (it != seen.end()) return it->second;
+    ATELIER_ASSIGN_OR_RETURN(FluxPrompt p, encode_prompt(text, length));
+    return seen.emplace(std::pair{text, length}, p).first->second;
+  };
+  for (EncodedItem& item : items) {
+    ATELIER_ASSIGN_OR_RETURN(item.cond, encode(item.r.prompt, item.o.max_sequence_length));
+    if (item.cfg) {
+      ATELIER_ASSIGN_OR_RETURN(item.uncond, encode(item.r.negative_prompt, item.o.max_sequence_length));
+    }
   }
   if (m.offload_text_encoders) {  // the prompts' states stay on the device; the encoders' weights go
     const Device dev = m.t5->device();
@@ -135,18 +151,23 @@ Expected<sampling::FlowMatchEuler> FluxPipeline::make_scheduler(int steps, int64
 }
 
 Expected<Tensor> FluxPipeline::denoise(sampling::FlowMatchEuler& s, Tensor x, const FluxPrompt& cond,
-                                       const FluxPrompt* uncond, float guidance, float cfg_scale, int64_t h,
-                                       int64_t w, int batch_index, const ProgressCallback& progress) const {
+                                       const FluxPrompt* uncond, const std::vector<float>& guidance, float cfg_scale,
+                                       int64_t h, int64_t w, int batch_index, const ProgressCallback& progress) const {
   const FluxTransformer& tr = *model_->transformer;
   const Device dev = tr.device();
   const int b = int(x.size(0));
+  const auto rows_ok = [b](int64_t n) { return n == 1 || n == b; };
+  if (!rows_ok(int64_t(guidance.size())) || !rows_ok(cond.t5.size(0)) || !rows_ok(cond.pooled.size(0)) ||
+      (uncond && (!rows_ok(uncond->t5.size(0)) || !rows_ok(uncond->pooled.size(0))))) {
+    return invalid_argument("FLUX denoise: guidance and prompts need one row or one per sample (" + std::to_string(b) + ")");
+  }
   FluxInputs in;
   in.img_ids = flux_image_ids(h, w).to(dev);
   in.txt_ids = Tensor::zeros({cond.t5.size(1), 3}, DType::F32, dev);
-  in.guidance.assign(size_t(b), guidance);
+  in.guidance = guidance.size() == 1 ? std::vector<float>(size_t(b), guidance[0]) : guidance;
   auto with_prompt = [&](FluxInputs i, const FluxPrompt& p) {
-    i.encoder_hidden_states = repeat_rows(p.t5, b);
-    i.pooled = repeat_rows(p.pooled, b);
+    i.encoder_hidden_states = p.t5.size(0) == b ? p.t5 : repeat_rows(p.t5, b);
+    i.pooled = p.pooled.size(0) == b ? p.pooled : repeat_rows(p.pooled, b);
     return i;
   };
   const FluxInputs pos = with_prompt(in, cond);
@@ -191,8 +212,7 @@ Tensor FluxPipeline::decode(const Tensor& packed, int64_t h, int64_t w) const {
   return img;
 }
 
-Expected<GenerateResult> FluxPipeline::generate(const GenerateRequest& request, const FluxOptions& options,
-                                                const ProgressCallback& progress) const {
+Expected<GenerateRequest> FluxPipeline::resolve(const GenerateRequest& request, const FluxOptions& options) const {
   const FluxModel& m = *model_;
   ATELIER_RETURN_IF_ERROR(request.validate());
   ATELIER_RETURN_IF_ERROR(options.validate());
@@ -204,47 +224,92 @@ Expected<GenerateResult> FluxPipeline::generate(const GenerateRequest& request, 
     return invalid_argument("FLUX image sides must be multiples of 16, got " + std::to_string(r.width) + "x" + std::to_string(r.height));
   }
   if (r.seed < 0) r.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
-  ATELIER_ASSIGN_OR_RETURN(RngKind rng, parse_rng_kind(r.rng));
-  const bool cfg = options.cfg_explicit && r.cfg_scale > 1.0f;
+  ATELIER_RETURN_IF_ERROR(parse_rng_kind(r.rng).status());
+  return r;
+}
+
+bool FluxPipeline::batch_compatible(const FluxBatchItem& a, const FluxBatchItem& b) const {
+  const int side = model_->default_size;
+  const auto size = [side](int v) { return v == 0 ? side : v; };
+  const auto cfg = [](const FluxBatchItem& i) { return i.options.cfg_explicit && i.request.cfg_scale > 1.0f; };
+  return a.request.batch_count == 1 && b.request.batch_count == 1 && size(a.request.width) == size(b.request.width) &&
+         size(a.request.height) == size(b.request.height) && a.request.steps == b.request.steps &&
+         a.options.max_sequence_length == b.options.max_sequence_length && cfg(a) == cfg(b) &&
+         (!cfg(a) || a.request.cfg_scale == b.request.cfg_scale);
+}
+
+Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_index, const ProgressCallback& progress,
+                              std::vector<std::vector<GeneratedImage>>& images) const {
+  const FluxModel& m = *model_;
+  const GenerateRequest& first = items.front().r;
+  const bool cfg = items.front().cfg;
+  const int f = m.vae->config().downscale_factor();
+  const int64_t h = first.height / f, w = first.width / f;
+  const int64_t channels = m.vae->config().latent_channels;
+  const Device dev = m.transformer->device();
+  // Rows in the items' order: noise from each image's seed, and its item's prompts and guidance.
+  std::vector<Tensor> rows, t5, pooled, neg_t5, neg_pooled;
+  std::vector<float> guidance;
+  for (const EncodedItem& item : items) {
+    const int64_t seed0 = item.r.seed + int64_t(batch_index) * item.r.batch_size;
+    ATELIER_ASSIGN_OR_RETURN(RngKind rng, parse_rng_kind(item.r.rng));
+    for (int i = 0; i < item.r.batch_size; ++i) {
+      auto gen = make_generator(rng, uint64_t(seed0 + i));
+      rows.push_back(flux_pack_latents(randn_tensor(*gen, {1, channels, h, w}).to(dev)));
+      t5.push_back(item.cond.t5), pooled.push_back(item.cond.pooled), guidance.push_back(item.o.guidance);
+      if (cfg) neg_t5.push_back(item.uncond.t5), neg_pooled.push_back(item.uncond.pooled);
+    }
+  }
+  // One request's rows share its prompts (and the pipeline repeats them); a batch of requests stacks them.
+  const bool one = items.size() == 1;
+  const FluxPrompt cond = one ? items[0].cond : FluxPrompt{ops::concat(t5, 0), ops::concat(pooled, 0)};
+  const FluxPrompt uncond = !cfg ? FluxPrompt{} : one ? items[0].uncond : FluxPrompt{ops::concat(neg_t5, 0), ops::concat(neg_pooled, 0)};
+  ATELIER_ASSIGN_OR_RETURN(auto sched, make_scheduler(first.steps, h, w));
+  Tensor x;
+  {
+    trace::Scope denoise_range(stage::kDenoise, Category::kStage, batch_index);
+    ATELIER_ASSIGN_OR_RETURN(x, denoise(sched, ops::concat(rows, 0), cond, cfg ? &uncond : nullptr,
+                                        one ? std::vector<float>{items[0].o.guidance} : guidance, first.cfg_scale, h, w,
+                                        batch_index, progress));
+  }
+  const Tensor pixels = decode(x, h, w);
+  trace::Scope encode_range(stage::kImageEncode, Category::kStage, batch_index);
+  int row = 0;
+  images.resize(items.size());
+  for (size_t k = 0; k < items.size(); ++k) {
+    const EncodedItem& item = items[k];
+    for (int i = 0; i < item.r.batch_size; ++i, ++row) {
+      const int64_t seed = item.r.seed + int64_t(batch_index) * item.r.batch_size + i;
+      GeneratedImage g;
+      g.seed = seed;
+      g.image = image_from_tensor(pixels, row);
+      g.infotext = build_infotext(item.r.prompt, item.r.negative_prompt, infotext_params(m, item.r, item.o, seed, cfg));
+      GenerateRequest per_image = item.r;
+      per_image.seed = seed;
+      g.info = {{"settings", per_image.to_json()}, {"flux", item.o.to_json()}, {"sampler", "flow_match_euler"},
+                {"model", {{"name", m.name}, {"hash", m.hash}, {"path", m.path}, {"family", "flux"}, {"layout", m.layout}}},
+                {"device", dev.str()}, {"infotext", g.infotext}};
+      images[k].push_back(std::move(g));
+    }
+  }
+  return Status::ok();
+}
+
+Expected<GenerateResult> FluxPipeline::generate(const GenerateRequest& request, const FluxOptions& options,
+                                                const ProgressCallback& progress) const {
+  ATELIER_ASSIGN_OR_RETURN(GenerateRequest r, resolve(request, options));
   trace::Recorder stages(trace::kPipelineCategories);
   trace::ThreadAttach attach(stages);
   trace::Scope total(stage::kGenerate, Category::kStage);
   GenerateResult result;
   Status st = catch_status([&]() -> Status {
-    FluxPrompt cond, uncond;
-    ATELIER_RETURN_IF_ERROR(encode_prompts(r, cfg, options.max_sequence_length, cond, uncond));
-    const int f = m.vae->config().downscale_factor();
-    const int64_t h = r.height / f, w = r.width / f;
-    const int64_t channels = m.vae->config().latent_channels;
-    const Device dev = m.transformer->device();
+    std::vector<EncodedItem> items(1);
+    items[0].r = r, items[0].o = options, items[0].cfg = options.cfg_explicit && r.cfg_scale > 1.0f;
+    ATELIER_RETURN_IF_ERROR(encode_items(items));
     for (int batch = 0; batch < r.batch_count; ++batch) {
-      std::vector<Tensor> rows;
-      for (int i = 0; i < r.batch_size; ++i) {
-        auto gen = make_generator(rng, uint64_t(r.seed + batch * r.batch_size + i));
-        rows.push_back(flux_pack_latents(randn_tensor(*gen, {1, channels, h, w}).to(dev)));
-      }
-      ATELIER_ASSIGN_OR_RETURN(auto sched, make_scheduler(r.steps, h, w));
-      Tensor x;
-      {
-        trace::Scope denoise_range(stage::kDenoise, Category::kStage, batch);
-        ATELIER_ASSIGN_OR_RETURN(x, denoise(sched, ops::concat(rows, 0), cond, cfg ? &uncond : nullptr, options.guidance,
-                                            r.cfg_scale, h, w, batch, progress));
-      }
-      const Tensor images = decode(x, h, w);
-      trace::Scope encode_range(stage::kImageEncode, Category::kStage, batch);
-      for (int i = 0; i < r.batch_size; ++i) {
-        const int64_t seed = r.seed + batch * r.batch_size + i;
-        GeneratedImage g;
-        g.seed = seed;
-        g.image = image_from_tensor(images, i);
-        g.infotext = build_infotext(r.prompt, r.negative_prompt, infotext_params(m, r, options, seed, cfg));
-        GenerateRequest per_image = r;
-        per_image.seed = seed;
-        g.info = {{"settings", per_image.to_json()}, {"flux", options.to_json()}, {"sampler", "flow_match_euler"},
-                  {"model", {{"name", m.name}, {"hash", m.hash}, {"path", m.path}, {"family", "flux"}, {"layout", m.layout}}},
-                  {"device", dev.str()}, {"infotext", g.infotext}};
-        result.images.push_back(std::move(g));
-      }
+      std::vector<std::vector<GeneratedImage>> images;
+      ATELIER_RETURN_IF_ERROR(run_rows(items, batch, progress, images));
+      for (auto& g : images[0]) result.images.push_back(std::move(g));
     }
     return Status::ok();
   });
@@ -253,6 +318,39 @@ Expected<GenerateResult> FluxPipeline::generate(const GenerateRequest& request, 
   result.times = StageTimes::from_events(stages.events());
   for (auto& g : result.images) g.info["timings"] = result.times.to_json();
   return result;
+}
+
+Expected<std::vector<GenerateResult>> FluxPipeline::generate_batch(const std::vector<FluxBatchItem>& batch,
+                                                                   const ProgressCallback& progress) const {
+  if (batch.empty()) return invalid_argument("FLUX batch: no requests");
+  std::vector<EncodedItem> items(batch.size());
+  for (size_t k = 0; k < batch.size(); ++k) {
+    if (!batch_compatible(batch[0], batch[k])) {
+      return invalid_argument("FLUX batch: request " + std::to_string(k) +
+                              " differs from the first in size, steps, T5 length, CFG or batch count");
+    }
+    ATELIER_ASSIGN_OR_RETURN(items[k].r, resolve(batch[k].request, batch[k].options));
+    items[k].o = batch[k].options;
+    items[k].cfg = batch[k].options.cfg_explicit && items[k].r.cfg_scale > 1.0f;
+  }
+  trace::Recorder stages(trace::kPipelineCategories);
+  trace::ThreadAttach attach(stages);
+  trace::Scope total(stage::kGenerate, Category::kStage);
+  std::vector<std::vector<GeneratedImage>> images;
+  Status st = catch_status([&]() -> Status {
+    ATELIER_RETURN_IF_ERROR(encode_items(items));
+    return run_rows(items, 0, progress, images);
+  });
+  if (!st) return st;
+  total.finish();
+  const StageTimes times = StageTimes::from_events(stages.events());
+  std::vector<GenerateResult> results(items.size());
+  for (size_t k = 0; k < items.size(); ++k) {
+    results[k].times = times;
+    results[k].images = std::move(images[k]);
+    for (auto& g : results[k].images) g.info["timings"] = times.to_json();
+  }
+  return results;
 }
 
 }  // namespace atelier

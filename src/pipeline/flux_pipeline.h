@@ -30,8 +30,15 @@ struct FluxOptions {
 };
 
 struct FluxPrompt {
-  Tensor t5;      // [1, S, joint_attention_dim]
-  Tensor pooled;  // [1, pooled_projection_dim]
+  Tensor t5;      // [1, S, joint_attention_dim] (or one row per sample: [B, S, ...])
+  Tensor pooled;  // [1, pooled_projection_dim] (or [B, ...])
+};
+
+// One request of a batch of requests (FluxPipeline::generate_batch): its batch_size images are rows of the batch's
+// model calls, with its own prompts, seeds and guidance.
+struct FluxBatchItem {
+  GenerateRequest request;
+  FluxOptions options;
 };
 
 class FluxPipeline {
@@ -43,22 +50,40 @@ class FluxPipeline {
   // points at the packed latents [B, L, 64] after each step.
   Expected<GenerateResult> generate(const GenerateRequest& request, const FluxOptions& options,
                                     const ProgressCallback& progress = {}) const;
+  // Requests denoised together in one batch of model calls (the server's batching of concurrent FLUX requests):
+  // each item's images are what generate() gives for it alone; results in the items' order, each with the whole
+  // batch's stage times. Items must be batch_compatible (a batch_count of 1 each). StepProgress.latents: every
+  // row [sum of batch sizes, L, 64], the items' rows in order.
+  Expected<std::vector<GenerateResult>> generate_batch(const std::vector<FluxBatchItem>& items,
+                                                       const ProgressCallback& progress = {}) const;
+  // Whether b's images can be rows of a's model calls: one batch each (batch_count 1), the same size (after this
+  // model's default), steps, T5 length and CFG (off, or on at one scale).
+  bool batch_compatible(const FluxBatchItem& a, const FluxBatchItem& b) const;
 
   // --- stages -------------------------------------------------------------------------------------
   Expected<FluxPrompt> encode_prompt(const std::string& text, int max_sequence_length) const;
-  // The request's prompt (and negative prompt when cfg), loading the text encoders first when an offload
-  // dropped them and dropping them after when the model offloads (FluxLoadOptions::offload).
-  Status encode_prompts(const GenerateRequest& r, bool cfg, int max_sequence_length, FluxPrompt& cond, FluxPrompt& uncond) const;
   // The scheduler for `steps` steps at latent size h x w (unpacked latent rows and columns).
   Expected<sampling::FlowMatchEuler> make_scheduler(int steps, int64_t h, int64_t w) const;
-  // x [B, L, 64] packed initial latents; cond (and uncond when cfg_scale > 1) -> final packed latents.
+  // x [B, L, 64] packed initial latents; cond (and uncond when cfg_scale > 1), one row or B -> final packed latents.
+  // guidance: one value, or one per row.
   Expected<Tensor> denoise(sampling::FlowMatchEuler& scheduler, Tensor x, const FluxPrompt& cond,
-                           const FluxPrompt* uncond, float guidance, float cfg_scale, int64_t h, int64_t w,
-                           int batch_index, const ProgressCallback& progress) const;
+                           const FluxPrompt* uncond, const std::vector<float>& guidance, float cfg_scale, int64_t h,
+                           int64_t w, int batch_index, const ProgressCallback& progress) const;
   // packed [B, L, 64] -> images [B, 3, 8h, 8w] in [0, 1].
   Tensor decode(const Tensor& packed, int64_t h, int64_t w) const;
 
  private:
+  struct EncodedItem;
+  // Each item's prompt (and negative prompt when it runs CFG; a text met twice is encoded once), loading the text
+  // encoders first when an offload dropped them and dropping them after when the model offloads
+  // (FluxLoadOptions::offload).
+  Status encode_items(std::vector<EncodedItem>& items) const;
+  // The request with this model's defaults (size, a random seed) filled in, validated.
+  Expected<GenerateRequest> resolve(const GenerateRequest& request, const FluxOptions& options) const;
+  // One batch of model calls over the items' rows: noise from each item's seeds, denoise, decode, finished images
+  // (images[i]: item i's).
+  Status run_rows(const std::vector<EncodedItem>& items, int batch_index, const ProgressCallback& progress,
+                  std::vector<std::vector<GeneratedImage>>& images) const;
   std::shared_ptr<FluxModel> model_;
 };
 
