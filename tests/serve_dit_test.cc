@@ -273,6 +273,94 @@ TEST(ServeDit, PreviewsAreAFewDecodedImages) {
   EXPECT_NE(r->body.find("event: image_generation.completed"), std::string::npos);
 }
 
+// FLUX requests that arrive together share model calls: three jobs (four images: different prompts, seeds, guidance
+// and image counts) run as one batch of 4 rows, each job with the images the pipeline gives it alone, its own step
+// events, and a cancel that ends one job of the batch without ending the others.
+TEST(ServeDit, ConcurrentFluxRequestsShareModelCalls) {
+  REQUIRE_DIT_FIXTURES();
+  ServeOptions o = dit_options();
+  o.max_batch = 4;
+  o.batch_window_ms = 5000;  // the idle worker waits for its 4 images (ends as soon as they are there)
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  constexpr int kSteps = 3;
+  std::vector<nlohmann::json> bodies;
+  for (int i = 0; i < 3; ++i) {
+    nlohmann::json b = flux_job(kSteps);
+    b["width"] = 64, b["height"] = 48;
+    b["seed"] = kSeed + i;
+    b["guidance"] = 2.0 + i;
+    if (i == 1) b["prompt"] = "a red circle on a blue background";
+    if (i == 2) b["batch_size"] = 2;
+    bodies.push_back(b);
+  }
+  std::vector<std::string> ids;
+  for (const auto& b : bodies) {
+    int status = 0;
+    ids.push_back(post_json(*c, "/v1/jobs", b, &status)["id"]);
+    ASSERT_EQ(status, 202);
+  }
+  auto model = load_flux_model(fixture_model("flux-tiny"));
+  ASSERT_TRUE(model) << model.status().message();
+  (*model)->name = "flux";  // the server's name for it (infotext "Model: flux")
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const nlohmann::json j = test::wait_job(*c, ids[i]);
+    ASSERT_EQ(j["state"], "done") << j.dump().substr(0, 300);
+    GenerateRequest g;
+    g.prompt = bodies[i]["prompt"];
+    g.width = 64, g.height = 48;
+    g.steps = kSteps;
+    g.seed = bodies[i]["seed"];
+    g.rng = "cpu";
+    g.cfg_scale = 1.0f;
+    g.batch_size = i == 2 ? 2 : 1;
+    FluxOptions fo;
+    fo.guidance = bodies[i]["guidance"];
+    fo.max_sequence_length = kFluxMaxSeq;
+    fo.cfg_explicit = true;
+    const GenerateResult alone =
+        ::atelier::test::on_one_omp_thread([&] { return FluxPipeline(*model).generate(g, fo); }).value();
+    ASSERT_EQ(j["images"].size(), alone.images.size());
+    for (size_t k = 0; k < alone.images.size(); ++k) {  // 8-bit rounding: the BLAS sees another M in a batch
+      const Image got = decode_b64_image(j["images"][k]["data"]);
+      ASSERT_EQ(got.pixels.size(), alone.images[k].image.pixels.size());
+      int worst = 0;
+      for (size_t p = 0; p < got.pixels.size(); ++p)
+        worst = std::max(worst, std::abs(int(got.pixels[p]) - int(alone.images[k].image.pixels[p])));
+      EXPECT_LE(worst, 1) << "job " << i << " image " << k;
+      EXPECT_EQ(j["images"][k]["infotext"], alone.images[k].infotext);
+    }
+    const std::string events = test::read_events(*c, ids[i]);
+    EXPECT_NE(events.find("\"step\":" + std::to_string(kSteps)), std::string::npos) << events.substr(0, 1500);
+  }
+  auto m = c->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(test::prom_value(m->body, "atelier_batch_size_count"), kSteps) << "one model call per step for all three";
+  EXPECT_EQ(test::prom_value(m->body, "atelier_batch_size_sum"), 4 * kSteps);
+  EXPECT_EQ(test::prom_value(m->body, "atelier_steps_total"), 4 * kSteps);
+
+  // A cancel inside a batch: that job ends at once, its batch-mate finishes with its image.
+  ids.clear();
+  for (int i = 0; i < 2; ++i) {
+    nlohmann::json b = bodies[0];
+    b["steps"] = 60;
+    b["batch_size"] = 2;
+    int status = 0;
+    ids.push_back(post_json(*c, "/v1/jobs", b, &status)["id"]);
+    ASSERT_EQ(status, 202);
+  }
+  test::wait_for_step(*c, ids[0], 1);
+  auto del = c->Delete(("/v1/jobs/" + ids[0]).c_str());
+  ASSERT_TRUE(del);
+  const nlohmann::json cancelled = test::wait_job(*c, ids[0]);
+  EXPECT_EQ(cancelled["state"], "cancelled");
+  const nlohmann::json kept = test::wait_job(*c, ids[1]);
+  ASSERT_EQ(kept["state"], "done") << kept.dump().substr(0, 300);
+  EXPECT_EQ(kept["images"].size(), 2u);
+  EXPECT_LT(cancelled["step"].get<int>(), 60);
+}
+
 TEST(ServeDit, RequestsTheseModelsCannotRunAreRefused) {
   REQUIRE_DIT_FIXTURES();
   auto s = RunningServer::start(dit_options());

@@ -12,8 +12,10 @@
 //
 // FLUX and Z-Image jobs (ModelFamily) are not step-batched: their pipelines run a request whole, so the worker
 // queues them apart and runs one whole request per loop iteration (worker_dit.cc), after finishing the SD call in
-// flight; SD jobs on the same worker wait for it, and SD calls and admissions go on between DiT requests. Each
-// DiT step still reports progress and is a point where cancellation and the timeout take effect.
+// flight; SD jobs on the same worker wait for it, and SD calls and admissions go on between DiT requests. FLUX
+// requests queued together that can share model calls run as one batch (up to max_batch images): batching at
+// request boundaries, not step-level. Each DiT step still reports progress and is a point where cancellation and
+// the timeout take effect (a job cancelled inside a batch ends at once; its rows finish with the batch).
 //
 // A failure of the device (an exception from the engine, e.g. a CUDA error, or the test hook) marks the
 // worker unhealthy and hands every job it holds back to the scheduler, which re-queues them at the front;
@@ -111,7 +113,8 @@ class Worker {
     JobPtr job;
     LoadedModel model;
   };
-  void run_dit_job();  // the oldest DiT job, whole (worker_dit.cc)
+  void run_dit_job();  // the oldest DiT job, whole, with the FLUX jobs that can share its model calls (worker_dit.cc)
+  std::vector<DitJob> next_dit_batch() const;  // that job first, then the queued ones that join it
   void loop();
   bool wait_for_work();
   void admit(const JobPtr& job);
