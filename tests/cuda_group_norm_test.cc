@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -96,7 +97,8 @@ struct GnClusterScope {
 // unevenly), 960 channels with an offset (4 groups of 30 over 16 blocks), 1024²'s 128x128 level (82 KB per block),
 // the VAE's 16- and 8-channel slices, a large mean; forced at every size, and by the default policy (tensors up to
 // 16 MB of fewer (sample, slice)s than SMs). Each case must have taken the path its sizes call for; SD 1024²'s
-// [1, 960, 128, 128] (3.9 MB slices) goes to the three-kernel path.
+// [1, 960, 128, 128] (3.9 MB slices) goes to the three-kernel path. Clusters run in both builds of the kernel: at
+// most 64 registers a thread, and uncapped.
 TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   GnSliceScope slice(true);
@@ -113,8 +115,11 @@ TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
       {{1, 960, 64, 64}, 30.0f, true, false, true, true},    {{2, 640, 64, 64}, 100.0f, false, false, true, true},
       {{1, 320, 128, 128}, 0.0f, true, false, true, true},   {{1, 512, 64, 64}, 0.0f, false, false, true, true},
       {{1, 128, 256, 256}, 100.0f, false, false, true, true}, {{1, 960, 128, 128}, 0.0f, false, false, false, true}};
-  for (const GnClusters mode : {GnClusters::kOff, GnClusters::kForced, GnClusters::kDefault}) {
+  for (const auto& [mode, capped] : {std::pair{GnClusters::kOff, false}, std::pair{GnClusters::kForced, false},
+                                      std::pair{GnClusters::kDefault, false}, std::pair{GnClusters::kForced, true},
+                                      std::pair{GnClusters::kDefault, true}}) {
     GnClusterScope scope(mode);
+    cuda::set_group_norm_slice_register_cap(capped);  // the kernel of at most 64 registers, then the uncapped
     for (const Case& c : cases) {
       const int64_t ch = c.x[1], bytes = c.x[0] * ch * c.x[2] * c.x[3] * 2, cg = ch / 32;
       const int64_t blocks = c.x[0] * 32 / (8 / std::gcd(cg, int64_t(8)));  // (sample, slice)s: whole 16-byte vectors
@@ -136,7 +141,8 @@ TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
         return y;
       };
       const char* how[] = {" (clusters off)", " (clusters forced)", ""};
-      const std::string what = "one-kernel group_norm " + shape_str(c.x) + (offset ? " + offset" : "") + how[int(mode)];
+      const std::string what = "one-kernel group_norm " + shape_str(c.x) + (offset ? " + offset" : "") + how[int(mode)] +
+                               (capped ? " (64 registers)" : "");
       const int64_t before = cuda::group_norm_slice_launches(), clustered = cuda::group_norm_slice_cluster_launches();
       for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b, stacked}), dt);
       const bool one_kernel = split ? c.in_cluster : c.one_block;
@@ -145,6 +151,7 @@ TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
       EXPECT_PARITY(what + " f32", fn, std::vector<Tensor>({x, g, b, stacked}), DType::F32);  // f32 slices: twice the bytes
     }
   }
+  cuda::set_group_norm_slice_register_cap(false);
 }
 
 // The whole-grid group norm (one block per SM, each a run of pixel rows staged in shared memory as far as it fits,

@@ -123,7 +123,7 @@ __device__ __forceinline__ void cluster_totals(float* part, float* total, int gb
 }
 
 template <typename T>
-__global__ void group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
+__device__ __forceinline__ void group_norm_slice_body(T* y, const T* x, const SliceArgs& a) {
   constexpr int V = Vec<T>::kWidth;
   extern __shared__ float4 smem_f4[];
   const int cg = a.c / a.groups, cb = a.gb * cg, vcb = cb / V, vc = a.c / V;
@@ -215,10 +215,27 @@ __global__ void group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
 #endif
 }
 
+// At most 64 registers a thread (512-thread blocks two to an SM, 256-thread ones four), so that more clusters are
+// resident at once: a batch-2 level-0 norm is 16 clusters of 16 blocks, and an SM that holds two blocks (96
+// registers) leaves room for 14 (ncu, session 44). Not yet measured against the uncapped kernel (80 registers,
+// three blocks an SM): off unless ATELIER_GN_SLICE_REGS=64 (docs/cuda.md, "Session 44").
+template <typename T>
+__global__ void __launch_bounds__(kSliceThreadsFewBlocks, 2) group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
+  group_norm_slice_body(y, x, a);
+}
+template <typename T>
+__global__ void group_norm_slice_uncapped_kernel(T* y, const T* x, SliceArgs a) {
+  group_norm_slice_body(y, x, a);
+}
+
 std::atomic<int64_t> g_launches{0}, g_cluster_launches{0};
 
 bool& slice_flag() {
   static bool on = !env_is("ATELIER_GN_SLICE", "0");
+  return on;
+}
+bool& capped_flag() {
+  static bool on = env_is("ATELIER_GN_SLICE_REGS", "64");
   return on;
 }
 bool& cluster_flag() {
@@ -267,6 +284,7 @@ int64_t group_norm_slice_launches() { return g_launches.load(); }
 int64_t group_norm_slice_cluster_launches() { return g_cluster_launches.load(); }
 void set_group_norm_slice(bool on) { slice_flag() = on; }
 void set_group_norm_cluster(bool on) { cluster_flag() = on; }
+void set_group_norm_slice_register_cap(bool on) { capped_flag() = on; }
 void set_group_norm_cluster_policy(int64_t block_bytes, int64_t max_tensor, bool any_grid_size) {
   target_bytes() = block_bytes > 0 ? block_bytes : kClusterTargetBytes;
   max_tensor_bytes() = max_tensor > 0 ? max_tensor : kClusterMaxTensorBytes;
@@ -307,7 +325,7 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
   SliceArgs a{g.offset, g.offset_stride, aff, g.p, g.c, g.groups, gb, rows_per_pass, cs, int(rows_per_block), g.eps, g.act};
   const auto go = [&](auto* y, const auto* x) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
-    const auto kernel = group_norm_slice_kernel<T>;
+    const auto kernel = capped_flag() ? group_norm_slice_kernel<T> : group_norm_slice_uncapped_kernel<T>;
     constexpr size_t kDefaultSmem = 48 * 1024;  // more needs the opt-in (per launch: it belongs to the current device)
     if (smem > kDefaultSmem) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     cudaLaunchConfig_t cfg{};

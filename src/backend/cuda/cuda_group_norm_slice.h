@@ -37,6 +37,9 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& args, cudaStream_t stream
 bool group_norm_slice_enabled();
 void set_group_norm_slice(bool on);  // for tests and comparisons (default: on, unless ATELIER_GN_SLICE=0)
 void set_group_norm_cluster(bool on);  // clusters of blocks allowed (default: on, unless ATELIER_GN_CLUSTER=0)
+// The kernel built for at most 64 registers a thread (more blocks, so more clusters, resident at once) instead of
+// the uncapped one. Default: off, unless ATELIER_GN_SLICE_REGS=64 (being measured: docs/cuda.md, "Session 44").
+void set_group_norm_slice_register_cap(bool on);
 // Where clusters are used: on tensors of at most max_tensor bytes (default 16 MB, or ATELIER_GN_CLUSTER_MAX_MB)
 // with fewer (sample, slice)s than SMs (any_grid_size: at any count), aiming at block_bytes of a slice per block
 // (default 16 KB, or ATELIER_GN_SLICE_KB); sizes <= 0: the default.
