@@ -164,5 +164,52 @@ TEST(CudaServe, DitJobsRunBetweenSdCallsOnTheGpu) {
   EXPECT_EQ(c->Get("/readyz")->status, 200);
 }
 
+// Queued FLUX jobs sharing model calls on the GPU (FluxPipeline::generate_batch: per-row prompts and guidance
+// stacked on the device): three jobs of different seeds, guidance and prompts in one batch of 3 rows (one model call
+// per step for all three), each done once with its step events in order and an image of its own.
+TEST(CudaServe, FluxJobsShareModelCallsOnTheGpu) {
+  ATELIER_REQUIRE_CUDA();
+  ATELIER_REQUIRE_TINY_MODEL();
+  const auto flux = ::atelier::test::fixture("flux-tiny");
+  if (!flux) GTEST_SKIP() << "fixture 'flux-tiny' not found";
+  ServeOptions o = gpu_options();
+  o.models.push_back("flux=" + (*flux / "model").string());
+  o.max_batch = 3;
+  o.batch_window_ms = 5000;  // the idle worker waits for its 3 images (ends as soon as they are there)
+  auto s = RunningServer::start(o);
+  ASSERT_TRUE(s);
+  auto c = s->client();
+  constexpr int kSteps = 4;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    nlohmann::json body = job(200 + i, kSteps, 64, false);
+    body["model"] = "flux";
+    body["guidance"] = 2.0 + i;
+    body["max_sequence_length"] = 32;
+    if (i == 1) body["prompt"] = "a blue square";
+    int status = 0;
+    ids.push_back(post_json(*c, "/v1/jobs", body, &status)["id"]);
+    ASSERT_EQ(status, 202);
+  }
+  std::vector<std::string> images;
+  for (const std::string& id : ids) {
+    const nlohmann::json done = test::wait_job(*c, id, 120);
+    ASSERT_EQ(done["state"], "done") << done.dump().substr(0, 300);
+    ASSERT_EQ(done["images"].size(), 1u);
+    images.push_back(done["images"][0]["data"]);
+    std::vector<int> steps;
+    for (const auto& [type, step] : events_of(*c, id))
+      if (type == "step") steps.push_back(step);
+    std::vector<int> want(kSteps + 1);
+    for (int k = 0; k <= kSteps; ++k) want[k] = k;
+    EXPECT_EQ(steps, want);
+  }
+  EXPECT_NE(images[0], images[1]);
+  EXPECT_NE(images[0], images[2]);
+  const std::string metrics = c->Get("/metrics")->body;
+  EXPECT_EQ(test::prom_value(metrics, "atelier_batch_size_count"), kSteps) << "one model call per step for all three";
+  EXPECT_EQ(test::prom_value(metrics, "atelier_batch_size_sum"), 3 * kSteps);
+}
+
 }  // namespace
 }  // namespace atelier::serve
