@@ -238,6 +238,10 @@ bool& capped_flag() {
   static bool on = env_is("ATELIER_GN_SLICE_REGS", "64");
   return on;
 }
+bool& one_wave_flag() {
+  static bool on = env_is("ATELIER_GN_CLUSTER_WAVE", "1");
+  return on;
+}
 bool& cluster_flag() {
   static bool on = !env_is("ATELIER_GN_CLUSTER", "0");
   return on;
@@ -260,19 +264,23 @@ bool& any_grid() {  // clusters also where one block per slice already fills the
   return any;
 }
 
-// Whether clusters of `cs` blocks of this kernel's shape can be resident on the current device (the occupancy
-// calculator, asked once per kernel, shape and device: a cluster wider than what a GPC holds never starts).
-bool cluster_fits(const void* kernel, const cudaLaunchConfig_t& cfg) {
+// How many clusters of this kernel's shape the current device holds at once (the occupancy calculator, asked once per
+// kernel, shape and device); 0: none (a cluster wider than what a GPC holds never starts).
+int max_active_clusters(const void* kernel, const cudaLaunchConfig_t& cfg) {
   static std::mutex mu;
-  static std::map<std::tuple<int, const void*, unsigned, unsigned, size_t>, bool> cache;
+  static std::map<std::tuple<int, const void*, unsigned, unsigned, unsigned, size_t>, int> cache;
   int device = 0;
   ATELIER_CUDA_OK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = cache.try_emplace({device, kernel, cfg.gridDim.x, cfg.blockDim.x, cfg.dynamicSmemBytes}, false);
+  const unsigned cs = cfg.numAttrs > 0 ? cfg.attrs[0].val.clusterDim.x : 1;
+  auto [it, fresh] = cache.try_emplace({device, kernel, cfg.gridDim.x, cfg.blockDim.x, cs, cfg.dynamicSmemBytes}, 0);
   if (fresh) {
     int clusters = 0;
-    it->second = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
-    if (!it->second) cudaGetLastError();
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+      cudaGetLastError();
+      clusters = 0;
+    }
+    it->second = clusters;
   }
   return it->second;
 }
@@ -285,6 +293,7 @@ int64_t group_norm_slice_cluster_launches() { return g_cluster_launches.load(); 
 void set_group_norm_slice(bool on) { slice_flag() = on; }
 void set_group_norm_cluster(bool on) { cluster_flag() = on; }
 void set_group_norm_slice_register_cap(bool on) { capped_flag() = on; }
+void set_group_norm_cluster_one_wave(bool on) { one_wave_flag() = on; }
 void set_group_norm_cluster_policy(int64_t block_bytes, int64_t max_tensor, bool any_grid_size) {
   target_bytes() = block_bytes > 0 ? block_bytes : kClusterTargetBytes;
   max_tensor_bytes() = max_tensor > 0 ? max_tensor : kClusterMaxTensorBytes;
@@ -313,35 +322,50 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
   while (cs < max_cluster && share(cs) > target) cs *= 2;
   if (share(cs) > kSliceMaxBytes) return false;
   while (cs > 1 && (cs - 1) * ((g.p + cs - 1) / cs) >= g.p) cs /= 2;  // no block without rows
-  const int64_t rows_per_block = (g.p + cs - 1) / cs;
   if (g.groups / gb * int64_t(cs) > int64_t(1) << 31) return false;
-  // Rows per pass: as many as the block size allows, at most the block's (8x8 images have 64: no idle threads).
-  const int block_target = cs == 1 && few_slices ? kSliceThreadsFewBlocks : kSliceThreads;
-  const int rows_per_pass = int(std::clamp<int64_t>(block_target / vcb, 1, rows_per_block));
-  const int threads = std::max(32, (vcb * rows_per_pass + 31) / 32 * 32);  // whole warps for the reductions
-  const size_t smem = size_t(rows_per_block) * cb * esize + (kMaxWarps + 4) * kMaxSliceGroups * sizeof(float);
+  const int64_t slices = g.n * (g.groups / gb);
   NormAffine aff;
   aff.gamma = g.gamma, aff.beta = g.beta, aff.gamma_dtype = g.gamma_dtype, aff.beta_dtype = g.beta_dtype;
-  SliceArgs a{g.offset, g.offset_stride, aff, g.p, g.c, g.groups, gb, rows_per_pass, cs, int(rows_per_block), g.eps, g.act};
   const auto go = [&](auto* y, const auto* x) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
     const auto kernel = capped_flag() ? group_norm_slice_kernel<T> : group_norm_slice_uncapped_kernel<T>;
-    constexpr size_t kDefaultSmem = 48 * 1024;  // more needs the opt-in (per launch: it belongs to the current device)
-    if (smem > kDefaultSmem) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(g.groups / gb * cs), unsigned(g.n));
-    cfg.blockDim = dim3(unsigned(threads));
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
     cudaLaunchAttribute cluster{};
     cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = unsigned(cs), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    if (cs > 1) {
-      cfg.attrs = &cluster;
-      cfg.numAttrs = 1;
-      if (cs > kPortableCluster) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      if (!cluster_fits(reinterpret_cast<const void*>(kernel), cfg)) return false;
+    SliceArgs a{};
+    // The launch of `blocks` blocks a slice: rows per block and pass, threads, shared memory.
+    const auto configure = [&](int blocks) {
+      const int64_t rows_per_block = (g.p + blocks - 1) / blocks;
+      // Rows per pass: as many as the block size allows, at most the block's (8x8 images have 64: no idle threads).
+      const int block_target = blocks == 1 && few_slices ? kSliceThreadsFewBlocks : kSliceThreads;
+      const int rows_per_pass = int(std::clamp<int64_t>(block_target / vcb, 1, rows_per_block));
+      const int threads = std::max(32, (vcb * rows_per_pass + 31) / 32 * 32);  // whole warps for the reductions
+      const size_t smem = size_t(rows_per_block) * cb * esize + (kMaxWarps + 4) * kMaxSliceGroups * sizeof(float);
+      a = SliceArgs{g.offset, g.offset_stride, aff, g.p, g.c, g.groups, gb, rows_per_pass, blocks, int(rows_per_block), g.eps, g.act};
+      constexpr size_t kDefaultSmem = 48 * 1024;  // more needs the opt-in (per launch: it belongs to the current device)
+      if (smem > kDefaultSmem) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(unsigned(g.groups / gb * blocks), unsigned(g.n));
+      cfg.blockDim = dim3(unsigned(threads));
+      cfg.dynamicSmemBytes = smem;
+      cfg.stream = stream;
+      cluster.val.clusterDim.x = unsigned(blocks), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+      if (blocks > 1) {
+        cfg.attrs = &cluster;
+        cfg.numAttrs = 1;
+        if (blocks > kPortableCluster) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      }
+      return cfg;
+    };
+    cudaLaunchConfig_t cfg = configure(cs);
+    // ATELIER_GN_CLUSTER_WAVE=1: clusters that the device cannot hold all at once wait for a second wave that pays
+    // the whole latency chain again (session 44's ncu: 16 clusters against 14 resident), so the cluster is halved
+    // (each block holding twice the rows) while the slices outnumber the resident clusters and the rows still fit.
+    while (one_wave_flag() && cs > 1 && max_active_clusters(reinterpret_cast<const void*>(kernel), cfg) < slices &&
+           share(cs / 2) <= kSliceMaxBytes) {
+      cs /= 2;
+      cfg = configure(cs);
     }
+    if (cs > 1 && max_active_clusters(reinterpret_cast<const void*>(kernel), cfg) == 0) return false;
     ATELIER_CUDA_OK(cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(y), x, a));
     ATELIER_CUDA_LAUNCHED();
     g_launches.fetch_add(1);

@@ -40,6 +40,9 @@ void set_group_norm_cluster(bool on);  // clusters of blocks allowed (default: o
 // The kernel built for at most 64 registers a thread (more blocks, so more clusters, resident at once) instead of
 // the uncapped one. Default: off, unless ATELIER_GN_SLICE_REGS=64 (being measured: docs/cuda.md, "Session 44").
 void set_group_norm_slice_register_cap(bool on);
+// Clusters halved while the device cannot hold all of a norm's clusters at once (each block then holds more rows;
+// one wave instead of two). Default: off, unless ATELIER_GN_CLUSTER_WAVE=1 (not yet measured: docs/cuda.md, "Session 44").
+void set_group_norm_cluster_one_wave(bool on);
 // Where clusters are used: on tensors of at most max_tensor bytes (default 16 MB, or ATELIER_GN_CLUSTER_MAX_MB)
 // with fewer (sample, slice)s than SMs (any_grid_size: at any count), aiming at block_bytes of a slice per block
 // (default 16 KB, or ATELIER_GN_SLICE_KB); sizes <= 0: the default.
