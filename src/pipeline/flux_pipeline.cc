@@ -260,17 +260,15 @@ Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_i
       if (cfg) neg_t5.push_back(item.uncond.t5), neg_pooled.push_back(item.uncond.pooled);
     }
   }
-  // One request's rows share its prompts (and the pipeline repeats them); a batch of requests stacks them.
-  const bool one = items.size() == 1;
-  const FluxPrompt cond = one ? items[0].cond : FluxPrompt{ops::concat(t5, 0), ops::concat(pooled, 0)};
-  const FluxPrompt uncond = !cfg ? FluxPrompt{} : one ? items[0].uncond : FluxPrompt{ops::concat(neg_t5, 0), ops::concat(neg_pooled, 0)};
+  // Every row's prompts stacked (a request's rows repeat its own), as denoise would repeat a one-row prompt.
+  const FluxPrompt cond{ops::concat(t5, 0), ops::concat(pooled, 0)};
+  const FluxPrompt uncond = cfg ? FluxPrompt{ops::concat(neg_t5, 0), ops::concat(neg_pooled, 0)} : FluxPrompt{};
   ATELIER_ASSIGN_OR_RETURN(auto sched, make_scheduler(first.steps, h, w));
   Tensor x;
   {
     trace::Scope denoise_range(stage::kDenoise, Category::kStage, batch_index);
-    ATELIER_ASSIGN_OR_RETURN(x, denoise(sched, ops::concat(rows, 0), cond, cfg ? &uncond : nullptr,
-                                        one ? std::vector<float>{items[0].o.guidance} : guidance, first.cfg_scale, h, w,
-                                        batch_index, progress));
+    ATELIER_ASSIGN_OR_RETURN(x, denoise(sched, ops::concat(rows, 0), cond, cfg ? &uncond : nullptr, guidance,
+                                        first.cfg_scale, h, w, batch_index, progress));
   }
   const Tensor pixels = decode(x, h, w);
   trace::Scope encode_range(stage::kImageEncode, Category::kStage, batch_index);

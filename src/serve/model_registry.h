@@ -32,7 +32,6 @@ struct ModelEntry {
   bool is_dit() const { return family != ModelFamily::kSd; }
 };
 
-
 // The model specs to serve: `specs` as given, or — when neither a model nor a model folder is named — the
 // bundled demo model as "demo=<path>" (pipeline/demo_model.h looks in $ATELIER_DEMO_MODEL, beside an installed
 // `exe_dir`, then the source tree), so that `atelier serve` alone serves something. Empty when there is
