@@ -207,11 +207,7 @@ TEST(ServeDit, DtypeAndOffloadReachTheDitModels) {
   lo.fp8 = true;
   auto fp8 = load_flux_model(fixture_model("flux-tiny"), lo);
   ASSERT_TRUE(fp8) << fp8.status().message();
-  const auto max_diff = [&](const Image& other) {
-    int worst = 0;
-    for (size_t i = 0; i < served.pixels.size(); ++i) worst = std::max(worst, std::abs(int(served.pixels[i]) - int(other.pixels[i])));
-    return worst;
-  };
+  const auto max_diff = [&](const Image& other) { return ::atelier::test::max_pixel_diff(served, other); };
   // The pipeline on one OpenMP thread, as the server's CPU worker computes here (tiny_options: cpu_threads 1).
   const auto pipeline_image = [&](const std::shared_ptr<FluxModel>& m) {
     return ::atelier::test::on_one_omp_thread([&] { return FluxPipeline(m).generate(g, fo); }).value().images[0].image;
@@ -325,10 +321,7 @@ TEST(ServeDit, ConcurrentFluxRequestsShareModelCalls) {
     for (size_t k = 0; k < alone.images.size(); ++k) {  // 8-bit rounding: the BLAS sees another M in a batch
       const Image got = decode_b64_image(j["images"][k]["data"]);
       ASSERT_EQ(got.pixels.size(), alone.images[k].image.pixels.size());
-      int worst = 0;
-      for (size_t p = 0; p < got.pixels.size(); ++p)
-        worst = std::max(worst, std::abs(int(got.pixels[p]) - int(alone.images[k].image.pixels[p])));
-      EXPECT_LE(worst, 1) << "job " << i << " image " << k;
+      EXPECT_LE(::atelier::test::max_pixel_diff(got, alone.images[k].image), 1) << "job " << i << " image " << k;
       EXPECT_EQ(j["images"][k]["infotext"], alone.images[k].infotext);
     }
     const std::string events = test::read_events(*c, ids[i]);

@@ -27,13 +27,6 @@ nlohmann::json job(int64_t seed) {
   return {{"prompt", "a red circle"}, {"width", 32}, {"height", 32}, {"steps", 4}, {"seed", seed}, {"sampler", "euler"}};
 }
 
-int max_pixel_diff(const Image& a, const Image& b) {
-  if (a.pixels.size() != b.pixels.size()) return 256;
-  int worst = 0;
-  for (size_t i = 0; i < a.pixels.size(); ++i) worst = std::max(worst, std::abs(int(a.pixels[i]) - int(b.pixels[i])));
-  return worst;
-}
-
 // Worker 0 of two fails at `at` ("call": its next model call; "decode": its next decode of finished jobs, whose
 // steps are all done): every job still finishes once, the re-queued ones on worker 1, with the images their seeds
 // give, and worker 0 is probed back into service.
@@ -85,7 +78,7 @@ void expect_failure_loses_nothing(const std::string& at) {
   for (int i = 0; i < kJobs; ++i) {
     const auto again = test::wait_job(*c, post_json(*c, "/v1/jobs", job(500 + i), &status)["id"]);
     ASSERT_EQ(again["state"], "done");
-    EXPECT_LE(max_pixel_diff(decode_b64_image(again["images"][0]["data"]), decode_b64_image(done[size_t(i)]["images"][0]["data"])), 1)
+    EXPECT_LE(::atelier::test::max_pixel_diff(decode_b64_image(again["images"][0]["data"]), decode_b64_image(done[size_t(i)]["images"][0]["data"])), 1)
         << "seed " << 500 + i;
   }
   const auto stats = parse(c->Get("/v1/stats")->body);

@@ -174,9 +174,7 @@ TEST_F(ServeApi, ImagesEqualThePipelines) {
     const Image got = decode_b64_image(job["images"][i]["data"]);
     const Image& ref = want->images[size_t(i)].image;
     ASSERT_EQ(got.pixels.size(), ref.pixels.size());
-    int worst = 0;
-    for (size_t p = 0; p < got.pixels.size(); ++p) worst = std::max(worst, std::abs(int(got.pixels[p]) - int(ref.pixels[p])));
-    EXPECT_LE(worst, 1) << "image " << i;
+    EXPECT_LE(::atelier::test::max_pixel_diff(got, ref), 1) << "image " << i;
     EXPECT_EQ(job["images"][i]["infotext"], want->images[size_t(i)].infotext);
   }
 }

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -13,6 +15,7 @@
 
 #include "core/tensor.h"
 #include "core/trace.h"
+#include "io/image.h"
 
 namespace atelier::test {
 
@@ -20,6 +23,14 @@ namespace atelier::test {
 std::optional<std::filesystem::path> fixtures_root();
 // fixtures_root()/name when it exists.
 std::optional<std::filesystem::path> fixture(const std::string& name);
+
+// The largest difference of two images' 8-bit values (256 when their sizes differ).
+inline int max_pixel_diff(const Image& a, const Image& b) {
+  if (a.pixels.size() != b.pixels.size()) return 256;
+  int worst = 0;
+  for (size_t i = 0; i < a.pixels.size(); ++i) worst = std::max(worst, std::abs(int(a.pixels[i]) - int(b.pixels[i])));
+  return worst;
+}
 
 // Golden tensor `key` of fixture `name` (e.g. "sd15-tiny", "unet.out.t999") as a host f32 tensor.
 Tensor golden(const std::string& name, const std::string& key);
