@@ -98,7 +98,8 @@ struct GnClusterScope {
 // the VAE's 16- and 8-channel slices, a large mean; forced at every size, and by the default policy (tensors up to
 // 16 MB of fewer (sample, slice)s than SMs). Each case must have taken the path its sizes call for; SD 1024²'s
 // [1, 960, 128, 128] (3.9 MB slices) goes to the three-kernel path. Clusters run in both builds of the kernel (at
-// most 64 registers a thread, and uncapped) and with clusters halved until the device holds them all at once.
+// most 64 registers a thread, and uncapped), with the build chosen by residency, and with clusters halved until the
+// device holds them all at once.
 TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
   GnSliceScope slice(true);
@@ -115,13 +116,15 @@ TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
       {{1, 960, 64, 64}, 30.0f, true, false, true, true},    {{2, 640, 64, 64}, 100.0f, false, false, true, true},
       {{1, 320, 128, 128}, 0.0f, true, false, true, true},   {{1, 512, 64, 64}, 0.0f, false, false, true, true},
       {{1, 128, 256, 256}, 100.0f, false, false, true, true}, {{1, 960, 128, 128}, 0.0f, false, false, false, true}};
-  struct Mode { GnClusters clusters; bool capped, one_wave; };
-  for (const auto& [mode, capped, one_wave] : {Mode{GnClusters::kOff, false, false}, Mode{GnClusters::kForced, false, false},
-                                               Mode{GnClusters::kDefault, false, false}, Mode{GnClusters::kForced, true, false},
-                                               Mode{GnClusters::kDefault, true, false}, Mode{GnClusters::kForced, false, true},
-                                               Mode{GnClusters::kDefault, true, true}}) {
+  using Cap = cuda::SliceRegisterCap;
+  struct Mode { GnClusters clusters; Cap cap; bool one_wave; };
+  for (const auto& [mode, cap, one_wave] : {Mode{GnClusters::kOff, Cap::kNever, false}, Mode{GnClusters::kForced, Cap::kNever, false},
+                                            Mode{GnClusters::kDefault, Cap::kNever, false}, Mode{GnClusters::kForced, Cap::kAlways, false},
+                                            Mode{GnClusters::kDefault, Cap::kAlways, false}, Mode{GnClusters::kForced, Cap::kNever, true},
+                                            Mode{GnClusters::kDefault, Cap::kAlways, true}, Mode{GnClusters::kForced, Cap::kAuto, true},
+                                            Mode{GnClusters::kDefault, Cap::kAuto, true}}) {
     GnClusterScope scope(mode);
-    cuda::set_group_norm_slice_register_cap(capped);  // the kernel of at most 64 registers, or the uncapped
+    cuda::set_group_norm_slice_register_cap(cap);     // the kernel of at most 64 registers, the uncapped, or by residency
     cuda::set_group_norm_cluster_one_wave(one_wave);  // clusters halved until the device holds them all
     for (const Case& c : cases) {
       const int64_t ch = c.x[1], bytes = c.x[0] * ch * c.x[2] * c.x[3] * 2, cg = ch / 32;
@@ -145,7 +148,7 @@ TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
       };
       const char* how[] = {" (clusters off)", " (clusters forced)", ""};
       const std::string what = "one-kernel group_norm " + shape_str(c.x) + (offset ? " + offset" : "") + how[int(mode)] +
-                               (capped ? " (64 registers)" : "") + (one_wave ? " (one wave)" : "");
+                               (cap == Cap::kAlways ? " (64 registers)" : cap == Cap::kAuto ? " (registers by residency)" : "") + (one_wave ? " (one wave)" : "");
       const int64_t before = cuda::group_norm_slice_launches(), clustered = cuda::group_norm_slice_cluster_launches();
       for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b, stacked}), dt);
       const bool one_kernel = split ? c.in_cluster : c.one_block;
@@ -155,7 +158,7 @@ TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
       EXPECT_PARITY(what + " f32", fn, std::vector<Tensor>({x, g, b, stacked}), DType::F32);  // f32 slices: twice the bytes
     }
   }
-  cuda::set_group_norm_slice_register_cap(false);
+  cuda::set_group_norm_slice_register_cap(Cap::kNever);
   cuda::set_group_norm_cluster_one_wave(false);
 }
 

@@ -22,7 +22,9 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <cstdio>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "backend/cuda/cuda_common.h"
@@ -217,8 +219,8 @@ __device__ __forceinline__ void group_norm_slice_body(T* y, const T* x, const Sl
 
 // At most 64 registers a thread (512-thread blocks two to an SM, 256-thread ones four), so that more clusters are
 // resident at once: a batch-2 level-0 norm is 16 clusters of 16 blocks, and an SM that holds two blocks (96
-// registers) leaves room for 14 (ncu, session 44). Not yet measured against the uncapped kernel (80 registers,
-// three blocks an SM): off unless ATELIER_GN_SLICE_REGS=64 (docs/cuda.md, "Session 44").
+// registers) leaves room for 14 (ncu, session 44). Everywhere it was 0.5% slower on the CFG step than the uncapped
+// kernel (80 registers, three blocks an SM; session 45), so SliceRegisterCap decides where it runs.
 template <typename T>
 __global__ void __launch_bounds__(kSliceThreadsFewBlocks, 2) group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
   group_norm_slice_body(y, x, a);
@@ -234,8 +236,14 @@ bool& slice_flag() {
   static bool on = !env_is("ATELIER_GN_SLICE", "0");
   return on;
 }
-bool& capped_flag() {
-  static bool on = env_is("ATELIER_GN_SLICE_REGS", "64");
+SliceRegisterCap& cap_mode() {
+  static SliceRegisterCap mode = env_is("ATELIER_GN_SLICE_REGS", "64")   ? SliceRegisterCap::kAlways
+                                 : env_is("ATELIER_GN_SLICE_REGS", "auto") ? SliceRegisterCap::kAuto
+                                                                           : SliceRegisterCap::kNever;
+  return mode;
+}
+bool log_flag() {
+  static const bool on = env_is("ATELIER_GN_LOG", "1");
   return on;
 }
 bool& one_wave_flag() {
@@ -285,6 +293,19 @@ int max_active_clusters(const void* kernel, const cudaLaunchConfig_t& cfg) {
   return it->second;
 }
 
+// ATELIER_GN_LOG=1: one stderr line per launch shape (which cluster size and kernel the policies chose, and how many
+// of its clusters the device holds at once against the slices it needs).
+void log_launch(const GroupNormSliceArgs& g, int cs, int64_t slices, int resident, bool capped) {
+  static std::mutex mu;
+  static std::set<std::tuple<int64_t, int64_t, int, int, int, bool>> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!seen.insert({g.n, g.p, g.c, g.groups, cs, capped}).second) return;
+  std::fprintf(stderr, "[gn-slice] n %lld p %lld c %d groups %d: %lld slices, cluster %d, %s kernel, %d clusters resident%s\n",
+               static_cast<long long>(g.n),
+               static_cast<long long>(g.p), g.c, g.groups, static_cast<long long>(slices), cs, capped ? "64-register" : "uncapped",
+               resident, cs > 1 && resident < slices ? " (two waves)" : "");
+}
+
 }  // namespace
 
 bool group_norm_slice_enabled() { return slice_flag(); }
@@ -292,7 +313,7 @@ int64_t group_norm_slice_launches() { return g_launches.load(); }
 int64_t group_norm_slice_cluster_launches() { return g_cluster_launches.load(); }
 void set_group_norm_slice(bool on) { slice_flag() = on; }
 void set_group_norm_cluster(bool on) { cluster_flag() = on; }
-void set_group_norm_slice_register_cap(bool on) { capped_flag() = on; }
+void set_group_norm_slice_register_cap(SliceRegisterCap mode) { cap_mode() = mode; }
 void set_group_norm_cluster_one_wave(bool on) { one_wave_flag() = on; }
 void set_group_norm_cluster_policy(int64_t block_bytes, int64_t max_tensor, bool any_grid_size) {
   target_bytes() = block_bytes > 0 ? block_bytes : kClusterTargetBytes;
@@ -328,7 +349,7 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
   aff.gamma = g.gamma, aff.beta = g.beta, aff.gamma_dtype = g.gamma_dtype, aff.beta_dtype = g.beta_dtype;
   const auto go = [&](auto* y, const auto* x) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
-    const auto kernel = capped_flag() ? group_norm_slice_kernel<T> : group_norm_slice_uncapped_kernel<T>;
+    auto kernel = cap_mode() == SliceRegisterCap::kAlways ? group_norm_slice_kernel<T> : group_norm_slice_uncapped_kernel<T>;
     cudaLaunchAttribute cluster{};
     cluster.id = cudaLaunchAttributeClusterDimension;
     SliceArgs a{};
@@ -342,30 +363,40 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
       const size_t smem = size_t(rows_per_block) * cb * esize + (kMaxWarps + 4) * kMaxSliceGroups * sizeof(float);
       a = SliceArgs{g.offset, g.offset_stride, aff, g.p, g.c, g.groups, gb, rows_per_pass, blocks, int(rows_per_block), g.eps, g.act};
       constexpr size_t kDefaultSmem = 48 * 1024;  // more needs the opt-in (per launch: it belongs to the current device)
-      if (smem > kDefaultSmem) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(unsigned(g.groups / gb * blocks), unsigned(g.n));
       cfg.blockDim = dim3(unsigned(threads));
       cfg.dynamicSmemBytes = smem;
       cfg.stream = stream;
       cluster.val.clusterDim.x = unsigned(blocks), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+      for (auto* k : {group_norm_slice_kernel<T>, group_norm_slice_uncapped_kernel<T>}) {  // either may be launched
+        if (smem > kDefaultSmem) ATELIER_CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        if (blocks > kPortableCluster) ATELIER_CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      }
       if (blocks > 1) {
         cfg.attrs = &cluster;
         cfg.numAttrs = 1;
-        if (blocks > kPortableCluster) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
       }
       return cfg;
     };
+    const auto resident = [&](auto* k, const cudaLaunchConfig_t& c) { return max_active_clusters(reinterpret_cast<const void*>(k), c); };
     cudaLaunchConfig_t cfg = configure(cs);
-    // ATELIER_GN_CLUSTER_WAVE=1: clusters that the device cannot hold all at once wait for a second wave that pays
-    // the whole latency chain again (session 44's ncu: 16 clusters against 14 resident), so the cluster is halved
-    // (each block holding twice the rows) while the slices outnumber the resident clusters and the rows still fit.
-    while (one_wave_flag() && cs > 1 && max_active_clusters(reinterpret_cast<const void*>(kernel), cfg) < slices &&
-           share(cs / 2) <= kSliceMaxBytes) {
+    // Clusters the device cannot hold all at once wait for a second wave that pays the whole latency chain again
+    // (session 44's ncu: 16 clusters against 14 resident). SliceRegisterCap::kAuto takes the kernel of at most 64
+    // registers (four 256-thread blocks an SM instead of three) where that alone puts them in one wave, and keeps
+    // the uncapped one elsewhere (it was 0.5% faster on the CFG step, session 45).
+    if (cs > 1 && cap_mode() == SliceRegisterCap::kAuto && resident(kernel, cfg) < slices &&
+        resident(group_norm_slice_kernel<T>, cfg) > resident(kernel, cfg))
+      kernel = group_norm_slice_kernel<T>;
+    // ATELIER_GN_CLUSTER_WAVE=1: the cluster is halved (each block holding twice the rows) while the slices
+    // outnumber the resident clusters and the rows still fit.
+    while (one_wave_flag() && cs > 1 && resident(kernel, cfg) < slices && share(cs / 2) <= kSliceMaxBytes) {
       cs /= 2;
       cfg = configure(cs);
     }
-    if (cs > 1 && max_active_clusters(reinterpret_cast<const void*>(kernel), cfg) == 0) return false;
+    const int held = cs > 1 ? resident(kernel, cfg) : 0;
+    if (cs > 1 && held == 0) return false;
+    if (log_flag()) log_launch(g, cs, slices, held, kernel == group_norm_slice_kernel<T>);
     ATELIER_CUDA_OK(cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(y), x, a));
     ATELIER_CUDA_LAUNCHED();
     g_launches.fetch_add(1);

@@ -37,9 +37,12 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& args, cudaStream_t stream
 bool group_norm_slice_enabled();
 void set_group_norm_slice(bool on);  // for tests and comparisons (default: on, unless ATELIER_GN_SLICE=0)
 void set_group_norm_cluster(bool on);  // clusters of blocks allowed (default: on, unless ATELIER_GN_CLUSTER=0)
-// The kernel built for at most 64 registers a thread (more blocks, so more clusters, resident at once) instead of
-// the uncapped one. Default: off, unless ATELIER_GN_SLICE_REGS=64 (being measured: docs/cuda.md, "Session 44").
-void set_group_norm_slice_register_cap(bool on);
+// Which build of the kernel runs: the uncapped one, or the one of at most 64 registers a thread (more blocks, so
+// more clusters, resident at once), always or only where the uncapped kernel's clusters do not all fit on the
+// device at once and the capped one's hold more. ATELIER_GN_SLICE_REGS=80 | 64 | auto (being measured:
+// docs/cuda.md, "Session 45"); default kNever.
+enum class SliceRegisterCap { kNever, kAlways, kAuto };
+void set_group_norm_slice_register_cap(SliceRegisterCap mode);
 // Clusters halved while the device cannot hold all of a norm's clusters at once (each block then holds more rows;
 // one wave instead of two). Default: off, unless ATELIER_GN_CLUSTER_WAVE=1 (not yet measured: docs/cuda.md, "Session 44").
 void set_group_norm_cluster_one_wave(bool on);
