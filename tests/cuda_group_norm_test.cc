@@ -98,7 +98,7 @@ struct GnClusterScope {
 // the VAE's 16- and 8-channel slices, a large mean; forced at every size, and by the default policy (tensors up to
 // 16 MB of fewer (sample, slice)s than SMs). Each case must have taken the path its sizes call for; SD 1024²'s
 // [1, 960, 128, 128] (3.9 MB slices) goes to the three-kernel path. Clusters run in both builds of the kernel (at
-// most 64 registers a thread, and uncapped), with the build chosen by residency, and with clusters halved until the
+// most 64 registers a thread, and uncapped), with the build chosen by the launch, and with clusters halved until the
 // device holds them all at once.
 TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
   ATELIER_REQUIRE_CUDA();
@@ -124,7 +124,7 @@ TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
                                             Mode{GnClusters::kDefault, Cap::kAlways, true}, Mode{GnClusters::kForced, Cap::kAuto, true},
                                             Mode{GnClusters::kDefault, Cap::kAuto, true}}) {
     GnClusterScope scope(mode);
-    cuda::set_group_norm_slice_register_cap(cap);     // the kernel of at most 64 registers, the uncapped, or by residency
+    cuda::set_group_norm_slice_register_cap(cap);     // the kernel of at most 64 registers, the uncapped, or by the launch
     cuda::set_group_norm_cluster_one_wave(one_wave);  // clusters halved until the device holds them all
     for (const Case& c : cases) {
       const int64_t ch = c.x[1], bytes = c.x[0] * ch * c.x[2] * c.x[3] * 2, cg = ch / 32;
@@ -158,8 +158,8 @@ TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
       EXPECT_PARITY(what + " f32", fn, std::vector<Tensor>({x, g, b, stacked}), DType::F32);  // f32 slices: twice the bytes
     }
   }
-  cuda::set_group_norm_slice_register_cap(Cap::kNever);
-  cuda::set_group_norm_cluster_one_wave(false);
+  cuda::set_group_norm_slice_register_cap(Cap::kAuto);  // the defaults
+  cuda::set_group_norm_cluster_one_wave(true);
 }
 
 // The whole-grid group norm (one block per SM, each a run of pixel rows staged in shared memory as far as it fits,

@@ -219,8 +219,9 @@ __device__ __forceinline__ void group_norm_slice_body(T* y, const T* x, const Sl
 
 // At most 64 registers a thread (512-thread blocks two to an SM, 256-thread ones four), so that more clusters are
 // resident at once: a batch-2 level-0 norm is 16 clusters of 16 blocks, and an SM that holds two blocks (96
-// registers) leaves room for 14 (ncu, session 44). Everywhere it was 0.5% slower on the CFG step than the uncapped
-// kernel (80 registers, three blocks an SM; session 45), so SliceRegisterCap decides where it runs.
+// registers) leaves room for 14 (ncu, session 44). Session 45 (H100): 0.5% faster at 16 rows (blocks queue for the
+// SMs), 0.5% slower on the CFG step (clusters, all resident) than the uncapped kernel (80 registers, three blocks an
+// SM): SliceRegisterCap decides where it runs.
 template <typename T>
 __global__ void __launch_bounds__(kSliceThreadsFewBlocks, 2) group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
   group_norm_slice_body(y, x, a);
@@ -238,8 +239,8 @@ bool& slice_flag() {
 }
 SliceRegisterCap& cap_mode() {
   static SliceRegisterCap mode = env_is("ATELIER_GN_SLICE_REGS", "64")   ? SliceRegisterCap::kAlways
-                                 : env_is("ATELIER_GN_SLICE_REGS", "auto") ? SliceRegisterCap::kAuto
-                                                                           : SliceRegisterCap::kNever;
+                                 : env_is("ATELIER_GN_SLICE_REGS", "80") ? SliceRegisterCap::kNever
+                                                                         : SliceRegisterCap::kAuto;
   return mode;
 }
 bool log_flag() {
@@ -247,7 +248,7 @@ bool log_flag() {
   return on;
 }
 bool& one_wave_flag() {
-  static bool on = env_is("ATELIER_GN_CLUSTER_WAVE", "1");
+  static bool on = !env_is("ATELIER_GN_CLUSTER_WAVE", "0");
   return on;
 }
 bool& cluster_flag() {
@@ -382,18 +383,17 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
     const auto resident = [&](auto* k, const cudaLaunchConfig_t& c) { return max_active_clusters(reinterpret_cast<const void*>(k), c); };
     cudaLaunchConfig_t cfg = configure(cs);
     // Clusters the device cannot hold all at once wait for a second wave that pays the whole latency chain again
-    // (session 44's ncu: 16 clusters against 14 resident). SliceRegisterCap::kAuto takes the kernel of at most 64
-    // registers (four 256-thread blocks an SM instead of three) where that alone puts them in one wave, and keeps
-    // the uncapped one elsewhere (it was 0.5% faster on the CFG step, session 45).
-    if (cs > 1 && cap_mode() == SliceRegisterCap::kAuto && resident(kernel, cfg) < slices &&
-        resident(group_norm_slice_kernel<T>, cfg) > resident(kernel, cfg))
-      kernel = group_norm_slice_kernel<T>;
-    // ATELIER_GN_CLUSTER_WAVE=1: the cluster is halved (each block holding twice the rows) while the slices
-    // outnumber the resident clusters and the rows still fit.
+    // (session 44's ncu: 16 clusters against 14 resident), so the cluster is halved (each block holding twice the
+    // rows) while the slices outnumber the resident clusters and the rows still fit (ATELIER_GN_CLUSTER_WAVE=0: not).
+    // Session 45 (H100): CFG step -0.6%, 1024² -1.5%, its slice norms 0.97 -> 0.79 ms a call.
     while (one_wave_flag() && cs > 1 && resident(kernel, cfg) < slices && share(cs / 2) <= kSliceMaxBytes) {
       cs /= 2;
       cfg = configure(cs);
     }
+    // SliceRegisterCap::kAuto: the 64-register build where blocks queue for the SMs (one block a slice, at least as
+    // many slices as SMs: 16 rows' norms, 0.5% off that step), the uncapped one where every block is resident
+    // anyway (clusters after the halving, few slices: 0.5% faster on the CFG step there).
+    if (cap_mode() == SliceRegisterCap::kAuto && cs == 1 && !few_slices) kernel = group_norm_slice_kernel<T>;
     const int held = cs > 1 ? resident(kernel, cfg) : 0;
     if (cs > 1 && held == 0) return false;
     if (log_flag()) log_launch(g, cs, slices, held, kernel == group_norm_slice_kernel<T>);

@@ -37,14 +37,14 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& args, cudaStream_t stream
 bool group_norm_slice_enabled();
 void set_group_norm_slice(bool on);  // for tests and comparisons (default: on, unless ATELIER_GN_SLICE=0)
 void set_group_norm_cluster(bool on);  // clusters of blocks allowed (default: on, unless ATELIER_GN_CLUSTER=0)
-// Which build of the kernel runs: the uncapped one, or the one of at most 64 registers a thread (more blocks, so
-// more clusters, resident at once), always or only where the uncapped kernel's clusters do not all fit on the
-// device at once and the capped one's hold more. ATELIER_GN_SLICE_REGS=80 | 64 | auto (being measured:
-// docs/cuda.md, "Session 45"); default kNever.
+// Which build of the kernel runs: the uncapped one (80 registers a thread), the one of at most 64 (four 256-thread
+// blocks an SM instead of three), or by the launch (kAuto, the default): the capped build where blocks queue for the
+// SMs (one block a slice, at least as many slices as SMs), the uncapped elsewhere. ATELIER_GN_SLICE_REGS=80 | 64
+// chooses one build everywhere (docs/cuda.md, "Session 45").
 enum class SliceRegisterCap { kNever, kAlways, kAuto };
 void set_group_norm_slice_register_cap(SliceRegisterCap mode);
 // Clusters halved while the device cannot hold all of a norm's clusters at once (each block then holds more rows;
-// one wave instead of two). Default: off, unless ATELIER_GN_CLUSTER_WAVE=1 (not yet measured: docs/cuda.md, "Session 44").
+// one wave instead of two). Default: on, unless ATELIER_GN_CLUSTER_WAVE=0.
 void set_group_norm_cluster_one_wave(bool on);
 // Where clusters are used: on tensors of at most max_tensor bytes (default 16 MB, or ATELIER_GN_CLUSTER_MAX_MB)
 // with fewer (sample, slice)s than SMs (any_grid_size: at any count), aiming at block_bytes of a slice per block
