@@ -4,7 +4,9 @@
 // off and checked for which ran. Criteria in cuda_test_util.h; skips with the reason when cuda:0 is not usable.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -159,6 +161,38 @@ TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
     }
   }
   cuda::set_group_norm_slice_register_cap(Cap::kAuto);  // the defaults
+  cuda::set_group_norm_cluster_one_wave(true);
+}
+
+// The cluster policy on SD's batch-2 norms (512² CFG and 1024²; the VAE's [1, 512, 128, 128]): with the defaults every
+// launch takes the one-kernel path in clusters the device holds all at once (session 44's ncu found 16 clusters
+// against 14 resident, a second wave paying the whole latency chain again); without the halving, how many do not
+// (a figure: it depends on the device's GPCs and the kernel's registers).
+TEST(CudaOps, ChannelsLastGroupNormClustersFitInOneWave) {
+  ATELIER_REQUIRE_CUDA();
+  if (test::cuda_be().cc_major() < 9)
+    GTEST_SKIP() << "thread block clusters need Hopper (sm_90); this device is sm_" << test::cuda_be().cc_major() << "x";
+  GnSliceScope slice(true);
+  const Shape shapes[] = {{2, 320, 64, 64},  {2, 640, 64, 64},  {2, 960, 64, 64}, {2, 1280, 32, 32},
+                          {2, 1920, 32, 32}, {2, 2560, 32, 32}, {2, 640, 32, 32}, {1, 512, 128, 128}};
+  for (const bool one_wave : {true, false}) {
+    cuda::set_group_norm_cluster_one_wave(one_wave);
+    int64_t two_waves = 0;
+    for (const Shape& shape : shapes) {
+      const Tensor x = channels_last(to_gpu(random_tensor(shape, 71), DType::BF16));
+      const Tensor g = to_gpu(random_tensor({shape[1]}, 72)), b = to_gpu(random_tensor({shape[1]}, 73));
+      const int64_t launches = cuda::group_norm_slice_launches(), clustered = cuda::group_norm_slice_cluster_launches();
+      const int64_t waves = cuda::group_norm_slice_two_wave_launches();
+      const Tensor y = ops::group_norm(x, 32, g, b, 1e-5f, UnaryOp::kSilu);
+      backend_for(y.device()).synchronize();
+      EXPECT_EQ(cuda::group_norm_slice_launches() - launches, 1) << shape_str(shape) << ": not the one-kernel path";
+      EXPECT_EQ(cuda::group_norm_slice_cluster_launches() - clustered, 1) << shape_str(shape) << ": not in clusters";
+      if (one_wave) EXPECT_EQ(cuda::group_norm_slice_two_wave_launches() - waves, 0) << shape_str(shape) << ": two waves";
+      two_waves += cuda::group_norm_slice_two_wave_launches() - waves;
+    }
+    std::printf("[ figures  ] %s: %lld of %zu SD norms in clusters the device cannot hold at once\n",
+                one_wave ? "clusters halved (default)" : "clusters not halved", static_cast<long long>(two_waves), std::size(shapes));
+  }
   cuda::set_group_norm_cluster_one_wave(true);
 }
 

@@ -231,7 +231,7 @@ __global__ void group_norm_slice_uncapped_kernel(T* y, const T* x, SliceArgs a) 
   group_norm_slice_body(y, x, a);
 }
 
-std::atomic<int64_t> g_launches{0}, g_cluster_launches{0};
+std::atomic<int64_t> g_launches{0}, g_cluster_launches{0}, g_two_wave_launches{0};
 
 bool& slice_flag() {
   static bool on = !env_is("ATELIER_GN_SLICE", "0");
@@ -312,6 +312,7 @@ void log_launch(const GroupNormSliceArgs& g, int cs, int64_t slices, int residen
 bool group_norm_slice_enabled() { return slice_flag(); }
 int64_t group_norm_slice_launches() { return g_launches.load(); }
 int64_t group_norm_slice_cluster_launches() { return g_cluster_launches.load(); }
+int64_t group_norm_slice_two_wave_launches() { return g_two_wave_launches.load(); }
 void set_group_norm_slice(bool on) { slice_flag() = on; }
 void set_group_norm_cluster(bool on) { cluster_flag() = on; }
 void set_group_norm_slice_register_cap(SliceRegisterCap mode) { cap_mode() = mode; }
@@ -396,6 +397,7 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
     if (cap_mode() == SliceRegisterCap::kAuto && cs == 1 && !few_slices) kernel = group_norm_slice_kernel<T>;
     const int held = cs > 1 ? resident(kernel, cfg) : 0;
     if (cs > 1 && held == 0) return false;
+    if (cs > 1 && held < slices) g_two_wave_launches.fetch_add(1);
     if (log_flag()) log_launch(g, cs, slices, held, kernel == group_norm_slice_kernel<T>);
     ATELIER_CUDA_OK(cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(y), x, a));
     ATELIER_CUDA_LAUNCHED();

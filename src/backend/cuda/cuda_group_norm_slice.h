@@ -52,5 +52,6 @@ void set_group_norm_cluster_one_wave(bool on);
 void set_group_norm_cluster_policy(int64_t block_bytes, int64_t max_tensor, bool any_grid_size = false);
 int64_t group_norm_slice_launches();  // kernels enqueued so far (tests: which path ran)
 int64_t group_norm_slice_cluster_launches();  // those of them in clusters of more than one block
+int64_t group_norm_slice_two_wave_launches();  // those whose clusters the device could not hold all at once
 
 }  // namespace atelier::cuda
