@@ -19,10 +19,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <numeric>
-#include <cstdio>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -302,9 +302,8 @@ void log_launch(const GroupNormSliceArgs& g, int cs, int64_t slices, int residen
   std::lock_guard<std::mutex> lock(mu);
   if (!seen.insert({g.n, g.p, g.c, g.groups, cs, capped}).second) return;
   std::fprintf(stderr, "[gn-slice] n %lld p %lld c %d groups %d: %lld slices, cluster %d, %s kernel, %d clusters resident%s\n",
-               static_cast<long long>(g.n),
-               static_cast<long long>(g.p), g.c, g.groups, static_cast<long long>(slices), cs, capped ? "64-register" : "uncapped",
-               resident, cs > 1 && resident < slices ? " (two waves)" : "");
+               static_cast<long long>(g.n), static_cast<long long>(g.p), g.c, g.groups, static_cast<long long>(slices), cs,
+               capped ? "64-register" : "uncapped", resident, cs > 1 && resident < slices ? " (two waves)" : "");
 }
 
 }  // namespace
