@@ -27,6 +27,10 @@ std::string trim_float(double v) {
   return s;
 }
 
+// Whether a request runs classifier-free guidance: only at a cfg_scale the caller gave (FluxOptions::cfg_explicit;
+// FLUX.1-dev's own guidance is the embedded `guidance`) and above 1.
+bool runs_cfg(const GenerateRequest& r, const FluxOptions& o) { return o.cfg_explicit && r.cfg_scale > 1.0f; }
+
 // ids -> host i32 [1, n]
 Tensor ids_tensor(const std::vector<int32_t>& ids) {
   Tensor t = Tensor::empty({1, int64_t(ids.size())}, DType::I32);
@@ -212,7 +216,7 @@ Tensor FluxPipeline::decode(const Tensor& packed, int64_t h, int64_t w) const {
   return img;
 }
 
-Expected<GenerateRequest> FluxPipeline::resolve(const GenerateRequest& request, const FluxOptions& options) const {
+Expected<FluxPipeline::EncodedItem> FluxPipeline::prepare(const GenerateRequest& request, const FluxOptions& options) const {
   const FluxModel& m = *model_;
   ATELIER_RETURN_IF_ERROR(request.validate());
   ATELIER_RETURN_IF_ERROR(options.validate());
@@ -225,13 +229,15 @@ Expected<GenerateRequest> FluxPipeline::resolve(const GenerateRequest& request, 
   }
   if (r.seed < 0) r.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
   ATELIER_RETURN_IF_ERROR(parse_rng_kind(r.rng).status());
-  return r;
+  EncodedItem item;
+  item.r = r, item.o = options, item.cfg = runs_cfg(r, options);
+  return item;
 }
 
 bool FluxPipeline::batch_compatible(const FluxBatchItem& a, const FluxBatchItem& b) const {
   const int side = model_->default_size;
   const auto size = [side](int v) { return v == 0 ? side : v; };
-  const auto cfg = [](const FluxBatchItem& i) { return i.options.cfg_explicit && i.request.cfg_scale > 1.0f; };
+  const auto cfg = [](const FluxBatchItem& i) { return runs_cfg(i.request, i.options); };
   return a.request.batch_count == 1 && b.request.batch_count == 1 && size(a.request.width) == size(b.request.width) &&
          size(a.request.height) == size(b.request.height) && a.request.steps == b.request.steps &&
          a.options.max_sequence_length == b.options.max_sequence_length && cfg(a) == cfg(b) &&
@@ -295,14 +301,14 @@ Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_i
 
 Expected<GenerateResult> FluxPipeline::generate(const GenerateRequest& request, const FluxOptions& options,
                                                 const ProgressCallback& progress) const {
-  ATELIER_ASSIGN_OR_RETURN(GenerateRequest r, resolve(request, options));
+  std::vector<EncodedItem> items(1);
+  ATELIER_ASSIGN_OR_RETURN(items[0], prepare(request, options));
+  const GenerateRequest& r = items[0].r;
   trace::Recorder stages(trace::kPipelineCategories);
   trace::ThreadAttach attach(stages);
   trace::Scope total(stage::kGenerate, Category::kStage);
   GenerateResult result;
   Status st = catch_status([&]() -> Status {
-    std::vector<EncodedItem> items(1);
-    items[0].r = r, items[0].o = options, items[0].cfg = options.cfg_explicit && r.cfg_scale > 1.0f;
     ATELIER_RETURN_IF_ERROR(encode_items(items));
     for (int batch = 0; batch < r.batch_count; ++batch) {
       std::vector<std::vector<GeneratedImage>> images;
@@ -327,9 +333,7 @@ Expected<std::vector<GenerateResult>> FluxPipeline::generate_batch(const std::ve
       return invalid_argument("FLUX batch: request " + std::to_string(k) +
                               " differs from the first in size, steps, T5 length, CFG or batch count");
     }
-    ATELIER_ASSIGN_OR_RETURN(items[k].r, resolve(batch[k].request, batch[k].options));
-    items[k].o = batch[k].options;
-    items[k].cfg = batch[k].options.cfg_explicit && items[k].r.cfg_scale > 1.0f;
+    ATELIER_ASSIGN_OR_RETURN(items[k], prepare(batch[k].request, batch[k].options));
   }
   trace::Recorder stages(trace::kPipelineCategories);
   trace::ThreadAttach attach(stages);

@@ -78,8 +78,9 @@ class FluxPipeline {
   // encoders first when an offload dropped them and dropping them after when the model offloads
   // (FluxLoadOptions::offload).
   Status encode_items(std::vector<EncodedItem>& items) const;
-  // The request with this model's defaults (size, a random seed) filled in, validated.
-  Expected<GenerateRequest> resolve(const GenerateRequest& request, const FluxOptions& options) const;
+  // The request validated, with this model's defaults (size, a random seed) filled in and its CFG decided; prompts
+  // not yet encoded.
+  Expected<EncodedItem> prepare(const GenerateRequest& request, const FluxOptions& options) const;
   // One batch of model calls over the items' rows: noise from each item's seeds, denoise, decode, finished images
   // (images[i]: item i's).
   Status run_rows(const std::vector<EncodedItem>& items, int batch_index, const ProgressCallback& progress,
