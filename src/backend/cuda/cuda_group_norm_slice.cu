@@ -273,6 +273,16 @@ bool& any_grid() {  // clusters also where one block per slice already fills the
   return any;
 }
 
+// The opt-ins a launch of `kernel` with cfg (or an occupancy query of it) needs on the current device: shared memory
+// past 48 KB a block, clusters past 8 blocks.
+void allow_launch(const void* kernel, const cudaLaunchConfig_t& cfg) {
+  constexpr size_t kDefaultSmem = 48 * 1024;
+  if (cfg.dynamicSmemBytes > kDefaultSmem)
+    ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cfg.dynamicSmemBytes)));
+  if (cfg.numAttrs > 0 && cfg.attrs[0].val.clusterDim.x > unsigned(kPortableCluster))
+    ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+}
+
 // How many clusters of this kernel's shape the current device holds at once (the occupancy calculator, asked once per
 // kernel, shape and device); 0: none (a cluster wider than what a GPC holds never starts).
 int max_active_clusters(const void* kernel, const cudaLaunchConfig_t& cfg) {
@@ -284,6 +294,7 @@ int max_active_clusters(const void* kernel, const cudaLaunchConfig_t& cfg) {
   const unsigned cs = cfg.numAttrs > 0 ? cfg.attrs[0].val.clusterDim.x : 1;
   auto [it, fresh] = cache.try_emplace({device, kernel, cfg.gridDim.x, cfg.blockDim.x, cs, cfg.dynamicSmemBytes}, 0);
   if (fresh) {
+    allow_launch(kernel, cfg);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
       cudaGetLastError();
@@ -363,17 +374,12 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
       const int threads = std::max(32, (vcb * rows_per_pass + 31) / 32 * 32);  // whole warps for the reductions
       const size_t smem = size_t(rows_per_block) * cb * esize + (kMaxWarps + 4) * kMaxSliceGroups * sizeof(float);
       a = SliceArgs{g.offset, g.offset_stride, aff, g.p, g.c, g.groups, gb, rows_per_pass, blocks, int(rows_per_block), g.eps, g.act};
-      constexpr size_t kDefaultSmem = 48 * 1024;  // more needs the opt-in (per launch: it belongs to the current device)
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(unsigned(g.groups / gb * blocks), unsigned(g.n));
       cfg.blockDim = dim3(unsigned(threads));
       cfg.dynamicSmemBytes = smem;
       cfg.stream = stream;
       cluster.val.clusterDim.x = unsigned(blocks), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-      for (auto* k : {group_norm_slice_kernel<T>, group_norm_slice_uncapped_kernel<T>}) {  // either may be launched
-        if (smem > kDefaultSmem) ATELIER_CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        if (blocks > kPortableCluster) ATELIER_CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      }
       if (blocks > 1) {
         cfg.attrs = &cluster;
         cfg.numAttrs = 1;
@@ -398,6 +404,7 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
     if (cs > 1 && held == 0) return false;
     if (cs > 1 && held < slices) g_two_wave_launches.fetch_add(1);
     if (log_flag()) log_launch(g, cs, slices, held, kernel == group_norm_slice_kernel<T>);
+    allow_launch(reinterpret_cast<const void*>(kernel), cfg);
     ATELIER_CUDA_OK(cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(y), x, a));
     ATELIER_CUDA_LAUNCHED();
     g_launches.fetch_add(1);
