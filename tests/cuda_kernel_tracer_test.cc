@@ -119,9 +119,12 @@ TEST(CudaKernelTracer, BenchReportsTheCallsKernels) {
   EXPECT_GT(k.kernel_ms_per_call, 0);
   EXPECT_GE(k.idle_ms_per_call, 0);
   EXPECT_LE(k.idle_ms_per_call, k.span_ms_per_call);
-  // The kernels' union (span - idle) is at most their summed time, and they lie inside the call's device span
-  // (CUDA events; CUPTI's clock is interpolated onto the host's, hence the small allowance).
-  EXPECT_LE(k.span_ms_per_call - k.idle_ms_per_call, k.kernel_ms_per_call + 1e-6);
+  // The kernels' union is at most their summed time and their span (each call's are; so are the medians of the
+  // three calls), and they lie inside the call's device span (CUDA events; CUPTI's clock is interpolated onto the
+  // host's, hence the small allowance). Not span - idle against the summed time: those are medians of different
+  // calls (session 47: 3.04424 against 3.04158 ms once the idle time inside a call had shrunk to ~3 us).
+  EXPECT_LE(k.union_ms_per_call, k.kernel_ms_per_call + 1e-9);
+  EXPECT_LE(k.union_ms_per_call, k.span_ms_per_call + 1e-9);
   EXPECT_LE(k.span_ms_per_call, r->unet_ms_median * 1.02 + 0.02);
   ASSERT_TRUE(k.busy_pct.has_value());
   EXPECT_GT(*k.busy_pct, 0);

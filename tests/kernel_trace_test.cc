@@ -89,6 +89,28 @@ TEST(KernelTrace, OverlappingKernelsCountOnceInTheUnion) {
   EXPECT_NEAR(*f->busy_pct, 100.0 * 0.15 / 0.2, 1e-9);
 }
 
+// Each per-call figure is the median over the calls on its own, so span - idle need not be the union's median: calls
+// A (one 1 ms kernel), B (two 0.5 ms kernels 2.5 ms apart: span 3, idle 2) and C (one 3 ms kernel) have median span
+// 3, idle 0 and summed time 1, while the union's median is 1, at most the summed time as in every call.
+TEST(KernelTrace, UnionIsTheMedianOfEachCallsUnion) {
+  constexpr int64_t kOrigin = 1'000'000'000, kCall = 10'000'000;
+  std::vector<trace::Event> ev;
+  for (int c = 0; c < 3; ++c) ev.push_back(test::trace_event("unet", Category::kCall, kOrigin + c * kCall, 4'000'000, c * 1e4, 4000));
+  ev.push_back(kernel("a", kOrigin + 100'000, 1'000'000));
+  ev.push_back(kernel("b", kOrigin + kCall + 100'000, 500'000));
+  ev.push_back(kernel("b", kOrigin + kCall + 2'600'000, 500'000));
+  ev.push_back(kernel("c", kOrigin + 2 * kCall + 100'000, 3'000'000));
+  const std::optional<KernelFigures> f = summarize_kernels(ev, kOrigin, "unet", kOrigin, kOrigin + 3 * kCall);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->calls, 3);
+  EXPECT_NEAR(f->span_ms_per_call, 3.0, 1e-9);
+  EXPECT_NEAR(f->idle_ms_per_call, 0.0, 1e-9);
+  EXPECT_NEAR(f->kernel_ms_per_call, 1.0, 1e-9);
+  EXPECT_NEAR(f->union_ms_per_call, 1.0, 1e-9);
+  EXPECT_GT(f->span_ms_per_call - f->idle_ms_per_call, f->kernel_ms_per_call);  // why union_ms_per_call exists
+  EXPECT_NEAR(f->to_json()["union_ms_per_call"].get<double>(), 1.0, 1e-9);
+}
+
 // The queue's copies and memsets (bracketed names) are counted apart: not kernels, not in the idle or busy figures.
 TEST(KernelTrace, CopiesAreCountedApartFromKernels) {
   constexpr int64_t kOrigin = 1'000'000'000;

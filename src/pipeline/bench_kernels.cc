@@ -51,7 +51,7 @@ std::optional<KernelFigures> summarize_kernels(const std::vector<Event>& ev, int
   const auto by_start = [](const Event* a, const Event* b) { return a->start_ns < b->start_ns; };
   std::sort(kernels.begin(), kernels.end(), by_start);
   KernelFigures f;
-  std::vector<double> counts, sums, spans, idles, copy_counts, copy_sums;
+  std::vector<double> counts, sums, spans, idles, unions, copy_counts, copy_sums;
   std::map<std::string, KernelGroup> groups;
   double total_ms = 0;
   for (const Event* call : trace::named(ev, call_range)) {
@@ -75,7 +75,8 @@ std::optional<KernelFigures> summarize_kernels(const std::vector<Event>& ev, int
     counts.push_back(double(mine.size()));
     sums.push_back(sum_ms);
     spans.push_back(span_ms);
-    idles.push_back(span_ms - kernel_union_seconds(mine, first, last_end + 1) * 1e3);
+    unions.push_back(kernel_union_seconds(mine, first, last_end + 1) * 1e3);
+    idles.push_back(span_ms - unions.back());
     double copy_count = 0, copy_ms = 0;
     for (const Event* c : copies)
       if (c->start_ns >= from && c->start_ns < to) copy_count += 1, copy_ms += double(c->dur_ns) / kNsPerMs;
@@ -89,6 +90,7 @@ std::optional<KernelFigures> summarize_kernels(const std::vector<Event>& ev, int
   f.kernel_ms_per_call = bench_median(sums);
   f.span_ms_per_call = bench_median(spans);
   f.idle_ms_per_call = bench_median(idles);
+  f.union_ms_per_call = bench_median(unions);
   f.copies_per_call = bench_median(copy_counts);
   f.copy_ms_per_call = bench_median(copy_sums);
   if (window_to_ns > window_from_ns) {
@@ -119,6 +121,7 @@ nlohmann::json KernelFigures::to_json() const {
           {"kernel_ms_per_call", kernel_ms_per_call},
           {"span_ms_per_call", span_ms_per_call},
           {"idle_ms_per_call", idle_ms_per_call},
+          {"union_ms_per_call", union_ms_per_call},
           {"busy_pct", busy_pct ? nlohmann::json(*busy_pct) : nlohmann::json(nullptr)},
           {"copies_per_call", copies_per_call},
           {"copy_ms_per_call", copy_ms_per_call},

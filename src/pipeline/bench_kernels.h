@@ -29,6 +29,8 @@ struct KernelFigures {
   double kernel_ms_per_call = 0;  //   summed kernel durations
   double span_ms_per_call = 0;    //   first kernel's start to the last one's end
   double idle_ms_per_call = 0;    //   span minus the union of the kernels: the device idle inside the call
+  double union_ms_per_call = 0;   //   the union of the kernels' intervals (each median is over the calls on its own,
+                                  //   so span - idle may differ from it; compare this one with the summed time)
   std::optional<double> busy_pct; // union of all kernels over the window summarize_kernels is given / its length
   // The queue's copies and memsets (copy engines' work, not kernels: kernel_tracer.h's bracketed names), medians per
   // call, and in the whole window (where the busy figure above does not count them).
