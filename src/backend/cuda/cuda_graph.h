@@ -11,11 +11,12 @@ bool graph_memset_kernels();
 void set_graph_memset_kernels(bool on);
 
 // Replaces every memset node of `graph` of at most 64 KiB (1-, 2- or 4-byte elements, one or more rows) by a kernel
-// node writing the same elements, with the memset's incoming and outgoing edges (their edge data kept). Why: cuDNN's SDPA plans
-// and some cuBLASLt algorithms enqueue a 4-byte memset before their kernel; inside a replayed graph each such
-// memset node idled the device ~8 us (1.3 us before it, 6.6-8.8 after), where kernel-to-kernel edges cost ~0.3
-// (session 47's traces: 10 memsets in a CFG UNet call, 54 at 16 rows). Returns the nodes replaced, or -1 where an
-// edit failed (the graph then still does what it did: a node is only removed once its replacement is wired).
+// node writing the same elements, with the memset's incoming and outgoing edges (their edge data kept). Why:
+// cuDNN's SDPA plans and some cuBLASLt algorithms enqueue a 4-byte memset before their kernel; inside a replayed
+// graph each such memset node idled the device ~8 us (1.3 us before it, 6.6-8.8 after), where kernel-to-kernel
+// edges cost ~0.3 (session 47's traces: 10 memsets in a CFG UNet call, 54 at 16 rows). Returns the nodes replaced,
+// or -1 where an edit failed (the graph then still does what it did: a node is only removed once its replacement
+// is wired).
 int replace_memset_nodes(cudaGraph_t graph);
 
 // Memset nodes replaced in this process's graphs so far (tests, logs).
