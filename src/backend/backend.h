@@ -123,6 +123,14 @@ class Backend {
     return nullptr;
   }
   virtual bool can_capture() const { return false; }
+  // Runs `fn`, whose device work this device may gather and launch as one (CUDA: recorded into a graph that is
+  // launched when fn returns), so that the few small kernels between two replayed recordings (a sampler's update,
+  // the next call's inputs) run back to back instead of each waiting out its own launch. Unlike capture(), fn's
+  // work runs exactly once, as if enqueued eagerly: host copies, synchronisation and queue marks inside fn are
+  // allowed (the device first launches what it has gathered). Devices that cannot (the CPU) just call fn. If fn
+  // throws, work gathered and not yet launched is dropped and the error propagates. Trace ranges opened inside fn
+  // get no device times (the range around the call gets the whole batch's).
+  virtual void run_batched(const std::function<void()>& fn) { fn(); }
   // A timer of this device's queue for traced ranges (trace::set_device_timer); nullptr when the device
   // executes synchronously (the CPU: host times are device times).
   virtual std::unique_ptr<trace::DeviceTimer> make_device_timer() { return nullptr; }

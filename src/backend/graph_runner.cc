@@ -66,7 +66,7 @@ Tensor GraphRunner::eager(const std::vector<Tensor>& inputs, Device device, cons
   return fn(moved);
 }
 
-Tensor GraphRunner::record(Entry& e, const std::vector<Tensor>& inputs, Backend& backend, const Fn& fn) {
+Tensor GraphRunner::record(Entry& e, const std::vector<Tensor>& inputs, Backend& backend, const Fn& fn, Result result) {
   e.static_inputs.clear();
   for (const Tensor& t : inputs) e.static_inputs.push_back(Tensor::empty(t.shape(), t.dtype(), backend.device()));
   copy_into(e.static_inputs, inputs, backend);
@@ -85,7 +85,7 @@ Tensor GraphRunner::record(Entry& e, const std::vector<Tensor>& inputs, Backend&
   ++stats_.captures;
   e.flops = trace::thread_flops() - flops_before;
   e.work->replay();  // recording does not run the work: the first result comes from the first replay
-  return ops::clone(e.static_output);
+  return result == Result::kBorrowed ? e.static_output : ops::clone(e.static_output);
 }
 
 namespace {
@@ -108,24 +108,24 @@ std::vector<Tensor> pad_rows(const std::vector<Tensor>& inputs, int64_t n, int64
 
 }  // namespace
 
-Tensor GraphRunner::run(const std::vector<Tensor>& inputs, Device device, const Fn& fn) {
+Tensor GraphRunner::run(const std::vector<Tensor>& inputs, Device device, const Fn& fn, Result result) {
   Backend& backend = backend_for(device);
   std::lock_guard<std::mutex> lock(mu_);
   if (!options_.enabled || !backend.can_capture()) return eager(inputs, device, fn);
   const int64_t n = inputs.empty() || inputs.front().dim() == 0 ? 0 : inputs.front().size(0);
   const auto bucket = std::lower_bound(options_.batch_buckets.begin(), options_.batch_buckets.end(), n);
-  if (n == 0 || bucket == options_.batch_buckets.end() || *bucket == n) return run_recorded(inputs, backend, fn);
-  return run_recorded(pad_rows(inputs, n, *bucket), backend, fn).narrow(0, 0, n);
+  if (n == 0 || bucket == options_.batch_buckets.end() || *bucket == n) return run_recorded(inputs, backend, fn, result);
+  return run_recorded(pad_rows(inputs, n, *bucket), backend, fn, result).narrow(0, 0, n);
 }
 
-Tensor GraphRunner::run_recorded(const std::vector<Tensor>& inputs, Backend& backend, const Fn& fn) {
+Tensor GraphRunner::run_recorded(const std::vector<Tensor>& inputs, Backend& backend, const Fn& fn, Result result) {
   const Device device = backend.device();
   Entry& e = entry_for(key_of(inputs, device));
   if (e.failed || e.calls < options_.warmup) {
     ++e.calls;
     return eager(inputs, device, fn);
   }
-  if (!e.work) return record(e, inputs, backend, fn);
+  if (!e.work) return record(e, inputs, backend, fn, result);
   // One op range for the whole replay (inputs in, graph, output out): the trace's device track and the
   // bench's GPU busy figure see the recorded kernels through it.
   trace::Scope range("graph_replay", trace::Category::kOp);
@@ -133,7 +133,7 @@ Tensor GraphRunner::run_recorded(const std::vector<Tensor>& inputs, Backend& bac
   e.work->replay();
   trace::count_flops(e.flops);
   ++stats_.replays;
-  return ops::clone(e.static_output);
+  return result == Result::kBorrowed ? e.static_output : ops::clone(e.static_output);
 }
 
 GraphRunner::Stats GraphRunner::stats() const {

@@ -66,9 +66,16 @@ class GraphRunner {
     return o;
   }
 
-  // inputs: defined tensors on any device (copied to `device` as needed) -> fn's output (a fresh tensor on
-  // `device`). Shapes, dtypes and devices of the inputs select the recording.
-  Tensor run(const std::vector<Tensor>& inputs, Device device, const Fn& fn);
+  // What run() returns on a replay. kFresh: a device copy of the recording's output, the caller's to keep.
+  // kBorrowed: the recording's output buffer itself (or its first rows), without the copy: one kernel less at
+  // every step boundary. It is valid until the next run() of this runner: every op that reads it must be
+  // enqueued before then (the device's queue then runs them ahead of the next replay's writes), and a value
+  // kept across calls must be copied. Eager calls return fn's output either way.
+  enum class Result { kFresh, kBorrowed };
+
+  // inputs: defined tensors on any device (copied to `device` as needed) -> fn's output on `device` (see
+  // Result). Shapes, dtypes and devices of the inputs select the recording.
+  Tensor run(const std::vector<Tensor>& inputs, Device device, const Fn& fn, Result result = Result::kFresh);
 
   Stats stats() const;
   const Options& options() const { return options_; }
@@ -87,8 +94,8 @@ class GraphRunner {
   };
   Entry& entry_for(const std::string& key);
   Tensor eager(const std::vector<Tensor>& inputs, Device device, const Fn& fn);  // under mu_
-  Tensor record(Entry& e, const std::vector<Tensor>& inputs, Backend& backend, const Fn& fn);
-  Tensor run_recorded(const std::vector<Tensor>& inputs, Backend& backend, const Fn& fn);  // under mu_
+  Tensor record(Entry& e, const std::vector<Tensor>& inputs, Backend& backend, const Fn& fn, Result result);
+  Tensor run_recorded(const std::vector<Tensor>& inputs, Backend& backend, const Fn& fn, Result result);  // under mu_
 
   Options options_;
   mutable std::mutex mu_;

@@ -4,6 +4,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/ops.h"
 #include "core/trace.h"
 #include "pipeline/stage_names.h"
@@ -47,6 +48,50 @@ Status check_samples(const UNet& unet, std::span<DenoiseSample* const> samples) 
   return Status::ok();
 }
 
+// A batch step's model call: the S samples' latents x [S, C, h, w]; model_in, x scaled for the model with the
+// guided samples' rows again after the S rows [S + G, C, h, w]; their timesteps t [S + G]; and context, the S
+// cond rows then the G uncond rows [S + G, T, D].
+struct CallInputs {
+  Tensor x, model_in, t, context;
+};
+
+// x [S, C, h, w], contexts [S + G] rows of [1, T, D], guided: the G guided samples' indices -> the call's inputs.
+CallInputs call_inputs(std::span<sampling::Sampler* const> span, const Tensor& x, const std::vector<Tensor>& contexts,
+                       const std::vector<int64_t>& guided) {
+  CallInputs in;
+  in.x = x;
+  const Tensor x_in = sampling::scale_model_inputs(span, x);
+  std::vector<float> ts = sampling::model_timesteps(span);
+  std::vector<Tensor> in_rows = {x_in};
+  for (int64_t g : guided) {
+    in_rows.push_back(x_in.narrow(0, g, 1));
+    ts.push_back(ts[size_t(g)]);
+  }
+  in.model_in = in_rows.size() == 1 ? x_in : ops::concat(in_rows, 0);
+  in.context = stack_rows(contexts);
+  in.t = Tensor::from_vector(ts, {int64_t(ts.size())}).to(x.device());
+  return in;
+}
+
+// out [S + G, C, h, w] (the call's prediction, rows as CallInputs) -> the S samples' guided predictions [S, C, h, w].
+Tensor guided_prediction(const Tensor& out, std::span<DenoiseSample* const> samples, const std::vector<int64_t>& guided) {
+  const int64_t S = int64_t(samples.size());
+  const Tensor eps = out.narrow(0, 0, S);
+  if (guided.empty()) return eps;
+  // u row per sample: the uncond output for guided samples, the cond output itself otherwise, so that
+  // u + g * (c - u) is exactly c for unguided ones (c - c = 0) and diffusers' formula for guided ones.
+  std::vector<Tensor> u_rows;
+  std::vector<float> scales;
+  size_t next_guided = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const bool g = next_guided < guided.size() && guided[next_guided] == s;
+    u_rows.push_back(g ? out.narrow(0, S + int64_t(next_guided), 1) : out.narrow(0, s, 1));
+    scales.push_back(g ? samples[size_t(s)]->cfg_scale : 1.0f);
+    if (g) ++next_guided;
+  }
+  return ops::guidance_combine(eps, stack_rows(u_rows), scales);
+}
+
 }  // namespace
 
 bool sync_each_call() {
@@ -79,38 +124,21 @@ Expected<BatchStepOutput> denoise_batch_step(const UNet& unet, std::span<Denoise
     }
   }
   std::span<sampling::Sampler* const> span(samplers.data(), samplers.size());
-  const Tensor x = stack_rows(xs);
-  const Tensor x_in = sampling::scale_model_inputs(span, x);
-  std::vector<float> ts = sampling::model_timesteps(span);
-  std::vector<Tensor> in_rows = {x_in};
-  for (int64_t g : guided) {
-    in_rows.push_back(x_in.narrow(0, g, 1));
-    ts.push_back(ts[size_t(g)]);
-  }
   contexts.insert(contexts.end(), uncond_ctx.begin(), uncond_ctx.end());
-  const Tensor model_in = in_rows.size() == 1 ? x_in : ops::concat(in_rows, 0);
-  const Tensor context = stack_rows(contexts);
-  const Tensor t = Tensor::from_vector(ts, {int64_t(ts.size())}).to(x.device());
-  ATELIER_ASSIGN_OR_RETURN(const Tensor out, unet.forward(model_in, t, context));  // the stage::kUnet range
-  trace::Scope step_range(stage::kSamplerStep, trace::Category::kCall);          // CFG combine + sampler update
-
-  Tensor eps = out.narrow(0, 0, S);
-  if (!guided.empty()) {
-    // u row per sample: the uncond output for guided samples, the cond output itself otherwise, so that
-    // u + g * (c - u) is exactly c for unguided ones (c - c = 0) and diffusers' formula for guided ones.
-    std::vector<Tensor> u_rows;
-    std::vector<float> scales;
-    size_t next_guided = 0;
-    for (int64_t s = 0; s < S; ++s) {
-      const bool g = next_guided < guided.size() && guided[next_guided] == s;
-      u_rows.push_back(g ? out.narrow(0, S + int64_t(next_guided), 1) : out.narrow(0, s, 1));
-      scales.push_back(g ? samples[size_t(s)]->cfg_scale : 1.0f);
-      if (g) ++next_guided;
-    }
-    eps = ops::guidance_combine(eps, stack_rows(u_rows), scales);
-  }
+  // Each side of the UNet's replayed recording is a handful of small kernels (the next inputs; the combine and
+  // the sampler's update): the device launches each side as one (Backend::run_batched).
+  Backend& backend = backend_for(unet.device());
+  CallInputs in;
+  backend.run_batched([&] { in = call_inputs(span, stack_rows(xs), contexts, guided); });
+  // Borrowed: `out` is read by the combine and the sampler update below, enqueued before the next call, and every
+  // tensor they leave behind (the next latents, saved history, the denoised preview) is a fresh one.
+  ATELIER_ASSIGN_OR_RETURN(const Tensor out, unet.forward(in.model_in, in.t, in.context, GraphRunner::Result::kBorrowed));
+  trace::Scope step_range(stage::kSamplerStep, trace::Category::kCall);  // CFG combine + sampler update
   BatchStepOutput result;
-  result.x = sampling::apply_step(span, x, eps, want_denoised ? &result.denoised : nullptr);
+  backend.run_batched([&] {
+    const Tensor eps = guided_prediction(out, samples, guided);
+    result.x = sampling::apply_step(span, in.x, eps, want_denoised ? &result.denoised : nullptr);
+  });
   for (int64_t s = 0; s < S; ++s) {
     DenoiseSample& d = *samples[size_t(s)];
     d.x = result.x.narrow(0, s, 1);

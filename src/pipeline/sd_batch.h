@@ -10,6 +10,8 @@
 //   eps_s  = u_s + g_s * (c_s - u_s) for guided samples (diffusers' order of operations), c_s otherwise
 //   x_s    = the sampler's update of x_s with eps_s         (sampling::apply_step, one fused op per output)
 // A sample is "guided" when its cfg_scale > 1 (diffusers: do_classifier_free_guidance = guidance_scale > 1).
+// On the device, the work before the UNet call (scaled rows, timesteps, contexts) and after it (combine, update)
+// launches as one batch each (Backend::run_batched), and the UNet's output is borrowed, not copied out.
 #pragma once
 #include <span>
 #include <string>

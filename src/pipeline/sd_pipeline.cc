@@ -122,12 +122,17 @@ Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samp
   // The request's samples as one batch of the step-level batcher (pipeline/sd_batch.h).
   std::vector<DenoiseSample> samples(static_cast<size_t>(batch));
   std::vector<DenoiseSample*> ptrs;
+  // With CFG, the cond rows and then the uncond rows of one buffer, made once: the batch step stacks a call's
+  // context from consecutive rows without a copy, where separate buffers cost a concatenation every step.
+  const bool guided = cfg_scale > 1.0f;
+  const bool one_buffer = guided && cond.shape() == uncond.shape() && cond.dtype() == uncond.dtype();
+  const Tensor contexts = one_buffer ? ops::concat({cond, uncond}, 0) : cond;
   for (int64_t b = 0; b < batch; ++b) {
     DenoiseSample& d = samples[size_t(b)];
     d.sampler = samplers[size_t(b)];
     d.x = x.narrow(0, b, 1);
-    d.cond = cond.narrow(0, b, 1);
-    if (cfg_scale > 1.0f) d.uncond = uncond.narrow(0, b, 1);
+    d.cond = contexts.narrow(0, b, 1);
+    if (guided) d.uncond = one_buffer ? contexts.narrow(0, batch + b, 1) : uncond.narrow(0, b, 1);
     d.cfg_scale = cfg_scale;
     ptrs.push_back(&d);
   }

@@ -70,11 +70,13 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::synchronize() {
   DeviceGuard guard(index_);
+  BatchPause pause(*this);  // the wait covers the batch gathered so far
   ATELIER_CUDA_OK(cudaStreamSynchronize(stream_));
 }
 
 uint64_t CudaBackend::mark_queue() {
   DeviceGuard guard(index_);
+  BatchPause pause(*this);  // the mark comes after the batch gathered so far (an event recorded while gathering would not)
   std::lock_guard<std::mutex> lock(marks_mu_);
   const uint64_t mark = ++marks_issued_;
   cudaEvent_t& e = marks_[mark % kQueueMarks];
@@ -85,6 +87,7 @@ uint64_t CudaBackend::mark_queue() {
 
 void CudaBackend::wait_for_mark(uint64_t mark) {
   DeviceGuard guard(index_);
+  BatchPause pause(*this);
   cudaEvent_t e = nullptr;
   {
     std::lock_guard<std::mutex> lock(marks_mu_);
@@ -107,9 +110,12 @@ void CudaBackend::copy_between_devices(Tensor& dst, const Tensor& src) {
   } else if (src_host) {
     CudaBackend& to = cuda_backend(dst.device().index);
     DeviceGuard guard(to.index_);
-    if (!upload_inline(dst.raw(), src.raw(), bytes, to.stream_)) to.staging_.host_to_device(dst.raw(), src.raw(), bytes, to.stream_);
+    if (upload_inline(dst.raw(), src.raw(), bytes, to.stream_)) return;  // in a kernel's parameters: batches take it
+    BatchPause pause(to);  // the staging slots are reused once their event passes: not something a graph can hold
+    to.staging_.host_to_device(dst.raw(), src.raw(), bytes, to.stream_);
   } else if (dst_host) {
     CudaBackend& from = cuda_backend(src.device().index);
+    BatchPause pause(from);
     from.staging_.device_to_host(dst.raw(), src.raw(), bytes, from.stream_);
   } else {
     CudaBackend& from = cuda_backend(src.device().index);
@@ -119,6 +125,7 @@ void CudaBackend::copy_between_devices(Tensor& dst, const Tensor& src) {
       ATELIER_CUDA_OK(cudaMemcpyAsync(dst.raw(), src.raw(), bytes, cudaMemcpyDeviceToDevice, to.stream_));
     } else {
       from.synchronize();  // the source is complete before the other device's stream reads it
+      BatchPause pause(to);
       ATELIER_CUDA_OK(cudaMemcpyPeerAsync(dst.raw(), to.index_, src.raw(), from.index_, bytes, to.stream_));
     }
   }

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -75,6 +76,9 @@ class CudaBackend final : public Backend {
   // CUDA graphs (cuda_graph.cu).
   std::unique_ptr<CapturedWork> capture(const std::function<void()>& fn) override;
   bool can_capture() const override { return true; }
+  // Batched launches (cuda_batch.cu): fn's work recorded into a graph, launched as one; the executable graph of an
+  // earlier batch with the same kernels is updated in place rather than instantiated again.
+  void run_batched(const std::function<void()>& fn) override;
   std::unique_ptr<trace::DeviceTimer> make_device_timer() override;  // cuda_timer.cu
 
   void copy(Tensor& dst, const Tensor& src) override;
@@ -191,6 +195,24 @@ class CudaBackend final : public Backend {
   void run_gemm(const GemmCall& call);
 
  private:
+  // While a guard lives, a batch open on the calling thread (run_batched) is launched and closed (the host copy,
+  // wait or queue mark that follows must come after the work gathered so far), then opened again.
+  class BatchPause {
+   public:
+    explicit BatchPause(CudaBackend& b);
+    ~BatchPause();
+    BatchPause(const BatchPause&) = delete;
+    BatchPause& operator=(const BatchPause&) = delete;
+
+   private:
+    CudaBackend& b_;
+    bool paused_ = false;
+  };
+  struct BatchGraphs;  // cuda_batch.cu: executable graphs of earlier batches, by their kernels
+  bool batch_open_here() const;  // a batch is being gathered on the calling thread
+  bool open_batch();              // false (nothing open) where capture could not begin
+  void launch_batch();            // ends the open batch's capture and launches it (throws where capture failed)
+  void drop_batch() noexcept;     // ends the open batch's capture without running its work
   // The cuBLASLt engine of this device, made at first use.
   GemmEngine& gemm_engine();
   // Attention through two batched GEMMs and a masked softmax, in chunks of queries (any dtype/head dims).
@@ -318,6 +340,9 @@ class CudaBackend final : public Backend {
   bool fused_fp8_norm_modulate_ = true;
   bool specialized_norm_modulate_ = true;
   bool fp8_attention_ = false;
+  // The open batch (run_batched): the thread gathering it (a default id when none), and earlier batches' graphs.
+  std::atomic<std::thread::id> batch_thread_{};
+  std::shared_ptr<BatchGraphs> batch_graphs_;  // made (and its deleter taken) in cuda_batch.cu
 };
 
 // The backend of cuda:`index` (throws atelier::Error when that device is not available).
@@ -332,6 +357,18 @@ void set_concat_one_pass(bool on);
 int64_t copy_many_launches();
 void set_driver_copies(bool on);
 bool driver_copies();
+// run_batched's figures so far (tests, benchmarks): batches launched, graphs instantiated for them and updated in
+// place, pauses (a host copy, wait or mark inside a batch), and its switch (default on, unless
+// ATELIER_LAUNCH_BATCHES=0: fn runs eagerly).
+struct LaunchBatchStats {
+  int64_t launched = 0, instantiated = 0, updated = 0, paused = 0;
+};
+LaunchBatchStats launch_batch_stats();
+void set_launch_batches(bool on);
+bool launch_batches();
+// Whether the calling thread is gathering a batch on `stream` (small uploads may then go in kernel parameters:
+// the batch runs once, unlike a recording replayed later).
+bool batching_on(cudaStream_t stream);
 // The fused guidance combine's and timestep features' launches so far (tests: which path ran).
 int64_t guidance_combine_launches();
 int64_t timestep_features_launches();

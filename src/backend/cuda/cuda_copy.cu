@@ -368,7 +368,8 @@ bool upload_inline(void* dst, const void* src, size_t bytes, cudaStream_t stream
   if (bytes == 0 || bytes > kInlineUploadBytes || g_driver_copies.load()) return false;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   ATELIER_CUDA_OK(cudaStreamIsCapturing(stream, &capturing));
-  if (capturing != cudaStreamCaptureStatusNone) return false;
+  // A recording replays its kernels' parameters as they were; a batch (run_batched) runs once, as eager work.
+  if (capturing != cudaStreamCaptureStatusNone && !batching_on(stream)) return false;
   if (bytes <= kSmallUploadBytes)
     launch_upload<kSmallUploadBytes>(dst, src, bytes, stream);
   else

@@ -289,7 +289,8 @@ Status UNet::check_inputs(const Tensor& x, const Tensor& timesteps, const Tensor
   return Status::ok();
 }
 
-Expected<Tensor> UNet::forward(const Tensor& x, const Tensor& timesteps, const Tensor& context) const {
+Expected<Tensor> UNet::forward(const Tensor& x, const Tensor& timesteps, const Tensor& context,
+                               GraphRunner::Result result) const {
   ATELIER_RETURN_IF_ERROR(check_inputs(x, timesteps, context));
   // Every UNet call is one trace range wherever it is called from (pipeline, batcher, bench); the pipeline
   // names it stage::kUnet.
@@ -299,7 +300,7 @@ Expected<Tensor> UNet::forward(const Tensor& x, const Tensor& timesteps, const T
     // On a device that records its work (CUDA) the call is replayed as one graph from the second call of a
     // shape on; elsewhere this is a plain call.
     out = graphs_->run({x, timesteps, context}, device_,
-                       [this](const std::vector<Tensor>& in) { return run(in[0], in[1], in[2]); });
+                       [this](const std::vector<Tensor>& in) { return run(in[0], in[1], in[2]); }, result);
     return Status::ok();
   }));
   return out;

@@ -39,8 +39,11 @@ class UNet {
   static Expected<std::vector<std::pair<std::string, Shape>>> parameter_shapes(const UNetConfig& config);
 
   // x [B, in_channels, h, w] (any h, w >= 1), timesteps [B] f32 (one per sample; [1] is shared by all),
-  // context [B, S, cross_attention_dim] -> noise prediction [B, out_channels, h, w] f32.
-  Expected<Tensor> forward(const Tensor& x, const Tensor& timesteps, const Tensor& context) const;
+  // context [B, S, cross_attention_dim] -> noise prediction [B, out_channels, h, w] f32. `result`: kBorrowed
+  // for a caller that reads the prediction before its next forward() and keeps none of it (a sampler step),
+  // which spares a copy of it at every replayed call (GraphRunner::Result).
+  Expected<Tensor> forward(const Tensor& x, const Tensor& timesteps, const Tensor& context,
+                           GraphRunner::Result result = GraphRunner::Result::kFresh) const;
 
   // The recorded-execution cache of forward() (CUDA graphs; see backend/graph_runner.h): its statistics,
   // and a way to switch recording off (tests compare the two) or drop the recordings' memory.
