@@ -129,6 +129,9 @@ TEST(CudaKernelTracer, BenchReportsTheCallsKernels) {
   ASSERT_TRUE(k.busy_pct.has_value());
   EXPECT_GT(*k.busy_pct, 0);
   EXPECT_LE(*k.busy_pct, 100.0 + 1e-9);
+  ASSERT_TRUE(k.steady_busy_pct.has_value());  // three calls: from the second one's first kernel on
+  EXPECT_GT(*k.steady_busy_pct, 0);
+  EXPECT_LE(*k.steady_busy_pct, 100.0 + 1e-9);
   ASSERT_FALSE(k.top.empty());
   double shares = 0;
   for (const KernelGroup& g : k.top) shares += g.share_pct;

@@ -68,9 +68,35 @@ TEST(KernelTrace, BenchFiguresPerCallAndOverTheWindow) {
   const std::string text = f->to_text("UNet");
   EXPECT_NE(text.find("3 per UNet call, 0.450 ms of kernel time"), std::string::npos) << text;
   EXPECT_NE(text.find("busy 52.5%"), std::string::npos) << text;
+  // From the second call's first kernel (1.05 ms) to the window's end: 0.45 + 0.1 + 0.05 over 0.95 ms.
+  ASSERT_TRUE(f->steady_busy_pct.has_value());
+  EXPECT_NEAR(*f->steady_busy_pct, 100.0 * 0.6 / 0.95, 1e-9);
+  EXPECT_NE(text.find("63.2% from its second call on"), std::string::npos) << text;
   const nlohmann::json j = f->to_json();
   EXPECT_EQ(j["top"].size(), 2u);
   EXPECT_DOUBLE_EQ(j["busy_pct"].get<double>(), *f->busy_pct);
+  EXPECT_DOUBLE_EQ(j["steady_busy_pct"].get<double>(), *f->steady_busy_pct);
+}
+
+// A loop whose first call waits 0.8 ms for the host's first launch before its kernels: the loop's busy share counts
+// that wait, the steady share (from the second call's first kernel) does not. Three calls of 1 ms of kernels each,
+// 1.1 ms apart from the second on; one call alone has no steady share.
+TEST(KernelTrace, SteadyBusyLeavesOutTheFirstCallsWait) {
+  constexpr int64_t kOrigin = 1'000'000'000;
+  std::vector<trace::Event> ev;
+  const int64_t starts[] = {800'000, 1'900'000, 3'000'000};  // first kernel of each call, from the loop's start
+  for (int c = 0; c < 3; ++c) {
+    ev.push_back(test::trace_event("unet", Category::kCall, kOrigin + starts[c] - 50'000, 1'100'000, (starts[c] - 50'000) / 1e3, 1100));
+    ev.push_back(kernel("k", kOrigin + starts[c], 1'000'000));
+  }
+  const int64_t end = kOrigin + 4'000'000;
+  const std::optional<KernelFigures> f = summarize_kernels(ev, kOrigin, "unet", kOrigin, end);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_NEAR(*f->busy_pct, 100.0 * 3.0 / 4.0, 1e-9);
+  ASSERT_TRUE(f->steady_busy_pct.has_value());
+  EXPECT_NEAR(*f->steady_busy_pct, 100.0 * 2.0 / 2.1, 1e-9);
+  const std::vector<trace::Event> one(ev.begin(), ev.begin() + 2);
+  EXPECT_FALSE(summarize_kernels(one, kOrigin, "unet", kOrigin, end)->steady_busy_pct.has_value());
 }
 
 // Kernels that overlap (other streams): the union counts their common time once, so a call of three overlapping

@@ -52,6 +52,7 @@ std::optional<KernelFigures> summarize_kernels(const std::vector<Event>& ev, int
   std::sort(kernels.begin(), kernels.end(), by_start);
   KernelFigures f;
   std::vector<double> counts, sums, spans, idles, unions, copy_counts, copy_sums;
+  std::vector<int64_t> firsts;  // each call's first kernel
   std::map<std::string, KernelGroup> groups;
   double total_ms = 0;
   for (const Event* call : trace::named(ev, call_range)) {
@@ -71,6 +72,7 @@ std::optional<KernelFigures> summarize_kernels(const std::vector<Event>& ev, int
       g.ms_per_call += ms;
     }
     const int64_t first = mine.front()->start_ns;
+    firsts.push_back(first);
     const double span_ms = double(last_end - first) / kNsPerMs;
     counts.push_back(double(mine.size()));
     sums.push_back(sum_ms);
@@ -95,6 +97,10 @@ std::optional<KernelFigures> summarize_kernels(const std::vector<Event>& ev, int
   f.copy_ms_per_call = bench_median(copy_sums);
   if (window_to_ns > window_from_ns) {
     f.busy_pct = kPercent * kernel_union_seconds(kernels, window_from_ns, window_to_ns) / (double(window_to_ns - window_from_ns) * 1e-9);
+    std::sort(firsts.begin(), firsts.end());
+    const int64_t steady_from = firsts.size() >= 2 ? std::max(firsts[1], window_from_ns) : window_to_ns;
+    if (steady_from < window_to_ns)
+      f.steady_busy_pct = kPercent * kernel_union_seconds(kernels, steady_from, window_to_ns) / (double(window_to_ns - steady_from) * 1e-9);
     for (const Event* c : copies)
       if (c->start_ns >= window_from_ns && c->start_ns < window_to_ns) ++f.window_copies, f.window_copy_ms += double(c->dur_ns) / kNsPerMs;
   }
@@ -123,6 +129,7 @@ nlohmann::json KernelFigures::to_json() const {
           {"idle_ms_per_call", idle_ms_per_call},
           {"union_ms_per_call", union_ms_per_call},
           {"busy_pct", busy_pct ? nlohmann::json(*busy_pct) : nlohmann::json(nullptr)},
+          {"steady_busy_pct", steady_busy_pct ? nlohmann::json(*steady_busy_pct) : nlohmann::json(nullptr)},
           {"copies_per_call", copies_per_call},
           {"copy_ms_per_call", copy_ms_per_call},
           {"window_copies", window_copies},
@@ -134,7 +141,9 @@ std::string KernelFigures::to_text(const std::string& call) const {
   std::string s = "kernels           " + fmt::sprintf("%.0f", kernels_per_call) + " per " + call + " call, " + fmt::sprintf("%.3f ms", kernel_ms_per_call) +
                   " of kernel time in a " + fmt::sprintf("%.3f ms", span_ms_per_call) + " span: the device idle " +
                   fmt::sprintf("%.3f ms", idle_ms_per_call) + " between them (medians over " + std::to_string(calls) + " calls";
-  s += busy_pct ? fmt::sprintf("; kernels busy %.1f%% of the denoise loop, CUPTI)\n", *busy_pct) : std::string(", CUPTI)\n");
+  if (busy_pct) s += fmt::sprintf("; kernels busy %.1f%% of the denoise loop", *busy_pct);
+  if (busy_pct && steady_busy_pct) s += fmt::sprintf(", %.1f%% from its second call on", *steady_busy_pct);
+  s += ", CUPTI)\n";
   if (copies_per_call > 0 || window_copies > 0)
     s += "copies            " + fmt::sprintf("%.0f per %s call (%.3f ms); %d in the denoise loop (%.3f ms): ", copies_per_call, call,
                                              copy_ms_per_call, window_copies, window_copy_ms) +

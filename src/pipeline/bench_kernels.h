@@ -32,6 +32,11 @@ struct KernelFigures {
   double union_ms_per_call = 0;   //   the union of the kernels' intervals (each median is over the calls on its own,
                                   //   so span - idle may differ from it; compare this one with the summed time)
   std::optional<double> busy_pct; // union of all kernels over the window summarize_kernels is given / its length
+  // The same from the second call's first kernel to the window's end: the loop in its steady state, without its
+  // first call, whose kernels wait for the host's first launches (slower with the tracer attached: CUPTI made
+  // each CFG graph launch ~0.6-0.8 ms of host time in session 48's trace, which run-ahead hides from the second
+  // call on). None with fewer than two calls.
+  std::optional<double> steady_busy_pct;
   // The queue's copies and memsets (copy engines' work, not kernels: kernel_tracer.h's bracketed names), medians per
   // call, and in the whole window (where the busy figure above does not count them).
   double copies_per_call = 0, copy_ms_per_call = 0;
