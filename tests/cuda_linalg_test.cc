@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_attention_wgmma.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_conv_graph.h"
@@ -46,6 +47,7 @@ struct ImplGuard {
     test::cuda_be().set_conv_gemm(cuda::conv_gemm_default());
     test::cuda_be().set_upsample_phases(cuda::upsample_phases_default());
     cuda::set_wgmma_attention(true);
+    cuda::set_short_kv_attention(true);
   }
 };
 
@@ -617,8 +619,10 @@ TEST(CudaOps, FlashAttentionMatchesCpu) {
   ImplGuard restore;
   test::cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);  // fails instead of falling back
   // The mma.sync kernel on every case (on sm_90 the wgmma kernel would take the unmasked bf16 ones first: its
-  // own tests are in cuda_attention_wgmma_test.cc).
+  // own tests are in cuda_attention_wgmma_test.cc), tiled over the keys (the one-tile variant for short key
+  // sequences would take most of these cases: cuda_attention_short_test.cc).
   cuda::set_wgmma_attention(false);
+  cuda::set_short_kv_attention(false);
   // Both block heights (one or two m-tiles per warp) on every case, and the wide key tile of the 128-query
   // kernels (head dims 48/64/128; elsewhere it falls back to the default tile).
   const struct {

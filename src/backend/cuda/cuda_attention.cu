@@ -17,6 +17,7 @@
 // ldmatrix (non-transposed) hands thread i the elements (row i/4, cols 2(i%4), 2(i%4)+1) of each 8x8 matrix:
 // the A layout for row-major Q, and the B layout for K^T when the matrices' rows are K's rows (keys).
 #include <algorithm>
+#include <atomic>
 
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_attention_wgmma.h"
@@ -59,9 +60,16 @@ template <int DPAD> constexpr int kPitch = DPAD + 8;  // row pitch in elements: 
 // so it is the default at 48 and 128 (kWideByDefault); CudaBackend::set_flash_key_tile forces either.
 template <int DPAD, int MT> constexpr int kWideBlockN = MT == 2 && (DPAD == 48 || DPAD == 64 || DPAD == 128) ? 2 * kBlockN<DPAD, MT> : 0;
 template <int DPAD> constexpr bool kWideByDefault = DPAD == 48 || DPAD == 128;
-template <typename T, int DPAD, int MT, int BN>
+// Short key sequences (at most kShortKeys: CLIP's 77 tokens, the cross-attentions of SD's UNet) at the widest head
+// dims run as one key tile of kShortKeys keys in one K and one V buffer (NBUF = 1): no third tile computed over
+// padding (77 keys were three 32-key tiles at head dim 160: 96 keys' products), one barrier instead of three, no
+// prefetch, no softmax rescale (launch_flash_short says where). ATELIER_SHORT_KV_ATTENTION=0 leaves them to the tiled
+// kernels.
+constexpr int kShortKeys = 80;
+// Q's tile plus NBUF buffers of one K and one V tile each.
+template <typename T, int DPAD, int MT, int BN, int NBUF = 2>
 constexpr size_t flash_smem_bytes() {
-  return size_t(kBlockM<MT> + 4 * BN) * kPitch<DPAD> * sizeof(T);
+  return size_t(kBlockM<MT> + 2 * NBUF * BN) * kPitch<DPAD> * sizeof(T);
 }
 
 template <typename T>
@@ -147,7 +155,8 @@ __device__ __forceinline__ void scale_scores(float (&s)[MT][NT][4], const FlashP
       }
 }
 
-template <typename T, int DPAD, int MT, int BN, bool MASKED>
+// NBUF = 1: the launcher guarantees one key tile (p.sk <= BN).
+template <typename T, int DPAD, int MT, int BN, bool MASKED, int NBUF>
 __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const FlashParams p) {
   constexpr int BM = kBlockM<MT>;
   constexpr int PITCH = kPitch<DPAD>;
@@ -157,8 +166,8 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const Fl
   constexpr int kOTiles = DPAD / 8;            // n-tiles of O
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* qs = reinterpret_cast<T*>(smem_raw);  // [BM][PITCH]
-  T* ks = qs + BM * PITCH;                 // [2][BN][PITCH]
-  T* vs = ks + 2 * BN * PITCH;             // [2][BN][PITCH]
+  T* ks = qs + BM * PITCH;                 // [NBUF][BN][PITCH]
+  T* vs = ks + NBUF * BN * PITCH;          // [NBUF][BN][PITCH]
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, tig = lane & 3;
@@ -200,9 +209,9 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const Fl
   const int mi = lane >> 3, mr = lane & 7;
 
   for (int t = 0; t < n_tiles; ++t) {
-    const int buf = t & 1;
+    const int buf = NBUF == 1 ? 0 : t & 1;
     const int kv0 = t * BN;
-    if (t + 1 < n_tiles) {  // prefetch the next tile into the other buffer (freed by the last barrier)
+    if (NBUF == 2 && t + 1 < n_tiles) {  // prefetch the next tile into the other buffer (freed by the last barrier)
       const int next = kv0 + BN;
       load_tile<T, DPAD, BN>(ks + (buf ^ 1) * BN * PITCH, kg + int64_t(next) * p.ks2, p.ks2, min(BN, p.sk - next), p.d);
       load_tile<T, DPAD, BN>(vs + (buf ^ 1) * BN * PITCH, vg + int64_t(next) * p.vs2, p.vs2, min(BN, p.sk - next), p.d);
@@ -337,11 +346,11 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const Fl
   }
 }
 
-template <typename T, int DPAD, int MT, int BN, bool MASKED>
+template <typename T, int DPAD, int MT, int BN, bool MASKED, int NBUF = 2>
 bool launch_flash_kernel(const FlashParams& p, int batch, size_t max_smem, cudaStream_t stream) {
-  constexpr size_t smem = flash_smem_bytes<T, DPAD, MT, BN>();
+  constexpr size_t smem = flash_smem_bytes<T, DPAD, MT, BN, NBUF>();
   if (smem > max_smem) return false;
-  const auto kernel = flash_attention_kernel<T, DPAD, MT, BN, MASKED>;
+  const auto kernel = flash_attention_kernel<T, DPAD, MT, BN, MASKED, NBUF>;
   if (smem > 48 * 1024) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned((p.sq + kBlockM<MT> - 1) / kBlockM<MT>), unsigned(p.heads), unsigned(batch));
   kernel<<<grid, kFlashThreads, smem, stream>>>(p);
@@ -405,6 +414,28 @@ bool launch_flash_bucket(const FlashParams& p, const FlashLaunch& l) {
   return launch_flash_rows<T, 256>(p, l);
 }
 
+std::atomic<bool> g_short_kv{!env_is("ATELIER_SHORT_KV_ATTENTION", "0")};
+std::atomic<int64_t> g_short_kv_launches{0};
+
+// One key tile of kShortKeys for p.sk <= kShortKeys (the caller checks): one m-tile per warp (at head dim 160, S's 40
+// and O's 80 accumulators a thread leave no room for a second).
+template <typename T, int DPAD>
+bool launch_flash_short_rows(const FlashParams& p, const FlashLaunch& l) {
+  const bool launched = p.mask.ptr ? launch_flash_kernel<T, DPAD, 1, kShortKeys, true, 1>(p, l.batch, l.max_smem, l.stream)
+                                   : launch_flash_kernel<T, DPAD, 1, kShortKeys, false, 1>(p, l.batch, l.max_smem, l.stream);
+  if (launched) g_short_kv_launches.fetch_add(1);
+  return launched;
+}
+
+// Head dims 136-160 (SD's 160) only, where it measured faster than the tiled kernel and cuDNN. At SD's 40 and 80 it
+// did not (session 48, H100, the SDPA race's eager timings at CFG: d40 over 77 keys 18.3 us against cuDNN's 17.1 and
+// the wgmma kernel's 20.1; d80 11.4 against the wgmma kernel's 10.4), and CFG ran 0.5% slower with it there.
+template <typename T>
+bool launch_flash_short(const FlashParams& p, const FlashLaunch& l) {
+  if (!g_short_kv.load() || p.sk > kShortKeys || p.d <= 128 || p.d > 160) return false;
+  return launch_flash_short_rows<T, 160>(p, l);
+}
+
 int64_t row_stride(const Tensor& t) { return t.size(2) == 1 ? t.size(3) : t.strides()[2]; }
 int64_t dim_stride(const Tensor& t, int d) { return t.size(d) == 1 ? 0 : t.strides()[d]; }
 
@@ -447,6 +478,8 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
   p.scale = scale;
   p.mask = attention_mask_of(mask);
   NvtxRange range("attention_flash");
+  const FlashLaunch launch{int(b), sm_count_, flash_block_rows_, flash_key_tile_, max_smem_optin_, stream_};
+  if (dt == DType::BF16 ? launch_flash_short<__nv_bfloat16>(p, launch) : launch_flash_short<__half>(p, launch)) return true;
   // Hopper: the wgmma/TMA kernel (cuda_attention_wgmma.cu) takes unmasked bf16 at head dims 40/64/80/128 first;
   // 1.1-2.4x this file's mma.sync kernel, and ahead of cuDNN's SDPA at SD's head dims 40 and 80.
   if (wgmma_attention_enabled() && dt == DType::BF16 && !mask.defined() && h % hk == 0) {
@@ -455,7 +488,6 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
                                 p.sk,  p.d,   scale, max_smem_optin_};
     if (launch_attention_wgmma(wa, cc_major_, stream_)) return true;
   }
-  const FlashLaunch launch{int(b), sm_count_, flash_block_rows_, flash_key_tile_, max_smem_optin_, stream_};
   if (dt == DType::BF16) return launch_flash_bucket<__nv_bfloat16>(p, launch);
   return launch_flash_bucket<__half>(p, launch);
 }
@@ -502,5 +534,9 @@ void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const
                             std::string(dtype_name(q.dtype())) + " " + shape_str(q.shape()) + " / " + shape_str(v.shape())));
   attention_gemm(out, q, k, v, mask, scale);
 }
+
+void set_short_kv_attention(bool on) { g_short_kv = on; }
+bool short_kv_attention() { return g_short_kv.load(); }
+int64_t short_kv_attention_launches() { return g_short_kv_launches.load(); }
 
 }  // namespace atelier::cuda
