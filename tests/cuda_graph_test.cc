@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "backend/graph_runner.h"
+#include "cuda_sd_test_util.h"
 #include "cuda_test_util.h"
 #include "models/common/weights.h"
 #include "models/sd/unet.h"
@@ -140,17 +141,10 @@ TEST(CudaGraph, BatchBucketsShareOneRecording) {
 TEST(CudaGraph, TwoHundredGenerationsKeepMemoryFlat) {
   ATELIER_REQUIRE_CUDA();
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
-  SdLoadOptions lo;
-  lo.compute_hash = false;
-  lo.device = cuda0();
-  auto model = load_sd_model((dir / "model").string(), lo);
+  auto model = test::load_tiny_sd_on_gpu(dir);
   ASSERT_TRUE(model.has_value()) << model.status().message();
   SdPipeline pipe(*model);
-  GenerateRequest r;
-  r.prompt = "a red circle";
-  r.width = r.height = 128;
-  r.steps = 3;
-  r.device = "cuda:0";
+  GenerateRequest r = test::tiny_gpu_request(3);
   constexpr int kGenerations = 200, kSettled = 10;
   size_t settled = 0;
   for (int i = 0; i < kGenerations; ++i) {

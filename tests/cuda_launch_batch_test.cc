@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/graph_runner.h"
+#include "cuda_sd_test_util.h"
 #include "cuda_test_util.h"
 #include "ops_test_util.h"
 #include "pipeline/sd_model.h"
@@ -162,18 +163,11 @@ TEST(CudaGraph, BorrowedOutputIsTheRecordingsBufferAndFreshIsACopy) {
 TEST(CudaLaunchBatch, SdGenerationsEqualThoseWithoutBatches) {
   ATELIER_REQUIRE_CUDA();
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
-  SdLoadOptions lo;
-  lo.compute_hash = false;
-  lo.device = cuda0();
-  auto model = load_sd_model((dir / "model").string(), lo);
+  auto model = test::load_tiny_sd_on_gpu(dir);
   ASSERT_TRUE(model.has_value()) << model.status().message();
   SdPipeline pipe(*model);
-  GenerateRequest r;
-  r.prompt = "a red circle";
-  r.width = r.height = 128;
-  r.steps = 6;
+  GenerateRequest r = test::tiny_gpu_request(6);
   r.seed = 42;
-  r.device = "cuda:0";
   // First a generation that makes the UNet's recording and the per-shape choices, so that both compared runs
   // replay the same recording (an eager first call may pick its kernels differently).
   ASSERT_TRUE(pipe.generate(r).has_value());
