@@ -27,10 +27,8 @@ struct DeviceBytes {
 };
 
 std::vector<cudaGraphNode_t> nodes_of(cudaGraph_t g) {
-  size_t n = 0;
-  EXPECT_EQ(cudaGraphGetNodes(g, nullptr, &n), cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(n);
-  if (n > 0) EXPECT_EQ(cudaGraphGetNodes(g, nodes.data(), &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes;
+  EXPECT_TRUE(cuda::graph_nodes(g, &nodes));
   return nodes;
 }
 cudaGraphNodeType type_of(cudaGraphNode_t node) {

@@ -417,23 +417,17 @@ bool launch_flash_bucket(const FlashParams& p, const FlashLaunch& l) {
 std::atomic<bool> g_short_kv{!env_is("ATELIER_SHORT_KV_ATTENTION", "0")};
 std::atomic<int64_t> g_short_kv_launches{0};
 
-// One key tile of kShortKeys for p.sk <= kShortKeys (the caller checks): one m-tile per warp (at head dim 160, S's 40
-// and O's 80 accumulators a thread leave no room for a second).
-template <typename T, int DPAD>
-bool launch_flash_short_rows(const FlashParams& p, const FlashLaunch& l) {
-  const bool launched = p.mask.ptr ? launch_flash_kernel<T, DPAD, 1, kShortKeys, true, 1>(p, l.batch, l.max_smem, l.stream)
-                                   : launch_flash_kernel<T, DPAD, 1, kShortKeys, false, 1>(p, l.batch, l.max_smem, l.stream);
-  if (launched) g_short_kv_launches.fetch_add(1);
-  return launched;
-}
-
 // Head dims 136-160 (SD's 160) only, where it measured faster than the tiled kernel and cuDNN. At SD's 40 and 80 it
 // did not (session 48, H100, the SDPA race's eager timings at CFG: d40 over 77 keys 18.3 us against cuDNN's 17.1 and
 // the wgmma kernel's 20.1; d80 11.4 against the wgmma kernel's 10.4), and CFG ran 0.5% slower with it there.
+// One m-tile per warp: at head dim 160, S's 40 and O's 80 accumulators a thread leave no room for a second.
 template <typename T>
 bool launch_flash_short(const FlashParams& p, const FlashLaunch& l) {
   if (!g_short_kv.load() || p.sk > kShortKeys || p.d <= 128 || p.d > 160) return false;
-  return launch_flash_short_rows<T, 160>(p, l);
+  const bool launched = p.mask.ptr ? launch_flash_kernel<T, 160, 1, kShortKeys, true, 1>(p, l.batch, l.max_smem, l.stream)
+                                   : launch_flash_kernel<T, 160, 1, kShortKeys, false, 1>(p, l.batch, l.max_smem, l.stream);
+  if (launched) g_short_kv_launches.fetch_add(1);
+  return launched;
 }
 
 int64_t row_stride(const Tensor& t) { return t.size(2) == 1 ? t.size(3) : t.strides()[2]; }
@@ -536,7 +530,6 @@ void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const
 }
 
 void set_short_kv_attention(bool on) { g_short_kv = on; }
-bool short_kv_attention() { return g_short_kv.load(); }
 int64_t short_kv_attention_launches() { return g_short_kv_launches.load(); }
 
 }  // namespace atelier::cuda

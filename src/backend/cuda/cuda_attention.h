@@ -17,7 +17,6 @@ struct AttentionMask {
 // kShortKeys), tried before the other flash kernels (and so raced against cuDNN's SDPA per shape like them): its switch
 // (default on, unless ATELIER_SHORT_KV_ATTENTION=0) and launches so far (tests: which kernel took a case).
 void set_short_kv_attention(bool on);
-bool short_kv_attention();
 int64_t short_kv_attention_launches();
 
 inline AttentionMask attention_mask_of(const Tensor& mask) {

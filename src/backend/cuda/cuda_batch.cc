@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_graph.h"
 #include "core/status.h"
 
 namespace atelier::cuda {
@@ -34,11 +35,7 @@ thread_local cudaStream_t t_batch_stream = nullptr;  // the stream the calling t
 // What an executable graph made for one batch needs of another to take its parameters in place: nodes of the same
 // kinds, kernel nodes of the same functions, in the same order (a capture from one stream is a chain, so the order
 // fixes the edges). Copies and memsets differ only in their parameters, which an update carries.
-std::string topology_key(cudaGraph_t graph) {
-  size_t n = 0;
-  ATELIER_CUDA_OK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  if (n > 0) ATELIER_CUDA_OK(cudaGraphGetNodes(graph, nodes.data(), &n));
+std::string topology_key(const std::vector<cudaGraphNode_t>& nodes) {
   std::string key;
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type{};
@@ -80,10 +77,10 @@ struct CudaBackend::BatchGraphs {
     for (Exec& e : execs) cudaGraphExecDestroy(e.exec);  // launches in flight complete first
   }
 
-  // An executable graph that runs `graph`'s work: an earlier batch's updated in place where the topology
-  // matches and the update succeeds, else a new one.
-  cudaGraphExec_t exec_for(cudaGraph_t graph) {
-    const std::string key = topology_key(graph);
+  // An executable graph that runs `graph`'s work (`nodes`: its nodes): an earlier batch's updated in place where
+  // the topology matches and the update succeeds, else a new one.
+  cudaGraphExec_t exec_for(cudaGraph_t graph, const std::vector<cudaGraphNode_t>& nodes) {
+    const std::string key = topology_key(nodes);
     for (auto it = execs.begin(); it != execs.end(); ++it) {
       if (it->key != key) continue;
       cudaGraphExecUpdateResultInfo info{};
@@ -153,11 +150,14 @@ void CudaBackend::launch_batch() {
     cudaGraph_t g;
     ~OwnGraph() { cudaGraphDestroy(g); }
   } own{graph};
-  size_t nodes = 0;
-  ATELIER_CUDA_OK(cudaGraphGetNodes(graph, nullptr, &nodes));
-  if (nodes == 0) return;
+  std::vector<cudaGraphNode_t> nodes;
+  if (!graph_nodes(graph, &nodes)) {
+    const cudaError_t why = cudaGetLastError();
+    throw Error(Status(ErrorCode::kInternal, std::string("a batched launch's graph could not be read: ") + cudaGetErrorString(why)));
+  }
+  if (nodes.empty()) return;
   if (!batch_graphs_) batch_graphs_ = std::make_shared<BatchGraphs>();
-  ATELIER_CUDA_OK(cudaGraphLaunch(batch_graphs_->exec_for(graph), stream_));
+  ATELIER_CUDA_OK(cudaGraphLaunch(batch_graphs_->exec_for(graph, nodes), stream_));
   g_launched.fetch_add(1);
 }
 

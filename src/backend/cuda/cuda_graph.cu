@@ -122,11 +122,16 @@ bool graph_memset_kernels() { return memset_kernels_flag(); }
 void set_graph_memset_kernels(bool on) { memset_kernels_flag() = on; }
 int64_t graph_memsets_replaced() { return g_memsets_replaced.load(); }
 
-int replace_memset_nodes(cudaGraph_t graph) {
+bool graph_nodes(cudaGraph_t graph, std::vector<cudaGraphNode_t>* nodes) {
   size_t n = 0;
-  if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) return -1;
-  std::vector<cudaGraphNode_t> nodes(n);
-  if (n > 0 && cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) return -1;
+  if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) return false;
+  nodes->assign(n, nullptr);
+  return n == 0 || cudaGraphGetNodes(graph, nodes->data(), &n) == cudaSuccess;
+}
+
+int replace_memset_nodes(cudaGraph_t graph) {
+  std::vector<cudaGraphNode_t> nodes;
+  if (!graph_nodes(graph, &nodes)) return -1;
   int replaced = 0;
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type{};

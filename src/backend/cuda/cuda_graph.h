@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace atelier::cuda {
 
@@ -18,6 +19,9 @@ void set_graph_memset_kernels(bool on);
 // or -1 where an edit failed (the graph then still does what it did: a node is only removed once its replacement
 // is wired).
 int replace_memset_nodes(cudaGraph_t graph);
+
+// `graph`'s nodes into *nodes (in the order cudaGraphGetNodes gives: a capture's order); false where CUDA refused.
+bool graph_nodes(cudaGraph_t graph, std::vector<cudaGraphNode_t>* nodes);
 
 // Memset nodes replaced in this process's graphs so far (tests, logs).
 int64_t graph_memsets_replaced();
