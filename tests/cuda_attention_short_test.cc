@@ -1,6 +1,7 @@
-// Attention over short key sequences (at most 80 keys: the cross-attentions over CLIP's 77 tokens) at head dims 136-160
-// as one key tile of the mma.sync flash kernel (cuda_attention.cu, kShortKeys): CPU parity with and without masks,
-// into merged heads, and the cases it leaves to the other kernels. Skips without a GPU.
+// Attention over short key sequences (at most 80 keys: the cross-attentions over CLIP's 77 tokens): at head dims up to
+// 128 the kernel of cuda_attention_short.cu (unmasked), at 136-160 one key tile of the mma.sync flash kernel
+// (cuda_attention.cu, kShortKeys). CPU parity with and without masks, into merged heads, with one or several query
+// tiles a warp, and the cases they leave to the other kernels. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/cuda_attention_short.h"
 #include "cuda_test_util.h"
 #include "ops_test_util.h"
 
@@ -19,12 +21,15 @@ using test::cuda_be;
 using test::random_tensor;
 
 struct ShortScope {
+  bool narrow_before = cuda::set_short_kv_attention_narrow(true);  // off by default until measured (cuda_attention.cu)
   ShortScope() {
     cuda::set_short_kv_attention(true);
     cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);  // no cuDNN race: the flash kernels must take it
   }
   ~ShortScope() {
     cuda::set_short_kv_attention(true);
+    cuda::set_short_kv_tiles_per_warp(0);
+    cuda::set_short_kv_attention_narrow(narrow_before);
     cuda_be().set_attention_impl(cuda::AttentionImpl::kAuto);
     cuda_be().set_flash_block_rows(0);
   }
@@ -71,14 +76,44 @@ TEST(CudaShortKvAttention, MatchesTheCpu) {
   }
 }
 
+TEST(CudaShortKvAttention, NarrowHeadDimsMatchTheCpu) {
+  ATELIER_REQUIRE_CUDA();
+  ShortScope scope;
+  // SD 1.x's level-0 and level-1 cross-attentions (head dims 40 and 80 over 77 keys), SD 2.x's 64, every head-dim
+  // bucket (8 runs with 32 columns, 96 with 128), exactly 80 keys, one key, grouped K/V heads, ragged and single queries.
+  const Case cases[] = {{2, 8, 8, 4096, 77, 40}, {2, 8, 8, 1024, 77, 80}, {1, 5, 5, 300, 77, 64},
+                        {1, 2, 2, 50, 20, 8},    {1, 3, 3, 100, 80, 32},  {1, 4, 2, 130, 33, 48},
+                        {1, 2, 2, 70, 1, 96},    {1, 2, 2, 33, 77, 128},  {1, 2, 2, 1, 77, 40}};
+  const auto fn = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], Tensor()); };
+  for (int tiles : {0, 1, 3}) {  // the one-wave grid; one tile a warp; three (each warp's two Q buffers reused)
+    cuda::set_short_kv_tiles_per_warp(tiles);
+    for (const Case& c : cases) {
+      const Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 110), k = random_tensor({c.b, c.hk, c.sk, c.d}, 111),
+                   v = random_tensor({c.b, c.hk, c.sk, c.d}, 112);
+      for (DType dt : test::kLowp) {
+        char what[160];
+        std::snprintf(what, sizeof(what), "short-kv attention tiles%d b%lld h%lld/%lld q%lld k%lld d%lld %s", tiles,
+                      (long long)c.b, (long long)c.h, (long long)c.hk, (long long)c.sq, (long long)c.sk, (long long)c.d,
+                      std::string(dtype_name(dt)).c_str());
+        const int64_t before = cuda::short_kv_attention_launches();
+        EXPECT_PARITY(std::string(what), fn, std::vector<Tensor>({q, k, v}), dt);
+        EXPECT_GT(cuda::short_kv_attention_launches(), before) << what << ": the short-key kernel did not take the case";
+      }
+    }
+  }
+}
+
 TEST(CudaShortKvAttention, WritesMergedHeads) {
   ATELIER_REQUIRE_CUDA();
   ShortScope scope;
-  const Tensor q = random_tensor({2, 8, 256, 160}, 95), k = random_tensor({2, 8, 77, 160}, 96), v = random_tensor({2, 8, 77, 160}, 97);
   const auto fn = [](const std::vector<Tensor>& in) { return ops::attention_merged(in[0], in[1], in[2]); };
-  const int64_t before = cuda::short_kv_attention_launches();
-  for (DType dt : test::kLowp) EXPECT_PARITY("short-kv attention_merged", fn, std::vector<Tensor>({q, k, v}), dt);
-  EXPECT_GT(cuda::short_kv_attention_launches(), before);
+  for (int64_t d : {160, 40}) {  // the one-tile flash kernel; the narrow heads' kernel
+    const Tensor q = random_tensor({2, 8, 256, d}, 95), k = random_tensor({2, 8, 77, d}, 96), v = random_tensor({2, 8, 77, d}, 97);
+    const int64_t before = cuda::short_kv_attention_launches();
+    for (DType dt : test::kLowp)
+      EXPECT_PARITY("short-kv attention_merged d" + std::to_string(d), fn, std::vector<Tensor>({q, k, v}), dt);
+    EXPECT_GT(cuda::short_kv_attention_launches(), before);
+  }
 }
 
 TEST(CudaShortKvAttention, LongerSequencesOtherHeadDimsAndTheSwitchGoElsewhere) {
@@ -87,10 +122,14 @@ TEST(CudaShortKvAttention, LongerSequencesOtherHeadDimsAndTheSwitchGoElsewhere) 
   const auto fn = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], Tensor()); };
   const Tensor q = random_tensor({1, 2, 100, 160}, 98), k81 = random_tensor({1, 2, 81, 160}, 99), v81 = random_tensor({1, 2, 81, 160}, 100);
   const Tensor k77 = random_tensor({1, 2, 77, 160}, 104), v77 = random_tensor({1, 2, 77, 160}, 105);
-  const Tensor q40 = random_tensor({1, 2, 100, 40}, 101), k40 = random_tensor({1, 2, 77, 40}, 102), v40 = random_tensor({1, 2, 77, 40}, 103);
+  const Tensor q40 = random_tensor({1, 2, 100, 40}, 101), k40 = random_tensor({1, 2, 81, 40}, 102), v40 = random_tensor({1, 2, 81, 40}, 103);
+  const Tensor k40s = random_tensor({1, 2, 77, 40}, 106), v40s = random_tensor({1, 2, 77, 40}, 107);
+  const auto masked = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], in[3]); };
   const int64_t before = cuda::short_kv_attention_launches();
   EXPECT_PARITY("81 keys (tiled)", fn, std::vector<Tensor>({q, k81, v81}), DType::BF16);
-  EXPECT_PARITY("head dim 40 over 77 keys (wgmma or tiled)", fn, std::vector<Tensor>({q40, k40, v40}), DType::BF16);
+  EXPECT_PARITY("head dim 40 over 81 keys (wgmma or tiled)", fn, std::vector<Tensor>({q40, k40, v40}), DType::BF16);
+  EXPECT_PARITY("head dim 40 over 77 keys, masked (tiled)", masked,
+                std::vector<Tensor>({q40, k40s, v40s, random_tensor({100, 77}, 108, 2.0f)}), DType::BF16);
   cuda::set_short_kv_attention(false);
   EXPECT_PARITY("77 keys, switched off (tiled)", fn, std::vector<Tensor>({q, k77, v77}), DType::BF16);
   EXPECT_EQ(cuda::short_kv_attention_launches(), before);

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_attention_wgmma.h"
 #include "cuda_test_util.h"
 #include "ops_test_util.h"
@@ -15,10 +16,15 @@ using test::cuda0;
 using test::cuda_be;
 using test::random_tensor;
 
+// The short-key kernels (cuda_attention_short_test.cc) off: they come first and would take the cases over <= 80 keys.
 struct WgmmaScope {
-  explicit WgmmaScope(bool on) { cuda::set_wgmma_attention(on); }
+  explicit WgmmaScope(bool on) {
+    cuda::set_wgmma_attention(on);
+    cuda::set_short_kv_attention(false);
+  }
   ~WgmmaScope() {
     cuda::set_wgmma_attention(true);
+    cuda::set_short_kv_attention(true);
     cuda_be().set_attention_impl(cuda::AttentionImpl::kAuto);
   }
 };

@@ -13,10 +13,13 @@ struct AttentionMask {
   int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;  // element strides over [B, H, Sq, Sk]
 };
 
-// Attention over at most 80 keys at head dims 136-160 as one key tile of the mma.sync flash kernel (cuda_attention.cu,
-// kShortKeys), tried before the other flash kernels (and so raced against cuDNN's SDPA per shape like them): its switch
-// (default on, unless ATELIER_SHORT_KV_ATTENTION=0) and launches so far (tests: which kernel took a case).
+// Attention over at most 80 keys (the cross-attentions over CLIP's 77 tokens): at head dims 136-160 as one key tile of
+// the mma.sync flash kernel (cuda_attention.cu, kShortKeys), and where switched on, unmasked at head dims up to 128
+// through cuda_attention_short.cu; tried before the other flash kernels (and so raced against cuDNN's SDPA per shape
+// like them). The switches (ATELIER_SHORT_KV_ATTENTION: "0" off, "all" both, else the 136-160 kernel only), the
+// narrow one's setter (returns its previous state) and launches of either so far (tests: which kernel took a case).
 void set_short_kv_attention(bool on);
+bool set_short_kv_attention_narrow(bool on);
 int64_t short_kv_attention_launches();
 
 inline AttentionMask attention_mask_of(const Tensor& mask) {

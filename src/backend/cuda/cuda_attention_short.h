@@ -1,0 +1,40 @@
+// Attention over short key sequences at head dims up to 128 (cuda_attention_short.cu): SD's cross-attentions over
+// CLIP's 77 tokens at head dims 40 and 80 (SD 1.x) or 64 (SD 2.x). Reached through the flash path's dispatch
+// (cuda_attention.cu, launch_flash_short), so cuDNN's SDPA races it per shape like the other flash kernels. Off by
+// default (ATELIER_SHORT_KV_ATTENTION=all switches it on) until a GPU has run scripts/gpu_short_kv.sh: it was written
+// in session 49, when no GPU was lent.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace atelier::cuda {
+
+// Keys the kernel holds at once: one tile of 80 (ten 8-key n-tiles of S, five 16-key k-steps of P V).
+constexpr int kShortKvMaxKeys = 80;
+constexpr int kShortKvMaxHeadDim = 128;
+
+// q [B, H, Sq, D], k/v [B, H / group, Sk, D], out [B, H, Sq, D] as element strides (batch, head, row; unit last
+// stride), bf16 or f16, no mask. The caller has checked 16-byte aligned q/k/v rows and 4-byte aligned out rows.
+struct ShortKvArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, os0, os1, os2;
+  int batch, heads, group, sq, sk, d;
+  float scale;
+  bool bf16;
+  int sm_count;
+};
+
+// Enqueues the kernel on `stream`; false (nothing enqueued) where it does not apply: more than kShortKvMaxKeys keys,
+// a head dim above kShortKvMaxHeadDim or not a multiple of 8.
+bool launch_short_kv_attention(const ShortKvArgs& a, cudaStream_t stream);
+
+// Query tiles (16 rows) each warp takes: 0 (the default) sizes the grid as one wave of resident blocks, n > 0 gives
+// every warp n tiles (ATELIER_SHORT_KV_TILES=n sets it at start-up). For tuning and for the tests of the pipelined
+// tile loop.
+void set_short_kv_tiles_per_warp(int tiles);
+
+}  // namespace atelier::cuda
