@@ -80,7 +80,9 @@ else
   (( ${#names[@]} > 0 )) || status=2
 fi
 
-if [[ ${BENCH:-1} != 0 ]]; then  # BENCH=0: tests only
+if [[ ${BENCH:-1} != 0 && ! -x $bench ]]; then
+  echo "=== no cuda_ops_bench in this pack (GPU_PACK_NO_BENCH=1): micro-benchmarks skipped"
+elif [[ ${BENCH:-1} != 0 ]]; then  # BENCH=0: tests only
   echo "=== CUDA micro-benchmarks"
   "${run[@]}" "$bench" 2>&1 | tee "$out/cuda_ops_bench.txt"
   # The convolutions again on cuDNN's legacy API (graph-API path off), for the comparison in docs/cuda.md.

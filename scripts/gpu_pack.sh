@@ -32,7 +32,9 @@ stage=$work/stage
 mkdir -p "$stage/bin/tests" "$stage/bin/bench" "$stage/fixtures/sd15-tiny/model"
 cp "$BUILD_DIR/tests/atelier_gpu_tests" "$stage/bin/tests/"
 # (unet_step_bench is left out: `atelier bench` measures the same, and each binary carries every kernel.)
-cp "$BUILD_DIR/bench/cuda_ops_bench" "$stage/bin/bench/"
+# GPU_PACK_NO_BENCH=1 leaves cuda_ops_bench out too (~14 MB packed): with GPU_PACK_SD_ONLY=1 the pack is then ~51 MB,
+# what fits beside the checkout in the device tool's 64 MiB since session 48 (gpu_check.sh skips the benchmark).
+[[ ${GPU_PACK_NO_BENCH:-0} == 1 ]] || cp "$BUILD_DIR/bench/cuda_ops_bench" "$stage/bin/bench/"
 cp "$BUILD_DIR/atelier" "$stage/bin/"
 # Host symbol tables are not needed there (the device code, in .nv_fatbin, is kept): a smaller carry.
 strip --strip-unneeded "$stage/bin/atelier" "$stage/bin/tests/atelier_gpu_tests" "$stage/bin/bench/"* 2> /dev/null || true
@@ -74,6 +76,7 @@ rm -f "$dest/.gpupack/atelier-gpu.tar.gz"
 XZ_OPT="-T0 -9" tar -C "$work" -cJf "$dest/.gpupack/atelier-gpu.tar.xz" .devicepack
 cp "$root/scripts/gpu_check.sh" "$root/scripts/gpu_bench.sh" "$root/scripts/gpu_dit_bench.sh" "$root/scripts/gpu_bench_env.sh" \
   "$root/scripts/gpu_session.sh" "$root/scripts/gpu_dit_compare.sh" "$root/scripts/gpu_ab.sh" "$root/scripts/gpu_standing.sh" \
+  "$root/scripts/gpu_short_kv.sh" \
   "$dest/.gpupack/"
 echo "gpu_pack: $(du -sm "$dest/.gpupack" | cut -f1) MiB in $dest/.gpupack"
 echo "  run on the GPU machine with: carry [\".gpupack\"], command \"bash .gpupack/gpu_check.sh\", timeout_s 600"
