@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The pending check of the short-key attention kernel at head dims <= 128 (cuda_attention_short.cu, session 49, off by
 # default until this has run): its tests and the attention tests beside it, the SDPA race's choices, traces of the CFG
-# step under three tile policies, and A/B against the default at CFG, 16 rows and 1024². What to do with the figures:
+# step under five block shapes (4 warps with the one-wave grid, 1 or 4 tiles a warp; 8 and 16 warps), and A/B against the default at CFG, 16 rows and 1024². What to do with the figures:
 # docs/cuda.md, "Session 49". Run from a pack's checkout (after `GPU_PACK_SD_ONLY=1 scripts/gpu_pack.sh`):
 #   device run: carry [".gpupack"], command "bash .gpupack/gpu_short_kv.sh", timeout_s 600
 # shellcheck disable=SC2154  # run, atelier: set by gpu_bench_env.sh
@@ -35,7 +35,8 @@ for s in - "$on"; do
   env "${vars[@]}" ATELIER_CUDNN_LOG=1 "${run[@]}" "$atelier" bench --device cuda --config sd15 --steps 2 --warmup 1 2>&1 |
     grep "\[cudnn sdpa\]" | head -16
 done
-for s in - "$on" "$on,ATELIER_SHORT_KV_TILES=1" "$on,ATELIER_SHORT_KV_TILES=4"; do
+for s in - "$on" "$on,ATELIER_SHORT_KV_TILES=1" "$on,ATELIER_SHORT_KV_TILES=4" "$on,ATELIER_SHORT_KV_WARPS=8" \
+  "$on,ATELIER_SHORT_KV_WARPS=16"; do
   echo "=== trace CFG [$s] ($(el))"
   tag=$(echo "$s" | tr -c 'A-Za-z0-9\n' _)
   mapfile -t vars < <(settings "$s")

@@ -29,6 +29,7 @@ struct ShortScope {
   ~ShortScope() {
     cuda::set_short_kv_attention(true);
     cuda::set_short_kv_tiles_per_warp(0);
+    cuda::set_short_kv_block_warps(4);
     cuda::set_short_kv_attention_narrow(narrow_before);
     cuda_be().set_attention_impl(cuda::AttentionImpl::kAuto);
     cuda_be().set_flash_block_rows(0);
@@ -85,16 +86,22 @@ TEST(CudaShortKvAttention, NarrowHeadDimsMatchTheCpu) {
                         {1, 2, 2, 50, 20, 8},    {1, 3, 3, 100, 80, 32},  {1, 4, 2, 130, 33, 48},
                         {1, 2, 2, 70, 1, 96},    {1, 2, 2, 33, 77, 128},  {1, 2, 2, 1, 77, 40}};
   const auto fn = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], Tensor()); };
-  for (int tiles : {0, 1, 3}) {  // the one-wave grid; one tile a warp; three (each warp's two Q buffers reused)
-    cuda::set_short_kv_tiles_per_warp(tiles);
+  // Blocks of 4, 8 and 16 warps (16 falls back to 8 at head dims above 80); the one-wave grid, one tile a warp, three
+  // (each warp's two Q buffers reused).
+  const struct {
+    int warps, tiles;
+  } shapes[] = {{4, 0}, {4, 1}, {4, 3}, {8, 0}, {16, 0}, {16, 3}};
+  for (const auto& shape : shapes) {
+    cuda::set_short_kv_block_warps(shape.warps);
+    cuda::set_short_kv_tiles_per_warp(shape.tiles);
     for (const Case& c : cases) {
       const Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 110), k = random_tensor({c.b, c.hk, c.sk, c.d}, 111),
                    v = random_tensor({c.b, c.hk, c.sk, c.d}, 112);
       for (DType dt : test::kLowp) {
         char what[160];
-        std::snprintf(what, sizeof(what), "short-kv attention tiles%d b%lld h%lld/%lld q%lld k%lld d%lld %s", tiles,
-                      (long long)c.b, (long long)c.h, (long long)c.hk, (long long)c.sq, (long long)c.sk, (long long)c.d,
-                      std::string(dtype_name(dt)).c_str());
+        std::snprintf(what, sizeof(what), "short-kv attention warps%d tiles%d b%lld h%lld/%lld q%lld k%lld d%lld %s",
+                      shape.warps, shape.tiles, (long long)c.b, (long long)c.h, (long long)c.hk, (long long)c.sq,
+                      (long long)c.sk, (long long)c.d, std::string(dtype_name(dt)).c_str());
         const int64_t before = cuda::short_kv_attention_launches();
         EXPECT_PARITY(std::string(what), fn, std::vector<Tensor>({q, k, v}), dt);
         EXPECT_GT(cuda::short_kv_attention_launches(), before) << what << ": the short-key kernel did not take the case";

@@ -6,7 +6,7 @@
 // one-tile flash kernel, session 48): their blocks load Q, K and V, compute and store one after the other, all blocks
 // of the one wave in step, so the loads and the products never overlap.
 //
-// Here a block of 4 warps loads its head's K and V once (one 80-key tile, zero-filled past Sk and the head dim) and
+// Here a block of 4 warps (8 or 16: ATELIER_SHORT_KV_WARPS) loads its head's K and V once (one 80-key tile, zero-filled past Sk and the head dim) and
 // each warp then walks its own 16-query tiles (tile t, t + stride, ...) with the next two Q tiles in flight
 // (cp.async into two per-warp buffers, ordered by __syncwarp, no block barrier after the first): the loads of a tile
 // overlap the products of the one before. The whole key range is one tile, so the softmax is exact in one pass (row
@@ -25,8 +25,9 @@
 namespace atelier::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
+// Warps a block: 4 by default; 8 or 16 load K and V once for more query tiles (ATELIER_SHORT_KV_WARPS, a tuning
+// switch until measured: at CFG d40 five 4-warp blocks an SM read 75 KB of K/V from L2 beside 46 KB of Q).
+constexpr int kDefaultWarps = 4;
 constexpr int kRows = 16;  // query rows of a warp's tile (one m16 tile)
 constexpr int kKeys = kShortKvMaxKeys;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -35,9 +36,9 @@ static_assert(kKeys % 16 == 0, "P V takes the keys in 16-key k-steps");
 template <int DPAD> constexpr int kPitch = DPAD + 8;  // row pitch in elements: 4 words of padding, no bank conflicts
 
 // K and V (one key tile each) and every warp's two Q buffers.
-template <typename T, int DPAD>
+template <typename T, int DPAD, int WARPS>
 constexpr size_t short_smem_bytes() {
-  return size_t(2 * kKeys + kWarps * 2 * kRows) * kPitch<DPAD> * sizeof(T);
+  return size_t(2 * kKeys + WARPS * 2 * kRows) * kPitch<DPAD> * sizeof(T);
 }
 
 // Waits until at most N of this thread's newest cp.async groups are still in flight.
@@ -116,10 +117,10 @@ __device__ __forceinline__ void weighted_values(float (&acc)[DPAD / 8][4], const
   }
 }
 
-// Grid: x = blocks per (batch, head), y = heads, z = batch. Block: kWarps warps; warp w of block x takes the 16-row
-// query tiles x * kWarps + w, then + gridDim.x * kWarps, ...
-template <typename T, int DPAD>
-__global__ void __launch_bounds__(kThreads) short_kv_attention_kernel(const ShortKvArgs p) {
+// Grid: x = blocks per (batch, head), y = heads, z = batch. Block: WARPS warps; warp w of block x takes the 16-row
+// query tiles x * WARPS + w, then + gridDim.x * WARPS, ...
+template <typename T, int DPAD, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) short_kv_attention_kernel(const ShortKvArgs p) {
   constexpr int PITCH = kPitch<DPAD>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* ks = reinterpret_cast<T*>(smem_raw);  // [kKeys][PITCH]
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) short_kv_attention_kernel(const Shor
   const T* vg = static_cast<const T*>(p.v) + b * p.vs0 + (h / p.group) * p.vs1;
   T* og = static_cast<T*>(p.out) + b * p.os0 + h * p.os1;
   const int n_tiles = (p.sq + kRows - 1) / kRows;
-  const int stride = gridDim.x * kWarps;
+  const int stride = gridDim.x * WARPS;
 
   // One commit group per Q tile (empty past the last), so that "all but the newest group landed" always means
   // "the tile about to be used landed".
@@ -142,9 +143,9 @@ __global__ void __launch_bounds__(kThreads) short_kv_attention_kernel(const Shor
                                 p.d, lane, 32);
     cp_async_commit();
   };
-  int t = blockIdx.x * kWarps + warp;
-  copy_tile_async<T, DPAD, PITCH, kKeys>(ks, kg, p.ks2, p.sk, p.d, threadIdx.x, kThreads);
-  copy_tile_async<T, DPAD, PITCH, kKeys>(vs, vg, p.vs2, p.sk, p.d, threadIdx.x, kThreads);
+  int t = blockIdx.x * WARPS + warp;
+  copy_tile_async<T, DPAD, PITCH, kKeys>(ks, kg, p.ks2, p.sk, p.d, threadIdx.x, 32 * WARPS);
+  copy_tile_async<T, DPAD, PITCH, kKeys>(vs, vg, p.vs2, p.sk, p.d, threadIdx.x, 32 * WARPS);
   load_q(t, 0);           // K, V and the first Q tile: one group
   load_q(t + stride, 1);  // the second tile in flight
   cp_async_wait<1>();
@@ -194,19 +195,27 @@ std::atomic<int> g_tiles_per_warp{[] {
   return v && *v >= 1 ? int(std::min(*v, double(1 << 20))) : 0;
 }()};
 
-template <typename T, int DPAD>
+std::atomic<int> g_block_warps{[] {
+  const auto v = env_number("ATELIER_SHORT_KV_WARPS");
+  return v && (*v == 8 || *v == 16) ? int(*v) : kDefaultWarps;
+}()};
+
+// False (nothing enqueued) where no block of this shape fits on an SM.
+template <typename T, int DPAD, int WARPS>
 bool launch_short(const ShortKvArgs& a, cudaStream_t stream) {
-  constexpr size_t smem = short_smem_bytes<T, DPAD>();
-  const auto kernel = short_kv_attention_kernel<T, DPAD>;
+  constexpr int kThreads = 32 * WARPS;
+  constexpr size_t smem = short_smem_bytes<T, DPAD, WARPS>();
+  const auto kernel = short_kv_attention_kernel<T, DPAD, WARPS>;
   if (smem > 48 * 1024) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int per_sm = blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, smem);
+  if (per_sm < 1) return false;
   const int64_t tiles = (a.sq + kRows - 1) / kRows;
-  const int64_t all_warps = (tiles + kWarps - 1) / kWarps;  // blocks per head where each warp holds one tile
+  const int64_t all_warps = (tiles + WARPS - 1) / WARPS;  // blocks per head where each warp holds one tile
   int64_t per_head = all_warps;
   if (const int forced = g_tiles_per_warp.load(); forced > 0) {
-    per_head = (tiles + int64_t(kWarps) * forced - 1) / (int64_t(kWarps) * forced);
+    per_head = (tiles + int64_t(WARPS) * forced - 1) / (int64_t(WARPS) * forced);
   } else {
-    const int64_t resident = int64_t(std::max(blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, smem), 1)) *
-                             std::max(a.sm_count, 1);
+    const int64_t resident = int64_t(per_sm) * std::max(a.sm_count, 1);
     const int64_t heads = int64_t(a.batch) * a.heads;
     per_head = std::min(all_warps, std::max<int64_t>(resident / heads, 1));  // no block in a second wave
   }
@@ -216,18 +225,31 @@ bool launch_short(const ShortKvArgs& a, cudaStream_t stream) {
   return true;
 }
 
+// The block size asked for, else the next smaller one that fits. No 16-warp blocks at head dim 128: 512 threads
+// leave 128 registers a thread, and that kernel needs 134.
+template <typename T, int DPAD>
+bool launch_warps(const ShortKvArgs& a, cudaStream_t stream) {
+  const int warps = g_block_warps.load();
+  if constexpr (DPAD <= 80) {
+    if (warps >= 16 && launch_short<T, DPAD, 16>(a, stream)) return true;
+  }
+  if (warps >= 8 && launch_short<T, DPAD, 8>(a, stream)) return true;
+  return launch_short<T, DPAD, 4>(a, stream);
+}
+
 template <typename T>
 bool launch_bucket(const ShortKvArgs& a, cudaStream_t stream) {
-  if (a.d <= 32) return launch_short<T, 32>(a, stream);
-  if (a.d <= 48) return launch_short<T, 48>(a, stream);
-  if (a.d <= 64) return launch_short<T, 64>(a, stream);
-  if (a.d <= 80) return launch_short<T, 80>(a, stream);
-  return launch_short<T, 128>(a, stream);
+  if (a.d <= 32) return launch_warps<T, 32>(a, stream);
+  if (a.d <= 48) return launch_warps<T, 48>(a, stream);
+  if (a.d <= 64) return launch_warps<T, 64>(a, stream);
+  if (a.d <= 80) return launch_warps<T, 80>(a, stream);
+  return launch_warps<T, 128>(a, stream);
 }
 
 }  // namespace
 
 void set_short_kv_tiles_per_warp(int tiles) { g_tiles_per_warp = std::clamp(tiles, 0, 1 << 20); }
+void set_short_kv_block_warps(int warps) { g_block_warps = warps == 8 || warps == 16 ? warps : kDefaultWarps; }
 
 bool launch_short_kv_attention(const ShortKvArgs& a, cudaStream_t stream) {
   if (a.sk < 1 || a.sk > kShortKvMaxKeys || a.d < 8 || a.d > kShortKvMaxHeadDim || a.d % 8 != 0) return false;

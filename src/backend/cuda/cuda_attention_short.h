@@ -36,5 +36,9 @@ bool launch_short_kv_attention(const ShortKvArgs& a, cudaStream_t stream);
 // every warp n tiles (ATELIER_SHORT_KV_TILES=n sets it at start-up). For tuning and for the tests of the pipelined
 // tile loop.
 void set_short_kv_tiles_per_warp(int tiles);
+// Warps a block (4 by default; 8 or 16, else 4): more warps load K and V once for more query tiles. Where a block of
+// that size does not fit (16 warps at head dims above 80), the next smaller one runs. ATELIER_SHORT_KV_WARPS=n sets it
+// at start-up.
+void set_short_kv_block_warps(int warps);
 
 }  // namespace atelier::cuda
