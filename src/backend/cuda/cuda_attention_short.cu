@@ -6,8 +6,8 @@
 // one-tile flash kernel, session 48): their blocks load Q, K and V, compute and store one after the other, all blocks
 // of the one wave in step, so the loads and the products never overlap.
 //
-// Here a block of 4 warps (8 or 16: ATELIER_SHORT_KV_WARPS) loads its head's K and V once (one 80-key tile, zero-filled past Sk and the head dim) and
-// each warp then walks its own 16-query tiles (tile t, t + stride, ...) with the next two Q tiles in flight
+// Here a block of 4 warps (8 or 16: ATELIER_SHORT_KV_WARPS) loads its head's K and V once (one 80-key tile, zero-filled
+// past Sk and the head dim) and each warp then walks its own 16-query tiles (t, t + stride, ...) with the next two in flight
 // (cp.async into two per-warp buffers, ordered by __syncwarp, no block barrier after the first): the loads of a tile
 // overlap the products of the one before. The whole key range is one tile, so the softmax is exact in one pass (row
 // max, exponentials, sum; no rescaling). The grid is one wave: floor(resident blocks / (B * H)) blocks per head,
@@ -138,9 +138,10 @@ __global__ void __launch_bounds__(32 * WARPS) short_kv_attention_kernel(const Sh
   // One commit group per Q tile (empty past the last), so that "all but the newest group landed" always means
   // "the tile about to be used landed".
   const auto load_q = [&](int tile, int buf) {
-    if (tile < n_tiles)
-      copy_tile_async<T, DPAD, PITCH, kRows>(qbuf + buf * kRows * PITCH, qg + int64_t(tile) * kRows * p.qs2, p.qs2, p.sq - tile * kRows,
-                                p.d, lane, 32);
+    if (tile < n_tiles) {
+      const T* rows = qg + int64_t(tile) * kRows * p.qs2;
+      copy_tile_async<T, DPAD, PITCH, kRows>(qbuf + buf * kRows * PITCH, rows, p.qs2, p.sq - tile * kRows, p.d, lane, 32);
+    }
     cp_async_commit();
   };
   int t = blockIdx.x * WARPS + warp;
