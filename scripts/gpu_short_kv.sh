@@ -41,7 +41,11 @@ for s in - "$on" "$on,ATELIER_SHORT_KV_TILES=1" "$on,ATELIER_SHORT_KV_TILES=4" "
   tag=$(echo "$s" | tr -c 'A-Za-z0-9\n' _)
   mapfile -t vars < <(settings "$s")
   env "${vars[@]}" "${run[@]}" "$atelier" bench --device cuda --config sd15 --steps 4 --warmup 2 \
-    --trace "$OUT/cfg_$tag.json" >/dev/null 2>&1 && xz -T0 "$OUT/cfg_$tag.json"
+    --trace "$OUT/cfg_$tag.json" >/dev/null 2>&1 || continue
+  # The attention kernels of the last call, by name (median us in the replayed step), where the machine has Python.
+  command -v python3 >/dev/null &&
+    python3 "$here/trace_gaps.py" "$OUT/cfg_$tag.json" --top 0 --kernels 'attention|sdpa|fmha|flash' | sed -n '/^kernels matching/,$p'
+  xz -T0 "$OUT/cfg_$tag.json"
 done
 echo "=== A/B CFG ($(el))"
 bash "$here/gpu_ab.sh" -n 3 - "$on" -- --config sd15 --steps 20 --warmup 2 2>&1 | tail -3

@@ -13,6 +13,7 @@ import argparse
 import collections
 import json
 import re
+import statistics
 import sys
 
 MEMSET = "[memset]"
@@ -35,8 +36,8 @@ def device_events(events, category):
     return sorted((e for e in events if e.get("cat") == category and e.get("ph") == "X"), key=lambda e: e["ts"])
 
 
-def analyse(events, call_name, top):
-    """The report's lines for the last call named `call_name` (device track), or raises ValueError."""
+def last_call_kernels(events, call_name):
+    """The last call named `call_name` on the device track and the kernels inside it, or raises ValueError."""
     calls = [e for e in events if e.get("cat") == "call" and e.get("name") == call_name and e.get("pid") == 2]
     if not calls:
         raise ValueError(f"no '{call_name}' call on the device track (pid 2); is the trace from --trace?")
@@ -45,6 +46,28 @@ def analyse(events, call_name, top):
     mine = [k for k in kernels if call["ts"] <= k["ts"] < call["ts"] + call["dur"]]
     if not mine:
         raise ValueError(f"the last '{call_name}' call holds no kernels")
+    return call, mine
+
+
+def matching(events, call_name, pattern):
+    """Lines for the last call's kernels whose short names match `pattern`: launches, median/min/max us, sum."""
+    _, mine = last_call_kernels(events, call_name)
+    regex = re.compile(pattern, re.IGNORECASE)
+    groups = collections.defaultdict(list)
+    for k in mine:
+        if regex.search(short(k["name"])):
+            groups[short(k["name"])].append(k["dur"])
+    lines = [f"kernels matching '{pattern}': {sum(len(d) for d in groups.values())} launches, "
+             f"{sum(sum(d) for d in groups.values()) / 1e3:.3f} ms",
+             "  count  median us  min us  max us  sum us  kernel"]
+    for name, durs in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"  {len(durs):5d} {statistics.median(durs):10.2f} {min(durs):7.2f} {max(durs):7.2f} {sum(durs):7.1f}  {name}")
+    return lines
+
+
+def analyse(events, call_name, top):
+    """The report's lines for the last call named `call_name` (device track), or raises ValueError."""
+    call, mine = last_call_kernels(events, call_name)
     busy = sum(k["dur"] for k in mine)
     span = mine[-1]["ts"] + mine[-1]["dur"] - mine[0]["ts"]
     gaps, next_to_memset = 0.0, 0.0
@@ -82,13 +105,16 @@ def main(argv):
     parser.add_argument("trace")
     parser.add_argument("--call", default="unet", help="the call range to look at (default: unet)")
     parser.add_argument("--top", type=int, default=12, help="kernel pairs to list (default: 12)")
+    parser.add_argument("--kernels", metavar="REGEX", help="also list the call's kernels whose names match, by name")
     args = parser.parse_args(argv)
     try:
         with open(args.trace, encoding="utf-8") as f:
             data = json.load(f)
         events = data["traceEvents"] if isinstance(data, dict) else data
         print("\n".join(analyse(events, args.call, args.top)))
-    except (OSError, ValueError, KeyError) as e:
+        if args.kernels:
+            print("\n".join(matching(events, args.call, args.kernels)))
+    except (OSError, ValueError, KeyError, re.error) as e:
         print(f"trace_gaps: {e}", file=sys.stderr)
         return 1
     return 0

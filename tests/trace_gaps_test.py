@@ -55,6 +55,12 @@ check("names without parameters or namespaces, template arguments kept",
 check("the earlier call's kernel left out", "old_kernel" not in text)
 check("the eager kernels and the 6 us of gaps next to them (5 between them, 1 before the recording)",
       "2 kernels outside the recording (0.004 ms), 0.006 ms of gaps next to them" in text)
+found = trace_gaps.matching(EVENTS, "unet", "SDPA|norm")
+check("two kernels match, 40 us", "2 launches, 0.040 ms" in found[0])
+check("by name, the largest sum first, without parameters",
+      len(found) == 4 and found[2].split()[:5] == ["1", "30.00", "30.00", "30.00", "30.0"] and found[2].endswith("cudnn_sdpa_kernel")
+      and found[3].endswith("norm_kernel<float>"))
+check("the earlier call's kernels and the other names left out", not any("old_kernel" in l or "conv" in l for l in found))
 try:
     trace_gaps.analyse(EVENTS, "vae", 5)
     check("a missing call raises", False)
@@ -65,6 +71,8 @@ with tempfile.TemporaryDirectory() as d:
     path = pathlib.Path(d) / "trace.json"
     path.write_text(json.dumps({"traceEvents": EVENTS}))
     check("the command line runs and exits 0", trace_gaps.main([str(path), "--top", "2"]) == 0)
+    check("with --kernels too", trace_gaps.main([str(path), "--kernels", "sdpa"]) == 0)
+    check("a bad pattern exits 1", trace_gaps.main([str(path), "--kernels", "("]) == 1)
     check("a missing file exits 1", trace_gaps.main([str(path) + ".missing"]) == 1)
 
 if failures:
