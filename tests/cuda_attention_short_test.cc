@@ -21,7 +21,7 @@ using test::cuda_be;
 using test::random_tensor;
 
 struct ShortScope {
-  bool narrow_before = cuda::set_short_kv_attention_narrow(true);  // off by default until measured (cuda_attention.cu)
+  int narrow_before = cuda::set_short_kv_narrow_head_dims(128);  // by default only up to 48 (cuda_attention.cu)
   ShortScope() {
     cuda::set_short_kv_attention(true);
     cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);  // no cuDNN race: the flash kernels must take it
@@ -29,8 +29,8 @@ struct ShortScope {
   ~ShortScope() {
     cuda::set_short_kv_attention(true);
     cuda::set_short_kv_tiles_per_warp(0);
-    cuda::set_short_kv_block_warps(4);
-    cuda::set_short_kv_attention_narrow(narrow_before);
+    cuda::set_short_kv_block_warps(0);  // the default
+    cuda::set_short_kv_narrow_head_dims(narrow_before);
     cuda_be().set_attention_impl(cuda::AttentionImpl::kAuto);
     cuda_be().set_flash_block_rows(0);
   }
@@ -137,9 +137,18 @@ TEST(CudaShortKvAttention, LongerSequencesOtherHeadDimsAndTheSwitchGoElsewhere) 
   EXPECT_PARITY("head dim 40 over 81 keys (wgmma or tiled)", fn, std::vector<Tensor>({q40, k40, v40}), DType::BF16);
   EXPECT_PARITY("head dim 40 over 77 keys, masked (tiled)", masked,
                 std::vector<Tensor>({q40, k40s, v40s, random_tensor({100, 77}, 108, 2.0f)}), DType::BF16);
+  // By default the narrow kernel stops at head dim 48: SD's d80 cross-attention goes to the wgmma (or tiled) kernel.
+  cuda::set_short_kv_narrow_head_dims(cuda::short_kv_narrow_head_dims_default());
+  const Tensor q80 = random_tensor({1, 2, 100, 80}, 113), k80 = random_tensor({1, 2, 77, 80}, 114), v80 = random_tensor({1, 2, 77, 80}, 115);
+  EXPECT_PARITY("head dim 80 over 77 keys by default (wgmma or tiled)", fn, std::vector<Tensor>({q80, k80, v80}), DType::BF16);
+  EXPECT_EQ(cuda::short_kv_attention_launches(), before);
+  EXPECT_PARITY("head dim 40 over 77 keys by default (the narrow kernel)", fn, std::vector<Tensor>({q40, k40s, v40s}), DType::BF16);
+  EXPECT_GT(cuda::short_kv_attention_launches(), before);
+  const int64_t taken = cuda::short_kv_attention_launches();
   cuda::set_short_kv_attention(false);
   EXPECT_PARITY("77 keys, switched off (tiled)", fn, std::vector<Tensor>({q, k77, v77}), DType::BF16);
-  EXPECT_EQ(cuda::short_kv_attention_launches(), before);
+  EXPECT_PARITY("head dim 40, switched off", fn, std::vector<Tensor>({q40, k40s, v40s}), DType::BF16);
+  EXPECT_EQ(cuda::short_kv_attention_launches(), taken);
 }
 
 }  // namespace

@@ -368,11 +368,18 @@ bool launch_flash_bucket(const FlashParams& p, const FlashLaunch& l) {
   return launch_flash_rows<T, 256>(p, l);
 }
 
-// ATELIER_SHORT_KV_ATTENTION: "0" off; unset, the head dims 136-160 only (measured faster, session 48); "all" also the
-// narrow heads' kernel of cuda_attention_short.cu (written in session 49 when no GPU was lent: off by default until
-// its tests and the A/B of docs/cuda.md, "Session 49", have run).
+// ATELIER_SHORT_KV_ATTENTION: "0" off; unset, the one-tile kernel at head dims 136-160 (session 48) and the narrow
+// heads' kernel of cuda_attention_short.cu up to head dim 48 (SD's d40 cross-attentions: 12.5 -> 10.4 us in the CFG
+// step, 78 -> 55 us at 16 rows on an H100, session 49); "all" that kernel up to 128 (at d80 it took 7.9-8.4 us against
+// the wgmma kernel's 7.1, so not by default); "wide" the one-tile kernel only (as before session 49).
+constexpr int kShortKvNarrowDefault = 48;
+int short_kv_narrow_from_env() {
+  if (env_is("ATELIER_SHORT_KV_ATTENTION", "all")) return kShortKvMaxHeadDim;
+  if (env_is("ATELIER_SHORT_KV_ATTENTION", "wide")) return 0;
+  return kShortKvNarrowDefault;
+}
 std::atomic<bool> g_short_kv{!env_is("ATELIER_SHORT_KV_ATTENTION", "0")};
-std::atomic<bool> g_short_kv_narrow{env_is("ATELIER_SHORT_KV_ATTENTION", "all")};
+std::atomic<int> g_short_kv_narrow{short_kv_narrow_from_env()};  // the narrow kernel's largest head dim (0: none)
 std::atomic<int64_t> g_short_kv_launches{0};
 
 // Up to head dim 128, unmasked: the kernel of cuda_attention_short.cu (K/V loaded once per block, each warp's query
@@ -384,7 +391,7 @@ bool launch_flash_short(const FlashParams& p, const FlashLaunch& l) {
   if (!g_short_kv.load() || p.sk > kShortKeys || p.d > 160) return false;
   bool launched = false;
   if (p.d <= kShortKvMaxHeadDim) {
-    if (p.mask.ptr || !g_short_kv_narrow.load()) return false;
+    if (p.mask.ptr || p.d > g_short_kv_narrow.load()) return false;
     const ShortKvArgs a{p.q,   p.k,   p.v,   p.out, p.qs0, p.qs1,   p.qs2,   p.ks0, p.ks1,  p.ks2,  p.vs0,
                         p.vs1, p.vs2, p.os0, p.os1, p.os2, l.batch, p.heads, p.group, p.sq, p.sk,  p.d,
                         p.scale, std::is_same_v<T, __nv_bfloat16>, l.sm_count};
@@ -497,7 +504,8 @@ void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const
 }
 
 void set_short_kv_attention(bool on) { g_short_kv = on; }
-bool set_short_kv_attention_narrow(bool on) { return g_short_kv_narrow.exchange(on); }
+int set_short_kv_narrow_head_dims(int max_d) { return g_short_kv_narrow.exchange(std::clamp(max_d, 0, kShortKvMaxHeadDim)); }
+int short_kv_narrow_head_dims_default() { return kShortKvNarrowDefault; }
 int64_t short_kv_attention_launches() { return g_short_kv_launches.load(); }
 
 }  // namespace atelier::cuda

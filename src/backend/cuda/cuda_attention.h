@@ -14,12 +14,14 @@ struct AttentionMask {
 };
 
 // Attention over at most 80 keys (the cross-attentions over CLIP's 77 tokens): at head dims 136-160 as one key tile of
-// the mma.sync flash kernel (cuda_attention.cu, kShortKeys), and where switched on, unmasked at head dims up to 128
+// the mma.sync flash kernel (cuda_attention.cu, kShortKeys), and unmasked at head dims up to 48 (or 128: "all")
 // through cuda_attention_short.cu; tried before the other flash kernels (and so raced against cuDNN's SDPA per shape
-// like them). The switches (ATELIER_SHORT_KV_ATTENTION: "0" off, "all" both, else the 136-160 kernel only), the
-// narrow one's setter (returns its previous state) and launches of either so far (tests: which kernel took a case).
+// like them). The switches (ATELIER_SHORT_KV_ATTENTION: "0" off, "all" the narrow kernel up to 128, "wide" the 136-160
+// kernel only), the narrow kernel's largest head dim (the setter returns the previous one; 0: none) and launches of
+// either so far (tests: which kernel took a case).
 void set_short_kv_attention(bool on);
-bool set_short_kv_attention_narrow(bool on);
+int set_short_kv_narrow_head_dims(int max_d);
+int short_kv_narrow_head_dims_default();
 int64_t short_kv_attention_launches();
 
 inline AttentionMask attention_mask_of(const Tensor& mask) {

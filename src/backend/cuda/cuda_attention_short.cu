@@ -6,7 +6,7 @@
 // one-tile flash kernel, session 48): their blocks load Q, K and V, compute and store one after the other, all blocks
 // of the one wave in step, so the loads and the products never overlap.
 //
-// Here a block of 4 warps (8 or 16: ATELIER_SHORT_KV_WARPS) loads its head's K and V once (one 80-key tile, zero-filled
+// Here a block of 8 warps (4 or 16: ATELIER_SHORT_KV_WARPS) loads its head's K and V once (one 80-key tile, zero-filled
 // past Sk and the head dim) and each warp then walks its own 16-query tiles (t, t + stride, ...) with the next two in flight
 // (cp.async into two per-warp buffers, ordered by __syncwarp, no block barrier after the first): the loads of a tile
 // overlap the products of the one before. The whole key range is one tile, so the softmax is exact in one pass (row
@@ -25,9 +25,11 @@
 namespace atelier::cuda {
 namespace {
 
-// Warps a block: 4 by default; 8 or 16 load K and V once for more query tiles (ATELIER_SHORT_KV_WARPS, a tuning
-// switch until measured: at CFG d40 five 4-warp blocks an SM read 75 KB of K/V from L2 beside 46 KB of Q).
-constexpr int kDefaultWarps = 4;
+// Warps a block: 8 by default (4 or 16: ATELIER_SHORT_KV_WARPS). More warps load K and V once for more query tiles:
+// at CFG d40 five 4-warp blocks an SM read 75 KB of K/V from L2 beside 46 KB of Q. H100, session 49, SD's d40
+// cross-attention in the replayed step: 4 warps 12.3 us at CFG and 57.3 at 16 rows, 8 warps 10.4 and 55.1, 16 warps
+// 10.8 at CFG; 4 warps with 1 or 4 tiles a warp 14.6 and 10.8 at CFG, 8 warps with 2 tiles 71.6 at 16 rows.
+constexpr int kDefaultWarps = 8;
 constexpr int kRows = 16;  // query rows of a warp's tile (one m16 tile)
 constexpr int kKeys = kShortKvMaxKeys;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -198,7 +200,7 @@ std::atomic<int> g_tiles_per_warp{[] {
 
 std::atomic<int> g_block_warps{[] {
   const auto v = env_number("ATELIER_SHORT_KV_WARPS");
-  return v && (*v == 8 || *v == 16) ? int(*v) : kDefaultWarps;
+  return v && (*v == 4 || *v == 8 || *v == 16) ? int(*v) : kDefaultWarps;
 }()};
 
 // False (nothing enqueued) where no block of this shape fits on an SM.
@@ -250,7 +252,7 @@ bool launch_bucket(const ShortKvArgs& a, cudaStream_t stream) {
 }  // namespace
 
 void set_short_kv_tiles_per_warp(int tiles) { g_tiles_per_warp = std::clamp(tiles, 0, 1 << 20); }
-void set_short_kv_block_warps(int warps) { g_block_warps = warps == 8 || warps == 16 ? warps : kDefaultWarps; }
+void set_short_kv_block_warps(int warps) { g_block_warps = warps == 4 || warps == 8 || warps == 16 ? warps : kDefaultWarps; }
 
 bool launch_short_kv_attention(const ShortKvArgs& a, cudaStream_t stream) {
   if (a.sk < 1 || a.sk > kShortKvMaxKeys || a.d < 8 || a.d > kShortKvMaxHeadDim || a.d % 8 != 0) return false;

@@ -1,8 +1,7 @@
 // Attention over short key sequences at head dims up to 128 (cuda_attention_short.cu): SD's cross-attentions over
 // CLIP's 77 tokens at head dims 40 and 80 (SD 1.x) or 64 (SD 2.x). Reached through the flash path's dispatch
-// (cuda_attention.cu, launch_flash_short), so cuDNN's SDPA races it per shape like the other flash kernels. Off by
-// default (ATELIER_SHORT_KV_ATTENTION=all switches it on) until a GPU has run scripts/gpu_short_kv.sh: it was written
-// in session 49, when no GPU was lent.
+// (cuda_attention.cu, launch_flash_short), so cuDNN's SDPA races it per shape like the other flash kernels. By default
+// it takes head dims up to 48 (SD 1.x's d40), where it measured faster; ATELIER_SHORT_KV_ATTENTION=all up to 128.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -36,7 +35,7 @@ bool launch_short_kv_attention(const ShortKvArgs& a, cudaStream_t stream);
 // every warp n tiles (ATELIER_SHORT_KV_TILES=n sets it at start-up). For tuning and for the tests of the pipelined
 // tile loop.
 void set_short_kv_tiles_per_warp(int tiles);
-// Warps a block (4 by default; 8 or 16, else 4): more warps load K and V once for more query tiles. Where a block of
+// Warps a block (8 by default; 4 or 16, anything else the default): more warps load K and V once for more query tiles. Where a block of
 // that size does not fit (16 warps at head dims above 80), the next smaller one runs. ATELIER_SHORT_KV_WARPS=n sets it
 // at start-up.
 void set_short_kv_block_warps(int warps);
