@@ -12,6 +12,11 @@ namespace atelier {
 
 namespace {
 
+// What a replay (or the first one, at recording) returns: the recording's output buffer, or a copy of it.
+Tensor output_of(const Tensor& static_output, GraphRunner::Result result) {
+  return result == GraphRunner::Result::kBorrowed ? static_output : ops::clone(static_output);
+}
+
 bool graphs_disabled_by_env() {
   const char* v = std::getenv("ATELIER_GRAPHS");
   return v && std::strcmp(v, "0") == 0;
@@ -85,7 +90,7 @@ Tensor GraphRunner::record(Entry& e, const std::vector<Tensor>& inputs, Backend&
   ++stats_.captures;
   e.flops = trace::thread_flops() - flops_before;
   e.work->replay();  // recording does not run the work: the first result comes from the first replay
-  return result == Result::kBorrowed ? e.static_output : ops::clone(e.static_output);
+  return output_of(e.static_output, result);
 }
 
 namespace {
@@ -133,7 +138,7 @@ Tensor GraphRunner::run_recorded(const std::vector<Tensor>& inputs, Backend& bac
   e.work->replay();
   trace::count_flops(e.flops);
   ++stats_.replays;
-  return result == Result::kBorrowed ? e.static_output : ops::clone(e.static_output);
+  return output_of(e.static_output, result);
 }
 
 GraphRunner::Stats GraphRunner::stats() const {

@@ -96,11 +96,12 @@ std::optional<KernelFigures> summarize_kernels(const std::vector<Event>& ev, int
   f.copies_per_call = bench_median(copy_counts);
   f.copy_ms_per_call = bench_median(copy_sums);
   if (window_to_ns > window_from_ns) {
-    f.busy_pct = kPercent * kernel_union_seconds(kernels, window_from_ns, window_to_ns) / (double(window_to_ns - window_from_ns) * 1e-9);
+    // The kernels' union over [from, to) as a share of it.
+    const auto busy = [&](int64_t from, int64_t to) { return kPercent * kernel_union_seconds(kernels, from, to) / (double(to - from) * 1e-9); };
+    f.busy_pct = busy(window_from_ns, window_to_ns);
     std::sort(firsts.begin(), firsts.end());
     const int64_t steady_from = firsts.size() >= 2 ? std::max(firsts[1], window_from_ns) : window_to_ns;
-    if (steady_from < window_to_ns)
-      f.steady_busy_pct = kPercent * kernel_union_seconds(kernels, steady_from, window_to_ns) / (double(window_to_ns - steady_from) * 1e-9);
+    if (steady_from < window_to_ns) f.steady_busy_pct = busy(steady_from, window_to_ns);
     for (const Event* c : copies)
       if (c->start_ns >= window_from_ns && c->start_ns < window_to_ns) ++f.window_copies, f.window_copy_ms += double(c->dur_ns) / kNsPerMs;
   }

@@ -76,7 +76,7 @@ class CudaBackend final : public Backend {
   // CUDA graphs (cuda_graph.cu).
   std::unique_ptr<CapturedWork> capture(const std::function<void()>& fn) override;
   bool can_capture() const override { return true; }
-  // Batched launches (cuda_batch.cu): fn's work recorded into a graph, launched as one; the executable graph of an
+  // Batched launches (cuda_batch.cc): fn's work recorded into a graph, launched as one; the executable graph of an
   // earlier batch with the same kernels is updated in place rather than instantiated again.
   void run_batched(const std::function<void()>& fn) override;
   std::unique_ptr<trace::DeviceTimer> make_device_timer() override;  // cuda_timer.cu
@@ -208,7 +208,7 @@ class CudaBackend final : public Backend {
     CudaBackend& b_;
     bool paused_ = false;
   };
-  struct BatchGraphs;  // cuda_batch.cu: executable graphs of earlier batches, by their kernels
+  struct BatchGraphs;  // cuda_batch.cc: executable graphs of earlier batches, by their kernels
   bool batch_open_here() const;  // a batch is being gathered on the calling thread
   bool open_batch();              // false (nothing open) where capture could not begin
   void launch_batch();            // ends the open batch's capture and launches it (throws where capture failed)
@@ -342,7 +342,7 @@ class CudaBackend final : public Backend {
   bool fp8_attention_ = false;
   // The open batch (run_batched): the thread gathering it (a default id when none), and earlier batches' graphs.
   std::atomic<std::thread::id> batch_thread_{};
-  std::shared_ptr<BatchGraphs> batch_graphs_;  // made (and its deleter taken) in cuda_batch.cu
+  std::shared_ptr<BatchGraphs> batch_graphs_;  // made (and its deleter taken) in cuda_batch.cc
 };
 
 // The backend of cuda:`index` (throws atelier::Error when that device is not available).
