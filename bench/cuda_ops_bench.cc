@@ -346,6 +346,14 @@ void attention_rates(cuda::CudaBackend& be, int iters) {
       be.set_attention_impl(cuda::AttentionImpl::kFlash);
       print({"  same, flash kernel (wgmma/TMA on sm_90 where it takes the case)",
              time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+      if (c.d <= 64 && dt == DType::BF16 && c.sk > 80) {  // the wgmma kernel's other block shapes (consumers x keys)
+        for (const cuda::WgmmaAttentionShape sh : {cuda::WgmmaAttentionShape{3, 96}, cuda::WgmmaAttentionShape{4, 64}}) {
+          cuda::set_wgmma_attention_shape(sh);
+          print({"  same, wgmma " + std::to_string(sh.consumers) + " consumers x " + std::to_string(sh.block_k) + "-key tiles",
+                 time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+        }
+        cuda::set_wgmma_attention_shape({});
+      }
       cuda::set_wgmma_attention(false);  // this line and the flash variants below: the mma.sync kernel
       print({"  same, mma.sync flash kernel", time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
       be.set_attention_impl(cuda::AttentionImpl::kCudnnSdpa);

@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -34,7 +35,9 @@
 namespace atelier::cuda {
 namespace {
 
-constexpr int kBlockK = 128;  // keys per K/V tile (64-key tiles measured slower at every head dim)
+// Keys per K/V tile: 128 by default (64-key tiles measured slower at every head dim with three consumers); four
+// consumers take 64 so that S, P and O fit the 112 registers each of them gets.
+constexpr int kDefaultBlockK = 128;
 constexpr int kStages = 2;    // K/V buffers (three measured within noise of two)
 constexpr float kLog2e = 1.4426950408889634f;
 std::atomic<int64_t> g_launches{0};
@@ -56,9 +59,24 @@ bool& enabled_flag() {
   return on;
 }
 
-// One kernel's shape: head dim D (tiles padded to whole 64-column atoms), C consumer warpgroups of 64 queries.
-template <int D, int C>
+// The block shape for head dims <= 64: ATELIER_WGMMA_ATTENTION_SHAPE=CxBK (C consumers, BK-key tiles; one of
+// kNarrowShapes), else the default (3 consumers, 128-key tiles).
+WgmmaAttentionShape& narrow_shape() {
+  static WgmmaAttentionShape shape = [] {
+    WgmmaAttentionShape s{};
+    if (const char* v = std::getenv("ATELIER_WGMMA_ATTENTION_SHAPE")) {
+      if (std::sscanf(v, "%dx%d", &s.consumers, &s.block_k) != 2 || !wgmma_attention_shape_supported(s)) s = {};
+    }
+    return s;
+  }();
+  return shape;
+}
+
+// One kernel's shape: head dim D (tiles padded to whole 64-column atoms), C consumer warpgroups of 64 queries, K/V
+// tiles of BK keys.
+template <int D, int C, int BK>
 struct Cfg {
+  static constexpr int kBlockK = BK;
   static constexpr int kAtoms = (D + 63) / 64;
   static constexpr int kThreads = 128 * (C + 1), kBlockQ = 64 * C;
   static constexpr uint32_t kQBytes = kBlockQ * kAtoms * 128, kTileBytes = kBlockK * kAtoms * 128;
@@ -68,8 +86,9 @@ struct Cfg {
   static constexpr int kConsumerThreads = 128 * C;
   static constexpr int kProducerRegs = 24;
   // setmaxnreg moves registers within the block's allocation at launch (the per-thread cap of
-  // __launch_bounds__(kThreads, 1), a multiple of 8, times the threads): 384 x 168, 512 x 128. A consumer gets what
-  // the producer gives up (multiple of 8, at most 240); asking for more than the pool holds waits forever.
+  // __launch_bounds__(kThreads, 1), a multiple of 8, times the threads): 384 x 168, 512 x 128, 640 x 96. A consumer
+  // gets what the producer gives up (multiple of 8, at most 240: 112 with four consumers); asking for more than the
+  // pool holds waits forever.
   static constexpr int kPool = kThreads * (65536 / kThreads / 8 * 8);
   static constexpr int kRegsLeft = (kPool - 128 * kProducerRegs) / kConsumerThreads / 8 * 8;
   static constexpr int kConsumerRegs = kRegsLeft > 240 ? 240 : kRegsLeft;
@@ -83,8 +102,9 @@ constexpr int kSchedBarrier = 1;  // named barriers 1 .. C: consumer c waits on 
 // wgmma m64nNk16 (d: N / 2 accumulators per thread): S = Q K^T with N = 64 or 128 keys, P V with N = the head dim.
 template <int N, int TRANS_B>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, bool accumulate) {
-  static_assert(N == 64 || N == 128);
+  static_assert(N == 64 || N == 96 || N == 128);
   if constexpr (N == 64) wgmma::mma_m64n64k16_ss<TRANS_B>(d, da, db, accumulate);
+  else if constexpr (N == 96) wgmma::mma_m64n96k16_ss<TRANS_B>(d, da, db, accumulate);
   else wgmma::mma_m64n128k16_ss<TRANS_B>(d, da, db, accumulate);
 }
 template <int N, int TRANS_B>
@@ -127,12 +147,12 @@ __device__ __forceinline__ void produce(const KernelParams& p, const Smem<K>& sm
     tma::arrive_expect_tx(&sm.k_full[st], K::kTileBytes);
 #pragma unroll
     for (int a = 0; a < K::kAtoms; ++a)
-      tma::load_4d(sm.k + st * K::kTileBytes + a * kBlockK * 128, &p.k, 64 * a, j * kBlockK, kvh, b, &sm.k_full[st]);
+      tma::load_4d(sm.k + st * K::kTileBytes + a * K::kBlockK * 128, &p.k, 64 * a, j * K::kBlockK, kvh, b, &sm.k_full[st]);
     tma::wait(&sm.v_empty[st], parity);
     tma::arrive_expect_tx(&sm.v_full[st], K::kTileBytes);
 #pragma unroll
     for (int a = 0; a < K::kAtoms; ++a)
-      tma::load_4d(sm.v + st * K::kTileBytes + a * kBlockK * 128, &p.v, 64 * a, j * kBlockK, kvh, b, &sm.v_full[st]);
+      tma::load_4d(sm.v + st * K::kTileBytes + a * K::kBlockK * 128, &p.v, 64 * a, j * K::kBlockK, kvh, b, &sm.v_full[st]);
   }
 }
 
@@ -141,35 +161,36 @@ __device__ __forceinline__ void produce(const KernelParams& p, const Smem<K>& sm
 template <class K>
 struct Consumer {
   float o[K::kN / 2];
-  float s[kBlockK / 2];
-  uint32_t pa[kBlockK / 16][4];
+  float s[K::kBlockK / 2];
+  uint32_t pa[K::kBlockK / 16][4];
   float m[2], l[2];
 };
 
-// S = Q K^T over the head dim rounded up to 16 (64 x kBlockK per warpgroup).
+// S = Q K^T over the head dim rounded up to 16 (64 x BK per warpgroup).
 template <class K, int D>
-__device__ __forceinline__ void issue_s(float (&s)[kBlockK / 2], uint32_t q_addr, uint32_t k_addr) {
+__device__ __forceinline__ void issue_s(float (&s)[K::kBlockK / 2], uint32_t q_addr, uint32_t k_addr) {
 #pragma unroll
   for (int kk = 0; kk < (D + 15) / 16; ++kk) {
     const uint32_t step = (kk % 4) * 32;
     const uint64_t da = wgmma::desc_sw128(q_addr + (kk / 4) * K::kBlockQ * 128 + step, 0, wgmma::kAtomGroupBytes);
-    const uint64_t db = wgmma::desc_sw128(k_addr + (kk / 4) * kBlockK * 128 + step, 0, wgmma::kAtomGroupBytes);
-    mma_ss<kBlockK, 0>(s, da, db, kk > 0);
+    const uint64_t db = wgmma::desc_sw128(k_addr + (kk / 4) * K::kBlockK * 128 + step, 0, wgmma::kAtomGroupBytes);
+    mma_ss<K::kBlockK, 0>(s, da, db, kk > 0);
   }
 }
 
-// O += P V: V's rows 16 kk .. as an MN-major operand, atom columns kBlockK * 128 bytes apart (LBO).
-template <int N>
-__device__ __forceinline__ void issue_pv(float (&o)[N / 2], const uint32_t (&pa)[kBlockK / 16][4], uint32_t v_addr) {
+// O += P V: V's rows 16 kk .. as an MN-major operand, atom columns BK * 128 bytes apart (LBO).
+template <int N, int BK>
+__device__ __forceinline__ void issue_pv(float (&o)[N / 2], const uint32_t (&pa)[BK / 16][4], uint32_t v_addr) {
 #pragma unroll
-  for (int kk = 0; kk < kBlockK / 16; ++kk)
-    mma_rs<N, 1>(o, pa[kk], wgmma::desc_sw128(v_addr + kk * 16 * 128, kBlockK * 128, wgmma::kAtomGroupBytes), true);
+  for (int kk = 0; kk < BK / 16; ++kk)
+    mma_rs<N, 1>(o, pa[kk], wgmma::desc_sw128(v_addr + kk * 16 * 128, BK * 128, wgmma::kAtomGroupBytes), true);
 }
 
 // Keys at or past `valid` (columns of this tile) get -inf. Column of s[4j + e]: 8j + 2t + (e & 1).
-__device__ __forceinline__ void mask_keys(float (&s)[kBlockK / 2], int valid, int t) {
+template <int BK>
+__device__ __forceinline__ void mask_keys(float (&s)[BK / 2], int valid, int t) {
 #pragma unroll
-  for (int j = 0; j < kBlockK / 8; ++j)
+  for (int j = 0; j < BK / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       if (8 * j + 2 * t + (e & 1) >= valid) s[4 * j + e] = -INFINITY;
@@ -178,9 +199,9 @@ __device__ __forceinline__ void mask_keys(float (&s)[kBlockK / 2], int valid, in
 // Online softmax of S (this thread: rows g (e = 0, 1) and g + 8 (e = 2, 3) of its warp's 16): S becomes P
 // (unnormalised, in f32), m and l move on; returns O's rescale factors in alpha. The row max and sum are four
 // partial ones each, so that the one warp per scheduler of this warpgroup is not waiting on a chain.
-__device__ __forceinline__ void softmax(float (&s)[kBlockK / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                        float sl) {
-  constexpr int kPairs = kBlockK / 8;  // column pairs per row and thread
+template <int BK>
+__device__ __forceinline__ void softmax(float (&s)[BK / 2], float (&m)[2], float (&l)[2], float (&alpha)[2], float sl) {
+  constexpr int kPairs = BK / 8;  // column pairs per row and thread
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
@@ -206,9 +227,10 @@ __device__ __forceinline__ void softmax(float (&s)[kBlockK / 2], float (&m)[2], 
   }
 }
 
-__device__ __forceinline__ void pack_p(uint32_t (&pa)[kBlockK / 16][4], const float (&s)[kBlockK / 2]) {
+template <int BK>
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[BK / 16][4], const float (&s)[BK / 2]) {
 #pragma unroll
-  for (int kk = 0; kk < kBlockK / 16; ++kk)
+  for (int kk = 0; kk < BK / 16; ++kk)
 #pragma unroll
     for (int i = 0; i < 4; ++i) pa[kk][i] = pack2<__nv_bfloat16>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
 }
@@ -272,7 +294,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   st.m[0] = st.m[1] = -INFINITY;
   st.l[0] = st.l[1] = 0.0f;
   const int t = tid % 4;
-  const int tail = p.sk - (n_tiles - 1) * kBlockK;  // keys in the last tile
+  const int tail = p.sk - (n_tiles - 1) * K::kBlockK;  // keys in the last tile
   const uint32_t q_addr = smem_u32(sm.q) + c * 64 * 128;
   const auto k_addr = [&](int j) { return smem_u32(sm.k + (j % kStages) * K::kTileBytes); };
   const auto v_addr = [&](int j) { return smem_u32(sm.v + (j % kStages) * K::kTileBytes); };
@@ -292,9 +314,9 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   wgmma::wait<0>();
   fence_all(st.s);
   tma::arrive(&sm.k_empty[0]);
-  if (n_tiles == 1 && tail < kBlockK) mask_keys(st.s, tail, t);
-  softmax(st.s, st.m, st.l, alpha, p.scale_log2);
-  pack_p(st.pa, st.s);
+  if (n_tiles == 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(st.s, tail, t);
+  softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
+  pack_p<K::kBlockK>(st.pa, st.s);
 
   for (int j = 1; j < n_tiles; ++j) {
     tma::wait(&sm.k_full[j % kStages], parity(j));
@@ -303,19 +325,19 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
     issue_s<K, D>(st.s, q_addr, k_addr(j));
     wgmma::commit();
     tma::wait(&sm.v_full[(j - 1) % kStages], parity(j - 1));
-    issue_pv<K::kN>(st.o, st.pa, v_addr(j - 1));
+    issue_pv<K::kN, K::kBlockK>(st.o, st.pa, v_addr(j - 1));
     wgmma::commit();
     turn.end();
     wgmma::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
     fence_all(st.s);
     tma::arrive(&sm.k_empty[j % kStages]);
-    if (j == n_tiles - 1 && tail < kBlockK) mask_keys(st.s, tail, t);
-    softmax(st.s, st.m, st.l, alpha, p.scale_log2);
+    if (j == n_tiles - 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(st.s, tail, t);
+    softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
     wgmma::wait<0>();
     fence_all(st.o);
     tma::arrive(&sm.v_empty[(j - 1) % kStages]);
     rescale<K::kN>(st.o, alpha);
-    pack_p(st.pa, st.s);
+    pack_p<K::kBlockK>(st.pa, st.s);
   }
 
   // The last tile's P V. The last consumer does not hand the turn on: each barrier then sees as many arrivals
@@ -324,7 +346,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   tma::wait(&sm.v_full[last % kStages], parity(last));
   turn.begin();
   wgmma::fence();
-  issue_pv<K::kN>(st.o, st.pa, v_addr(last));
+  issue_pv<K::kN, K::kBlockK>(st.o, st.pa, v_addr(last));
   wgmma::commit();
   if (c != nc - 1) turn.end();
   wgmma::wait<0>();
@@ -333,15 +355,15 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
 }
 #endif  // ATELIER_WGMMA
 
-template <int D, int C>
-__global__ void __launch_bounds__(Cfg<D, C>::kThreads, 1)
+template <int D, int C, int BK>
+__global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ KernelParams p) {
 #ifdef ATELIER_WGMMA
-  using K = Cfg<D, C>;
+  using K = Cfg<D, C, BK>;
   extern __shared__ uint8_t smem_raw[];
   const Smem<K> sm(smem_raw);
   const int tid = int(threadIdx.x), wg = tid / 128;
-  const int n_tiles = (p.sk + kBlockK - 1) / kBlockK;
+  const int n_tiles = (p.sk + BK - 1) / BK;
   // Consumers whose 64 query rows all lie past the sequence (the last block of a head: 4096 queries make 21 blocks
   // of 192 and one of 64) leave at once instead of computing rows nobody stores; the others' barriers count only them
   // (session 36: [16, 8, 4096²] d40 0.984 -> 0.963-0.971 ms).
@@ -386,20 +408,20 @@ bool make_map(CUtensorMap& map, const void* base, int batch, int heads, int rows
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int C = (D <= 64 ? 3 : 2)>
+template <int D, int C = (D <= 64 ? 3 : 2), int BK = kDefaultBlockK>
 bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
-  using K = Cfg<D, C>;
+  using K = Cfg<D, C, BK>;
   if (K::kSmem > a.max_smem) return false;
   KernelParams p{};
   if (!make_map(p.q, a.q, a.batch, a.heads, a.sq, a.d, a.qs0, a.qs1, a.qs2, K::kBlockQ) ||
-      !make_map(p.k, a.k, a.batch, a.heads / a.group, a.sk, a.d, a.ks0, a.ks1, a.ks2, kBlockK) ||
-      !make_map(p.v, a.v, a.batch, a.heads / a.group, a.sk, a.d, a.vs0, a.vs1, a.vs2, kBlockK))
+      !make_map(p.k, a.k, a.batch, a.heads / a.group, a.sk, a.d, a.ks0, a.ks1, a.ks2, BK) ||
+      !make_map(p.v, a.v, a.batch, a.heads / a.group, a.sk, a.d, a.vs0, a.vs1, a.vs2, BK))
     return false;
   p.out = a.out;
   p.os0 = a.os0, p.os1 = a.os1, p.os2 = a.os2;
   p.sq = a.sq, p.sk = a.sk, p.group = a.group;
   p.scale_log2 = a.scale * kLog2e;
-  const auto kernel = attention_wgmma_kernel<D, C>;
+  const auto kernel = attention_wgmma_kernel<D, C, BK>;
   // Per launch, as the mma.sync kernel does: the attribute belongs to the current device's context, and each
   // GPU's backend launches on its own (a once-per-process call left a second GPU at the 48 KB default).
   ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(K::kSmem)));
@@ -410,7 +432,23 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
   return true;
 }
 
+// Head dims <= 64 in the chosen block shape (wgmma_attention_shape_supported lists them).
+template <int D>
+bool launch_narrow(const WgmmaAttentionArgs& a, WgmmaAttentionShape shape, cudaStream_t stream) {
+  if (shape.consumers == 4 && shape.block_k == 64) return launch<D, 4, 64>(a, stream);
+  if (shape.consumers == 3 && shape.block_k == 96) return launch<D, 3, 96>(a, stream);
+  return launch<D>(a, stream);
+}
+
 }  // namespace
+
+bool wgmma_attention_shape_supported(WgmmaAttentionShape s) {
+  // Four consumers with 96-key tiles spill and serialise their products (ptxas C7512): not offered.
+  return (s.consumers == 0 && s.block_k == 0) || (s.consumers == 3 && (s.block_k == 96 || s.block_k == 128)) ||
+         (s.consumers == 4 && s.block_k == 64);
+}
+void set_wgmma_attention_shape(WgmmaAttentionShape s) { narrow_shape() = wgmma_attention_shape_supported(s) ? s : WgmmaAttentionShape{}; }
+WgmmaAttentionShape wgmma_attention_shape() { return narrow_shape(); }
 
 bool wgmma_attention_enabled() { return enabled_flag(); }
 int64_t wgmma_attention_launches() { return g_launches.load(); }
@@ -418,9 +456,10 @@ void set_wgmma_attention(bool on) { enabled_flag() = on; }
 
 bool launch_attention_wgmma(const WgmmaAttentionArgs& a, int cc_major, cudaStream_t stream) {
   if (cc_major != 9 || a.sq <= 0 || a.sk <= 0 || a.batch > 65535 || a.heads > 65535) return false;
+  const WgmmaAttentionShape shape = narrow_shape();
   switch (a.d) {
-    case 40: return launch<40>(a, stream);
-    case 64: return launch<64>(a, stream);
+    case 40: return launch_narrow<40>(a, shape, stream);
+    case 64: return launch_narrow<64>(a, shape, stream);
     case 80: return launch<80>(a, stream);
     case 128: return launch<128>(a, stream);
     default: return false;
