@@ -123,23 +123,18 @@ bool CudaBackend::open_batch() {
 
 void CudaBackend::drop_batch() noexcept {
   DeviceGuard guard(index_);
-  cudaGraph_t graph = nullptr;
-  cudaStreamEndCapture(stream_, &graph);
-  if (graph) cudaGraphDestroy(graph);
-  cudaGetLastError();
+  discard_capture(stream_);
   batch_thread_ = std::thread::id{};
   t_batch_stream = nullptr;
 }
 
 void CudaBackend::launch_batch() {
   DeviceGuard guard(index_);
-  cudaGraph_t graph = nullptr;
-  const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+  cudaError_t err = cudaSuccess;
+  cudaGraph_t graph = end_capture(stream_, &err);
   batch_thread_ = std::thread::id{};
   t_batch_stream = nullptr;
-  if (err != cudaSuccess || graph == nullptr) {
-    cudaGetLastError();
-    if (graph) cudaGraphDestroy(graph);
+  if (graph == nullptr) {
     // Something inside the batch was not recordable: its work is lost, so this call fails; later batches run
     // eagerly rather than fail the same way.
     set_launch_batches(false);

@@ -148,6 +148,22 @@ int replace_memset_nodes(cudaGraph_t graph) {
   return replaced;
 }
 
+cudaGraph_t end_capture(cudaStream_t stream, cudaError_t* err) noexcept {
+  cudaGraph_t graph = nullptr;
+  *err = cudaStreamEndCapture(stream, &graph);
+  if (*err == cudaSuccess && graph != nullptr) return graph;
+  if (*err == cudaSuccess) *err = cudaErrorStreamCaptureInvalidated;  // no graph: nothing usable was recorded
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();
+  return nullptr;
+}
+
+void discard_capture(cudaStream_t stream) noexcept {
+  cudaError_t err = cudaSuccess;
+  if (cudaGraph_t graph = end_capture(stream, &err)) cudaGraphDestroy(graph);
+  cudaGetLastError();  // an op refused inside the capture leaves its error behind
+}
+
 std::unique_ptr<CapturedWork> CudaBackend::capture(const std::function<void()>& fn) {
   DeviceGuard guard(index_);
   std::shared_ptr<DeviceAllocator::Pool> pool = alloc_.open_pool();
@@ -159,21 +175,16 @@ std::unique_ptr<CapturedWork> CudaBackend::capture(const std::function<void()>& 
     alloc_.close_pool(pool);
     ATELIER_CUDA_OK(err);
   }
-  cudaGraph_t graph = nullptr;
   try {
     fn();
   } catch (...) {
-    cudaStreamEndCapture(stream_, &graph);
-    if (graph) cudaGraphDestroy(graph);
-    cudaGetLastError();  // an op refused inside the capture leaves the error behind
+    discard_capture(stream_);
     alloc_.close_pool(pool);
     throw;
   }
-  err = cudaStreamEndCapture(stream_, &graph);
+  cudaGraph_t graph = end_capture(stream_, &err);
   alloc_.stop_routing();
-  if (err != cudaSuccess || graph == nullptr) {
-    cudaGetLastError();
-    if (graph) cudaGraphDestroy(graph);
+  if (graph == nullptr) {
     alloc_.close_pool(pool);
     throw Error(Status(ErrorCode::kInternal, std::string("CUDA graph capture failed: ") + cudaGetErrorString(err)));
   }

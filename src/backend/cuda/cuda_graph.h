@@ -20,6 +20,15 @@ void set_graph_memset_kernels(bool on);
 // is wired).
 int replace_memset_nodes(cudaGraph_t graph);
 
+// Ends `stream`'s capture and returns the graph it recorded; nullptr where the capture failed (an op that cannot
+// be recorded, an invalidated capture), with *err saying why, the partial graph destroyed and the error cleared.
+// CudaBackend::capture and CudaBackend::launch_batch end their recordings through it.
+cudaGraph_t end_capture(cudaStream_t stream, cudaError_t* err) noexcept;
+
+// Ends `stream`'s capture and throws away what it recorded (a recording abandoned by an exception, a batch
+// dropped), clearing any error the capture left.
+void discard_capture(cudaStream_t stream) noexcept;
+
 // `graph`'s nodes into *nodes (in the order cudaGraphGetNodes gives: a capture's order); false where CUDA refused.
 bool graph_nodes(cudaGraph_t graph, std::vector<cudaGraphNode_t>* nodes);
 
