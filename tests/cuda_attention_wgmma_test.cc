@@ -57,8 +57,9 @@ TEST(CudaWgmmaAttention, MatchesTheCpu) {
   }
 }
 
-// The other block shapes for head dims <= 64 (three consumers over 96-key tiles, four over 64): ragged and whole
-// tiles, grouped heads, one key tile and many.
+// The other block shapes for head dims <= 64 (three consumers over 96-key tiles, four over 64; S a tile ahead with
+// two consumers over 128 keys or three over 64): ragged and whole tiles, grouped heads, one key tile and many, odd
+// and even tile counts.
 TEST(CudaWgmmaAttention, OtherBlockShapesMatchTheCpu) {
   ATELIER_REQUIRE_HOPPER();
   WgmmaScope scope(true);
@@ -66,18 +67,20 @@ TEST(CudaWgmmaAttention, OtherBlockShapesMatchTheCpu) {
   struct Case {
     int64_t b, h, hk, sq, sk, d;
   };
-  for (const cuda::WgmmaAttentionShape sh : {cuda::WgmmaAttentionShape{3, 96}, cuda::WgmmaAttentionShape{4, 64}}) {
+  for (const cuda::WgmmaAttentionShape sh : {cuda::WgmmaAttentionShape{3, 96}, cuda::WgmmaAttentionShape{4, 64},
+                                             cuda::WgmmaAttentionShape{2, 128, true}, cuda::WgmmaAttentionShape{3, 64, true}}) {
     ASSERT_TRUE(cuda::wgmma_attention_shape_supported(sh));
     cuda::set_wgmma_attention_shape(sh);
     for (const Case& c : {Case{1, 2, 2, 256, 192, 40}, Case{1, 2, 2, 100, 77, 40}, Case{2, 2, 2, 600, 1500, 40},
-                          Case{1, 4, 2, 384, 320, 64}, Case{1, 1, 1, 7, 300, 64}, Case{1, 3, 3, 512, 96, 40}}) {
+                          Case{1, 4, 2, 384, 320, 64}, Case{1, 1, 1, 7, 300, 64}, Case{1, 3, 3, 512, 96, 40},
+                          Case{1, 2, 2, 130, 64, 40}, Case{1, 2, 2, 200, 256, 40}}) {
       const Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 91), k = random_tensor({c.b, c.hk, c.sk, c.d}, 92),
                    v = random_tensor({c.b, c.hk, c.sk, c.d}, 93);
       const auto fn = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], Tensor()); };
       const int64_t before = cuda::wgmma_attention_launches();
       char what[160];
-      std::snprintf(what, sizeof(what), "wgmma attention %dx%d b%lld h%lld/%lld q%lld k%lld d%lld", sh.consumers, sh.block_k,
-                    (long long)c.b, (long long)c.h, (long long)c.hk, (long long)c.sq, (long long)c.sk, (long long)c.d);
+      std::snprintf(what, sizeof(what), "wgmma attention %dx%d%s b%lld h%lld/%lld q%lld k%lld d%lld", sh.consumers,
+                    sh.block_k, sh.lookahead ? "L" : "", (long long)c.b, (long long)c.h, (long long)c.hk, (long long)c.sq, (long long)c.sk, (long long)c.d);
       EXPECT_PARITY(std::string(what), fn, std::vector<Tensor>({q, k, v}), DType::BF16);
       std::fflush(stdout);
       EXPECT_GT(cuda::wgmma_attention_launches(), before) << what << ": the wgmma kernel did not take the case";

@@ -59,13 +59,16 @@ bool& enabled_flag() {
   return on;
 }
 
-// The block shape for head dims <= 64: ATELIER_WGMMA_ATTENTION_SHAPE=CxBK (C consumers, BK-key tiles; one of
-// kNarrowShapes), else the default (3 consumers, 128-key tiles).
+// The block shape for head dims <= 64: ATELIER_WGMMA_ATTENTION_SHAPE=CxBK[L] (C consumers, BK-key tiles, L: S a
+// tile ahead; one that wgmma_attention_shape_supported takes), else the default (3 consumers, 128-key tiles).
 WgmmaAttentionShape& narrow_shape() {
   static WgmmaAttentionShape shape = [] {
     WgmmaAttentionShape s{};
     if (const char* v = std::getenv("ATELIER_WGMMA_ATTENTION_SHAPE")) {
-      if (std::sscanf(v, "%dx%d", &s.consumers, &s.block_k) != 2 || !wgmma_attention_shape_supported(s)) s = {};
+      char la = 0;
+      const int n = std::sscanf(v, "%dx%d%c", &s.consumers, &s.block_k, &la);
+      s.lookahead = n == 3 && la == 'L';
+      if (n < 2 || (n == 3 && la != 'L') || !wgmma_attention_shape_supported(s)) s = {};
     }
     return s;
   }();
@@ -74,13 +77,18 @@ WgmmaAttentionShape& narrow_shape() {
 
 // One kernel's shape: head dim D (tiles padded to whole 64-column atoms), C consumer warpgroups of 64 queries, K/V
 // tiles of BK keys.
-template <int D, int C, int BK>
+// LA: each consumer issues S of the next tile before the softmax of this one (consume_lookahead), so K tiles are
+// loaded a tile further ahead (three buffers).
+template <int D, int C, int BK, bool LA>
 struct Cfg {
   static constexpr int kBlockK = BK;
+  static constexpr bool kLookahead = LA;
+  static constexpr int kKStages = LA ? 3 : kStages;  // K buffers (V keeps kStages)
   static constexpr int kAtoms = (D + 63) / 64;
   static constexpr int kThreads = 128 * (C + 1), kBlockQ = 64 * C;
   static constexpr uint32_t kQBytes = kBlockQ * kAtoms * 128, kTileBytes = kBlockK * kAtoms * 128;
-  static constexpr size_t kSmem = kQBytes + 2 * kStages * kTileBytes + 8 * (1 + 4 * kStages) + 1024;
+  static constexpr size_t kSmem =
+      kQBytes + (kKStages + kStages) * kTileBytes + 8 * (1 + 2 * kKStages + 2 * kStages) + 1024;
 #ifdef ATELIER_WGMMA
   static constexpr int kN = (D + 7) / 8 * 8;  // O's columns: P V's N, the head dim (wgmma's N steps by 8)
   static constexpr int kConsumerThreads = 128 * C;
@@ -124,35 +132,47 @@ struct Smem {
   __device__ explicit Smem(uint8_t* raw) {
     q = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
     k = q + K::kQBytes;
-    v = k + kStages * K::kTileBytes;
+    v = k + K::kKStages * K::kTileBytes;
     q_full = reinterpret_cast<uint64_t*>(v + kStages * K::kTileBytes);
     k_full = q_full + 1;
-    v_full = k_full + kStages;
+    v_full = k_full + K::kKStages;
     k_empty = v_full + kStages;
-    v_empty = k_empty + kStages;
+    v_empty = k_empty + K::kKStages;
   }
 };
 
-// The producer's one thread: Q, then K_j and V_j into buffer j % kStages once the consumers released it.
+// The producer's one thread: Q, then K_j and V_j into buffer j % stages once the consumers released it. With the
+// lookahead, K runs a tile ahead of V (K_0, K_1, V_0, K_2, V_1, ...), the order the consumers use them in.
 template <class K>
 __device__ __forceinline__ void produce(const KernelParams& p, const Smem<K>& sm, int n_tiles) {
   const int h = int(blockIdx.y), b = int(blockIdx.z), q0 = int(blockIdx.x) * K::kBlockQ, kvh = h / p.group;
   tma::arrive_expect_tx(sm.q_full, K::kQBytes);
 #pragma unroll
   for (int a = 0; a < K::kAtoms; ++a) tma::load_4d(sm.q + a * K::kBlockQ * 128, &p.q, 64 * a, q0, h, b, sm.q_full);
-  for (int j = 0; j < n_tiles; ++j) {
-    const int st = j % kStages;
-    const uint32_t parity = ((j / kStages) & 1) ^ 1;
-    tma::wait(&sm.k_empty[st], parity);
+  const auto load_k = [&](int j) {
+    const int st = j % K::kKStages;
+    tma::wait(&sm.k_empty[st], ((j / K::kKStages) & 1) ^ 1);
     tma::arrive_expect_tx(&sm.k_full[st], K::kTileBytes);
 #pragma unroll
     for (int a = 0; a < K::kAtoms; ++a)
       tma::load_4d(sm.k + st * K::kTileBytes + a * K::kBlockK * 128, &p.k, 64 * a, j * K::kBlockK, kvh, b, &sm.k_full[st]);
-    tma::wait(&sm.v_empty[st], parity);
+  };
+  const auto load_v = [&](int j) {
+    const int st = j % kStages;
+    tma::wait(&sm.v_empty[st], ((j / kStages) & 1) ^ 1);
     tma::arrive_expect_tx(&sm.v_full[st], K::kTileBytes);
 #pragma unroll
     for (int a = 0; a < K::kAtoms; ++a)
       tma::load_4d(sm.v + st * K::kTileBytes + a * K::kBlockK * 128, &p.v, 64 * a, j * K::kBlockK, kvh, b, &sm.v_full[st]);
+  };
+  if constexpr (K::kLookahead) load_k(0);
+  for (int j = 0; j < n_tiles; ++j) {
+    if constexpr (K::kLookahead) {
+      if (j + 1 < n_tiles) load_k(j + 1);
+    } else {
+      load_k(j);
+    }
+    load_v(j);
   }
 }
 
@@ -353,13 +373,104 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   fence_all(st.o);
   store_out<K, D>(p, st, c, tid);
 }
+
+// One tile step of consume_lookahead, j >= 1: S_j is in x (issued one step earlier), P_{j-1} in st.pa; y is free.
+// Issues P_{j-1} V_{j-1} and S_{j+1} into y (past the last tile: S of the last again, never read, so that no branch
+// surrounds a product: ptxas serialises every wgmma of a kernel where one does, C7520), then the softmax of S_j
+// runs while both products are on the tensor cores.
+template <class K, int D>
+__device__ __forceinline__ void lookahead_step(const KernelParams& p, const Smem<K>& sm, Consumer<K>& st,
+                                               float (&x)[K::kBlockK / 2], float (&y)[K::kBlockK / 2], int j,
+                                               int n_tiles, const Turns& turn, uint32_t q_addr, int tail, int t) {
+  const auto k_slot = [](int i) { return i % K::kKStages; };
+  const auto v_slot = [](int i) { return i % kStages; };
+  const int next = min(j + 1, n_tiles - 1);
+  if (j + 1 < n_tiles) tma::wait(&sm.k_full[k_slot(j + 1)], uint32_t(((j + 1) / K::kKStages) & 1));
+  tma::wait(&sm.v_full[v_slot(j - 1)], uint32_t(((j - 1) / kStages) & 1));
+  turn.begin();
+  wgmma::fence();
+  issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(sm.v + v_slot(j - 1) * K::kTileBytes));
+  wgmma::commit();
+  issue_s<K, D>(y, q_addr, smem_u32(sm.k + k_slot(next) * K::kTileBytes));
+  wgmma::commit();
+  turn.end();
+  wgmma::wait<2>();  // S_j done; P_{j-1} V_{j-1} and S_{j+1} may still run
+  fence_all(x);
+  tma::arrive(&sm.k_empty[k_slot(j)]);
+  if (j == n_tiles - 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(x, tail, t);
+  float alpha[2];
+  softmax<K::kBlockK>(x, st.m, st.l, alpha, p.scale_log2);
+  wgmma::wait<1>();  // P_{j-1} V_{j-1} done
+  fence_all(st.o);
+  tma::arrive(&sm.v_empty[v_slot(j - 1)]);
+  rescale<K::kN>(st.o, alpha);
+  pack_p<K::kBlockK>(st.pa, x);
+}
+
+// Consumer c with S one tile ahead: S_{j+1} is computed during the softmax of S_j (two S buffers, whose roles
+// alternate: the steps go in pairs, and EXTRA, chosen by the host from the tile count, adds the odd one), so the
+// exponentials never wait on a product. Otherwise as consume.
+template <class K, int D, bool EXTRA>
+__device__ __forceinline__ void consume_lookahead(const KernelParams& p, const Smem<K>& sm, int n_tiles, int c,
+                                                  int nc, int tid) {
+  const Turns turn(c, nc);
+  Consumer<K> st;
+  float sb[K::kBlockK / 2];
+#pragma unroll
+  for (int i = 0; i < K::kN / 2; ++i) st.o[i] = 0.0f;
+  st.m[0] = st.m[1] = -INFINITY;
+  st.l[0] = st.l[1] = 0.0f;
+  const int t = tid % 4;
+  const int tail = p.sk - (n_tiles - 1) * K::kBlockK;  // keys in the last tile
+  const uint32_t q_addr = smem_u32(sm.q) + c * 64 * 128;
+  const int second = min(1, n_tiles - 1);
+
+  if (c == nc - 1) tma::bar_arrive(kSchedBarrier, turn.threads);  // consumer 0 issues first
+  tma::wait(sm.q_full, 0);
+  // S_0 and S_1, then the softmax of S_0.
+  tma::wait(&sm.k_full[0], 0);
+  if (n_tiles > 1) tma::wait(&sm.k_full[1], 0);
+  turn.begin();
+  wgmma::fence();
+  issue_s<K, D>(st.s, q_addr, smem_u32(sm.k));
+  wgmma::commit();
+  issue_s<K, D>(sb, q_addr, smem_u32(sm.k + second * K::kTileBytes));
+  wgmma::commit();
+  turn.end();
+  wgmma::wait<1>();
+  fence_all(st.s);
+  tma::arrive(&sm.k_empty[0]);
+  if (n_tiles == 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(st.s, tail, t);
+  float alpha[2];
+  softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
+  pack_p<K::kBlockK>(st.pa, st.s);
+
+  int j = 1;
+  for (; j + 1 < n_tiles; j += 2) {
+    lookahead_step<K, D>(p, sm, st, sb, st.s, j, n_tiles, turn, q_addr, tail, t);
+    lookahead_step<K, D>(p, sm, st, st.s, sb, j + 1, n_tiles, turn, q_addr, tail, t);
+  }
+  if constexpr (EXTRA) lookahead_step<K, D>(p, sm, st, sb, st.s, j, n_tiles, turn, q_addr, tail, t);
+
+  // The last tile's P V (the S issued past the end finishes with it, unread).
+  const int last = n_tiles - 1;
+  tma::wait(&sm.v_full[last % kStages], uint32_t((last / kStages) & 1));
+  turn.begin();
+  wgmma::fence();
+  issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(sm.v + (last % kStages) * K::kTileBytes));
+  wgmma::commit();
+  if (c != nc - 1) turn.end();
+  wgmma::wait<0>();
+  fence_all(st.o);
+  store_out<K, D>(p, st, c, tid);
+}
 #endif  // ATELIER_WGMMA
 
-template <int D, int C, int BK>
-__global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
+template <int D, int C, int BK, bool LA, bool EXTRA>
+__global__ void __launch_bounds__(Cfg<D, C, BK, LA>::kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ KernelParams p) {
 #ifdef ATELIER_WGMMA
-  using K = Cfg<D, C, BK>;
+  using K = Cfg<D, C, BK, LA>;
   extern __shared__ uint8_t smem_raw[];
   const Smem<K> sm(smem_raw);
   const int tid = int(threadIdx.x), wg = tid / 128;
@@ -370,10 +481,12 @@ __global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
   const int nc = min(C, (p.sq - int(blockIdx.x) * K::kBlockQ + 63) / 64);
   if (tid == 0) {
     tma::mbar_init(sm.q_full, 1);
-    for (int i = 0; i < kStages; ++i) {
+    for (int i = 0; i < K::kKStages; ++i) {
       tma::mbar_init(&sm.k_full[i], 1);
-      tma::mbar_init(&sm.v_full[i], 1);
       tma::mbar_init(&sm.k_empty[i], 128 * nc);
+    }
+    for (int i = 0; i < kStages; ++i) {
+      tma::mbar_init(&sm.v_full[i], 1);
       tma::mbar_init(&sm.v_empty[i], 128 * nc);
     }
     tma::fence_mbar_init();
@@ -384,7 +497,11 @@ __global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
     if (tid == 0) produce<K>(p, sm, n_tiles);
   } else {
     tma::regs_alloc<K::kConsumerRegs>();
-    if (wg - 1 < nc) consume<K, D>(p, sm, n_tiles, wg - 1, nc, tid - 128);
+    if constexpr (LA) {
+      if (wg - 1 < nc) consume_lookahead<K, D, EXTRA>(p, sm, n_tiles, wg - 1, nc, tid - 128);
+    } else {
+      if (wg - 1 < nc) consume<K, D>(p, sm, n_tiles, wg - 1, nc, tid - 128);
+    }
   }
 #else
   __trap();
@@ -408,9 +525,9 @@ bool make_map(CUtensorMap& map, const void* base, int batch, int heads, int rows
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int C = (D <= 64 ? 3 : 2), int BK = kDefaultBlockK>
+template <int D, int C = (D <= 64 ? 3 : 2), int BK = kDefaultBlockK, bool LA = false>
 bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
-  using K = Cfg<D, C, BK>;
+  using K = Cfg<D, C, BK, LA>;
   if (K::kSmem > a.max_smem) return false;
   KernelParams p{};
   if (!make_map(p.q, a.q, a.batch, a.heads, a.sq, a.d, a.qs0, a.qs1, a.qs2, K::kBlockQ) ||
@@ -421,7 +538,9 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
   p.os0 = a.os0, p.os1 = a.os1, p.os2 = a.os2;
   p.sq = a.sq, p.sk = a.sk, p.group = a.group;
   p.scale_log2 = a.scale * kLog2e;
-  const auto kernel = attention_wgmma_kernel<D, C, BK>;
+  // The lookahead's steps go in pairs after the first tile: an even tile count leaves one over.
+  const int n_tiles = (a.sk + BK - 1) / BK;
+  const auto kernel = LA && n_tiles % 2 == 0 ? attention_wgmma_kernel<D, C, BK, LA, LA> : attention_wgmma_kernel<D, C, BK, LA, false>;
   // Per launch, as the mma.sync kernel does: the attribute belongs to the current device's context, and each
   // GPU's backend launches on its own (a once-per-process call left a second GPU at the 48 KB default).
   ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(K::kSmem)));
@@ -435,8 +554,10 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
 // Head dims <= 64 in the chosen block shape (wgmma_attention_shape_supported lists them).
 template <int D>
 bool launch_narrow(const WgmmaAttentionArgs& a, WgmmaAttentionShape shape, cudaStream_t stream) {
-  if (shape.consumers == 4 && shape.block_k == 64) return launch<D, 4, 64>(a, stream);
-  if (shape.consumers == 3 && shape.block_k == 96) return launch<D, 3, 96>(a, stream);
+  if (!shape.lookahead && shape.consumers == 4 && shape.block_k == 64) return launch<D, 4, 64>(a, stream);
+  if (!shape.lookahead && shape.consumers == 3 && shape.block_k == 96) return launch<D, 3, 96>(a, stream);
+  if (shape.lookahead && shape.consumers == 2 && shape.block_k == 128) return launch<D, 2, 128, true>(a, stream);
+  if (shape.lookahead && shape.consumers == 3 && shape.block_k == 64) return launch<D, 3, 64, true>(a, stream);
   return launch<D>(a, stream);
 }
 
@@ -444,6 +565,7 @@ bool launch_narrow(const WgmmaAttentionArgs& a, WgmmaAttentionShape shape, cudaS
 
 bool wgmma_attention_shape_supported(WgmmaAttentionShape s) {
   // Four consumers with 96-key tiles spill and serialise their products (ptxas C7512): not offered.
+  if (s.lookahead) return (s.consumers == 2 && s.block_k == 128) || (s.consumers == 3 && s.block_k == 64);
   return (s.consumers == 0 && s.block_k == 0) || (s.consumers == 3 && (s.block_k == 96 || s.block_k == 128)) ||
          (s.consumers == 4 && s.block_k == 64);
 }
