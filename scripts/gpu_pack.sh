@@ -30,7 +30,9 @@ trap 'rm -rf "$work"' EXIT
 git -C "$work" init -q
 stage=$work/stage
 mkdir -p "$stage/bin/tests" "$stage/bin/bench" "$stage/fixtures/sd15-tiny/model"
-cp "$BUILD_DIR/tests/atelier_gpu_tests" "$stage/bin/tests/"
+# GPU_PACK_TESTS_BIN=FILE packs FILE as the test binary instead (e.g. one built with a kernel deliberately broken,
+# to see the tests fail on it: a mutation check), beside the unchanged atelier.
+cp "${GPU_PACK_TESTS_BIN:-$BUILD_DIR/tests/atelier_gpu_tests}" "$stage/bin/tests/atelier_gpu_tests"
 # (unet_step_bench is left out: `atelier bench` measures the same, and each binary carries every kernel.)
 # GPU_PACK_NO_BENCH=1 leaves cuda_ops_bench out too (~14 MB packed): with GPU_PACK_SD_ONLY=1 the pack is then ~51 MB,
 # what fits beside the checkout in the device tool's 64 MiB since session 48 (gpu_check.sh skips the benchmark).

@@ -57,9 +57,9 @@ TEST(CudaWgmmaAttention, MatchesTheCpu) {
   }
 }
 
-// The other block shapes for head dims <= 64 (three consumers over 96-key tiles, four over 64; S a tile ahead with
-// two consumers over 128 keys or three over 64): ragged and whole tiles, grouped heads, one key tile and many, odd
-// and even tile counts.
+// The other block shapes at head dims <= 64 (three consumers over 96-key tiles, four over 64; S a tile ahead with
+// two consumers over 128 keys or three over 64) and at head dim 80 (S a tile ahead): ragged and whole tiles,
+// grouped heads, one key tile and many, odd and even tile counts.
 TEST(CudaWgmmaAttention, OtherBlockShapesMatchTheCpu) {
   ATELIER_REQUIRE_HOPPER();
   WgmmaScope scope(true);
@@ -73,7 +73,8 @@ TEST(CudaWgmmaAttention, OtherBlockShapesMatchTheCpu) {
     cuda::set_wgmma_attention_shape(sh);
     for (const Case& c : {Case{1, 2, 2, 256, 192, 40}, Case{1, 2, 2, 100, 77, 40}, Case{2, 2, 2, 600, 1500, 40},
                           Case{1, 4, 2, 384, 320, 64}, Case{1, 1, 1, 7, 300, 64}, Case{1, 3, 3, 512, 96, 40},
-                          Case{1, 2, 2, 130, 64, 40}, Case{1, 2, 2, 200, 256, 40}}) {
+                          Case{1, 2, 2, 130, 64, 40}, Case{1, 2, 2, 200, 256, 40}, Case{2, 2, 2, 300, 250, 80},
+                          Case{1, 2, 2, 100, 512, 80}}) {
       const Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 91), k = random_tensor({c.b, c.hk, c.sk, c.d}, 92),
                    v = random_tensor({c.b, c.hk, c.sk, c.d}, 93);
       const auto fn = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], Tensor()); };

@@ -582,7 +582,8 @@ bool launch_attention_wgmma(const WgmmaAttentionArgs& a, int cc_major, cudaStrea
   switch (a.d) {
     case 40: return launch_narrow<40>(a, shape, stream);
     case 64: return launch_narrow<64>(a, shape, stream);
-    case 80: return launch<80>(a, stream);
+    case 80:  // two consumers already: only S a tile ahead is offered there (ATELIER_WGMMA_ATTENTION_SHAPE=2x128L)
+      return shape.lookahead && shape.consumers == 2 ? launch<80, 2, 128, true>(a, stream) : launch<80>(a, stream);
     case 128: return launch<128>(a, stream);
     default: return false;
   }

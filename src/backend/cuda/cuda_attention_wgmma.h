@@ -30,7 +30,7 @@ int64_t wgmma_attention_launches();
 
 // The block shape for head dims <= 64: consumer warpgroups of 64 queries, keys per K/V tile, and whether each
 // consumer computes S a tile ahead of its softmax (two S buffers). {0, 0} is the default (3 x 128); the others
-// (3 x 96, 4 x 64; ahead: 2 x 128, 3 x 64) are for measuring (ATELIER_WGMMA_ATTENTION_SHAPE=4x64, =2x128L, or the
+// (3 x 96, 4 x 64; ahead: 2 x 128, 3 x 64, and 2 x 128 at head dim 80 too) are for measuring (ATELIER_WGMMA_ATTENTION_SHAPE=4x64, =2x128L, or the
 // setter; an unsupported shape gives the default).
 struct WgmmaAttentionShape {
   int consumers = 0, block_k = 0;
