@@ -30,31 +30,36 @@ struct WgmmaScope {
   }
 };
 
+struct Case {
+  int64_t b, h, hk, sq, sk, d;
+};
+
+// One case against the CPU (inputs from `seed`), and that the wgmma kernel took it. `label` names the block shape.
+void expect_wgmma_parity(const Case& c, uint32_t seed, const std::string& label) {
+  const Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, seed), k = random_tensor({c.b, c.hk, c.sk, c.d}, seed + 1),
+               v = random_tensor({c.b, c.hk, c.sk, c.d}, seed + 2);
+  const auto fn = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], Tensor()); };
+  const int64_t before = cuda::wgmma_attention_launches();
+  char what[160];
+  std::snprintf(what, sizeof(what), "wgmma attention%s b%lld h%lld/%lld q%lld k%lld d%lld", label.c_str(), (long long)c.b,
+                (long long)c.h, (long long)c.hk, (long long)c.sq, (long long)c.sk, (long long)c.d);
+  EXPECT_PARITY(std::string(what), fn, std::vector<Tensor>({q, k, v}), DType::BF16);
+  std::fflush(stdout);  // a kernel that hangs leaves the lines before it
+  EXPECT_GT(cuda::wgmma_attention_launches(), before) << what << ": the wgmma kernel did not take the case";
+}
+
 TEST(CudaWgmmaAttention, MatchesTheCpu) {
   ATELIER_REQUIRE_HOPPER();
   WgmmaScope scope(true);
   cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);
-  struct Case {
-    int64_t b, h, hk, sq, sk, d;
-  };
   // Whole tiles; ragged queries and keys (the last key tile masked, rows past the end not stored); grouped K/V
   // heads; SD's head dims 40 and 80 (zero-filled to 64 / 128 columns by the tensor maps); many query blocks and key
   // tiles at head dim 40.
   for (const Case& c : {Case{1, 2, 2, 128, 64, 64}, Case{2, 3, 3, 256, 192, 128}, Case{1, 4, 2, 384, 320, 64},
                         Case{1, 2, 2, 128, 1024, 128}, Case{1, 2, 2, 100, 77, 40}, Case{2, 2, 2, 300, 250, 80},
                         Case{1, 4, 2, 200, 130, 128}, Case{1, 3, 3, 512, 512, 40}, Case{1, 1, 1, 7, 300, 64},
-                        Case{2, 2, 2, 600, 1500, 40}}) {
-    const Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 81), k = random_tensor({c.b, c.hk, c.sk, c.d}, 82),
-                 v = random_tensor({c.b, c.hk, c.sk, c.d}, 83);
-    const auto fn = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], Tensor()); };
-    const int64_t before = cuda::wgmma_attention_launches();
-    char what[128];
-    std::snprintf(what, sizeof(what), "wgmma attention b%lld h%lld/%lld q%lld k%lld d%lld", (long long)c.b, (long long)c.h,
-                  (long long)c.hk, (long long)c.sq, (long long)c.sk, (long long)c.d);
-    EXPECT_PARITY(std::string(what), fn, std::vector<Tensor>({q, k, v}), DType::BF16);
-    std::fflush(stdout);  // a kernel that hangs leaves the lines before it
-    EXPECT_GT(cuda::wgmma_attention_launches(), before) << what << ": the wgmma kernel did not take the case";
-  }
+                        Case{2, 2, 2, 600, 1500, 40}})
+    expect_wgmma_parity(c, 81, "");
 }
 
 // The other block shapes at head dims <= 64 (three consumers over 96-key tiles, four over 64; S a tile ahead with
@@ -64,28 +69,16 @@ TEST(CudaWgmmaAttention, OtherBlockShapesMatchTheCpu) {
   ATELIER_REQUIRE_HOPPER();
   WgmmaScope scope(true);
   cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);
-  struct Case {
-    int64_t b, h, hk, sq, sk, d;
-  };
   for (const cuda::WgmmaAttentionShape sh : {cuda::WgmmaAttentionShape{3, 96}, cuda::WgmmaAttentionShape{4, 64},
                                              cuda::WgmmaAttentionShape{2, 128, true}, cuda::WgmmaAttentionShape{3, 64, true}}) {
     ASSERT_TRUE(cuda::wgmma_attention_shape_supported(sh));
     cuda::set_wgmma_attention_shape(sh);
+    const std::string label = " " + std::to_string(sh.consumers) + "x" + std::to_string(sh.block_k) + (sh.lookahead ? "L" : "");
     for (const Case& c : {Case{1, 2, 2, 256, 192, 40}, Case{1, 2, 2, 100, 77, 40}, Case{2, 2, 2, 600, 1500, 40},
                           Case{1, 4, 2, 384, 320, 64}, Case{1, 1, 1, 7, 300, 64}, Case{1, 3, 3, 512, 96, 40},
                           Case{1, 2, 2, 130, 64, 40}, Case{1, 2, 2, 200, 256, 40}, Case{2, 2, 2, 300, 250, 80},
-                          Case{1, 2, 2, 100, 512, 80}}) {
-      const Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 91), k = random_tensor({c.b, c.hk, c.sk, c.d}, 92),
-                   v = random_tensor({c.b, c.hk, c.sk, c.d}, 93);
-      const auto fn = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], Tensor()); };
-      const int64_t before = cuda::wgmma_attention_launches();
-      char what[160];
-      std::snprintf(what, sizeof(what), "wgmma attention %dx%d%s b%lld h%lld/%lld q%lld k%lld d%lld", sh.consumers,
-                    sh.block_k, sh.lookahead ? "L" : "", (long long)c.b, (long long)c.h, (long long)c.hk, (long long)c.sq, (long long)c.sk, (long long)c.d);
-      EXPECT_PARITY(std::string(what), fn, std::vector<Tensor>({q, k, v}), DType::BF16);
-      std::fflush(stdout);
-      EXPECT_GT(cuda::wgmma_attention_launches(), before) << what << ": the wgmma kernel did not take the case";
-    }
+                          Case{1, 2, 2, 100, 512, 80}})
+      expect_wgmma_parity(c, 91, label);
   }
   EXPECT_FALSE(cuda::wgmma_attention_shape_supported({4, 96}));  // S, P and O do not fit four consumers' registers
 }

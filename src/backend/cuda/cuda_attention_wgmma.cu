@@ -184,6 +184,12 @@ struct Consumer {
   float s[K::kBlockK / 2];
   uint32_t pa[K::kBlockK / 16][4];
   float m[2], l[2];
+  __device__ void clear() {
+#pragma unroll
+    for (int i = 0; i < K::kN / 2; ++i) o[i] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+  }
 };
 
 // S = Q K^T over the head dim rounded up to 16 (64 x BK per warpgroup).
@@ -304,15 +310,28 @@ __device__ __forceinline__ void store_out(const KernelParams& p, const Consumer<
   }
 }
 
+// The last tile's P V, then O out. The last consumer does not hand the turn on: each barrier then sees as many
+// arrivals as waits.
+template <class K, int D>
+__device__ __forceinline__ void finish(const KernelParams& p, const Smem<K>& sm, Consumer<K>& st, const Turns& turn,
+                                       int last, int c, int nc, int tid) {
+  tma::wait(&sm.v_full[last % kStages], uint32_t((last / kStages) & 1));
+  turn.begin();
+  wgmma::fence();
+  issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(sm.v + (last % kStages) * K::kTileBytes));
+  wgmma::commit();
+  if (c != nc - 1) turn.end();
+  wgmma::wait<0>();
+  fence_all(st.o);
+  store_out<K, D>(p, st, c, tid);
+}
+
 // Consumer c of the block's nc working ones (those with query rows inside the sequence).
 template <class K, int D>
 __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm, int n_tiles, int c, int nc, int tid) {
   const Turns turn(c, nc);
   Consumer<K> st;
-#pragma unroll
-  for (int i = 0; i < K::kN / 2; ++i) st.o[i] = 0.0f;
-  st.m[0] = st.m[1] = -INFINITY;
-  st.l[0] = st.l[1] = 0.0f;
+  st.clear();
   const int t = tid % 4;
   const int tail = p.sk - (n_tiles - 1) * K::kBlockK;  // keys in the last tile
   const uint32_t q_addr = smem_u32(sm.q) + c * 64 * 128;
@@ -360,18 +379,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
     pack_p<K::kBlockK>(st.pa, st.s);
   }
 
-  // The last tile's P V. The last consumer does not hand the turn on: each barrier then sees as many arrivals
-  // as waits.
-  const int last = n_tiles - 1;
-  tma::wait(&sm.v_full[last % kStages], parity(last));
-  turn.begin();
-  wgmma::fence();
-  issue_pv<K::kN, K::kBlockK>(st.o, st.pa, v_addr(last));
-  wgmma::commit();
-  if (c != nc - 1) turn.end();
-  wgmma::wait<0>();
-  fence_all(st.o);
-  store_out<K, D>(p, st, c, tid);
+  finish<K, D>(p, sm, st, turn, n_tiles - 1, c, nc, tid);
 }
 
 // One tile step of consume_lookahead, j >= 1: S_j is in x (issued one step earlier), P_{j-1} in st.pa; y is free.
@@ -415,11 +423,8 @@ __device__ __forceinline__ void consume_lookahead(const KernelParams& p, const S
                                                   int nc, int tid) {
   const Turns turn(c, nc);
   Consumer<K> st;
+  st.clear();
   float sb[K::kBlockK / 2];
-#pragma unroll
-  for (int i = 0; i < K::kN / 2; ++i) st.o[i] = 0.0f;
-  st.m[0] = st.m[1] = -INFINITY;
-  st.l[0] = st.l[1] = 0.0f;
   const int t = tid % 4;
   const int tail = p.sk - (n_tiles - 1) * K::kBlockK;  // keys in the last tile
   const uint32_t q_addr = smem_u32(sm.q) + c * 64 * 128;
@@ -452,17 +457,7 @@ __device__ __forceinline__ void consume_lookahead(const KernelParams& p, const S
   }
   if constexpr (EXTRA) lookahead_step<K, D>(p, sm, st, sb, st.s, j, n_tiles, turn, q_addr, tail, t);
 
-  // The last tile's P V (the S issued past the end finishes with it, unread).
-  const int last = n_tiles - 1;
-  tma::wait(&sm.v_full[last % kStages], uint32_t((last / kStages) & 1));
-  turn.begin();
-  wgmma::fence();
-  issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(sm.v + (last % kStages) * K::kTileBytes));
-  wgmma::commit();
-  if (c != nc - 1) turn.end();
-  wgmma::wait<0>();
-  fence_all(st.o);
-  store_out<K, D>(p, st, c, tid);
+  finish<K, D>(p, sm, st, turn, n_tiles - 1, c, nc, tid);  // the S issued past the end finishes too, unread
 }
 #endif  // ATELIER_WGMMA
 
