@@ -62,25 +62,28 @@ TEST(CudaWgmmaAttention, MatchesTheCpu) {
     expect_wgmma_parity(c, 81, "");
 }
 
-// The other block shapes at head dims <= 64 (three consumers over 96-key tiles, four over 64; S a tile ahead with
-// two consumers over 128 keys or three over 64) and at head dim 80 (S a tile ahead): ragged and whole tiles,
-// grouped heads, one key tile and many, odd and even tile counts.
+// The other block shapes (cuda_attention_wgmma.h; the head dims a shape is not built for run the default): ragged
+// and whole tiles, grouped heads, one key tile and many, odd and even tile counts, head dims 40, 64, 80 and 128.
 TEST(CudaWgmmaAttention, OtherBlockShapesMatchTheCpu) {
   ATELIER_REQUIRE_HOPPER();
   WgmmaScope scope(true);
   cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);
   for (const cuda::WgmmaAttentionShape sh : {cuda::WgmmaAttentionShape{3, 96}, cuda::WgmmaAttentionShape{4, 64},
-                                             cuda::WgmmaAttentionShape{2, 128, true}, cuda::WgmmaAttentionShape{3, 64, true}}) {
+                                             cuda::WgmmaAttentionShape{2, 128, true}, cuda::WgmmaAttentionShape{3, 64, true},
+                                             cuda::WgmmaAttentionShape{2, 64, true}}) {
     ASSERT_TRUE(cuda::wgmma_attention_shape_supported(sh));
     cuda::set_wgmma_attention_shape(sh);
     const std::string label = " " + std::to_string(sh.consumers) + "x" + std::to_string(sh.block_k) + (sh.lookahead ? "L" : "");
     for (const Case& c : {Case{1, 2, 2, 256, 192, 40}, Case{1, 2, 2, 100, 77, 40}, Case{2, 2, 2, 600, 1500, 40},
                           Case{1, 4, 2, 384, 320, 64}, Case{1, 1, 1, 7, 300, 64}, Case{1, 3, 3, 512, 96, 40},
                           Case{1, 2, 2, 130, 64, 40}, Case{1, 2, 2, 200, 256, 40}, Case{2, 2, 2, 300, 250, 80},
-                          Case{1, 2, 2, 100, 512, 80}})
+                          Case{1, 2, 2, 100, 512, 80}, Case{1, 2, 2, 200, 130, 128}, Case{1, 2, 1, 128, 1024, 128}})
       expect_wgmma_parity(c, 91, label);
   }
   EXPECT_FALSE(cuda::wgmma_attention_shape_supported({4, 96}));  // S, P and O do not fit four consumers' registers
+  EXPECT_TRUE(cuda::wgmma_attention_shape_built({2, 64, true}, 128));
+  EXPECT_FALSE(cuda::wgmma_attention_shape_built({2, 128, true}, 128));
+  EXPECT_FALSE(cuda::wgmma_attention_shape_built({4, 64}, 80));
 }
 
 TEST(CudaWgmmaAttention, LeavesOtherCasesToTheMmaSyncKernel) {

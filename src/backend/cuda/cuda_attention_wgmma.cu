@@ -59,9 +59,9 @@ bool& enabled_flag() {
   return on;
 }
 
-// The block shape for head dims <= 64: ATELIER_WGMMA_ATTENTION_SHAPE=CxBK[L] (C consumers, BK-key tiles, L: S a
-// tile ahead; one that wgmma_attention_shape_supported takes), else the default (3 consumers, 128-key tiles).
-WgmmaAttentionShape& narrow_shape() {
+// The block shape asked for: ATELIER_WGMMA_ATTENTION_SHAPE=CxBK[L] (C consumers, BK-key tiles, L: S a tile ahead;
+// one that wgmma_attention_shape_supported takes), else the default ({0, 0}; launch_shaped says where each runs).
+WgmmaAttentionShape& shape_setting() {
   static WgmmaAttentionShape shape = [] {
     WgmmaAttentionShape s{};
     if (const char* v = std::getenv("ATELIER_WGMMA_ATTENTION_SHAPE")) {
@@ -546,13 +546,21 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
   return true;
 }
 
-// Head dims <= 64 in the chosen block shape (wgmma_attention_shape_supported lists them).
+// Head dim D in the chosen block shape where it is built for D (head dims <= 64: every shape; 80: the lookahead
+// ones with two consumers; 128: the lookahead over 64-key tiles, as 128-key ones would not fit beside its O), else
+// in the default one.
 template <int D>
-bool launch_narrow(const WgmmaAttentionArgs& a, WgmmaAttentionShape shape, cudaStream_t stream) {
-  if (!shape.lookahead && shape.consumers == 4 && shape.block_k == 64) return launch<D, 4, 64>(a, stream);
-  if (!shape.lookahead && shape.consumers == 3 && shape.block_k == 96) return launch<D, 3, 96>(a, stream);
-  if (shape.lookahead && shape.consumers == 2 && shape.block_k == 128) return launch<D, 2, 128, true>(a, stream);
-  if (shape.lookahead && shape.consumers == 3 && shape.block_k == 64) return launch<D, 3, 64, true>(a, stream);
+bool launch_shaped(const WgmmaAttentionArgs& a, WgmmaAttentionShape sh, cudaStream_t stream) {
+  const bool la = sh.lookahead;
+  if constexpr (D <= 64) {
+    if (!la && sh.consumers == 4 && sh.block_k == 64) return launch<D, 4, 64>(a, stream);
+    if (!la && sh.consumers == 3 && sh.block_k == 96) return launch<D, 3, 96>(a, stream);
+    if (la && sh.consumers == 3 && sh.block_k == 64) return launch<D, 3, 64, true>(a, stream);
+  }
+  if constexpr (D <= 80) {
+    if (la && sh.consumers == 2 && sh.block_k == 128) return launch<D, 2, 128, true>(a, stream);
+  }
+  if (la && sh.consumers == 2 && sh.block_k == 64) return launch<D, 2, 64, true>(a, stream);
   return launch<D>(a, stream);
 }
 
@@ -560,12 +568,18 @@ bool launch_narrow(const WgmmaAttentionArgs& a, WgmmaAttentionShape shape, cudaS
 
 bool wgmma_attention_shape_supported(WgmmaAttentionShape s) {
   // Four consumers with 96-key tiles spill and serialise their products (ptxas C7512): not offered.
-  if (s.lookahead) return (s.consumers == 2 && s.block_k == 128) || (s.consumers == 3 && s.block_k == 64);
+  if (s.lookahead) return (s.block_k == 64 && (s.consumers == 2 || s.consumers == 3)) || (s.consumers == 2 && s.block_k == 128);
   return (s.consumers == 0 && s.block_k == 0) || (s.consumers == 3 && (s.block_k == 96 || s.block_k == 128)) ||
          (s.consumers == 4 && s.block_k == 64);
 }
-void set_wgmma_attention_shape(WgmmaAttentionShape s) { narrow_shape() = wgmma_attention_shape_supported(s) ? s : WgmmaAttentionShape{}; }
-WgmmaAttentionShape wgmma_attention_shape() { return narrow_shape(); }
+bool wgmma_attention_shape_built(WgmmaAttentionShape s, int head_dim) {
+  if (s.consumers == 0 && s.block_k == 0) return true;
+  if (!wgmma_attention_shape_supported(s)) return false;
+  if (head_dim <= 64) return true;
+  return s.lookahead && s.consumers == 2 && (s.block_k == 64 || head_dim <= 80);
+}
+void set_wgmma_attention_shape(WgmmaAttentionShape s) { shape_setting() = wgmma_attention_shape_supported(s) ? s : WgmmaAttentionShape{}; }
+WgmmaAttentionShape wgmma_attention_shape() { return shape_setting(); }
 
 bool wgmma_attention_enabled() { return enabled_flag(); }
 int64_t wgmma_attention_launches() { return g_launches.load(); }
@@ -573,13 +587,12 @@ void set_wgmma_attention(bool on) { enabled_flag() = on; }
 
 bool launch_attention_wgmma(const WgmmaAttentionArgs& a, int cc_major, cudaStream_t stream) {
   if (cc_major != 9 || a.sq <= 0 || a.sk <= 0 || a.batch > 65535 || a.heads > 65535) return false;
-  const WgmmaAttentionShape shape = narrow_shape();
+  const WgmmaAttentionShape shape = shape_setting();
   switch (a.d) {
-    case 40: return launch_narrow<40>(a, shape, stream);
-    case 64: return launch_narrow<64>(a, shape, stream);
-    case 80:  // two consumers already: only S a tile ahead is offered there (ATELIER_WGMMA_ATTENTION_SHAPE=2x128L)
-      return shape.lookahead && shape.consumers == 2 ? launch<80, 2, 128, true>(a, stream) : launch<80>(a, stream);
-    case 128: return launch<128>(a, stream);
+    case 40: return launch_shaped<40>(a, shape, stream);
+    case 64: return launch_shaped<64>(a, shape, stream);
+    case 80: return launch_shaped<80>(a, shape, stream);
+    case 128: return launch_shaped<128>(a, shape, stream);
     default: return false;
   }
 }

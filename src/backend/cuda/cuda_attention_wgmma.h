@@ -28,15 +28,18 @@ void set_wgmma_attention(bool on);
 // Kernels launched so far (tests: the case was taken).
 int64_t wgmma_attention_launches();
 
-// The block shape for head dims <= 64: consumer warpgroups of 64 queries, keys per K/V tile, and whether each
-// consumer computes S a tile ahead of its softmax (two S buffers). {0, 0} is the default (3 x 128); the others
-// (3 x 96, 4 x 64; ahead: 2 x 128, 3 x 64, and 2 x 128 at head dim 80 too) are for measuring (ATELIER_WGMMA_ATTENTION_SHAPE=4x64, =2x128L, or the
-// setter; an unsupported shape gives the default).
+// The kernel's block shape: consumer warpgroups of 64 queries, keys per K/V tile, and whether each consumer
+// computes S a tile ahead of its softmax (two S buffers). {0, 0} is the default (3 x 128 at head dims <= 64, 2 x 128
+// above). The others are for measuring (ATELIER_WGMMA_ATTENTION_SHAPE=4x64, =2x128L, ..., or the setter; an
+// unsupported shape gives the default): 3 x 96 and 4 x 64 at head dims <= 64; ahead, 3 x 64 at head dims <= 64,
+// 2 x 128 up to 80, 2 x 64 at every head dim. A head dim a shape is not built for runs the default.
 struct WgmmaAttentionShape {
   int consumers = 0, block_k = 0;
   bool lookahead = false;
 };
 bool wgmma_attention_shape_supported(WgmmaAttentionShape s);
+// Whether the kernel at `head_dim` (40, 64, 80 or 128) runs in shape s rather than the default (benches' labels).
+bool wgmma_attention_shape_built(WgmmaAttentionShape s, int head_dim);
 void set_wgmma_attention_shape(WgmmaAttentionShape s);
 WgmmaAttentionShape wgmma_attention_shape();
 
