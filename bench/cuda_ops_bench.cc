@@ -346,14 +346,10 @@ void attention_rates(cuda::CudaBackend& be, int iters) {
       be.set_attention_impl(cuda::AttentionImpl::kFlash);
       print({"  same, flash kernel (wgmma/TMA on sm_90 where it takes the case)",
              time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
-      if (dt == DType::BF16 && c.sk > 80 && c.d != 160) {  // the wgmma kernel's other block shapes (consumers x keys)
-        for (const cuda::WgmmaAttentionShape sh : {cuda::WgmmaAttentionShape{3, 96}, cuda::WgmmaAttentionShape{4, 64},
-                                             cuda::WgmmaAttentionShape{2, 128, true}, cuda::WgmmaAttentionShape{3, 64, true},
-                                                   cuda::WgmmaAttentionShape{2, 64, true}}) {
-          if (!cuda::wgmma_attention_shape_built(sh, int(c.d))) continue;
+      if (c.d <= 64 && dt == DType::BF16 && c.sk > 80) {  // the wgmma kernel's block shapes, each forced
+        for (const cuda::WgmmaAttentionShape sh : {cuda::WgmmaAttentionShape{3, 128}, cuda::WgmmaAttentionShape{4, 64}}) {
           cuda::set_wgmma_attention_shape(sh);
-          print({"  same, wgmma " + std::to_string(sh.consumers) + " consumers x " + std::to_string(sh.block_k) +
-                     "-key tiles" + (sh.lookahead ? ", S a tile ahead" : ""),
+          print({"  same, wgmma " + std::to_string(sh.consumers) + " consumers x " + std::to_string(sh.block_k) + "-key tiles",
                  time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
         }
         cuda::set_wgmma_attention_shape({});

@@ -78,7 +78,7 @@ rm -f "$dest/.gpupack/atelier-gpu.tar.gz"
 XZ_OPT="-T0 -9" tar -C "$work" -cJf "$dest/.gpupack/atelier-gpu.tar.xz" .devicepack
 cp "$root/scripts/gpu_check.sh" "$root/scripts/gpu_bench.sh" "$root/scripts/gpu_dit_bench.sh" "$root/scripts/gpu_bench_env.sh" \
   "$root/scripts/gpu_session.sh" "$root/scripts/gpu_dit_compare.sh" "$root/scripts/gpu_ab.sh" "$root/scripts/gpu_standing.sh" \
-  "$root/scripts/trace_gaps.py" "$root/scripts/gpu_attention_shapes.sh" \
+  "$root/scripts/trace_gaps.py" \
   "$dest/.gpupack/"
 echo "gpu_pack: $(du -sm "$dest/.gpupack" | cut -f1) MiB in $dest/.gpupack"
 echo "  run on the GPU machine with: carry [\".gpupack\"], command \"bash .gpupack/gpu_check.sh\", timeout_s 600"

@@ -62,28 +62,35 @@ TEST(CudaWgmmaAttention, MatchesTheCpu) {
     expect_wgmma_parity(c, 81, "");
 }
 
-// The other block shapes (cuda_attention_wgmma.h; the head dims a shape is not built for run the default): ragged
-// and whole tiles, grouped heads, one key tile and many, odd and even tile counts, head dims 40, 64, 80 and 128.
-TEST(CudaWgmmaAttention, OtherBlockShapesMatchTheCpu) {
+// Both block shapes at head dims 40 and 64, forced (cuda_attention_wgmma.h): ragged and whole tiles, grouped heads,
+// one key tile and many. Then the default's choice by waves: four consumers for SD's CFG self-attention at d40 (352
+// blocks of three on 132 SMs are 2.67 waves), three at 16 rows, three at d64.
+TEST(CudaWgmmaAttention, BothBlockShapesMatchTheCpu) {
   ATELIER_REQUIRE_HOPPER();
   WgmmaScope scope(true);
   cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);
-  for (const cuda::WgmmaAttentionShape sh : {cuda::WgmmaAttentionShape{3, 96}, cuda::WgmmaAttentionShape{4, 64},
-                                             cuda::WgmmaAttentionShape{2, 128, true}, cuda::WgmmaAttentionShape{3, 64, true},
-                                             cuda::WgmmaAttentionShape{2, 64, true}}) {
+  for (const cuda::WgmmaAttentionShape sh : {cuda::WgmmaAttentionShape{3, 128}, cuda::WgmmaAttentionShape{4, 64}}) {
     ASSERT_TRUE(cuda::wgmma_attention_shape_supported(sh));
     cuda::set_wgmma_attention_shape(sh);
-    const std::string label = " " + std::to_string(sh.consumers) + "x" + std::to_string(sh.block_k) + (sh.lookahead ? "L" : "");
+    const std::string label = " " + std::to_string(sh.consumers) + "x" + std::to_string(sh.block_k);
     for (const Case& c : {Case{1, 2, 2, 256, 192, 40}, Case{1, 2, 2, 100, 77, 40}, Case{2, 2, 2, 600, 1500, 40},
                           Case{1, 4, 2, 384, 320, 64}, Case{1, 1, 1, 7, 300, 64}, Case{1, 3, 3, 512, 96, 40},
-                          Case{1, 2, 2, 130, 64, 40}, Case{1, 2, 2, 200, 256, 40}, Case{2, 2, 2, 300, 250, 80},
-                          Case{1, 2, 2, 100, 512, 80}, Case{1, 2, 2, 200, 130, 128}, Case{1, 2, 1, 128, 1024, 128}})
+                          Case{1, 2, 2, 130, 64, 40}, Case{1, 2, 2, 200, 256, 40}})
       expect_wgmma_parity(c, 91, label);
   }
-  EXPECT_FALSE(cuda::wgmma_attention_shape_supported({4, 96}));  // S, P and O do not fit four consumers' registers
-  EXPECT_TRUE(cuda::wgmma_attention_shape_built({2, 64, true}, 128));
-  EXPECT_FALSE(cuda::wgmma_attention_shape_built({2, 128, true}, 128));
-  EXPECT_FALSE(cuda::wgmma_attention_shape_built({4, 64}, 80));
+  EXPECT_FALSE(cuda::wgmma_attention_shape_supported({4, 128}));  // S, P and O do not fit four consumers' registers
+}
+
+TEST(CudaWgmmaAttention, DefaultShapeIsChosenByWaves) {
+  constexpr int kSms = 132;  // H100 / H200 SXM
+  EXPECT_EQ(cuda::wgmma_block_shape_for(40, 2, 8, 4096, kSms).consumers, 4);   // SD's CFG step: 2.67 waves of three
+  EXPECT_EQ(cuda::wgmma_block_shape_for(40, 16, 8, 4096, kSms).consumers, 3);  // 16 rows: 21.3 waves
+  EXPECT_EQ(cuda::wgmma_block_shape_for(40, 2, 8, 16384, kSms).consumers, 3);  // 1024²: 10.4 waves
+  EXPECT_EQ(cuda::wgmma_block_shape_for(64, 2, 8, 4096, kSms).consumers, 3);   // d64: not measured, the default
+  EXPECT_EQ(cuda::wgmma_block_shape_for(40, 2, 8, 4096, 0).consumers, 3);      // no SM count: the default
+  cuda::set_wgmma_attention_shape({3, 128});
+  EXPECT_EQ(cuda::wgmma_block_shape_for(40, 2, 8, 4096, kSms).consumers, 3);  // forced
+  cuda::set_wgmma_attention_shape({});
 }
 
 TEST(CudaWgmmaAttention, LeavesOtherCasesToTheMmaSyncKernel) {

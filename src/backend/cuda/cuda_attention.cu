@@ -453,7 +453,7 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
   if (wgmma_attention_enabled() && dt == DType::BF16 && !mask.defined() && h % hk == 0) {
     const WgmmaAttentionArgs wa{p.q,   p.k,   p.v,   p.out, p.qs0,  p.qs1, p.qs2,  p.ks0,  p.ks1, p.ks2,
                                 p.vs0, p.vs1, p.vs2, p.os0, p.os1,  p.os2, int(b),  p.heads, p.group, p.sq,
-                                p.sk,  p.d,   scale, max_smem_optin_};
+                                p.sk,  p.d,   scale, max_smem_optin_, sm_count_};
     if (launch_attention_wgmma(wa, cc_major_, stream_)) return true;
   }
   if (dt == DType::BF16) return launch_flash_bucket<__nv_bfloat16>(p, launch);

@@ -59,16 +59,13 @@ bool& enabled_flag() {
   return on;
 }
 
-// The block shape asked for: ATELIER_WGMMA_ATTENTION_SHAPE=CxBK[L] (C consumers, BK-key tiles, L: S a tile ahead;
-// one that wgmma_attention_shape_supported takes), else the default ({0, 0}; launch_shaped says where each runs).
+// The block shape asked for at head dims <= 64: ATELIER_WGMMA_ATTENTION_SHAPE=3x128 or =4x64, else {0, 0}: the
+// choice by waves (launch_narrow).
 WgmmaAttentionShape& shape_setting() {
   static WgmmaAttentionShape shape = [] {
     WgmmaAttentionShape s{};
     if (const char* v = std::getenv("ATELIER_WGMMA_ATTENTION_SHAPE")) {
-      char la = 0;
-      const int n = std::sscanf(v, "%dx%d%c", &s.consumers, &s.block_k, &la);
-      s.lookahead = n == 3 && la == 'L';
-      if (n < 2 || (n == 3 && la != 'L') || !wgmma_attention_shape_supported(s)) s = {};
+      if (std::sscanf(v, "%dx%d", &s.consumers, &s.block_k) != 2 || !wgmma_attention_shape_supported(s)) s = {};
     }
     return s;
   }();
@@ -77,18 +74,13 @@ WgmmaAttentionShape& shape_setting() {
 
 // One kernel's shape: head dim D (tiles padded to whole 64-column atoms), C consumer warpgroups of 64 queries, K/V
 // tiles of BK keys.
-// LA: each consumer issues S of the next tile before the softmax of this one (consume_lookahead), so K tiles are
-// loaded a tile further ahead (three buffers).
-template <int D, int C, int BK, bool LA>
+template <int D, int C, int BK>
 struct Cfg {
   static constexpr int kBlockK = BK;
-  static constexpr bool kLookahead = LA;
-  static constexpr int kKStages = LA ? 3 : kStages;  // K buffers (V keeps kStages)
   static constexpr int kAtoms = (D + 63) / 64;
   static constexpr int kThreads = 128 * (C + 1), kBlockQ = 64 * C;
   static constexpr uint32_t kQBytes = kBlockQ * kAtoms * 128, kTileBytes = kBlockK * kAtoms * 128;
-  static constexpr size_t kSmem =
-      kQBytes + (kKStages + kStages) * kTileBytes + 8 * (1 + 2 * kKStages + 2 * kStages) + 1024;
+  static constexpr size_t kSmem = kQBytes + 2 * kStages * kTileBytes + 8 * (1 + 4 * kStages) + 1024;
 #ifdef ATELIER_WGMMA
   static constexpr int kN = (D + 7) / 8 * 8;  // O's columns: P V's N, the head dim (wgmma's N steps by 8)
   static constexpr int kConsumerThreads = 128 * C;
@@ -110,9 +102,8 @@ constexpr int kSchedBarrier = 1;  // named barriers 1 .. C: consumer c waits on 
 // wgmma m64nNk16 (d: N / 2 accumulators per thread): S = Q K^T with N = 64 or 128 keys, P V with N = the head dim.
 template <int N, int TRANS_B>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, bool accumulate) {
-  static_assert(N == 64 || N == 96 || N == 128);
+  static_assert(N == 64 || N == 128);
   if constexpr (N == 64) wgmma::mma_m64n64k16_ss<TRANS_B>(d, da, db, accumulate);
-  else if constexpr (N == 96) wgmma::mma_m64n96k16_ss<TRANS_B>(d, da, db, accumulate);
   else wgmma::mma_m64n128k16_ss<TRANS_B>(d, da, db, accumulate);
 }
 template <int N, int TRANS_B>
@@ -132,47 +123,35 @@ struct Smem {
   __device__ explicit Smem(uint8_t* raw) {
     q = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
     k = q + K::kQBytes;
-    v = k + K::kKStages * K::kTileBytes;
+    v = k + kStages * K::kTileBytes;
     q_full = reinterpret_cast<uint64_t*>(v + kStages * K::kTileBytes);
     k_full = q_full + 1;
-    v_full = k_full + K::kKStages;
+    v_full = k_full + kStages;
     k_empty = v_full + kStages;
-    v_empty = k_empty + K::kKStages;
+    v_empty = k_empty + kStages;
   }
 };
 
-// The producer's one thread: Q, then K_j and V_j into buffer j % stages once the consumers released it. With the
-// lookahead, K runs a tile ahead of V (K_0, K_1, V_0, K_2, V_1, ...), the order the consumers use them in.
+// The producer's one thread: Q, then K_j and V_j into buffer j % kStages once the consumers released it.
 template <class K>
 __device__ __forceinline__ void produce(const KernelParams& p, const Smem<K>& sm, int n_tiles) {
   const int h = int(blockIdx.y), b = int(blockIdx.z), q0 = int(blockIdx.x) * K::kBlockQ, kvh = h / p.group;
   tma::arrive_expect_tx(sm.q_full, K::kQBytes);
 #pragma unroll
   for (int a = 0; a < K::kAtoms; ++a) tma::load_4d(sm.q + a * K::kBlockQ * 128, &p.q, 64 * a, q0, h, b, sm.q_full);
-  const auto load_k = [&](int j) {
-    const int st = j % K::kKStages;
-    tma::wait(&sm.k_empty[st], ((j / K::kKStages) & 1) ^ 1);
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = j % kStages;
+    const uint32_t parity = ((j / kStages) & 1) ^ 1;
+    tma::wait(&sm.k_empty[st], parity);
     tma::arrive_expect_tx(&sm.k_full[st], K::kTileBytes);
 #pragma unroll
     for (int a = 0; a < K::kAtoms; ++a)
       tma::load_4d(sm.k + st * K::kTileBytes + a * K::kBlockK * 128, &p.k, 64 * a, j * K::kBlockK, kvh, b, &sm.k_full[st]);
-  };
-  const auto load_v = [&](int j) {
-    const int st = j % kStages;
-    tma::wait(&sm.v_empty[st], ((j / kStages) & 1) ^ 1);
+    tma::wait(&sm.v_empty[st], parity);
     tma::arrive_expect_tx(&sm.v_full[st], K::kTileBytes);
 #pragma unroll
     for (int a = 0; a < K::kAtoms; ++a)
       tma::load_4d(sm.v + st * K::kTileBytes + a * K::kBlockK * 128, &p.v, 64 * a, j * K::kBlockK, kvh, b, &sm.v_full[st]);
-  };
-  if constexpr (K::kLookahead) load_k(0);
-  for (int j = 0; j < n_tiles; ++j) {
-    if constexpr (K::kLookahead) {
-      if (j + 1 < n_tiles) load_k(j + 1);
-    } else {
-      load_k(j);
-    }
-    load_v(j);
   }
 }
 
@@ -382,90 +361,13 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   finish<K, D>(p, sm, st, turn, n_tiles - 1, c, nc, tid);
 }
 
-// One tile step of consume_lookahead, j >= 1: S_j is in x (issued one step earlier), P_{j-1} in st.pa; y is free.
-// Issues P_{j-1} V_{j-1} and S_{j+1} into y (past the last tile: S of the last again, never read, so that no branch
-// surrounds a product: ptxas serialises every wgmma of a kernel where one does, C7520), then the softmax of S_j
-// runs while both products are on the tensor cores.
-template <class K, int D>
-__device__ __forceinline__ void lookahead_step(const KernelParams& p, const Smem<K>& sm, Consumer<K>& st,
-                                               float (&x)[K::kBlockK / 2], float (&y)[K::kBlockK / 2], int j,
-                                               int n_tiles, const Turns& turn, uint32_t q_addr, int tail, int t) {
-  const auto k_slot = [](int i) { return i % K::kKStages; };
-  const auto v_slot = [](int i) { return i % kStages; };
-  const int next = min(j + 1, n_tiles - 1);
-  if (j + 1 < n_tiles) tma::wait(&sm.k_full[k_slot(j + 1)], uint32_t(((j + 1) / K::kKStages) & 1));
-  tma::wait(&sm.v_full[v_slot(j - 1)], uint32_t(((j - 1) / kStages) & 1));
-  turn.begin();
-  wgmma::fence();
-  issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(sm.v + v_slot(j - 1) * K::kTileBytes));
-  wgmma::commit();
-  issue_s<K, D>(y, q_addr, smem_u32(sm.k + k_slot(next) * K::kTileBytes));
-  wgmma::commit();
-  turn.end();
-  wgmma::wait<2>();  // S_j done; P_{j-1} V_{j-1} and S_{j+1} may still run
-  fence_all(x);
-  tma::arrive(&sm.k_empty[k_slot(j)]);
-  if (j == n_tiles - 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(x, tail, t);
-  float alpha[2];
-  softmax<K::kBlockK>(x, st.m, st.l, alpha, p.scale_log2);
-  wgmma::wait<1>();  // P_{j-1} V_{j-1} done
-  fence_all(st.o);
-  tma::arrive(&sm.v_empty[v_slot(j - 1)]);
-  rescale<K::kN>(st.o, alpha);
-  pack_p<K::kBlockK>(st.pa, x);
-}
-
-// Consumer c with S one tile ahead: S_{j+1} is computed during the softmax of S_j (two S buffers, whose roles
-// alternate: the steps go in pairs, and EXTRA, chosen by the host from the tile count, adds the odd one), so the
-// exponentials never wait on a product. Otherwise as consume.
-template <class K, int D, bool EXTRA>
-__device__ __forceinline__ void consume_lookahead(const KernelParams& p, const Smem<K>& sm, int n_tiles, int c,
-                                                  int nc, int tid) {
-  const Turns turn(c, nc);
-  Consumer<K> st;
-  st.clear();
-  float sb[K::kBlockK / 2];
-  const int t = tid % 4;
-  const int tail = p.sk - (n_tiles - 1) * K::kBlockK;  // keys in the last tile
-  const uint32_t q_addr = smem_u32(sm.q) + c * 64 * 128;
-  const int second = min(1, n_tiles - 1);
-
-  if (c == nc - 1) tma::bar_arrive(kSchedBarrier, turn.threads);  // consumer 0 issues first
-  tma::wait(sm.q_full, 0);
-  // S_0 and S_1, then the softmax of S_0.
-  tma::wait(&sm.k_full[0], 0);
-  if (n_tiles > 1) tma::wait(&sm.k_full[1], 0);
-  turn.begin();
-  wgmma::fence();
-  issue_s<K, D>(st.s, q_addr, smem_u32(sm.k));
-  wgmma::commit();
-  issue_s<K, D>(sb, q_addr, smem_u32(sm.k + second * K::kTileBytes));
-  wgmma::commit();
-  turn.end();
-  wgmma::wait<1>();
-  fence_all(st.s);
-  tma::arrive(&sm.k_empty[0]);
-  if (n_tiles == 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(st.s, tail, t);
-  float alpha[2];
-  softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
-  pack_p<K::kBlockK>(st.pa, st.s);
-
-  int j = 1;
-  for (; j + 1 < n_tiles; j += 2) {
-    lookahead_step<K, D>(p, sm, st, sb, st.s, j, n_tiles, turn, q_addr, tail, t);
-    lookahead_step<K, D>(p, sm, st, st.s, sb, j + 1, n_tiles, turn, q_addr, tail, t);
-  }
-  if constexpr (EXTRA) lookahead_step<K, D>(p, sm, st, sb, st.s, j, n_tiles, turn, q_addr, tail, t);
-
-  finish<K, D>(p, sm, st, turn, n_tiles - 1, c, nc, tid);  // the S issued past the end finishes too, unread
-}
 #endif  // ATELIER_WGMMA
 
-template <int D, int C, int BK, bool LA, bool EXTRA>
-__global__ void __launch_bounds__(Cfg<D, C, BK, LA>::kThreads, 1)
+template <int D, int C, int BK>
+__global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ KernelParams p) {
 #ifdef ATELIER_WGMMA
-  using K = Cfg<D, C, BK, LA>;
+  using K = Cfg<D, C, BK>;
   extern __shared__ uint8_t smem_raw[];
   const Smem<K> sm(smem_raw);
   const int tid = int(threadIdx.x), wg = tid / 128;
@@ -476,12 +378,10 @@ __global__ void __launch_bounds__(Cfg<D, C, BK, LA>::kThreads, 1)
   const int nc = min(C, (p.sq - int(blockIdx.x) * K::kBlockQ + 63) / 64);
   if (tid == 0) {
     tma::mbar_init(sm.q_full, 1);
-    for (int i = 0; i < K::kKStages; ++i) {
-      tma::mbar_init(&sm.k_full[i], 1);
-      tma::mbar_init(&sm.k_empty[i], 128 * nc);
-    }
     for (int i = 0; i < kStages; ++i) {
+      tma::mbar_init(&sm.k_full[i], 1);
       tma::mbar_init(&sm.v_full[i], 1);
+      tma::mbar_init(&sm.k_empty[i], 128 * nc);
       tma::mbar_init(&sm.v_empty[i], 128 * nc);
     }
     tma::fence_mbar_init();
@@ -492,11 +392,7 @@ __global__ void __launch_bounds__(Cfg<D, C, BK, LA>::kThreads, 1)
     if (tid == 0) produce<K>(p, sm, n_tiles);
   } else {
     tma::regs_alloc<K::kConsumerRegs>();
-    if constexpr (LA) {
-      if (wg - 1 < nc) consume_lookahead<K, D, EXTRA>(p, sm, n_tiles, wg - 1, nc, tid - 128);
-    } else {
-      if (wg - 1 < nc) consume<K, D>(p, sm, n_tiles, wg - 1, nc, tid - 128);
-    }
+    if (wg - 1 < nc) consume<K, D>(p, sm, n_tiles, wg - 1, nc, tid - 128);
   }
 #else
   __trap();
@@ -520,9 +416,9 @@ bool make_map(CUtensorMap& map, const void* base, int batch, int heads, int rows
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int C = (D <= 64 ? 3 : 2), int BK = kDefaultBlockK, bool LA = false>
+template <int D, int C = (D <= 64 ? 3 : 2), int BK = kDefaultBlockK>
 bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
-  using K = Cfg<D, C, BK, LA>;
+  using K = Cfg<D, C, BK>;
   if (K::kSmem > a.max_smem) return false;
   KernelParams p{};
   if (!make_map(p.q, a.q, a.batch, a.heads, a.sq, a.d, a.qs0, a.qs1, a.qs2, K::kBlockQ) ||
@@ -533,9 +429,7 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
   p.os0 = a.os0, p.os1 = a.os1, p.os2 = a.os2;
   p.sq = a.sq, p.sk = a.sk, p.group = a.group;
   p.scale_log2 = a.scale * kLog2e;
-  // The lookahead's steps go in pairs after the first tile: an even tile count leaves one over.
-  const int n_tiles = (a.sk + BK - 1) / BK;
-  const auto kernel = LA && n_tiles % 2 == 0 ? attention_wgmma_kernel<D, C, BK, LA, LA> : attention_wgmma_kernel<D, C, BK, LA, false>;
+  const auto kernel = attention_wgmma_kernel<D, C, BK>;
   // Per launch, as the mma.sync kernel does: the attribute belongs to the current device's context, and each
   // GPU's backend launches on its own (a once-per-process call left a second GPU at the 48 KB default).
   ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(K::kSmem)));
@@ -546,37 +440,36 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
   return true;
 }
 
-// Head dim D in the chosen block shape where it is built for D (head dims <= 64: every shape; 80: the lookahead
-// ones with two consumers; 128: the lookahead over 64-key tiles, as 128-key ones would not fit beside its O), else
-// in the default one.
+// A block of four consumers over 64-key tiles (256 queries) takes ~1.46x as long as one of three over 128-key tiles
+// (192 queries) on the same keys, ~10% more per query (session 50, H100, SD's d40 self-attention at 16 rows: 1145
+// against 1077 us for 2048 and 2816 blocks). It wins where the grid is a few waves and the default's last one is
+// mostly idle: SD's CFG step, 352 blocks on 132 SMs (2.67 waves) against 256 (1.94), 134 against 138 us.
+constexpr double kFourConsumerBlockCost = 1.46;
+
 template <int D>
-bool launch_shaped(const WgmmaAttentionArgs& a, WgmmaAttentionShape sh, cudaStream_t stream) {
-  const bool la = sh.lookahead;
-  if constexpr (D <= 64) {
-    if (!la && sh.consumers == 4 && sh.block_k == 64) return launch<D, 4, 64>(a, stream);
-    if (!la && sh.consumers == 3 && sh.block_k == 96) return launch<D, 3, 96>(a, stream);
-    if (la && sh.consumers == 3 && sh.block_k == 64) return launch<D, 3, 64, true>(a, stream);
-  }
-  if constexpr (D <= 80) {
-    if (la && sh.consumers == 2 && sh.block_k == 128) return launch<D, 2, 128, true>(a, stream);
-  }
-  if (la && sh.consumers == 2 && sh.block_k == 64) return launch<D, 2, 64, true>(a, stream);
-  return launch<D>(a, stream);
+bool launch_narrow(const WgmmaAttentionArgs& a, cudaStream_t stream) {
+  return wgmma_block_shape_for(D, a.batch, a.heads, a.sq, a.sm_count).consumers == 4 ? launch<D, 4, 64>(a, stream)
+                                                                                       : launch<D>(a, stream);
 }
 
 }  // namespace
 
-bool wgmma_attention_shape_supported(WgmmaAttentionShape s) {
-  // Four consumers with 96-key tiles spill and serialise their products (ptxas C7512): not offered.
-  if (s.lookahead) return (s.block_k == 64 && (s.consumers == 2 || s.consumers == 3)) || (s.consumers == 2 && s.block_k == 128);
-  return (s.consumers == 0 && s.block_k == 0) || (s.consumers == 3 && (s.block_k == 96 || s.block_k == 128)) ||
-         (s.consumers == 4 && s.block_k == 64);
+WgmmaAttentionShape wgmma_block_shape_for(int d, int batch, int heads, int sq, int sm_count) {
+  const WgmmaAttentionShape asked = shape_setting();
+  if (asked.consumers != 0) return asked;
+  if (d == 40 && sm_count > 0) {
+    const auto waves = [&](int queries_per_block) {
+      const int64_t blocks = int64_t((sq + queries_per_block - 1) / queries_per_block) * heads * batch;
+      return double((blocks + sm_count - 1) / sm_count);
+    };
+    if (waves(256) * kFourConsumerBlockCost < waves(192)) return {4, 64};
+  }
+  return {3, 128};
 }
-bool wgmma_attention_shape_built(WgmmaAttentionShape s, int head_dim) {
-  if (s.consumers == 0 && s.block_k == 0) return true;
-  if (!wgmma_attention_shape_supported(s)) return false;
-  if (head_dim <= 64) return true;
-  return s.lookahead && s.consumers == 2 && (s.block_k == 64 || head_dim <= 80);
+
+bool wgmma_attention_shape_supported(WgmmaAttentionShape s) {
+  return (s.consumers == 0 && s.block_k == 0) || (s.consumers == 3 && s.block_k == 128) ||
+         (s.consumers == 4 && s.block_k == 64);
 }
 void set_wgmma_attention_shape(WgmmaAttentionShape s) { shape_setting() = wgmma_attention_shape_supported(s) ? s : WgmmaAttentionShape{}; }
 WgmmaAttentionShape wgmma_attention_shape() { return shape_setting(); }
@@ -587,12 +480,11 @@ void set_wgmma_attention(bool on) { enabled_flag() = on; }
 
 bool launch_attention_wgmma(const WgmmaAttentionArgs& a, int cc_major, cudaStream_t stream) {
   if (cc_major != 9 || a.sq <= 0 || a.sk <= 0 || a.batch > 65535 || a.heads > 65535) return false;
-  const WgmmaAttentionShape shape = shape_setting();
   switch (a.d) {
-    case 40: return launch_shaped<40>(a, shape, stream);
-    case 64: return launch_shaped<64>(a, shape, stream);
-    case 80: return launch_shaped<80>(a, shape, stream);
-    case 128: return launch_shaped<128>(a, shape, stream);
+    case 40: return launch_narrow<40>(a, stream);
+    case 64: return launch_narrow<64>(a, stream);
+    case 80: return launch<80>(a, stream);
+    case 128: return launch<128>(a, stream);
     default: return false;
   }
 }

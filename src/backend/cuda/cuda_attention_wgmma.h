@@ -16,6 +16,7 @@ struct WgmmaAttentionArgs {
   int batch, heads, group, sq, sk, d;
   float scale;
   size_t max_smem;
+  int sm_count;  // the device's SMs (the block shape's choice by waves; 0: the default shape)
 };
 
 // Enqueues the kernel; false (nothing launched) where it does not take the case: another head dim, strides or
@@ -28,18 +29,16 @@ void set_wgmma_attention(bool on);
 // Kernels launched so far (tests: the case was taken).
 int64_t wgmma_attention_launches();
 
-// The kernel's block shape: consumer warpgroups of 64 queries, keys per K/V tile, and whether each consumer
-// computes S a tile ahead of its softmax (two S buffers). {0, 0} is the default (3 x 128 at head dims <= 64, 2 x 128
-// above). The others are for measuring (ATELIER_WGMMA_ATTENTION_SHAPE=4x64, =2x128L, ..., or the setter; an
-// unsupported shape gives the default): 3 x 96 and 4 x 64 at head dims <= 64; ahead, 3 x 64 at head dims <= 64,
-// 2 x 128 up to 80, 2 x 64 at every head dim. A head dim a shape is not built for runs the default.
+// The kernel's block shape at head dims <= 64: consumer warpgroups of 64 queries and keys per K/V tile, 3 x 128 or
+// 4 x 64 (four consumers get 112 registers each: S, P and O fit over 64 keys only). {0, 0}, the default, picks at
+// head dim 40 the one whose whole waves of blocks cost less (4 x 64 for SD's CFG step, 3 x 128 at 16 rows and at
+// 1024²; session 50) and 3 x 128 at 64. ATELIER_WGMMA_ATTENTION_SHAPE=3x128 / =4x64 or the setter force one.
 struct WgmmaAttentionShape {
   int consumers = 0, block_k = 0;
-  bool lookahead = false;
 };
 bool wgmma_attention_shape_supported(WgmmaAttentionShape s);
-// Whether the kernel at `head_dim` (40, 64, 80 or 128) runs in shape s rather than the default (benches' labels).
-bool wgmma_attention_shape_built(WgmmaAttentionShape s, int head_dim);
+// The shape a head dim <= 64 runs in for [batch, heads, sq] queries on `sm_count` SMs (one block per SM).
+WgmmaAttentionShape wgmma_block_shape_for(int d, int batch, int heads, int sq, int sm_count);
 void set_wgmma_attention_shape(WgmmaAttentionShape s);
 WgmmaAttentionShape wgmma_attention_shape();
 
