@@ -1,8 +1,9 @@
 // Flash attention on Hopper's warpgroup MMA and bulk tensor copies (cuda_attention_wgmma.h).
 //
 // A block has one producer warpgroup and C consumer warpgroups of 64 queries each (C = 3 for head dims <= 64,
-// whose softmax bounds them and wants more warps to hide its latencies; 2 above, for their registers), for one
-// (batch, head). One producer thread loads Q once and the K and V tiles (128 keys) through the bulk tensor copy
+// whose softmax bounds them and wants more warps to hide its latencies; 2 above, for their registers; 4 over 64-key
+// tiles at head dim 40 where whole waves make that cheaper, wgmma_block_shape_for), for one (batch, head). One
+// producer thread loads Q once and the K and V tiles (128 keys, or 64) through the bulk tensor copy
 // engine into two buffers, in wgmma's 128-byte swizzle (cuda_wgmma.cuh: rows of 64 elements, atom columns along
 // the head dim), each load completing on the buffer's "full" mbarrier; it refills a buffer once every consumer
 // thread arrived on its "empty" barrier. The consumers follow FlashAttention-3's schedule:
@@ -14,7 +15,10 @@
 // part of the exponentials as a polynomial on the FMA pipes (9-23% slower at head dims 40/64, in proportion to the
 // instructions added: the consumers' issue bounds the tile as soon as the MUFU's share falls), 64-key tiles, three
 // K/V buffers (within noise of two), the row sums on the tensor cores through a column of ones written into V (P V
-// at N = D + 8: 4-6% slower at d40), bf16x2 exponentials (ptxas makes each two f32 MUFU operations: 14% slower).
+// at N = D + 8: 4-6% slower at d40), bf16x2 exponentials (ptxas makes each two f32 MUFU operations: 14% slower);
+// session 50: each consumer issuing S of the next tile before the softmax of this one into a second S buffer (two
+// consumers over 128 keys or three over 64, for the registers: d40 190-224 against 138 us in SD's CFG step), three
+// consumers over 96-key tiles (5% slower at 16 rows).
 // Head dims are padded to whole atom columns (64): the tensor maps zero-fill columns past the head dim and rows
 // past the sequence (S's product stops at the head dim rounded up to 16; keys past the end are masked).
 #include "backend/cuda/cuda_attention_wgmma.h"
