@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cuda_attention.h"
 #include "backend/cuda/cuda_attention_short.h"
+#include "backend/cuda/cuda_attention_views.h"
 #include "backend/cuda/cuda_attention_wgmma.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
@@ -32,17 +33,8 @@ namespace {
 constexpr int kFlashThreads = 128;  // 4 warps
 constexpr int kWarpRows = 16;       // rows of one m-tile
 constexpr int kMaxFlashHeadDim = 256;
-constexpr float kLog2e = 1.4426950408889634f;
 
-struct FlashParams {
-  const void* q;
-  const void* k;
-  const void* v;
-  void* out;
-  int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2;  // element strides (batch, head, row)
-  int64_t os0, os1, os2;                                 // of the output (heads may be merged: [B, Sq, H, D])
-  int sq, sk, d, heads, group;
-  float scale;
+struct FlashParams : AttentionViews {
   AttentionMask mask;
 };
 
@@ -50,7 +42,6 @@ struct FlashParams {
 template <int MT> constexpr int kBlockM = 4 * MT * kWarpRows;
 // Keys per tile: 64 while the registers allow (S takes MT * BN / 2 per thread, O MT * DPAD / 2), else 32.
 template <int DPAD, int MT> constexpr int kBlockN = (MT == 1 ? DPAD <= 128 : DPAD <= 64) ? 64 : 32;
-template <int DPAD> constexpr int kPitch = DPAD + 8;  // row pitch in elements: 4 words of padding, no bank conflicts
 // A second, twice as wide key tile is compiled for the two-m-tile kernels at head dims 48, 64 and 128 (more
 // work per barrier and per softmax rescale, more registers: ptxas spills 56-128 bytes). On the H200 it is
 // faster at 48 (172 -> 193 TFLOP/s at SD's head dim 40) and 128 (234 -> 264) and slower at 64 (270 -> 233),
@@ -301,12 +292,12 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const Fl
 }
 
 template <typename T, int DPAD, int MT, int BN, bool MASKED, int NBUF = 2>
-bool launch_flash_kernel(const FlashParams& p, int batch, size_t max_smem, cudaStream_t stream) {
+bool launch_flash_kernel(const FlashParams& p, size_t max_smem, cudaStream_t stream) {
   constexpr size_t smem = flash_smem_bytes<T, DPAD, MT, BN, NBUF>();
   if (smem > max_smem) return false;
   const auto kernel = flash_attention_kernel<T, DPAD, MT, BN, MASKED, NBUF>;
   if (smem > 48 * 1024) ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned((p.sq + kBlockM<MT> - 1) / kBlockM<MT>), unsigned(p.heads), unsigned(batch));
+  const dim3 grid(unsigned((p.sq + kBlockM<MT> - 1) / kBlockM<MT>), unsigned(p.heads), unsigned(p.batch));
   kernel<<<grid, kFlashThreads, smem, stream>>>(p);
   ATELIER_CUDA_LAUNCHED();
   return true;
@@ -315,18 +306,18 @@ bool launch_flash_kernel(const FlashParams& p, int batch, size_t max_smem, cudaS
 // The key tile: kBlockN, or the wide one where it is compiled and chosen (key_tile: 0 = kWideByDefault,
 // else CudaBackend::kFlashNarrowKeys / kFlashWideKeys).
 template <typename T, int DPAD, int MT>
-bool launch_flash(const FlashParams& p, int batch, size_t max_smem, cudaStream_t stream, int key_tile) {
+bool launch_flash(const FlashParams& p, size_t max_smem, cudaStream_t stream, int key_tile) {
   constexpr int kWide = kWideBlockN<DPAD, MT>;
   if constexpr (kWide > 0) {
     const bool wide = key_tile == 0 ? kWideByDefault<DPAD> : key_tile == CudaBackend::kFlashWideKeys;
     if (wide) {
-      if (p.mask.ptr) return launch_flash_kernel<T, DPAD, MT, kWide, true>(p, batch, max_smem, stream);
-      return launch_flash_kernel<T, DPAD, MT, kWide, false>(p, batch, max_smem, stream);
+      if (p.mask.ptr) return launch_flash_kernel<T, DPAD, MT, kWide, true>(p, max_smem, stream);
+      return launch_flash_kernel<T, DPAD, MT, kWide, false>(p, max_smem, stream);
     }
   }
   constexpr int kNarrow = kBlockN<DPAD, MT>;
-  if (p.mask.ptr) return launch_flash_kernel<T, DPAD, MT, kNarrow, true>(p, batch, max_smem, stream);
-  return launch_flash_kernel<T, DPAD, MT, kNarrow, false>(p, batch, max_smem, stream);
+  if (p.mask.ptr) return launch_flash_kernel<T, DPAD, MT, kNarrow, true>(p, max_smem, stream);
+  return launch_flash_kernel<T, DPAD, MT, kNarrow, false>(p, max_smem, stream);
 }
 
 // Two m-tiles per warp (128-query blocks) halve the shared-memory traffic per FLOP but need the grid to fill
@@ -334,7 +325,6 @@ bool launch_flash(const FlashParams& p, int batch, size_t max_smem, cudaStream_t
 // backend forces one height (`forced`: 64 or 128, from CudaBackend::set_flash_block_rows).
 constexpr int kMinWavesForWideBlocks = 2;
 struct FlashLaunch {
-  int batch;
   int sm_count;
   int forced_rows;
   int key_tile;  // CudaBackend::set_flash_key_tile's mode
@@ -343,16 +333,16 @@ struct FlashLaunch {
 };
 bool wide_blocks(const FlashParams& p, const FlashLaunch& l) {
   if (l.forced_rows == 64 || l.forced_rows == 128) return l.forced_rows == 128;
-  const int64_t blocks = int64_t((p.sq + kBlockM<2> - 1) / kBlockM<2>) * p.heads * l.batch;
+  const int64_t blocks = int64_t((p.sq + kBlockM<2> - 1) / kBlockM<2>) * p.heads * p.batch;
   return blocks >= int64_t(kMinWavesForWideBlocks) * l.sm_count;
 }
 
 template <typename T, int DPAD>
 bool launch_flash_rows(const FlashParams& p, const FlashLaunch& l) {
   if constexpr (DPAD <= 128) {
-    if (wide_blocks(p, l)) return launch_flash<T, DPAD, 2>(p, l.batch, l.max_smem, l.stream, l.key_tile);
+    if (wide_blocks(p, l)) return launch_flash<T, DPAD, 2>(p, l.max_smem, l.stream, l.key_tile);
   }
-  return launch_flash<T, DPAD, 1>(p, l.batch, l.max_smem, l.stream, l.key_tile);
+  return launch_flash<T, DPAD, 1>(p, l.max_smem, l.stream, l.key_tile);
 }
 
 // Padded head dims with a compiled kernel: the smallest bucket >= the head dim is used.
@@ -392,13 +382,11 @@ bool launch_flash_short(const FlashParams& p, const FlashLaunch& l) {
   bool launched = false;
   if (p.d <= kShortKvMaxHeadDim) {
     if (p.mask.ptr || p.d > g_short_kv_narrow.load()) return false;
-    const ShortKvArgs a{p.q,   p.k,   p.v,   p.out, p.qs0, p.qs1,   p.qs2,   p.ks0, p.ks1,  p.ks2,  p.vs0,
-                        p.vs1, p.vs2, p.os0, p.os1, p.os2, l.batch, p.heads, p.group, p.sq, p.sk,  p.d,
-                        p.scale, std::is_same_v<T, __nv_bfloat16>, l.sm_count};
+    const ShortKvArgs a{p, std::is_same_v<T, __nv_bfloat16>, l.sm_count};
     launched = launch_short_kv_attention(a, l.stream);
   } else if (p.d > 128) {
-    launched = p.mask.ptr ? launch_flash_kernel<T, 160, 1, kShortKeys, true, 1>(p, l.batch, l.max_smem, l.stream)
-                          : launch_flash_kernel<T, 160, 1, kShortKeys, false, 1>(p, l.batch, l.max_smem, l.stream);
+    launched = p.mask.ptr ? launch_flash_kernel<T, 160, 1, kShortKeys, true, 1>(p, l.max_smem, l.stream)
+                          : launch_flash_kernel<T, 160, 1, kShortKeys, false, 1>(p, l.max_smem, l.stream);
   }
   if (launched) g_short_kv_launches.fetch_add(1);
   return launched;
@@ -441,19 +429,18 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
   p.sq = int(sq);
   p.sk = int(sk);
   p.d = int(d);
+  p.batch = int(b);
   p.heads = int(h);
   p.group = int(h / hk);
   p.scale = scale;
   p.mask = attention_mask_of(mask);
   NvtxRange range("attention_flash");
-  const FlashLaunch launch{int(b), sm_count_, flash_block_rows_, flash_key_tile_, max_smem_optin_, stream_};
+  const FlashLaunch launch{sm_count_, flash_block_rows_, flash_key_tile_, max_smem_optin_, stream_};
   if (dt == DType::BF16 ? launch_flash_short<__nv_bfloat16>(p, launch) : launch_flash_short<__half>(p, launch)) return true;
   // Hopper: the wgmma/TMA kernel (cuda_attention_wgmma.cu) takes unmasked bf16 at head dims 40/64/80/128 first;
   // 1.1-2.4x this file's mma.sync kernel, and ahead of cuDNN's SDPA at SD's head dims 40 and 80.
   if (wgmma_attention_enabled() && dt == DType::BF16 && !mask.defined() && h % hk == 0) {
-    const WgmmaAttentionArgs wa{p.q,   p.k,   p.v,   p.out, p.qs0,  p.qs1, p.qs2,  p.ks0,  p.ks1, p.ks2,
-                                p.vs0, p.vs1, p.vs2, p.os0, p.os1,  p.os2, int(b),  p.heads, p.group, p.sq,
-                                p.sk,  p.d,   scale, max_smem_optin_, sm_count_};
+    const WgmmaAttentionArgs wa{p, max_smem_optin_, sm_count_};
     if (launch_attention_wgmma(wa, cc_major_, stream_)) return true;
   }
   if (dt == DType::BF16) return launch_flash_bucket<__nv_bfloat16>(p, launch);

@@ -32,21 +32,12 @@ namespace {
 constexpr int kDefaultWarps = 8;
 constexpr int kRows = 16;  // query rows of a warp's tile (one m16 tile)
 constexpr int kKeys = kShortKvMaxKeys;
-constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kKeys % 16 == 0, "P V takes the keys in 16-key k-steps");
-
-template <int DPAD> constexpr int kPitch = DPAD + 8;  // row pitch in elements: 4 words of padding, no bank conflicts
 
 // K and V (one key tile each) and every warp's two Q buffers.
 template <typename T, int DPAD, int WARPS>
 constexpr size_t short_smem_bytes() {
   return size_t(2 * kKeys + WARPS * 2 * kRows) * kPitch<DPAD> * sizeof(T);
-}
-
-// Waits until at most N of this thread's newest cp.async groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // S = Q K^T for one warp's 16 rows over all kKeys keys: qf the Q fragments, ks K's tile [kKeys][PITCH].

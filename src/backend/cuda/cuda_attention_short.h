@@ -7,22 +7,17 @@
 
 #include <cstdint>
 
+#include "backend/cuda/cuda_attention_views.h"
+
 namespace atelier::cuda {
 
 // Keys the kernel holds at once: one tile of 80 (ten 8-key n-tiles of S, five 16-key k-steps of P V).
 constexpr int kShortKvMaxKeys = 80;
 constexpr int kShortKvMaxHeadDim = 128;
 
-// q [B, H, Sq, D], k/v [B, H / group, Sk, D], out [B, H, Sq, D] as element strides (batch, head, row; unit last
-// stride), bf16 or f16, no mask. The caller has checked 16-byte aligned q/k/v rows and 4-byte aligned out rows.
-struct ShortKvArgs {
-  const void* q;
-  const void* k;
-  const void* v;
-  void* out;
-  int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, os0, os1, os2;
-  int batch, heads, group, sq, sk, d;
-  float scale;
+// The operands (bf16 or f16, no mask; the caller has checked 16-byte aligned q/k/v rows and 4-byte aligned out rows),
+// their type, and the device's SMs (the grid is one wave of resident blocks).
+struct ShortKvArgs : AttentionViews {
   bool bf16;
   int sm_count;
 };

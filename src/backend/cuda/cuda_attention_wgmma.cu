@@ -43,7 +43,6 @@ namespace {
 // consumers take 64 so that S, P and O fit the 112 registers each of them gets.
 constexpr int kDefaultBlockK = 128;
 constexpr int kStages = 2;    // K/V buffers (three measured within noise of two)
-constexpr float kLog2e = 1.4426950408889634f;
 std::atomic<int64_t> g_launches{0};
 
 struct KernelParams {

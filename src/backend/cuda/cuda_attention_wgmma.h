@@ -7,14 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/cuda_attention_views.h"
+
 namespace atelier::cuda {
 
-struct WgmmaAttentionArgs {
-  const void *q, *k, *v;
-  void* out;
-  int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, os0, os1, os2;  // element strides (batch, head, row)
-  int batch, heads, group, sq, sk, d;
-  float scale;
+struct WgmmaAttentionArgs : AttentionViews {
   size_t max_smem;
   int sm_count;  // the device's SMs (the block shape's choice by waves; 0: the default shape)
 };

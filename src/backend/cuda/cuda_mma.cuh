@@ -18,6 +18,10 @@
 
 namespace atelier::cuda {
 
+// Row pitch (elements) of the shared tiles these kernels copy with copy_tile_async and read with ldmatrix: DPAD
+// columns plus 4 words of padding, so that the eight rows one ldmatrix reads fall in different banks.
+template <int DPAD> constexpr int kPitch = DPAD + 8;
+
 // c += a b for one 16x16 A fragment and one 16x8 B fragment (b0, b1), f32 accumulators.
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);

@@ -22,6 +22,14 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Waits until at most N of this thread's newest cp.async groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// e^x = 2^(x log2 e): softmaxes fold log2(e) into their scale and run fast_exp2.
+constexpr float kLog2e = 1.4426950408889634f;
 
 // 2^x on the MUFU unit (ex2.approx: about 2 ulp; 2^-inf = 0). exp2f would add range fix-ups per element.
 __device__ __forceinline__ float fast_exp2(float x) {
