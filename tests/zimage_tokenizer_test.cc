@@ -1,6 +1,8 @@
 // Qwen tokenizer and chat template (Z-Image's text side) vs the zimage-tiny goldens and hand-derived cases.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -95,6 +97,50 @@ TEST(ZImageTokenizer, TokenIdsAndMasksMatchGoldens) {
     const QwenEncoding e = t->encode(*text, kMaxSequenceLength);
     EXPECT_EQ(e.ids, golden_ints("qwen.tokens." + std::to_string(i))) << "prompt " << i << ": " << prompts[i];
     EXPECT_EQ(e.mask, golden_ints("qwen.mask." + std::to_string(i))) << "prompt " << i;
+  }
+}
+
+// A folder holding only `tokenizer_json` as tokenizer.json, removed with the object.
+class ScratchQwenDir {
+ public:
+  explicit ScratchQwenDir(const std::string& tokenizer_json)
+      : path_(fs::temp_directory_path() / ("atelier_qwen_" + std::to_string(::getpid()))) {
+    fs::create_directories(path_);
+    std::ofstream(path_ / "tokenizer.json", std::ios::binary) << tokenizer_json;
+  }
+  ~ScratchQwenDir() { fs::remove_all(path_); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+// Each malformed tokenizer.json gives its error kind and a message naming what is wrong (not a crash, not an
+// exception's text from inside the JSON library).
+TEST(ZImageTokenizer, LoadErrors) {
+  EXPECT_EQ(QwenTokenizer::load("/nonexistent/tokenizer").status().code(), ErrorCode::kNotFound);
+  struct Case {
+    const char* tokenizer_json;
+    ErrorCode code;
+    const char* message_part;
+  };
+  const Case cases[] = {
+      {R"({"model": {"type": "Unigram", "vocab": []}})", ErrorCode::kUnsupported, "only BPE models"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": -1}, "merges": []}})", ErrorCode::kCorrupt,
+       "vocabulary id of 'a' is not a non-negative integer"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [[1, 2]]}})", ErrorCode::kCorrupt,
+       "a merge is neither"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["ab"]}})", ErrorCode::kCorrupt, "bad merge 'ab'"},
+      {R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a a"]}})", ErrorCode::kCorrupt,
+       "merge 'a a' uses or makes a token that is not in the vocabulary"},
+  };
+  for (const Case& c : cases) {
+    ScratchQwenDir dir(c.tokenizer_json);
+    auto t = QwenTokenizer::load(dir.path());
+    ASSERT_FALSE(t) << c.tokenizer_json;
+    EXPECT_EQ(t.status().code(), c.code) << c.tokenizer_json << ": " << t.status().message();
+    EXPECT_NE(t.status().message().find(c.message_part), std::string::npos) << t.status().message();
+    EXPECT_NE(t.status().message().find(dir.path()), std::string::npos) << t.status().message();
   }
 }
 

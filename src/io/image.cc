@@ -2,14 +2,11 @@
 // image_png.cc, image_jpeg.cc and image_webp.cc.
 #include "io/image.h"
 
-#include <sys/stat.h>
-
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
+#include "io/file.h"
 #include "io/image_codecs.h"
 #include "io/image_metadata.h"
 
@@ -70,15 +67,7 @@ Expected<Image> decode_image(std::string_view bytes, const std::string& label) {
 }
 
 Expected<Image> read_image(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return not_found(path + ": no such image file");
-  if (!S_ISREG(st.st_mode)) return invalid_argument(path + ": not a regular file");
-  if (uint64_t(st.st_size) > kMaxImageFileBytes) return invalid_argument(path + ": file too large for an image");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return invalid_argument(path + ": cannot open for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  const std::string bytes = ss.str();
+  ATELIER_ASSIGN_OR_RETURN(std::string bytes, read_file(path, "image file", kMaxImageFileBytes));
   return decode_image(bytes, path);
 }
 

@@ -1,10 +1,9 @@
 #include "io/json_util.h"
 
 #include <cmath>
-#include <fstream>
 #include <optional>
-#include <sstream>
-#include <sys/stat.h>
+
+#include "io/file.h"
 
 namespace atelier {
 namespace {
@@ -171,18 +170,8 @@ Expected<json> parse_json(std::string_view text, const std::string& label) {
 }
 
 Expected<json> read_json_file(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return not_found(path + ": no such file");
-  if (!S_ISREG(st.st_mode)) return invalid_argument(path + ": not a regular file");
-  if (uint64_t(st.st_size) > kMaxJsonFileBytes)
-    return invalid_argument(path + ": " + std::to_string(st.st_size) + " bytes is too large for a JSON file (limit " +
-                            std::to_string(kMaxJsonFileBytes) + ")");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return invalid_argument(path + ": cannot open for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return invalid_argument(path + ": read error");
-  return parse_json(ss.str(), path);
+  ATELIER_ASSIGN_OR_RETURN(std::string text, read_file(path, "JSON file", kMaxJsonFileBytes));
+  return parse_json(text, path);
 }
 
 Expected<double> get_number(const json& obj, std::string_view key, double def, std::string_view context) {

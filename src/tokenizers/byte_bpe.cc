@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include <nlohmann/json.hpp>
+
 #include "tokenizers/unicode.h"
 
 namespace atelier::bpe {
@@ -56,6 +58,30 @@ void MergeTable::merge(std::vector<int32_t>& sym) const {
     }
     sym.swap(next);
   }
+}
+
+Status read_model(const nlohmann::json& model, const std::string& label, std::unordered_map<std::string, int32_t>& vocab,
+                  std::vector<std::pair<std::string, std::string>>& merges) {
+  if (model.value("type", "") != "BPE") return unsupported(label + ": only BPE models are supported");
+  const nlohmann::json vocab_json = model.value("vocab", nlohmann::json::object());  // named: items() must not outlive it
+  for (const auto& [token, id] : vocab_json.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > std::numeric_limits<int32_t>::max())
+      return corrupt(label + ": vocabulary id of '" + token + "' is not a non-negative integer");
+    vocab[token] = int32_t(id.get<int64_t>());
+  }
+  for (const nlohmann::json& m : model.value("merges", nlohmann::json::array())) {
+    if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+    } else if (m.is_string()) {  // older files write "left right"
+      const std::string s = m.get<std::string>();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos) return corrupt(label + ": bad merge '" + s + "'");
+      merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+    } else {
+      return corrupt(label + ": a merge is neither \"a b\" nor [\"a\", \"b\"]");
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace atelier::bpe

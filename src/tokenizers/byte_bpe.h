@@ -11,12 +11,20 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/status.h"
 
 namespace atelier::bpe {
 
 // GPT-2's bytes_to_unicode as UTF-8: printable bytes map to themselves, the others to U+0100 + n in byte order.
 const std::array<std::string, 256>& byte_symbols();
+
+// A tokenizer.json's BPE model ("model": {"type": "BPE", "vocab": {token: id}, "merges": ["a b" | ["a", "b"]]})
+// into `vocab` and `merges` (ranked, best first); errors name `label`: another model type, ids that are not
+// non-negative int32, malformed merges.
+Status read_model(const nlohmann::json& model, const std::string& label, std::unordered_map<std::string, int32_t>& vocab,
+                  std::vector<std::pair<std::string, std::string>>& merges);
 
 class MergeTable {
  public:

@@ -2,15 +2,14 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
 
+#include "io/file.h"
 #include "io/json_util.h"
 #include "tokenizers/unicode.h"
 
@@ -26,21 +25,12 @@ constexpr const char* kDefaultBos = "<|startoftext|>";
 constexpr const char* kDefaultEos = "<|endoftext|>";
 // Configs sometimes hold a "no limit" sentinel (1e30) here; CLIP text encoders always have 77 positions.
 constexpr double kMaxSaneMaxLength = 1 << 20;
-// Like HF tokenizers' BPE cache: words are cached until this many are held.
-
-Expected<std::string> read_file(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return not_found("cannot open " + path.string());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // Parses `path` when it exists (a null json when absent, an error when malformed). A top-level key named
 // `skip_key` is parsed but not stored.
 Expected<json> read_json_if_present(const fs::path& path, const char* skip_key = nullptr) {
   if (!fs::exists(path)) return json();
-  ATELIER_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  ATELIER_ASSIGN_OR_RETURN(std::string text, read_file(path.string(), "JSON file"));
   json::parser_callback_t keep = [skip_key](int depth, json::parse_event_t event, json& parsed) {
     return !(skip_key && depth == 1 && event == json::parse_event_t::key && parsed == skip_key);
   };
@@ -113,31 +103,12 @@ Expected<std::vector<std::pair<std::string, std::string>>> parse_merges_txt(cons
   return merges;
 }
 
-// The BPE model of a tokenizer.json ("model": {"type": "BPE", "vocab": {...}, "merges": [...]}).
+// The BPE model of a tokenizer.json (bpe::read_model), with the one end-of-word suffix CLIP's vocabulary uses.
 Status read_tokenizer_json_model(const json& model, const std::string& label, std::unordered_map<std::string, int32_t>& vocab,
                                  std::vector<std::pair<std::string, std::string>>& merges) {
-  if (model.value("type", "") != "BPE") return unsupported(label + ": only BPE models are supported");
   if (model.value("end_of_word_suffix", json()).is_string() && model.at("end_of_word_suffix") != kEndOfWord)
     return unsupported(label + ": only the \"</w>\" end-of-word suffix is supported");
-  const json vocab_json = model.value("vocab", json::object());  // named: items() must not outlive it
-  for (const auto& [token, id] : vocab_json.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > std::numeric_limits<int32_t>::max())
-      return corrupt(label + ": vocabulary id of '" + token + "' is not a non-negative integer");
-    vocab[token] = int32_t(id.get<int64_t>());
-  }
-  for (const json& m : model.value("merges", json::array())) {
-    if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
-    } else if (m.is_string()) {  // older files write "left right"
-      const std::string s = m.get<std::string>();
-      const size_t sp = s.find(' ');
-      if (sp == std::string::npos) return corrupt(label + ": bad merge '" + s + "'");
-      merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
-    } else {
-      return corrupt(label + ": a merge is neither \"a b\" nor [\"a\", \"b\"]");
-    }
-  }
-  return Status::ok();
+  return bpe::read_model(model, label, vocab, merges);
 }
 
 // A token field is either "text" or an AddedToken object {"content": "text", ...}.
@@ -237,9 +208,9 @@ Expected<ClipTokenizer> ClipTokenizer::load_impl(const std::string& dir_str) {
   ClipTokenizer t;  // max_length_ starts at kDefaultMaxLength
   std::vector<std::pair<std::string, std::string>> merges;
   if (separate_files) {
-    ATELIER_ASSIGN_OR_RETURN(std::string vocab_text, read_file(dir / "vocab.json"));
+    ATELIER_ASSIGN_OR_RETURN(std::string vocab_text, read_file((dir / "vocab.json").string(), "vocabulary"));
     ATELIER_ASSIGN_OR_RETURN(t.vocab_, parse_vocab(vocab_text, (dir / "vocab.json").string()));
-    ATELIER_ASSIGN_OR_RETURN(std::string merges_text, read_file(dir / "merges.txt"));
+    ATELIER_ASSIGN_OR_RETURN(std::string merges_text, read_file((dir / "merges.txt").string(), "merge list"));
     ATELIER_ASSIGN_OR_RETURN(merges, parse_merges_txt(merges_text, (dir / "merges.txt").string()));
   } else if (tok_json.contains("model")) {
     ATELIER_RETURN_IF_ERROR(read_tokenizer_json_model(tok_json.at("model"), dir_str + "/tokenizer.json", t.vocab_, merges));

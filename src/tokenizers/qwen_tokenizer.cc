@@ -2,13 +2,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <mutex>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "io/file.h"
 #include "io/json_util.h"
 #include "tokenizers/unicode.h"
 
@@ -18,16 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// Like HF tokenizers' BPE cache: pieces are cached until this many are held.
 constexpr char32_t kLongS = U'\u017F';  // ſ: case-folds to 's', so (?i:'s) matches "'ſ"
-
-Expected<std::string> read_text(const fs::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return not_found("cannot open " + path.string());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 bool is_newline(char32_t c) { return c == U'\r' || c == U'\n'; }
 bool is_ws(char32_t c) { return unicode::is_whitespace(c); }
@@ -114,9 +104,9 @@ Expected<QwenTokenizer> QwenTokenizer::load_impl(const std::string& dir_str) {
   if (!fs::exists(dir / "tokenizer.json")) return not_found(dir_str + " has no tokenizer.json (Qwen tokenizers need it)");
   ATELIER_ASSIGN_OR_RETURN(json tj, read_json_file((dir / "tokenizer.json").string()));
   const json& model = tj.at("model");
-  if (model.value("type", "") != "BPE") return unsupported(dir_str + "/tokenizer.json: only BPE models are supported");
   QwenTokenizer t;
-  for (const auto& [token, id] : model.at("vocab").items()) t.vocab_[token] = id.get<int32_t>();
+  std::vector<std::pair<std::string, std::string>> merges;
+  ATELIER_RETURN_IF_ERROR(bpe::read_model(model, dir_str + "/tokenizer.json", t.vocab_, merges));
   for (const json& a : tj.value("added_tokens", json::array())) {
     const std::string content = a.at("content").get<std::string>();
     t.vocab_[content] = a.at("id").get<int32_t>();
@@ -125,17 +115,6 @@ Expected<QwenTokenizer> QwenTokenizer::load_impl(const std::string& dir_str) {
   std::sort(t.added_tokens_.begin(), t.added_tokens_.end(),
             [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 
-  std::vector<std::pair<std::string, std::string>> merges;
-  for (const json& m : model.at("merges")) {
-    if (m.is_array()) {
-      merges.emplace_back(m.at(0).get<std::string>(), m.at(1).get<std::string>());
-    } else {  // older files write "left right"
-      const std::string s = m.get<std::string>();
-      const size_t sp = s.find(' ');
-      if (sp == std::string::npos) return corrupt(dir_str + "/tokenizer.json: bad merge '" + s + "'");
-      merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
-    }
-  }
   ATELIER_RETURN_IF_ERROR(t.merges_.build(merges, t.vocab_, dir_str + "/tokenizer.json"));
   for (int b = 0; b < 256; ++b) {
     auto it = t.vocab_.find(bpe::byte_symbols()[size_t(b)]);
@@ -154,7 +133,7 @@ Expected<QwenTokenizer> QwenTokenizer::load_impl(const std::string& dir_str) {
   if (pit == t.vocab_.end()) return unsupported(dir_str + ": pad token '" + pad_name + "' is not in the vocabulary");
   t.pad_ = pit->second;
   if (fs::exists(dir / "chat_template.jinja")) {
-    ATELIER_ASSIGN_OR_RETURN(t.chat_template_, read_text(dir / "chat_template.jinja"));
+    ATELIER_ASSIGN_OR_RETURN(t.chat_template_, read_file((dir / "chat_template.jinja").string(), "chat template"));
   } else if (config.contains("chat_template") && config.at("chat_template").is_string()) {
     t.chat_template_ = config.at("chat_template").get<std::string>();
   }

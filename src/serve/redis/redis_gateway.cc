@@ -2,10 +2,9 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <random>
-#include <sstream>
 
+#include "io/file.h"
 #include "serve/base64.h"
 #include "serve/redis/keys.h"
 #include "serve/redis/request_codec.h"
@@ -27,13 +26,6 @@ int64_t now_ms() {
 double timeout_of(const Job& job) {
   if (job.deadline() == Clock::time_point::max()) return 0;
   return std::max(0.001, std::chrono::duration<double>(job.deadline() - job.created()).count());
-}
-
-std::string read_file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 }  // namespace
@@ -219,8 +211,9 @@ Expected<std::vector<JobImage>> read_results(RedisClient& client, const std::str
       if (r.is_nil()) return internal_error("the job's result image expired from Redis");
       bytes = std::move(r.str);
     } else if (!im.path.empty()) {
-      bytes = read_file_bytes(im.path);  // the shared --output-dir
-      if (bytes.empty()) return internal_error("cannot read the result image '" + im.path + "' (is --output-dir shared?)");
+      auto read = read_file(im.path, "result image", kMaxResultBytes);  // the shared --output-dir
+      if (!read) return internal_error(read.status().message() + " (is --output-dir shared?)");
+      bytes = std::move(*read);
     }
     if (bytes.size() > kMaxResultBytes) return internal_error("result image too large");
     im.data_b64 = base64_encode(bytes);
