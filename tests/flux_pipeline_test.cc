@@ -160,6 +160,10 @@ TEST(FluxPipeline, GenerateEndToEnd) {
   }
   EXPECT_LE(worst, 1);
   EXPECT_NE(res.images[0].infotext.find("Distilled CFG Scale: 3.5"), std::string::npos) << res.images[0].infotext;
+  EXPECT_GT(res.times.denoise_s, 0);  // from the request's own trace ranges
+  EXPECT_GE(res.times.total_s, res.times.text_encode_s + res.times.denoise_s + res.times.vae_s);
+  EXPECT_EQ(res.times.call_ms.size(), size_t(r.steps));
+  EXPECT_EQ(res.images[0].info["timings"], res.times.to_json());
   r.width = 120;
   EXPECT_FALSE(pipe.generate(r, o).has_value());  // not a multiple of 16
 }
@@ -205,6 +209,10 @@ TEST(FluxPipeline, BatchOfRequestsGivesEachItsOwnImages) {
     }
   }
   EXPECT_NE((*batched)[0].images[0].image.pixels, (*batched)[2].images[0].image.pixels);  // guidance and noise differ
+  for (const GenerateResult& got : *batched) {  // one batch, one set of stage times, in every image's info
+    EXPECT_EQ(got.times.call_ms.size(), 2u);
+    for (const GeneratedImage& g : got.images) EXPECT_EQ(g.info["timings"], (*batched)[0].times.to_json());
+  }
 
   std::vector<FluxBatchItem> mixed = {items[0], items[1]};
   mixed[1].request.steps = 3;

@@ -154,6 +154,15 @@ TEST(SdGenerate, RequestReproducesEulerRun) {
   EXPECT_LE(worst, 1) << "pixel values differ from round(255 x) of the golden image";
   EXPECT_NE(res->images[0].infotext.find("Sampler: Euler, "), std::string::npos) << res->images[0].infotext;
   EXPECT_NE(res->images[0].infotext.find("Seed: 1234"), std::string::npos);
+  // The request's stage times, from its own trace ranges: each stage ran, they fit in the whole, one model call per
+  // Euler step (the guided rows in one batch), and each image's info carries them.
+  const StageTimes& t = res->times;
+  EXPECT_GT(t.text_encode_s, 0);
+  EXPECT_GT(t.denoise_s, 0);
+  EXPECT_GT(t.vae_s, 0);
+  EXPECT_GE(t.total_s, t.text_encode_s + t.denoise_s + t.vae_s + t.image_encode_s);
+  EXPECT_EQ(t.call_ms.size(), size_t(r.steps));
+  EXPECT_EQ(res->images[0].info["timings"], t.to_json());
 }
 
 TEST(SdGenerate, RejectsBadRequests) {

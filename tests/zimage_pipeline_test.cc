@@ -127,6 +127,11 @@ TEST(ZImagePipeline, GenerateWritesInfotext) {
   double worst = 0;
   for (size_t i = 0; i < golden.size(); ++i) worst = std::max(worst, std::abs(double(img.pixels[i]) / 255.0 - golden[i]));
   EXPECT_LE(worst, 1.0 / 255.0 + 1e-6);  // 8-bit rounding
+  const StageTimes& t = res->times;  // from the request's own trace ranges
+  EXPECT_GT(t.denoise_s, 0);
+  EXPECT_GE(t.total_s, t.text_encode_s + t.denoise_s + t.vae_s + t.image_encode_s);
+  EXPECT_EQ(t.call_ms.size(), size_t(r.steps));
+  EXPECT_EQ(res->images[0].info["timings"], t.to_json());
   r.width = 120;
   EXPECT_FALSE(ZImagePipeline(model).generate(r));  // not a multiple of 16
 }

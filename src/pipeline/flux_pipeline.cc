@@ -304,11 +304,8 @@ Expected<GenerateResult> FluxPipeline::generate(const GenerateRequest& request, 
   std::vector<EncodedItem> items(1);
   ATELIER_ASSIGN_OR_RETURN(items[0], prepare(request, options));
   const GenerateRequest& r = items[0].r;
-  trace::Recorder stages(trace::kPipelineCategories);
-  trace::ThreadAttach attach(stages);
-  trace::Scope total(stage::kGenerate, Category::kStage);
   GenerateResult result;
-  Status st = catch_status([&]() -> Status {
+  const Expected<StageTimes> times = timed_stages([&]() -> Status {
     ATELIER_RETURN_IF_ERROR(encode_items(items));
     for (int batch = 0; batch < r.batch_count; ++batch) {
       std::vector<std::vector<GeneratedImage>> images;
@@ -317,10 +314,8 @@ Expected<GenerateResult> FluxPipeline::generate(const GenerateRequest& request, 
     }
     return Status::ok();
   });
-  if (!st) return st;
-  total.finish();
-  result.times = StageTimes::from_events(stages.events());
-  for (auto& g : result.images) g.info["timings"] = result.times.to_json();
+  if (!times) return times.status();
+  result.set_times(*times);
   return result;
 }
 
@@ -335,22 +330,16 @@ Expected<std::vector<GenerateResult>> FluxPipeline::generate_batch(const std::ve
     }
     ATELIER_ASSIGN_OR_RETURN(items[k], prepare(batch[k].request, batch[k].options));
   }
-  trace::Recorder stages(trace::kPipelineCategories);
-  trace::ThreadAttach attach(stages);
-  trace::Scope total(stage::kGenerate, Category::kStage);
   std::vector<std::vector<GeneratedImage>> images;
-  Status st = catch_status([&]() -> Status {
+  const Expected<StageTimes> times = timed_stages([&]() -> Status {
     ATELIER_RETURN_IF_ERROR(encode_items(items));
     return run_rows(items, 0, progress, images);
   });
-  if (!st) return st;
-  total.finish();
-  const StageTimes times = StageTimes::from_events(stages.events());
+  if (!times) return times.status();
   std::vector<GenerateResult> results(items.size());
   for (size_t k = 0; k < items.size(); ++k) {
-    results[k].times = times;
     results[k].images = std::move(images[k]);
-    for (auto& g : results[k].images) g.info["timings"] = times.to_json();
+    results[k].set_times(*times);
   }
   return results;
 }

@@ -116,11 +116,8 @@ GeneratedImage SdPipeline::finish_image(const GenerationPlan& p, const Tensor& i
 
 Expected<GenerateResult> SdPipeline::generate(const GenerateRequest& request, const ProgressCallback& progress) const {
   // This request's StageTimes come from its own ranges, recorded on this thread.
-  trace::Recorder stages(trace::kPipelineCategories);
-  trace::ThreadAttach attach(stages);
-  trace::Scope total(stage::kGenerate, Category::kStage);
   GenerateResult result;
-  Status st = catch_status([&]() -> Status {
+  const Expected<StageTimes> times = timed_stages([&]() -> Status {
     ATELIER_ASSIGN_OR_RETURN(GenerationPlan p, plan(request));
     const GenerateRequest& r = p.request;
     ATELIER_ASSIGN_OR_RETURN(Tensor cond1, encode_prompt(r.prompt, r.clip_skip, r.emphasis));
@@ -152,10 +149,8 @@ Expected<GenerateResult> SdPipeline::generate(const GenerateRequest& request, co
     }
     return Status::ok();
   });
-  if (!st.is_ok()) return st;
-  total.finish();
-  result.times = StageTimes::from_events(stages.events());
-  for (auto& g : result.images) g.info["timings"] = result.times.to_json();
+  if (!times) return times.status();
+  result.set_times(*times);
   return result;
 }
 

@@ -43,6 +43,20 @@ StageTimes StageTimes::from_events(const std::vector<trace::Event>& events) {
   return t;
 }
 
+void GenerateResult::set_times(const StageTimes& t) {
+  times = t;
+  for (GeneratedImage& g : images) g.info["timings"] = times.to_json();
+}
+
+Expected<StageTimes> timed_stages(const std::function<Status()>& body) {
+  trace::Recorder stages(trace::kPipelineCategories);
+  trace::ThreadAttach attach(stages);
+  trace::Scope total(stage::kGenerate, Category::kStage);
+  ATELIER_RETURN_IF_ERROR(catch_status(body));
+  total.finish();
+  return StageTimes::from_events(stages.events());
+}
+
 std::string a1111_sampler_name(const std::string& sampler) {
   static const std::pair<const char*, const char*> kNames[] = {
       {"euler", "Euler"}, {"euler_a", "Euler a"}, {"heun", "Heun"}, {"ddim", "DDIM"},

@@ -41,6 +41,10 @@ struct StageTimes {
   static StageTimes from_events(const std::vector<trace::Event>& events);
 };
 
+// Runs `body` (one request's work, on this thread) inside its own trace recorder and kGenerate range and returns
+// the StageTimes of the ranges it recorded; an error, or an exception (catch_status), from `body` is returned instead.
+Expected<StageTimes> timed_stages(const std::function<Status()>& body);
+
 struct GeneratedImage {
   Image image;
   int64_t seed = 0;
@@ -51,6 +55,8 @@ struct GeneratedImage {
 struct GenerateResult {
   std::vector<GeneratedImage> images;
   StageTimes times;
+  // Sets `times` and writes them into each image's info["timings"].
+  void set_times(const StageTimes& t);
 };
 
 // A validated request with everything resolved (size, seed, sampler, init image), ready to run.

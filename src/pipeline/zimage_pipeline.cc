@@ -119,9 +119,6 @@ Expected<Tensor> ZImagePipeline::decode(const Tensor& latents) const {
 }
 
 Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request, const ProgressCallback& progress) const {
-  trace::Recorder stages(trace::kPipelineCategories);
-  trace::ThreadAttach attach(stages);
-  trace::Scope total(stage::kGenerate, Category::kStage);
   const ZImageModel& m = *model_;
   GenerateRequest r = request;
   if (r.width == 0) r.width = kDefaultSize;
@@ -136,7 +133,7 @@ Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request
   const bool cfg = r.cfg_scale > 1.0f;
   GenerateResult result;
   // Ops throw atelier::Error on bad input; the request gets it back as a Status.
-  Status st = catch_status([&]() -> Status {
+  const Expected<StageTimes> times = timed_stages([&]() -> Status {
     std::vector<std::string> prompts{r.prompt};
     if (cfg) prompts.push_back(r.negative_prompt);
     ATELIER_ASSIGN_OR_RETURN(auto features, encode_prompts(prompts));
@@ -176,10 +173,8 @@ Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request
     }
     return Status::ok();
   });
-  if (!st.is_ok()) return st;
-  total.finish();
-  result.times = StageTimes::from_events(stages.events());
-  for (auto& g : result.images) g.info["timings"] = result.times.to_json();
+  if (!times) return times.status();
+  result.set_times(*times);
   return result;
 }
 
