@@ -65,6 +65,17 @@ double time_ms(cuda::CudaBackend& be, int iters, const std::function<void()>& fn
   return ms[ms.size() / 2];
 }
 
+// Median time per call of fn recorded `burst` times into one CUDA graph (Backend::capture) and replayed: what a
+// kernel takes inside a replayed UNet step (an eager call of a short kernel times its launch too).
+double time_ms_replayed(cuda::CudaBackend& be, int iters, int burst, const std::function<void()>& fn) {
+  fn();  // plans, allocations and algorithm choices made outside the recording
+  be.synchronize();
+  const std::unique_ptr<CapturedWork> work = be.capture([&] {
+    for (int i = 0; i < burst; ++i) fn();
+  });
+  return time_ms(be, iters, [&] { work->replay(); }) / burst;
+}
+
 Tensor random_on(const Shape& shape, DType dt, Device dev, float scale = 1.0f) {
   std::vector<float> v(size_t(numel_of(shape)));
   uint32_t s = 12345;
@@ -461,8 +472,11 @@ void glue_rates(cuda::CudaBackend& be, int iters) {
 // (cuda_group_stats.h) against the statistics pass of the group norm, at SD's resnet shapes (conv1 -> norm2 with the
 // time embedding as offset) at CFG batch 2 and at 16 rows: the own convolution without and with the statistics, the
 // group norm as it runs today and the one from the statistics (merge + apply). The go / no-go figures for wiring
-// it into the ops (docs/cuda.md, "Session 51").
+// it into the ops (docs/cuda.md, "Session 51"). Each figure is per call of kBurst calls replayed as one graph (eager
+// timing of single calls measured launches: session 51's first run had the slice norm at 19 us against 11.6 in the
+// step).
 void group_stats_rates(cuda::CudaBackend& be, int iters) {
+  constexpr int kBurst = 20;
   const Device dev = Device::cuda(0);
   int smem = 0;
   cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
@@ -482,7 +496,7 @@ void group_stats_rates(cuda::CudaBackend& be, int iters) {
     bool ran = true;
     for (const bool with_stats : {false, true}) {
       a.group_stats = with_stats ? static_cast<cuda::ChannelStats*>(stats->data()) : nullptr;
-      const double ms = time_ms(be, iters, [&] { ran = ran && cuda::launch_conv_implicit(a, be.cc_major(), be.stream()); });
+      const double ms = time_ms_replayed(be, iters, kBurst, [&] { ran = ran && cuda::launch_conv_implicit(a, be.cc_major(), be.stream()); });
       print({"own conv 3x3 " + shape_str(s) + (with_stats ? " + group stats" : ""), ms, conv_flops, "TFLOP/s"});
     }
     if (!ran) {
@@ -491,9 +505,10 @@ void group_stats_rates(cuda::CudaBackend& be, int iters) {
     }
     const double bytes = 2.0 * double(y.nbytes());
     print({"group_norm+silu+offset " + shape_str(s) + " (its own statistics)",
-           time_ms(be, iters, [&] { ops::group_norm(y, 32, gamma, gamma, 1e-5f, UnaryOp::kSilu, offset); }), bytes, "GB/s"});
+           time_ms_replayed(be, iters, kBurst, [&] { ops::group_norm(y, 32, gamma, gamma, 1e-5f, UnaryOp::kSilu, offset); }), bytes,
+           "GB/s"});
     Tensor out = normed;
-    print({"group_norm+silu+offset " + shape_str(s) + " (from the conv's stats)", time_ms(be, iters, [&] {
+    print({"group_norm+silu+offset " + shape_str(s) + " (from the conv's stats)", time_ms_replayed(be, iters, kBurst, [&] {
              be.group_norm_nhwc_from_stats(out, y, offset, gamma, gamma, 32, 1e-5f, UnaryOp::kSilu,
                                            static_cast<const cuda::ChannelStats*>(stats->data()));
            }),

@@ -32,14 +32,16 @@ stage=$work/stage
 mkdir -p "$stage/bin/tests" "$stage/bin/bench" "$stage/fixtures/sd15-tiny/model"
 # GPU_PACK_TESTS_BIN=FILE packs FILE as the test binary instead (e.g. one built with a kernel deliberately broken,
 # to see the tests fail on it: a mutation check), beside the unchanged atelier.
-cp "${GPU_PACK_TESTS_BIN:-$BUILD_DIR/tests/atelier_gpu_tests}" "$stage/bin/tests/atelier_gpu_tests"
+# GPU_PACK_NO_TESTS=1 leaves it out (with GPU_PACK_NO_ATELIER=1: a pack of cuda_ops_bench alone, ~20 MB).
+[[ ${GPU_PACK_NO_TESTS:-0} == 1 ]] || cp "${GPU_PACK_TESTS_BIN:-$BUILD_DIR/tests/atelier_gpu_tests}" "$stage/bin/tests/atelier_gpu_tests"
 # (unet_step_bench is left out: `atelier bench` measures the same, and each binary carries every kernel.)
 # GPU_PACK_NO_BENCH=1 leaves cuda_ops_bench out too (~14 MB packed): with GPU_PACK_SD_ONLY=1 the pack is then ~51 MB,
 # what fits beside the checkout in the device tool's 64 MiB since session 48 (gpu_check.sh skips the benchmark).
 [[ ${GPU_PACK_NO_BENCH:-0} == 1 ]] || cp "$BUILD_DIR/bench/cuda_ops_bench" "$stage/bin/bench/"
-cp "$BUILD_DIR/atelier" "$stage/bin/"
+# GPU_PACK_NO_ATELIER=1 leaves the atelier binary out (~20 MB packed): a call of kernel tests and cuda_ops_bench only.
+[[ ${GPU_PACK_NO_ATELIER:-0} == 1 ]] || cp "$BUILD_DIR/atelier" "$stage/bin/"
 # Host symbol tables are not needed there (the device code, in .nv_fatbin, is kept): a smaller carry.
-strip --strip-unneeded "$stage/bin/atelier" "$stage/bin/tests/atelier_gpu_tests" "$stage/bin/bench/"* 2> /dev/null || true
+strip --strip-unneeded "$stage/bin/"atelier "$stage/bin/tests/"* "$stage/bin/bench/"* 2> /dev/null || true
 # Only the files the GPU tests open (the whole fixture folder would not fit the 64 MiB a call may carry).
 src="$FIXTURES/sd15-tiny"
 if [[ -d $src ]]; then
