@@ -308,6 +308,15 @@ __global__ void group_apply_merge_nhwc_kernel(T* y, const T* x, ChannelOffset<T>
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Whether the vector kernels take x and out ([N, P, C] buffers): whole 16-byte vectors, at most 1024 of them a row,
+// aligned buffers.
+template <typename T>
+bool vector_rows_fit(const Tensor& x, const Tensor& out, int64_t c) {
+  constexpr int V = Vec<T>::kWidth;
+  return c % V == 0 && c / V <= 1024 && reinterpret_cast<uintptr_t>(x.raw()) % kVecBytes == 0 &&
+         reinterpret_cast<uintptr_t>(out.raw()) % kVecBytes == 0;
+}
+
 // Blocks of `kernel` (with `threads` threads and `smem` dynamic shared bytes) resident on the whole device at
 // once (at least one per SM).
 int64_t resident_blocks(const void* kernel, int threads, size_t smem, int sms) {
@@ -340,11 +349,8 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& of
   bool done = false;
   dispatch_float(x.dtype(), "group_norm", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int V = Vec<T>::kWidth;
-    const int64_t vc = c / V;
-    if (c % V != 0 || vc > 1024 || reinterpret_cast<uintptr_t>(x.raw()) % kVecBytes != 0 ||
-        reinterpret_cast<uintptr_t>(out.raw()) % kVecBytes != 0)
-      return;
+    if (!vector_rows_fit<T>(x, out, c)) return;
+    const int64_t vc = c / Vec<T>::kWidth;
     DeviceGuard guard(index_);
     {  // one kernel where a (sample, group slice) fits in shared memory (cuda_group_norm_slice.cu)
       GroupNormSliceArgs sa;
@@ -437,11 +443,8 @@ bool CudaBackend::group_norm_nhwc_from_stats(Tensor& out, const Tensor& x, const
   bool done = false;
   dispatch_float(x.dtype(), "group_norm", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int V = Vec<T>::kWidth;
-    const int64_t vc = c / V;
-    if (c % V != 0 || vc > 1024 || reinterpret_cast<uintptr_t>(x.raw()) % kVecBytes != 0 ||
-        reinterpret_cast<uintptr_t>(out.raw()) % kVecBytes != 0)
-      return;
+    if (!vector_rows_fit<T>(x, out, c)) return;
+    const int64_t vc = c / Vec<T>::kWidth;
     DeviceGuard guard(index_);
     NvtxRange range("group_norm");
     ChannelOffset<T> off;
