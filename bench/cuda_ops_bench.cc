@@ -3,8 +3,7 @@
 // reported with the throughput it implies. Prints one table; exits 0 with a message when there is no GPU.
 //
 //   cuda_ops_bench [--iters N] [--only SECTION[,SECTION...]]
-// Sections: gemm, linear, fp8, copy, conv, attention, glue, dit, units (the MUFU exponential's rate), gnstats (a
-// group norm's statistics from the producing convolution): --only
+// Sections: gemm, linear, fp8, copy, conv, attention, glue, dit, units (the MUFU exponential's rate): --only
 // runs those alone (a device call that needs one figure need not pay for the whole table).
 #include <cuda_runtime.h>
 
@@ -22,7 +21,6 @@
 #include "backend/cuda/cuda_group_norm_grid.h"
 #include "backend/cuda/cuda_group_norm_slice.h"
 #include "backend/cuda/cuda_gemm_wgmma.h"
-#include "backend/cuda/cuda_group_stats.h"
 #include "backend/cuda/cuda_sdpa_fp8.h"
 #include "backend/ops.h"
 #include "cuda_unit_probes.h"
@@ -63,17 +61,6 @@ double time_ms(cuda::CudaBackend& be, int iters, const std::function<void()>& fn
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
-}
-
-// Median time per call of fn recorded `burst` times into one CUDA graph (Backend::capture) and replayed: what a
-// kernel takes inside a replayed UNet step (an eager call of a short kernel times its launch too).
-double time_ms_replayed(cuda::CudaBackend& be, int iters, int burst, const std::function<void()>& fn) {
-  fn();  // plans, allocations and algorithm choices made outside the recording
-  be.synchronize();
-  const std::unique_ptr<CapturedWork> work = be.capture([&] {
-    for (int i = 0; i < burst; ++i) fn();
-  });
-  return time_ms(be, iters, [&] { work->replay(); }) / burst;
 }
 
 Tensor random_on(const Shape& shape, DType dt, Device dev, float scale = 1.0f) {
@@ -468,54 +455,6 @@ void glue_rates(cuda::CudaBackend& be, int iters) {
   print({"rms_norm 110592x128 bf16", time_ms(be, iters, [&] { ops::rms_norm(qk, gq, 1e-6f); }), 2.0 * double(qk.nbytes()), "GB/s"});
 }
 
-// Section "gnstats": a group norm's statistics written by the convolution that produces its input
-// (cuda_group_stats.h) against the statistics pass of the group norm, at SD's resnet shapes (conv1 -> norm2 with the
-// time embedding as offset) at CFG batch 2 and at 16 rows: the own convolution without and with the statistics, the
-// group norm as it runs today and the one from the statistics (merge + apply). The go / no-go figures for wiring
-// it into the ops (docs/cuda.md, "Session 51"). Each figure is per call of kBurst calls replayed as one graph (eager
-// timing of single calls measured launches: session 51's first run had the slice norm at 19 us against 11.6 in the
-// step).
-void group_stats_rates(cuda::CudaBackend& be, int iters) {
-  constexpr int kBurst = 20;
-  const Device dev = Device::cuda(0);
-  int smem = 0;
-  cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
-  for (const Shape& s : {Shape{2, 320, 64, 64}, Shape{2, 640, 32, 32}, Shape{2, 1280, 16, 16}, Shape{2, 1280, 8, 8},
-                         Shape{16, 320, 64, 64}, Shape{16, 640, 32, 32}, Shape{16, 1280, 16, 16}, Shape{16, 1280, 8, 8}}) {
-    const int64_t n = s[0], c = s[1], hw = s[2] * s[3];
-    const Tensor x = channels_last(random_on(s, DType::BF16, dev));
-    const Tensor wn = random_on({c, 3, 3, c}, DType::BF16, dev, 0.05f), bias = random_on({c}, DType::BF16, dev);
-    const Tensor gamma = random_on({c}, DType::BF16, dev), offset = random_on({n, c}, DType::BF16, dev);
-    const Tensor y = Tensor::empty_channels_last(s, DType::BF16, dev), normed = Tensor::empty_channels_last(s, DType::BF16, dev);
-    const std::shared_ptr<Buffer> stats = be.allocate(size_t(cuda::channel_stats_count(n * hw, c)) * sizeof(cuda::ChannelStats));
-    cuda::OwnConvArgs a;
-    a.input = x.raw(), a.weight = wn.raw(), a.bias = bias.raw(), a.out = y.raw();
-    a.n = n, a.c = c, a.h = a.ho = s[2], a.w = a.wo = s[3], a.o = c, a.kh = a.kw = 3, a.pad_h = a.pad_w = 1;
-    a.sm_count = be.sm_count(), a.max_smem = size_t(smem);
-    const double conv_flops = 2.0 * double(n * hw) * double(c) * double(9 * c);
-    bool ran = true;
-    for (const bool with_stats : {false, true}) {
-      a.group_stats = with_stats ? static_cast<cuda::ChannelStats*>(stats->data()) : nullptr;
-      const double ms = time_ms_replayed(be, iters, kBurst, [&] { ran = ran && cuda::launch_conv_implicit(a, be.cc_major(), be.stream()); });
-      print({"own conv 3x3 " + shape_str(s) + (with_stats ? " + group stats" : ""), ms, conv_flops, "TFLOP/s"});
-    }
-    if (!ran) {
-      std::printf("| (the own convolution declined %s)\n", shape_str(s).c_str());
-      continue;
-    }
-    const double bytes = 2.0 * double(y.nbytes());
-    print({"group_norm+silu+offset " + shape_str(s) + " (its own statistics)",
-           time_ms_replayed(be, iters, kBurst, [&] { ops::group_norm(y, 32, gamma, gamma, 1e-5f, UnaryOp::kSilu, offset); }), bytes,
-           "GB/s"});
-    Tensor out = normed;
-    print({"group_norm+silu+offset " + shape_str(s) + " (from the conv's stats)", time_ms_replayed(be, iters, kBurst, [&] {
-             be.group_norm_nhwc_from_stats(out, y, offset, gamma, gamma, 32, 1e-5f, UnaryOp::kSilu,
-                                           static_cast<const cuda::ChannelStats*>(stats->data()));
-           }),
-           bytes, "GB/s"});
-  }
-}
-
 // DiT glue at FLUX's 1024² sizes (4096 image tokens, 3072 channels): bytes read + written.
 void dit_rates(cuda::CudaBackend& be, int iters) {
   const Device dev = Device::cuda(0);
@@ -575,8 +514,7 @@ int run(int iters, const Sections& want) {
                   {"fp8", fp8_rates},             {"copy", copy_rates},
                   {"conv", conv_nchw_rates},      {"conv", conv_channels_last_rates},
                   {"attention", attention_rates}, {"glue", glue_rates},
-                  {"dit", dit_rates},             {"units", unit_rates},
-                  {"gnstats", group_stats_rates}};
+                  {"dit", dit_rates},             {"units", unit_rates}};
   for (const auto& s : sections)
     if (want(s.section)) s.run(be, iters);
   be.synchronize();
@@ -598,7 +536,7 @@ int main(int argc, char** argv) {
         p = comma ? comma + 1 : p + std::strlen(p);
       }
   }
-  const std::vector<std::string> known = {"gemm", "linear", "fp8", "copy", "conv", "attention", "glue", "dit", "units", "gnstats"};
+  const std::vector<std::string> known = {"gemm", "linear", "fp8", "copy", "conv", "attention", "glue", "dit", "units"};
   for (const std::string& name : want.only)
     if (std::find(known.begin(), known.end(), name) == known.end()) {
       std::string list;

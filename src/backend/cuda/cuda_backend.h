@@ -31,7 +31,6 @@ class CudnnSdpaFp8;
 struct GemmCall;
 struct ConvShape;
 struct OwnConvArgs;
-struct ChannelStats;  // cuda_group_stats.h
 
 // Which convolution implementation to use (tests force each one). kAuto prefers cuDNN when it loads, in
 // channels-last layout for 16-bit ungrouped convolutions (cuDNN's fast tensor-core kernels are NHWC: the
@@ -184,13 +183,6 @@ class CudaBackend final : public Backend {
   // measured slower on the H200 (SD step 7.02 against 6.49 ms at batch 2, session 11); also ATELIER_GN_APPLY_MERGE=1.
   void set_group_norm_apply_merge(bool on) { gn_apply_merge_ = on; }
   void set_group_norm_offset_in_kernels(bool on) { gn_offset_in_kernels_ = on; }
-  // x [N, C, H, W] channels-last (+ offset [N, C]) -> out: the group norm from the per-channel statistics x's producer
-  // wrote (stats: channel_stats_count(N * H * W, C) of them, cuda_group_stats.h), one merge kernel and the apply
-  // kernel, no statistics pass (cuda_group_norm_nhwc.cu). False (nothing enqueued) where H * W is not a multiple of
-  // kStatsSegmentRows or the apply kernel does not take x (as group_norm_nhwc's three-kernel path). Not yet called by
-  // the ops: docs/cuda.md, "Session 51".
-  bool group_norm_nhwc_from_stats(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta,
-                                  int groups, float eps, UnaryOp act, const ChannelStats* stats);
   // norm_modulate_fp8 in one pass (the vector kernel quantizes the rows it holds); off: norm_modulate, then
   // quantize_rows_fp8, as Backend's default (the parity test compares the two; the same bytes). Also
   // ATELIER_FUSED_FP8_NORM=0.

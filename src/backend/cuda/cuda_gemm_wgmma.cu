@@ -154,9 +154,6 @@ struct Params {
   int split, units;
   float* partial;
   int* flags;
-  // Convolution, staged epilogue only: per-channel statistics of the output for a group norm of it (null: none;
-  // cuda_group_stats.h).
-  ChannelStats* group_stats;
 };
 
 // Split-K's workspace: the tiles' flags (ints, zero between launches: each owner resets its own), then a slot of a
@@ -447,40 +444,6 @@ __device__ __forceinline__ void epilogue_staged(const float (&acc)[2][BN / 2], c
   }
 }
 
-// The staged tile's per-channel statistics (OwnConvArgs::group_stats, cuda_group_stats.h): each 64-row half of the tile
-// is one segment; a thread takes a column pair of one half and walks its 64 rows in the staged bf16 tile (the
-// values the stores write), deviations from the first row's in f32. Ends with the consumer's barrier: the next tile's
-// residual load (or staging) may overwrite the tile only after every thread has read it.
-template <int BN>
-__device__ __forceinline__ void epilogue_channel_stats(const Params& p, const uint8_t* staged, int m0, int c0, int consumer, int ctid) {
-  static_assert(kBoxHalfRows == kStatsSegmentRows, "a segment is one half of a tile");
-  const uint32_t base = smem_u32(staged);
-  for (int item = ctid; item < BN; item += 128) {  // 2 halves x BN / 2 column pairs
-    const int h = item / (BN / 2), col = 2 * (item % (BN / 2));
-    const int row0 = m0 + kBoxHalfRows * h;
-    if (row0 >= p.m || c0 + col >= p.n) continue;  // (p.m is a multiple of the segment's rows: whole segments)
-    const int j = col / 8, t = col % 8 / 2;
-    const auto load = [&](int r) {
-      uint32_t v;
-      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(staged_pair<BN>(base, h, j, r, t)) : "memory");
-      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-    };
-    const float2 s = load(0);
-    float d0 = 0.0f, d1 = 0.0f, q0 = 0.0f, q1 = 0.0f;
-#pragma unroll 8
-    for (int r = 1; r < kBoxHalfRows; ++r) {
-      const float2 x = load(r);
-      const float a = x.x - s.x, b = x.y - s.y;
-      d0 += a, d1 += b;
-      q0 = fmaf(a, a, q0), q1 = fmaf(b, b, q1);
-    }
-    ChannelStats* out = p.group_stats + int64_t(row0 / kBoxHalfRows) * p.n + c0 + col;
-    out[0] = ChannelStats{s.x, d0, q0};
-    out[1] = ChannelStats{s.y, d1, q1};
-  }
-  tma::bar_sync(kConsumerBarrier + consumer, 128);
-}
-
 #include "backend/cuda/cuda_gemm_split.cuh"  // split_contribute, split_gather
 
 // Consumer c: the block's units c, c + 2, ... (unit blockIdx.x + i gridDim.x for the block's i-th), each after the
@@ -522,8 +485,6 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
       epilogue_glu<A>(acc, p, staged, u.m0, u.c0, consumer, ctid % 128);
     } else if constexpr (staged_linear(E)) {
       epilogue_staged<BN, R>(acc, p, staged, res_full, uint32_t(tiles_done & 1), u.m0, u.c0, consumer, ctid % 128);
-      if constexpr (E == Epi::kConv)
-        if (p.group_stats) epilogue_channel_stats<BN>(p, staged, u.m0, u.c0, consumer, ctid % 128);
       ++tiles_done;
     } else {
       epilogue_linear<BN, R>(acc, p, u.m0 + warp * 16 + lane / 4, u.c0, lane % 4);
@@ -708,9 +669,6 @@ bool conv_takes_with_box(const OwnConvArgs& a, int cc_major, cuuint32_t (&box)[3
       a.ho < 1 || a.wo < 1 || reinterpret_cast<uintptr_t>(a.input) % 16 != 0 || reinterpret_cast<uintptr_t>(a.weight) % 16 != 0 ||
       !conv_box(a.ho, a.wo, box))
     return false;
-  if (a.group_stats && ((a.n * a.ho * a.wo) % kStatsSegmentRows != 0 ||
-                        reinterpret_cast<uintptr_t>(a.group_stats) % alignof(ChannelStats) != 0))
-    return false;
   return takes(cc_major, a.max_smem, a.n * a.ho * a.wo, a.kh * a.kw * a.c, a.o, a.o, {a.out, a.bias, a.residual});
 }
 
@@ -769,8 +727,6 @@ bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t strea
   if (!make_map_4d(p.x, a.input, a.n, a.h, a.w, a.c, box) || !make_map(p.w, a.weight, a.o, k, k, wide ? 160 : 128)) return false;
   // The staged epilogue's output (and residual) maps need 16-byte aligned rows; else the 4-byte stores.
   const bool staged = make_staged_maps(p, a.out, a.residual, m, a.o, a.o);
-  if (a.group_stats && !staged) return false;  // the statistics are read back from the staged tile
-  p.group_stats = a.group_stats;
   p.bias = static_cast<const __nv_bfloat16*>(a.bias);
   p.residual = static_cast<const __nv_bfloat16*>(a.residual);
   p.out = static_cast<__nv_bfloat16*>(a.out);

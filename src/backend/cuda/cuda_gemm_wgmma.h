@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cuda/cuda_group_stats.h"
 
 namespace atelier::cuda {
 
@@ -60,10 +59,6 @@ struct OwnConvArgs {
   // first launch: every launch leaves them zero).
   int split = 1;
   void* split_workspace = nullptr;
-  // Optional: the output's per-channel statistics for a group norm of it, channel_stats_count(n * ho * wo, o) of them
-  // (cuda_group_stats.h). Declined (false, nothing launched) where n * ho * wo is not a multiple of
-  // kStatsSegmentRows or the output does not leave through the staged epilogue (o a multiple of 8, 16-byte aligned).
-  ChannelStats* group_stats = nullptr;
 };
 
 // Enqueue the kernel; false (nothing launched) where it does not take the case: a device other than sm_90, an

@@ -27,7 +27,6 @@
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_group_norm_grid.h"
 #include "backend/cuda/cuda_group_norm_slice.h"
-#include "backend/cuda/cuda_group_stats.h"
 #include "backend/cuda/cuda_norm_common.cuh"
 #include "backend/cuda/cuda_nvtx.h"
 
@@ -183,36 +182,6 @@ __global__ void group_merge_nhwc_kernel(float2* scale_shift, const GroupChunk* c
   write_group_scale_shift(scale_shift + int64_t(n) * c, aff, g, cg, lane, mean, rstd);
 }
 
-// One warp per (sample, group), from the per-channel statistics a producer wrote (cuda_group_stats.h): each
-// (segment, channel) item is a chunk of one channel, its reference the shift plus the channel's offset, moved to the
-// first item's as merge_group_stats does (exact in double); then the group's channels' (scale, shift).
-template <typename T>
-__global__ void group_merge_channel_stats_kernel(float2* scale_shift, const ChannelStats* stats, ChannelOffset<T> off, NormAffine aff,
-                                                 int samples, int groups, int c, int segments, float eps) {
-  const int item = int((int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32);
-  const int lane = int(threadIdx.x) % 32;
-  if (item >= samples * groups) return;  // whole warps leave together
-  const int n = item / groups, g = item % groups, cg = c / groups, count = segments * cg;
-  const ChannelStats* mine = stats + int64_t(n) * segments * c + g * cg;  // item (s, j) at mine[s * c + j]
-  const double ref = double(mine[0].shift) + off.at(n, g * cg), rows = kStatsSegmentRows;
-  double sum = 0.0, sum_sq = 0.0;
-#pragma unroll 4
-  for (int i = lane; i < count; i += 32) {
-    const int s = i / cg, j = i - s * cg;
-    const ChannelStats st = mine[int64_t(s) * c + j];
-    const double a = double(st.shift) + off.at(n, g * cg + j) - ref, dev = double(st.dev);
-    sum += dev + rows * a;
-    sum_sq += double(st.sq) + a * (2.0 * dev + rows * a);
-  }
-  for (int o = 16; o > 0; o /= 2) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, o);
-  }
-  const double total = double(count) * rows, d_mean = sum / total;
-  const double rstd = 1.0 / sqrt(fmax(sum_sq / total - d_mean * d_mean, 0.0) + double(eps));
-  write_group_scale_shift(scale_shift + int64_t(n) * c, aff, g, cg, lane, ref + d_mean, rstd);
-}
-
 // A thread's V channels' (scale, shift) from a [c] table of float2 (global or shared memory).
 template <int V>
 __device__ __forceinline__ void load_scale_shift(float (&sc)[V], float (&sh)[V], const float2* table, int v) {
@@ -308,15 +277,6 @@ __global__ void group_apply_merge_nhwc_kernel(T* y, const T* x, ChannelOffset<T>
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Whether the vector kernels take x and out ([N, P, C] buffers): whole 16-byte vectors, at most 1024 of them a row,
-// aligned buffers.
-template <typename T>
-bool vector_rows_fit(const Tensor& x, const Tensor& out, int64_t c) {
-  constexpr int V = Vec<T>::kWidth;
-  return c % V == 0 && c / V <= 1024 && reinterpret_cast<uintptr_t>(x.raw()) % kVecBytes == 0 &&
-         reinterpret_cast<uintptr_t>(out.raw()) % kVecBytes == 0;
-}
-
 // Blocks of `kernel` (with `threads` threads and `smem` dynamic shared bytes) resident on the whole device at
 // once (at least one per SM).
 int64_t resident_blocks(const void* kernel, int threads, size_t smem, int sms) {
@@ -349,8 +309,11 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& of
   bool done = false;
   dispatch_float(x.dtype(), "group_norm", [&](auto tag) {
     using T = decltype(tag);
-    if (!vector_rows_fit<T>(x, out, c)) return;
-    const int64_t vc = c / Vec<T>::kWidth;
+    constexpr int V = Vec<T>::kWidth;
+    const int64_t vc = c / V;
+    if (c % V != 0 || vc > 1024 || reinterpret_cast<uintptr_t>(x.raw()) % kVecBytes != 0 ||
+        reinterpret_cast<uintptr_t>(out.raw()) % kVecBytes != 0)
+      return;
     DeviceGuard guard(index_);
     {  // one kernel where a (sample, group slice) fits in shared memory (cuda_group_norm_slice.cu)
       GroupNormSliceArgs sa;
@@ -429,38 +392,6 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& of
       group_apply_nhwc_kernel<T><<<dim3(blocks, unsigned(n)), unsigned(threads), 0, stream_>>>(out.data<T>(), x.data<T>(), off, ss,
                                                                                               p, int(c), rows_per_pass, act);
     }
-    ATELIER_CUDA_LAUNCHED();
-    done = true;
-  });
-  return done;
-}
-
-bool CudaBackend::group_norm_nhwc_from_stats(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma,
-                                             const Tensor& beta, int groups, float eps, UnaryOp act, const ChannelStats* stats) {
-  if (!stats || !x.is_channels_last() || !out.is_channels_last() || x.dtype() != out.dtype() || groups <= 0) return false;
-  const int64_t n = x.size(0), c = x.size(1), p = x.size(2) * x.size(3);
-  if (p % kStatsSegmentRows != 0 || c % groups != 0 || n > kMaxGridY) return false;
-  bool done = false;
-  dispatch_float(x.dtype(), "group_norm", [&](auto tag) {
-    using T = decltype(tag);
-    if (!vector_rows_fit<T>(x, out, c)) return;
-    const int64_t vc = c / Vec<T>::kWidth;
-    DeviceGuard guard(index_);
-    NvtxRange range("group_norm");
-    ChannelOffset<T> off;
-    if (offset.defined()) off = {offset.data<T>(), offset.strides()[0]};
-    std::shared_ptr<Buffer> table = alloc_.allocate(size_t(n * c) * sizeof(float2));
-    auto* ss = static_cast<float2*>(table->data());
-    const int64_t warps = n * groups;
-    group_merge_channel_stats_kernel<T><<<unsigned((warps * 32 + kMergeThreads - 1) / kMergeThreads), kMergeThreads, 0, stream_>>>(
-        ss, stats, off, affine_of(gamma, beta), int(n), groups, int(c), int(p / kStatsSegmentRows), eps);
-    // The apply kernel as group_norm_nhwc launches it: whole rows of column vectors per block, one wave.
-    const int rows_per_pass = int(std::max<int64_t>(1, kNhwcStatsThreads / vc));
-    const int threads = int(vc) * rows_per_pass;
-    const int64_t wave = resident_blocks(reinterpret_cast<const void*>(&group_apply_nhwc_kernel<T>), threads, 0, sm_count_);
-    const unsigned blocks = unsigned(std::clamp<int64_t>(std::min(std::max<int64_t>(1, wave / n), ceil_div(p, rows_per_pass)), 1, kMaxGridY));
-    group_apply_nhwc_kernel<T><<<dim3(blocks, unsigned(n)), unsigned(threads), 0, stream_>>>(out.data<T>(), x.data<T>(), off, ss, p,
-                                                                                            int(c), rows_per_pass, act);
     ATELIER_CUDA_LAUNCHED();
     done = true;
   });
