@@ -91,6 +91,37 @@ void print(const Row& r) {
   std::printf("| %-52s | %10.3f | %9.1f %-7s |\n", r.name.c_str(), r.median_ms, rate, r.unit);
 }
 
+// The tensor pipe beside the MUFU: each mix of warpgroup roles (bench/cuda_unit_probes.h) timed alone, with the
+// sum and the max of its roles' times alone beside it. A mix near the max overlaps; near the sum, the units take turns.
+void overlap_rates(cuda::CudaBackend& be, int iters, uint32_t* sink) {
+  if (!bench::overlap_probe_runs()) {
+    std::printf("| overlap probe                                          | (not run: needs sm_90)\n");
+    return;
+  }
+  const int sms = be.sm_count();
+  const auto run = [&](const char* roles) {
+    const double ms = time_ms(be, iters, [&] { bench::launch_overlap_probe(roles, sms, sink, be.stream()); });
+    check(cudaGetLastError(), "overlap probe");
+    return ms;
+  };
+  const double t = run("T"), r = run("R"), m = run("M"), sm = run("S");
+  const double flops = bench::overlap_probe_tensor_flops_per_role() * sms, exps = bench::overlap_probe_exp2_per_role() * sms;
+  std::printf("| overlap T (wgmma SS alone)                             | %10.3f | %9.1f TFLOP/s |\n", t, flops / (t * 1e9));
+  std::printf("| overlap R (wgmma RS alone)                             | %10.3f | %9.1f TFLOP/s |\n", r, flops / (r * 1e9));
+  std::printf("| overlap M (MUFU alone)                                 | %10.3f | %9.1f G/s     |\n", m, exps / (m * 1e6));
+  std::printf("| overlap S (softmax mix alone)                          | %10.3f | %9.1f G/s     |\n", sm, exps / (sm * 1e6));
+  const struct {
+    const char* roles;
+    double tensor, mufu;  // the roles' times alone, added per unit (two warpgroups on one unit take twice as long)
+  } mixes[] = {{"MM", 0, 2 * m}, {"TT", 2 * t, 0}, {"TM", t, m}, {"RM", r, m}, {"TMM", t, 2 * m}, {"RMM", r, 2 * m},
+               {"TRM", t + r, m}, {"SS", 0, 2 * sm}, {"TS", t, sm}, {"RS", r, sm}, {"TSS", t, 2 * sm}, {"RSS", r, 2 * sm}};
+  for (const auto& x : mixes) {
+    const double ms = run(x.roles);
+    std::printf("| overlap %-46s | %10.3f | sum %.3f, max %.3f: %s\n", x.roles, ms, x.tensor + x.mufu,
+                std::max(x.tensor, x.mufu), ms > 0.5 * (x.tensor + x.mufu + std::max(x.tensor, x.mufu)) ? "nearer the sum" : "nearer the max");
+  }
+}
+
 // The MUFU exponential's rate in its three forms: exponentials per second and per clock and SM at the rated
 // clock (the floor of a softmax that computes one exponential per score).
 void unit_rates(cuda::CudaBackend& be, int iters) {
@@ -114,6 +145,7 @@ void unit_rates(cuda::CudaBackend& be, int iters) {
     std::printf("| MUFU %-47s | %10.3f | %9.1f G/s     | %.2f per clock and SM at the rated %d MHz\n", f.name, ms,
                 per_second / 1e9, per_second / (double(sms) * clock_khz * 1e3), clock_khz / 1000);
   }
+  overlap_rates(be, iters, static_cast<uint32_t*>(sink->data()));
 }
 
 // Section "gemm": square 8192^3 products in each dtype (the card's GEMM ceiling).

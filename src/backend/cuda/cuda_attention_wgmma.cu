@@ -135,6 +135,14 @@ struct Smem {
   }
 };
 
+// K/V tile j's buffer (of the kStages in `ring`), and the phase parity its full barrier completes in for tile j
+// (the producer waits on the empty barrier's other phase).
+template <class K>
+__device__ __forceinline__ uint8_t* tile_buffer(uint8_t* ring, int j) {
+  return ring + (j % kStages) * K::kTileBytes;
+}
+__device__ __forceinline__ uint32_t tile_parity(int j) { return uint32_t((j / kStages) & 1); }
+
 // The producer's one thread: Q, then K_j and V_j into buffer j % kStages once the consumers released it.
 template <class K>
 __device__ __forceinline__ void produce(const KernelParams& p, const Smem<K>& sm, int n_tiles) {
@@ -144,17 +152,17 @@ __device__ __forceinline__ void produce(const KernelParams& p, const Smem<K>& sm
   for (int a = 0; a < K::kAtoms; ++a) tma::load_4d(sm.q + a * K::kBlockQ * 128, &p.q, 64 * a, q0, h, b, sm.q_full);
   for (int j = 0; j < n_tiles; ++j) {
     const int st = j % kStages;
-    const uint32_t parity = ((j / kStages) & 1) ^ 1;
+    const uint32_t parity = tile_parity(j) ^ 1;
     tma::wait(&sm.k_empty[st], parity);
     tma::arrive_expect_tx(&sm.k_full[st], K::kTileBytes);
 #pragma unroll
     for (int a = 0; a < K::kAtoms; ++a)
-      tma::load_4d(sm.k + st * K::kTileBytes + a * K::kBlockK * 128, &p.k, 64 * a, j * K::kBlockK, kvh, b, &sm.k_full[st]);
+      tma::load_4d(tile_buffer<K>(sm.k, j) + a * K::kBlockK * 128, &p.k, 64 * a, j * K::kBlockK, kvh, b, &sm.k_full[st]);
     tma::wait(&sm.v_empty[st], parity);
     tma::arrive_expect_tx(&sm.v_full[st], K::kTileBytes);
 #pragma unroll
     for (int a = 0; a < K::kAtoms; ++a)
-      tma::load_4d(sm.v + st * K::kTileBytes + a * K::kBlockK * 128, &p.v, 64 * a, j * K::kBlockK, kvh, b, &sm.v_full[st]);
+      tma::load_4d(tile_buffer<K>(sm.v, j) + a * K::kBlockK * 128, &p.v, 64 * a, j * K::kBlockK, kvh, b, &sm.v_full[st]);
   }
 }
 
@@ -297,10 +305,10 @@ __device__ __forceinline__ void store_out(const KernelParams& p, const Consumer<
 template <class K, int D>
 __device__ __forceinline__ void finish(const KernelParams& p, const Smem<K>& sm, Consumer<K>& st, const Turns& turn,
                                        int last, int c, int nc, int tid) {
-  tma::wait(&sm.v_full[last % kStages], uint32_t((last / kStages) & 1));
+  tma::wait(&sm.v_full[last % kStages], tile_parity(last));
   turn.begin();
   wgmma::fence();
-  issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(sm.v + (last % kStages) * K::kTileBytes));
+  issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(tile_buffer<K>(sm.v, last)));
   wgmma::commit();
   if (c != nc - 1) turn.end();
   wgmma::wait<0>();
@@ -317,9 +325,8 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   const int t = tid % 4;
   const int tail = p.sk - (n_tiles - 1) * K::kBlockK;  // keys in the last tile
   const uint32_t q_addr = smem_u32(sm.q) + c * 64 * 128;
-  const auto k_addr = [&](int j) { return smem_u32(sm.k + (j % kStages) * K::kTileBytes); };
-  const auto v_addr = [&](int j) { return smem_u32(sm.v + (j % kStages) * K::kTileBytes); };
-  const auto parity = [](int j) { return uint32_t((j / kStages) & 1); };
+  const auto k_addr = [&](int j) { return smem_u32(tile_buffer<K>(sm.k, j)); };
+  const auto v_addr = [&](int j) { return smem_u32(tile_buffer<K>(sm.v, j)); };
   float alpha[2];
 
   if (c == nc - 1) tma::bar_arrive(kSchedBarrier, turn.threads);  // consumer 0 issues first
@@ -340,12 +347,12 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   pack_p<K::kBlockK>(st.pa, st.s);
 
   for (int j = 1; j < n_tiles; ++j) {
-    tma::wait(&sm.k_full[j % kStages], parity(j));
+    tma::wait(&sm.k_full[j % kStages], tile_parity(j));
     turn.begin();
     wgmma::fence();
     issue_s<K, D>(st.s, q_addr, k_addr(j));
     wgmma::commit();
-    tma::wait(&sm.v_full[(j - 1) % kStages], parity(j - 1));
+    tma::wait(&sm.v_full[(j - 1) % kStages], tile_parity(j - 1));
     issue_pv<K::kN, K::kBlockK>(st.o, st.pa, v_addr(j - 1));
     wgmma::commit();
     turn.end();
