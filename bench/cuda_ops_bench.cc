@@ -104,21 +104,26 @@ void overlap_rates(cuda::CudaBackend& be, int iters, uint32_t* sink) {
     check(cudaGetLastError(), "overlap probe");
     return ms;
   };
-  const double t = run("T"), r = run("R"), m = run("M"), sm = run("S");
+  const double t = run("T"), r = run("R"), m = run("M"), sm = run("S"), f = run("F");
   const double flops = bench::overlap_probe_tensor_flops_per_role() * sms, exps = bench::overlap_probe_exp2_per_role() * sms;
   std::printf("| overlap T (wgmma SS alone)                             | %10.3f | %9.1f TFLOP/s |\n", t, flops / (t * 1e9));
   std::printf("| overlap R (wgmma RS alone)                             | %10.3f | %9.1f TFLOP/s |\n", r, flops / (r * 1e9));
   std::printf("| overlap M (MUFU alone)                                 | %10.3f | %9.1f G/s     |\n", m, exps / (m * 1e6));
+  std::printf("| overlap F (FFMA alone)                                 | %10.3f | %9.1f TFLOP/s |\n", f, 2.0 * 4 * exps / (f * 1e9));
   std::printf("| overlap S (softmax mix alone)                          | %10.3f | %9.1f G/s     |\n", sm, exps / (sm * 1e6));
-  const struct {
-    const char* roles;
-    double tensor, mufu;  // the roles' times alone, added per unit (two warpgroups on one unit take twice as long)
-  } mixes[] = {{"MM", 0, 2 * m}, {"TT", 2 * t, 0}, {"TM", t, m}, {"RM", r, m}, {"TMM", t, 2 * m}, {"RMM", r, 2 * m},
-               {"TRM", t + r, m}, {"SS", 0, 2 * sm}, {"TS", t, sm}, {"RS", r, sm}, {"TSS", t, 2 * sm}, {"RSS", r, 2 * sm}};
-  for (const auto& x : mixes) {
-    const double ms = run(x.roles);
-    std::printf("| overlap %-46s | %10.3f | sum %.3f, max %.3f: %s\n", x.roles, ms, x.tensor + x.mufu,
-                std::max(x.tensor, x.mufu), ms > 0.5 * (x.tensor + x.mufu + std::max(x.tensor, x.mufu)) ? "nearer the sum" : "nearer the max");
+  // A mix's roles' times alone: "sum" if its units took turns, "max" if they overlapped (roles on one unit add).
+  const auto alone = [&](char role) { return role == 'T' ? t : role == 'R' ? r : role == 'M' ? m : role == 'S' ? sm : f; };
+  const auto unit = [](char role) { return role == 'T' || role == 'R' ? 0 : role == 'F' ? 2 : 1; };  // tensor, MUFU, FMA
+  for (const char* roles : {"TT", "MM", "SS", "TM", "RM", "TS", "RS", "TF", "MF", "TMM", "RMM", "TSS", "RSS", "TRM", "TMF"}) {
+    const double ms = run(roles);
+    double sum = 0.0, per_unit[3] = {0.0, 0.0, 0.0};
+    for (const char* c = roles; *c; ++c) {
+      sum += alone(*c);
+      per_unit[unit(*c)] += alone(*c);
+    }
+    const double max = std::max({per_unit[0], per_unit[1], per_unit[2]});
+    std::printf("| overlap %-46s | %10.3f | sum %.3f, max %.3f: %s\n", roles, ms, sum, max,
+                ms > 0.5 * (sum + max) ? "nearer the sum" : "nearer the max");
   }
 }
 

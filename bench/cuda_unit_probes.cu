@@ -87,6 +87,7 @@ constexpr int kProbeTcGroups = 2048;      // commit groups of a 'T' or 'R' warpg
 constexpr int kProbeMmasPerGroup = 8;     // m64n128k16 products per group
 constexpr int kProbeExpIters = 4096;      // steps of each chain of an 'M' warpgroup
 constexpr int kProbeExpChains = 16;
+[[maybe_unused]] constexpr int kProbeFmasPerExp = 4;      // an 'F' warpgroup's FFMAs per exponential of an 'M' one
 constexpr int kProbeScores = 64;         // scores per thread of an 'S' warpgroup (a 128-key tile's)
 [[maybe_unused]] constexpr int kProbeSoftmaxIters = kProbeExpIters * kProbeExpChains / kProbeScores;  // as many exponentials as 'M'
 constexpr int kProbeRoles = 3;            // warpgroups per block
@@ -173,6 +174,16 @@ __global__ void __launch_bounds__(128 * kProbeRoles, 1) overlap_probe_kernel(Pro
       }
     }
     out ^= __float_as_uint(l);
+  } else if (role == 'F') {
+    // FFMA chains: 4 FMAs per exponential of 'M' (the rate a polynomial exponential on the FMA pipes would need).
+    float x[kProbeExpChains];
+#pragma unroll
+    for (int c = 0; c < kProbeExpChains; ++c) x[c] = 0.5f + 0.001f * float(c + (threadIdx.x & 7));
+    for (int i = 0; i < kProbeExpIters * kProbeFmasPerExp; ++i)
+#pragma unroll
+      for (int c = 0; c < kProbeExpChains; ++c) x[c] = fmaf(x[c], 0.999f, 0.0005f);
+#pragma unroll
+    for (int c = 0; c < kProbeExpChains; ++c) out ^= __float_as_uint(x[c]);
   } else if (role == 'M') {
     float x[kProbeExpChains];
 #pragma unroll

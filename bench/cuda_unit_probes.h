@@ -24,6 +24,7 @@ double exp2_per_launch(Exp2Form form, int sms);
 //        d40 attention's S = Q K^T),
 //   'R'  the same product with A from registers (its P V),
 //   'M'  16 independent chains of ex2.approx.ftz.f32 per thread (its softmax's exponentials),
+//   'F'  16 independent FFMA chains per thread, 4 FMAs for each exponential of 'M' (the FMA pipes),
 //   'S'  as many exponentials inside the softmax's instruction mix (64 scores a thread: max, FFMA, exp, sum, pack),
 //   '.'  idle.
 // Each role's warpgroup does the same work whatever the others do, so a mix that takes max(alone) overlaps and one
