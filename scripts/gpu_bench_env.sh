@@ -4,7 +4,9 @@
 # line on the log. Reports go to $out: $OUT, or /tmp/gpu_bench.
 out=${OUT:-/tmp/gpu_bench}
 mkdir -p "$out"
-if [[ -x .devicepack/bin/atelier ]]; then
+# A pack's loader wrapper (.devicepack/run) is there whether or not the pack holds atelier (GPU_PACK_NO_ATELIER=1
+# packs only the test binary and cuda_ops_bench, which need it as much: without it they miss the pack's libraries).
+if [[ -x .devicepack/run ]]; then
   run=(.devicepack/run)
   atelier=.devicepack/bin/atelier
   fixtures=$(pwd)/.devicepack/fixtures
