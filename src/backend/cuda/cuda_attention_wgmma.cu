@@ -18,7 +18,9 @@
 // at N = D + 8: 4-6% slower at d40), bf16x2 exponentials (ptxas makes each two f32 MUFU operations: 14% slower);
 // session 50: each consumer issuing S of the next tile before the softmax of this one into a second S buffer (two
 // consumers over 128 keys or three over 64, for the registers: d40 190-224 against 138 us in SD's CFG step), three
-// consumers over 96-key tiles (5% slower at 16 rows).
+// consumers over 96-key tiles (5% slower at 16 rows); session 52: three or four K/V buffers, K and V loaded by two
+// producer threads, one empty-barrier arrival per consumer warp (each within 1%: the consumers do not wait for loads
+// or releases). The SM does overlap wgmma with MUFU exponentials (session 52's probe, cuda_ops_bench --only units).
 // Head dims are padded to whole atom columns (64): the tensor maps zero-fill columns past the head dim and rows
 // past the sequence (S's product stops at the head dim rounded up to 16; keys past the end are masked).
 #include "backend/cuda/cuda_attention_wgmma.h"
@@ -42,7 +44,7 @@ namespace {
 // Keys per K/V tile: 128 by default (64-key tiles measured slower at every head dim with three consumers); four
 // consumers take 64 so that S, P and O fit the 112 registers each of them gets.
 constexpr int kDefaultBlockK = 128;
-constexpr int kDefaultStages = 2;  // K/V buffers (three measured within noise of two in session 20)
+constexpr int kStages = 2;    // K/V buffers (three measured within noise of two)
 std::atomic<int64_t> g_launches{0};
 
 struct KernelParams {
@@ -51,8 +53,6 @@ struct KernelParams {
   int64_t os0, os1, os2;
   int sq, sk, group;
   float scale_log2;  // softmax scale x log2(e)
-  int split_loads;   // 1: K and V loaded by two producer threads
-  int warp_arrivals; // 1: one arrival per consumer warp on the empty barriers (else one per thread)
 };
 
 // On unless ATELIER_WGMMA_ATTENTION=0 (then the mma.sync kernel takes these cases too).
@@ -77,35 +77,11 @@ WgmmaAttentionShape& shape_setting() {
   return shape;
 }
 
-// Experiment switches of session 52 (the K/V ring's depth and the producer's loads; docs/cuda.md):
-// ATELIER_WGMMA_ATTENTION_STAGES=3|4 (the 3 x 128 shape at head dims <= 64), ATELIER_WGMMA_ATTENTION_SPLIT_LOADS=1,
-// ATELIER_WGMMA_ATTENTION_ARRIVALS=warp (a consumer releases a K/V buffer with one mbarrier arrival per warp instead of
-// 128 same-address shared-memory atomics per warpgroup).
-struct PipeSetting {
-  int stages = kDefaultStages;
-  bool split_loads = false;
-  bool warp_arrivals = false;
-  int ablate = 0;  // ATELIER_WGMMA_ATTENTION_ABLATE=1: no softmax, 2: no products, 3: no exponentials, 4: K/V loaded
-                  // for the first kStages tiles only (wrong results: timing only)
-};
-const PipeSetting& pipe_setting() {
-  static const PipeSetting s = [] {
-    PipeSetting r;
-    if (const char* v = std::getenv("ATELIER_WGMMA_ATTENTION_STAGES")) r.stages = std::atoi(v);
-    if (const char* v = std::getenv("ATELIER_WGMMA_ATTENTION_SPLIT_LOADS")) r.split_loads = std::strcmp(v, "1") == 0;
-    if (const char* v = std::getenv("ATELIER_WGMMA_ATTENTION_ARRIVALS")) r.warp_arrivals = std::strcmp(v, "warp") == 0;
-    if (const char* v = std::getenv("ATELIER_WGMMA_ATTENTION_ABLATE")) r.ablate = std::atoi(v);
-    return r;
-  }();
-  return s;
-}
-
 // One kernel's shape: head dim D (tiles padded to whole 64-column atoms), C consumer warpgroups of 64 queries, K/V
 // tiles of BK keys.
-template <int D, int C, int BK, int S = kDefaultStages, int A = 0>
+template <int D, int C, int BK>
 struct Cfg {
-  static constexpr int kBlockK = BK, kStages = S;
-  static constexpr int kAblate = A;  // experiment (session 52): 1 leaves the softmax out, 2 the products
+  static constexpr int kBlockK = BK;
   static constexpr int kAtoms = (D + 63) / 64;
   static constexpr int kThreads = 128 * (C + 1), kBlockQ = 64 * C;
   static constexpr uint32_t kQBytes = kBlockQ * kAtoms * 128, kTileBytes = kBlockK * kAtoms * 128;
@@ -152,12 +128,12 @@ struct Smem {
   __device__ explicit Smem(uint8_t* raw) {
     q = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
     k = q + K::kQBytes;
-    v = k + K::kStages * K::kTileBytes;
-    q_full = reinterpret_cast<uint64_t*>(v + K::kStages * K::kTileBytes);
+    v = k + kStages * K::kTileBytes;
+    q_full = reinterpret_cast<uint64_t*>(v + kStages * K::kTileBytes);
     k_full = q_full + 1;
-    v_full = k_full + K::kStages;
-    k_empty = v_full + K::kStages;
-    v_empty = k_empty + K::kStages;
+    v_full = k_full + kStages;
+    k_empty = v_full + kStages;
+    v_empty = k_empty + kStages;
   }
 };
 
@@ -165,48 +141,30 @@ struct Smem {
 // (the producer waits on the empty barrier's other phase).
 template <class K>
 __device__ __forceinline__ uint8_t* tile_buffer(uint8_t* ring, int j) {
-  return ring + (j % K::kStages) * K::kTileBytes;
+  return ring + (j % kStages) * K::kTileBytes;
 }
-template <class K>
-__device__ __forceinline__ uint32_t tile_parity(int j) { return uint32_t((j / K::kStages) & 1); }
+__device__ __forceinline__ uint32_t tile_parity(int j) { return uint32_t((j / kStages) & 1); }
 
-// What one producer thread loads: all of Q, K and V (one thread), or, with the loads split over two threads (so that
-// K_{j+1} does not queue behind V_j, which waits for the slowest consumer's P V of tile j - 2), Q and K or V alone.
-enum class Loads { kAll, kQK, kV };
-
-// A producer thread: Q, then K_j and V_j into buffer j % kStages once the consumers released it.
+// The producer's one thread: Q, then K_j and V_j into buffer j % kStages once the consumers released it.
 template <class K>
-__device__ __forceinline__ void produce(const KernelParams& p, const Smem<K>& sm, int n_tiles, Loads loads) {
+__device__ __forceinline__ void produce(const KernelParams& p, const Smem<K>& sm, int n_tiles) {
   const int h = int(blockIdx.y), b = int(blockIdx.z), q0 = int(blockIdx.x) * K::kBlockQ, kvh = h / p.group;
-  if (loads != Loads::kV) {
-    tma::arrive_expect_tx(sm.q_full, K::kQBytes);
+  tma::arrive_expect_tx(sm.q_full, K::kQBytes);
 #pragma unroll
-    for (int a = 0; a < K::kAtoms; ++a) tma::load_4d(sm.q + a * K::kBlockQ * 128, &p.q, 64 * a, q0, h, b, sm.q_full);
-  }
+  for (int a = 0; a < K::kAtoms; ++a) tma::load_4d(sm.q + a * K::kBlockQ * 128, &p.q, 64 * a, q0, h, b, sm.q_full);
   for (int j = 0; j < n_tiles; ++j) {
-    const int st = j % K::kStages;
-    const uint32_t parity = tile_parity<K>(j) ^ 1;
-    if (K::kAblate == 4 && j >= K::kStages) {
-      tma::wait(&sm.k_empty[st], parity);
-      tma::arrive(&sm.k_full[st]);
-      tma::wait(&sm.v_empty[st], parity);
-      tma::arrive(&sm.v_full[st]);
-      continue;
-    }
-    if (loads != Loads::kV) {
-      tma::wait(&sm.k_empty[st], parity);
-      tma::arrive_expect_tx(&sm.k_full[st], K::kTileBytes);
+    const int st = j % kStages;
+    const uint32_t parity = tile_parity(j) ^ 1;
+    tma::wait(&sm.k_empty[st], parity);
+    tma::arrive_expect_tx(&sm.k_full[st], K::kTileBytes);
 #pragma unroll
-      for (int a = 0; a < K::kAtoms; ++a)
-        tma::load_4d(tile_buffer<K>(sm.k, j) + a * K::kBlockK * 128, &p.k, 64 * a, j * K::kBlockK, kvh, b, &sm.k_full[st]);
-    }
-    if (loads != Loads::kQK) {
-      tma::wait(&sm.v_empty[st], parity);
-      tma::arrive_expect_tx(&sm.v_full[st], K::kTileBytes);
+    for (int a = 0; a < K::kAtoms; ++a)
+      tma::load_4d(tile_buffer<K>(sm.k, j) + a * K::kBlockK * 128, &p.k, 64 * a, j * K::kBlockK, kvh, b, &sm.k_full[st]);
+    tma::wait(&sm.v_empty[st], parity);
+    tma::arrive_expect_tx(&sm.v_full[st], K::kTileBytes);
 #pragma unroll
-      for (int a = 0; a < K::kAtoms; ++a)
-        tma::load_4d(tile_buffer<K>(sm.v, j) + a * K::kBlockK * 128, &p.v, 64 * a, j * K::kBlockK, kvh, b, &sm.v_full[st]);
-    }
+    for (int a = 0; a < K::kAtoms; ++a)
+      tma::load_4d(tile_buffer<K>(sm.v, j) + a * K::kBlockK * 128, &p.v, 64 * a, j * K::kBlockK, kvh, b, &sm.v_full[st]);
   }
 }
 
@@ -259,7 +217,7 @@ __device__ __forceinline__ void mask_keys(float (&s)[BK / 2], int valid, int t) 
 // Online softmax of S (this thread: rows g (e = 0, 1) and g + 8 (e = 2, 3) of its warp's 16): S becomes P
 // (unnormalised, in f32), m and l move on; returns O's rescale factors in alpha. The row max and sum are four
 // partial ones each, so that the one warp per scheduler of this warpgroup is not waiting on a chain.
-template <int BK, bool kNoExp = false>
+template <int BK>
 __device__ __forceinline__ void softmax(float (&s)[BK / 2], float (&m)[2], float (&l)[2], float (&alpha)[2], float sl) {
   constexpr int kPairs = BK / 8;  // column pairs per row and thread
 #pragma unroll
@@ -279,7 +237,7 @@ __device__ __forceinline__ void softmax(float (&s)[BK / 2], float (&m)[2], float
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float x = fmaf(s[4 * j + 2 * ri + e], sl, -m_new);
-        const float pv = kNoExp ? x * 0.5f : fast_exp2(x);
+        const float pv = fast_exp2(x);
         s[4 * j + 2 * ri + e] = pv;
         sum[(2 * j + e) % 4] += pv;
       }
@@ -349,10 +307,10 @@ __device__ __forceinline__ void store_out(const KernelParams& p, const Consumer<
 template <class K, int D>
 __device__ __forceinline__ void finish(const KernelParams& p, const Smem<K>& sm, Consumer<K>& st, const Turns& turn,
                                        int last, int c, int nc, int tid) {
-  tma::wait(&sm.v_full[last % K::kStages], tile_parity<K>(last));
+  tma::wait(&sm.v_full[last % kStages], tile_parity(last));
   turn.begin();
   wgmma::fence();
-  if constexpr (K::kAblate != 2) issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(tile_buffer<K>(sm.v, last)));
+  issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(tile_buffer<K>(sm.v, last)));
   wgmma::commit();
   if (c != nc - 1) turn.end();
   wgmma::wait<0>();
@@ -367,14 +325,11 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   Consumer<K> st;
   st.clear();
   const int t = tid % 4;
-  const bool releases = !p.warp_arrivals || tid % 32 == 0;  // this thread arrives on the empty barriers
   const int tail = p.sk - (n_tiles - 1) * K::kBlockK;  // keys in the last tile
   const uint32_t q_addr = smem_u32(sm.q) + c * 64 * 128;
   const auto k_addr = [&](int j) { return smem_u32(tile_buffer<K>(sm.k, j)); };
   const auto v_addr = [&](int j) { return smem_u32(tile_buffer<K>(sm.v, j)); };
-  float alpha[2] = {1.0f, 1.0f};
-  if constexpr (K::kAblate == 2)
-    for (float& x : st.s) x = 0.0f;
+  float alpha[2];
 
   if (c == nc - 1) tma::bar_arrive(kSchedBarrier, turn.threads);  // consumer 0 issues first
   tma::wait(sm.q_full, 0);
@@ -383,34 +338,34 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   tma::wait(&sm.k_full[0], 0);
   turn.begin();
   wgmma::fence();
-  if constexpr (K::kAblate != 2) issue_s<K, D>(st.s, q_addr, k_addr(0));
+  issue_s<K, D>(st.s, q_addr, k_addr(0));
   wgmma::commit();
   turn.end();
   wgmma::wait<0>();
   fence_all(st.s);
-  tma::arrive_if(&sm.k_empty[0], releases);
+  tma::arrive(&sm.k_empty[0]);
   if (n_tiles == 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(st.s, tail, t);
-  if constexpr (K::kAblate != 1) softmax<K::kBlockK, K::kAblate == 3>(st.s, st.m, st.l, alpha, p.scale_log2);
+  softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
   pack_p<K::kBlockK>(st.pa, st.s);
 
   for (int j = 1; j < n_tiles; ++j) {
-    tma::wait(&sm.k_full[j % K::kStages], tile_parity<K>(j));
+    tma::wait(&sm.k_full[j % kStages], tile_parity(j));
     turn.begin();
     wgmma::fence();
-    if constexpr (K::kAblate != 2) issue_s<K, D>(st.s, q_addr, k_addr(j));
+    issue_s<K, D>(st.s, q_addr, k_addr(j));
     wgmma::commit();
-    tma::wait(&sm.v_full[(j - 1) % K::kStages], tile_parity<K>(j - 1));
-    if constexpr (K::kAblate != 2) issue_pv<K::kN, K::kBlockK>(st.o, st.pa, v_addr(j - 1));
+    tma::wait(&sm.v_full[(j - 1) % kStages], tile_parity(j - 1));
+    issue_pv<K::kN, K::kBlockK>(st.o, st.pa, v_addr(j - 1));
     wgmma::commit();
     turn.end();
     wgmma::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
     fence_all(st.s);
-    tma::arrive_if(&sm.k_empty[j % K::kStages], releases);
+    tma::arrive(&sm.k_empty[j % kStages]);
     if (j == n_tiles - 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(st.s, tail, t);
-    if constexpr (K::kAblate != 1) softmax<K::kBlockK, K::kAblate == 3>(st.s, st.m, st.l, alpha, p.scale_log2);
+    softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
     wgmma::wait<0>();
     fence_all(st.o);
-    tma::arrive_if(&sm.v_empty[(j - 1) % K::kStages], releases);
+    tma::arrive(&sm.v_empty[(j - 1) % kStages]);
     rescale<K::kN>(st.o, alpha);
     pack_p<K::kBlockK>(st.pa, st.s);
   }
@@ -420,11 +375,11 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
 
 #endif  // ATELIER_WGMMA
 
-template <int D, int C, int BK, int S, int A>
-__global__ void __launch_bounds__(Cfg<D, C, BK, S, A>::kThreads, 1)
+template <int D, int C, int BK>
+__global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ KernelParams p) {
 #ifdef ATELIER_WGMMA
-  using K = Cfg<D, C, BK, S, A>;
+  using K = Cfg<D, C, BK>;
   extern __shared__ uint8_t smem_raw[];
   const Smem<K> sm(smem_raw);
   const int tid = int(threadIdx.x), wg = tid / 128;
@@ -435,24 +390,18 @@ __global__ void __launch_bounds__(Cfg<D, C, BK, S, A>::kThreads, 1)
   const int nc = min(C, (p.sq - int(blockIdx.x) * K::kBlockQ + 63) / 64);
   if (tid == 0) {
     tma::mbar_init(sm.q_full, 1);
-    for (int i = 0; i < K::kStages; ++i) {
+    for (int i = 0; i < kStages; ++i) {
       tma::mbar_init(&sm.k_full[i], 1);
       tma::mbar_init(&sm.v_full[i], 1);
-      tma::mbar_init(&sm.k_empty[i], (p.warp_arrivals ? 4 : 128) * nc);
-      tma::mbar_init(&sm.v_empty[i], (p.warp_arrivals ? 4 : 128) * nc);
+      tma::mbar_init(&sm.k_empty[i], 128 * nc);
+      tma::mbar_init(&sm.v_empty[i], 128 * nc);
     }
     tma::fence_mbar_init();
   }
   __syncthreads();
   if (wg == 0) {
     tma::regs_dealloc<K::kProducerRegs>();
-    if (!p.split_loads) {
-      if (tid == 0) produce<K>(p, sm, n_tiles, Loads::kAll);
-    } else if (tid == 0) {
-      produce<K>(p, sm, n_tiles, Loads::kQK);
-    } else if (tid == 32) {
-      produce<K>(p, sm, n_tiles, Loads::kV);
-    }
+    if (tid == 0) produce<K>(p, sm, n_tiles);
   } else {
     tma::regs_alloc<K::kConsumerRegs>();
     if (wg - 1 < nc) consume<K, D>(p, sm, n_tiles, wg - 1, nc, tid - 128);
@@ -479,9 +428,9 @@ bool make_map(CUtensorMap& map, const void* base, int batch, int heads, int rows
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int C = (D <= 64 ? 3 : 2), int BK = kDefaultBlockK, int S = kDefaultStages, int A = 0>
+template <int D, int C = (D <= 64 ? 3 : 2), int BK = kDefaultBlockK>
 bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
-  using K = Cfg<D, C, BK, S, A>;
+  using K = Cfg<D, C, BK>;
   if (K::kSmem > a.max_smem) return false;
   KernelParams p{};
   if (!make_map(p.q, a.q, a.batch, a.heads, a.sq, a.d, a.qs0, a.qs1, a.qs2, K::kBlockQ) ||
@@ -492,9 +441,7 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
   p.os0 = a.os0, p.os1 = a.os1, p.os2 = a.os2;
   p.sq = a.sq, p.sk = a.sk, p.group = a.group;
   p.scale_log2 = a.scale * kLog2e;
-  p.split_loads = pipe_setting().split_loads ? 1 : 0;
-  p.warp_arrivals = pipe_setting().warp_arrivals ? 1 : 0;
-  const auto kernel = attention_wgmma_kernel<D, C, BK, S, A>;
+  const auto kernel = attention_wgmma_kernel<D, C, BK>;
   // Per launch, as the mma.sync kernel does: the attribute belongs to the current device's context, and each
   // GPU's backend launches on its own (a once-per-process call left a second GPU at the 48 KB default).
   ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(K::kSmem)));
@@ -513,16 +460,8 @@ constexpr double kFourConsumerBlockCost = 1.46;
 
 template <int D>
 bool launch_narrow(const WgmmaAttentionArgs& a, cudaStream_t stream) {
-  if (wgmma_block_shape_for(D, a.batch, a.heads, a.sq, a.sm_count).consumers == 4) return launch<D, 4, 64>(a, stream);
-  if (pipe_setting().ablate == 1) return launch<D, 3, kDefaultBlockK, kDefaultStages, 1>(a, stream);
-  if (pipe_setting().ablate == 2) return launch<D, 3, kDefaultBlockK, kDefaultStages, 2>(a, stream);
-  if (pipe_setting().ablate == 3) return launch<D, 3, kDefaultBlockK, kDefaultStages, 3>(a, stream);
-  if (pipe_setting().ablate == 4) return launch<D, 3, kDefaultBlockK, kDefaultStages, 4>(a, stream);
-  switch (pipe_setting().stages) {
-    case 3: return launch<D, 3, kDefaultBlockK, 3>(a, stream);
-    case 4: return launch<D, 3, kDefaultBlockK, 4>(a, stream);
-    default: return launch<D>(a, stream);
-  }
+  return wgmma_block_shape_for(D, a.batch, a.heads, a.sq, a.sm_count).consumers == 4 ? launch<D, 4, 64>(a, stream)
+                                                                                       : launch<D>(a, stream);
 }
 
 }  // namespace

@@ -46,13 +46,6 @@ __device__ __forceinline__ void arrive_expect_tx(uint64_t* bar, uint32_t bytes) 
 __device__ __forceinline__ void arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
-// An arrival by the calling thread only where `pred` holds: a predicated instruction, not a branch (a branch near
-// wgmma products can make ptxas serialise them).
-__device__ __forceinline__ void arrive_if(uint64_t* bar, bool pred) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(smem_u32(bar)),
-               "r"(int(pred))
-               : "memory");
-}
 __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\n"
