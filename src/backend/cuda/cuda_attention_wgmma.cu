@@ -20,7 +20,9 @@
 // consumers over 128 keys or three over 64, for the registers: d40 190-224 against 138 us in SD's CFG step), three
 // consumers over 96-key tiles (5% slower at 16 rows); session 52: three or four K/V buffers, K and V loaded by two
 // producer threads, one empty-barrier arrival per consumer warp (each within 1%: the consumers do not wait for loads
-// or releases). The SM does overlap wgmma with MUFU exponentials (session 52's probe, cuda_ops_bench --only units).
+// or releases). The SM does overlap wgmma with MUFU exponentials (session 52's probe, cuda_ops_bench --only units),
+// and at head dim 40 this kernel is bound by neither: without its softmax, or without its products, it takes 85% of
+// its time, without its later K/V loads 93% (docs/cuda.md, session 52: what to measure next).
 // Head dims are padded to whole atom columns (64): the tensor maps zero-fill columns past the head dim and rows
 // past the sequence (S's product stops at the head dim rounded up to 16; keys past the end are masked).
 #include "backend/cuda/cuda_attention_wgmma.h"
