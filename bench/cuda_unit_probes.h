@@ -22,7 +22,7 @@ double exp2_per_launch(Exp2Form form, int sms);
 // each with a role, `roles` a string of up to three of
 //   'T'  wgmma m64n128k16 with both operands in shared memory, 8 per commit group, one group kept in flight (the
 //        d40 attention's S = Q K^T),
-//   'R'  the same product with A from registers (its P V),
+//   'R'  the same product with A from registers (as P V takes P; P V itself is m64n40k16 with V MN-major),
 //   'M'  16 independent chains of ex2.approx.ftz.f32 per thread (its softmax's exponentials),
 //   'F'  16 independent FFMA chains per thread, 4 FMAs for each exponential of 'M' (the FMA pipes),
 //   'S'  as many exponentials inside the softmax's instruction mix (64 scores a thread: max, FFMA, exp, sum, pack),
