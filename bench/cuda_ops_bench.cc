@@ -109,7 +109,8 @@ void overlap_rates(cuda::CudaBackend& be, int iters, uint32_t* sink) {
   std::printf("| overlap T (wgmma SS alone)                             | %10.3f | %9.1f TFLOP/s |\n", t, flops / (t * 1e9));
   std::printf("| overlap R (wgmma RS alone)                             | %10.3f | %9.1f TFLOP/s |\n", r, flops / (r * 1e9));
   std::printf("| overlap M (MUFU alone)                                 | %10.3f | %9.1f G/s     |\n", m, exps / (m * 1e6));
-  std::printf("| overlap F (FFMA alone)                                 | %10.3f | %9.1f TFLOP/s |\n", f, 2.0 * 4 * exps / (f * 1e9));
+  std::printf("| overlap F (FFMA alone)                                 | %10.3f | %9.1f TFLOP/s |\n", f,
+              bench::overlap_probe_fma_flops_per_role() * sms / (f * 1e9));
   std::printf("| overlap S (softmax mix alone)                          | %10.3f | %9.1f G/s     |\n", sm, exps / (sm * 1e6));
   // A mix's roles' times alone: "sum" if its units took turns, "max" if they overlapped (roles on one unit add).
   const auto alone = [&](char role) { return role == 'T' ? t : role == 'R' ? r : role == 'M' ? m : role == 'S' ? sm : f; };

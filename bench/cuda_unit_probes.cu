@@ -58,14 +58,17 @@ void launch(int sms, uint32_t* sink, cudaStream_t stream) {
   exp2_chains_kernel<F><<<unsigned(sms * kBlocksPerSm), kThreads, 0, stream>>>(sink, seed);
 }
 
-}  // namespace
-
-bool exp2_form_runs(Exp2Form form) {
+// The current device's compute capability major (9: Hopper).
+int device_major() {
   int dev = 0, major = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  return form == Exp2Form::kF32 || major >= 9;
+  return major;
 }
+
+}  // namespace
+
+bool exp2_form_runs(Exp2Form form) { return form == Exp2Form::kF32 || device_major() >= 9; }
 
 void launch_exp2_chains(Exp2Form form, int sms, uint32_t* sink, cudaStream_t stream) {
   switch (form) {
@@ -79,7 +82,6 @@ double exp2_per_launch(Exp2Form form, int sms) {
   return double(sms) * kBlocksPerSm * kThreads * kIters * kChains * (form == Exp2Form::kF32 ? 1 : 2);
 }
 
-
 // --- The tensor pipe beside the MUFU (cuda_unit_probes.h: launch_overlap_probe) ---------------------------------
 namespace {
 
@@ -87,7 +89,7 @@ constexpr int kProbeTcGroups = 2048;      // commit groups of a 'T' or 'R' warpg
 constexpr int kProbeMmasPerGroup = 8;     // m64n128k16 products per group
 constexpr int kProbeExpIters = 4096;      // steps of each chain of an 'M' warpgroup
 constexpr int kProbeExpChains = 16;
-[[maybe_unused]] constexpr int kProbeFmasPerExp = 4;      // an 'F' warpgroup's FFMAs per exponential of an 'M' one
+constexpr int kProbeFmasPerExp = 4;       // an 'F' warpgroup's FFMAs per exponential of an 'M' one
 constexpr int kProbeScores = 64;         // scores per thread of an 'S' warpgroup (a 128-key tile's)
 [[maybe_unused]] constexpr int kProbeSoftmaxIters = kProbeExpIters * kProbeExpChains / kProbeScores;  // as many exponentials as 'M'
 constexpr int kProbeRoles = 3;            // warpgroups per block
@@ -161,8 +163,7 @@ __global__ void __launch_bounds__(128 * kProbeRoles, 1) overlap_probe_kernel(Pro
       float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int i = 0; i < kProbeScores; ++i) {
-        float y;
-        asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(sc[i], 1.4427f, -m)));
+        const float y = cuda::fast_exp2(fmaf(sc[i], 1.4427f, -m));
         sum[i % 4] += y;
         sc[i] = y;
       }
@@ -190,11 +191,7 @@ __global__ void __launch_bounds__(128 * kProbeRoles, 1) overlap_probe_kernel(Pro
     for (int c = 0; c < kProbeExpChains; ++c) x[c] = -0.5f - 0.001f * float(c + (threadIdx.x & 7));
     for (int i = 0; i < kProbeExpIters; ++i)
 #pragma unroll
-      for (int c = 0; c < kProbeExpChains; ++c) {
-        float y;
-        asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x[c]));
-        x[c] = y - 1.0f;
-      }
+      for (int c = 0; c < kProbeExpChains; ++c) x[c] = cuda::fast_exp2(x[c]) - 1.0f;
 #pragma unroll
     for (int c = 0; c < kProbeExpChains; ++c) out ^= __float_as_uint(x[c]);
   }
@@ -206,12 +203,7 @@ __global__ void __launch_bounds__(128 * kProbeRoles, 1) overlap_probe_kernel(Pro
 
 }  // namespace
 
-bool overlap_probe_runs() {
-  int dev = 0, major = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  return major == 9;
-}
+bool overlap_probe_runs() { return device_major() == 9; }
 
 void launch_overlap_probe(const char* roles, int sms, uint32_t* sink, cudaStream_t stream) {
   ProbeRoles r{};
@@ -227,5 +219,6 @@ void launch_overlap_probe(const char* roles, int sms, uint32_t* sink, cudaStream
 
 double overlap_probe_tensor_flops_per_role() { return 2.0 * 64 * 128 * 16 * kProbeMmasPerGroup * double(kProbeTcGroups); }
 double overlap_probe_exp2_per_role() { return 128.0 * kProbeExpIters * kProbeExpChains; }
+double overlap_probe_fma_flops_per_role() { return 2.0 * kProbeFmasPerExp * overlap_probe_exp2_per_role(); }
 
 }  // namespace atelier::bench

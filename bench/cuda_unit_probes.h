@@ -31,8 +31,10 @@ double exp2_per_launch(Exp2Form form, int sms);
 // that takes the sum of them does not.
 bool overlap_probe_runs();
 void launch_overlap_probe(const char* roles, int sms, uint32_t* sink, cudaStream_t stream);
-// Per SM and launch: tensor FLOPs of one 'T' or 'R' warpgroup, exponentials of one 'M' or 'S' warpgroup.
+// Per SM and launch: tensor FLOPs of one 'T' or 'R' warpgroup, exponentials of one 'M' or 'S' warpgroup, FMA FLOPs
+// of one 'F' warpgroup.
 double overlap_probe_tensor_flops_per_role();
 double overlap_probe_exp2_per_role();
+double overlap_probe_fma_flops_per_role();
 
 }  // namespace atelier::bench
