@@ -3,7 +3,8 @@
 // reported with the throughput it implies. Prints one table; exits 0 with a message when there is no GPU.
 //
 //   cuda_ops_bench [--iters N] [--only SECTION[,SECTION...]]
-// Sections: gemm, linear, fp8, copy, conv, attention, glue, dit, units (the MUFU exponential's rate): --only
+// Sections: gemm, linear, fp8, copy, conv, attention, glue, dit, units (the MUFU exponential's rate), products (the
+// Hopper attention's products at head dim 40, bench/cuda_product_probes.h): --only
 // runs those alone (a device call that needs one figure need not pay for the whole table).
 #include <cuda_runtime.h>
 
@@ -23,6 +24,7 @@
 #include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_sdpa_fp8.h"
 #include "backend/ops.h"
+#include "cuda_product_probes.h"
 #include "cuda_unit_probes.h"
 
 namespace atelier {
@@ -152,6 +154,32 @@ void unit_rates(cuda::CudaBackend& be, int iters) {
                 per_second / 1e9, per_second / (double(sms) * clock_khz * 1e3), clock_khz / 1000);
   }
   overlap_rates(be, iters, static_cast<uint32_t*>(sink->data()));
+}
+
+// Section "products": the Hopper attention kernel's products at head dim 40 on their own (bench/cuda_product_probes.h),
+// as cycles per 128-key tile of all working warpgroups at the rated clock, against the tensor pipe's dense rate
+// (kTensorFlopsPerClock per SM: m64n128k16 in 64 cycles).
+void product_rates(cuda::CudaBackend& be, int iters) {
+  constexpr double kTensorFlopsPerClock = 4096.0;
+  if (!bench::product_probe_runs()) {
+    std::printf("| products probe                                       | (not run: needs sm_90)\n");
+    return;
+  }
+  int clock_khz = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+  const int sms = be.sm_count();
+  const std::shared_ptr<Buffer> sink = be.allocate(sizeof(uint32_t));
+  for (const bench::ProductProbe& p : bench::product_probes()) {
+    const double ms = time_ms(be, iters, [&] {
+      bench::launch_product_probe(p, sms, static_cast<uint32_t*>(sink->data()), be.stream());
+    });
+    check(cudaGetLastError(), "products probe");
+    const double flops = bench::product_probe_flops(p, sms);
+    const double cycles = ms * 1e-3 * clock_khz * 1e3 / bench::product_probe_tiles();
+    const double ideal = flops / sms / bench::product_probe_tiles() / kTensorFlopsPerClock;
+    std::printf("| %-52s | %10.3f | %9.1f TFLOP/s | %6.0f cycles a tile at %d MHz, ideal %4.0f (%3.0f%%)\n", p.name, ms,
+                flops / (ms * 1e9), cycles, clock_khz / 1000, ideal, 100.0 * ideal / cycles);
+  }
 }
 
 // Section "gemm": square 8192^3 products in each dtype (the card's GEMM ceiling).
@@ -552,7 +580,8 @@ int run(int iters, const Sections& want) {
                   {"fp8", fp8_rates},             {"copy", copy_rates},
                   {"conv", conv_nchw_rates},      {"conv", conv_channels_last_rates},
                   {"attention", attention_rates}, {"glue", glue_rates},
-                  {"dit", dit_rates},             {"units", unit_rates}};
+                  {"dit", dit_rates},             {"units", unit_rates},
+                  {"products", product_rates}};
   for (const auto& s : sections)
     if (want(s.section)) s.run(be, iters);
   be.synchronize();
@@ -574,7 +603,7 @@ int main(int argc, char** argv) {
         p = comma ? comma + 1 : p + std::strlen(p);
       }
   }
-  const std::vector<std::string> known = {"gemm", "linear", "fp8", "copy", "conv", "attention", "glue", "dit", "units"};
+  const std::vector<std::string> known = {"gemm", "linear", "fp8", "copy", "conv", "attention", "glue", "dit", "units", "products"};
   for (const std::string& name : want.only)
     if (std::find(known.begin(), known.end(), name) == known.end()) {
       std::string list;

@@ -1,0 +1,40 @@
+// Probes of the tensor pipe's rate at the Hopper attention kernel's own product shapes (session 53): what the d40
+// kernel's consumers can reach with no softmax and no loads, and which of its products or hand-offs costs what.
+// Part of cuda_ops_bench (section "products"), which times the launches like its other rows.
+//
+// One block of three warpgroups per SM. Each working warpgroup issues, per 128-key "tile", the kernel's products on
+// operands in shared memory (zeros, or random bf16 values):
+//   S    = Q K^T: three m64n128k16, both operands in shared memory (head dim 40 rounded up to 48),
+//   P V  : eight m64nNk16 with P from registers and V MN-major (N = 40 for head dim 40; 64, 80, 128 to compare),
+// either streamed (one commit group per tile, one group kept in flight: the products' own rate) or as the kernel's
+// consumer does (S and P V committed as two groups, then waits for S and for P V before the next tile), with or
+// without the kernel's ring of turns (named barriers: each warpgroup issues after the previous one issued).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace atelier::bench {
+
+struct ProductProbe {
+  const char* name;  // the row's label
+  int s_steps;       // S's k-steps per tile (0: no S)
+  int pv_n;          // P V's N (0: no P V)
+  bool pv_smem;      // P from shared memory (N = 64 only) instead of registers
+  bool per_tile;     // the consumer's waits per tile (else streamed)
+  bool turns;        // the ring of turns (per_tile only)
+  int warpgroups;    // working warpgroups of the block's three
+  bool random_operands;  // bf16 values in [-1, 1) instead of zeros
+};
+
+// The probes the bench runs, in order.
+const std::vector<ProductProbe>& product_probes();
+bool product_probe_runs();  // sm_90 only
+void launch_product_probe(const ProductProbe& probe, int sms, uint32_t* sink, cudaStream_t stream);
+// Tensor FLOPs of one launch on `sms` SMs (S counted at its padded 48-deep k, P V at its N).
+double product_probe_flops(const ProductProbe& probe, int sms);
+// Tiles each working warpgroup runs per launch (for cycles per tile).
+int product_probe_tiles();
+
+}  // namespace atelier::bench
