@@ -50,6 +50,8 @@ std::atomic<int64_t> g_launches{0};
 
 struct KernelParams {
   CUtensorMap q, k, v;  // [batch][heads][rows][head dim] boxes of 64 head-dim columns
+  const __nv_bfloat16 *k_ptr, *v_ptr;  // the same K and V for the producer warps' own copies (head dim 40)
+  int64_t ks0, ks1, ks2, vs0, vs1, vs2;
   void* out;
   int64_t os0, os1, os2;
   int sq, sk, group;
@@ -86,9 +88,13 @@ struct Cfg {
                                      // after two tiles; 7 = 6 without turns; 8 = 6 without full/empty barrier waits
   static constexpr int kBlockK = BK;
   static constexpr int kStages = A == 10 || A == 11 ? 4 : 2;
-  static constexpr bool kSoftmax = A == 0 || A == 11 || (A >= 14 && A != 18), kPack = A <= 1 || A == 11 || (A >= 14 && A != 18),
+  static constexpr bool kSoftmax = A == 0 || A == 11 || (A >= 14 && A != 18 && A != 21),
+                        kPack = A <= 1 || A == 11 || (A >= 14 && A != 18 && A != 21),
                         kNoLoads = (A >= 6 && A <= 8) || (A >= 15 && A <= 17);
-  static constexpr bool kProducts = A != 9 && A != 12 && A != 13 && A != 15 && A != 18;
+  static constexpr bool kProducts = A != 9 && A != 12 && A != 13 && A != 15 && A != 18 && A != 21;
+  static constexpr bool kCpAsync = A >= 20, kLoads = true;
+  // 20/21: consumers fence per wait; 22: one consumer fence per tile after both waits; 23: the producer fences
+  static constexpr bool kConsumerFence = A == 20 || A == 21, kOneFence = A == 22, kProducerFence = A == 23;  // the producer warpgroup copies K/V with cp.async (head dim 40)
   static constexpr int kAtoms = (D + 63) / 64;
   static constexpr int kThreads = 128 * (C + 1), kBlockQ = 64 * C;
   static constexpr uint32_t kQBytes = kBlockQ * kAtoms * 128, kTileBytes = kBlockK * kAtoms * 128;
@@ -193,6 +199,68 @@ __device__ __forceinline__ void produce(const KernelParams& p, const Smem<K>& sm
 #pragma unroll
     for (int a = 0; a < K::kAtoms; ++a)
       tma::load_4d(tile_buffer<K>(sm.v, j) + a * K::kBlockK * 128, &p.v, 64 * a, j * K::kBlockK, kvh, b, &sm.v_full[st]);
+  }
+}
+
+// One K or V tile (keys key0 .. key0 + BK - 1 of `rows` at `row_stride` elements) into its 128-byte-swizzled buffer,
+// by the producer warpgroup's 128 threads: each row's 40 elements are five 16-byte chunks, one cp.async each; rows
+// past the sequence are zero-filled. Columns 40 .. 63 are never written (zeroed once at the start).
+template <class K>
+__device__ __forceinline__ void copy_tile_40(uint8_t* buf, const __nv_bfloat16* rows, int64_t row_stride, int key0, int sk,
+                                             int tid) {
+  constexpr int kChunks = 5;  // 16-byte chunks of a 40-element row
+#pragma unroll
+  for (int n = 0; n < K::kBlockK * kChunks / 128; ++n) {
+    const int i = tid + 128 * n, r = i / kChunks, c = i - r * kChunks;
+    const bool valid = key0 + r < sk;
+    const __nv_bfloat16* src = rows + (valid ? (int64_t(key0 + r) * row_stride + 8 * c) : 0);
+    cp_async16(buf + r * 128 + ((c ^ (r & 7)) << 4), src, valid);
+  }
+}
+
+// The producer warpgroup at head dim 40: Q by the bulk tensor copy (thread 0), K_j and V_j by all 128 threads'
+// cp.async, each thread's copies completing on the buffer's full barrier (128 arrivals).
+template <class K>
+__device__ __forceinline__ void produce_cp_async(const KernelParams& p, const Smem<K>& sm, int n_tiles, int tid) {
+  const int3 bc = block_coords<K>();
+  const int h = bc.y, b = bc.z, q0 = bc.x * K::kBlockQ, kvh = h / p.group;
+  if (tid == 0) {
+    tma::arrive_expect_tx(sm.q_full, K::kQBytes);
+    tma::load_4d(sm.q, &p.q, 0, q0, h, b, sm.q_full);
+  }
+  const __nv_bfloat16* kr = p.k_ptr + b * p.ks0 + kvh * p.ks1;
+  const __nv_bfloat16* vr = p.v_ptr + b * p.vs0 + kvh * p.vs1;
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = j % K::kStages;
+    const uint32_t parity = tile_parity<K>(j) ^ 1;
+    tma::wait(&sm.k_empty[st], parity);
+    if (K::kLoads) copy_tile_40<K>(tile_buffer<K>(sm.k, j), kr, p.ks2, j * K::kBlockK, p.sk, tid);
+    if constexpr (K::kProducerFence) {
+      // V_{j-1} (the group before K_j's) landed: visible to wgmma, then released to the consumers.
+      cp_async_commit();
+      if (j > 0) {
+        cp_async_wait<1>();
+        wgmma::fence_async_smem();
+        tma::arrive(&sm.v_full[(j - 1) % K::kStages]);
+      }
+    } else {
+      tma::cp_async_arrive(&sm.k_full[st]);
+    }
+    tma::wait(&sm.v_empty[st], parity);
+    if (K::kLoads) copy_tile_40<K>(tile_buffer<K>(sm.v, j), vr, p.vs2, j * K::kBlockK, p.sk, tid);
+    if constexpr (K::kProducerFence) {
+      cp_async_commit();
+      cp_async_wait<1>();  // K_j landed
+      wgmma::fence_async_smem();
+      tma::arrive(&sm.k_full[st]);
+    } else {
+      tma::cp_async_arrive(&sm.v_full[st]);
+    }
+  }
+  if constexpr (K::kProducerFence) {
+    cp_async_wait<0>();
+    wgmma::fence_async_smem();
+    tma::arrive(&sm.v_full[(n_tiles - 1) % K::kStages]);
   }
 }
 
@@ -337,6 +405,7 @@ template <class K, int D>
 __device__ __forceinline__ void finish(const KernelParams& p, const Smem<K>& sm, Consumer<K>& st, const Turns& turn,
                                        int last, int c, int nc, int tid) {
   if (K::kAblate != 8) tma::wait(&sm.v_full[last % K::kStages], tile_parity<K>(last));
+  if (K::kConsumerFence || K::kOneFence) wgmma::fence_async_smem();
   if (K::kAblate != 7 && K::kAblate != 17) turn.begin();
   wgmma::fence();
   if (K::kProducts) issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(tile_buffer<K>(sm.v, last)));
@@ -366,6 +435,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
 
   // Tile 0: S alone.
   tma::wait(&sm.k_full[0], 0);
+  if (K::kConsumerFence || K::kOneFence) wgmma::fence_async_smem();
   if (K::kAblate != 7 && K::kAblate != 17) turn.begin();
   wgmma::fence();
   if (K::kProducts) issue_s<K, D>(st.s, q_addr, k_addr(0));
@@ -381,11 +451,17 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   constexpr bool kWaits = K::kAblate != 8, kTurns = K::kAblate != 7 && K::kAblate != 17;
   for (int j = 1; j < n_tiles; ++j) {
     if (kWaits) tma::wait(&sm.k_full[j % K::kStages], tile_parity<K>(j));
+    if (K::kConsumerFence) wgmma::fence_async_smem();
+    if (K::kOneFence) {
+      tma::wait(&sm.v_full[(j - 1) % K::kStages], tile_parity<K>(j - 1));
+      wgmma::fence_async_smem();
+    }
     if (kTurns) turn.begin();
     wgmma::fence();
     if (K::kProducts) issue_s<K, D>(st.s, q_addr, k_addr(j));
     wgmma::commit();
-    if (kWaits) tma::wait(&sm.v_full[(j - 1) % K::kStages], tile_parity<K>(j - 1));
+    if (kWaits && !K::kOneFence) tma::wait(&sm.v_full[(j - 1) % K::kStages], tile_parity<K>(j - 1));
+    if (K::kConsumerFence) wgmma::fence_async_smem();
     if (K::kProducts) issue_pv<K::kN, K::kBlockK>(st.o, st.pa, v_addr(j - 1));
     wgmma::commit();
     if (kTurns) turn.end();
@@ -427,11 +503,17 @@ __global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
   // of 192 and one of 64) leave at once instead of computing rows nobody stores; the others' barriers count only them
   // (session 36: [16, 8, 4096²] d40 0.984 -> 0.963-0.971 ms).
   const int nc = min(C, (p.sq - block_coords<K>().x * K::kBlockQ + 63) / 64);
+  if constexpr (K::kCpAsync) {
+    // K's columns 40 .. 47 enter S's last k-step (Q's are zero-filled there): zeros, as the tensor map's fill gave.
+    for (uint32_t i = tid * 16; i < 2 * K::kStages * K::kTileBytes; i += K::kThreads * 16)
+      *reinterpret_cast<uint4*>(sm.k + i) = make_uint4(0, 0, 0, 0);
+    wgmma::fence_async_smem();
+  }
   if (tid == 0) {
     tma::mbar_init(sm.q_full, 1);
     for (int i = 0; i < K::kStages; ++i) {
-      tma::mbar_init(&sm.k_full[i], 1);
-      tma::mbar_init(&sm.v_full[i], 1);
+      tma::mbar_init(&sm.k_full[i], K::kCpAsync ? 128 : 1);
+      tma::mbar_init(&sm.v_full[i], K::kCpAsync ? 128 : 1);
       tma::mbar_init(&sm.k_empty[i], 128 * nc);
       tma::mbar_init(&sm.v_empty[i], 128 * nc);
     }
@@ -440,7 +522,8 @@ __global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
   __syncthreads();
   if (wg == 0) {
     tma::regs_dealloc<K::kProducerRegs>();
-    if (tid == 0) produce<K>(p, sm, n_tiles);
+    if constexpr (K::kCpAsync) produce_cp_async<K>(p, sm, n_tiles, tid);
+    else if (tid == 0) produce<K>(p, sm, n_tiles);
   } else {
     tma::regs_alloc<K::kConsumerRegs>();
     if (wg - 1 < nc) consume<K, D>(p, sm, n_tiles, wg - 1, nc, tid - 128);
@@ -476,6 +559,8 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
       !make_map(p.k, a.k, a.batch, a.heads / a.group, a.sk, A == 18 || A == 19 ? 64 : a.d, a.ks0, a.ks1, a.ks2, BK) ||
       !make_map(p.v, a.v, a.batch, a.heads / a.group, a.sk, A == 18 || A == 19 ? 64 : a.d, a.vs0, a.vs1, a.vs2, BK))
     return false;
+  p.k_ptr = static_cast<const __nv_bfloat16*>(a.k), p.v_ptr = static_cast<const __nv_bfloat16*>(a.v);
+  p.ks0 = a.ks0, p.ks1 = a.ks1, p.ks2 = a.ks2, p.vs0 = a.vs0, p.vs1 = a.vs1, p.vs2 = a.vs2;
   p.out = a.out;
   p.os0 = a.os0, p.os1 = a.os1, p.os2 = a.os2;
   p.sq = a.sq, p.sk = a.sk, p.group = a.group;
@@ -527,6 +612,10 @@ bool launch_narrow(const WgmmaAttentionArgs& a, cudaStream_t stream) {
         case 17: return launch<D, 3, kDefaultBlockK, 17>(a, stream);
         case 18: return launch<D, 3, kDefaultBlockK, 18>(a, stream);
         case 19: return launch<D, 3, kDefaultBlockK, 19>(a, stream);
+        case 20: if constexpr (D == 40) return launch<D, 3, kDefaultBlockK, 20>(a, stream); break;
+        case 21: if constexpr (D == 40) return launch<D, 3, kDefaultBlockK, 21>(a, stream); break;
+        case 22: if constexpr (D == 40) return launch<D, 3, kDefaultBlockK, 22>(a, stream); break;
+        case 23: if constexpr (D == 40) return launch<D, 3, kDefaultBlockK, 23>(a, stream); break;
         default: break;
       }
     }
