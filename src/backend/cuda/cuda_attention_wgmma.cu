@@ -46,12 +46,11 @@ namespace {
 // Keys per K/V tile: 128 by default (64-key tiles measured slower at every head dim with three consumers); four
 // consumers take 64 so that S, P and O fit the 112 registers each of them gets.
 constexpr int kDefaultBlockK = 128;
+constexpr int kStages = 2;    // K/V buffers (three measured within noise of two)
 std::atomic<int64_t> g_launches{0};
 
 struct KernelParams {
   CUtensorMap q, k, v;  // [batch][heads][rows][head dim] boxes of 64 head-dim columns
-  const __nv_bfloat16 *k_ptr, *v_ptr;  // the same K and V for the producer warps' own copies (head dim 40)
-  int64_t ks0, ks1, ks2, vs0, vs1, vs2;
   void* out;
   int64_t os0, os1, os2;
   int sq, sk, group;
@@ -82,19 +81,9 @@ WgmmaAttentionShape& shape_setting() {
 
 // One kernel's shape: head dim D (tiles padded to whole 64-column atoms), C consumer warpgroups of 64 queries, K/V
 // tiles of BK keys.
-template <int D, int C, int BK, int A = 0>
+template <int D, int C, int BK>
 struct Cfg {
-  static constexpr int kAblate = A;  // EXPERIMENT (session 53): 1 no softmax; 5 nor pack/rescale/mask; 6 nor loads
-                                     // after two tiles; 7 = 6 without turns; 8 = 6 without full/empty barrier waits
   static constexpr int kBlockK = BK;
-  static constexpr int kStages = A == 10 || A == 11 ? 4 : 2;
-  static constexpr bool kSoftmax = A == 0 || A == 11 || (A >= 14 && A != 18 && A != 21),
-                        kPack = A <= 1 || A == 11 || (A >= 14 && A != 18 && A != 21),
-                        kNoLoads = (A >= 6 && A <= 8) || (A >= 15 && A <= 17);
-  static constexpr bool kProducts = A != 9 && A != 12 && A != 13 && A != 15 && A != 18 && A != 21;
-  static constexpr bool kCpAsync = A >= 20, kLoads = true;
-  // 20/21: consumers fence per wait; 22: one consumer fence per tile after both waits; 23: the producer fences
-  static constexpr bool kConsumerFence = A == 20 || A == 21, kOneFence = A == 22, kProducerFence = A == 23;  // the producer warpgroup copies K/V with cp.async (head dim 40)
   static constexpr int kAtoms = (D + 63) / 64;
   static constexpr int kThreads = 128 * (C + 1), kBlockQ = 64 * C;
   static constexpr uint32_t kQBytes = kBlockQ * kAtoms * 128, kTileBytes = kBlockK * kAtoms * 128;
@@ -141,12 +130,12 @@ struct Smem {
   __device__ explicit Smem(uint8_t* raw) {
     q = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
     k = q + K::kQBytes;
-    v = k + K::kStages * K::kTileBytes;
-    q_full = reinterpret_cast<uint64_t*>(v + K::kStages * K::kTileBytes);
+    v = k + kStages * K::kTileBytes;
+    q_full = reinterpret_cast<uint64_t*>(v + kStages * K::kTileBytes);
     k_full = q_full + 1;
-    v_full = k_full + K::kStages;
-    k_empty = v_full + K::kStages;
-    v_empty = k_empty + K::kStages;
+    v_full = k_full + kStages;
+    k_empty = v_full + kStages;
+    v_empty = k_empty + kStages;
   }
 };
 
@@ -154,113 +143,30 @@ struct Smem {
 // (the producer waits on the empty barrier's other phase).
 template <class K>
 __device__ __forceinline__ uint8_t* tile_buffer(uint8_t* ring, int j) {
-  return ring + (j % K::kStages) * K::kTileBytes;
+  return ring + (j % kStages) * K::kTileBytes;
 }
-template <class K>
-__device__ __forceinline__ uint32_t tile_parity(int j) { return uint32_t((j / K::kStages) & 1); }
-
-// EXPERIMENT: the block's (query block, head, batch); A == 13 (loads only) and 14 (whole) launch heads fastest.
-template <class K>
-__device__ __forceinline__ int3 block_coords() {
-  if constexpr (K::kAblate == 13 || K::kAblate == 14) return make_int3(int(blockIdx.y), int(blockIdx.x), int(blockIdx.z));
-  return make_int3(int(blockIdx.x), int(blockIdx.y), int(blockIdx.z));
-}
+__device__ __forceinline__ uint32_t tile_parity(int j) { return uint32_t((j / kStages) & 1); }
 
 // The producer's one thread: Q, then K_j and V_j into buffer j % kStages once the consumers released it.
 template <class K>
 __device__ __forceinline__ void produce(const KernelParams& p, const Smem<K>& sm, int n_tiles) {
-  const int3 bc = block_coords<K>();
-  const int h = bc.y, b = bc.z, q0 = bc.x * K::kBlockQ, kvh = h / p.group;
+  const int h = int(blockIdx.y), b = int(blockIdx.z), q0 = int(blockIdx.x) * K::kBlockQ, kvh = h / p.group;
   tma::arrive_expect_tx(sm.q_full, K::kQBytes);
 #pragma unroll
   for (int a = 0; a < K::kAtoms; ++a) tma::load_4d(sm.q + a * K::kBlockQ * 128, &p.q, 64 * a, q0, h, b, sm.q_full);
   for (int j = 0; j < n_tiles; ++j) {
-    if (K::kAblate == 8 && j >= K::kStages) return;
-    const int st = j % K::kStages;
-    const uint32_t parity = tile_parity<K>(j) ^ 1;
-    if (K::kNoLoads && j >= K::kStages) {
-      tma::wait(&sm.k_empty[st], parity);
-      tma::arrive(&sm.k_full[st]);
-      tma::wait(&sm.v_empty[st], parity);
-      tma::arrive(&sm.v_full[st]);
-      continue;
-    }
+    const int st = j % kStages;
+    const uint32_t parity = tile_parity(j) ^ 1;
     tma::wait(&sm.k_empty[st], parity);
     tma::arrive_expect_tx(&sm.k_full[st], K::kTileBytes);
 #pragma unroll
     for (int a = 0; a < K::kAtoms; ++a)
       tma::load_4d(tile_buffer<K>(sm.k, j) + a * K::kBlockK * 128, &p.k, 64 * a, j * K::kBlockK, kvh, b, &sm.k_full[st]);
     tma::wait(&sm.v_empty[st], parity);
-    if (K::kAblate == 12) {
-      tma::arrive(&sm.v_full[st]);
-      continue;
-    }
     tma::arrive_expect_tx(&sm.v_full[st], K::kTileBytes);
 #pragma unroll
     for (int a = 0; a < K::kAtoms; ++a)
       tma::load_4d(tile_buffer<K>(sm.v, j) + a * K::kBlockK * 128, &p.v, 64 * a, j * K::kBlockK, kvh, b, &sm.v_full[st]);
-  }
-}
-
-// One K or V tile (keys key0 .. key0 + BK - 1 of `rows` at `row_stride` elements) into its 128-byte-swizzled buffer,
-// by the producer warpgroup's 128 threads: each row's 40 elements are five 16-byte chunks, one cp.async each; rows
-// past the sequence are zero-filled. Columns 40 .. 63 are never written (zeroed once at the start).
-template <class K>
-__device__ __forceinline__ void copy_tile_40(uint8_t* buf, const __nv_bfloat16* rows, int64_t row_stride, int key0, int sk,
-                                             int tid) {
-  constexpr int kChunks = 5;  // 16-byte chunks of a 40-element row
-#pragma unroll
-  for (int n = 0; n < K::kBlockK * kChunks / 128; ++n) {
-    const int i = tid + 128 * n, r = i / kChunks, c = i - r * kChunks;
-    const bool valid = key0 + r < sk;
-    const __nv_bfloat16* src = rows + (valid ? (int64_t(key0 + r) * row_stride + 8 * c) : 0);
-    cp_async16(buf + r * 128 + ((c ^ (r & 7)) << 4), src, valid);
-  }
-}
-
-// The producer warpgroup at head dim 40: Q by the bulk tensor copy (thread 0), K_j and V_j by all 128 threads'
-// cp.async, each thread's copies completing on the buffer's full barrier (128 arrivals).
-template <class K>
-__device__ __forceinline__ void produce_cp_async(const KernelParams& p, const Smem<K>& sm, int n_tiles, int tid) {
-  const int3 bc = block_coords<K>();
-  const int h = bc.y, b = bc.z, q0 = bc.x * K::kBlockQ, kvh = h / p.group;
-  if (tid == 0) {
-    tma::arrive_expect_tx(sm.q_full, K::kQBytes);
-    tma::load_4d(sm.q, &p.q, 0, q0, h, b, sm.q_full);
-  }
-  const __nv_bfloat16* kr = p.k_ptr + b * p.ks0 + kvh * p.ks1;
-  const __nv_bfloat16* vr = p.v_ptr + b * p.vs0 + kvh * p.vs1;
-  for (int j = 0; j < n_tiles; ++j) {
-    const int st = j % K::kStages;
-    const uint32_t parity = tile_parity<K>(j) ^ 1;
-    tma::wait(&sm.k_empty[st], parity);
-    if (K::kLoads) copy_tile_40<K>(tile_buffer<K>(sm.k, j), kr, p.ks2, j * K::kBlockK, p.sk, tid);
-    if constexpr (K::kProducerFence) {
-      // V_{j-1} (the group before K_j's) landed: visible to wgmma, then released to the consumers.
-      cp_async_commit();
-      if (j > 0) {
-        cp_async_wait<1>();
-        wgmma::fence_async_smem();
-        tma::arrive(&sm.v_full[(j - 1) % K::kStages]);
-      }
-    } else {
-      tma::cp_async_arrive(&sm.k_full[st]);
-    }
-    tma::wait(&sm.v_empty[st], parity);
-    if (K::kLoads) copy_tile_40<K>(tile_buffer<K>(sm.v, j), vr, p.vs2, j * K::kBlockK, p.sk, tid);
-    if constexpr (K::kProducerFence) {
-      cp_async_commit();
-      cp_async_wait<1>();  // K_j landed
-      wgmma::fence_async_smem();
-      tma::arrive(&sm.k_full[st]);
-    } else {
-      tma::cp_async_arrive(&sm.v_full[st]);
-    }
-  }
-  if constexpr (K::kProducerFence) {
-    cp_async_wait<0>();
-    wgmma::fence_async_smem();
-    tma::arrive(&sm.v_full[(n_tiles - 1) % K::kStages]);
   }
 }
 
@@ -385,9 +291,8 @@ __device__ __forceinline__ void store_out(const KernelParams& p, const Consumer<
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     inv[ri] = 1.0f / sum;
   }
-  const int3 bc = block_coords<K>();
-  auto* og = static_cast<__nv_bfloat16*>(p.out) + int64_t(bc.z) * p.os0 + int64_t(bc.y) * p.os1;
-  const int row0 = bc.x * K::kBlockQ + c * 64 + warp * 16 + g;
+  auto* og = static_cast<__nv_bfloat16*>(p.out) + int64_t(blockIdx.z) * p.os0 + int64_t(blockIdx.y) * p.os1;
+  const int row0 = int(blockIdx.x) * K::kBlockQ + c * 64 + warp * 16 + g;
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const int row = row0 + 8 * ri;
@@ -404,13 +309,12 @@ __device__ __forceinline__ void store_out(const KernelParams& p, const Consumer<
 template <class K, int D>
 __device__ __forceinline__ void finish(const KernelParams& p, const Smem<K>& sm, Consumer<K>& st, const Turns& turn,
                                        int last, int c, int nc, int tid) {
-  if (K::kAblate != 8) tma::wait(&sm.v_full[last % K::kStages], tile_parity<K>(last));
-  if (K::kConsumerFence || K::kOneFence) wgmma::fence_async_smem();
-  if (K::kAblate != 7 && K::kAblate != 17) turn.begin();
+  tma::wait(&sm.v_full[last % kStages], tile_parity(last));
+  turn.begin();
   wgmma::fence();
-  if (K::kProducts) issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(tile_buffer<K>(sm.v, last)));
+  issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(tile_buffer<K>(sm.v, last)));
   wgmma::commit();
-  if (K::kAblate != 7 && K::kAblate != 17 && c != nc - 1) turn.end();
+  if (c != nc - 1) turn.end();
   wgmma::wait<0>();
   fence_all(st.o);
   store_out<K, D>(p, st, c, tid);
@@ -427,62 +331,45 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   const uint32_t q_addr = smem_u32(sm.q) + c * 64 * 128;
   const auto k_addr = [&](int j) { return smem_u32(tile_buffer<K>(sm.k, j)); };
   const auto v_addr = [&](int j) { return smem_u32(tile_buffer<K>(sm.v, j)); };
-  float alpha[2] = {1.0f, 1.0f};
-  constexpr bool kTurns0 = K::kAblate != 7 && K::kAblate != 17;
+  float alpha[2];
 
-  if (kTurns0 && c == nc - 1) tma::bar_arrive(kSchedBarrier, turn.threads);  // consumer 0 issues first
+  if (c == nc - 1) tma::bar_arrive(kSchedBarrier, turn.threads);  // consumer 0 issues first
   tma::wait(sm.q_full, 0);
 
   // Tile 0: S alone.
   tma::wait(&sm.k_full[0], 0);
-  if (K::kConsumerFence || K::kOneFence) wgmma::fence_async_smem();
-  if (K::kAblate != 7 && K::kAblate != 17) turn.begin();
+  turn.begin();
   wgmma::fence();
-  if (K::kProducts) issue_s<K, D>(st.s, q_addr, k_addr(0));
+  issue_s<K, D>(st.s, q_addr, k_addr(0));
   wgmma::commit();
-  if (K::kAblate != 7 && K::kAblate != 17) turn.end();
+  turn.end();
   wgmma::wait<0>();
   fence_all(st.s);
   tma::arrive(&sm.k_empty[0]);
   if (n_tiles == 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(st.s, tail, t);
-  if (K::kSoftmax) softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
+  softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
   pack_p<K::kBlockK>(st.pa, st.s);
 
-  constexpr bool kWaits = K::kAblate != 8, kTurns = K::kAblate != 7 && K::kAblate != 17;
   for (int j = 1; j < n_tiles; ++j) {
-    if (kWaits) tma::wait(&sm.k_full[j % K::kStages], tile_parity<K>(j));
-    if (K::kConsumerFence) wgmma::fence_async_smem();
-    if (K::kOneFence) {
-      tma::wait(&sm.v_full[(j - 1) % K::kStages], tile_parity<K>(j - 1));
-      wgmma::fence_async_smem();
-    }
-    if (kTurns) turn.begin();
+    tma::wait(&sm.k_full[j % kStages], tile_parity(j));
+    turn.begin();
     wgmma::fence();
-    if (K::kProducts) issue_s<K, D>(st.s, q_addr, k_addr(j));
+    issue_s<K, D>(st.s, q_addr, k_addr(j));
     wgmma::commit();
-    if (kWaits && !K::kOneFence) tma::wait(&sm.v_full[(j - 1) % K::kStages], tile_parity<K>(j - 1));
-    if (K::kConsumerFence) wgmma::fence_async_smem();
-    if (K::kProducts) issue_pv<K::kN, K::kBlockK>(st.o, st.pa, v_addr(j - 1));
+    tma::wait(&sm.v_full[(j - 1) % kStages], tile_parity(j - 1));
+    issue_pv<K::kN, K::kBlockK>(st.o, st.pa, v_addr(j - 1));
     wgmma::commit();
-    if (kTurns) turn.end();
+    turn.end();
     wgmma::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
     fence_all(st.s);
-    if (kWaits) tma::arrive(&sm.k_empty[j % K::kStages]);
-    if (K::kPack && j == n_tiles - 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(st.s, tail, t);
-    if (K::kSoftmax) softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
+    tma::arrive(&sm.k_empty[j % kStages]);
+    if (j == n_tiles - 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(st.s, tail, t);
+    softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
     wgmma::wait<0>();
     fence_all(st.o);
-    if (kWaits) tma::arrive(&sm.v_empty[(j - 1) % K::kStages]);
-    if (K::kPack) {
-      rescale<K::kN>(st.o, alpha);
-      pack_p<K::kBlockK>(st.pa, st.s);
-    } else {
-      // keep S live without instructions: P's fragments from S's registers as they are
-#pragma unroll
-      for (int kk = 0; kk < K::kBlockK / 16; ++kk)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(st.pa[kk][i]) : "f"(st.s[8 * kk + 2 * i]), "f"(st.s[8 * kk + 2 * i + 1]));
-    }
+    tma::arrive(&sm.v_empty[(j - 1) % kStages]);
+    rescale<K::kN>(st.o, alpha);
+    pack_p<K::kBlockK>(st.pa, st.s);
   }
 
   finish<K, D>(p, sm, st, turn, n_tiles - 1, c, nc, tid);
@@ -490,11 +377,11 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
 
 #endif  // ATELIER_WGMMA
 
-template <int D, int C, int BK, int A>
+template <int D, int C, int BK>
 __global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ KernelParams p) {
 #ifdef ATELIER_WGMMA
-  using K = Cfg<D, C, BK, A>;
+  using K = Cfg<D, C, BK>;
   extern __shared__ uint8_t smem_raw[];
   const Smem<K> sm(smem_raw);
   const int tid = int(threadIdx.x), wg = tid / 128;
@@ -502,18 +389,12 @@ __global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
   // Consumers whose 64 query rows all lie past the sequence (the last block of a head: 4096 queries make 21 blocks
   // of 192 and one of 64) leave at once instead of computing rows nobody stores; the others' barriers count only them
   // (session 36: [16, 8, 4096²] d40 0.984 -> 0.963-0.971 ms).
-  const int nc = min(C, (p.sq - block_coords<K>().x * K::kBlockQ + 63) / 64);
-  if constexpr (K::kCpAsync) {
-    // K's columns 40 .. 47 enter S's last k-step (Q's are zero-filled there): zeros, as the tensor map's fill gave.
-    for (uint32_t i = tid * 16; i < 2 * K::kStages * K::kTileBytes; i += K::kThreads * 16)
-      *reinterpret_cast<uint4*>(sm.k + i) = make_uint4(0, 0, 0, 0);
-    wgmma::fence_async_smem();
-  }
+  const int nc = min(C, (p.sq - int(blockIdx.x) * K::kBlockQ + 63) / 64);
   if (tid == 0) {
     tma::mbar_init(sm.q_full, 1);
-    for (int i = 0; i < K::kStages; ++i) {
-      tma::mbar_init(&sm.k_full[i], K::kCpAsync ? 128 : 1);
-      tma::mbar_init(&sm.v_full[i], K::kCpAsync ? 128 : 1);
+    for (int i = 0; i < kStages; ++i) {
+      tma::mbar_init(&sm.k_full[i], 1);
+      tma::mbar_init(&sm.v_full[i], 1);
       tma::mbar_init(&sm.k_empty[i], 128 * nc);
       tma::mbar_init(&sm.v_empty[i], 128 * nc);
     }
@@ -522,8 +403,7 @@ __global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
   __syncthreads();
   if (wg == 0) {
     tma::regs_dealloc<K::kProducerRegs>();
-    if constexpr (K::kCpAsync) produce_cp_async<K>(p, sm, n_tiles, tid);
-    else if (tid == 0) produce<K>(p, sm, n_tiles);
+    if (tid == 0) produce<K>(p, sm, n_tiles);
   } else {
     tma::regs_alloc<K::kConsumerRegs>();
     if (wg - 1 < nc) consume<K, D>(p, sm, n_tiles, wg - 1, nc, tid - 128);
@@ -550,27 +430,24 @@ bool make_map(CUtensorMap& map, const void* base, int batch, int heads, int rows
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int C = (D <= 64 ? 3 : 2), int BK = kDefaultBlockK, int A = 0>
+template <int D, int C = (D <= 64 ? 3 : 2), int BK = kDefaultBlockK>
 bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
-  using K = Cfg<D, C, BK, A>;
+  using K = Cfg<D, C, BK>;
   if (K::kSmem > a.max_smem) return false;
   KernelParams p{};
   if (!make_map(p.q, a.q, a.batch, a.heads, a.sq, a.d, a.qs0, a.qs1, a.qs2, K::kBlockQ) ||
-      !make_map(p.k, a.k, a.batch, a.heads / a.group, a.sk, A == 18 || A == 19 ? 64 : a.d, a.ks0, a.ks1, a.ks2, BK) ||
-      !make_map(p.v, a.v, a.batch, a.heads / a.group, a.sk, A == 18 || A == 19 ? 64 : a.d, a.vs0, a.vs1, a.vs2, BK))
+      !make_map(p.k, a.k, a.batch, a.heads / a.group, a.sk, a.d, a.ks0, a.ks1, a.ks2, BK) ||
+      !make_map(p.v, a.v, a.batch, a.heads / a.group, a.sk, a.d, a.vs0, a.vs1, a.vs2, BK))
     return false;
-  p.k_ptr = static_cast<const __nv_bfloat16*>(a.k), p.v_ptr = static_cast<const __nv_bfloat16*>(a.v);
-  p.ks0 = a.ks0, p.ks1 = a.ks1, p.ks2 = a.ks2, p.vs0 = a.vs0, p.vs1 = a.vs1, p.vs2 = a.vs2;
   p.out = a.out;
   p.os0 = a.os0, p.os1 = a.os1, p.os2 = a.os2;
   p.sq = a.sq, p.sk = a.sk, p.group = a.group;
   p.scale_log2 = a.scale * kLog2e;
-  const auto kernel = attention_wgmma_kernel<D, C, BK, A>;
+  const auto kernel = attention_wgmma_kernel<D, C, BK>;
   // Per launch, as the mma.sync kernel does: the attribute belongs to the current device's context, and each
   // GPU's backend launches on its own (a once-per-process call left a second GPU at the 48 KB default).
   ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(K::kSmem)));
-  const dim3 grid = A == 13 || A == 14 ? dim3(unsigned(a.heads), unsigned((a.sq + K::kBlockQ - 1) / K::kBlockQ), unsigned(a.batch))
-                                       : dim3(unsigned((a.sq + K::kBlockQ - 1) / K::kBlockQ), unsigned(a.heads), unsigned(a.batch));
+  const dim3 grid(unsigned((a.sq + K::kBlockQ - 1) / K::kBlockQ), unsigned(a.heads), unsigned(a.batch));
   kernel<<<grid, K::kThreads, K::kSmem, stream>>>(p);
   ATELIER_CUDA_LAUNCHED();
   g_launches.fetch_add(1);
@@ -583,43 +460,8 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
 // mostly idle: SD's CFG step, 352 blocks on 132 SMs (2.67 waves) against 256 (1.94), 134 against 138 us.
 constexpr double kFourConsumerBlockCost = 1.46;
 
-int ablate_setting() {
-  static const int a = [] {
-    const char* v = std::getenv("ATELIER_WGMMA_ATTENTION_ABLATE");
-    return v ? std::atoi(v) : 0;
-  }();
-  return a;
-}
-
 template <int D>
 bool launch_narrow(const WgmmaAttentionArgs& a, cudaStream_t stream) {
-  if constexpr (D == 40 || D == 64) {
-    if (wgmma_block_shape_for(D, a.batch, a.heads, a.sq, a.sm_count).consumers != 4) {
-      switch (ablate_setting()) {
-        case 1: return launch<D, 3, kDefaultBlockK, 1>(a, stream);
-        case 5: return launch<D, 3, kDefaultBlockK, 5>(a, stream);
-        case 6: return launch<D, 3, kDefaultBlockK, 6>(a, stream);
-        case 7: return launch<D, 3, kDefaultBlockK, 7>(a, stream);
-        case 8: return launch<D, 3, kDefaultBlockK, 8>(a, stream);
-        case 9: return launch<D, 3, kDefaultBlockK, 9>(a, stream);
-        case 10: return launch<D, 3, kDefaultBlockK, 10>(a, stream);
-        case 11: return launch<D, 3, kDefaultBlockK, 11>(a, stream);
-        case 12: return launch<D, 3, kDefaultBlockK, 12>(a, stream);
-        case 13: return launch<D, 3, kDefaultBlockK, 13>(a, stream);
-        case 14: return launch<D, 3, kDefaultBlockK, 14>(a, stream);
-        case 15: return launch<D, 3, kDefaultBlockK, 15>(a, stream);
-        case 16: return launch<D, 3, kDefaultBlockK, 16>(a, stream);
-        case 17: return launch<D, 3, kDefaultBlockK, 17>(a, stream);
-        case 18: return launch<D, 3, kDefaultBlockK, 18>(a, stream);
-        case 19: return launch<D, 3, kDefaultBlockK, 19>(a, stream);
-        case 20: if constexpr (D == 40) return launch<D, 3, kDefaultBlockK, 20>(a, stream); break;
-        case 21: if constexpr (D == 40) return launch<D, 3, kDefaultBlockK, 21>(a, stream); break;
-        case 22: if constexpr (D == 40) return launch<D, 3, kDefaultBlockK, 22>(a, stream); break;
-        case 23: if constexpr (D == 40) return launch<D, 3, kDefaultBlockK, 23>(a, stream); break;
-        default: break;
-      }
-    }
-  }
   return wgmma_block_shape_for(D, a.batch, a.heads, a.sq, a.sm_count).consumers == 4 ? launch<D, 4, 64>(a, stream)
                                                                                        : launch<D>(a, stream);
 }
