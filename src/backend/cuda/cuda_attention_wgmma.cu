@@ -20,9 +20,13 @@
 // consumers over 128 keys or three over 64, for the registers: d40 190-224 against 138 us in SD's CFG step), three
 // consumers over 96-key tiles (5% slower at 16 rows); session 52: three or four K/V buffers, K and V loaded by two
 // producer threads, one empty-barrier arrival per consumer warp (each within 1%: the consumers do not wait for loads
-// or releases). The SM does overlap wgmma with MUFU exponentials (session 52's probe, cuda_ops_bench --only units),
-// and at head dim 40 this kernel is bound by neither: without its softmax, or without its products, it takes 85% of
-// its time, without its later K/V loads 93% (docs/cuda.md, session 52: what to measure next).
+// or releases). The SM does overlap wgmma with MUFU exponentials (session 52's probe, cuda_ops_bench --only units).
+// Session 53 (docs/cuda.md): at head dim 40 two limits nearly bind at once. The K/V loads alone (no products, no
+// softmax) take 82% of the kernel's time: a 40-element row is 80 bytes, and the copy engine's cost follows rows and
+// the 128-byte lines they touch, not bytes (head dim 64's 128-byte rows load 2.3x faster a tile with 1.6x the bytes);
+// the compute alone (no loads) takes 92%: the softmax alone 69%, the products alone ~44% (their probe,
+// cuda_ops_bench --only products), and together they overlap by less than half of the products. K/V copied by the
+// producer warpgroup's cp.async instead loaded 35% faster alone but made the kernel 5-8% slower (not kept).
 // Head dims are padded to whole atom columns (64): the tensor maps zero-fill columns past the head dim and rows
 // past the sequence (S's product stops at the head dim rounded up to 16; keys past the end are masked).
 #include "backend/cuda/cuda_attention_wgmma.h"
