@@ -1,27 +1,28 @@
 // cuda_product_probes.h: the Hopper attention kernel's products (cuda_attention_wgmma.cu, head dim 40, 128-key
-// tiles) on their own, on zeros or random bf16 operands. Each pattern is a kernel of its own: a wgmma behind a branch that ptxas cannot prove uniform
-// across the warpgroup makes it serialise every product of the kernel (C7512), which is why these are not roles
-// of the overlap probe in cuda_unit_probes.cu.
-#include "cuda_product_probes.h"
-
+// tiles) on their own, on zeros or random bf16 operands. Each pattern is a kernel of its own: a wgmma behind a
+// branch that ptxas cannot prove uniform across the warpgroup makes it serialise every product of the kernel
+// (C7512), which is why these are not roles of the overlap probe in cuda_unit_probes.cu.
 #include <cstdint>
 
 #include "backend/cuda/cuda_ptx.cuh"
 #include "backend/cuda/cuda_tma.cuh"
 #include "backend/cuda/cuda_wgmma.cuh"
+#include "cuda_product_probes.h"
+#include "cuda_unit_probes.h"  // device_major
 
 namespace atelier::bench {
 namespace {
 
-constexpr int kTiles = 2048;           // 128-key tiles per working warpgroup and launch
-constexpr int kBlockK = 128;           // keys per tile (the kernel's default)
+constexpr int kTiles = 2048;                            // 128-key tiles per working warpgroup and launch
+constexpr int kBlockK = 128;                            // keys per tile (the kernel's default)
 [[maybe_unused]] constexpr int kKSteps = kBlockK / 16;  // P V's k-steps per tile
-constexpr int kWarpgroups = 3;         // the kernel's consumers at head dim <= 64
+constexpr int kWarpgroups = 3;                          // the kernel's consumers at head dim <= 64
 constexpr int kBlockQ = 64 * kWarpgroups;
-constexpr size_t kSmem = 128 * 1024;   // more than half an SM's shared memory: one block per SM
+constexpr size_t kSmem = 128 * 1024;  // more than half an SM's shared memory: one block per SM
 // Shared-memory carve-up (zeros): Q [kBlockQ][64] (one atom column), K [kBlockK][64], V as two atom columns of
 // [kBlockK][64] (N up to 128), P per warpgroup as two atom columns of [64][64] (the shared-memory P V).
-constexpr uint32_t kQBytes = kBlockQ * 128, kKBytes = kBlockK * 128, kVBytes = 2 * kBlockK * 128, kPBytes = 2 * 64 * 128;
+constexpr uint32_t kQBytes = kBlockQ * 128, kKBytes = kBlockK * 128, kVBytes = 2 * kBlockK * 128,
+                   kPBytes = 2 * 64 * 128;
 constexpr uint32_t kUsedBytes = kQBytes + kKBytes + kVBytes + kWarpgroups * kPBytes;
 static_assert(kUsedBytes + 1024 <= kSmem);
 [[maybe_unused]] constexpr int kFirstTurnBarrier = 1;  // named barriers 1 .. 3 (0 is __syncthreads')
@@ -30,10 +31,14 @@ static_assert(kUsedBytes + 1024 <= kSmem);
 // P V with A from registers: m64nNk16, V MN-major (atom columns kBlockK * 128 bytes apart), as issue_pv does.
 template <int N>
 __device__ __forceinline__ void pv_rs(float (&o)[N / 2], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (N == 40) cuda::wgmma::mma_m64n40k16_rs<1>(o, a, db, true);
-  else if constexpr (N == 64) cuda::wgmma::mma_m64n64k16_rs<1>(o, a, db, true);
-  else if constexpr (N == 80) cuda::wgmma::mma_m64n80k16_rs<1>(o, a, db, true);
-  else cuda::wgmma::mma_m64n128k16_rs<1>(o, a, db, true);
+  if constexpr (N == 40)
+    cuda::wgmma::mma_m64n40k16_rs<1>(o, a, db, true);
+  else if constexpr (N == 64)
+    cuda::wgmma::mma_m64n64k16_rs<1>(o, a, db, true);
+  else if constexpr (N == 80)
+    cuda::wgmma::mma_m64n80k16_rs<1>(o, a, db, true);
+  else
+    cuda::wgmma::mma_m64n128k16_rs<1>(o, a, db, true);
 }
 
 // One tile's products of warpgroup c: S (kS k-steps) and P V (8 k-steps at N = kN; none when kN == 0), each
@@ -42,13 +47,15 @@ __device__ __forceinline__ void pv_rs(float (&o)[N / 2], const uint32_t (&a)[4],
 // that the next one overwrites is dead code that ptxas removes (session 53's first run: S at 1.6x the tensor
 // pipe's peak).
 template <int kS, int kN, bool kPSmem, bool kSplit>
-__device__ __forceinline__ void issue_tile(float (&s)[64], float (&o)[kN > 0 ? kN / 2 : 1], const uint32_t (&pa)[kKSteps][4],
-                                           uint32_t q, uint32_t k, uint32_t v, uint32_t p) {
+__device__ __forceinline__ void issue_tile(float (&s)[64], float (&o)[kN > 0 ? kN / 2 : 1],
+                                           const uint32_t (&pa)[kKSteps][4], uint32_t q, uint32_t k, uint32_t v,
+                                           uint32_t p) {
   using namespace cuda::wgmma;
   cuda::wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < kS; ++kk)
-    mma_m64n128k16_ss<0>(s, desc_sw128(q + kk * 32, 0, kAtomGroupBytes), desc_sw128(k + kk * 32, 0, kAtomGroupBytes), true);
+    mma_m64n128k16_ss<0>(s, desc_sw128(q + kk * 32, 0, kAtomGroupBytes), desc_sw128(k + kk * 32, 0, kAtomGroupBytes),
+                         true);
   if constexpr (kS > 0 && kSplit) commit();
   if constexpr (kN > 0) {
 #pragma unroll
@@ -83,8 +90,8 @@ __device__ __forceinline__ void fence_all(float (&r)[N]) {
 // kPerTile: the consumer's schedule (S and P V as two groups, wait for S, then for P V, before the next tile);
 // else streamed (one group per tile, one kept in flight). kTurns: the ring of turns around each tile's issue.
 template <int kS, int kN, bool kPSmem, bool kPerTile, bool kTurns>
-__global__ void __launch_bounds__(128 * kWarpgroups, 1) product_probe_kernel(int warpgroups, bool random_operands,
-                                                                                 uint32_t* sink) {
+__global__ void __launch_bounds__(128 * kWarpgroups, 1)
+    product_probe_kernel(int warpgroups, bool random_operands, uint32_t* sink) {
 #if defined(ATELIER_WGMMA)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -110,7 +117,8 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1) product_probe_kernel(int
 #pragma unroll
   for (int kk = 0; kk < kKSteps; ++kk)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) pa[kk][i] = pb[kk][i] = random_operands ? operand_bits(threadIdx.x * 32 + kk * 4 + i) : 0u;
+    for (int i = 0; i < 4; ++i)
+      pa[kk][i] = pb[kk][i] = random_operands ? operand_bits(threadIdx.x * 32 + kk * 4 + i) : 0u;
   if (kTurns && c == warpgroups - 1) cuda::tma::bar_arrive(kFirstTurnBarrier, turn_threads);  // warpgroup 0 first
 
 #pragma unroll 2
@@ -157,35 +165,46 @@ struct Entry {
 
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> list = {
-      {{"products S (3 k-steps) streamed, 1 warpgroup", 3, 0, false, false, false, 1, false}, product_probe_kernel<3, 0, false, false, false>},
-      {{"products S (3 k-steps) streamed, 3 warpgroups", 3, 0, false, false, false, 3, false}, product_probe_kernel<3, 0, false, false, false>},
-      {{"products PV n40 RS streamed, 1 warpgroup", 0, 40, false, false, false, 1, false}, product_probe_kernel<0, 40, false, false, false>},
-      {{"products PV n40 RS streamed, 3 warpgroups", 0, 40, false, false, false, 3, false}, product_probe_kernel<0, 40, false, false, false>},
-      {{"products PV n64 RS streamed, 3 warpgroups", 0, 64, false, false, false, 3, false}, product_probe_kernel<0, 64, false, false, false>},
-      {{"products PV n64 SS streamed, 3 warpgroups", 0, 64, true, false, false, 3, false}, product_probe_kernel<0, 64, true, false, false>},
-      {{"products PV n80 RS streamed, 3 warpgroups", 0, 80, false, false, false, 3, false}, product_probe_kernel<0, 80, false, false, false>},
-      {{"products PV n128 RS streamed, 3 warpgroups", 0, 128, false, false, false, 3, false}, product_probe_kernel<0, 128, false, false, false>},
-      {{"products tile S+PV n40, 1 warpgroup", 3, 40, false, true, false, 1, false}, product_probe_kernel<3, 40, false, true, false>},
-      {{"products tile S+PV n40, 2 warpgroups", 3, 40, false, true, false, 2, false}, product_probe_kernel<3, 40, false, true, false>},
-      {{"products tile S+PV n40, 3 warpgroups", 3, 40, false, true, false, 3, false}, product_probe_kernel<3, 40, false, true, false>},
-      {{"products tile S+PV n40, 3 warpgroups, turns", 3, 40, false, true, true, 3, false}, product_probe_kernel<3, 40, false, true, true>},
-      {{"products tile S only, 3 warpgroups, turns", 3, 0, false, true, true, 3, false}, product_probe_kernel<3, 0, false, true, true>},
-      {{"products tile PV n40 only, 3 warpgroups, turns", 0, 40, false, true, true, 3, false}, product_probe_kernel<0, 40, false, true, true>},
-      {{"products tile S+PV n64, 3 warpgroups, turns", 3, 64, false, true, true, 3, false}, product_probe_kernel<3, 64, false, true, true>},
-      {{"products tile S+PV n64 SS, 3 warpgroups, turns", 3, 64, true, true, true, 3, false}, product_probe_kernel<3, 64, true, true, true>},
-      {{"products S streamed, 3 warpgroups, random operands", 3, 0, false, false, false, 3, true}, product_probe_kernel<3, 0, false, false, false>},
-      {{"products PV n40 RS streamed, 3 warpgroups, random operands", 0, 40, false, false, false, 3, true}, product_probe_kernel<0, 40, false, false, false>},
-      {{"products tile S+PV n40, 3 warpgroups, turns, random", 3, 40, false, true, true, 3, true}, product_probe_kernel<3, 40, false, true, true>},
+      {{"products S (3 k-steps) streamed, 1 warpgroup", 3, 0, false, false, false, 1, false},
+       product_probe_kernel<3, 0, false, false, false>},
+      {{"products S (3 k-steps) streamed, 3 warpgroups", 3, 0, false, false, false, 3, false},
+       product_probe_kernel<3, 0, false, false, false>},
+      {{"products PV n40 RS streamed, 1 warpgroup", 0, 40, false, false, false, 1, false},
+       product_probe_kernel<0, 40, false, false, false>},
+      {{"products PV n40 RS streamed, 3 warpgroups", 0, 40, false, false, false, 3, false},
+       product_probe_kernel<0, 40, false, false, false>},
+      {{"products PV n64 RS streamed, 3 warpgroups", 0, 64, false, false, false, 3, false},
+       product_probe_kernel<0, 64, false, false, false>},
+      {{"products PV n64 SS streamed, 3 warpgroups", 0, 64, true, false, false, 3, false},
+       product_probe_kernel<0, 64, true, false, false>},
+      {{"products PV n80 RS streamed, 3 warpgroups", 0, 80, false, false, false, 3, false},
+       product_probe_kernel<0, 80, false, false, false>},
+      {{"products PV n128 RS streamed, 3 warpgroups", 0, 128, false, false, false, 3, false},
+       product_probe_kernel<0, 128, false, false, false>},
+      {{"products tile S+PV n40, 1 warpgroup", 3, 40, false, true, false, 1, false},
+       product_probe_kernel<3, 40, false, true, false>},
+      {{"products tile S+PV n40, 2 warpgroups", 3, 40, false, true, false, 2, false},
+       product_probe_kernel<3, 40, false, true, false>},
+      {{"products tile S+PV n40, 3 warpgroups", 3, 40, false, true, false, 3, false},
+       product_probe_kernel<3, 40, false, true, false>},
+      {{"products tile S+PV n40, 3 warpgroups, turns", 3, 40, false, true, true, 3, false},
+       product_probe_kernel<3, 40, false, true, true>},
+      {{"products tile S only, 3 warpgroups, turns", 3, 0, false, true, true, 3, false},
+       product_probe_kernel<3, 0, false, true, true>},
+      {{"products tile PV n40 only, 3 warpgroups, turns", 0, 40, false, true, true, 3, false},
+       product_probe_kernel<0, 40, false, true, true>},
+      {{"products tile S+PV n64, 3 warpgroups, turns", 3, 64, false, true, true, 3, false},
+       product_probe_kernel<3, 64, false, true, true>},
+      {{"products tile S+PV n64 SS, 3 warpgroups, turns", 3, 64, true, true, true, 3, false},
+       product_probe_kernel<3, 64, true, true, true>},
+      {{"products S streamed, 3 warpgroups, random", 3, 0, false, false, false, 3, true},
+       product_probe_kernel<3, 0, false, false, false>},
+      {{"products PV n40 RS streamed, 3 warpgroups, random", 0, 40, false, false, false, 3, true},
+       product_probe_kernel<0, 40, false, false, false>},
+      {{"products tile S+PV n40, 3 warpgroups, turns, random", 3, 40, false, true, true, 3, true},
+       product_probe_kernel<3, 40, false, true, true>},
   };
   return list;
-}
-
-// The current device's compute capability major (9: Hopper).
-int device_major() {
-  int dev = 0, major = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  return major;
 }
 
 }  // namespace
@@ -204,7 +223,8 @@ bool product_probe_runs() { return device_major() == 9; }
 void launch_product_probe(const ProductProbe& probe, int sms, uint32_t* sink, cudaStream_t stream) {
   for (const Entry& e : entries()) {
     if (e.probe.name != probe.name) continue;
-    cudaFuncSetAttribute(reinterpret_cast<const void*>(e.kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+    cudaFuncSetAttribute(reinterpret_cast<const void*>(e.kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         int(kSmem));
     e.kernel<<<unsigned(sms), 128 * kWarpgroups, kSmem, stream>>>(probe.warpgroups, probe.random_operands, sink);
     return;
   }

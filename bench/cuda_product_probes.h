@@ -22,13 +22,13 @@
 namespace atelier::bench {
 
 struct ProductProbe {
-  const char* name;  // the row's label
-  int s_steps;       // S's k-steps per tile (0: no S)
-  int pv_n;          // P V's N (0: no P V)
-  bool pv_smem;      // P from shared memory (N = 64 only) instead of registers
-  bool per_tile;     // the consumer's waits per tile (else streamed)
-  bool turns;        // the ring of turns (per_tile only)
-  int warpgroups;    // working warpgroups of the block's three
+  const char* name;      // the row's label
+  int s_steps;           // S's k-steps per tile (0: no S)
+  int pv_n;              // P V's N (0: no P V)
+  bool pv_smem;          // P from shared memory (N = 64 only) instead of registers
+  bool per_tile;         // the consumer's waits per tile (else streamed)
+  bool turns;            // the ring of turns (per_tile only)
+  int warpgroups;        // working warpgroups of the block's three
   bool random_operands;  // bf16 values in [-1, 1) instead of zeros
 };
 

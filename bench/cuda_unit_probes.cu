@@ -58,15 +58,14 @@ void launch(int sms, uint32_t* sink, cudaStream_t stream) {
   exp2_chains_kernel<F><<<unsigned(sms * kBlocksPerSm), kThreads, 0, stream>>>(sink, seed);
 }
 
-// The current device's compute capability major (9: Hopper).
+}  // namespace
+
 int device_major() {
   int dev = 0, major = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   return major;
 }
-
-}  // namespace
 
 bool exp2_form_runs(Exp2Form form) { return form == Exp2Form::kF32 || device_major() >= 9; }
 

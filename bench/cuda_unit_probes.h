@@ -8,6 +8,10 @@
 
 namespace atelier::bench {
 
+// The current device's compute capability major (9: Hopper): which probes run (this file's and
+// cuda_product_probes.h's).
+int device_major();
+
 enum class Exp2Form { kF32, kBf16x2, kF16x2 };  // ex2.approx.ftz.f32, ex2.approx.ftz.bf16x2, ex2.approx.f16x2
 
 // Whether the current device runs `form` (the packed forms need sm_90).
