@@ -373,6 +373,26 @@ void conv_channels_last_rates(cuda::CudaBackend& be, int iters) {
 }
 
 // attention at the shapes the models run (SD 1.5 levels at 512 and 1024 px, batch 2 and 16; FLUX at 1024 px)
+// The d40 wgmma kernel (3 x 128, forced here) with K and V laid out as the UNet has them, views of its fused
+// projection's [b, s, 3 x 320] output (80-byte rows, most across two 128-byte lines), and as a projection whose
+// stacked weight padded each K and V head to 64 columns would give them ([b, s, 320 + 2 x 512]: 128-byte-aligned
+// rows; session 53: the copy engine's cost follows rows and lines, not bytes).
+void kv_layout_rates(cuda::CudaBackend& be, int iters, const Tensor& q, int64_t b, int64_t h, int64_t sk, double flops) {
+  constexpr int64_t kD = 40, kPadded = 64;
+  const Device dev = Device::cuda(0);
+  cuda::set_wgmma_attention_shape({3, 128});
+  const Tensor fused = random_on({b, sk, 3 * h, kD}, DType::BF16, dev);  // q, k, v heads side by side in a row
+  const Tensor fk = fused.narrow(2, h, h).permute({0, 2, 1, 3}), fv = fused.narrow(2, 2 * h, h).permute({0, 2, 1, 3});
+  print({"  same, 3 x 128, K/V views of the UNet's fused [b, s, 3 h d]", time_ms(be, iters, [&] { ops::attention(q, fk, fv); }),
+         flops, "TFLOP/s"});
+  const int64_t q_chunks = h * kD / kPadded;  // q's 320 columns as 64-column chunks before the padded K and V heads
+  const Tensor padded = random_on({b, sk, q_chunks + 2 * h, kPadded}, DType::BF16, dev);
+  const Tensor pk = padded.narrow(2, q_chunks, h).narrow(3, 0, kD).permute({0, 2, 1, 3});
+  const Tensor pv = padded.narrow(2, q_chunks + h, h).narrow(3, 0, kD).permute({0, 2, 1, 3});
+  print({"  same, 3 x 128, K/V heads padded to 64 columns in the row", time_ms(be, iters, [&] { ops::attention(q, pk, pv); }),
+         flops, "TFLOP/s"});
+}
+
 void attention_rates(cuda::CudaBackend& be, int iters) {
   const Device dev = Device::cuda(0);
   struct AttnCase {
@@ -418,6 +438,7 @@ void attention_rates(cuda::CudaBackend& be, int iters) {
           print({"  same, wgmma " + std::to_string(sh.consumers) + " consumers x " + std::to_string(sh.block_k) + "-key tiles",
                  time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
         }
+        if (c.d == 40) kv_layout_rates(be, iters, q, c.b, c.h, c.sk, flops);
         cuda::set_wgmma_attention_shape({});
       }
       cuda::set_wgmma_attention(false);  // this line and the flash variants below: the mma.sync kernel

@@ -12,7 +12,8 @@
 // Session 53 (H100): the products reach 89-92% of the tensor pipe's dense rate at these shapes on zeros (P V at
 // N = 40 91% streamed by three warpgroups, 76% by one), 84-87% on random operands; the consumer's schedule with the
 // ring of turns takes 1,190-1,260 cycles per round of three tiles against 1,056 ideal: neither the narrow P V nor
-// the per-tile waits is what keeps the d40 kernel at ~2,900 cycles a round (docs/cuda.md, session 53).
+// the per-tile waits is what keeps the d40 kernel at ~2,900 cycles a round on contiguous K/V (docs/cuda.md,
+// session 53).
 #pragma once
 #include <cuda_runtime.h>
 

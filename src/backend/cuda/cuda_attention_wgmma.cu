@@ -21,12 +21,12 @@
 // consumers over 96-key tiles (5% slower at 16 rows); session 52: three or four K/V buffers, K and V loaded by two
 // producer threads, one empty-barrier arrival per consumer warp (each within 1%: the consumers do not wait for loads
 // or releases). The SM does overlap wgmma with MUFU exponentials (session 52's probe, cuda_ops_bench --only units).
-// Session 53 (docs/cuda.md): at head dim 40 two limits nearly bind at once. The K/V loads alone (no products, no
-// softmax) take 82% of the kernel's time: a 40-element row is 80 bytes, and the copy engine's cost follows rows and
-// the 128-byte lines they touch, not bytes (head dim 64's 128-byte rows load 2.3x faster a tile with 1.6x the bytes);
-// the compute alone (no loads) takes 92%: the softmax alone 69%, the products alone ~44% (their probe,
-// cuda_ops_bench --only products), and together they overlap by less than half of the products. K/V copied by the
-// producer warpgroup's cp.async instead loaded 35% faster alone but made the kernel 5-8% slower (not kept).
+// Session 53 (docs/cuda.md): at head dim 40 with K/V as the UNet passes them (views of its fused q/k/v projection,
+// rows 1,920 bytes apart) the kernel takes what its compute alone takes (1.83 ms at [2, 8, 16384²] on an H100): the
+// softmax alone ~75% of that, the products alone ~48% (their probe, cuda_ops_bench --only products), overlapping by
+// less than half of the products. With K/V contiguous per head (80-byte rows back to back, the bench's first rows)
+// the loads alone take 1.60 and the kernel 1.96. Heads padded to 64 columns (128-byte-aligned rows) gain ~1%; K/V
+// copied by the producer warpgroup's cp.async made the kernel 5-8% slower (neither kept).
 // Head dims are padded to whole atom columns (64): the tensor maps zero-fill columns past the head dim and rows
 // past the sequence (S's product stops at the head dim rounded up to 16; keys past the end are masked).
 #include "backend/cuda/cuda_attention_wgmma.h"
