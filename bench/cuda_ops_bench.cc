@@ -373,8 +373,8 @@ void conv_channels_last_rates(cuda::CudaBackend& be, int iters) {
 }
 
 // The d40 wgmma kernel (3 x 128, forced here) with K and V laid out as the UNet has them, views of its fused
-// projection's [b, s, 3 x 320] output (80-byte rows, half of them across two 128-byte lines), and as a projection whose
-// stacked weight padded each K and V head to 64 columns would give them ([b, s, 320 + 2 x 512]: 128-byte-aligned
+// projection's [b, s, 3 x 320] output (80-byte rows, half of them across two 128-byte lines), and as a projection
+// whose stacked weight padded each K and V head to 64 columns would give them ([b, s, 320 + 2 x 512]: 128-byte-aligned
 // rows; session 53: the copy engine's cost follows rows and lines, not bytes).
 void kv_layout_rates(cuda::CudaBackend& be, int iters, const Tensor& q, int64_t b, int64_t h, int64_t sk, double flops) {
   constexpr int64_t kD = 40, kPadded = 64;
