@@ -28,19 +28,6 @@ static_assert(kUsedBytes + 1024 <= kSmem);
 [[maybe_unused]] constexpr int kFirstTurnBarrier = 1;  // named barriers 1 .. 3 (0 is __syncthreads')
 
 #if defined(ATELIER_WGMMA)
-// P V with A from registers: m64nNk16, V MN-major (atom columns kBlockK * 128 bytes apart), as issue_pv does.
-template <int N>
-__device__ __forceinline__ void pv_rs(float (&o)[N / 2], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (N == 40)
-    cuda::wgmma::mma_m64n40k16_rs<1>(o, a, db, true);
-  else if constexpr (N == 64)
-    cuda::wgmma::mma_m64n64k16_rs<1>(o, a, db, true);
-  else if constexpr (N == 80)
-    cuda::wgmma::mma_m64n80k16_rs<1>(o, a, db, true);
-  else
-    cuda::wgmma::mma_m64n128k16_rs<1>(o, a, db, true);
-}
-
 // One tile's products of warpgroup c: S (kS k-steps) and P V (8 k-steps at N = kN; none when kN == 0), each
 // committed as a group when kSplit (the consumer's two groups), else both in one. S accumulates over the tiles,
 // unlike the kernel's (whose first k-step starts from zero): nothing here reads S between tiles, and a tile's S
@@ -61,12 +48,13 @@ __device__ __forceinline__ void issue_tile(float (&s)[64], float (&o)[kN > 0 ? k
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       const uint64_t db = desc_sw128(v + kk * 16 * 128, kBlockK * 128, kAtomGroupBytes);
+      // V MN-major (atom columns kBlockK * 128 bytes apart), as the kernel's issue_pv
       if constexpr (kPSmem) {
         static_assert(kN == 64, "P from shared memory is probed at N = 64 only");
         const uint64_t da = desc_sw128(p + (kk / 4) * 64 * 128 + (kk % 4) * 32, 0, kAtomGroupBytes);
-        mma_m64n64k16_ss<1>(o, da, db, true);
+        mma_ss<kN, 1>(o, da, db, true);
       } else {
-        pv_rs<kN>(o, pa[kk], db);
+        mma_rs<kN, 1>(o, pa[kk], db, true);
       }
     }
   }
@@ -80,11 +68,6 @@ __device__ __forceinline__ uint32_t operand_bits(uint32_t i) {
   return cuda::pack2<__nv_bfloat16>(lo, hi);
 }
 
-template <int N>
-__device__ __forceinline__ void fence_all(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) cuda::wgmma::fence_operand(r[i]);
-}
 #endif
 
 // kPerTile: the consumer's schedule (S and P V as two groups, wait for S, then for P V, before the next tile);
@@ -130,20 +113,20 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
     }
     if constexpr (kPerTile) {
       if constexpr (kS > 0 && kN > 0) cuda::wgmma::wait<1>();  // S done, P V may still run (then the softmax)
-      fence_all(s);
+      cuda::wgmma::fence_operands(s);
       cuda::wgmma::wait<0>();
-      if constexpr (kN > 0) fence_all(o);
+      if constexpr (kN > 0) cuda::wgmma::fence_operands(o);
     } else {
       cuda::wgmma::wait<1>();
     }
   }
   cuda::wgmma::wait<0>();
-  fence_all(s);
+  cuda::wgmma::fence_operands(s);
   uint32_t out = 0;
 #pragma unroll
   for (int i = 0; i < 64; ++i) out ^= __float_as_uint(s[i]);
   if constexpr (kN > 0) {
-    fence_all(o);
+    cuda::wgmma::fence_operands(o);
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) out ^= __float_as_uint(o[i]);
   }
@@ -156,63 +139,41 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
 #endif
 }
 
-using ProbeKernel = void (*)(int, bool, uint32_t*);
-
-struct Entry {
-  ProductProbe probe;
-  ProbeKernel kernel;
-};
-
-const std::vector<Entry>& entries() {
-  static const std::vector<Entry> list = {
-      {{"products S (3 k-steps) streamed, 1 warpgroup", 3, 0, false, false, false, 1, false},
-       product_probe_kernel<3, 0, false, false, false>},
-      {{"products S (3 k-steps) streamed, 3 warpgroups", 3, 0, false, false, false, 3, false},
-       product_probe_kernel<3, 0, false, false, false>},
-      {{"products PV n40 RS streamed, 1 warpgroup", 0, 40, false, false, false, 1, false},
-       product_probe_kernel<0, 40, false, false, false>},
-      {{"products PV n40 RS streamed, 3 warpgroups", 0, 40, false, false, false, 3, false},
-       product_probe_kernel<0, 40, false, false, false>},
-      {{"products PV n64 RS streamed, 3 warpgroups", 0, 64, false, false, false, 3, false},
-       product_probe_kernel<0, 64, false, false, false>},
-      {{"products PV n64 SS streamed, 3 warpgroups", 0, 64, true, false, false, 3, false},
-       product_probe_kernel<0, 64, true, false, false>},
-      {{"products PV n80 RS streamed, 3 warpgroups", 0, 80, false, false, false, 3, false},
-       product_probe_kernel<0, 80, false, false, false>},
-      {{"products PV n128 RS streamed, 3 warpgroups", 0, 128, false, false, false, 3, false},
-       product_probe_kernel<0, 128, false, false, false>},
-      {{"products tile S+PV n40, 1 warpgroup", 3, 40, false, true, false, 1, false},
-       product_probe_kernel<3, 40, false, true, false>},
-      {{"products tile S+PV n40, 2 warpgroups", 3, 40, false, true, false, 2, false},
-       product_probe_kernel<3, 40, false, true, false>},
-      {{"products tile S+PV n40, 3 warpgroups", 3, 40, false, true, false, 3, false},
-       product_probe_kernel<3, 40, false, true, false>},
-      {{"products tile S+PV n40, 3 warpgroups, turns", 3, 40, false, true, true, 3, false},
-       product_probe_kernel<3, 40, false, true, true>},
-      {{"products tile S only, 3 warpgroups, turns", 3, 0, false, true, true, 3, false},
-       product_probe_kernel<3, 0, false, true, true>},
-      {{"products tile PV n40 only, 3 warpgroups, turns", 0, 40, false, true, true, 3, false},
-       product_probe_kernel<0, 40, false, true, true>},
-      {{"products tile S+PV n64, 3 warpgroups, turns", 3, 64, false, true, true, 3, false},
-       product_probe_kernel<3, 64, false, true, true>},
-      {{"products tile S+PV n64 SS, 3 warpgroups, turns", 3, 64, true, true, true, 3, false},
-       product_probe_kernel<3, 64, true, true, true>},
-      {{"products S streamed, 3 warpgroups, random", 3, 0, false, false, false, 3, true},
-       product_probe_kernel<3, 0, false, false, false>},
-      {{"products PV n40 RS streamed, 3 warpgroups, random", 0, 40, false, false, false, 3, true},
-       product_probe_kernel<0, 40, false, false, false>},
-      {{"products tile S+PV n40, 3 warpgroups, turns, random", 3, 40, false, true, true, 3, true},
-       product_probe_kernel<3, 40, false, true, true>},
-  };
-  return list;
+// A row of the table: the probe's fields from its kernel's template arguments.
+template <int kS, int kN, bool kPSmem, bool kPerTile, bool kTurns>
+ProductProbe probe(const char* name, int warpgroups, bool random_operands = false) {
+  return {name, kS, kN, kPSmem, kPerTile, kTurns, warpgroups, random_operands,
+          product_probe_kernel<kS, kN, kPSmem, kPerTile, kTurns>};
 }
 
 }  // namespace
 
 const std::vector<ProductProbe>& product_probes() {
   static const std::vector<ProductProbe> list = [] {
-    std::vector<ProductProbe> l;
-    for (const Entry& e : entries()) l.push_back(e.probe);
+    std::vector<ProductProbe> l = {
+        probe<3, 0, false, false, false>("products S (3 k-steps) streamed, 1 warpgroup", 1),
+        probe<3, 0, false, false, false>("products S (3 k-steps) streamed, 3 warpgroups", 3),
+        probe<0, 40, false, false, false>("products PV n40 RS streamed, 1 warpgroup", 1),
+        probe<0, 40, false, false, false>("products PV n40 RS streamed, 3 warpgroups", 3),
+        probe<0, 64, false, false, false>("products PV n64 RS streamed, 3 warpgroups", 3),
+        probe<0, 64, true, false, false>("products PV n64 SS streamed, 3 warpgroups", 3),
+        probe<0, 80, false, false, false>("products PV n80 RS streamed, 3 warpgroups", 3),
+        probe<0, 128, false, false, false>("products PV n128 RS streamed, 3 warpgroups", 3),
+        probe<3, 40, false, true, false>("products tile S+PV n40, 1 warpgroup", 1),
+        probe<3, 40, false, true, false>("products tile S+PV n40, 2 warpgroups", 2),
+        probe<3, 40, false, true, false>("products tile S+PV n40, 3 warpgroups", 3),
+        probe<3, 40, false, true, true>("products tile S+PV n40, 3 warpgroups, turns", 3),
+        probe<3, 0, false, true, true>("products tile S only, 3 warpgroups, turns", 3),
+        probe<0, 40, false, true, true>("products tile PV n40 only, 3 warpgroups, turns", 3),
+        probe<3, 64, false, true, true>("products tile S+PV n64, 3 warpgroups, turns", 3),
+        probe<3, 64, true, true, true>("products tile S+PV n64 SS, 3 warpgroups, turns", 3),
+        probe<3, 0, false, false, false>("products S streamed, 3 warpgroups, random", 3, true),
+        probe<0, 40, false, false, false>("products PV n40 RS streamed, 3 warpgroups, random", 3, true),
+        probe<3, 40, false, true, true>("products tile S+PV n40, 3 warpgroups, turns, random", 3, true),
+    };
+    for (const ProductProbe& p : l)  // once per kernel, not per timed launch
+      cudaFuncSetAttribute(reinterpret_cast<const void*>(p.kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kSmem));
     return l;
   }();
   return list;
@@ -221,13 +182,7 @@ const std::vector<ProductProbe>& product_probes() {
 bool product_probe_runs() { return device_major() == 9; }
 
 void launch_product_probe(const ProductProbe& probe, int sms, uint32_t* sink, cudaStream_t stream) {
-  for (const Entry& e : entries()) {
-    if (e.probe.name != probe.name) continue;
-    cudaFuncSetAttribute(reinterpret_cast<const void*>(e.kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         int(kSmem));
-    e.kernel<<<unsigned(sms), 128 * kWarpgroups, kSmem, stream>>>(probe.warpgroups, probe.random_operands, sink);
-    return;
-  }
+  probe.kernel<<<unsigned(sms), 128 * kWarpgroups, kSmem, stream>>>(probe.warpgroups, probe.random_operands, sink);
 }
 
 double product_probe_flops(const ProductProbe& probe, int sms) {

@@ -31,9 +31,10 @@ struct ProductProbe {
   bool turns;            // the ring of turns (per_tile only)
   int warpgroups;        // working warpgroups of the block's three
   bool random_operands;  // bf16 values in [-1, 1) instead of zeros
+  void (*kernel)(int warpgroups, bool random_operands, uint32_t* sink);  // its kernel (cuda_product_probes.cu)
 };
 
-// The probes the bench runs, in order.
+// The probes the bench runs, in order (the first call sets their kernels' shared-memory size).
 const std::vector<ProductProbe>& product_probes();
 bool product_probe_runs();  // sm_90 only
 void launch_product_probe(const ProductProbe& probe, int sms, uint32_t* sink, cudaStream_t stream);

@@ -110,22 +110,6 @@ struct Cfg {
 #ifdef ATELIER_WGMMA
 constexpr int kSchedBarrier = 1;  // named barriers 1 .. C: consumer c waits on 1 + c before issuing its products
 
-// wgmma m64nNk16 (d: N / 2 accumulators per thread): S = Q K^T with N = 64 or 128 keys, P V with N = the head dim.
-template <int N, int TRANS_B>
-__device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, bool accumulate) {
-  static_assert(N == 64 || N == 128);
-  if constexpr (N == 64) wgmma::mma_m64n64k16_ss<TRANS_B>(d, da, db, accumulate);
-  else wgmma::mma_m64n128k16_ss<TRANS_B>(d, da, db, accumulate);
-}
-template <int N, int TRANS_B>
-__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, bool accumulate) {
-  static_assert(N == 40 || N == 64 || N == 80 || N == 128);
-  if constexpr (N == 40) wgmma::mma_m64n40k16_rs<TRANS_B>(d, a, db, accumulate);
-  else if constexpr (N == 64) wgmma::mma_m64n64k16_rs<TRANS_B>(d, a, db, accumulate);
-  else if constexpr (N == 80) wgmma::mma_m64n80k16_rs<TRANS_B>(d, a, db, accumulate);
-  else wgmma::mma_m64n128k16_rs<TRANS_B>(d, a, db, accumulate);
-}
-
 // The shared-memory carve-up of one block.
 template <class K>
 struct Smem {
@@ -198,7 +182,7 @@ __device__ __forceinline__ void issue_s(float (&s)[K::kBlockK / 2], uint32_t q_a
     const uint32_t step = (kk % 4) * 32;
     const uint64_t da = wgmma::desc_sw128(q_addr + (kk / 4) * K::kBlockQ * 128 + step, 0, wgmma::kAtomGroupBytes);
     const uint64_t db = wgmma::desc_sw128(k_addr + (kk / 4) * K::kBlockK * 128 + step, 0, wgmma::kAtomGroupBytes);
-    mma_ss<K::kBlockK, 0>(s, da, db, kk > 0);
+    wgmma::mma_ss<K::kBlockK, 0>(s, da, db, kk > 0);
   }
 }
 
@@ -207,7 +191,7 @@ template <int N, int BK>
 __device__ __forceinline__ void issue_pv(float (&o)[N / 2], const uint32_t (&pa)[BK / 16][4], uint32_t v_addr) {
 #pragma unroll
   for (int kk = 0; kk < BK / 16; ++kk)
-    mma_rs<N, 1>(o, pa[kk], wgmma::desc_sw128(v_addr + kk * 16 * 128, BK * 128, wgmma::kAtomGroupBytes), true);
+    wgmma::mma_rs<N, 1>(o, pa[kk], wgmma::desc_sw128(v_addr + kk * 16 * 128, BK * 128, wgmma::kAtomGroupBytes), true);
 }
 
 // Keys at or past `valid` (columns of this tile) get -inf. Column of s[4j + e]: 8j + 2t + (e & 1).
@@ -267,12 +251,6 @@ __device__ __forceinline__ void rescale(float (&o)[N / 2], const float (&alpha)[
     for (int e = 0; e < 4; ++e) o[4 * j + e] *= alpha[e / 2];
 }
 
-template <int N>
-__device__ __forceinline__ void fence_all(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) wgmma::fence_operand(r[i]);
-}
-
 // Consumer c's turn to issue products: the nc working consumers take turns in a ring (c waits on barrier 1 + c,
 // which the previous consumer arrives on once it has issued its own). A lone consumer's barrier counts only its own
 // 128 threads: its arrival completes one by itself, and its wait passes at once.
@@ -320,7 +298,7 @@ __device__ __forceinline__ void finish(const KernelParams& p, const Smem<K>& sm,
   wgmma::commit();
   if (c != nc - 1) turn.end();
   wgmma::wait<0>();
-  fence_all(st.o);
+  wgmma::fence_operands(st.o);
   store_out<K, D>(p, st, c, tid);
 }
 
@@ -348,7 +326,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   wgmma::commit();
   turn.end();
   wgmma::wait<0>();
-  fence_all(st.s);
+  wgmma::fence_operands(st.s);
   tma::arrive(&sm.k_empty[0]);
   if (n_tiles == 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(st.s, tail, t);
   softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
@@ -365,12 +343,12 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
     wgmma::commit();
     turn.end();
     wgmma::wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
-    fence_all(st.s);
+    wgmma::fence_operands(st.s);
     tma::arrive(&sm.k_empty[j % kStages]);
     if (j == n_tiles - 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(st.s, tail, t);
     softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
     wgmma::wait<0>();
-    fence_all(st.o);
+    wgmma::fence_operands(st.o);
     tma::arrive(&sm.v_empty[(j - 1) % kStages]);
     rescale<K::kN>(st.o, alpha);
     pack_p<K::kBlockK>(st.pa, st.s);

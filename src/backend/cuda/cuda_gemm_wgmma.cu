@@ -275,9 +275,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[2][BN / 2], int steps, uin
   }
   wgmma::wait<0>();
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) wgmma::fence_operand(acc[h][i]);
+  for (int h = 0; h < 2; ++h) wgmma::fence_operands(acc[h]);
   tma::arrive(&empty[last]);
 }
 

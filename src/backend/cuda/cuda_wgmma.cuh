@@ -209,6 +209,30 @@ __device__ __forceinline__ void mma_m64n80k16_rs(float (&d)[40], const uint32_t 
 #endif
 }
 
+// The products above by their N, for kernels templated on it: m64nNk16 from shared memory (N = 64, 128) and with A
+// from registers (N = 40, 64, 80, 128); d: N / 2 accumulators per thread.
+template <int N, int TRANS_B>
+__device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  static_assert(N == 64 || N == 128);
+  if constexpr (N == 64) mma_m64n64k16_ss<TRANS_B>(d, desc_a, desc_b, accumulate);
+  else mma_m64n128k16_ss<TRANS_B>(d, desc_a, desc_b, accumulate);
+}
+template <int N, int TRANS_B>
+__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+  static_assert(N == 40 || N == 64 || N == 80 || N == 128);
+  if constexpr (N == 40) mma_m64n40k16_rs<TRANS_B>(d, a, desc_b, accumulate);
+  else if constexpr (N == 64) mma_m64n64k16_rs<TRANS_B>(d, a, desc_b, accumulate);
+  else if constexpr (N == 80) mma_m64n80k16_rs<TRANS_B>(d, a, desc_b, accumulate);
+  else mma_m64n128k16_rs<TRANS_B>(d, a, desc_b, accumulate);
+}
+
+// fence_operand over a whole accumulator array (after a wait, before its registers are read or written).
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) fence_operand(r[i]);
+}
+
 #undef ATELIER_WGMMA_D32
 #undef ATELIER_WGMMA_REGS32
 #undef ATELIER_WGMMA_D64

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads) wgmma_check_kernel(float* c, const u
   }
   wgmma::commit();
   wgmma::wait<0>();
-  for (float& x : d) wgmma::fence_operand(x);
+  wgmma::fence_operands(d);
   for (int j = 0; j < kCols / 8; ++j)
     for (int e = 0; e < 4; ++e) c[(16 * warp + g + 8 * (e / 2)) * kCols + 8 * j + 2 * t + (e % 2)] = d[4 * j + e];
 }
