@@ -87,8 +87,7 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
   if (c >= warpgroups) return;
   const uint32_t q = cuda::smem_u32(base) + c * 64 * 128, k = cuda::smem_u32(base) + kQBytes, v = k + kKBytes,
                  p = v + kVBytes + c * kPBytes;
-  const int own = kFirstTurnBarrier + c, next = kFirstTurnBarrier + (c + 1) % warpgroups;
-  const int turn_threads = warpgroups > 1 ? 256 : 128;
+  const cuda::tma::TurnRing turn(kFirstTurnBarrier, c, warpgroups);
   float s[64], o[kN > 0 ? kN / 2 : 1];
 #pragma unroll
   for (int i = 0; i < 64; ++i) s[i] = 0.0f;
@@ -102,14 +101,14 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       pa[kk][i] = pb[kk][i] = random_operands ? operand_bits(threadIdx.x * 32 + kk * 4 + i) : 0u;
-  if (kTurns && c == warpgroups - 1) cuda::tma::bar_arrive(kFirstTurnBarrier, turn_threads);  // warpgroup 0 first
+  if (kTurns) turn.start();
 
 #pragma unroll 2
   for (int t = 0; t < kTiles; ++t) {
-    if constexpr (kTurns) cuda::tma::bar_sync(own, turn_threads);
+    if constexpr (kTurns) turn.begin();
     issue_tile<kS, kN, kPSmem, kPerTile>(s, o, (t & 1) ? pb : pa, q, k, v, p);
     if constexpr (kTurns) {
-      if (t + 1 < kTiles || c != warpgroups - 1) cuda::tma::bar_arrive(next, turn_threads);
+      if (t + 1 < kTiles || !turn.last) turn.end();
     }
     if constexpr (kPerTile) {
       if constexpr (kS > 0 && kN > 0) cuda::wgmma::wait<1>();  // S done, P V may still run (then the softmax)

@@ -251,17 +251,6 @@ __device__ __forceinline__ void rescale(float (&o)[N / 2], const float (&alpha)[
     for (int e = 0; e < 4; ++e) o[4 * j + e] *= alpha[e / 2];
 }
 
-// Consumer c's turn to issue products: the nc working consumers take turns in a ring (c waits on barrier 1 + c,
-// which the previous consumer arrives on once it has issued its own). A lone consumer's barrier counts only its own
-// 128 threads: its arrival completes one by itself, and its wait passes at once.
-struct Turns {
-  int own, next, threads;
-  __device__ Turns(int c, int nc)
-      : own(kSchedBarrier + c), next(kSchedBarrier + (c + 1 == nc ? 0 : c + 1)), threads(nc > 1 ? 256 : 128) {}
-  __device__ void begin() const { tma::bar_sync(own, threads); }
-  __device__ void end() const { tma::bar_arrive(next, threads); }
-};
-
 template <class K, int D>
 __device__ __forceinline__ void store_out(const KernelParams& p, const Consumer<K>& st, int c, int tid) {
   const int warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -289,14 +278,14 @@ __device__ __forceinline__ void store_out(const KernelParams& p, const Consumer<
 // The last tile's P V, then O out. The last consumer does not hand the turn on: each barrier then sees as many
 // arrivals as waits.
 template <class K, int D>
-__device__ __forceinline__ void finish(const KernelParams& p, const Smem<K>& sm, Consumer<K>& st, const Turns& turn,
-                                       int last, int c, int nc, int tid) {
+__device__ __forceinline__ void finish(const KernelParams& p, const Smem<K>& sm, Consumer<K>& st,
+                                       const tma::TurnRing& turn, int last, int c, int tid) {
   tma::wait(&sm.v_full[last % kStages], tile_parity(last));
   turn.begin();
   wgmma::fence();
   issue_pv<K::kN, K::kBlockK>(st.o, st.pa, smem_u32(tile_buffer<K>(sm.v, last)));
   wgmma::commit();
-  if (c != nc - 1) turn.end();
+  if (!turn.last) turn.end();
   wgmma::wait<0>();
   wgmma::fence_operands(st.o);
   store_out<K, D>(p, st, c, tid);
@@ -305,7 +294,7 @@ __device__ __forceinline__ void finish(const KernelParams& p, const Smem<K>& sm,
 // Consumer c of the block's nc working ones (those with query rows inside the sequence).
 template <class K, int D>
 __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm, int n_tiles, int c, int nc, int tid) {
-  const Turns turn(c, nc);
+  const tma::TurnRing turn(kSchedBarrier, c, nc);  // the nc working consumers issue their products in turns
   Consumer<K> st;
   st.clear();
   const int t = tid % 4;
@@ -315,7 +304,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   const auto v_addr = [&](int j) { return smem_u32(tile_buffer<K>(sm.v, j)); };
   float alpha[2];
 
-  if (c == nc - 1) tma::bar_arrive(kSchedBarrier, turn.threads);  // consumer 0 issues first
+  turn.start();  // consumer 0 issues first
   tma::wait(sm.q_full, 0);
 
   // Tile 0: S alone.
@@ -354,7 +343,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
     pack_p<K::kBlockK>(st.pa, st.s);
   }
 
-  finish<K, D>(p, sm, st, turn, n_tiles - 1, c, nc, tid);
+  finish<K, D>(p, sm, st, turn, n_tiles - 1, c, tid);
 }
 
 #endif  // ATELIER_WGMMA

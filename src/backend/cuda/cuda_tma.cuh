@@ -106,6 +106,23 @@ __device__ __forceinline__ void bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// n warpgroups taking turns in a ring of named barriers first .. first + n - 1: warpgroup c waits on first + c (begin)
+// and, once it has issued what the turn guards, hands the turn on by arriving on the next one's (end). start() by
+// every warpgroup before its first turn lets warpgroup 0 go first (the last one arrives on barrier `first`); the
+// last warpgroup's last end() is left out, so that each barrier sees as many arrivals as waits. A lone warpgroup's
+// barrier counts only its own 128 threads: its arrival completes one by itself and its wait passes at once.
+struct TurnRing {
+  int own, next, threads;
+  bool last;
+  __device__ TurnRing(int first, int c, int n)
+      : own(first + c), next(first + (c + 1 == n ? 0 : c + 1)), threads(n > 1 ? 256 : 128), last(c + 1 == n) {}
+  __device__ void start() const {
+    if (last) bar_arrive(next, threads);
+  }
+  __device__ void begin() const { bar_sync(own, threads); }
+  __device__ void end() const { bar_arrive(next, threads); }
+};
+
 // Registers per thread of the calling warpgroup (a multiple of 8 in 24-256; needs a register cap at entry).
 template <int N>
 __device__ __forceinline__ void regs_dealloc() {
