@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(128 * kProbeRoles, 1) overlap_probe_kernel(Pro
       float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int i = 0; i < kProbeScores; ++i) {
-        const float y = cuda::fast_exp2(fmaf(sc[i], 1.4427f, -m));
+        const float y = cuda::fast_exp2(fmaf(sc[i], cuda::kLog2e, -m));
         sum[i % 4] += y;
         sc[i] = y;
       }
