@@ -4,7 +4,8 @@
 //
 //   cuda_ops_bench [--iters N] [--only SECTION[,SECTION...]]
 // Sections: gemm, linear, fp8, copy, conv, attention, glue, dit, units (the MUFU exponential's rate), products (the
-// Hopper attention's products at head dim 40, bench/cuda_product_probes.h): --only
+// Hopper attention's products at head dim 40, bench/cuda_product_probes.h), d40 (the d40 attention on the UNet's
+// q/k/v layout at SD's three step shapes): --only
 // runs those alone (a device call that needs one figure need not pay for the whole table).
 #include <cuda_runtime.h>
 
@@ -392,6 +393,27 @@ void kv_layout_rates(cuda::CudaBackend& be, int iters, const Tensor& q, int64_t 
          flops, "TFLOP/s"});
 }
 
+// Section "d40": the d40 wgmma kernel (3 x 128) on K/V as the UNet passes them (views of its fused projection) at
+// SD 1.5's three step shapes, the rows a change to that kernel is judged on (docs/cuda.md, session 53), alone.
+void d40_unet_layout_rates(cuda::CudaBackend& be, int iters) {
+  constexpr int64_t kHeads = 8, kD = 40;
+  const Device dev = Device::cuda(0);
+  const struct {
+    int64_t b, s;
+    const char* what;
+  } cases[] = {{2, 4096, "CFG"}, {16, 4096, "16 rows"}, {2, 16384, "1024²"}};
+  cuda::set_wgmma_attention_shape({3, 128});
+  for (const auto& c : cases) {
+    const double flops = 4.0 * double(c.b * kHeads) * double(c.s) * double(c.s) * double(kD);
+    const Tensor fused = random_on({c.b, c.s, 3 * kHeads, kD}, DType::BF16, dev);
+    const auto heads = [&](int64_t i) { return fused.narrow(2, i * kHeads, kHeads).permute({0, 2, 1, 3}); };
+    const Tensor q = heads(0), k = heads(1), v = heads(2);
+    print({std::string("d40 3 x 128, UNet's fused q/k/v views, ") + c.what + " (" + std::to_string(c.b) + "x8x" + std::to_string(c.s) + "²)",
+           time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+  }
+  cuda::set_wgmma_attention_shape({});
+}
+
 // attention at the shapes the models run (SD 1.5 levels at 512 and 1024 px, batch 2 and 16; FLUX at 1024 px)
 void attention_rates(cuda::CudaBackend& be, int iters) {
   const Device dev = Device::cuda(0);
@@ -602,7 +624,7 @@ int run(int iters, const Sections& want) {
                   {"conv", conv_nchw_rates},      {"conv", conv_channels_last_rates},
                   {"attention", attention_rates}, {"glue", glue_rates},
                   {"dit", dit_rates},             {"units", unit_rates},
-                  {"products", product_rates}};
+                  {"products", product_rates},      {"d40", d40_unet_layout_rates}};
   for (const auto& s : sections)
     if (want(s.section)) s.run(be, iters);
   be.synchronize();
@@ -624,7 +646,7 @@ int main(int argc, char** argv) {
         p = comma ? comma + 1 : p + std::strlen(p);
       }
   }
-  const std::vector<std::string> known = {"gemm", "linear", "fp8", "copy", "conv", "attention", "glue", "dit", "units", "products"};
+  const std::vector<std::string> known = {"gemm", "linear", "fp8", "copy", "conv", "attention", "glue", "dit", "units", "products", "d40"};
   for (const std::string& name : want.only)
     if (std::find(known.begin(), known.end(), name) == known.end()) {
       std::string list;
