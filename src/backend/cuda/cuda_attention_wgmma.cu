@@ -11,6 +11,10 @@
 //   (P from registers, V as an MN-major operand), then the online softmax of S_j runs while P_{j-1} V_{j-1} is
 //   still on the tensor cores; the consumers take turns issuing their products (a ring of named barriers), so
 //   one's softmax overlaps the others' products.
+// The softmax is lazy about its max (session 54, softmax_lazy): tiles after the first take their exponentials against
+// the running max of the tiles before, with no max over S and no rescale of O, and rescale only where a row's scores
+// grew by 2^64 within a tile (or recompute the rows exactly where they overflowed f32): 9% off the d40 kernel and 12%
+// off d80 inside SD's 1024² step, 11-12% off d64 and FLUX's d128 (ATELIER_WGMMA_LAZY_MAX=0: the exact max per tile).
 // Measured and not kept (docs/performance.md, sessions 20 and 33): consumers issuing without turns (8-20% slower),
 // part of the exponentials as a polynomial on the FMA pipes (9-23% slower at head dims 40/64, in proportion to the
 // instructions added: the consumers' issue bounds the tile as soon as the MUFU's share falls), 64-key tiles, three
@@ -55,6 +59,8 @@ std::atomic<int64_t> g_launches{0};
 
 struct KernelParams {
   CUtensorMap q, k, v;  // [batch][heads][rows][head dim] boxes of 64 head-dim columns
+  const __nv_bfloat16 *qg, *kg, *vg;  // the same views in global memory, for exact_rows (the lazy max's fallback)
+  int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2;
   void* out;
   int64_t os0, os1, os2;
   int sq, sk, group;
@@ -69,6 +75,18 @@ bool& enabled_flag() {
   }();
   return on;
 }
+
+// The lazy running max (softmax_lazy) unless ATELIER_WGMMA_LAZY_MAX=0 (then every tile takes its exact max).
+bool& lazy_max_flag() {
+  static bool on = [] {
+    const char* v = std::getenv("ATELIER_WGMMA_LAZY_MAX");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+// How often the lazy max's rare paths ran (warps; tests read them: cuda_attention_wgmma.h).
+__device__ unsigned long long g_lazy_rescales = 0, g_lazy_exact_rows = 0;
 
 // The block shape asked for at head dims <= 64: ATELIER_WGMMA_ATTENTION_SHAPE=3x128 or =4x64, else {0, 0}: the
 // choice by waves (launch_narrow).
@@ -166,11 +184,13 @@ struct Consumer {
   float s[K::kBlockK / 2];
   uint32_t pa[K::kBlockK / 16][4];
   float m[2], l[2];
+  bool exact_needed;  // an exponential overflowed (softmax_lazy): exact_rows recomputes this warp's rows
   __device__ void clear() {
 #pragma unroll
     for (int i = 0; i < K::kN / 2; ++i) o[i] = 0.0f;
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.0f;
+    exact_needed = false;
   }
 };
 
@@ -235,6 +255,36 @@ __device__ __forceinline__ void softmax(float (&s)[BK / 2], float (&m)[2], float
   }
 }
 
+// The lazy softmax's bound on a thread's share of a row's sum over one tile: up to it, P stays unrescaled against the
+// running max of the tiles before. Each P is then below 2^64, inside bf16's range (f32's exponent bits), and O and l,
+// sums of at most 2^31 keys' P (x |v| for O), stay below 2^95 x max |v|: inside f32 for any |v| below 2^32. A row's
+// scaled scores must grow by 64 ln 2 = 44 over their running max within one tile to take the rescale.
+constexpr float kLazyCap = 18446744073709551616.0f;  // 2^64
+constexpr int kFloatExpBias = 127, kFloatMantBits = 23;
+
+// The exponentials of tile j > 0 against the running max of the tiles before it (m), without a max over S: P may
+// exceed 1 and nothing needs rescaling, which takes the max's FMNMX chain and shuffles, O's rescale and alpha's
+// exponentials off every tile (session 54). A softmax is the same for any m (P V and the row sum scale alike) as
+// long as the exponentials stay inside f32; settle_lazy checks that once P is packed. Rows of S as in softmax(); the
+// thread's share of each row's sum over the tile in tile_sum.
+template <int BK>
+__device__ __forceinline__ void softmax_lazy(float (&s)[BK / 2], const float (&m)[2], float (&tile_sum)[2], float sl) {
+  constexpr int kPairs = BK / 8;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pv = fast_exp2(fmaf(s[4 * j + 2 * ri + e], sl, -m[ri]));
+        s[4 * j + 2 * ri + e] = pv;
+        sum[(2 * j + e) % 4] += pv;
+      }
+    tile_sum[ri] = (sum[0] + sum[1]) + (sum[2] + sum[3]);
+  }
+}
+
 template <int BK>
 __device__ __forceinline__ void pack_p(uint32_t (&pa)[BK / 16][4], const float (&s)[BK / 2]) {
 #pragma unroll
@@ -249,6 +299,50 @@ __device__ __forceinline__ void rescale(float (&o)[N / 2], const float (&alpha)[
   for (int j = 0; j < N / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[4 * j + e] *= alpha[e / 2];
+}
+
+// After softmax_lazy and pack_p (O no longer on the tensor cores): the tile's sums join l, unless a thread's share
+// of a row's sum passed kLazyCap somewhere in this warp (the vote runs after the packing so that nothing waits on the
+// last exponentials). Then each row is rescaled exactly, by r = 2^-e with 2^(e-1) <= its largest P < 2^e: P (and
+// its packed copy), l and O by r, m to m + e. An exponential that overflowed (scores 128 / log2(e) = 89 over the
+// running max within one tile) cannot be rescaled: the warp flags exact_needed and finish() recomputes its rows.
+template <int N, int BK>
+__device__ __forceinline__ void settle_lazy(float (&s)[BK / 2], uint32_t (&pa)[BK / 16][4], float (&o)[N / 2], float (&m)[2],
+                                            float (&l)[2], const float (&tile_sum)[2], bool& exact_needed) {
+  constexpr int kPairs = BK / 8;
+  if (!__any_sync(0xffffffffu, tile_sum[0] > kLazyCap || tile_sum[1] > kLazyCap)) {
+    l[0] += tile_sum[0];
+    l[1] += tile_sum[1];
+    return;
+  }
+  if ((threadIdx.x & 31) == 0) atomicAdd(&g_lazy_rescales, 1ull);
+  float alpha[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    float mx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    alpha[ri] = 1.0f;
+    if (mx == INFINITY) exact_needed = true;
+    if (!(mx > 1.0f && mx < INFINITY)) {
+      l[ri] += tile_sum[ri];
+      continue;
+    }
+    // mx in [2^(e-1), 2^e), e in [1, 128]; 2^-127 is f32's smallest normal power of two (P then ends below 2).
+    const int e = min(((__float_as_int(mx) >> kFloatMantBits) & 0xff) - (kFloatExpBias - 1), kFloatExpBias);
+    alpha[ri] = __int_as_float((kFloatExpBias - e) << kFloatMantBits);
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      s[4 * j + 2 * ri] *= alpha[ri];
+      s[4 * j + 2 * ri + 1] *= alpha[ri];
+    }
+    l[ri] = (l[ri] + tile_sum[ri]) * alpha[ri];
+    m[ri] += float(e);
+  }
+  rescale<N>(o, alpha);
+  pack_p<BK>(pa, s);
 }
 
 template <class K, int D>
@@ -275,6 +369,48 @@ __device__ __forceinline__ void store_out(const KernelParams& p, const Consumer<
   }
 }
 
+// This warp's 16 query rows from row0 recomputed exactly from global memory (the lazy max's fallback after an
+// exponential overflowed: scores 89 over their running max within one tile; never in SD's or FLUX's attention): per
+// row, the max over all keys, then the exponentials' sum and P V, with the head dim spread over the lanes. Slow
+// (~16 x 2 passes over the keys), and only for such rows.
+template <int D>
+__device__ __noinline__ void exact_rows(const KernelParams& p, int row0, int lane) {
+  constexpr int kPerLane = (D + 31) / 32;
+  const int h = int(blockIdx.y), b = int(blockIdx.z), kvh = h / p.group;
+  const __nv_bfloat16* kb = p.kg + int64_t(b) * p.ks0 + int64_t(kvh) * p.ks1;
+  const __nv_bfloat16* vb = p.vg + int64_t(b) * p.vs0 + int64_t(kvh) * p.vs1;
+  auto* og = static_cast<__nv_bfloat16*>(p.out) + int64_t(b) * p.os0 + int64_t(h) * p.os1;
+  if (lane == 0) atomicAdd(&g_lazy_exact_rows, 1ull);
+  for (int row = row0; row < min(row0 + 16, p.sq); ++row) {
+    const __nv_bfloat16* qr = p.qg + int64_t(b) * p.qs0 + int64_t(h) * p.qs1 + int64_t(row) * p.qs2;
+    float q[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) q[i] = lane + 32 * i < D ? __bfloat162float(qr[lane + 32 * i]) : 0.0f;
+    const auto score = [&](int key) {  // log2 units
+      float part = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i)
+        if (lane + 32 * i < D) part = fmaf(q[i], __bfloat162float(kb[int64_t(key) * p.ks2 + lane + 32 * i]), part);
+#pragma unroll
+      for (int w = 16; w > 0; w /= 2) part += __shfl_xor_sync(0xffffffffu, part, w);
+      return part * p.scale_log2;
+    };
+    float mx = -INFINITY;
+    for (int key = 0; key < p.sk; ++key) mx = fmaxf(mx, score(key));
+    float sum = 0.0f, o[kPerLane] = {};
+    for (int key = 0; key < p.sk; ++key) {
+      const float pr = fast_exp2(score(key) - mx);
+      sum += pr;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i)
+        if (lane + 32 * i < D) o[i] = fmaf(pr, __bfloat162float(vb[int64_t(key) * p.vs2 + lane + 32 * i]), o[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (lane + 32 * i < D) og[int64_t(row) * p.os2 + lane + 32 * i] = __float2bfloat16(o[i] / sum);
+  }
+}
+
 // The last tile's P V, then O out. The last consumer does not hand the turn on: each barrier then sees as many
 // arrivals as waits.
 template <class K, int D>
@@ -288,11 +424,14 @@ __device__ __forceinline__ void finish(const KernelParams& p, const Smem<K>& sm,
   if (!turn.last) turn.end();
   wgmma::wait<0>();
   wgmma::fence_operands(st.o);
-  store_out<K, D>(p, st, c, tid);
+  if (__any_sync(0xffffffffu, st.exact_needed))
+    exact_rows<D>(p, int(blockIdx.x) * K::kBlockQ + c * 64 + (tid % 128) / 32 * 16, tid % 32);
+  else
+    store_out<K, D>(p, st, c, tid);
 }
 
 // Consumer c of the block's nc working ones (those with query rows inside the sequence).
-template <class K, int D>
+template <class K, int D, bool kLazy>
 __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm, int n_tiles, int c, int nc, int tid) {
   const tma::TurnRing turn(kSchedBarrier, c, nc);  // the nc working consumers issue their products in turns
   Consumer<K> st;
@@ -335,12 +474,17 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
     wgmma::fence_operands(st.s);
     tma::arrive(&sm.k_empty[j % kStages]);
     if (j == n_tiles - 1 && tail < K::kBlockK) mask_keys<K::kBlockK>(st.s, tail, t);
-    softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
+    float tile_sum[2];
+    if constexpr (kLazy)
+      softmax_lazy<K::kBlockK>(st.s, st.m, tile_sum, p.scale_log2);
+    else
+      softmax<K::kBlockK>(st.s, st.m, st.l, alpha, p.scale_log2);
     wgmma::wait<0>();
     wgmma::fence_operands(st.o);
     tma::arrive(&sm.v_empty[(j - 1) % kStages]);
-    rescale<K::kN>(st.o, alpha);
+    if constexpr (!kLazy) rescale<K::kN>(st.o, alpha);
     pack_p<K::kBlockK>(st.pa, st.s);
+    if constexpr (kLazy) settle_lazy<K::kN, K::kBlockK>(st.s, st.pa, st.o, st.m, st.l, tile_sum, st.exact_needed);
   }
 
   finish<K, D>(p, sm, st, turn, n_tiles - 1, c, tid);
@@ -348,7 +492,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
 
 #endif  // ATELIER_WGMMA
 
-template <int D, int C, int BK>
+template <int D, int C, int BK, bool kLazy>
 __global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
     attention_wgmma_kernel(const __grid_constant__ KernelParams p) {
 #ifdef ATELIER_WGMMA
@@ -377,7 +521,7 @@ __global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
     if (tid == 0) produce<K>(p, sm, n_tiles);
   } else {
     tma::regs_alloc<K::kConsumerRegs>();
-    if (wg - 1 < nc) consume<K, D>(p, sm, n_tiles, wg - 1, nc, tid - 128);
+    if (wg - 1 < nc) consume<K, D, kLazy>(p, sm, n_tiles, wg - 1, nc, tid - 128);
   }
 #else
   __trap();
@@ -410,11 +554,15 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
       !make_map(p.k, a.k, a.batch, a.heads / a.group, a.sk, a.d, a.ks0, a.ks1, a.ks2, BK) ||
       !make_map(p.v, a.v, a.batch, a.heads / a.group, a.sk, a.d, a.vs0, a.vs1, a.vs2, BK))
     return false;
+  p.qg = static_cast<const __nv_bfloat16*>(a.q), p.kg = static_cast<const __nv_bfloat16*>(a.k);
+  p.vg = static_cast<const __nv_bfloat16*>(a.v);
+  p.qs0 = a.qs0, p.qs1 = a.qs1, p.qs2 = a.qs2, p.ks0 = a.ks0, p.ks1 = a.ks1, p.ks2 = a.ks2;
+  p.vs0 = a.vs0, p.vs1 = a.vs1, p.vs2 = a.vs2;
   p.out = a.out;
   p.os0 = a.os0, p.os1 = a.os1, p.os2 = a.os2;
   p.sq = a.sq, p.sk = a.sk, p.group = a.group;
   p.scale_log2 = a.scale * kLog2e;
-  const auto kernel = attention_wgmma_kernel<D, C, BK>;
+  const auto kernel = lazy_max_flag() ? attention_wgmma_kernel<D, C, BK, true> : attention_wgmma_kernel<D, C, BK, false>;
   // Per launch, as the mma.sync kernel does: the attribute belongs to the current device's context, and each
   // GPU's backend launches on its own (a once-per-process call left a second GPU at the 48 KB default).
   ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(K::kSmem)));
@@ -458,6 +606,15 @@ bool wgmma_attention_shape_supported(WgmmaAttentionShape s) {
 }
 void set_wgmma_attention_shape(WgmmaAttentionShape s) { shape_setting() = wgmma_attention_shape_supported(s) ? s : WgmmaAttentionShape{}; }
 WgmmaAttentionShape wgmma_attention_shape() { return shape_setting(); }
+
+bool wgmma_attention_lazy_max() { return lazy_max_flag(); }
+void set_wgmma_attention_lazy_max(bool on) { lazy_max_flag() = on; }
+WgmmaLazyMaxCounts wgmma_lazy_max_counts() {
+  WgmmaLazyMaxCounts c{};
+  ATELIER_CUDA_OK(cudaMemcpyFromSymbol(&c.rescaled_warp_tiles, g_lazy_rescales, sizeof(c.rescaled_warp_tiles)));
+  ATELIER_CUDA_OK(cudaMemcpyFromSymbol(&c.exact_warps, g_lazy_exact_rows, sizeof(c.exact_warps)));
+  return c;
+}
 
 bool wgmma_attention_enabled() { return enabled_flag(); }
 int64_t wgmma_attention_launches() { return g_launches.load(); }
