@@ -393,7 +393,7 @@ void kv_layout_rates(cuda::CudaBackend& be, int iters, const Tensor& q, int64_t 
          flops, "TFLOP/s"});
 }
 
-// Section "d40": the d40 wgmma kernel (3 x 128) on K/V as the UNet passes them (views of its fused projection) at
+// Section "d40": the d40 wgmma kernel (each block shape) on K/V as the UNet passes them (views of its fused projection) at
 // SD 1.5's three step shapes, the rows a change to that kernel is judged on (docs/cuda.md, session 53), alone.
 void d40_unet_layout_rates(cuda::CudaBackend& be, int iters) {
   constexpr int64_t kHeads = 8, kD = 40;
@@ -402,14 +402,17 @@ void d40_unet_layout_rates(cuda::CudaBackend& be, int iters) {
     int64_t b, s;
     const char* what;
   } cases[] = {{2, 4096, "CFG"}, {16, 4096, "16 rows"}, {2, 16384, "1024²"}};
-  cuda::set_wgmma_attention_shape({3, 128});
   for (const auto& c : cases) {
     const double flops = 4.0 * double(c.b * kHeads) * double(c.s) * double(c.s) * double(kD);
     const Tensor fused = random_on({c.b, c.s, 3 * kHeads, kD}, DType::BF16, dev);
     const auto heads = [&](int64_t i) { return fused.narrow(2, i * kHeads, kHeads).permute({0, 2, 1, 3}); };
     const Tensor q = heads(0), k = heads(1), v = heads(2);
-    print({std::string("d40 3 x 128, UNet's fused q/k/v views, ") + c.what + " (" + std::to_string(c.b) + "x8x" + std::to_string(c.s) + "²)",
-           time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+    for (const cuda::WgmmaAttentionShape sh : {cuda::WgmmaAttentionShape{3, 128}, cuda::WgmmaAttentionShape{4, 64}}) {
+      cuda::set_wgmma_attention_shape(sh);
+      print({"d40 " + std::to_string(sh.consumers) + " x " + std::to_string(sh.block_k) + ", UNet's fused q/k/v views, " + c.what +
+                 " (" + std::to_string(c.b) + "x8x" + std::to_string(c.s) + "²)",
+             time_ms(be, iters, [&] { ops::attention(q, k, v); }), flops, "TFLOP/s"});
+    }
   }
   cuda::set_wgmma_attention_shape({});
 }
