@@ -2,10 +2,10 @@
 // leaves to the mma.sync kernel. Its figures beside cuDNN's and mma.sync's: bench/cuda_ops_bench.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdio>
 
 #include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/cuda_attention_lazy.h"
 #include "backend/cuda/cuda_attention_wgmma.h"
 #include "cuda_test_util.h"
 #include "ops_test_util.h"
@@ -27,7 +27,7 @@ struct WgmmaScope {
     cuda::set_wgmma_attention(true);
     cuda::set_short_kv_attention(true);
     cuda::set_wgmma_attention_shape({});
-    cuda::set_wgmma_attention_lazy_max(true);
+    cuda::set_attention_lazy_max(true);
     cuda_be().set_attention_impl(cuda::AttentionImpl::kAuto);
   }
 };
@@ -64,78 +64,15 @@ TEST(CudaWgmmaAttention, MatchesTheCpu) {
     expect_wgmma_parity(c, 81, "");
 }
 
-// The same cases with every tile's exact max (ATELIER_WGMMA_LAZY_MAX=0): the online softmax the lazy max replaced.
+// The same cases with every tile's exact max (ATELIER_ATTENTION_LAZY_MAX=0): the online softmax the lazy max replaced.
 TEST(CudaWgmmaAttention, ExactMaxMatchesTheCpu) {
   ATELIER_REQUIRE_HOPPER();
   WgmmaScope scope(true);
   cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);
-  cuda::set_wgmma_attention_lazy_max(false);
+  cuda::set_attention_lazy_max(false);
   for (const Case& c : {Case{1, 2, 2, 128, 1024, 128}, Case{1, 2, 2, 100, 77, 40}, Case{2, 2, 2, 300, 250, 80},
                         Case{1, 4, 2, 384, 320, 64}, Case{2, 2, 2, 600, 1500, 40}})
     expect_wgmma_parity(c, 83, " exact max");
-}
-
-// Scores that jump within a later key tile, for the lazy max's rare paths (cuda_attention_wgmma.cu, softmax_lazy):
-// every query's column 0 holds kQ0 and key `hot`'s column 0 holds the amplitude that lifts its score `jump` (log2
-// units) over the others (scores of the rest stay within a few units).
-struct Jump {
-  int64_t hot;
-  double jump;
-};
-Tensor with_hot_keys(Tensor x, int64_t rows, int64_t d, const std::vector<Jump>& hot, double q0) {
-  std::vector<float> v = x.to_vector();
-  const double sl = std::log2(std::exp(1.0)) / std::sqrt(double(d));  // a score's log2 units per unit of q.k
-  for (size_t base = 0; base < v.size(); base += size_t(rows * d))
-    for (const Jump& j : hot) v[base + size_t(j.hot * d)] = float(std::round(j.jump / (q0 * sl)));
-  return Tensor::from_vector(v, x.shape());
-}
-
-void expect_jump_parity(const Case& c, const std::vector<Jump>& hot, const std::string& label) {
-  constexpr double kQ0 = 16.0;
-  Tensor q = random_tensor({c.b, c.h, c.sq, c.d}, 61, 0.5f), k = random_tensor({c.b, c.hk, c.sk, c.d}, 62, 0.5f);
-  const Tensor v = random_tensor({c.b, c.hk, c.sk, c.d}, 63);
-  std::vector<float> qv = q.to_vector();
-  for (size_t i = 0; i < qv.size(); i += size_t(c.d)) qv[i] = float(kQ0);
-  q = Tensor::from_vector(qv, q.shape());
-  k = with_hot_keys(k, c.sk, c.d, hot, kQ0);
-  const auto fn = [](const std::vector<Tensor>& in) { return ops::attention(in[0], in[1], in[2], Tensor()); };
-  const int64_t before = cuda::wgmma_attention_launches();
-  EXPECT_PARITY(label + " d" + std::to_string(c.d), fn, std::vector<Tensor>({q, k, v}), DType::BF16);
-  EXPECT_GT(cuda::wgmma_attention_launches(), before) << label << ": the wgmma kernel did not take the case";
-}
-
-// A jump past the cap (2^64) takes the exact rescale, smaller ones leave P above 1 unrescaled, one past f32's range
-// (2^128) has its warps' rows recomputed from global memory; each at SD's and FLUX's head dims, ragged query rows
-// and grouped K/V heads, each the same as the CPU's softmax, and each rare path counted where it should run.
-TEST(CudaWgmmaAttention, LazyMaxRescalesAndRecomputesWhereScoresJump) {
-  ATELIER_REQUIRE_HOPPER();
-  WgmmaScope scope(true);
-  cuda_be().set_attention_impl(cuda::AttentionImpl::kFlash);
-  for (const int64_t d : {40, 64, 80, 128}) {
-    const Case c{1, 4, 2, 200, 600, d};
-    auto counts = cuda::wgmma_lazy_max_counts();
-    expect_jump_parity(c, {{300, 80.0}, {450, 95.0}, {590, 124.0}}, "lazy max: jumps of 80, then 15 and 29");
-    auto now = cuda::wgmma_lazy_max_counts();
-    EXPECT_GT(now.rescaled_warp_tiles, counts.rescaled_warp_tiles) << "d" << d << ": the jump of 80 was not rescaled";
-    EXPECT_EQ(now.exact_warps, counts.exact_warps) << "d" << d << ": rows recomputed without an overflow";
-    counts = now;
-    expect_jump_parity(c, {{140, 40.0}, {400, 150.0}}, "lazy max: jumps of 40, then 110 past f32");
-    now = cuda::wgmma_lazy_max_counts();
-    EXPECT_GT(now.exact_warps, counts.exact_warps) << "d" << d << ": the overflow did not recompute the rows";
-    cuda::set_wgmma_attention_lazy_max(false);  // the exact max on the same scores: no rare path runs
-    counts = now;
-    expect_jump_parity(c, {{140, 40.0}, {400, 150.0}}, "exact max: jumps of 40, then 110");
-    now = cuda::wgmma_lazy_max_counts();
-    EXPECT_EQ(now.exact_warps, counts.exact_warps);
-    EXPECT_EQ(now.rescaled_warp_tiles, counts.rescaled_warp_tiles);
-    cuda::set_wgmma_attention_lazy_max(true);
-  }
-  cuda::set_wgmma_attention_shape({4, 64});  // 64-key tiles: the jumps land in other tiles and threads
-  const auto counts = cuda::wgmma_lazy_max_counts();
-  expect_jump_parity(Case{2, 2, 2, 130, 300, 40}, {{70, 80.0}, {200, 215.0}}, "lazy max 4x64: jumps of 80, then 135 past f32");
-  const auto now = cuda::wgmma_lazy_max_counts();
-  EXPECT_GT(now.rescaled_warp_tiles, counts.rescaled_warp_tiles);
-  EXPECT_GT(now.exact_warps, counts.exact_warps);
 }
 
 // Both block shapes at head dims 40 and 64, forced (cuda_attention_wgmma.h): ragged and whole tiles, grouped heads,

@@ -4,8 +4,9 @@
 // (MT = 2 reuses every K/V fragment for two m-tiles: half the shared-memory reads per FLOP, used when the grid
 // is large enough). K and V tiles of BN keys stream through shared memory with cp.async (double-buffered:
 // tile t+1 loads while tile t is used). Per tile, S = Q K^T with mma.sync m16n8k16 (Q and K fragments through
-// ldmatrix); the online softmax (running max and sum per row, in the log2 domain, MUFU ex2) turns S into P in
-// registers, where the m16n8 accumulator layout of S is exactly the A-operand layout of the next product;
+// ldmatrix); the online softmax (running max and sum per row, in the log2 domain, MUFU ex2; unmasked tiles after
+// the first with the lazy max of cuda_attention_lazy.cuh) turns S into P in registers, where the m16n8 accumulator
+// layout of S is exactly the A-operand layout of the next product;
 // O += P V takes V's B operand through ldmatrix.trans. The head dim is padded to DPAD (a multiple of 16) with
 // zeros in shared memory, so SD's 40/80/160 run with 48/80/160 columns. Masks and ragged key tiles take
 // their checks only where they apply (a MASKED instantiation; bounds on the last tile only).
@@ -15,6 +16,8 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_attention.h"
+#include "backend/cuda/cuda_attention_lazy.cuh"
+#include "backend/cuda/cuda_attention_lazy.h"
 #include "backend/cuda/cuda_attention_short.h"
 #include "backend/cuda/cuda_attention_views.h"
 #include "backend/cuda/cuda_attention_wgmma.h"
@@ -36,7 +39,16 @@ constexpr int kMaxFlashHeadDim = 256;
 
 struct FlashParams : AttentionViews {
   AttentionMask mask;
+  bool lazy;  // the lazy running max on the unmasked kernels' tiles after the first (cuda_attention_lazy.cuh)
 };
+
+std::atomic<bool> g_lazy_max{!env_is("ATELIER_ATTENTION_LAZY_MAX", "0")};
+// How often the lazy max's rare paths ran in this kernel (warps; flash_lazy_max_counts).
+__device__ unsigned long long g_flash_lazy_rescales = 0, g_flash_lazy_exact_rows = 0;
+// P's bound under the lazy max: bf16 holds f32's range (kLazyCap); f16's largest value is 65504, so its rows
+// rescale once a thread's share of a tile's sum passes 2^15 (scores grown by 10.4 over their running max).
+template <typename T>
+constexpr float kLazyCapOf = std::is_same_v<T, __half> ? 32768.0f : kLazyCap;
 
 // Queries per block: 4 warps x MT m-tiles x 16 rows.
 template <int MT> constexpr int kBlockM = 4 * MT * kWarpRows;
@@ -100,6 +112,101 @@ __device__ __forceinline__ void scale_scores(float (&s)[MT][NT][4], const FlashP
       }
 }
 
+// The online softmax of one tile (FlashAttention's): S in log2 units becomes P against the new row max, and acc and
+// the row sums are rescaled to it. s [MT][NT][4], acc [MT][OT][4].
+template <int MT, int NT, int OT>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[MT][NT][4], float (&acc)[MT][OT][4],
+                                                    SoftmaxRows<MT>& rows) {
+  float m_use[2 * MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int r = 2 * mt + ri;
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[mt][nt][2 * ri], s[mt][nt][2 * ri + 1]));
+      // The four threads of a quad hold the same row.
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float m_new = fmaxf(rows.m[r], tile_max);
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: exps of -inf are 0, not NaN
+      const float alpha = fast_exp2(rows.m[r] - m_use[r]);
+      rows.m[r] = m_new;
+      float row_sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        s[mt][nt][2 * ri] = fast_exp2(s[mt][nt][2 * ri] - m_use[r]);
+        s[mt][nt][2 * ri + 1] = fast_exp2(s[mt][nt][2 * ri + 1] - m_use[r]);
+        row_sum += s[mt][nt][2 * ri] + s[mt][nt][2 * ri + 1];
+      }
+      rows.l[r] = rows.l[r] * alpha + row_sum;
+#pragma unroll
+      for (int ot = 0; ot < OT; ++ot) {
+        acc[mt][ot][2 * ri] *= alpha;
+        acc[mt][ot][2 * ri + 1] *= alpha;
+      }
+    }
+  }
+}
+
+// A whole key tile after the first under the lazy max (cuda_attention_lazy.cuh): S (raw scores, times sl to log2
+// units) becomes P against the running max, without a row max or a rescale of acc, unless some row of this warp passed
+// the cap: then the rows rescale exactly by a power of two (P in s, acc, l, m), and a row whose exponentials
+// overflowed flags exact_needed. s [MT][NT][4], acc [MT][OT][4].
+template <typename T, int MT, int NT, int OT>
+__device__ __forceinline__ void lazy_softmax_tile(float (&s)[MT][NT][4], float (&acc)[MT][OT][4], SoftmaxRows<MT>& rows,
+                                                  float sl, bool& exact_needed) {
+  float tile_sum[2 * MT];
+  bool over = false;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int r = 2 * mt + ri;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          s[mt][nt][2 * ri + e] = fast_exp2(fmaf(s[mt][nt][2 * ri + e], sl, -rows.m[r]));
+          sum += s[mt][nt][2 * ri + e];
+        }
+      tile_sum[r] = sum;
+      over |= sum > kLazyCapOf<T>;
+    }
+  if (!__any_sync(0xffffffffu, over)) {
+#pragma unroll
+    for (int r = 0; r < 2 * MT; ++r) rows.l[r] += tile_sum[r];
+    return;
+  }
+  if ((threadIdx.x & 31) == 0) atomicAdd(&g_flash_lazy_rescales, 1ull);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int r = 2 * mt + ri;
+      float mx = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * ri], s[mt][nt][2 * ri + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      if (mx == INFINITY) exact_needed = true;
+      if (!(mx > 1.0f && mx < INFINITY)) {
+        rows.l[r] += tile_sum[r];
+        continue;
+      }
+      float scale;
+      const int e = lazy_rescale_exponent(mx, scale);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) s[mt][nt][2 * ri] *= scale, s[mt][nt][2 * ri + 1] *= scale;
+#pragma unroll
+      for (int ot = 0; ot < OT; ++ot) acc[mt][ot][2 * ri] *= scale, acc[mt][ot][2 * ri + 1] *= scale;
+      rows.l[r] = (rows.l[r] + tile_sum[r]) * scale;
+      rows.m[r] += float(e);
+    }
+}
+
 // NBUF = 1: the launcher guarantees one key tile (p.sk <= BN).
 template <typename T, int DPAD, int MT, int BN, bool MASKED, int NBUF>
 __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const FlashParams p) {
@@ -150,6 +257,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const Fl
 #pragma unroll
   for (int r = 0; r < 2 * MT; ++r) rows.m[r] = -INFINITY, rows.l[r] = 0.0f;
   const float scale_log2 = p.scale * kLog2e;
+  bool exact_needed = false;  // the lazy max met an overflow: exact_rows recomputes this warp's rows
   // ldmatrix lane roles: matrix index (lane / 8) and row within it (lane % 8).
   const int mi = lane >> 3, mr = lane & 7;
 
@@ -195,48 +303,24 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const Fl
       }
     }
 
-    // Scores to log2 units (mask and key bound where they apply); the tile's row maxima.
+    // Scores to log2 units (mask and key bound where they apply); the tile's row maxima, or the lazy max's tile.
     const bool ragged = kv0 + BN > p.sk;
-    if (MASKED || ragged) {
-      scale_scores<MASKED>(s, p, b, h, kv0, query, tig, ragged);
+    bool lazy = false;
+    if constexpr (!MASKED) lazy = p.lazy && t > 0 && !ragged;  // the ragged last tile takes the exact max
+    if (lazy) {
+      lazy_softmax_tile<T>(s, acc, rows, scale_log2, exact_needed);
     } else {
+      if (MASKED || ragged) {
+        scale_scores<MASKED>(s, p, b, h, kv0, query, tig, ragged);
+      } else {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kSTiles; ++nt)
+          for (int nt = 0; nt < kSTiles; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
-    }
-    float m_use[2 * MT];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        const int r = 2 * mt + ri;
-        float tile_max = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < kSTiles; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[mt][nt][2 * ri], s[mt][nt][2 * ri + 1]));
-        // The four threads of a quad hold the same row.
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float m_new = fmaxf(rows.m[r], tile_max);
-        m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: exps of -inf are 0, not NaN
-        const float alpha = fast_exp2(rows.m[r] - m_use[r]);
-        rows.m[r] = m_new;
-        float row_sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < kSTiles; ++nt) {
-          s[mt][nt][2 * ri] = fast_exp2(s[mt][nt][2 * ri] - m_use[r]);
-          s[mt][nt][2 * ri + 1] = fast_exp2(s[mt][nt][2 * ri + 1] - m_use[r]);
-          row_sum += s[mt][nt][2 * ri] + s[mt][nt][2 * ri + 1];
-        }
-        rows.l[r] = rows.l[r] * alpha + row_sum;
-#pragma unroll
-        for (int ot = 0; ot < kOTiles; ++ot) {
-          acc[mt][ot][2 * ri] *= alpha;
-          acc[mt][ot][2 * ri + 1] *= alpha;
-        }
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
       }
+      online_softmax_tile(s, acc, rows);
     }
 
     // O += P V: P's A fragments come straight from the S accumulators.
@@ -265,6 +349,12 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attention_kernel(const Fl
     __syncthreads();      // and every warp is done with this one
   }
 
+  if constexpr (!MASKED) {
+    if (__any_sync(0xffffffffu, exact_needed)) {  // the lazy max met an overflow in this warp's rows
+      exact_rows<T, DPAD>(p, b, h, q0 + wrow, MT * kWarpRows, lane, &g_flash_lazy_exact_rows);
+      return;
+    }
+  }
   T* og = static_cast<T*>(p.out) + int64_t(b) * p.os0 + int64_t(h) * p.os1;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -434,6 +524,7 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
   p.group = int(h / hk);
   p.scale = scale;
   p.mask = attention_mask_of(mask);
+  p.lazy = g_lazy_max.load();
   NvtxRange range("attention_flash");
   const FlashLaunch launch{sm_count_, flash_block_rows_, flash_key_tile_, max_smem_optin_, stream_};
   if (dt == DType::BF16 ? launch_flash_short<__nv_bfloat16>(p, launch) : launch_flash_short<__half>(p, launch)) return true;
@@ -494,5 +585,14 @@ void set_short_kv_attention(bool on) { g_short_kv = on; }
 int set_short_kv_narrow_head_dims(int max_d) { return g_short_kv_narrow.exchange(std::clamp(max_d, 0, kShortKvMaxHeadDim)); }
 int short_kv_narrow_head_dims_default() { return kShortKvNarrowDefault; }
 int64_t short_kv_attention_launches() { return g_short_kv_launches.load(); }
+
+bool attention_lazy_max() { return g_lazy_max.load(); }
+void set_attention_lazy_max(bool on) { g_lazy_max = on; }
+LazyMaxCounts flash_lazy_max_counts() {
+  LazyMaxCounts c{};
+  ATELIER_CUDA_OK(cudaMemcpyFromSymbol(&c.rescaled_warp_tiles, g_flash_lazy_rescales, sizeof(c.rescaled_warp_tiles)));
+  ATELIER_CUDA_OK(cudaMemcpyFromSymbol(&c.exact_warps, g_flash_lazy_exact_rows, sizeof(c.exact_warps)));
+  return c;
+}
 
 }  // namespace atelier::cuda

@@ -14,7 +14,8 @@
 // The softmax is lazy about its max (session 54, softmax_lazy): tiles after the first take their exponentials against
 // the running max of the tiles before, with no max over S and no rescale of O, and rescale only where a row's scores
 // grew by 2^64 within a tile (or recompute the rows exactly where they overflowed f32): 9% off the d40 kernel and 12%
-// off d80 inside SD's 1024² step, 11-12% off d64 and FLUX's d128 (ATELIER_WGMMA_LAZY_MAX=0: the exact max per tile).
+// off d80 inside SD's 1024² step, 11-12% off d64 and FLUX's d128 (cuda_attention_lazy.cuh;
+// ATELIER_ATTENTION_LAZY_MAX=0: the exact max per tile).
 // Measured and not kept (docs/performance.md, sessions 20 and 33): consumers issuing without turns (8-20% slower),
 // part of the exponentials as a polynomial on the FMA pipes (9-23% slower at head dims 40/64, in proportion to the
 // instructions added: the consumers' issue bounds the tile as soon as the MUFU's share falls), 64-key tiles, three
@@ -43,6 +44,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cuda/cuda_attention_lazy.cuh"
+#include "backend/cuda/cuda_attention_lazy.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ptx.cuh"
 #include "backend/cuda/cuda_tma.cuh"
@@ -59,12 +62,8 @@ std::atomic<int64_t> g_launches{0};
 
 struct KernelParams {
   CUtensorMap q, k, v;  // [batch][heads][rows][head dim] boxes of 64 head-dim columns
-  const __nv_bfloat16 *qg, *kg, *vg;  // the same views in global memory, for exact_rows (the lazy max's fallback)
-  int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2;
-  void* out;
-  int64_t os0, os1, os2;
-  int sq, sk, group;
-  float scale_log2;  // softmax scale x log2(e)
+  AttentionViews views;  // the operands in global memory: out, and q/k/v for exact_rows (the lazy max's fallback)
+  float scale_log2;      // softmax scale x log2(e)
 };
 
 // On unless ATELIER_WGMMA_ATTENTION=0 (then the mma.sync kernel takes these cases too).
@@ -76,16 +75,7 @@ bool& enabled_flag() {
   return on;
 }
 
-// The lazy running max (softmax_lazy) unless ATELIER_WGMMA_LAZY_MAX=0 (then every tile takes its exact max).
-bool& lazy_max_flag() {
-  static bool on = [] {
-    const char* v = std::getenv("ATELIER_WGMMA_LAZY_MAX");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  return on;
-}
-
-// How often the lazy max's rare paths ran (warps; tests read them: cuda_attention_wgmma.h).
+// How often the lazy max's rare paths ran (warps; cuda_attention_lazy.h).
 __device__ unsigned long long g_lazy_rescales = 0, g_lazy_exact_rows = 0;
 
 // The block shape asked for at head dims <= 64: ATELIER_WGMMA_ATTENTION_SHAPE=3x128 or =4x64, else {0, 0}: the
@@ -156,7 +146,7 @@ __device__ __forceinline__ uint32_t tile_parity(int j) { return uint32_t((j / kS
 // The producer's one thread: Q, then K_j and V_j into buffer j % kStages once the consumers released it.
 template <class K>
 __device__ __forceinline__ void produce(const KernelParams& p, const Smem<K>& sm, int n_tiles) {
-  const int h = int(blockIdx.y), b = int(blockIdx.z), q0 = int(blockIdx.x) * K::kBlockQ, kvh = h / p.group;
+  const int h = int(blockIdx.y), b = int(blockIdx.z), q0 = int(blockIdx.x) * K::kBlockQ, kvh = h / p.views.group;
   tma::arrive_expect_tx(sm.q_full, K::kQBytes);
 #pragma unroll
   for (int a = 0; a < K::kAtoms; ++a) tma::load_4d(sm.q + a * K::kBlockQ * 128, &p.q, 64 * a, q0, h, b, sm.q_full);
@@ -255,18 +245,10 @@ __device__ __forceinline__ void softmax(float (&s)[BK / 2], float (&m)[2], float
   }
 }
 
-// The lazy softmax's bound on a thread's share of a row's sum over one tile: up to it, P stays unrescaled against the
-// running max of the tiles before. Each P is then below 2^64, inside bf16's range (f32's exponent bits), and O and l,
-// sums of at most 2^31 keys' P (x |v| for O), stay below 2^95 x max |v|: inside f32 for any |v| below 2^32. A row's
-// scaled scores must grow by 64 ln 2 = 44 over their running max within one tile to take the rescale.
-constexpr float kLazyCap = 18446744073709551616.0f;  // 2^64
-constexpr int kFloatExpBias = 127, kFloatMantBits = 23;
-
 // The exponentials of tile j > 0 against the running max of the tiles before it (m), without a max over S: P may
 // exceed 1 and nothing needs rescaling, which takes the max's FMNMX chain and shuffles, O's rescale and alpha's
-// exponentials off every tile (session 54). A softmax is the same for any m (P V and the row sum scale alike) as
-// long as the exponentials stay inside f32; settle_lazy checks that once P is packed. Rows of S as in softmax(); the
-// thread's share of each row's sum over the tile in tile_sum.
+// exponentials off every tile (cuda_attention_lazy.cuh); settle_lazy checks the exponentials once P is packed. Rows
+// of S as in softmax(); the thread's share of each row's sum over the tile in tile_sum.
 template <int BK>
 __device__ __forceinline__ void softmax_lazy(float (&s)[BK / 2], const float (&m)[2], float (&tile_sum)[2], float sl) {
   constexpr int kPairs = BK / 8;
@@ -307,8 +289,9 @@ __device__ __forceinline__ void rescale(float (&o)[N / 2], const float (&alpha)[
 // its packed copy), l and O by r, m to m + e. An exponential that overflowed (scores 128 / log2(e) = 89 over the
 // running max within one tile) cannot be rescaled: the warp flags exact_needed and finish() recomputes its rows.
 template <int N, int BK>
-__device__ __forceinline__ void settle_lazy(float (&s)[BK / 2], uint32_t (&pa)[BK / 16][4], float (&o)[N / 2], float (&m)[2],
-                                            float (&l)[2], const float (&tile_sum)[2], bool& exact_needed) {
+__device__ __forceinline__ void settle_lazy(float (&s)[BK / 2], uint32_t (&pa)[BK / 16][4], float (&o)[N / 2],
+                                            float (&m)[2], float (&l)[2], const float (&tile_sum)[2],
+                                            bool& exact_needed) {
   constexpr int kPairs = BK / 8;
   if (!__any_sync(0xffffffffu, tile_sum[0] > kLazyCap || tile_sum[1] > kLazyCap)) {
     l[0] += tile_sum[0];
@@ -330,9 +313,7 @@ __device__ __forceinline__ void settle_lazy(float (&s)[BK / 2], uint32_t (&pa)[B
       l[ri] += tile_sum[ri];
       continue;
     }
-    // mx in [2^(e-1), 2^e), e in [1, 128]; 2^-127 is f32's smallest normal power of two (P then ends below 2).
-    const int e = min(((__float_as_int(mx) >> kFloatMantBits) & 0xff) - (kFloatExpBias - 1), kFloatExpBias);
-    alpha[ri] = __int_as_float((kFloatExpBias - e) << kFloatMantBits);
+    const int e = lazy_rescale_exponent(mx, alpha[ri]);
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
       s[4 * j + 2 * ri] *= alpha[ri];
@@ -356,58 +337,17 @@ __device__ __forceinline__ void store_out(const KernelParams& p, const Consumer<
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     inv[ri] = 1.0f / sum;
   }
-  auto* og = static_cast<__nv_bfloat16*>(p.out) + int64_t(blockIdx.z) * p.os0 + int64_t(blockIdx.y) * p.os1;
+  auto* og =
+      static_cast<__nv_bfloat16*>(p.views.out) + int64_t(blockIdx.z) * p.views.os0 + int64_t(blockIdx.y) * p.views.os1;
   const int row0 = int(blockIdx.x) * K::kBlockQ + c * 64 + warp * 16 + g;
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const int row = row0 + 8 * ri;
-    if (row >= p.sq) continue;
+    if (row >= p.views.sq) continue;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t*>(og + row * p.os2 + 8 * j + 2 * t) =
+      *reinterpret_cast<uint32_t*>(og + row * p.views.os2 + 8 * j + 2 * t) =
           pack2<__nv_bfloat16>(st.o[4 * j + 2 * ri] * inv[ri], st.o[4 * j + 2 * ri + 1] * inv[ri]);
-  }
-}
-
-// This warp's 16 query rows from row0 recomputed exactly from global memory (the lazy max's fallback after an
-// exponential overflowed: scores 89 over their running max within one tile; never in SD's or FLUX's attention): per
-// row, the max over all keys, then the exponentials' sum and P V, with the head dim spread over the lanes. Slow
-// (~16 x 2 passes over the keys), and only for such rows.
-template <int D>
-__device__ __noinline__ void exact_rows(const KernelParams& p, int row0, int lane) {
-  constexpr int kPerLane = (D + 31) / 32;
-  const int h = int(blockIdx.y), b = int(blockIdx.z), kvh = h / p.group;
-  const __nv_bfloat16* kb = p.kg + int64_t(b) * p.ks0 + int64_t(kvh) * p.ks1;
-  const __nv_bfloat16* vb = p.vg + int64_t(b) * p.vs0 + int64_t(kvh) * p.vs1;
-  auto* og = static_cast<__nv_bfloat16*>(p.out) + int64_t(b) * p.os0 + int64_t(h) * p.os1;
-  if (lane == 0) atomicAdd(&g_lazy_exact_rows, 1ull);
-  for (int row = row0; row < min(row0 + 16, p.sq); ++row) {
-    const __nv_bfloat16* qr = p.qg + int64_t(b) * p.qs0 + int64_t(h) * p.qs1 + int64_t(row) * p.qs2;
-    float q[kPerLane];
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) q[i] = lane + 32 * i < D ? __bfloat162float(qr[lane + 32 * i]) : 0.0f;
-    const auto score = [&](int key) {  // log2 units
-      float part = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i)
-        if (lane + 32 * i < D) part = fmaf(q[i], __bfloat162float(kb[int64_t(key) * p.ks2 + lane + 32 * i]), part);
-#pragma unroll
-      for (int w = 16; w > 0; w /= 2) part += __shfl_xor_sync(0xffffffffu, part, w);
-      return part * p.scale_log2;
-    };
-    float mx = -INFINITY;
-    for (int key = 0; key < p.sk; ++key) mx = fmaxf(mx, score(key));
-    float sum = 0.0f, o[kPerLane] = {};
-    for (int key = 0; key < p.sk; ++key) {
-      const float pr = fast_exp2(score(key) - mx);
-      sum += pr;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i)
-        if (lane + 32 * i < D) o[i] = fmaf(pr, __bfloat162float(vb[int64_t(key) * p.vs2 + lane + 32 * i]), o[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
-      if (lane + 32 * i < D) og[int64_t(row) * p.os2 + lane + 32 * i] = __float2bfloat16(o[i] / sum);
   }
 }
 
@@ -425,7 +365,9 @@ __device__ __forceinline__ void finish(const KernelParams& p, const Smem<K>& sm,
   wgmma::wait<0>();
   wgmma::fence_operands(st.o);
   if (__any_sync(0xffffffffu, st.exact_needed))
-    exact_rows<D>(p, int(blockIdx.x) * K::kBlockQ + c * 64 + (tid % 128) / 32 * 16, tid % 32);
+    exact_rows<__nv_bfloat16, D>(p.views, int(blockIdx.z), int(blockIdx.y),
+                                 int(blockIdx.x) * K::kBlockQ + c * 64 + (tid % 128) / 32 * 16, 16, tid % 32,
+                                 &g_lazy_exact_rows);
   else
     store_out<K, D>(p, st, c, tid);
 }
@@ -437,7 +379,7 @@ __device__ __forceinline__ void consume(const KernelParams& p, const Smem<K>& sm
   Consumer<K> st;
   st.clear();
   const int t = tid % 4;
-  const int tail = p.sk - (n_tiles - 1) * K::kBlockK;  // keys in the last tile
+  const int tail = p.views.sk - (n_tiles - 1) * K::kBlockK;  // keys in the last tile
   const uint32_t q_addr = smem_u32(sm.q) + c * 64 * 128;
   const auto k_addr = [&](int j) { return smem_u32(tile_buffer<K>(sm.k, j)); };
   const auto v_addr = [&](int j) { return smem_u32(tile_buffer<K>(sm.v, j)); };
@@ -500,11 +442,11 @@ __global__ void __launch_bounds__(Cfg<D, C, BK>::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const Smem<K> sm(smem_raw);
   const int tid = int(threadIdx.x), wg = tid / 128;
-  const int n_tiles = (p.sk + BK - 1) / BK;
+  const int n_tiles = (p.views.sk + BK - 1) / BK;
   // Consumers whose 64 query rows all lie past the sequence (the last block of a head: 4096 queries make 21 blocks
   // of 192 and one of 64) leave at once instead of computing rows nobody stores; the others' barriers count only them
   // (session 36: [16, 8, 4096²] d40 0.984 -> 0.963-0.971 ms).
-  const int nc = min(C, (p.sq - int(blockIdx.x) * K::kBlockQ + 63) / 64);
+  const int nc = min(C, (p.views.sq - int(blockIdx.x) * K::kBlockQ + 63) / 64);
   if (tid == 0) {
     tma::mbar_init(sm.q_full, 1);
     for (int i = 0; i < kStages; ++i) {
@@ -554,15 +496,10 @@ bool launch(const WgmmaAttentionArgs& a, cudaStream_t stream) {
       !make_map(p.k, a.k, a.batch, a.heads / a.group, a.sk, a.d, a.ks0, a.ks1, a.ks2, BK) ||
       !make_map(p.v, a.v, a.batch, a.heads / a.group, a.sk, a.d, a.vs0, a.vs1, a.vs2, BK))
     return false;
-  p.qg = static_cast<const __nv_bfloat16*>(a.q), p.kg = static_cast<const __nv_bfloat16*>(a.k);
-  p.vg = static_cast<const __nv_bfloat16*>(a.v);
-  p.qs0 = a.qs0, p.qs1 = a.qs1, p.qs2 = a.qs2, p.ks0 = a.ks0, p.ks1 = a.ks1, p.ks2 = a.ks2;
-  p.vs0 = a.vs0, p.vs1 = a.vs1, p.vs2 = a.vs2;
-  p.out = a.out;
-  p.os0 = a.os0, p.os1 = a.os1, p.os2 = a.os2;
-  p.sq = a.sq, p.sk = a.sk, p.group = a.group;
+  p.views = a;
   p.scale_log2 = a.scale * kLog2e;
-  const auto kernel = lazy_max_flag() ? attention_wgmma_kernel<D, C, BK, true> : attention_wgmma_kernel<D, C, BK, false>;
+  const auto kernel =
+      attention_lazy_max() ? attention_wgmma_kernel<D, C, BK, true> : attention_wgmma_kernel<D, C, BK, false>;
   // Per launch, as the mma.sync kernel does: the attribute belongs to the current device's context, and each
   // GPU's backend launches on its own (a once-per-process call left a second GPU at the 48 KB default).
   ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(K::kSmem)));
@@ -607,10 +544,8 @@ bool wgmma_attention_shape_supported(WgmmaAttentionShape s) {
 void set_wgmma_attention_shape(WgmmaAttentionShape s) { shape_setting() = wgmma_attention_shape_supported(s) ? s : WgmmaAttentionShape{}; }
 WgmmaAttentionShape wgmma_attention_shape() { return shape_setting(); }
 
-bool wgmma_attention_lazy_max() { return lazy_max_flag(); }
-void set_wgmma_attention_lazy_max(bool on) { lazy_max_flag() = on; }
-WgmmaLazyMaxCounts wgmma_lazy_max_counts() {
-  WgmmaLazyMaxCounts c{};
+LazyMaxCounts wgmma_lazy_max_counts() {
+  LazyMaxCounts c{};
   ATELIER_CUDA_OK(cudaMemcpyFromSymbol(&c.rescaled_warp_tiles, g_lazy_rescales, sizeof(c.rescaled_warp_tiles)));
   ATELIER_CUDA_OK(cudaMemcpyFromSymbol(&c.exact_warps, g_lazy_exact_rows, sizeof(c.exact_warps)));
   return c;

@@ -26,18 +26,6 @@ void set_wgmma_attention(bool on);
 // Kernels launched so far (tests: the case was taken).
 int64_t wgmma_attention_launches();
 
-// The lazy running max (softmax_lazy in cuda_attention_wgmma.cu: tiles after the first take their exponentials
-// against the max of the tiles before and rescale only where a row grew by 2^64): on by default;
-// ATELIER_WGMMA_LAZY_MAX=0 or the setter give every tile its exact max (FlashAttention's online softmax).
-bool wgmma_attention_lazy_max();
-void set_wgmma_attention_lazy_max(bool on);
-// How often its rare paths ran since the process started (tests: the cases that should take them did): warp-tiles
-// rescaled, and warps whose rows were recomputed exactly after an exponential overflowed. Synchronizes the device.
-struct WgmmaLazyMaxCounts {
-  unsigned long long rescaled_warp_tiles = 0, exact_warps = 0;
-};
-WgmmaLazyMaxCounts wgmma_lazy_max_counts();
-
 // The kernel's block shape at head dims <= 64: consumer warpgroups of 64 queries and keys per K/V tile, 3 x 128 or
 // 4 x 64 (four consumers get 112 registers each: S, P and O fit over 64 keys only). {0, 0}, the default, picks at
 // head dim 40 the one whose whole waves of blocks cost less (4 x 64 for SD's CFG step, 3 x 128 at 16 rows and at
