@@ -150,36 +150,12 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[MT][NT][4], float
   }
 }
 
-// A whole key tile after the first under the lazy max (cuda_attention_lazy.cuh): S (raw scores, times sl to log2
-// units) becomes P against the running max, without a row max or a rescale of acc, unless some row of this warp passed
-// the cap: then the rows rescale exactly by a power of two (P in s, acc, l, m), and a row whose exponentials
-// overflowed flags exact_needed. s [MT][NT][4], acc [MT][OT][4].
-template <typename T, int MT, int NT, int OT>
-__device__ __forceinline__ void lazy_softmax_tile(float (&s)[MT][NT][4], float (&acc)[MT][OT][4], SoftmaxRows<MT>& rows,
-                                                  float sl, bool& exact_needed) {
-  float tile_sum[2 * MT];
-  bool over = false;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      const int r = 2 * mt + ri;
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          s[mt][nt][2 * ri + e] = fast_exp2(fmaf(s[mt][nt][2 * ri + e], sl, -rows.m[r]));
-          sum += s[mt][nt][2 * ri + e];
-        }
-      tile_sum[r] = sum;
-      over |= sum > kLazyCapOf<T>;
-    }
-  if (!__any_sync(0xffffffffu, over)) {
-#pragma unroll
-    for (int r = 0; r < 2 * MT; ++r) rows.l[r] += tile_sum[r];
-    return;
-  }
+// The lazy max's rare path for a warp where some row passed the cap: each row rescales exactly by a power of two (P
+// in s, acc, l, m; lazy_settle_row), and a row whose exponentials overflowed flags exact_needed. s [MT][NT][4] holds
+// P, acc [MT][OT][4] O, tile_sum the thread's shares of the rows' tile sums.
+template <int MT, int NT, int OT>
+__device__ __forceinline__ void lazy_rescale_rows(float (&s)[MT][NT][4], float (&acc)[MT][OT][4], SoftmaxRows<MT>& rows,
+                                                   const float (&tile_sum)[2 * MT], bool& exact_needed) {
   if ((threadIdx.x & 31) == 0) atomicAdd(&g_flash_lazy_rescales, 1ull);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -191,20 +167,41 @@ __device__ __forceinline__ void lazy_softmax_tile(float (&s)[MT][NT][4], float (
       for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * ri], s[mt][nt][2 * ri + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      if (mx == INFINITY) exact_needed = true;
-      if (!(mx > 1.0f && mx < INFINITY)) {
-        rows.l[r] += tile_sum[r];
-        continue;
-      }
-      float scale;
-      const int e = lazy_rescale_exponent(mx, scale);
+      const float scale = lazy_settle_row(mx, tile_sum[r], rows.l[r], rows.m[r], exact_needed);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) s[mt][nt][2 * ri] *= scale, s[mt][nt][2 * ri + 1] *= scale;
 #pragma unroll
       for (int ot = 0; ot < OT; ++ot) acc[mt][ot][2 * ri] *= scale, acc[mt][ot][2 * ri + 1] *= scale;
-      rows.l[r] = (rows.l[r] + tile_sum[r]) * scale;
-      rows.m[r] += float(e);
     }
+}
+
+// A whole key tile after the first under the lazy max (cuda_attention_lazy.cuh): S (raw scores, times sl to log2
+// units) becomes P against the running max, without a row max or a rescale of acc, unless some row of this warp passed
+// the cap (lazy_rescale_rows). s [MT][NT][4], acc [MT][OT][4].
+template <typename T, int MT, int NT, int OT>
+__device__ __forceinline__ void lazy_softmax_tile(float (&s)[MT][NT][4], float (&acc)[MT][OT][4], SoftmaxRows<MT>& rows,
+                                                  float sl, bool& exact_needed) {
+  float tile_sum[2 * MT];
+  bool over = false;
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r) {  // row r: m-tile r / 2, its row g + 8 (r % 2)
+    const int mt = r / 2, c0 = 2 * (r % 2);  // the row's two columns of each n-tile: c0, c0 + 1
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      s[mt][nt][c0] = fast_exp2(fmaf(s[mt][nt][c0], sl, -rows.m[r]));
+      s[mt][nt][c0 + 1] = fast_exp2(fmaf(s[mt][nt][c0 + 1], sl, -rows.m[r]));
+      sum += s[mt][nt][c0] + s[mt][nt][c0 + 1];
+    }
+    tile_sum[r] = sum;
+    over |= sum > kLazyCapOf<T>;
+  }
+  if (__any_sync(0xffffffffu, over)) {
+    lazy_rescale_rows(s, acc, rows, tile_sum, exact_needed);
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < 2 * MT; ++r) rows.l[r] += tile_sum[r];
 }
 
 // NBUF = 1: the launcher guarantees one key tile (p.sk <= BN).

@@ -36,6 +36,22 @@ __device__ __forceinline__ int lazy_rescale_exponent(float mx, float& r) {
   return e;
 }
 
+// One row's settlement once its warp voted to rescale: mx is the row's largest P (over the threads that hold it),
+// tile_sum this thread's share of the tile's sum. Updates the row's l and m and returns the factor its P and O are
+// to be multiplied by (1 where the row did not pass 1, or overflowed: then exact_needed is set).
+__device__ __forceinline__ float lazy_settle_row(float mx, float tile_sum, float& l, float& m, bool& exact_needed) {
+  if (mx == INFINITY) exact_needed = true;
+  if (!(mx > 1.0f && mx < INFINITY)) {
+    l += tile_sum;
+    return 1.0f;
+  }
+  float r;
+  const int e = lazy_rescale_exponent(mx, r);
+  l = (l + tile_sum) * r;
+  m += float(e);
+  return r;
+}
+
 // One warp recomputes `rows` query rows from row0 of head h in batch b exactly, from global memory (the lazy max's
 // fallback after an overflow; never met in SD's or FLUX's attention): per row, the max over all keys, then the
 // exponentials' sum and P V, the head dim (at most kMaxD) spread over the lanes; out in T. Slow (two passes over the

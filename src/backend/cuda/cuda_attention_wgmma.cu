@@ -307,20 +307,12 @@ __device__ __forceinline__ void settle_lazy(float (&s)[BK / 2], uint32_t (&pa)[B
     for (int j = 0; j < kPairs; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    alpha[ri] = 1.0f;
-    if (mx == INFINITY) exact_needed = true;
-    if (!(mx > 1.0f && mx < INFINITY)) {
-      l[ri] += tile_sum[ri];
-      continue;
-    }
-    const int e = lazy_rescale_exponent(mx, alpha[ri]);
+    alpha[ri] = lazy_settle_row(mx, tile_sum[ri], l[ri], m[ri], exact_needed);
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
       s[4 * j + 2 * ri] *= alpha[ri];
       s[4 * j + 2 * ri + 1] *= alpha[ri];
     }
-    l[ri] = (l[ri] + tile_sum[ri]) * alpha[ri];
-    m[ri] += float(e);
   }
   rescale<N>(o, alpha);
   pack_p<BK>(pa, s);
