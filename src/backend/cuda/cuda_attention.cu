@@ -45,10 +45,6 @@ struct FlashParams : AttentionViews {
 std::atomic<bool> g_lazy_max{!env_is("ATELIER_ATTENTION_LAZY_MAX", "0")};
 // How often the lazy max's rare paths ran in this kernel (warps; flash_lazy_max_counts).
 __device__ unsigned long long g_flash_lazy_rescales = 0, g_flash_lazy_exact_rows = 0;
-// P's bound under the lazy max: bf16 holds f32's range (kLazyCap); f16's largest value is 65504, so its rows
-// rescale once a thread's share of a tile's sum passes 2^15 (scores grown by 10.4 over their running max).
-template <typename T>
-constexpr float kLazyCapOf = std::is_same_v<T, __half> ? 32768.0f : kLazyCap;
 
 // Queries per block: 4 warps x MT m-tiles x 16 rows.
 template <int MT> constexpr int kBlockM = 4 * MT * kWarpRows;
@@ -165,8 +161,6 @@ __device__ __forceinline__ void lazy_rescale_rows(float (&s)[MT][NT][4], float (
       float mx = 0.0f;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * ri], s[mt][nt][2 * ri + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float scale = lazy_settle_row(mx, tile_sum[r], rows.l[r], rows.m[r], exact_needed);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) s[mt][nt][2 * ri] *= scale, s[mt][nt][2 * ri + 1] *= scale;
@@ -194,7 +188,7 @@ __device__ __forceinline__ void lazy_softmax_tile(float (&s)[MT][NT][4], float (
       sum += s[mt][nt][c0] + s[mt][nt][c0 + 1];
     }
     tile_sum[r] = sum;
-    over |= sum > kLazyCapOf<T>;
+    over |= sum > kLazyCap<T>;
   }
   if (__any_sync(0xffffffffu, over)) {
     lazy_rescale_rows(s, acc, rows, tile_sum, exact_needed);

@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_attention_views.h"
 #include "backend/cuda/cuda_device.cuh"
@@ -21,11 +22,13 @@
 
 namespace atelier::cuda {
 
-// The bound on a thread's share of a row's sum over one tile: up to it, P stays unrescaled. Each P is then below
-// 2^64, inside bf16's range (f32's exponent bits; the lazy max is for bf16 P), and O and l, sums of at most 2^31
-// keys' P (x |v| for O), stay below 2^95 x max |v|: inside f32 for any |v| below 2^32. A row's scaled scores must grow
-// by 64 ln 2 = 44 over their running max within one tile to pass it.
-constexpr float kLazyCap = 18446744073709551616.0f;  // 2^64
+// The bound on a thread's share of a row's sum over one tile, by P's type: up to it, P stays unrescaled. For bf16
+// P, 2^64: each P is then inside bf16's range (f32's exponent bits), and O and l, sums of at most 2^31 keys' P (x |v|
+// for O), stay below 2^95 x max |v|: inside f32 for any |v| below 2^32; a row's scaled scores must grow by 64 ln 2 = 44
+// over their running max within one tile to pass it. f16's largest value is 65504, so its P rescales from 2^15
+// (scores grown by 10.4).
+template <typename T>
+constexpr float kLazyCap = std::is_same_v<T, __half> ? 32768.0f : 18446744073709551616.0f;  // 2^15, 2^64
 constexpr int kFloatExpBias = 127, kFloatMantBits = 23;
 
 // For a row's largest P, mx in (1, inf): e with 2^(e-1) <= mx < 2^e (at most 127: 2^-127 is f32's smallest normal
@@ -36,10 +39,14 @@ __device__ __forceinline__ int lazy_rescale_exponent(float mx, float& r) {
   return e;
 }
 
-// One row's settlement once its warp voted to rescale: mx is the row's largest P (over the threads that hold it),
-// tile_sum this thread's share of the tile's sum. Updates the row's l and m and returns the factor its P and O are
-// to be multiplied by (1 where the row did not pass 1, or overflowed: then exact_needed is set).
-__device__ __forceinline__ float lazy_settle_row(float mx, float tile_sum, float& l, float& m, bool& exact_needed) {
+// One row's settlement once its warp voted to rescale (every lane calls it): thread_mx is this thread's largest P of
+// the row, whose quad (lanes 4k .. 4k + 3, as both kernels' accumulator layouts spread a row) gives the row's; tile_sum
+// this thread's share of the tile's sum. Updates the row's l and m and returns the factor its P and O are to be
+// multiplied by (1 where the row did not pass 1, or overflowed: then exact_needed is set).
+__device__ __forceinline__ float lazy_settle_row(float thread_mx, float tile_sum, float& l, float& m,
+                                                 bool& exact_needed) {
+  float mx = fmaxf(thread_mx, __shfl_xor_sync(0xffffffffu, thread_mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
   if (mx == INFINITY) exact_needed = true;
   if (!(mx > 1.0f && mx < INFINITY)) {
     l += tile_sum;

@@ -293,7 +293,8 @@ __device__ __forceinline__ void settle_lazy(float (&s)[BK / 2], uint32_t (&pa)[B
                                             float (&m)[2], float (&l)[2], const float (&tile_sum)[2],
                                             bool& exact_needed) {
   constexpr int kPairs = BK / 8;
-  if (!__any_sync(0xffffffffu, tile_sum[0] > kLazyCap || tile_sum[1] > kLazyCap)) {
+  constexpr float kCap = kLazyCap<__nv_bfloat16>;
+  if (!__any_sync(0xffffffffu, tile_sum[0] > kCap || tile_sum[1] > kCap)) {
     l[0] += tile_sum[0];
     l[1] += tile_sum[1];
     return;
@@ -305,8 +306,6 @@ __device__ __forceinline__ void settle_lazy(float (&s)[BK / 2], uint32_t (&pa)[B
     float mx = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     alpha[ri] = lazy_settle_row(mx, tile_sum[ri], l[ri], m[ri], exact_needed);
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
