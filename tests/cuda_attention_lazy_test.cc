@@ -78,8 +78,13 @@ void expect_jump_parity(Kernel kernel, const Case& c, const std::vector<Jump>& h
     EXPECT_EQ(cuda::wgmma_attention_launches(), before) << label << ": the wgmma kernel took the case";
 }
 
-// One head dim's three cases: a jump past the cap takes the rescale (then smaller ones leave P above 1 unrescaled),
-// a jump past f32's range recomputes the warps' rows, and the exact max on the same scores runs neither. The jump of
+// A jump past the cap, then keys near it in later tiles: the output mixes the hot keys' values, so the rescale of O
+// shows (keys that jump higher still, as in the first case, bury whatever O held before: an O left unrescaled there
+// passed, session 55's mutation check).
+const std::vector<Jump> kNearJumps = {{300, 80.0}, {310, 82.0}, {450, 79.0}, {590, 81.0}};
+
+// One head dim's four cases: a jump past the cap takes the rescale (then smaller ones leave P above 1 unrescaled;
+// or keys near it follow, kNearJumps), a jump past f32's range recomputes the warps' rows, and the exact max on the same scores runs neither. The jump of
 // 10 before the overflow stays under both caps (bf16's 2^64, f16's 2^15): a rescale there would move the running max
 // up and leave the 150 finite.
 void expect_rare_paths(Kernel kernel, const Case& c, DType dt, const std::string& what) {
@@ -90,6 +95,10 @@ void expect_rare_paths(Kernel kernel, const Case& c, DType dt, const std::string
   EXPECT_GT(now.rescaled_warp_tiles, counts.rescaled_warp_tiles)
       << what << " d" << c.d << ": the jump of 80 was not rescaled";
   EXPECT_EQ(now.exact_warps, counts.exact_warps) << what << " d" << c.d << ": rows recomputed without an overflow";
+  counts = now;
+  expect_jump_parity(kernel, c, kNearJumps, what + " lazy max: a jump of 80, then keys near it", dt);
+  now = counts_of(kernel);
+  EXPECT_GT(now.rescaled_warp_tiles, counts.rescaled_warp_tiles) << what << " d" << c.d << ": the jump was not rescaled";
   counts = now;
   expect_jump_parity(kernel, c, {{140, 10.0}, {400, 150.0}}, what + " lazy max: jumps of 10, then 140 past f32", dt);
   now = counts_of(kernel);
@@ -110,12 +119,16 @@ TEST(CudaAttentionLazyMax, WgmmaKernelRescalesAndRecomputesWhereScoresJump) {
   for (const int64_t d : {40, 64, 80, 128})
     expect_rare_paths(Kernel::kWgmma, Case{1, 4, 2, 200, 600, d}, DType::BF16, "wgmma");
   cuda::set_wgmma_attention_shape({4, 64});  // 64-key tiles: the jumps land in other tiles and threads
-  const auto counts = cuda::wgmma_lazy_max_counts();
+  auto counts = cuda::wgmma_lazy_max_counts();
   expect_jump_parity(Kernel::kWgmma, Case{2, 2, 2, 130, 300, 40}, {{70, 80.0}, {200, 215.0}},
                      "wgmma 4x64 lazy max: jumps of 80, then 135 past f32", DType::BF16);
-  const auto now = cuda::wgmma_lazy_max_counts();
+  auto now = cuda::wgmma_lazy_max_counts();
   EXPECT_GT(now.rescaled_warp_tiles, counts.rescaled_warp_tiles);
   EXPECT_GT(now.exact_warps, counts.exact_warps);
+  counts = now;
+  expect_jump_parity(Kernel::kWgmma, Case{2, 2, 2, 130, 300, 40}, {{70, 80.0}, {100, 81.0}, {250, 79.0}},
+                     "wgmma 4x64 lazy max: a jump of 80, then keys near it", DType::BF16);
+  EXPECT_GT(cuda::wgmma_lazy_max_counts().rescaled_warp_tiles, counts.rescaled_warp_tiles);
 }
 
 // The mma.sync kernel in bf16 and f16 (whose P rescales from 2^15: f16 ends at 65504), one and two m-tiles per warp
