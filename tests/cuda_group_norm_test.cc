@@ -164,6 +164,25 @@ TEST(CudaOps, ChannelsLastGroupNormInOneKernelMatchesCpu) {
   cuda::set_group_norm_cluster_one_wave(true);
 }
 
+// The one-kernel path with each form of its activation (cuda_norm_act.cuh): identity and SiLU compiled in, anything
+// else (GELU here) chosen at run time; one block per slice (the 64-register build at 16 rows) and in clusters (CFG).
+TEST(CudaOps, ChannelsLastGroupNormInOneKernelAppliesEachActivation) {
+  ATELIER_REQUIRE_CUDA();
+  GnSliceScope slice(true);
+  for (const Shape& s : {Shape{16, 640, 32, 32}, Shape{2, 320, 32, 32}, Shape{2, 1280, 8, 8}}) {
+    const Tensor x = random_tensor(s, 71, 1.0f, 2.0f), g = random_tensor({s[1]}, 72), b = random_tensor({s[1]}, 73);
+    for (UnaryOp act : {UnaryOp::kIdentity, UnaryOp::kSilu, UnaryOp::kGelu}) {
+      const auto fn = [act](const std::vector<Tensor>& in) {
+        return ops::group_norm(channels_last(in[0]), 32, in[1], in[2], 1e-5f, act);
+      };
+      const std::string what = "one-kernel group_norm " + shape_str(s) + " act " + std::to_string(int(act));
+      const int64_t before = cuda::group_norm_slice_launches();
+      for (DType dt : kLowp) EXPECT_PARITY(what, fn, std::vector<Tensor>({x, g, b}), dt);
+      EXPECT_EQ(cuda::group_norm_slice_launches() - before, 2) << what << ": the one-kernel path did not take it";
+    }
+  }
+}
+
 // The cluster policy on SD's batch-2 norms (512² CFG and 1024²; the VAE's [1, 512, 128, 128]): with the defaults every
 // launch takes the one-kernel path in clusters the device holds all at once (session 44's ncu found 16 clusters
 // against 14 resident, a second wave paying the whole latency chain again); without the halving, how many do not

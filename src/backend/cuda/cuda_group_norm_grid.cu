@@ -32,6 +32,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_norm_common.cuh"
+#include "backend/cuda/cuda_norm_act.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
 
 namespace atelier::cuda {
@@ -163,17 +164,6 @@ __device__ __forceinline__ float2 merged_stats(const T* x, const GridArgs& a, in
   const double count = double(a.p) * double(a.c / a.groups), d_mean = dev / count;
   const double var = fmax(sq / count - d_mean * d_mean, 0.0);
   return make_float2(float(double(ref) + d_mean), float(1.0 / sqrt(var + double(a.eps))));
-}
-
-// The activation, fixed at compile time for SD's two (identity, SiLU), else chosen at run time: a run-time switch in
-// every unrolled apply made the kernel ~450 KB of code, and ncu found its warps waiting on instruction fetch.
-enum class Act { kIdentity, kSilu, kAny };
-
-template <typename T, Act kAct>
-__device__ __forceinline__ float activate(float v, UnaryOp act) {
-  if constexpr (kAct == Act::kIdentity) return v;
-  else if constexpr (kAct == Act::kSilu) return apply_unary_for<T>(v, UnaryOp::kSilu);
-  else return apply_unary_for<T>(v, act);
 }
 
 template <typename T, Act kAct>
@@ -316,8 +306,6 @@ size_t device_smem_optin() {
   }
   return it->second;
 }
-
-Act act_of(UnaryOp op) { return op == UnaryOp::kIdentity ? Act::kIdentity : op == UnaryOp::kSilu ? Act::kSilu : Act::kAny; }
 
 // The kernel for an element type and activation: fn(kernel) for the instantiation, with T's null pointer as a tag.
 template <typename T, class Fn>

@@ -29,6 +29,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
+#include "backend/cuda/cuda_norm_act.cuh"
 #include "backend/cuda/cuda_norm_common.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
 
@@ -124,7 +125,7 @@ __device__ __forceinline__ void cluster_totals(float* part, float* total, int gb
   __syncthreads();
 }
 
-template <typename T>
+template <typename T, Act kAct>
 __device__ __forceinline__ void group_norm_slice_body(T* y, const T* x, const SliceArgs& a) {
   constexpr int V = Vec<T>::kWidth;
   extern __shared__ float4 smem_f4[];
@@ -210,7 +211,7 @@ __device__ __forceinline__ void group_norm_slice_body(T* y, const T* x, const Sl
       const Vec<T> in = tile[r * vcb + v];
       Vec<T> out;
 #pragma unroll
-      for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(apply_unary_for<T>(fmaf(to_f32(in.v[e]), sc[e], sh[e]), a.act));
+      for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(activate<T, kAct>(fmaf(to_f32(in.v[e]), sc[e], sh[e]), a.act));
       ys[int64_t(r) * vc] = out;
     }
   }
@@ -224,13 +225,13 @@ __device__ __forceinline__ void group_norm_slice_body(T* y, const T* x, const Sl
 // registers) leaves room for 14 (ncu, session 44). Session 45 (H100): 0.5% faster at 16 rows (blocks queue for the
 // SMs), 0.5% slower on the CFG step (clusters, all resident) than the uncapped kernel (80 registers, three blocks an
 // SM): SliceRegisterCap decides where it runs.
-template <typename T>
+template <typename T, Act kAct>
 __global__ void __launch_bounds__(kSliceThreadsFewBlocks, 2) group_norm_slice_kernel(T* y, const T* x, SliceArgs a) {
-  group_norm_slice_body(y, x, a);
+  group_norm_slice_body<T, kAct>(y, x, a);
 }
-template <typename T>
+template <typename T, Act kAct>
 __global__ void group_norm_slice_uncapped_kernel(T* y, const T* x, SliceArgs a) {
-  group_norm_slice_body(y, x, a);
+  group_norm_slice_body<T, kAct>(y, x, a);
 }
 
 std::atomic<int64_t> g_launches{0}, g_cluster_launches{0}, g_two_wave_launches{0};
@@ -361,9 +362,11 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
   const int64_t slices = g.n * (g.groups / gb);
   NormAffine aff;
   aff.gamma = g.gamma, aff.beta = g.beta, aff.gamma_dtype = g.gamma_dtype, aff.beta_dtype = g.beta_dtype;
-  const auto go = [&](auto* y, const auto* x) {
+  // act: the activation as a type (std::integral_constant<Act, ...>): the kernel instantiated for it.
+  const auto go = [&](auto* y, const auto* x, auto act) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
-    auto kernel = cap_mode() == SliceRegisterCap::kAlways ? group_norm_slice_kernel<T> : group_norm_slice_uncapped_kernel<T>;
+    constexpr Act kAct = decltype(act)::value;
+    auto kernel = cap_mode() == SliceRegisterCap::kAlways ? group_norm_slice_kernel<T, kAct> : group_norm_slice_uncapped_kernel<T, kAct>;
     cudaLaunchAttribute cluster{};
     cluster.id = cudaLaunchAttributeClusterDimension;
     SliceArgs a{};
@@ -401,11 +404,11 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
     // SliceRegisterCap::kAuto: the 64-register build where blocks queue for the SMs (one block a slice, at least as
     // many slices as SMs: 16 rows' norms, 0.5% off that step), the uncapped one where every block is resident
     // anyway (clusters after the halving, few slices: 0.5% faster on the CFG step there).
-    if (cap_mode() == SliceRegisterCap::kAuto && cs == 1 && !few_slices) kernel = group_norm_slice_kernel<T>;
+    if (cap_mode() == SliceRegisterCap::kAuto && cs == 1 && !few_slices) kernel = group_norm_slice_kernel<T, kAct>;
     const int held = cs > 1 ? resident(kernel, cfg) : 0;
     if (cs > 1 && held == 0) return false;
     if (cs > 1 && held < slices) g_two_wave_launches.fetch_add(1);
-    if (log_flag()) log_launch(g, cs, slices, held, kernel == group_norm_slice_kernel<T>);
+    if (log_flag()) log_launch(g, cs, slices, held, kernel == group_norm_slice_kernel<T, kAct>);
     allow_launch(reinterpret_cast<const void*>(kernel), cfg);
     ATELIER_CUDA_OK(cudaLaunchKernelEx(&cfg, kernel, static_cast<T*>(y), x, a));
     ATELIER_CUDA_LAUNCHED();
@@ -413,10 +416,17 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
     if (cs > 1) g_cluster_launches.fetch_add(1);
     return true;
   };
+  const auto with_act = [&](auto* y, const auto* x) {
+    switch (act_of(g.act)) {
+      case Act::kIdentity: return go(y, x, std::integral_constant<Act, Act::kIdentity>{});
+      case Act::kSilu: return go(y, x, std::integral_constant<Act, Act::kSilu>{});
+      default: return go(y, x, std::integral_constant<Act, Act::kAny>{});
+    }
+  };
   switch (g.dtype) {
-    case DType::BF16: return go(static_cast<__nv_bfloat16*>(g.y), static_cast<const __nv_bfloat16*>(g.x));
-    case DType::F16: return go(static_cast<__half*>(g.y), static_cast<const __half*>(g.x));
-    case DType::F32: return go(static_cast<float*>(g.y), static_cast<const float*>(g.x));
+    case DType::BF16: return with_act(static_cast<__nv_bfloat16*>(g.y), static_cast<const __nv_bfloat16*>(g.x));
+    case DType::F16: return with_act(static_cast<__half*>(g.y), static_cast<const __half*>(g.x));
+    case DType::F32: return with_act(static_cast<float*>(g.y), static_cast<const float*>(g.x));
     default: return false;
   }
 }
