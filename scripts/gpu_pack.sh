@@ -29,7 +29,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 git -C "$work" init -q
 stage=$work/stage
-mkdir -p "$stage/bin/tests" "$stage/bin/bench" "$stage/fixtures/sd15-tiny/model"
+mkdir -p "$stage/bin/tests" "$stage/bin/bench" "$stage/fixtures"
 # GPU_PACK_TESTS_BIN=FILE packs FILE as the test binary instead (e.g. one built with a kernel deliberately broken,
 # to see the tests fail on it: a mutation check), beside the unchanged atelier.
 # GPU_PACK_NO_TESTS=1 leaves it out (with GPU_PACK_NO_ATELIER=1: a pack of cuda_ops_bench alone, ~20 MB).
@@ -45,6 +45,8 @@ strip --strip-unneeded "$stage/bin/"atelier "$stage/bin/tests/"* "$stage/bin/ben
 # Only the files the GPU tests open (the whole fixture folder would not fit the 64 MiB a call may carry).
 src="$FIXTURES/sd15-tiny"
 if [[ -d $src ]]; then
+  # (Made only here: an empty sd15-tiny folder in the pack turns the model tests' skips into failures.)
+  mkdir -p "$stage/fixtures/sd15-tiny/model"
   cp "$src/golden.safetensors" "$src/case.json" "$stage/fixtures/sd15-tiny/"
   cp -r "$src/model/unet" "$src/model/text_encoder" "$src/model/vae" "$src/model/tokenizer" "$src/model/scheduler" \
     "$src/model/model_index.json" "$stage/fixtures/sd15-tiny/model/"
