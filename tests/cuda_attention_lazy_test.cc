@@ -83,10 +83,10 @@ void expect_jump_parity(Kernel kernel, const Case& c, const std::vector<Jump>& h
 // passed, session 55's mutation check).
 const std::vector<Jump> kNearJumps = {{300, 80.0}, {310, 82.0}, {450, 79.0}, {590, 81.0}};
 
-// One head dim's four cases: a jump past the cap takes the rescale (then smaller ones leave P above 1 unrescaled;
-// or keys near it follow, kNearJumps), a jump past f32's range recomputes the warps' rows, and the exact max on the same scores runs neither. The jump of
-// 10 before the overflow stays under both caps (bf16's 2^64, f16's 2^15): a rescale there would move the running max
-// up and leave the 150 finite.
+// One head dim's four cases: a jump past the cap takes the rescale (then smaller ones leave P above 1 unrescaled, or
+// keys near it follow: kNearJumps), a jump past f32's range recomputes the warps' rows, and the exact max on the same
+// scores runs neither. The jump of 10 before the overflow stays under both caps (bf16's 2^64, f16's 2^15): a rescale
+// there would move the running max up and leave the 150 finite.
 void expect_rare_paths(Kernel kernel, const Case& c, DType dt, const std::string& what) {
   auto counts = counts_of(kernel);
   expect_jump_parity(kernel, c, {{300, 80.0}, {450, 95.0}, {590, 124.0}},

@@ -579,11 +579,6 @@ int64_t short_kv_attention_launches() { return g_short_kv_launches.load(); }
 
 bool attention_lazy_max() { return g_lazy_max.load(); }
 void set_attention_lazy_max(bool on) { g_lazy_max = on; }
-LazyMaxCounts flash_lazy_max_counts() {
-  LazyMaxCounts c{};
-  ATELIER_CUDA_OK(cudaMemcpyFromSymbol(&c.rescaled_warp_tiles, g_flash_lazy_rescales, sizeof(c.rescaled_warp_tiles)));
-  ATELIER_CUDA_OK(cudaMemcpyFromSymbol(&c.exact_warps, g_flash_lazy_exact_rows, sizeof(c.exact_warps)));
-  return c;
-}
+LazyMaxCounts flash_lazy_max_counts() { return read_lazy_max_counts(g_flash_lazy_rescales, g_flash_lazy_exact_rows); }
 
 }  // namespace atelier::cuda

@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cuda/cuda_attention_lazy.h"
 #include "backend/cuda/cuda_attention_views.h"
+#include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_ptx.cuh"
 
@@ -102,6 +104,15 @@ __device__ __forceinline__ void exact_rows(const AttentionViews& v, int b, int h
     for (int i = 0; i < kPerLane; ++i)
       if (lane + 32 * i < v.d) og[int64_t(row) * v.os2 + lane + 32 * i] = from_f32<T>(o[i] / sum);
   }
+}
+
+// A kernel file's two rare-path counters (__device__ unsigned long long symbols), read back (host; synchronizes).
+template <class Counter>
+LazyMaxCounts read_lazy_max_counts(const Counter& rescales, const Counter& exact_rows) {
+  LazyMaxCounts c{};
+  ATELIER_CUDA_OK(cudaMemcpyFromSymbol(&c.rescaled_warp_tiles, rescales, sizeof(c.rescaled_warp_tiles)));
+  ATELIER_CUDA_OK(cudaMemcpyFromSymbol(&c.exact_warps, exact_rows, sizeof(c.exact_warps)));
+  return c;
 }
 
 }  // namespace atelier::cuda

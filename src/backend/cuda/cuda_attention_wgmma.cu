@@ -535,12 +535,7 @@ bool wgmma_attention_shape_supported(WgmmaAttentionShape s) {
 void set_wgmma_attention_shape(WgmmaAttentionShape s) { shape_setting() = wgmma_attention_shape_supported(s) ? s : WgmmaAttentionShape{}; }
 WgmmaAttentionShape wgmma_attention_shape() { return shape_setting(); }
 
-LazyMaxCounts wgmma_lazy_max_counts() {
-  LazyMaxCounts c{};
-  ATELIER_CUDA_OK(cudaMemcpyFromSymbol(&c.rescaled_warp_tiles, g_lazy_rescales, sizeof(c.rescaled_warp_tiles)));
-  ATELIER_CUDA_OK(cudaMemcpyFromSymbol(&c.exact_warps, g_lazy_exact_rows, sizeof(c.exact_warps)));
-  return c;
-}
+LazyMaxCounts wgmma_lazy_max_counts() { return read_lazy_max_counts(g_lazy_rescales, g_lazy_exact_rows); }
 
 bool wgmma_attention_enabled() { return enabled_flag(); }
 int64_t wgmma_attention_launches() { return g_launches.load(); }

@@ -310,11 +310,7 @@ size_t device_smem_optin() {
 // The kernel for an element type and activation: fn(kernel) for the instantiation, with T's null pointer as a tag.
 template <typename T, class Fn>
 auto with_typed_kernel(UnaryOp op, const Fn& fn) {
-  switch (act_of(op)) {
-    case Act::kIdentity: return fn(group_norm_grid_kernel<T, Act::kIdentity>, static_cast<T*>(nullptr));
-    case Act::kSilu: return fn(group_norm_grid_kernel<T, Act::kSilu>, static_cast<T*>(nullptr));
-    default: return fn(group_norm_grid_kernel<T, Act::kAny>, static_cast<T*>(nullptr));
-  }
+  return with_act(op, [&](auto act) { return fn(group_norm_grid_kernel<T, decltype(act)::value>, static_cast<T*>(nullptr)); });
 }
 template <class Fn>
 auto with_kernel(DType dtype, UnaryOp op, const Fn& fn) -> decltype(with_typed_kernel<float>(op, fn)) {

@@ -416,17 +416,11 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
     if (cs > 1) g_cluster_launches.fetch_add(1);
     return true;
   };
-  const auto with_act = [&](auto* y, const auto* x) {
-    switch (act_of(g.act)) {
-      case Act::kIdentity: return go(y, x, std::integral_constant<Act, Act::kIdentity>{});
-      case Act::kSilu: return go(y, x, std::integral_constant<Act, Act::kSilu>{});
-      default: return go(y, x, std::integral_constant<Act, Act::kAny>{});
-    }
-  };
+  const auto typed = [&](auto* y, const auto* x) { return with_act(g.act, [&](auto act) { return go(y, x, act); }); };
   switch (g.dtype) {
-    case DType::BF16: return with_act(static_cast<__nv_bfloat16*>(g.y), static_cast<const __nv_bfloat16*>(g.x));
-    case DType::F16: return with_act(static_cast<__half*>(g.y), static_cast<const __half*>(g.x));
-    case DType::F32: return with_act(static_cast<float*>(g.y), static_cast<const float*>(g.x));
+    case DType::BF16: return typed(static_cast<__nv_bfloat16*>(g.y), static_cast<const __nv_bfloat16*>(g.x));
+    case DType::F16: return typed(static_cast<__half*>(g.y), static_cast<const __half*>(g.x));
+    case DType::F32: return typed(static_cast<float*>(g.y), static_cast<const float*>(g.x));
     default: return false;
   }
 }

@@ -4,6 +4,8 @@
 // warps waiting on instruction fetch (session 31); the slice kernel's 6,496 instructions spilled under its 64-register
 // cap and stalled on the switch's branches (session 55).
 #pragma once
+#include <type_traits>
+
 #include "backend/cuda/cuda_device.cuh"
 #include "core/tensor.h"
 
@@ -12,6 +14,17 @@ namespace atelier::cuda {
 enum class Act { kIdentity, kSilu, kAny };
 
 inline Act act_of(UnaryOp op) { return op == UnaryOp::kIdentity ? Act::kIdentity : op == UnaryOp::kSilu ? Act::kSilu : Act::kAny; }
+
+// fn(tag) with op's Act as a type (std::integral_constant<Act, ...>): the launchers pick their kernel's instantiation
+// by decltype(tag)::value.
+template <class Fn>
+auto with_act(UnaryOp op, const Fn& fn) {
+  switch (act_of(op)) {
+    case Act::kIdentity: return fn(std::integral_constant<Act, Act::kIdentity>{});
+    case Act::kSilu: return fn(std::integral_constant<Act, Act::kSilu>{});
+    default: return fn(std::integral_constant<Act, Act::kAny>{});
+  }
+}
 
 // act(v) for a result stored as T: kAct where it is fixed, else the run-time `act`.
 template <typename T, Act kAct>
