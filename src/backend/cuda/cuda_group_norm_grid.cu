@@ -42,6 +42,7 @@ constexpr int kGridThreads = 512;  // block size target (whole rows of column ve
 constexpr int kLoadUnroll = 6;     // unstaged rows a thread has in flight (8 made the bf16 kernel spill)
 constexpr int kApplyUnroll = 4;    // the same in the apply (likely L2 hits; 8 made the bf16 kernel spill)
 constexpr int kMergeUnroll = 8;    // block sums a lane loads before it adds any (the merge after the barrier)
+constexpr int kMinMergeLanes = 8;  // the smallest team merging a group's block sums (64 blocks in one round trip)
 
 struct GridArgs {
   const void* offset;  // [N, C] in x's dtype (unit channel stride), or null
@@ -136,34 +137,44 @@ __device__ __forceinline__ void block_group_sums(const float (&dev)[V], const fl
 }
 
 // Sample n's (mean, rstd) of group g from the partial sums of blocks [b_first, b_last] (segment 1 of a block that
-// starts in the previous sample), by one warp: lane l adds blocks b_first + l, + 32, ... in double (their loads all in
-// flight: one L2 round trip for up to 32 * kMergeUnroll blocks), then the lanes' sums meet in a butterfly of shuffles,
-// which leaves the same bits in every lane (each step adds the same two values, in either order) and in every block.
-// Every lane returns the result.
+// starts in the previous sample), by a team of `lanes` lanes of one warp (a power of two up to 32, aligned; `mask`
+// names them): lane l of it adds blocks b_first + l, + lanes, ... in double (their loads all in flight: one L2 round
+// trip for up to lanes * kMergeUnroll blocks), then the lanes' sums meet in a butterfly of shuffles, which leaves the
+// same bits in every lane (each step adds the same two values, in either order) and, `lanes` being the same in every
+// block, in every block. Every lane of the team returns the result.
 template <typename T>
-__device__ __forceinline__ float2 merged_stats(const T* x, const GridArgs& a, int64_t n, int g, int lane) {
+__device__ __forceinline__ float2 merged_stats(const T* x, const GridArgs& a, int64_t n, int g, int lane, int lanes, unsigned mask) {
   const float ref = group_ref<T>(x, a, n, g);
   const int b_first = int(n * a.p / a.rows_per_block), b_last = int(((n + 1) * a.p - 1) / a.rows_per_block);
   double dev = 0.0, sq = 0.0;
-  for (int b = b_first + lane; b <= b_last; b += 32 * kMergeUnroll) {
+  for (int b = b_first + lane; b <= b_last; b += lanes * kMergeUnroll) {
     float2 t[kMergeUnroll];
 #pragma unroll
     for (int u = 0; u < kMergeUnroll; ++u) {
-      const int bb = b + 32 * u, seg = int64_t(bb) * a.rows_per_block < n * a.p ? 1 : 0;
+      const int bb = b + lanes * u, seg = int64_t(bb) * a.rows_per_block < n * a.p ? 1 : 0;
       if (bb <= b_last) t[u] = __ldcg(&a.partial[(int64_t(bb) * 2 + seg) * a.groups + g]);  // other blocks' writes: not L1
     }
 #pragma unroll
     for (int u = 0; u < kMergeUnroll; ++u)
-      if (b + 32 * u <= b_last) dev += double(t[u].x), sq += double(t[u].y);
+      if (b + lanes * u <= b_last) dev += double(t[u].x), sq += double(t[u].y);
   }
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) {
-    dev += __shfl_xor_sync(0xffffffffu, dev, m);
-    sq += __shfl_xor_sync(0xffffffffu, sq, m);
+  for (int m = lanes / 2; m > 0; m >>= 1) {
+    dev += __shfl_xor_sync(mask, dev, m);
+    sq += __shfl_xor_sync(mask, sq, m);
   }
   const double count = double(a.p) * double(a.c / a.groups), d_mean = dev / count;
   const double var = fmax(sq / count - d_mean * d_mean, 0.0);
   return make_float2(float(double(ref) + d_mean), float(1.0 / sqrt(var + double(a.eps))));
+}
+
+// Lanes per (segment, group) team in the merge: the most (up to a warp) that still give every group a team at once,
+// so that a block's merge is one round of latency for its first segment. Depends only on the block size and the
+// group count, the same in every block (the merged bits must be). A warp per group left SD's 480-thread blocks (15
+// warps, 32 groups) three rounds of L2 round trips and double-precision chains one after another.
+__device__ __forceinline__ int merge_team_lanes(int threads, int groups) {
+  int lanes = 32;
+  while (lanes > kMinMergeLanes && threads / lanes < groups) lanes /= 2;
+  return lanes;
 }
 
 template <typename T, Act kAct>
@@ -246,11 +257,13 @@ __global__ void __launch_bounds__(kGridThreads, 1) group_norm_grid_kernel(T* y, 
     gam[e] = a.aff.gamma ? load_any(a.aff.gamma, a.aff.gamma_dtype, v * V + e) : 1.0f;
     bet[e] = a.aff.beta ? load_any(a.aff.beta, a.aff.beta_dtype, v * V + e) : 0.0f;
   }
-  {  // a warp per (segment, group)
-    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, warps = int(blockDim.x) / 32;
+  {  // a team of lanes per (segment, group)
+    const int lanes = merge_team_lanes(int(blockDim.x), a.groups), teams = int(blockDim.x) / lanes;
+    const int team = int(threadIdx.x) / lanes, lane = int(threadIdx.x) % lanes;
+    const unsigned mask = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << (int(threadIdx.x) % 32 - lane);
     const int pairs = (split < rows ? 2 : 1) * a.groups;
-    for (int i = warp; i < pairs; i += warps) {
-      const float2 m = merged_stats<T>(x, a, n0 + i / a.groups, i % a.groups, lane);
+    for (int i = team; i < pairs; i += teams) {
+      const float2 m = merged_stats<T>(x, a, n0 + i / a.groups, i % a.groups, lane, lanes, mask);
       if (lane == 0) stats[i] = m;
     }
   }
