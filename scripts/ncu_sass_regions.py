@@ -92,7 +92,7 @@ def report(name, instructions, cut, top, min_share):
     ranked = sorted(range(len(instructions)), key=lambda i: -instructions[i]["samples"])[:top]
     for i in ranked:
         ins = instructions[i]
-        stalls = ", ".join(f"{k} {v:.0f}" for k, v in sorted(ins["stalls"].items(), key=lambda kv: -kv[1])[:2] if v > 0)
+        stalls = ", ".join(f"{k} {v:.0f}" for k, v in top_stalls([ins], 2))
         lines.append(f"  {i:5d} {100 * ins['samples'] / all_samples:5.1f}%  {ins['source'][:56]:56s}  x{ins['executed']:.0f}  {stalls}")
     return lines
 
