@@ -244,7 +244,7 @@ void linear_rates(cuda::CudaBackend& be, int iters) {
   }
   // GEGLU's first product at 16 rows per level: cuBLASLt's product [M, 2H] then the glu pass, against the fused
   // kernel (cuda_gemm_wgmma.cu, ATELIER_FUSED_GLU) that never writes [M, 2H].
-  const bool was = cuda::fused_glu_enabled(), pairs_were = cuda::glu_pairs_enabled();
+  const bool was = cuda::fused_glu_enabled();
   for (const Case& c : {Case{16 * 4096, 320, 1280}, Case{16 * 1024, 640, 2560}, Case{16 * 256, 1280, 5120}, Case{16 * 64, 1280, 5120}}) {
     const Tensor xg = random_on({c.m, c.k}, DType::BF16, dev), wg = random_on({2 * c.n, c.k}, DType::BF16, dev, 0.05f),
                  bg = random_on({2 * c.n}, DType::BF16, dev);
@@ -253,17 +253,13 @@ void linear_rates(cuda::CudaBackend& be, int iters) {
     print({"linear+glu " + shape + " (two passes)", time_ms(be, iters, [&] { ops::glu(ops::linear(xg, wg, bg), UnaryOp::kGelu); }),
            flops, "TFLOP/s"});
     cuda::set_fused_glu(true);
-    for (const bool pairs : {true, false}) {  // the consumers as pairs of warpgroups (default) or single ones
-      cuda::set_glu_pairs(pairs);
-      const int64_t before = cuda::fused_glu_launches();
-      const double fused_ms = time_ms(be, iters, [&] { ops::linear_glu(xg, wg, bg, UnaryOp::kGelu); });
-      if (cuda::fused_glu_launches() > before)
-        print({"linear_glu " + shape + (pairs ? " (fused, pairs)" : " (fused, single)"), fused_ms, flops, "TFLOP/s"});
-      else
-        std::printf("| linear_glu %-41s | (the fused kernel does not run on this device)\n", shape.c_str());
-    }
+    const int64_t before = cuda::fused_glu_launches();
+    const double fused_ms = time_ms(be, iters, [&] { ops::linear_glu(xg, wg, bg, UnaryOp::kGelu); });
     cuda::set_fused_glu(was);
-    cuda::set_glu_pairs(pairs_were);
+    if (cuda::fused_glu_launches() > before)
+      print({"linear_glu " + shape + " (fused kernel)", fused_ms, flops, "TFLOP/s"});
+    else
+      std::printf("| linear_glu %-41s | (the fused kernel does not run on this device)\n", shape.c_str());
   }
   cuda::set_own_linear(mode_was);
 }

@@ -17,48 +17,39 @@ namespace {
 
 using test::random_tensor;
 
-// The fused kernel switched on for a test (a switch users have: ATELIER_FUSED_GLU), with its consumers as pairs of
-// warpgroups or single ones (ATELIER_GLU_PAIRS), then both back.
+// The fused kernel switched on for a test (it is off by default until measured), then back.
 struct FusedGluScope {
-  bool was = cuda::fused_glu_enabled(), pairs_were = cuda::glu_pairs_enabled();
-  explicit FusedGluScope(bool pairs = true) {
-    cuda::set_fused_glu(true);
-    cuda::set_glu_pairs(pairs);
-  }
-  ~FusedGluScope() {
-    cuda::set_fused_glu(was);
-    cuda::set_glu_pairs(pairs_were);
-  }
+  bool was = cuda::fused_glu_enabled();
+  FusedGluScope() { cuda::set_fused_glu(true); }
+  ~FusedGluScope() { cuda::set_fused_glu(was); }
 };
 
 // SD's GEGLU shapes (a 64x64 latent's tokens, 320 channels, 1280 = 4 x 320 per half), rows that are not whole
 // tiles, halves that are not whole 64-column tiles (the bulk store of the last tile clipped), k that is not whole
 // 64-element steps, no bias, SiLU and the tanh GELU (also at half widths of 80, 240 and 400: 1.25, 3.75 and 6.25 tiles);
-// each must have run the fused kernel on an H200, with each consumer a pair of warpgroups (the default) and a single one.
+// each must have run the fused kernel on an H200.
 TEST(CudaOps, LinearGluInOneKernelMatchesCpu) {
   ATELIER_REQUIRE_HOPPER();
-  for (const bool pairs : {true, false}) {
-    FusedGluScope fused(pairs);
-    struct Case { Shape x; int64_t h; bool bias; UnaryOp act; };
-    const Case cases[] = {{{2, 4096, 320}, 1280, true, UnaryOp::kGelu},   {{1, 77, 64}, 96, true, UnaryOp::kGelu},
-                          {{3, 100, 104}, 136, false, UnaryOp::kGelu},    {{1, 200, 640}, 2560, true, UnaryOp::kSilu},
-                          {{1, 129, 1280}, 64, true, UnaryOp::kGeluTanh}, {{5, 8}, 16, true, UnaryOp::kGelu},
-                          {{3, 100, 104}, 240, false, UnaryOp::kGelu},    {{1, 129, 1280}, 80, true, UnaryOp::kGeluTanh},
-                          {{2, 77, 328}, 400, true, UnaryOp::kSilu}};
-    for (const Case& c : cases) {
-      const int64_t k = c.x.back();
-      const Tensor x = random_tensor(c.x, 51), w = random_tensor({2 * c.h, k}, 52, 1.0f / std::sqrt(float(k)));
-      const Tensor b = c.bias ? random_tensor({2 * c.h}, 53, 0.5f) : Tensor();
-      const auto fn = [act = c.act](const std::vector<Tensor>& in) {
-        return ops::linear_glu(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), act);
-      };
-      const std::string what = "linear_glu " + shape_str(c.x) + " x [" + std::to_string(2 * c.h) + ", " + std::to_string(k) +
-                               "]" + (c.bias ? " + bias" : "") + " act " + std::to_string(int(c.act)) + (pairs ? ", pairs" : ", single");
-      const int64_t before = cuda::fused_glu_launches();
-      const std::vector<Tensor> inputs = c.bias ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
-      EXPECT_PARITY(what, fn, inputs, DType::BF16);
-      EXPECT_EQ(cuda::fused_glu_launches() - before, 1) << what << ": the fused kernel did not run";
-    }
+  FusedGluScope fused;
+  struct Case { Shape x; int64_t h; bool bias; UnaryOp act; };
+  const Case cases[] = {{{2, 4096, 320}, 1280, true, UnaryOp::kGelu},   {{1, 77, 64}, 96, true, UnaryOp::kGelu},
+                        {{3, 100, 104}, 136, false, UnaryOp::kGelu},    {{1, 200, 640}, 2560, true, UnaryOp::kSilu},
+                        {{1, 129, 1280}, 64, true, UnaryOp::kGeluTanh}, {{5, 8}, 16, true, UnaryOp::kGelu},
+                        {{3, 100, 104}, 240, false, UnaryOp::kGelu},    {{1, 129, 1280}, 80, true, UnaryOp::kGeluTanh},
+                        {{2, 77, 328}, 400, true, UnaryOp::kSilu}};
+  for (const Case& c : cases) {
+    const int64_t k = c.x.back();
+    const Tensor x = random_tensor(c.x, 51), w = random_tensor({2 * c.h, k}, 52, 1.0f / std::sqrt(float(k)));
+    const Tensor b = c.bias ? random_tensor({2 * c.h}, 53, 0.5f) : Tensor();
+    const auto fn = [act = c.act](const std::vector<Tensor>& in) {
+      return ops::linear_glu(in[0], in[1], in.size() > 2 ? in[2] : Tensor(), act);
+    };
+    const std::string what = "linear_glu " + shape_str(c.x) + " x [" + std::to_string(2 * c.h) + ", " + std::to_string(k) +
+                             "]" + (c.bias ? " + bias" : "") + " act " + std::to_string(int(c.act));
+    const int64_t before = cuda::fused_glu_launches();
+    const std::vector<Tensor> inputs = c.bias ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
+    EXPECT_PARITY(what, fn, inputs, DType::BF16);
+    EXPECT_EQ(cuda::fused_glu_launches() - before, 1) << what << ": the fused kernel did not run";
   }
 }
 

@@ -58,24 +58,9 @@ constexpr int kBM = 128;     // output rows per tile: one consumer warpgroup's, 
 constexpr int kBoxRows = 64;  // rows of w per GLU box; two boxes per stage: 128 product columns
 constexpr int kBK = 64;      // k per stage: one 128-byte swizzle atom of bf16
 constexpr int kMaxStages = 6;  // buffers in the ring (192 KB): the producer runs a tile ahead of the consumer computing
-constexpr int kConsumers = 2;  // consumers taking the block's tiles in turns
-// P, warpgroups per consumer: 1 (one warpgroup computes a whole 128-row tile, two m64 halves) or 2 (the GLU's pairs:
-// each warpgroup of the pair one m64 half of the tile). The GLU's epilogue (value + bias) * act(gate + bias) is ~21
-// instructions per output; with one warpgroup per consumer each scheduler runs it from a single warp, latency-bound at
-// ~0.46 instructions per cycle, and the tile's epilogue outlasts the other consumer's mainloop (k = 320: ~4,400 SM
-// cycles per tile against 2,560 of products; session 56's source counters). A pair halves each warp's share and gives
-// each scheduler two epilogue warps.
-template <int P>
-constexpr int kConsumerThreads = 128 * kConsumers * P;
-// The producer: warpgroup 0 (P = 1: setmaxnreg hands its registers to the consumers), or one warp after the pairs'
-// four warpgroups (P = 2: 544 threads at 120 registers each, no setmaxnreg; as a warpgroup beside them, 640 threads
-// get 96 registers, and ptxas spilled the pairs' consumers there, setmaxnreg or not).
-template <int P>
-constexpr int kProducerThreads = P == 1 ? 128 : 32;
-template <int P>
-constexpr int kThreads = kConsumerThreads<P> + kProducerThreads<P>;
-template <int P>
-constexpr int kHalves = 2 / P;  // m64 halves per consumer warpgroup
+constexpr int kConsumers = 2;
+constexpr int kThreads = 128 * (kConsumers + 1);
+constexpr int kConsumerThreads = 128 * kConsumers;
 constexpr uint32_t kRowBytes = kBK * 2;                       // one swizzled row: 128 bytes
 constexpr uint32_t kABytes = kBM * kRowBytes;                // x's box: 16 KB
 constexpr uint32_t kBoxBytes = kBoxRows * kRowBytes;         // one GLU w box: 8 KB
@@ -121,20 +106,16 @@ constexpr size_t kSmemMax = std::max({kSmem<Epi::kGlu, 128>, kSmem<Epi::kLinear,
                                       kSmem<Epi::kConvDirect, 160>});
 static_assert(kSmemMax <= kSmemLimit);
 // setmaxnreg: the producer gives registers to the consumers (each a multiple of 8; 128 x 40 + 256 x 232 fits the
-// 384 x 168 that __launch_bounds__(kThreads<1>, 1) allows), as CUTLASS's warp-specialised kernels do: a consumer holds
-// 128 accumulators. (The pairs' warpgroups hold 64 each and need no setmaxnreg: kProducerThreads.)
+// 384 x 168 that __launch_bounds__(kThreads, 1) allows), as CUTLASS's warp-specialised kernels do: a consumer holds
+// 128 accumulators.
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
-static_assert(128 * kProducerRegs + kConsumerThreads<1> * kConsumerRegs <= kThreads<1> * (65536 / kThreads<1> / 8 * 8));
+static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8));
 
 std::atomic<int64_t> g_glu_launches{0}, g_linear_launches{0}, g_conv_launches{0}, g_split_launches{0};
 
 bool& glu_flag() {
   static bool on = !env_is("ATELIER_FUSED_GLU", "0");
-  return on;
-}
-bool& glu_pairs_flag() {
-  static bool on = !env_is("ATELIER_GLU_PAIRS", "0");
   return on;
 }
 OwnLinear& linear_mode() {
@@ -253,12 +234,12 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
   }
 }
 
-// acc[h] (64 x BN: rows 64 (half0 + h).. of the tile, the warpgroup's kHalves<P> halves; w's rows as the stage holds
-// them: the GLU's value box in columns 0..63 and its gate box in 64..127) = those rows of x times those rows of w, over
-// the unit's `steps` k-steps; the ring's slots from `it` on. Once the last k-step's products are issued the turn passes
-// to the other consumer (when `hand_on`), before they finish.
-template <int BN, int kS, int P>
-__device__ __forceinline__ void mainloop(float (&acc)[kHalves<P>][BN / 2], int half0, int steps, uint8_t* ring, uint64_t* full,
+// acc[h] (64 x BN: rows 64 h.. of the tile; w's rows as the stage holds them: the GLU's value box in columns 0..63
+// and its gate box in 64..127) = those rows of x times those rows of w, over the unit's `steps` k-steps; the ring's
+// slots from `it` on. Once the last k-step's products are issued the turn passes to the other consumer (when
+// `hand_on`), before they finish.
+template <int BN, int kS>
+__device__ __forceinline__ void mainloop(float (&acc)[2][BN / 2], int steps, uint8_t* ring, uint64_t* full,
                                          uint64_t* empty, int it, bool hand_on, int other) {
   // The slot and its phase carried from k-step to k-step, and the descriptors moved by constants: a descriptor's
   // address field is the byte address / 16 (14 bits: the 227 KB of shared memory stay below its 16384), so
@@ -276,13 +257,13 @@ __device__ __forceinline__ void mainloop(float (&acc)[kHalves<P>][BN / 2], int h
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)  // k16 step kk starts 32 bytes further along the swizzled rows
 #pragma unroll
-      for (int h = 0; h < kHalves<P>; ++h) {
-        const uint64_t a = da + ((half0 + h) * 64 * kRowStep + kk * 2), b = da + (kABytes / 16 + kk * 2);
+      for (int h = 0; h < 2; ++h) {
+        const uint64_t a = da + (h * 64 * kRowStep + kk * 2), b = da + (kABytes / 16 + kk * 2);
         if constexpr (BN == 160) wgmma::mma_m64n160k16_ss<0>(acc[h], a, b, ks > 0 || kk > 0);
         else wgmma::mma_m64n128k16_ss<0>(acc[h], a, b, ks > 0 || kk > 0);
       }
     wgmma::commit();
-    if (hand_on && ks == steps - 1) tma::bar_arrive(kTurnBarrier + other, kConsumerThreads<P>);
+    if (hand_on && ks == steps - 1) tma::bar_arrive(kTurnBarrier + other, kConsumerThreads);
     wgmma::wait<1>();  // the previous k-step's products are done: its buffer can be refilled
     if (ks > 0) tma::arrive(&empty[last]);
     last = s;
@@ -294,7 +275,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[kHalves<P>][BN / 2], int h
   }
   wgmma::wait<0>();
 #pragma unroll
-  for (int h = 0; h < kHalves<P>; ++h) wgmma::fence_operands(acc[h]);
+  for (int h = 0; h < 2; ++h) wgmma::fence_operands(acc[h]);
   tma::arrive(&empty[last]);
 }
 
@@ -316,28 +297,27 @@ __device__ __forceinline__ void for_rows(const Params& p, int row0, Fn&& fn) {
 }
 
 // GLU: out[m0 + r, c0 + col] = (value + b_v) * act(gate + b_g), value in acc[h][4j + ..], gate in acc[h][4(j + 8) + ..],
-// for this thread's rows r = r0 + 64 (half0 + h) + 8 ri (r0 = warp * 16 + lane / 4 within its warpgroup, half0 the
-// warpgroup's first m64 half) and columns 8j + 2t (+1). The tile goes to the consumer's staging buffer `staged` (row r
-// at r * 128 bytes, its 16-byte chunk j at j ^ (r % 8): the 128-byte swizzle of the output map, and no bank conflicts:
-// a warp's 8 rows hit 8 chunks), then out as one bulk store by the consumer's first thread (ctid 0 of its 128 P);
-// rows and columns past the output are left out by the store. Each column's bias is loaded once for the halves.
-template <UnaryOp A, int P>
-__device__ __forceinline__ void epilogue_glu(const float (&acc)[kHalves<P>][64], const Params& p, uint8_t* staged, int m0, int c0,
+// for this thread's rows r = r0 + 64 h + 8 ri (r0 = warp * 16 + lane / 4) and columns 8j + 2t (+1). The tile goes to
+// the consumer's staging buffer `staged` (row r at r * 128 bytes, its 16-byte chunk j at j ^ (r % 8): the 128-byte
+// swizzle of the output map, and no bank conflicts: a warp's 8 rows hit 8 chunks), then out as one bulk store by the
+// consumer's first thread; rows and columns past the output are left out by the store. Each column's bias is loaded
+// once for both halves.
+template <UnaryOp A>
+__device__ __forceinline__ void epilogue_glu(const float (&acc)[2][64], const Params& p, uint8_t* staged, int m0, int c0,
                                              int consumer, int ctid) {
-  const int wt = ctid % 128, half0 = ctid / 128 * kHalves<P>;
-  const int r0 = wt / 32 * 16 + wt % 32 / 4, t = wt % 4;
+  const int r0 = ctid / 32 * 16 + ctid % 32 / 4, t = ctid % 4;
   if (ctid == 0) tma::bulk_wait_read<0>();  // the previous tile's store has read the buffer
-  tma::bar_sync(kConsumerBarrier + consumer, 128 * P);
+  tma::bar_sync(kConsumerBarrier + consumer, 128);
 #pragma unroll
   for (int j = 0; j < kBoxRows / 8; ++j) {
     const int col = c0 + 8 * j + 2 * t;
     float2 bv = make_float2(0.0f, 0.0f), bg = bv;
     if (p.bias && col < p.n) bv = load_pair(p.bias + col), bg = load_pair(p.bias + p.n + col);  // n is even: col + 1 < n too
 #pragma unroll
-    for (int h = 0; h < kHalves<P>; ++h)
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int ri = 0; ri < 2; ++ri) {
-        const int r = r0 + 64 * (half0 + h) + 8 * ri;
+        const int r = r0 + 64 * h + 8 * ri;
         const float* d = &acc[h][4 * j + 2 * ri];
         const float* g = &acc[h][4 * (j + kBoxRows / 8) + 2 * ri];
         const float y0 = (d[0] + bv.x) * apply_unary_for<__nv_bfloat16>(g[0] + bg.x, A);
@@ -347,7 +327,7 @@ __device__ __forceinline__ void epilogue_glu(const float (&acc)[kHalves<P>][64],
       }
   }
   wgmma::fence_async_smem();  // the writes, visible to the bulk store
-  tma::bar_sync(kConsumerBarrier + consumer, 128 * P);
+  tma::bar_sync(kConsumerBarrier + consumer, 128);
   if (ctid == 0) {
     tma::store_2d(&p.out_map, c0, m0, staged);
     tma::bulk_commit();
@@ -467,16 +447,14 @@ __device__ __forceinline__ void epilogue_staged(const float (&acc)[2][BN / 2], c
 // Consumer c: the block's units c, c + 2, ... (unit blockIdx.x + i gridDim.x for the block's i-th), each after the
 // other consumer handed it the turn; the ring's slots of unit i start after the block's earlier units' k-steps (the
 // producer's order: i k_steps without split-K). Every wait on a turn barrier has one arrival: consumer 1's first,
-// for unit 0, then one after each unit's mainloop where a next unit exists. ctid: the thread's index among the
-// consumer's 128 P (a pair's second warpgroup: 128.., the tile's second m64 half).
-template <Epi E, UnaryOp A, int BN, bool R, bool SK, int P>
+// for unit 0, then one after each unit's mainloop where a next unit exists.
+template <Epi E, UnaryOp A, int BN, bool R, bool SK>
 __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t* staged, uint64_t* full, uint64_t* empty,
                                         uint64_t* res_full, int consumer, int ctid) {
-  static_assert(P == 1 || (E == Epi::kGlu && !SK), "pairs: the GLU's epilogue only");
   const int warp = (ctid % 128) / 32, lane = ctid % 32;
   const int n = block_tiles(p);
-  if (consumer == 1) tma::bar_arrive(kTurnBarrier, kConsumerThreads<P>);  // consumer 0 goes first
-  float acc[kHalves<P>][BN / 2];
+  if (consumer == 1) tma::bar_arrive(kTurnBarrier, kConsumerThreads);  // consumer 0 goes first
+  float acc[2][BN / 2];
   int tiles_done = 0;  // this consumer's linear tiles: the parity of its residual barrier's phase
   int it = 0;  // the ring slot of unit i's first k-step (split-K: the block's earlier units' k-steps, counted)
   for (int i = SK ? 0 : consumer; i < n; i += SK ? 1 : kConsumers) {
@@ -490,36 +468,35 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
       it = i * p.k_steps;
     }
     if constexpr (staged_linear(E) && R)  // (split-K: only the tile's last part, which runs the epilogue)
-      if (ctid == 0 && (!SK || u.part + 1 == p.split)) load_residual<BN>(p, staged, res_full, u.m0, u.c0);
-    tma::bar_sync(kTurnBarrier + consumer, kConsumerThreads<P>);
-    mainloop<BN, kStages<E, BN>, P>(acc, ctid / 128 * kHalves<P>, u.steps, ring, full, empty, it, i + 1 < n, 1 - consumer);
+      if (ctid % 128 == 0 && (!SK || u.part + 1 == p.split)) load_residual<BN>(p, staged, res_full, u.m0, u.c0);
+    tma::bar_sync(kTurnBarrier + consumer, kConsumerThreads);
+    mainloop<BN, kStages<E, BN>>(acc, u.steps, ring, full, empty, it, i + 1 < n, 1 - consumer);
     if constexpr (SK) {
       it += u.steps;
       if (u.part + 1 < p.split) {
-        split_contribute<BN>(acc, p, u, consumer, ctid);
+        split_contribute<BN>(acc, p, u, consumer, ctid % 128);
         continue;
       }
-      split_gather<BN>(acc, p, u, consumer, ctid);
+      split_gather<BN>(acc, p, u, consumer, ctid % 128);
     }
     if constexpr (E == Epi::kGlu) {
-      epilogue_glu<A, P>(acc, p, staged, u.m0, u.c0, consumer, ctid);
+      epilogue_glu<A>(acc, p, staged, u.m0, u.c0, consumer, ctid % 128);
     } else if constexpr (staged_linear(E)) {
-      epilogue_staged<BN, R>(acc, p, staged, res_full, uint32_t(tiles_done & 1), u.m0, u.c0, consumer, ctid);
+      epilogue_staged<BN, R>(acc, p, staged, res_full, uint32_t(tiles_done & 1), u.m0, u.c0, consumer, ctid % 128);
       ++tiles_done;
     } else {
       epilogue_linear<BN, R>(acc, p, u.m0 + warp * 16 + lane / 4, u.c0, lane % 4);
     }
   }
   if constexpr (E != Epi::kConvDirect)
-    if (ctid == 0) tma::bulk_wait<0>();  // the last stores done before the block's shared memory goes
+    if (ctid % 128 == 0) tma::bulk_wait<0>();  // the last stores done before the block's shared memory goes
 }
 
 #endif  // ATELIER_WGMMA
 
-// R: the linear layer or convolution adds p.residual (the GLU takes none); SK: split-K (p.split parts per tile); P:
-// warpgroups per consumer (2: the GLU's pairs).
-template <Epi E, UnaryOp A, int BN, bool R, bool SK, int P>
-__global__ void __launch_bounds__(kThreads<P>, 1) gemm_wgmma_kernel(const __grid_constant__ Params p) {
+// R: the linear layer or convolution adds p.residual (the GLU takes none); SK: split-K (p.split parts per tile).
+template <Epi E, UnaryOp A, int BN, bool R, bool SK>
+__global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_constant__ Params p) {
 #ifdef ATELIER_WGMMA
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -528,25 +505,23 @@ __global__ void __launch_bounds__(kThreads<P>, 1) gemm_wgmma_kernel(const __grid
   uint64_t* full = reinterpret_cast<uint64_t*>(staging + kStagingBytes<E, BN>);
   uint64_t* empty = full + kS;
   uint64_t* res_full = empty + kS;  // a consumer's residual tile landed in its staging buffer
-  const int tid = int(threadIdx.x);
-  // The consumers' threads numbered from 0 (their warpgroups aligned as wgmma needs), the producer's after them.
-  const int cid = P == 1 ? tid - kProducerThreads<P> : tid;
+  const int tid = int(threadIdx.x), wg = tid / 128;
   if (tid == 0) {
     for (int i = 0; i < kS; ++i) {
       tma::mbar_init(&full[i], 1);
-      tma::mbar_init(&empty[i], 128 * P);  // the one consumer (its P warpgroups) whose tile the slot holds
+      tma::mbar_init(&empty[i], kConsumerThreads / kConsumers);  // the one consumer warpgroup whose tile the slot holds
     }
     for (int c = 0; c < kConsumers; ++c) tma::mbar_init(&res_full[c], 1);
     tma::fence_mbar_init();
   }
   __syncthreads();
-  if (cid < 0 || cid >= kConsumerThreads<P>) {
-    if constexpr (P == 1) tma::regs_dealloc<kProducerRegs>();
-    if (cid == (P == 1 ? -kProducerThreads<P> : kConsumerThreads<P>)) produce<E, BN, SK>(p, ring, full, empty);
+  if (wg == 0) {
+    tma::regs_dealloc<kProducerRegs>();
+    if (tid == 0) produce<E, BN, SK>(p, ring, full, empty);
   } else {
-    if constexpr (P == 1) tma::regs_alloc<kConsumerRegs>();
-    const int c = cid / (128 * P);
-    consume<E, A, BN, R, SK, P>(p, ring, staging + c * kOutTileBytes<E, BN>, full, empty, res_full + c, c, cid - c * 128 * P);
+    tma::regs_alloc<kConsumerRegs>();
+    consume<E, A, BN, R, SK>(p, ring, staging + (wg - 1) * kOutTileBytes<E, BN>, full, empty, res_full + (wg - 1), wg - 1,
+                             tid - 128);
   }
 #else
   __trap();
@@ -563,14 +538,14 @@ int64_t tile_count(int64_t m, int64_t n) {
 
 // The grid, the tiles and the launch, once p's maps and pointers (and split-K's p.split, p.partial, p.flags) are set.
 // Split-K launches cooperatively: its owners wait on other blocks' units, so all blocks must be resident at once.
-template <Epi E, UnaryOp A, int BN = 128, bool R = false, bool SK = false, int P = 1>
+template <Epi E, UnaryOp A, int BN = 128, bool R = false, bool SK = false>
 bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) {
   p.k_steps = int((k + kBK - 1) / kBK);
   p.col_tiles = (p.n + kTileCols<E, BN> - 1) / kTileCols<E, BN>;
   p.tiles = int(tile_count<E, BN>(m, p.n));
   if constexpr (!SK) p.split = 1;
   p.units = p.tiles * p.split;
-  const auto kernel = gemm_wgmma_kernel<E, A, BN, R, SK, P>;
+  const auto kernel = gemm_wgmma_kernel<E, A, BN, R, SK>;
   // Per launch: the attribute belongs to the current device's context (as the attention kernels do).
   ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem<E, BN>)));
   const unsigned blocks = unsigned(std::min<int64_t>(p.units, std::max(1, sm_count)));
@@ -578,9 +553,9 @@ bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) 
     // Fewer SMs than the device reports (MPS limits, a partitioned context): decline, the caller takes another path.
     cudaError_t launched = cudaSuccess;
     if (split_coop()) {
-      launched = launch_cooperative(kernel, blocks, kThreads<P>, kSmem<E, BN>, stream, p);
+      launched = launch_cooperative(kernel, blocks, kThreads, kSmem<E, BN>, stream, p);
     } else {
-      kernel<<<blocks, kThreads<P>, kSmem<E, BN>, stream>>>(p);
+      kernel<<<blocks, kThreads, kSmem<E, BN>, stream>>>(p);
       launched = cudaGetLastError();
     }
     if (launched == cudaErrorCooperativeLaunchTooLarge) {
@@ -590,18 +565,11 @@ bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) 
     ATELIER_CUDA_OK(launched);
     g_split_launches.fetch_add(1);
   } else {
-    kernel<<<blocks, kThreads<P>, kSmem<E, BN>, stream>>>(p);
+    kernel<<<blocks, kThreads, kSmem<E, BN>, stream>>>(p);
   }
   ATELIER_CUDA_LAUNCHED();
   (E == Epi::kGlu ? g_glu_launches : E == Epi::kLinear ? g_linear_launches : g_conv_launches).fetch_add(1);
   return true;
-}
-
-// The GLU's instance: pairs of warpgroups per consumer unless switched off (glu_pairs_enabled).
-template <UnaryOp A>
-bool launch_glu(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) {
-  return glu_pairs_flag() ? launch<Epi::kGlu, A, 128, false, false, 2>(p, m, k, sm_count, stream)
-                          : launch<Epi::kGlu, A, 128, false, false, 1>(p, m, k, sm_count, stream);
 }
 
 // A linear layer's or convolution's instance: 128- or 160-column tiles, with or without p.residual, split-K or not.
@@ -639,8 +607,6 @@ bool takes(int cc_major, size_t max_smem, int64_t m, int64_t k, int64_t n, int64
 
 bool fused_glu_enabled() { return glu_flag(); }
 void set_fused_glu(bool on) { glu_flag() = on; }
-bool glu_pairs_enabled() { return glu_pairs_flag(); }
-void set_glu_pairs(bool on) { glu_pairs_flag() = on; }
 OwnLinear own_linear_mode() { return linear_mode(); }
 void set_own_linear(OwnLinear mode) { linear_mode() = mode; }
 bool own_linear_takes(bool residual) {
@@ -672,9 +638,9 @@ bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream) {
   p.ldo = a.ldo;
   p.m = int(a.m), p.n = int(a.n);
   switch (a.act) {
-    case UnaryOp::kGelu: return launch_glu<UnaryOp::kGelu>(p, a.m, a.k, a.sm_count, stream);
-    case UnaryOp::kGeluTanh: return launch_glu<UnaryOp::kGeluTanh>(p, a.m, a.k, a.sm_count, stream);
-    default: return launch_glu<UnaryOp::kSilu>(p, a.m, a.k, a.sm_count, stream);
+    case UnaryOp::kGelu: return launch<Epi::kGlu, UnaryOp::kGelu>(p, a.m, a.k, a.sm_count, stream);
+    case UnaryOp::kGeluTanh: return launch<Epi::kGlu, UnaryOp::kGeluTanh>(p, a.m, a.k, a.sm_count, stream);
+    default: return launch<Epi::kGlu, UnaryOp::kSilu>(p, a.m, a.k, a.sm_count, stream);
   }
 }
 

@@ -88,10 +88,6 @@ void set_own_conv_split(int split);
 // On unless ATELIER_FUSED_GLU=0: ops::linear_glu runs launch_gemm_glu (or the setter: tests, benches).
 bool fused_glu_enabled();
 void set_fused_glu(bool on);
-// The GLU's consumers as pairs of warpgroups, each one m64 half of the tile (default), or single warpgroups computing
-// whole tiles (ATELIER_GLU_PAIRS=0, or the setter: tests, A/B runs).
-bool glu_pairs_enabled();
-void set_glu_pairs(bool on);
 // Which bf16 linear products (one batch, weights [n, k], no activation) run launch_gemm_linear instead of cuBLASLt:
 // those where it measured faster (default: the kernel is one more candidate when GemmEngine times a product's
 // algorithms), none (ATELIER_OWN_LINEAR=0), all (=1), or all those with a residual (=residual); or the setter
