@@ -31,11 +31,16 @@ __device__ __forceinline__ void cp_async_wait() {
 // e^x = 2^(x log2 e): softmaxes fold log2(e) into their scale and run fast_exp2.
 constexpr float kLog2e = 1.4426950408889634f;
 
-// 2^x on the MUFU unit (ex2.approx: about 2 ulp; 2^-inf = 0). exp2f would add range fix-ups per element.
-__device__ __forceinline__ float fast_exp2(float x) {
+// 2^x on the MUFU unit (ex2.approx: about 2 ulp; 2^-inf = 0). exp2f would add range fix-ups per element. (On the
+// host, for tests of the device formulas: exp2f.)
+__host__ __device__ __forceinline__ float fast_exp2(float x) {
+#ifdef __CUDA_ARCH__
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+#else
+  return exp2f(x);
+#endif
 }
 
 // Two floats as one register of two 16-bit values (rounded to nearest even), the lower column in the low half.
