@@ -3,6 +3,7 @@
 // On the device the exp2 is the MUFU's ex2.approx (about 2 ulp more), so the bounds below leave it room.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
