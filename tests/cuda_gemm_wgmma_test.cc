@@ -157,54 +157,5 @@ TEST(CudaOps, OwnLinearTimedAgainstCublasMatchesCpu) {
   }
 }
 
-// Pairs (ATELIER_GEMM_PAIRS=1: clusters of two blocks sharing w's boxes by multicast) switched on for a test, then back.
-struct PairsScope {
-  bool was = cuda::gemm_pairs_enabled();
-  PairsScope() { cuda::set_gemm_pairs(true); }
-  ~PairsScope() { cuda::set_gemm_pairs(was); }
-};
-
-// The GLU and the linear layer in pairs: SD's level-0 GEGLU (64 row blocks), rows that are not whole tiles (200 and
-// 256 + 56), k past the last 64-element step, half widths past the last 64-column tile, SiLU and the tanh GELU; linear
-// layers with 160-column tiles (w's halves of 80 rows) and 128-column ones (halves of 64) with a residual, in place and
-// not. Each case with an even count of 128-row blocks must have run in pairs; one of three row blocks must not (and
-// still match).
-TEST(CudaOps, OwnKernelsInPairsMatchCpu) {
-  ATELIER_REQUIRE_HOPPER();
-  PairsScope pairs;
-  OwnLinearScope own(cuda::OwnLinear::kAll);
-  struct GluCase { Shape x; int64_t h; UnaryOp act; };
-  const GluCase glus[] = {{{2, 4096, 320}, 1280, UnaryOp::kGelu}, {{1, 200, 640}, 2560, UnaryOp::kSilu},
-                          {{1, 256, 328}, 400, UnaryOp::kGeluTanh}, {{1, 300, 320}, 1280, UnaryOp::kGelu}};
-  for (const GluCase& c : glus) {
-    const int64_t k = c.x.back(), rows = c.x[0] * c.x[1];
-    const Tensor x = random_tensor(c.x, 111), w = random_tensor({2 * c.h, k}, 112, 1.0f / std::sqrt(float(k)));
-    const Tensor b = random_tensor({2 * c.h}, 113, 0.5f);
-    const auto fn = [act = c.act](const std::vector<Tensor>& in) { return ops::linear_glu(in[0], in[1], in[2], act); };
-    const std::string what = "linear_glu in pairs " + shape_str(c.x) + " -> " + std::to_string(c.h);
-    const int64_t before = cuda::gemm_pair_launches(), fused = cuda::fused_glu_launches();
-    EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b}), DType::BF16);
-    EXPECT_EQ(cuda::fused_glu_launches() - fused, 1) << what << ": the fused kernel did not run";
-    EXPECT_EQ(cuda::gemm_pair_launches() - before, (rows + 127) / 128 % 2 == 0 ? 1 : 0) << what;
-  }
-  struct LinearCase { Shape x; int64_t n; };
-  const LinearCase linears[] = {{{2, 4096, 320}, 1280}, {{1, 256, 1280}, 328}, {{1, 250, 104}, 96}, {{3, 100, 640}, 640}};
-  for (const LinearCase& c : linears) {
-    const int64_t k = c.x.back(), rows = c.x[0] * c.x[1];
-    Shape out_shape = c.x;
-    out_shape.back() = c.n;
-    const Tensor x = random_tensor(c.x, 121), w = random_tensor({c.n, k}, 122, 1.0f / std::sqrt(float(k)));
-    const Tensor b = random_tensor({c.n}, 123, 0.5f), r = random_tensor(out_shape, 124);
-    const std::string what = "own linear in pairs " + shape_str(c.x) + " -> " + std::to_string(c.n);
-    const auto plain = [](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1], in[2]); };
-    const auto resid = [](const std::vector<Tensor>& in) { return ops::linear_residual(in[0], in[1], in[2], in[3]); };
-    const int64_t before = cuda::gemm_pair_launches(), own_before = cuda::own_linear_launches();
-    EXPECT_PARITY(what, plain, std::vector<Tensor>({x, w, b}), DType::BF16);
-    EXPECT_PARITY(what + " + residual", resid, std::vector<Tensor>({x, w, b, r}), DType::BF16);
-    EXPECT_EQ(cuda::own_linear_launches() - own_before, 2) << what << ": the own kernel did not run every time";
-    EXPECT_EQ(cuda::gemm_pair_launches() - before, (rows + 127) / 128 % 2 == 0 ? 2 : 0) << what;
-  }
-}
-
 }  // namespace
 }  // namespace atelier

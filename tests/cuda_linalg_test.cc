@@ -365,38 +365,6 @@ TEST(CudaOps, ChannelsLastConvThroughOwnKernelMatchesCpu) {
   }
 }
 
-// The own convolution kernel in pairs (ATELIER_GEMM_PAIRS=1, cuda_gemm_wgmma.h): SD's level 0 (64 row blocks,
-// 160-column tiles: w's halves of 80 rows), two 8x8 images with a third one's tile half past the batch (2 row blocks),
-// 128-column tiles past the output's 200 columns, 4 output channels (4-byte stores: w's box half past its 4 rows), with
-// and without a residual; each must have run in pairs. Three row blocks run alone and still match. Split-K never pairs.
-TEST(CudaOps, ChannelsLastConvInPairsMatchesCpu) {
-  ATELIER_REQUIRE_HOPPER();
-  ImplGuard restore;
-  const bool pairs_were = cuda::gemm_pairs_enabled();
-  cuda::set_gemm_pairs(true);
-  cuda::set_own_conv(cuda::OwnConv::kForce);
-  struct Case { Shape x; int64_t o; bool residual; };
-  const Case cases[] = {{{2, 320, 64, 64}, 320, true}, {{3, 64, 8, 8}, 128, true}, {{1, 64, 16, 16}, 200, false},
-                        {{2, 320, 16, 16}, 4, true},   {{6, 64, 8, 8}, 64, false}};
-  for (const Case& c : cases) {
-    Conv2dParams p;
-    p.pad_h = p.pad_w = 1;
-    const Tensor x = random_tensor(c.x, 131), w = random_tensor({c.o, c.x[1], 3, 3}, 132, 1.0f / std::sqrt(float(c.x[1] * 9))),
-                 b = random_tensor({c.o}, 133), r = random_tensor({c.x[0], c.o, c.x[2], c.x[3]}, 134);
-    const bool residual = c.residual;
-    const auto fn = [p, residual](const std::vector<Tensor>& in) {
-      return ops::conv2d(channels_last(in[0]), in[1], in[2], p, residual ? channels_last(in[3]) : Tensor());
-    };
-    const std::string what = "conv2d in pairs " + shape_str(c.x) + " -> " + std::to_string(c.o) + (residual ? " + residual" : "");
-    const int64_t rows = c.x[0] * c.x[2] * c.x[3];
-    const int64_t before = cuda::gemm_pair_launches(), own_before = cuda::own_conv_launches();
-    EXPECT_PARITY(what, fn, std::vector<Tensor>({x, w, b, r}), DType::BF16);
-    EXPECT_EQ(cuda::own_conv_launches() - own_before, 1) << what << ": the own kernel did not run";
-    EXPECT_EQ(cuda::gemm_pair_launches() - before, (rows + 127) / 128 % 2 == 0 ? 1 : 0) << what;
-  }
-  cuda::set_gemm_pairs(pairs_were);
-}
-
 // Split-K in the own convolution kernel (forced part counts) against the CPU: SD's 8x8 level at CFG and at 16 rows
 // (8 and 64 tiles; 4 parts at 64 tiles make 256 units for 132 SMs, so blocks run several and owners wait on other
 // blocks), uneven parts (9 k-steps in 2), 128-column tiles, many tiles (units past the grid), SD's conv_out (4

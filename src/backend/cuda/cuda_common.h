@@ -32,13 +32,6 @@ inline std::optional<double> env_number(const char* name) {
 inline bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 inline bool aligned16(const void* p) { return aligned_to(p, 16); }
 
-// The opt-ins a launch of `kernel` with cfg (or an occupancy query of it) needs on the current device: shared memory
-// past 48 KB a block, clusters past 8 blocks (cuda_launch.cu).
-void allow_launch(const void* kernel, const cudaLaunchConfig_t& cfg);
-// How many clusters of cfg's shape (its cluster attribute first, if any) the current device holds at once: the
-// occupancy calculator, asked once per kernel, shape and device; 0: none (a cluster wider than a GPC never starts).
-int max_active_clusters(const void* kernel, const cudaLaunchConfig_t& cfg);
-
 // Launches kernel<<<blocks, threads, smem, stream>>>(args...) cooperatively: all blocks resident at once (kernels
 // whose blocks wait on each other), or no launch and cudaErrorCooperativeLaunchTooLarge. Returns the launch's error.
 template <typename... Params, typename... Args>

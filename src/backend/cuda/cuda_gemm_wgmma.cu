@@ -40,10 +40,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <initializer_list>
-#include <mutex>
-#include <set>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -64,12 +61,6 @@ constexpr int kMaxStages = 6;  // buffers in the ring (192 KB): the producer run
 constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kConsumerThreads = 128 * kConsumers;
-// Pairs (CL = 2, a cluster of two blocks sharing w's boxes): the multicast's destinations (ranks 0 and 1), and the
-// arrivals that free a ring slot: alone, the 128 threads of the consumer warpgroup that read it; in pairs, the first
-// lane of each of its 4 warps, in both blocks.
-constexpr uint16_t kPairMask = 0b11;
-template <int CL>
-constexpr uint32_t kEmptyArrivals = CL == 1 ? 128 : 2 * 4;
 constexpr uint32_t kRowBytes = kBK * 2;                       // one swizzled row: 128 bytes
 constexpr uint32_t kABytes = kBM * kRowBytes;                // x's box: 16 KB
 constexpr uint32_t kBoxBytes = kBoxRows * kRowBytes;         // one GLU w box: 8 KB
@@ -121,7 +112,7 @@ constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8));
 
-std::atomic<int64_t> g_glu_launches{0}, g_linear_launches{0}, g_conv_launches{0}, g_split_launches{0}, g_pair_launches{0};
+std::atomic<int64_t> g_glu_launches{0}, g_linear_launches{0}, g_conv_launches{0}, g_split_launches{0};
 
 bool& glu_flag() {
   static bool on = !env_is("ATELIER_FUSED_GLU", "0");
@@ -141,16 +132,6 @@ bool split_coop() {
   static const bool on = !env_is("ATELIER_SPLIT_COOP", "0");
   return on;
 }
-// ATELIER_GEMM_PAIRS=1: products whose row blocks are even in number run in clusters of two blocks that share w's
-// boxes (multicast), a quarter less traffic from L2 per tile (the k = 320 GEGLU's limit, session 57). Off by default
-// until measured (session 58).
-bool& pairs_flag() {
-  static bool on = env_is("ATELIER_GEMM_PAIRS", "1");
-  return on;
-}
-// Whether a product of m rows runs in pairs: switched on, and its row blocks pair up (an odd count would leave a
-// block a tile of nothing but zero fill; pairs are for the large products anyway).
-bool pairs_take(int64_t m) { return pairs_flag() && (m + kBM - 1) / kBM % 2 == 0; }
 OwnConv& conv_mode() {
   static OwnConv mode = env_is("ATELIER_OWN_CONV", "0") ? OwnConv::kOff : env_is("ATELIER_OWN_CONV", "force") ? OwnConv::kForce : OwnConv::kAuto;
   return mode;
@@ -171,7 +152,6 @@ struct Params {
   int conv_c_steps, conv_kw, conv_ph, conv_pw, conv_ho, conv_wo;
   // Split-K: parts per tile (1: none), work units (tiles x split), the parts' f32 slots and the tiles' flags.
   int split, units;
-  int pair_variant;  // ATELIER_GEMM_PAIRS_VARIANT (A/B): 0 multicast, cta-scope arrivals; 1 release.cluster ones; 2 no multicast
   float* partial;
   int* flags;
 };
@@ -196,23 +176,14 @@ constexpr int kConsumerBarrier = 3;
 struct Unit {
   int m0, c0, tile, part, k0, steps;
 };
-// In pairs (CL = 2) the tiles are numbered pair-major: tiles 2q and 2q + 1 are the row blocks 2 (q / col_tiles) and
-// the one after it, at the same columns, so that a cluster's two blocks (an even grid, blocks 2c and 2c + 1) always
-// hold the two tiles of one pair and share w's rows.
-template <Epi E, int BN, bool SK, int CL>
+template <Epi E, int BN, bool SK>
 __device__ __forceinline__ Unit unit_of(const Params& p, int i) {
   const int u = int(blockIdx.x) + i * int(gridDim.x);
   Unit r;
   r.part = SK ? u / p.tiles : 0;
   r.tile = u - r.part * p.tiles;
-  if constexpr (CL == 2) {
-    const int q = r.tile >> 1;
-    r.m0 = ((q / p.col_tiles) * 2 + (r.tile & 1)) * kBM;
-    r.c0 = (q % p.col_tiles) * kTileCols<E, BN>;
-  } else {
-    r.m0 = (r.tile / p.col_tiles) * kBM;
-    r.c0 = (r.tile % p.col_tiles) * kTileCols<E, BN>;
-  }
+  r.m0 = (r.tile / p.col_tiles) * kBM;
+  r.c0 = (r.tile % p.col_tiles) * kTileCols<E, BN>;
   r.k0 = SK ? r.part * p.k_steps / p.split : 0;
   r.steps = SK ? (r.part + 1) * p.k_steps / p.split - r.k0 : p.k_steps;
   return r;
@@ -222,22 +193,18 @@ __device__ __forceinline__ int block_tiles(const Params& p) {
 }
 
 // The producer's one thread: every (tile, k-step) of this block, in the consumers' order. The GLU's w comes as two
-// boxes, the value rows c0.. and the gate rows n + c0..; the others' as one box of BN rows. In pairs (CL = 2) both
-// blocks need the same rows of w: block r of the cluster loads half r of them (the GLU's value box or its gate box,
-// else BN / 2 rows) into both blocks' slot at once (multicast), so each block's slot fills from both producers and
-// is refilled only once both blocks' consumers released it (the empty barriers count both).
-template <Epi E, int BN, bool SK, int CL>
+// boxes, the value rows c0.. and the gate rows n + c0..; the others' as one box of BN rows.
+template <Epi E, int BN, bool SK>
 __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t* full, uint64_t* empty) {
   // The ring slot and its phase, and a convolution's (tap row, tap column, channel chunk), carried from k-step to
   // k-step: the divisions by kS and by the run-time tap counts would cost the one issuing thread ~40 instructions
   // per k-step.
   constexpr int kS = kStages<E, BN>;
   const int n = block_tiles(p);
-  const int rank = CL == 2 ? int(tma::cluster_rank()) : 0;
   int s = 0;
   uint32_t phase = 1;  // the empty barriers' phase "before" the first: passes at once
   for (int i = 0; i < n; ++i) {
-    const Unit u = unit_of<E, BN, SK, CL>(p, i);
+    const Unit u = unit_of<E, BN, SK>(p, i);
     const int m0 = u.m0, c0 = u.c0;
     int img = 0, oy = 0, ox = 0;  // convolution: the tile's first output pixel, and the k-step's tap and chunk
     int ti = 0, tj = 0, chunk = 0;
@@ -260,35 +227,9 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
       } else {
         tma::load_2d(stage, &p.x, ks * kBK, m0, &full[s]);
       }
-      if (CL == 2 && p.pair_variant == 2) {
-        tma::load_2d(stage + kABytes, &p.w, ks * kBK, c0, &full[s]);
-        tma::load_2d(stage + kABytes + BN / 2 * kRowBytes, &p.w, ks * kBK, E == Epi::kGlu ? p.n + c0 : c0 + BN / 2, &full[s]);
-      } else if constexpr (CL == 2) {
-        constexpr int kHalfRows = BN / 2;  // the GLU's: one 64-row box
-        const int row = E == Epi::kGlu ? (rank == 0 ? c0 : p.n + c0) : c0 + rank * kHalfRows;
-        tma::load_2d_multicast(stage + kABytes + rank * kHalfRows * kRowBytes, &p.w, ks * kBK, row, &full[s], kPairMask);
-      } else {
-        tma::load_2d(stage + kABytes, &p.w, ks * kBK, c0, &full[s]);
-        if constexpr (E == Epi::kGlu) tma::load_2d(stage + kABytes + kBoxBytes, &p.w, ks * kBK, p.n + c0, &full[s]);
-      }
+      tma::load_2d(stage + kABytes, &p.w, ks * kBK, c0, &full[s]);
+      if constexpr (E == Epi::kGlu) tma::load_2d(stage + kABytes + kBoxBytes, &p.w, ks * kBK, p.n + c0, &full[s]);
       if (++s == kS) s = 0, phase ^= 1u;
-    }
-  }
-}
-
-// A consumer warpgroup is done reading ring slot `bar` guards: alone (CL = 1) its 128 threads arrive; in pairs each
-// warp's first lane arrives on the slot's barrier in both blocks of the cluster (both producers write the slot).
-template <int CL>
-__device__ __forceinline__ void release(uint64_t* bar, int variant) {
-  if constexpr (CL == 1) {
-    tma::arrive(bar);
-  } else if (threadIdx.x % 32 == 0) {
-    if (variant == 1) {
-      tma::arrive_cluster_release(bar, 0);
-      tma::arrive_cluster_release(bar, 1);
-    } else {
-      tma::arrive_cluster(bar, 0);
-      tma::arrive_cluster(bar, 1);
     }
   }
 }
@@ -297,9 +238,9 @@ __device__ __forceinline__ void release(uint64_t* bar, int variant) {
 // and its gate box in 64..127) = those rows of x times those rows of w, over the unit's `steps` k-steps; the ring's
 // slots from `it` on. Once the last k-step's products are issued the turn passes to the other consumer (when
 // `hand_on`), before they finish.
-template <int BN, int kS, int CL>
+template <int BN, int kS>
 __device__ __forceinline__ void mainloop(float (&acc)[2][BN / 2], int steps, uint8_t* ring, uint64_t* full,
-                                         uint64_t* empty, int it, bool hand_on, int other, int variant) {
+                                         uint64_t* empty, int it, bool hand_on, int other) {
   // The slot and its phase carried from k-step to k-step, and the descriptors moved by constants: a descriptor's
   // address field is the byte address / 16 (14 bits: the 227 KB of shared memory stay below its 16384), so
   // desc(addr + off) = desc(addr) + off / 16. Rebuilt per k-step (a division by kS and 12 shift-and-mask
@@ -324,7 +265,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[2][BN / 2], int steps, uin
     wgmma::commit();
     if (hand_on && ks == steps - 1) tma::bar_arrive(kTurnBarrier + other, kConsumerThreads);
     wgmma::wait<1>();  // the previous k-step's products are done: its buffer can be refilled
-    if (ks > 0) release<CL>(&empty[last], variant);
+    if (ks > 0) tma::arrive(&empty[last]);
     last = s;
     if (++s == kS) {
       s = 0, phase ^= 1u, da = ring_desc;
@@ -335,7 +276,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[2][BN / 2], int steps, uin
   wgmma::wait<0>();
 #pragma unroll
   for (int h = 0; h < 2; ++h) wgmma::fence_operands(acc[h]);
-  release<CL>(&empty[last], variant);
+  tma::arrive(&empty[last]);
 }
 
 __device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
@@ -507,7 +448,7 @@ __device__ __forceinline__ void epilogue_staged(const float (&acc)[2][BN / 2], c
 // other consumer handed it the turn; the ring's slots of unit i start after the block's earlier units' k-steps (the
 // producer's order: i k_steps without split-K). Every wait on a turn barrier has one arrival: consumer 1's first,
 // for unit 0, then one after each unit's mainloop where a next unit exists.
-template <Epi E, UnaryOp A, int BN, bool R, bool SK, int CL>
+template <Epi E, UnaryOp A, int BN, bool R, bool SK>
 __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t* staged, uint64_t* full, uint64_t* empty,
                                         uint64_t* res_full, int consumer, int ctid) {
   const int warp = (ctid % 128) / 32, lane = ctid % 32;
@@ -517,7 +458,7 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
   int tiles_done = 0;  // this consumer's linear tiles: the parity of its residual barrier's phase
   int it = 0;  // the ring slot of unit i's first k-step (split-K: the block's earlier units' k-steps, counted)
   for (int i = SK ? 0 : consumer; i < n; i += SK ? 1 : kConsumers) {
-    const Unit u = unit_of<E, BN, SK, CL>(p, i);
+    const Unit u = unit_of<E, BN, SK>(p, i);
     if constexpr (SK) {
       if (i % kConsumers != consumer) {
         it += u.steps;
@@ -529,7 +470,7 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
     if constexpr (staged_linear(E) && R)  // (split-K: only the tile's last part, which runs the epilogue)
       if (ctid % 128 == 0 && (!SK || u.part + 1 == p.split)) load_residual<BN>(p, staged, res_full, u.m0, u.c0);
     tma::bar_sync(kTurnBarrier + consumer, kConsumerThreads);
-    mainloop<BN, kStages<E, BN>, CL>(acc, u.steps, ring, full, empty, it, i + 1 < n, 1 - consumer, p.pair_variant);
+    mainloop<BN, kStages<E, BN>>(acc, u.steps, ring, full, empty, it, i + 1 < n, 1 - consumer);
     if constexpr (SK) {
       it += u.steps;
       if (u.part + 1 < p.split) {
@@ -553,11 +494,9 @@ __device__ __forceinline__ void consume(const Params& p, uint8_t* ring, uint8_t*
 
 #endif  // ATELIER_WGMMA
 
-// R: the linear layer or convolution adds p.residual (the GLU takes none); SK: split-K (p.split parts per tile);
-// CL: blocks per cluster (2: pairs that share w's boxes, launched with that cluster size; not with split-K).
-template <Epi E, UnaryOp A, int BN, bool R, bool SK, int CL>
+// R: the linear layer or convolution adds p.residual (the GLU takes none); SK: split-K (p.split parts per tile).
+template <Epi E, UnaryOp A, int BN, bool R, bool SK>
 __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_constant__ Params p) {
-  static_assert(CL == 1 || (CL == 2 && !SK));
 #ifdef ATELIER_WGMMA
   extern __shared__ uint8_t smem_raw[];
   uint8_t* ring = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -570,29 +509,19 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_wgmma_kernel(const __grid_co
   if (tid == 0) {
     for (int i = 0; i < kS; ++i) {
       tma::mbar_init(&full[i], 1);
-      tma::mbar_init(&empty[i], kEmptyArrivals<CL>);  // the consumer warpgroup whose tile the slot holds (in each block)
+      tma::mbar_init(&empty[i], kConsumerThreads / kConsumers);  // the one consumer warpgroup whose tile the slot holds
     }
     for (int c = 0; c < kConsumers; ++c) tma::mbar_init(&res_full[c], 1);
     tma::fence_mbar_init();
   }
-  if constexpr (CL == 2) {
-    tma::cluster_sync();  // both blocks' barriers initialised before either's producer or consumers use them
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   if (wg == 0) {
     tma::regs_dealloc<kProducerRegs>();
-    if (tid == 0) produce<E, BN, SK, CL>(p, ring, full, empty);
+    if (tid == 0) produce<E, BN, SK>(p, ring, full, empty);
   } else {
     tma::regs_alloc<kConsumerRegs>();
-    consume<E, A, BN, R, SK, CL>(p, ring, staging + (wg - 1) * kOutTileBytes<E, BN>, full, empty, res_full + (wg - 1),
-                                 wg - 1, tid - 128);
-  }
-  // The other block's consumers arrive on this block's empty barriers until their last k-step: neither block's shared
-  // memory may go before both are done.
-  if constexpr (CL == 2) {
-    __syncwarp();  // the producer warp's other lanes waited for its first (barrier.cluster is .aligned)
-    tma::cluster_sync();
+    consume<E, A, BN, R, SK>(p, ring, staging + (wg - 1) * kOutTileBytes<E, BN>, full, empty, res_full + (wg - 1), wg - 1,
+                             tid - 128);
   }
 #else
   __trap();
@@ -609,47 +538,14 @@ int64_t tile_count(int64_t m, int64_t n) {
 
 // The grid, the tiles and the launch, once p's maps and pointers (and split-K's p.split, p.partial, p.flags) are set.
 // Split-K launches cooperatively: its owners wait on other blocks' units, so all blocks must be resident at once.
-// Pairs (CL = 2): the grid is even and at most as many pairs as the device holds at once (a pair whose second block
-// waited for an SM would stall the first); false where it holds none.
-template <typename Kernel>
-bool launch_pairs(Kernel kernel, const Params& p, unsigned blocks, size_t smem, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(2);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute pair{};
-  pair.id = cudaLaunchAttributeClusterDimension;
-  pair.val.clusterDim.x = 2, pair.val.clusterDim.y = 1, pair.val.clusterDim.z = 1;
-  cfg.attrs = &pair;
-  cfg.numAttrs = 1;
-  const int resident = max_active_clusters(reinterpret_cast<const void*>(kernel), cfg);
-  if (resident < 1) return false;
-  static const int variant = int(env_number("ATELIER_GEMM_PAIRS_VARIANT").value_or(0));
-  Params& q = const_cast<Params&>(p);
-  q.pair_variant = variant;
-  static const bool whole = env_is("ATELIER_GEMM_PAIRS_GRID", "whole");  // A/B: the grid without the resident cap
-  cfg.gridDim = dim3(2 * (whole ? blocks / 2 : std::min(blocks / 2, unsigned(resident))));
-  if (env_is("ATELIER_GEMM_LOG", "1")) {
-    static std::mutex mu;
-    static std::set<const void*> seen;
-    std::lock_guard<std::mutex> lock(mu);
-    if (seen.insert(reinterpret_cast<const void*>(kernel)).second)
-      std::fprintf(stderr, "[gemm-pairs] units %d, %d pairs resident, grid %u\n", p.units, resident, cfg.gridDim.x);
-  }
-  ATELIER_CUDA_OK(cudaLaunchKernelEx(&cfg, kernel, p));
-  g_pair_launches.fetch_add(1);
-  return true;
-}
-
-template <Epi E, UnaryOp A, int BN = 128, bool R = false, bool SK = false, int CL = 1>
+template <Epi E, UnaryOp A, int BN = 128, bool R = false, bool SK = false>
 bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) {
   p.k_steps = int((k + kBK - 1) / kBK);
   p.col_tiles = (p.n + kTileCols<E, BN> - 1) / kTileCols<E, BN>;
   p.tiles = int(tile_count<E, BN>(m, p.n));
   if constexpr (!SK) p.split = 1;
   p.units = p.tiles * p.split;
-  const auto kernel = gemm_wgmma_kernel<E, A, BN, R, SK, CL>;
+  const auto kernel = gemm_wgmma_kernel<E, A, BN, R, SK>;
   // Per launch: the attribute belongs to the current device's context (as the attention kernels do).
   ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem<E, BN>)));
   const unsigned blocks = unsigned(std::min<int64_t>(p.units, std::max(1, sm_count)));
@@ -668,9 +564,6 @@ bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) 
     }
     ATELIER_CUDA_OK(launched);
     g_split_launches.fetch_add(1);
-  } else if constexpr (CL == 2) {
-    // (p.units is even: pairs_take's even row blocks times the columns; blocks 2c and 2c + 1 then hold equally many.)
-    if (blocks < 2 || !launch_pairs(kernel, p, blocks, kSmem<E, BN>, stream)) return false;
   } else {
     kernel<<<blocks, kThreads, kSmem<E, BN>, stream>>>(p);
   }
@@ -679,24 +572,20 @@ bool launch(Params& p, int64_t m, int64_t k, int sm_count, cudaStream_t stream) 
   return true;
 }
 
-// A linear layer's or convolution's instance: 128- or 160-column tiles, with or without p.residual, split-K or not,
-// alone or in pairs.
-template <Epi E, bool SK, int CL>
+// A linear layer's or convolution's instance: 128- or 160-column tiles, with or without p.residual, split-K or not.
+template <Epi E, bool SK>
 bool launch_tiles(Params& p, int64_t m, int64_t k, bool wide, int sm_count, cudaStream_t stream) {
   constexpr UnaryOp I = UnaryOp::kIdentity;
   if (wide)
-    return p.residual ? launch<E, I, 160, true, SK, CL>(p, m, k, sm_count, stream)
-                      : launch<E, I, 160, false, SK, CL>(p, m, k, sm_count, stream);
-  return p.residual ? launch<E, I, 128, true, SK, CL>(p, m, k, sm_count, stream)
-                    : launch<E, I, 128, false, SK, CL>(p, m, k, sm_count, stream);
+    return p.residual ? launch<E, I, 160, true, SK>(p, m, k, sm_count, stream) : launch<E, I, 160, false, SK>(p, m, k, sm_count, stream);
+  return p.residual ? launch<E, I, 128, true, SK>(p, m, k, sm_count, stream) : launch<E, I, 128, false, SK>(p, m, k, sm_count, stream);
 }
-// Convolutions also take split-K (p.split > 1, never in pairs); linear layers have no such instances. `pairs`: w's
-// map has boxes of half the tile's rows (BN / 2).
+// Convolutions also take split-K (p.split > 1); linear layers have no such instances.
 template <Epi E>
-bool launch_linear_form(Params& p, int64_t m, int64_t k, bool wide, bool pairs, int sm_count, cudaStream_t stream) {
+bool launch_linear_form(Params& p, int64_t m, int64_t k, bool wide, int sm_count, cudaStream_t stream) {
   if constexpr (is_conv(E))
-    if (p.split > 1) return !pairs && launch_tiles<E, true, 1>(p, m, k, wide, sm_count, stream);
-  return pairs ? launch_tiles<E, false, 2>(p, m, k, wide, sm_count, stream) : launch_tiles<E, false, 1>(p, m, k, wide, sm_count, stream);
+    if (p.split > 1) return launch_tiles<E, true>(p, m, k, wide, sm_count, stream);
+  return launch_tiles<E, false>(p, m, k, wide, sm_count, stream);
 }
 
 // Whether a linear layer's or convolution's output width takes 160-column tiles: a multiple of 160 (SD's 320, 640,
@@ -714,18 +603,9 @@ bool takes(int cc_major, size_t max_smem, int64_t m, int64_t k, int64_t n, int64
   return true;
 }
 
-template <UnaryOp A>
-bool launch_glu(Params& p, const OwnGemmArgs& a, bool pairs, cudaStream_t stream) {
-  return (pairs && launch<Epi::kGlu, A, 128, false, false, 2>(p, a.m, a.k, a.sm_count, stream)) ||
-         launch<Epi::kGlu, A>(p, a.m, a.k, a.sm_count, stream);
-}
-
 }  // namespace
 
 bool fused_glu_enabled() { return glu_flag(); }
-bool gemm_pairs_enabled() { return pairs_flag(); }
-void set_gemm_pairs(bool on) { pairs_flag() = on; }
-int64_t gemm_pair_launches() { return g_pair_launches.load(); }
 void set_fused_glu(bool on) { glu_flag() = on; }
 OwnLinear own_linear_mode() { return linear_mode(); }
 void set_own_linear(OwnLinear mode) { linear_mode() = mode; }
@@ -757,32 +637,27 @@ bool launch_gemm_glu(const OwnGemmArgs& a, int cc_major, cudaStream_t stream) {
   p.out = static_cast<__nv_bfloat16*>(a.out);
   p.ldo = a.ldo;
   p.m = int(a.m), p.n = int(a.n);
-  // (Pairs need no other maps: each block of a pair loads one of the two 64-row boxes of w.)
-  const bool pairs = pairs_take(a.m);
   switch (a.act) {
-    case UnaryOp::kGelu: return launch_glu<UnaryOp::kGelu>(p, a, pairs, stream);
-    case UnaryOp::kGeluTanh: return launch_glu<UnaryOp::kGeluTanh>(p, a, pairs, stream);
-    default: return launch_glu<UnaryOp::kSilu>(p, a, pairs, stream);
+    case UnaryOp::kGelu: return launch<Epi::kGlu, UnaryOp::kGelu>(p, a.m, a.k, a.sm_count, stream);
+    case UnaryOp::kGeluTanh: return launch<Epi::kGlu, UnaryOp::kGeluTanh>(p, a.m, a.k, a.sm_count, stream);
+    default: return launch<Epi::kGlu, UnaryOp::kSilu>(p, a.m, a.k, a.sm_count, stream);
   }
 }
 
 bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream) {
   if (!takes(cc_major, a.max_smem, a.m, a.k, a.n, a.ldo, {a.out, a.bias, a.residual})) return false;
+  Params p{};
   const bool wide = tile_160(a.n);
-  const auto launch_as = [&](bool pairs) {  // pairs: w's boxes of half the tile's rows
-    Params p{};
-    // (The output maps need a 16-byte aligned output, residual and row stride; else cuBLASLt takes the product.)
-    if (!make_map(p.x, a.x, a.m, a.k, a.ldx, kBM) || !make_map(p.w, a.w, a.n, a.k, a.ldw, (wide ? 160 : 128) / (pairs ? 2 : 1)) ||
-        !make_staged_maps(p, a.out, a.residual, a.m, a.n, a.ldo))
-      return false;
-    p.bias = static_cast<const __nv_bfloat16*>(a.bias);
-    p.residual = static_cast<const __nv_bfloat16*>(a.residual);
-    p.out = static_cast<__nv_bfloat16*>(a.out);
-    p.ldo = a.ldo;
-    p.m = int(a.m), p.n = int(a.n);
-    return launch_linear_form<Epi::kLinear>(p, a.m, a.k, wide, pairs, a.sm_count, stream);
-  };
-  return (pairs_take(a.m) && launch_as(true)) || launch_as(false);
+  // (The output maps need a 16-byte aligned output, residual and row stride; else cuBLASLt takes the product.)
+  if (!make_map(p.x, a.x, a.m, a.k, a.ldx, kBM) || !make_map(p.w, a.w, a.n, a.k, a.ldw, wide ? 160 : 128) ||
+      !make_staged_maps(p, a.out, a.residual, a.m, a.n, a.ldo))
+    return false;
+  p.bias = static_cast<const __nv_bfloat16*>(a.bias);
+  p.residual = static_cast<const __nv_bfloat16*>(a.residual);
+  p.out = static_cast<__nv_bfloat16*>(a.out);
+  p.ldo = a.ldo;
+  p.m = int(a.m), p.n = int(a.n);
+  return launch_linear_form<Epi::kLinear>(p, a.m, a.k, wide, a.sm_count, stream);
 }
 
 namespace {
@@ -840,29 +715,25 @@ bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t strea
   if (a.split > 1 && (!split_fits(a, a.split) || !a.split_workspace || reinterpret_cast<uintptr_t>(a.split_workspace) % 256 != 0))
     return false;
   const int64_t m = a.n * a.ho * a.wo, k = a.kh * a.kw * a.c;
+  Params p{};
+  p.split = std::max(1, a.split);
+  if (p.split > 1) {
+    p.flags = static_cast<int*>(a.split_workspace);
+    p.partial = reinterpret_cast<float*>(static_cast<char*>(a.split_workspace) + kSplitFlagBytes);
+  }
   const bool wide = tile_160(a.o);
-  const auto launch_as = [&](bool pairs) {  // pairs: w's boxes of half the tile's rows
-    Params p{};
-    p.split = std::max(1, a.split);
-    if (p.split > 1) {
-      p.flags = static_cast<int*>(a.split_workspace);
-      p.partial = reinterpret_cast<float*>(static_cast<char*>(a.split_workspace) + kSplitFlagBytes);
-    }
-    if (!make_map_4d(p.x, a.input, a.n, a.h, a.w, a.c, box) || !make_map(p.w, a.weight, a.o, k, k, (wide ? 160 : 128) / (pairs ? 2 : 1)))
-      return false;
-    // The staged epilogue's output (and residual) maps need 16-byte aligned rows; else the 4-byte stores.
-    const bool staged = make_staged_maps(p, a.out, a.residual, m, a.o, a.o);
-    p.bias = static_cast<const __nv_bfloat16*>(a.bias);
-    p.residual = static_cast<const __nv_bfloat16*>(a.residual);
-    p.out = static_cast<__nv_bfloat16*>(a.out);
-    p.ldo = a.o;
-    p.m = int(m), p.n = int(a.o);
-    p.conv_c_steps = int(a.c / kBK), p.conv_kw = int(a.kw), p.conv_ph = a.pad_h, p.conv_pw = a.pad_w;
-    p.conv_ho = int(a.ho), p.conv_wo = int(a.wo);
-    return staged ? launch_linear_form<Epi::kConv>(p, m, k, wide, pairs, a.sm_count, stream)
-                  : launch_linear_form<Epi::kConvDirect>(p, m, k, wide, pairs, a.sm_count, stream);
-  };
-  return (a.split <= 1 && pairs_take(m) && launch_as(true)) || launch_as(false);
+  if (!make_map_4d(p.x, a.input, a.n, a.h, a.w, a.c, box) || !make_map(p.w, a.weight, a.o, k, k, wide ? 160 : 128)) return false;
+  // The staged epilogue's output (and residual) maps need 16-byte aligned rows; else the 4-byte stores.
+  const bool staged = make_staged_maps(p, a.out, a.residual, m, a.o, a.o);
+  p.bias = static_cast<const __nv_bfloat16*>(a.bias);
+  p.residual = static_cast<const __nv_bfloat16*>(a.residual);
+  p.out = static_cast<__nv_bfloat16*>(a.out);
+  p.ldo = a.o;
+  p.m = int(m), p.n = int(a.o);
+  p.conv_c_steps = int(a.c / kBK), p.conv_kw = int(a.kw), p.conv_ph = a.pad_h, p.conv_pw = a.pad_w;
+  p.conv_ho = int(a.ho), p.conv_wo = int(a.wo);
+  return staged ? launch_linear_form<Epi::kConv>(p, m, k, wide, a.sm_count, stream)
+                : launch_linear_form<Epi::kConvDirect>(p, m, k, wide, a.sm_count, stream);
 }
 
 }  // namespace atelier::cuda

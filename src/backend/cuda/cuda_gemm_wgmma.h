@@ -88,13 +88,6 @@ void set_own_conv_split(int split);
 // On unless ATELIER_FUSED_GLU=0: ops::linear_glu runs launch_gemm_glu (or the setter: tests, benches).
 bool fused_glu_enabled();
 void set_fused_glu(bool on);
-// Off unless ATELIER_GEMM_PAIRS=1 (or the setter: tests, A/B runs): the GLU, linear and convolution kernels run
-// products whose 128-row blocks are even in number in clusters of two blocks, the two tiles of a pair at the same
-// columns, each block loading half of w's rows for both (TMA multicast): a quarter less traffic from L2 per tile.
-// Split-K convolutions never pair.
-bool gemm_pairs_enabled();
-void set_gemm_pairs(bool on);
-int64_t gemm_pair_launches();  // launches in pairs so far (tests: the case was taken)
 // Which bf16 linear products (one batch, weights [n, k], no activation) run launch_gemm_linear instead of cuBLASLt:
 // those where it measured faster (default: the kernel is one more candidate when GemmEngine times a product's
 // algorithms), none (ATELIER_OWN_LINEAR=0), all (=1), or all those with a residual (=residual); or the setter

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -50,6 +51,7 @@ constexpr int64_t kClusterTargetBytes = int64_t(16) << 10;
 constexpr int64_t kClusterMaxTensorBytes = int64_t(16) << 20;
 constexpr int kMaxSliceGroups = 8;   // a slice's groups: gb = V / gcd(cg, V) <= V <= 8
 constexpr int kMaxWarps = kSliceThreadsFewBlocks / 32;
+constexpr int kPortableCluster = 8;  // larger clusters need the non-portable opt-in (sm_90: 16)
 constexpr int kMaxCluster = 16;
 
 struct SliceArgs {
@@ -272,6 +274,38 @@ int64_t& max_tensor_bytes() {
 bool& any_grid() {  // clusters also where one block per slice already fills the SMs (tests)
   static bool any = false;
   return any;
+}
+
+// The opt-ins a launch of `kernel` with cfg (or an occupancy query of it) needs on the current device: shared memory
+// past 48 KB a block, clusters past 8 blocks.
+void allow_launch(const void* kernel, const cudaLaunchConfig_t& cfg) {
+  constexpr size_t kDefaultSmem = 48 * 1024;
+  if (cfg.dynamicSmemBytes > kDefaultSmem)
+    ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(cfg.dynamicSmemBytes)));
+  if (cfg.numAttrs > 0 && cfg.attrs[0].val.clusterDim.x > unsigned(kPortableCluster))
+    ATELIER_CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+}
+
+// How many clusters of this kernel's shape the current device holds at once (the occupancy calculator, asked once per
+// kernel, shape and device); 0: none (a cluster wider than what a GPC holds never starts).
+int max_active_clusters(const void* kernel, const cudaLaunchConfig_t& cfg) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, unsigned, unsigned, unsigned, size_t>, int> cache;
+  int device = 0;
+  ATELIER_CUDA_OK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  const unsigned cs = cfg.numAttrs > 0 ? cfg.attrs[0].val.clusterDim.x : 1;
+  auto [it, fresh] = cache.try_emplace({device, kernel, cfg.gridDim.x, cfg.blockDim.x, cs, cfg.dynamicSmemBytes}, 0);
+  if (fresh) {
+    allow_launch(kernel, cfg);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+      cudaGetLastError();
+      clusters = 0;
+    }
+    it->second = clusters;
+  }
+  return it->second;
 }
 
 // ATELIER_GN_LOG=1: one stderr line per launch shape (which cluster size and kernel the policies chose, and how many

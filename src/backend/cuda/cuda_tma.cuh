@@ -77,47 +77,6 @@ __device__ __forceinline__ void load_2d(void* dst, const void* tensor_map, int c
       : "memory");
 }
 
-// load_2d into the shared memory of every block of the cluster named in cta_mask (bit r: rank r), at dst's offset in
-// each, its bytes completing on the mbarrier at bar's offset in each of them.
-__device__ __forceinline__ void load_2d_multicast(void* dst, const void* tensor_map, int c0, int c1, uint64_t* bar,
-                                                  uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
-      "%3}], [%4], %5;\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(smem_u32(bar)), "h"(cta_mask)
-      : "memory");
-}
-
-// Cluster pieces: this block's rank in its cluster; one arrival on the mbarrier at bar's offset in block `rank` of
-// the cluster (this block's own included), released to the cluster (what this thread's earlier reads and writes
-// did is ordered before it); and a barrier over all threads of the cluster (release / acquire), which every thread
-// of every block must reach.
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void arrive_cluster(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
-      "r"(rank)
-      : "memory");
-}
-// arrive_cluster with release.cluster semantics: 2x slower GEMM pairs than the default cta scope (session 58).
-__device__ __forceinline__ void arrive_cluster_release(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
-      "r"(rank)
-      : "memory");
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
 // A box of shared memory at src into a 2-D tensor map at (c0 column, c1 row), as one bulk store of this thread's
 // current bulk group (parts of the box outside the tensor are not written). The shared-memory writes it reads must
 // be ordered before it: wgmma::fence_async_smem() in each writing thread, then a barrier.
