@@ -17,10 +17,10 @@ DEGREE = 7    # coefficients of u * r(u): u^1 .. u^7
 
 
 def fit():
-    ts = np.sort(np.cos(np.linspace(0, np.pi, 4000)) * CLAMP / 2 + CLAMP / 2)  # Chebyshev nodes on [0, CLAMP]
-    target = np.array([math.log2(math.erfc(t / math.sqrt(2))) for t in ts])
-    basis = np.vstack([ts ** (k + 1) for k in range(DEGREE)]).T
-    w = np.ones_like(ts)
+    us = np.sort(np.cos(np.linspace(0, np.pi, 4000)) * CLAMP / 2 + CLAMP / 2)  # Chebyshev nodes on [0, CLAMP]
+    target = np.array([math.log2(math.erfc(u / math.sqrt(2))) for u in us])
+    basis = np.vstack([us ** (k + 1) for k in range(DEGREE)]).T
+    w = np.ones_like(us)
     for _ in range(100):
         sw = np.sqrt(w)
         c, *_ = np.linalg.lstsq(basis * sw[:, None], target * sw, rcond=None)

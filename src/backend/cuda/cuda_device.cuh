@@ -118,7 +118,8 @@ __device__ __forceinline__ float apply_unary(float x, UnaryOp op) {
 // exp2, 1 - h, a select, a product) against erff's form's ~28 and a branch: the fused GEGLU epilogue runs 64 per thread
 // and tile. Session 57 took |x|'s scaling into the fit and the halving into the exponent (15 -> 12). max(x, 0) - u h
 // would save one more but makes GELU(+inf) NaN; that 11-instruction form, timed on an H100, cut the level-0 GEGLU at
-// 16 rows by 8.9% in instructions and 6% in cycles (docs/performance.md, "Session 57"); this form is untimed.
+// 16 rows by 8.9% in instructions and 6% in cycles (docs/performance.md, "Session 57"). This form has not been timed
+// alone against it; session 58's H200 standing (CFG step 4.600 ms) runs it.
 // Against the exact GELU: absolute error <= 6.7e-7 (erff's form: 6.7e-7, the f32 product's rounding), relative error
 // <= 6.4e-6 for |x| <= 5.5, where erff's 1 + erf cancels on the negative side (relative error up to 0.57 there).
 // Host and device (tests/cuda_gelu_poly_test.cu checks it on the host, in CI).
