@@ -418,6 +418,30 @@ TEST(OpsNorm, GroupNormLargeOffsetAndLongRows) {
   EXPECT_OPS_CLOSE(ops::group_norm(x, 2, Tensor(), Tensor(), 1e-6f), ref_group_norm(x, 2, Tensor(), Tensor(), 1e-6, false));
 }
 
+// ops::ChannelConcat's readers on a device that reads no parts in place (the CPU): the values of the ops over the
+// concatenation, which is made once and kept for the next reader; parts that cannot sit side by side are refused.
+TEST(OpsChannelConcat, ReadersSeeTheConcatenationMadeOnce) {
+  const Tensor a = random_tensor({2, 6, 3, 4}, 31), b = random_tensor({2, 10, 3, 4}, 32);
+  const Tensor joined = ops::concat({a, b}, 1);
+  const ops::ChannelConcat x(a, b);
+  EXPECT_EQ(x.shape(), joined.shape());
+  EXPECT_EQ(x.size(1), 16);
+  const Tensor gamma = random_tensor({16}, 33), beta = random_tensor({16}, 34);
+  const Tensor norm = ops::group_norm(x, 4, gamma, beta, 1e-5f, UnaryOp::kSilu);
+  EXPECT_EQ(norm.to_vector(), ops::group_norm(joined, 4, gamma, beta, 1e-5f, UnaryOp::kSilu).to_vector());
+  ASSERT_TRUE(x.is_joined());
+  const void* made = x.joined().raw();
+  Conv2dParams p;
+  p.pad_h = p.pad_w = 1;
+  const Tensor w = random_tensor({5, 16, 3, 3}, 35), bias = random_tensor({5}, 36), r = random_tensor({2, 5, 3, 4}, 37);
+  EXPECT_EQ(ops::conv2d(x, w, bias, p, r).to_vector(), ops::conv2d(joined, w, bias, p, r).to_vector());
+  EXPECT_EQ(x.joined().raw(), made) << "the concatenation was made again";
+  EXPECT_THROW(ops::ChannelConcat(a, random_tensor({2, 6, 3, 5}, 38)), Error);            // widths differ
+  EXPECT_THROW(ops::ChannelConcat(a, ops::cast(b, DType::BF16)), Error);                  // dtypes differ
+  EXPECT_THROW(ops::group_norm(ops::ChannelConcat(a, b), 5, Tensor(), Tensor(), 1e-5f), Error);  // 16 channels, 5 groups
+  EXPECT_THROW(ops::conv2d(ops::ChannelConcat(a, b), random_tensor({5, 15, 3, 3}, 39), Tensor(), p), Error);  // w's channels
+}
+
 std::vector<double> ref_layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, bool rms) {
   std::vector<double> xv = to_double(x);
   const int64_t d = x.size(-1);

@@ -242,6 +242,14 @@ class Backend {
   // independently; w contiguous).
   virtual void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
                       const Tensor& addend) = 0;
+  // conv2d of a [N, C1, H, W] and b [N, C2, H, W] side by side along channels (as group_norm_concat: all channels-last,
+  // one dtype; w [O, C1 + C2, kh, kw]). False (nothing done: this default) where the device cannot; ops::conv2d then
+  // concatenates them.
+  virtual bool conv2d_concat(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias,
+                             const Conv2dParams& p, const Tensor& addend) {
+    (void)out, (void)a, (void)b, (void)w, (void)bias, (void)p, (void)addend;
+    return false;
+  }
   // out [N, O, 2H, 2W] = conv2d(x upsampled 2x by nearest neighbour, w [O, C, 3, 3], bias [O] optional) with stride
   // 1 and padding 1 (the upsamplers of SD's UNet and VAE), x [N, C, H, W] and out both channels-last, w in out's
   // dtype. A backend may compute it without the upsampled tensor: per output phase (row and column parity) it is a
@@ -261,6 +269,14 @@ class Backend {
   // default adds it in a pass of its own (binary) and normalises the sum; a backend may add it inside its kernels.
   virtual void group_norm_offset(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta,
                                  int groups, float eps, UnaryOp act);
+  // group_norm of a [N, C1, H, W] and b [N, C2, H, W] side by side along channels into out [N, C1 + C2, H, W], all
+  // channels-last and of one dtype (ops::ChannelConcat: a UNet's skip concatenation read where its parts lie). False
+  // (nothing done: this default) where the device cannot; ops::group_norm then concatenates them.
+  virtual bool group_norm_concat(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& gamma, const Tensor& beta,
+                                 int groups, float eps, UnaryOp act) {
+    (void)out, (void)a, (void)b, (void)gamma, (void)beta, (void)groups, (void)eps, (void)act;
+    return false;
+  }
   // Over the last dim D; gamma/beta [D] optional.
   virtual void layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) = 0;
   virtual void rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) = 0;

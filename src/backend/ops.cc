@@ -559,9 +559,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, floa
   return out;
 }
 
-namespace {
+namespace detail {
 
-// Checks conv2d's operands for an input of shape xs (x's own, or the upsampled one) -> the output's shape.
 Shape conv2d_output_shape(const Tensor& x, const Shape& xs, const Tensor& w, const Tensor& b, const Conv2dParams& p,
                           const std::string& op) {
   require_f32(x, op, "x");
@@ -584,24 +583,33 @@ Shape conv2d_output_shape(const Tensor& x, const Shape& xs, const Tensor& w, con
   return {xs[0], o, (hp - ekh) / p.stride_h + 1, (wp - ekw) / p.stride_w + 1};
 }
 
-// Every output element is a dot product over (C/g) * kh * kw inputs.
 void count_conv_flops(const Shape& out, const Tensor& w) {
   trace::count_flops(gemm_flops(out[0], out[1] * out[2], out[3], w.size(1) * w.size(2) * w.size(3)));
 }
 
-}  // namespace
+Tensor conv2d_addend(const Tensor& x, const Tensor& addend, const Shape& out_shape, const std::string& op) {
+  if (!addend.defined()) return Tensor();
+  require_f32(addend, op, "addend");
+  require_same_device(x, addend, op);
+  return broadcast_to(addend.dtype() == x.dtype() ? addend : cast(addend, x.dtype()), out_shape, op);
+}
+
+void require_group_norm(const Tensor& x, const Shape& shape, int groups, const Tensor& gamma, const Tensor& beta, const std::string& op) {
+  require_f32(x, op, "x");
+  require(shape.size() >= 2, op, "x must be [N, C, *], got " + shape_str(shape));
+  require(groups >= 1 && shape[1] % groups == 0, op, "channels " + std::to_string(shape[1]) + " not divisible by groups " + std::to_string(groups));
+  require_affine(gamma, shape[1], op, "gamma");
+  require_affine(beta, shape[1], op, "beta");
+}
+
+}  // namespace detail
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& addend) {
   trace::Scope range("conv2d", Category::kOp);
   const std::string op = "conv2d";
   require_defined(x, op, "x");
   const Shape out_shape = conv2d_output_shape(x, x.shape(), w, b, p, op);
-  Tensor add;
-  if (addend.defined()) {
-    require_f32(addend, op, "addend");
-    require_same_device(x, addend, op);
-    add = broadcast_to(addend.dtype() == x.dtype() ? addend : cast(addend, x.dtype()), out_shape, op);
-  }
+  const Tensor add = conv2d_addend(x, addend, out_shape, op);
   const bool channels_last = wants_channels_last(x);
   Tensor out = channels_last ? Tensor::empty_channels_last(out_shape, x.dtype(), x.device()) : empty_like_shape(x, out_shape);
   count_conv_flops(out_shape, w);
@@ -646,11 +654,7 @@ Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor
   if (range.active())
     range.set_detail(shape_str(x.shape()) + (x.is_channels_last() ? " channels-last" : "") + (offset.defined() ? " + offset" : ""));
   const std::string op = "group_norm";
-  require_f32(x, op, "x");
-  require(x.dim() >= 2, op, "x must be [N, C, *], got " + shape_str(x.shape()));
-  require(groups >= 1 && x.size(1) % groups == 0, op, "channels " + std::to_string(x.size(1)) + " not divisible by groups " + std::to_string(groups));
-  require_affine(gamma, x.size(1), op, "gamma");
-  require_affine(beta, x.size(1), op, "beta");
+  require_group_norm(x, x.shape(), groups, gamma, beta, op);
   if (offset.defined()) {
     require_same_device(x, offset, op);
     require(offset.dtype() == x.dtype(), op, "offset must have x's dtype " + std::string(dtype_name(x.dtype())));

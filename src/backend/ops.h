@@ -16,6 +16,26 @@ Tensor cast(const Tensor& x, DType dtype);          // packed copy in another dt
 Tensor to_device(const Tensor& x, Device dev);
 // [...] views -> one tensor; all inputs equal but along `dim`.
 Tensor concat(const std::vector<Tensor>& xs, int dim);
+// Two images side by side along channels, first [N, C1, H, W] and second [N, C2, H, W] as [N, C1 + C2, H, W]
+// (a UNet's skip concatenation), for the ops that can read the parts where they lie: group_norm and conv2d below.
+// Their only readers in a UNet, so the concatenation need never be written; joined() writes it (ops::concat) at
+// the first reader that needs it (a device that cannot read the parts, the residual of a block without a
+// shortcut convolution) and keeps it for the others.
+class ChannelConcat {
+ public:
+  ChannelConcat(Tensor first, Tensor second);  // same device, dtype, N, H and W (checked)
+  const Tensor& first() const { return first_; }
+  const Tensor& second() const { return second_; }
+  const Shape& shape() const { return shape_; }
+  int64_t size(int d) const { return shape_[size_t(d)]; }
+  const Tensor& joined() const;
+  bool is_joined() const { return joined_.defined(); }
+
+ private:
+  Tensor first_, second_;
+  Shape shape_;
+  mutable Tensor joined_;
+};
 // Views: `n` equal parts along `dim` (size must divide).
 std::vector<Tensor> chunk(const Tensor& x, int n, int dim);
 // x [N, C, H, W] -> [N, C, H*f, W*f], nearest neighbour (torch's interpolate(mode="nearest")).
@@ -116,6 +136,9 @@ Tensor linear_fp8_gated_residual(Tensor&& residual, const Fp8Rows& x, const Tens
 // to the output: a per-sample [N, O, 1, 1] bias or a residual, added in the convolution's output pass).
 // Channels-last on a device that prefers it (Backend::prefers_channels_last); the values are the same.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& addend = {});
+// The same of x.first() and x.second() side by side, without their concatenation where the device reads them in
+// place (Backend::conv2d_concat); the same values either way.
+Tensor conv2d(const ChannelConcat& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& addend = {});
 // x [N, C, H, W], w [O, C/g, kh, kw], b [O] optional -> [N, O, Ho, Wo] = conv2d(upsample_nearest2d(x, 2), w, b, p), the
 // convolution of the 2H x 2W upsampled input: an upsampler (nearest 2x, then a convolution). Where the device computes
 // the 3x3 stride-1 padding-1 case without the upsampled tensor (Backend::upsample2x_conv2d) it does; the FLOPs counted
@@ -128,6 +151,10 @@ Tensor upsample2x_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, cons
 // how a resnet's time embedding reaches its second norm without a pass of its own.
 Tensor group_norm(const Tensor& x, int groups, const Tensor& gamma, const Tensor& beta, float eps,
                   UnaryOp act = UnaryOp::kIdentity, const Tensor& offset = {});
+// The same of x.first() and x.second() side by side (no offset), without their concatenation where the device
+// reads them in place (Backend::group_norm_concat); the same values either way.
+Tensor group_norm(const ChannelConcat& x, int groups, const Tensor& gamma, const Tensor& beta, float eps,
+                  UnaryOp act = UnaryOp::kIdentity);
 // x [..., D]
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps);
 Tensor rms_norm(const Tensor& x, const Tensor& gamma, float eps);

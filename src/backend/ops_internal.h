@@ -50,4 +50,14 @@ Tensor split_heads(const Tensor& x, int64_t heads, const std::string& op);
 // An optional affine parameter (gamma, beta): undefined, or `size` values in a compute dtype.
 void require_affine(const Tensor& t, int64_t size, const std::string& op, const char* what);
 
+// conv2d's operands checked for an input of shape xs (x's own, the upsampled one, a ChannelConcat's) -> the output's
+// shape; and its FLOPs counted (every output element a dot product over (C/g) * kh * kw inputs).
+Shape conv2d_output_shape(const Tensor& x, const Shape& xs, const Tensor& w, const Tensor& b, const Conv2dParams& p,
+                          const std::string& op);
+void count_conv_flops(const Shape& out, const Tensor& w);
+// conv2d's optional addend (x's device, a compute dtype) in x's dtype, broadcast to the output's shape.
+Tensor conv2d_addend(const Tensor& x, const Tensor& addend, const Shape& out_shape, const std::string& op);
+// group_norm's operands checked for an input like x (dtype) of `shape` [N, C, *].
+void require_group_norm(const Tensor& x, const Shape& shape, int groups, const Tensor& gamma, const Tensor& beta, const std::string& op);
+
 }  // namespace atelier::ops::detail

@@ -56,6 +56,7 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
   conv_gemm_ = conv_gemm_default();
   gn_apply_merge_ = env_flag("ATELIER_GN_APPLY_MERGE");
   gn_offset_in_kernels_ = !env_is("ATELIER_GN_OFFSET_IN_KERNELS", "0");
+  concat_in_place_ = !env_is("ATELIER_CONCAT_IN_PLACE", "0");
   fused_fp8_norm_modulate_ = !env_is("ATELIER_FUSED_FP8_NORM", "0");
   specialized_norm_modulate_ = !env_is("ATELIER_NORM_MODULATE_SPECIALIZED", "0");
   fp8_attention_ = fp8_attention_default();

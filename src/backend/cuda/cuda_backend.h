@@ -109,12 +109,19 @@ class CudaBackend final : public Backend {
                       const Tensor& gate) override;
   void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
               const Tensor& addend) override;
+  // The own implicit-GEMM kernel reading a's k-steps from one tensor map and b's from a second, timed per shape
+  // against the concatenation and conv2d's own choice (cuda_conv_concat.cu).
+  bool conv2d_concat(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+                     const Tensor& addend) override;
   // Channels-last where the convolutions run channels-last: 16-bit data on cuDNN (ConvImpl kAuto or kCudnn,
   // ATELIER_CONV_NHWC not 0); f32 and forced NCHW/im2col keep NCHW.
   bool prefers_channels_last(DType dtype) const override;
 
   void group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) override;
   void group_norm_offset(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta, int groups,
+                         float eps, UnaryOp act) override;
+  // The one-kernel channels-last norms (slice, grid) read the two parts where they lie (group_norm_nhwc with x2).
+  bool group_norm_concat(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& gamma, const Tensor& beta, int groups,
                          float eps, UnaryOp act) override;
   void layer_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) override;
   void rms_norm(Tensor& out, const Tensor& x, const Tensor& gamma, float eps) override;
@@ -183,6 +190,9 @@ class CudaBackend final : public Backend {
   // measured slower on the H200 (SD step 7.02 against 6.49 ms at batch 2, session 11); also ATELIER_GN_APPLY_MERGE=1.
   void set_group_norm_apply_merge(bool on) { gn_apply_merge_ = on; }
   void set_group_norm_offset_in_kernels(bool on) { gn_offset_in_kernels_ = on; }
+  // group_norm_concat and conv2d_concat read a skip concatenation's parts where they lie; off: both decline and
+  // ops concatenate (ATELIER_CONCAT_IN_PLACE=0; A/B runs and the tests' reference path).
+  void set_concat_in_place(bool on) { concat_in_place_ = on; }
   // norm_modulate_fp8 in one pass (the vector kernel quantizes the rows it holds); off: norm_modulate, then
   // quantize_rows_fp8, as Backend's default (the parity test compares the two; the same bytes). Also
   // ATELIER_FUSED_FP8_NORM=0.
@@ -252,15 +262,17 @@ class CudaBackend final : public Backend {
   void conv2d_nhwc_gemm(Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
                         const Tensor& addend);
   bool conv_own_args(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
-                     const Tensor& addend, OwnConvArgs& a) const;
+                     const Tensor& addend, OwnConvArgs& a, const Tensor& x2 = {}) const;
   int conv_path_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
                        const Tensor& addend, const std::vector<std::function<bool()>>& candidates, const std::vector<const char*>& names);
   // The own kernel's split-K workspace (allocated at the first call, then kept).
   void* conv_split_workspace();
   // Group norm of x (+ offset) into out (cuda_group_norm_nhwc.cu); false, enqueuing nothing, where its kernels do not
-  // apply (either not channels-last, different dtypes, channel counts or buffers they cannot take).
+  // apply (either not channels-last, different dtypes, channel counts or buffers they cannot take). With x2, the norm
+  // of x and x2 side by side along channels (out's channels: x's, then x2's), read where they lie (the one-kernel
+  // paths only).
   bool group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta, int groups,
-                       float eps, UnaryOp act);
+                       float eps, UnaryOp act, const Tensor& x2 = {});
   // w [O, C, kh, kw] as [O, kh, kw, C], cached per weight buffer when `persistent` (model weights).
   Tensor nhwc_weight(const Tensor& w, bool persistent);
   // The entry of `cache` made from weight w (an Entry whose `source` is a weak pointer to the weight's buffer), made
@@ -331,11 +343,15 @@ class CudaBackend final : public Backend {
                              const std::function<bool()>& plain);
   // (x shape, out channels, dtype, bias?) -> the phases are faster
   TimedChoice<std::tuple<std::vector<int64_t>, int64_t, int, bool>> upsample_phase_choices_;
+  // conv2d_concat's per shape (the parts', the packed weight's, strides, paddings, bias and addend present).
+  TimedChoice<std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int, int, int, int, bool, bool>>
+      conv_concat_choices_;
   std::atomic<int64_t> upsample_phase_calls_{0};
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   int flash_block_rows_ = 0;
   int flash_key_tile_ = 0;
   bool gn_apply_merge_ = false;
+  bool concat_in_place_ = true;  // ATELIER_CONCAT_IN_PLACE=0: group_norm_concat and conv2d_concat decline
   bool gn_offset_in_kernels_ = true;  // ATELIER_GN_OFFSET_IN_KERNELS=0: group_norm_offset adds in a pass of its own
   bool fused_fp8_norm_modulate_ = true;
   bool specialized_norm_modulate_ = true;

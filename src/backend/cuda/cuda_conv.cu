@@ -10,11 +10,14 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -24,6 +27,7 @@
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_nvtx.h"
+#include "backend/cuda/cudnn_graph_api.h"
 #include "backend/packed_operands.h"
 
 namespace atelier::cuda {
@@ -608,6 +612,60 @@ bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvSh
   if (candidates.size() == 1) return cudnn();
   const int pick = conv_path_choice(out, xn, wn, bias, p, addend, candidates, names);
   return candidates[size_t(pick)]() || (pick != 0 && cudnn());
+}
+
+// a [N, C1, H, W] and b [N, C2, H, W] side by side along channels, all channels-last bf16, w [O, C1 + C2, kh, kw] ->
+// out [N, O, Ho, Wo] (+ bias + addend). Candidates, timed per shape at its first eager call: the concatenation
+// followed by conv2d's own choice (first: what a capture of an untimed shape takes), and the own implicit-GEMM
+// kernel reading C1's k-steps of each tap from a's tensor map and the rest from b's (unsplit and split-K), which
+// writes no concatenation. False (nothing done) where the own kernel does not take the case or the switch is off.
+bool CudaBackend::conv2d_concat(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias,
+                                const Conv2dParams& p, const Tensor& addend) {
+  if (!concat_in_place_ || out.numel() == 0 || conv_impl_ != ConvImpl::kAuto || own_conv_mode() == OwnConv::kOff) return false;
+  const DType dt = out.dtype();
+  if (a.dtype() != dt || b.dtype() != dt || w.dtype() != dt || !prefers_channels_last(dt)) return false;
+  NvtxRange range("conv2d_concat");
+  DeviceGuard guard(index_);
+  {
+    std::lock_guard<std::mutex> lock(engines_mu_);
+    if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
+  }
+  const Tensor wn = nhwc_weight(w, /*persistent=*/true);
+  OwnConvArgs own_args;
+  if (!conv_own_args(out, a, wn, bias, p, addend, own_args, b)) return false;
+  const auto own = [&](int split) {
+    NvtxRange own_range("conv2d_own_concat");
+    OwnConvArgs args = own_args;
+    args.split = split;
+    args.split_workspace = split > 1 ? conv_split_workspace() : nullptr;
+    return launch_conv_implicit(args, cc_major_, stream_);
+  };
+  const int64_t n = a.size(0), h = a.size(2), wd = a.size(3), c1 = a.size(1), c = c1 + b.size(1);
+  const auto joined = [&] {
+    Tensor x = Tensor::empty_channels_last({n, c, h, wd}, dt, device());
+    if (!concat_channels_last(x, {a, b})) {
+      Tensor first = x.narrow(1, 0, c1), second = x.narrow(1, c1, c - c1);
+      copy(first, a), copy(second, b);
+    }
+    const ConvShape s{n, c, h, wd, out.size(1), wn.size(1), wn.size(2), out.size(2), out.size(3)};
+    return conv2d_nhwc_packed(out, x, s, wn, bias, p, addend);
+  };
+  std::vector<std::function<bool()>> candidates{joined, [&] { return own(1); }};
+  std::vector<const char*> names{"concatenated", "own kernel, two inputs"};
+  if (own_conv_split() != 1)
+    for (int split : conv_implicit_splits(own_args))
+      candidates.push_back([&own, split] { return own(split); }), names.push_back(split_candidate_name(split));
+  if (own_conv_mode() == OwnConv::kForce) return own(std::max(1, own_conv_split())) || joined();
+  const auto key = std::make_tuple(a.shape(), b.shape(), wn.shape(), p.stride_h, p.stride_w, p.pad_h, p.pad_w, bias.defined(),
+                                   addend.defined());
+  const int pick = conv_concat_choices_.fastest(key, stream_, candidates, [&](const std::vector<float>& ms, int best) {
+    if (!cudnn_graph::log_enabled()) return;  // ATELIER_CUDNN_LOG=1, beside conv2d's [conv path] lines
+    std::string times;
+    for (size_t i = 0; i < ms.size(); ++i) times += std::string(i ? ", " : "") + names[i] + " " + std::to_string(ms[i]) + " ms";
+    std::fprintf(stderr, "[conv concat] x%s + %s w%s -> %s: %s: %s\n", shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(),
+                 shape_str(wn.shape()).c_str(), shape_str(out.shape()).c_str(), times.c_str(), names[best]);
+  });
+  return candidates[size_t(pick)]() || (pick != 0 && joined());
 }
 
 // The general path: per sample, blocks of output pixels are unfolded into a column matrix [groups, kc, width]

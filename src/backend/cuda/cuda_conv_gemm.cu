@@ -150,9 +150,10 @@ void CudaBackend::conv2d_nhwc_gemm(Tensor& out, const Tensor& x, const Tensor& w
 
 // The implicit-GEMM kernel's arguments (cuda_gemm_wgmma.cu) for out = conv(x, w) + bias + addend; false where it does
 // not take the case: bf16, groups 1, stride 1, no dilation, x / out / addend dense channels-last and the kernel's own
-// conditions (conv_implicit_takes).
+// conditions (conv_implicit_takes). With x2 (dense channels-last bf16, x's N, H and W), the convolution of x and x2
+// side by side along channels.
 bool CudaBackend::conv_own_args(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
-                                const Tensor& addend, OwnConvArgs& a) const {
+                                const Tensor& addend, OwnConvArgs& a, const Tensor& x2) const {
   const auto bf16 = [](const Tensor& t) { return t.dtype() == DType::BF16; };
   if (p.groups != 1 || p.stride_h != 1 || p.stride_w != 1 || p.dilation_h != 1 ||
       p.dilation_w != 1 || !bf16(out) || !bf16(x) || !bf16(wn) || !x.is_channels_last() || !out.is_channels_last() ||
@@ -163,6 +164,10 @@ bool CudaBackend::conv_own_args(const Tensor& out, const Tensor& x, const Tensor
   a.bias = bias.defined() ? bias.raw() : nullptr;
   a.residual = addend.defined() ? addend.raw() : nullptr;
   a.n = x.size(0), a.c = x.size(1), a.h = x.size(2), a.w = x.size(3);
+  if (x2.defined()) {
+    if (!bf16(x2) || !x2.is_channels_last() || x2.size(0) != a.n || x2.size(2) != a.h || x2.size(3) != a.w) return false;
+    a.input2 = x2.raw(), a.c1 = a.c, a.c += x2.size(1);
+  }
   a.o = out.size(1), a.ho = out.size(2), a.wo = out.size(3), a.kh = wn.size(1), a.kw = wn.size(2);
   a.pad_h = p.pad_h, a.pad_w = p.pad_w;
   a.sm_count = sm_count_, a.max_smem = max_smem_optin_;

@@ -150,6 +150,10 @@ struct Params {
   int k_steps, col_tiles, tiles;
   // Convolution only: k-steps per tap (C / 64), the kernel's width, the padding, the output's height and width.
   int conv_c_steps, conv_kw, conv_ph, conv_pw, conv_ho, conv_wo;
+  // Convolution of two inputs side by side along channels (a skip concatenation read where it lies): each tap's
+  // first conv_c1_steps k-steps from x, the rest from x2 (its own channels, from 0). conv_c_steps: x alone.
+  int conv_c1_steps;
+  CUtensorMap x2;
   // Split-K: parts per tile (1: none), work units (tiles x split), the parts' f32 slots and the tiles' flags.
   int split, units;
   float* partial;
@@ -219,7 +223,9 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
       tma::arrive_expect_tx(&full[s], kStageBytes<BN>);  // zero-filled parts of a box count too
       uint8_t* stage = ring + s * kStageBytes<BN>;
       if constexpr (is_conv(E)) {
-        tma::load_4d(stage, &p.x, chunk * kBK, ox + tj - p.conv_pw, oy + ti - p.conv_ph, img, &full[s]);
+        const bool second = chunk >= p.conv_c1_steps;  // never with one input
+        tma::load_4d(stage, second ? &p.x2 : &p.x, (second ? chunk - p.conv_c1_steps : chunk) * kBK, ox + tj - p.conv_pw,
+                     oy + ti - p.conv_ph, img, &full[s]);
         if (++chunk == p.conv_c_steps) {
           chunk = 0;
           if (++tj == p.conv_kw) tj = 0, ++ti;
@@ -663,6 +669,7 @@ bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream)
 namespace {
 // conv_implicit_takes with the input box of a tile (conv_box) where it holds.
 bool conv_takes_with_box(const OwnConvArgs& a, int cc_major, cuuint32_t (&box)[3]) {
+  if (a.input2 && (a.c1 <= 0 || a.c1 >= a.c || a.c1 % kBK != 0 || reinterpret_cast<uintptr_t>(a.input2) % 16 != 0)) return false;
   if (a.c % kBK != 0 || a.kh < 1 || a.kw < 1 || a.ho != a.h + 2 * a.pad_h - a.kh + 1 || a.wo != a.w + 2 * a.pad_w - a.kw + 1 ||
       a.ho < 1 || a.wo < 1 || reinterpret_cast<uintptr_t>(a.input) % 16 != 0 || reinterpret_cast<uintptr_t>(a.weight) % 16 != 0 ||
       !conv_box(a.ho, a.wo, box))
@@ -722,7 +729,10 @@ bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t strea
     p.partial = reinterpret_cast<float*>(static_cast<char*>(a.split_workspace) + kSplitFlagBytes);
   }
   const bool wide = tile_160(a.o);
-  if (!make_map_4d(p.x, a.input, a.n, a.h, a.w, a.c, box) || !make_map(p.w, a.weight, a.o, k, k, wide ? 160 : 128)) return false;
+  const int64_t c1 = a.input2 ? a.c1 : a.c;  // x's channels
+  if (!make_map_4d(p.x, a.input, a.n, a.h, a.w, c1, box) || !make_map(p.w, a.weight, a.o, k, k, wide ? 160 : 128) ||
+      (a.input2 && !make_map_4d(p.x2, a.input2, a.n, a.h, a.w, a.c - c1, box)))
+    return false;
   // The staged epilogue's output (and residual) maps need 16-byte aligned rows; else the 4-byte stores.
   const bool staged = make_staged_maps(p, a.out, a.residual, m, a.o, a.o);
   p.bias = static_cast<const __nv_bfloat16*>(a.bias);
@@ -730,7 +740,7 @@ bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t strea
   p.out = static_cast<__nv_bfloat16*>(a.out);
   p.ldo = a.o;
   p.m = int(m), p.n = int(a.o);
-  p.conv_c_steps = int(a.c / kBK), p.conv_kw = int(a.kw), p.conv_ph = a.pad_h, p.conv_pw = a.pad_w;
+  p.conv_c_steps = int(a.c / kBK), p.conv_c1_steps = int(c1 / kBK), p.conv_kw = int(a.kw), p.conv_ph = a.pad_h, p.conv_pw = a.pad_w;
   p.conv_ho = int(a.ho), p.conv_wo = int(a.wo);
   return staged ? launch_linear_form<Epi::kConv>(p, m, k, wide, a.sm_count, stream)
                 : launch_linear_form<Epi::kConvDirect>(p, m, k, wide, a.sm_count, stream);

@@ -46,6 +46,10 @@ struct OwnGemmArgs {
 // same for w). out = conv(input, weight) + bias + residual.
 struct OwnConvArgs {
   const void* input = nullptr;
+  // A second input side by side along channels (a skip concatenation read where it lies): input holds channels
+  // [0, c1) in rows of c1, input2 [c1, c) in rows of c - c1; c1 a multiple of 64. Null: input alone (rows of c).
+  const void* input2 = nullptr;
+  int64_t c1 = 0;
   const void* weight = nullptr;
   const void* bias = nullptr;
   const void* residual = nullptr;

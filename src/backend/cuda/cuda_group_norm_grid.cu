@@ -45,6 +45,7 @@ constexpr int kMergeUnroll = 8;    // block sums a lane loads before it adds any
 constexpr int kMinMergeLanes = 8;  // the smallest team merging a group's block sums (64 blocks in one round trip)
 
 struct GridArgs {
+  ChannelSources src;  // x alone, or x and a second tensor side by side along channels
   const void* offset;  // [N, C] in x's dtype (unit channel stride), or null
   int64_t offset_stride;
   NormAffine aff;
@@ -65,7 +66,7 @@ __device__ __forceinline__ float offset_at(const GridArgs& a, int64_t n, int ch)
 template <typename T>
 __device__ __forceinline__ float group_ref(const T* x, const GridArgs& a, int64_t n, int g) {
   const int ch = g * (a.c / a.groups);
-  return to_f32(x[n * a.p * a.c + ch]) + offset_at<T>(a, n, ch);
+  return to_f32(source_at<T>(x, a.src, a.c, n * a.p, ch)) + offset_at<T>(a, n, ch);
 }
 
 // A staged vector as one 16-byte shared-memory load: read through a Vec<T> reference, the compiler loaded its
@@ -191,7 +192,8 @@ __global__ void __launch_bounds__(kGridThreads, 1) group_norm_grid_kernel(T* y, 
   Vec<T>* tile = reinterpret_cast<Vec<T>*>(smem_f4);                             // [staged_rows][vc]
   float2* red = reinterpret_cast<float2*>(tile + int64_t(a.staged_rows) * vc);  // [rp][vc][2]
   float2* stats = red + rp * vc * 2;                                           // [2][groups]: (mean, rstd)
-  const Vec<T>* xs = reinterpret_cast<const Vec<T>*>(x + row0 * a.c) + v;
+  int xstride;  // x's rows, in vectors: vc, or the row of the source this thread's vector lies in
+  const Vec<T>* xs = source_rows<T>(x, a.src, a.c, row0, v * V, xstride);
   Vec<T>* ys = reinterpret_cast<Vec<T>*>(y + row0 * a.c) + v;
 
   // This thread's channels: their group (g0, or g0 + 1 where `upper`), and per segment the value their sums are
@@ -212,7 +214,7 @@ __global__ void __launch_bounds__(kGridThreads, 1) group_norm_grid_kernel(T* y, 
 
   // Stage the first rows: every copy in flight at once.
   if (active)
-    for (int r = r0; r < staged; r += rp) cp_async16(&tile[r * vc + v], &xs[int64_t(r) * vc], true);
+    for (int r = r0; r < staged; r += rp) cp_async16(&tile[r * vc + v], &xs[int64_t(r) * xstride], true);
   cp_async_commit();
 
   // Statistics, a segment (sample) at a time: its unstaged rows from global memory (segment 0's while the copies
@@ -237,7 +239,7 @@ __global__ void __launch_bounds__(kGridThreads, 1) group_norm_grid_kernel(T* y, 
       }
     };
     if (active)
-      for_rows_loaded<kLoadUnroll>(xs, vc, first_row_from(max(lo, staged), r0, rp), hi, rp, [&](int, const Vec<T>& in) { add(in); });
+      for_rows_loaded<kLoadUnroll>(xs, xstride, first_row_from(max(lo, staged), r0, rp), hi, rp, [&](int, const Vec<T>& in) { add(in); });
     if (s == 0) cp_async_wait_all();  // each thread reads back only what it copied
     if (active) {
       const int staged_hi = min(hi, staged);
@@ -288,7 +290,7 @@ __global__ void __launch_bounds__(kGridThreads, 1) group_norm_grid_kernel(T* y, 
       for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(activate<T, kAct>(fmaf(to_f32(in.v[e]), sc[e], sh[e]), a.act));
       return out;
     };
-    for_rows_loaded<kApplyUnroll>(xs, vc, first_row_from(max(lo, staged), r0, rp), hi, rp,
+    for_rows_loaded<kApplyUnroll>(xs, xstride, first_row_from(max(lo, staged), r0, rp), hi, rp,
                                   [&](int r, const Vec<T>& in) { ys[int64_t(r) * vc] = apply(in); });
     const int staged_hi = min(hi, staged);
 #pragma unroll 4
@@ -350,7 +352,7 @@ std::optional<GroupNormGridPlan> plan_group_norm_grid(const GroupNormSliceArgs& 
       g.n <= 0 || g.p <= 0)
     return std::nullopt;
   const int esize = int(dtype_size(g.dtype)), V = kVecBytes / esize, cg = g.c / g.groups;
-  if (g.c % V != 0 || cg < V || g.c / V > kGridThreads) return std::nullopt;
+  if (g.c % V != 0 || cg < V || g.c / V > kGridThreads || !two_sources_fit(g, V)) return std::nullopt;
   const size_t optin = device_smem_optin();
   if (optin == 0) return std::nullopt;
   GroupNormGridPlan pl{};
@@ -377,7 +379,7 @@ std::optional<GroupNormGridPlan> plan_group_norm_grid(const GroupNormSliceArgs& 
 void launch_group_norm_grid(const GroupNormSliceArgs& g, const GroupNormGridPlan& plan, void* scratch, cudaStream_t stream) {
   NormAffine aff;
   aff.gamma = g.gamma, aff.beta = g.beta, aff.gamma_dtype = g.gamma_dtype, aff.beta_dtype = g.beta_dtype;
-  GridArgs a{g.offset, g.offset_stride, aff, g.p, g.n * g.p, g.c, g.groups, plan.rows_per_block, plan.staged_rows,
+  GridArgs a{ChannelSources{g.x2, g.c1}, g.offset, g.offset_stride, aff, g.p, g.n * g.p, g.c, g.groups, plan.rows_per_block, plan.staged_rows,
              plan.rows_per_pass, g.eps, g.act, static_cast<float2*>(scratch)};
   with_kernel(g.dtype, g.act, [&](auto kernel, auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;

@@ -303,9 +303,12 @@ int blocks_per_sm(const void* kernel, int threads, size_t smem) {
 // false (nothing enqueued) where the kernels do not apply: x or out not channels-last or of different dtypes, C not
 // a multiple of the vector width, a row too wide for one block, unaligned buffers.
 bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& offset, const Tensor& gamma, const Tensor& beta,
-                                  int groups, float eps, UnaryOp act) {
+                                  int groups, float eps, UnaryOp act, const Tensor& x2) {
   if (!x.is_channels_last() || !out.is_channels_last() || x.dtype() != out.dtype()) return false;
-  const int64_t n = x.size(0), c = x.size(1), p = x.size(2) * x.size(3);
+  if (x2.defined() && (!x2.is_channels_last() || x2.dtype() != x.dtype() || x2.size(0) != x.size(0) || x2.size(2) != x.size(2) ||
+                       x2.size(3) != x.size(3)))
+    return false;
+  const int64_t n = x.size(0), c = out.size(1), p = x.size(2) * x.size(3);
   bool done = false;
   dispatch_float(x.dtype(), "group_norm", [&](auto tag) {
     using T = decltype(tag);
@@ -319,6 +322,7 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& of
       GroupNormSliceArgs sa;
       sa.y = out.raw();
       sa.x = x.raw();
+      if (x2.defined()) sa.x2 = x2.raw(), sa.c1 = int(x.size(1));
       if (offset.defined()) sa.offset = offset.raw(), sa.offset_stride = offset.strides()[0];
       const NormAffine aff = affine_of(gamma, beta);
       sa.gamma = aff.gamma, sa.beta = aff.beta, sa.gamma_dtype = aff.gamma_dtype, sa.beta_dtype = aff.beta_dtype;
@@ -339,6 +343,7 @@ bool CudaBackend::group_norm_nhwc(Tensor& out, const Tensor& x, const Tensor& of
         return;
       }
     }
+    if (x2.defined()) return;  // the three kernels below read one source only
     const int rows_per_pass = int(std::max<int64_t>(1, kNhwcStatsThreads / vc));
     const size_t smem = size_t(rows_per_pass) * size_t(c) * sizeof(float2);
     if (smem > 48 * 1024 || n > kMaxGridY) return;

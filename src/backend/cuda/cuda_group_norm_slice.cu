@@ -55,6 +55,7 @@ constexpr int kPortableCluster = 8;  // larger clusters need the non-portable op
 constexpr int kMaxCluster = 16;
 
 struct SliceArgs {
+  ChannelSources src;  // x alone, or x and a second tensor side by side along channels
   const void* offset;  // [N, C] in x's dtype (unit channel stride), or null
   int64_t offset_stride;
   NormAffine aff;
@@ -141,12 +142,13 @@ __device__ __forceinline__ void group_norm_slice_body(T* y, const T* x, const Sl
   float* mean = part_sq + kMaxSliceGroups;
   float* rstd = mean + kMaxSliceGroups;
   const int64_t sample = int64_t(n) * a.p * a.c + row_begin * a.c + ch0;
-  const Vec<T>* xs = reinterpret_cast<const Vec<T>*>(x + sample) + v;
+  int xstride;  // x's rows, in vectors: vc, or the row of the source this thread's vector lies in
+  const Vec<T>* xs = source_rows<T>(x, a.src, a.c, int64_t(n) * a.p + row_begin, ch0 + v * V, xstride);
   Vec<T>* ys = reinterpret_cast<Vec<T>*>(y + sample) + v;
   const bool active = r0 < rows_per_pass;  // a last partial row of threads only helps with the reductions
   // Stage this block's rows: every copy in flight at once (a load-then-store loop waits a round trip per row).
   if (active) {
-    for (int r = r0; r < rows; r += rows_per_pass) cp_async16(&tile[r * vcb + v], &xs[int64_t(r) * vc], true);
+    for (int r = r0; r < rows; r += rows_per_pass) cp_async16(&tile[r * vcb + v], &xs[int64_t(r) * xstride], true);
     cp_async_commit();
   }
   // The offset and the affine parameters of this thread's channels, loaded before the statistics (loaded after
@@ -336,10 +338,16 @@ void set_group_norm_cluster_policy(int64_t block_bytes, int64_t max_tensor, bool
   any_grid() = any_grid_size;
 }
 
+bool two_sources_fit(const GroupNormSliceArgs& g, int vec_width) {
+  if (g.x2 == nullptr) return true;
+  return g.c1 > 0 && g.c1 < g.c && g.c1 % vec_width == 0 && reinterpret_cast<uintptr_t>(g.x2) % kVecBytes == 0;
+}
+
 bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
   if (!slice_flag() || g.groups <= 0 || g.c % g.groups != 0 || g.n <= 0 || g.p <= 0 || g.n > 65535) return false;
   const int esize = int(dtype_size(g.dtype));
   const int V = kVecBytes / esize;
+  if (!two_sources_fit(g, V)) return false;
   const int cg = g.c / g.groups;
   const int gb = V / std::gcd(cg, V);  // fewest groups whose channels are whole vectors
   if (g.groups % gb != 0 || gb > kMaxSliceGroups) return false;
@@ -378,7 +386,7 @@ bool launch_group_norm_slice(const GroupNormSliceArgs& g, cudaStream_t stream) {
       const int rows_per_pass = int(std::clamp<int64_t>(block_target / vcb, 1, rows_per_block));
       const int threads = std::max(32, (vcb * rows_per_pass + 31) / 32 * 32);  // whole warps for the reductions
       const size_t smem = size_t(rows_per_block) * cb * esize + (kMaxWarps + 4) * kMaxSliceGroups * sizeof(float);
-      a = SliceArgs{g.offset, g.offset_stride, aff, g.p, g.c, g.groups, gb, rows_per_pass, blocks, int(rows_per_block), g.eps, g.act};
+      a = SliceArgs{ChannelSources{g.x2, g.c1}, g.offset, g.offset_stride, aff, g.p, g.c, g.groups, gb, rows_per_pass, blocks, int(rows_per_block), g.eps, g.act};
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(unsigned(g.groups / gb * blocks), unsigned(g.n));
       cfg.blockDim = dim3(unsigned(threads));

@@ -16,6 +16,10 @@ namespace atelier::cuda {
 struct GroupNormSliceArgs {
   void* y = nullptr;        // [N, P, C] (channels-last [N, C, H, W]), 16-byte aligned
   const void* x = nullptr;  // same layout and dtype
+  // A second source: x holds channels [0, c1) (rows of c1 channels) and x2 channels [c1, c) (rows of c - c1), the
+  // two side by side as one [N, C, H, W] input (a UNet's skip concatenation, never copied together). Null: x alone.
+  const void* x2 = nullptr;
+  int c1 = 0;
   const void* offset = nullptr;  // [N, C] in x's dtype, unit channel stride; null for none
   int64_t offset_stride = 0;
   const void* gamma = nullptr;  // [C] or null (1); beta [C] or null (0); either dtype
@@ -34,6 +38,9 @@ struct GroupNormSliceArgs {
 // whole 16-byte vectors over 96 KB per block (one block where the cluster policy below does not split it, else up
 // to 16), groups not a multiple of the slice's, a cluster the device cannot hold, ATELIER_GN_SLICE=0.
 bool launch_group_norm_slice(const GroupNormSliceArgs& args, cudaStream_t stream);
+// Whether args' second source, where it has one, suits the kernels (slice and grid): 0 < c1 < c, c1 a multiple of the
+// 16-byte vector's vec_width channels, x2 16-byte aligned. True without one.
+bool two_sources_fit(const GroupNormSliceArgs& args, int vec_width);
 bool group_norm_slice_enabled();
 void set_group_norm_slice(bool on);  // for tests and comparisons (default: on, unless ATELIER_GN_SLICE=0)
 void set_group_norm_cluster(bool on);  // clusters of blocks allowed (default: on, unless ATELIER_GN_CLUSTER=0)

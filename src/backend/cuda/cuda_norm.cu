@@ -373,6 +373,15 @@ void CudaBackend::group_norm_offset(Tensor& out, const Tensor& x, const Tensor& 
   Backend::group_norm_offset(out, x, offset, gamma, beta, groups, eps, act);
 }
 
+// a [N, C1, H, W] and b [N, C2, H, W] side by side -> out [N, C1 + C2, H, W], all channels-last: the slice or grid
+// kernel reading each 16-byte vector from the part it lies in (the same sums in the same order as over their
+// concatenation: the same bits).
+bool CudaBackend::group_norm_concat(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& gamma, const Tensor& beta,
+                                    int groups, float eps, UnaryOp act) {
+  if (!concat_in_place_ || out.numel() == 0) return false;
+  return group_norm_nhwc(out, a, Tensor(), gamma, beta, groups, eps, act, b);
+}
+
 // x [N, C, S] contiguous (S = product of the trailing dims), or x and out channels-last [N, C, H, W];
 // statistics per (n, group of C/groups channels).
 void CudaBackend::group_norm(Tensor& out, const Tensor& x, const Tensor& gamma, const Tensor& beta, int groups, float eps, UnaryOp act) {

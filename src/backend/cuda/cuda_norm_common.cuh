@@ -49,6 +49,35 @@ struct alignas(kVecBytes) Vec {
   T v[kWidth];
 };
 
+// A channels-last norm's input as it lies: one tensor [rows][c], or two side by side along channels (a UNet's skip
+// concatenation read where its parts lie, never copied together): channels [0, c1) from x (rows of c1), [c1, c) from
+// x2 (rows of c - c1). c1 is a multiple of the vector width, so that each 16-byte vector lies in one of them.
+struct ChannelSources {
+  const void* x2 = nullptr;  // null: one source (c1 is then c)
+  int c1 = 0;
+};
+
+// The vector of channels ch.. (ch a multiple of the width) of pixel row `row`, as a pointer to its first row's and
+// the stride between rows, in vectors.
+template <typename T>
+__device__ __forceinline__ const Vec<T>* source_rows(const T* x, const ChannelSources& s, int c, int64_t row, int ch, int& stride) {
+  constexpr int V = Vec<T>::kWidth;
+  if (s.x2 == nullptr || ch < s.c1) {
+    const int cx = s.x2 == nullptr ? c : s.c1;
+    stride = cx / V;
+    return reinterpret_cast<const Vec<T>*>(x + row * cx + ch);
+  }
+  const int c2 = c - s.c1;
+  stride = c2 / V;
+  return reinterpret_cast<const Vec<T>*>(static_cast<const T*>(s.x2) + row * c2 + (ch - s.c1));
+}
+// One element: channel ch of pixel row `row`.
+template <typename T>
+__device__ __forceinline__ T source_at(const T* x, const ChannelSources& s, int c, int64_t row, int ch) {
+  if (s.x2 == nullptr) return x[row * c + ch];
+  return ch < s.c1 ? x[row * s.c1 + ch] : static_cast<const T*>(s.x2)[row * (c - s.c1) + (ch - s.c1)];
+}
+
 // max(amax, |v[e]|) over a vector's values, NaN ignored (as fmaxf ignores it); 16-bit values in pairs (the
 // same result: max and abs are exact).
 template <typename T>

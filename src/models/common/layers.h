@@ -97,6 +97,8 @@ struct Conv2d {
   // x [N, in, H, W] -> [N, out, Ho, Wo] (+ addend broadcastable to it: a per-sample [N, out, 1, 1] bias or a
   // residual, added in the convolution's output pass)
   Tensor operator()(const Tensor& x, const Tensor& addend = {}) const { return ops::conv2d(x, weight, bias, params, addend); }
+  // The same of two inputs side by side along channels (a skip concatenation, read where its parts lie)
+  Tensor operator()(const ops::ChannelConcat& x, const Tensor& addend = {}) const { return ops::conv2d(x, weight, bias, params, addend); }
   // x [N, in, H, W] -> [N, out, Ho, Wo] of x upsampled 2x (nearest): an upsampler (ops::upsample2x_conv2d)
   Tensor upsampled2x(const Tensor& x) const { return ops::upsample2x_conv2d(x, weight, bias, params); }
 };
@@ -109,6 +111,10 @@ struct GroupNorm {
   // to x per (sample, channel) before the norm (ops::group_norm)
   Tensor operator()(const Tensor& x, UnaryOp act = UnaryOp::kIdentity, const Tensor& offset = {}) const {
     return ops::group_norm(x, groups, weight, bias, eps, act, offset);
+  }
+  // The same of two inputs side by side along channels (a skip concatenation, read where its parts lie)
+  Tensor operator()(const ops::ChannelConcat& x, UnaryOp act = UnaryOp::kIdentity) const {
+    return ops::group_norm(x, groups, weight, bias, eps, act);
   }
 };
 

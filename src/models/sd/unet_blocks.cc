@@ -57,7 +57,15 @@ void ResnetBlock::build(const ParamSource& p, int64_t in, int64_t out, int64_t t
   if (in != out) p.conv(conv_shortcut, "conv_shortcut", in, out, 1);
 }
 
-Tensor ResnetBlock::forward(const Tensor& x, const UNetConditioning& cond) const {
+namespace {
+// The input as one tensor: the residual of a block without a shortcut convolution.
+const Tensor& as_tensor(const Tensor& x) { return x; }
+const Tensor& as_tensor(const ops::ChannelConcat& x) { return x.joined(); }
+}  // namespace
+
+// X: a Tensor or an ops::ChannelConcat (x [B, in, H, W] either way) -> [B, out, H, W]
+template <class X>
+Tensor ResnetBlock::forward_impl(const X& x, const UNetConditioning& cond) const {
   // [B, out]: one time bias per sample and channel (a view of the stacked projection where there is one)
   const int64_t out_channels = time_emb_proj.out_features();
   const Tensor t = cond.time_proj.defined() && time_col >= 0 ? cond.time_proj.narrow(1, time_col, out_channels)
@@ -66,11 +74,14 @@ Tensor ResnetBlock::forward(const Tensor& x, const UNetConditioning& cond) const
   // diffusers adds the time bias to h and normalises the sum; norm2 is the sum's only reader, so the bias joins
   // there (no pass over h of its own; in f32 inside the norm instead of one more 16-bit rounding of h + t).
   // The residual joins in conv2's output pass (diffusers adds it after: the same sum, rounded once more there).
-  Tensor out = conv2(norm2(h, UnaryOp::kSilu, t), conv_shortcut.weight.defined() ? conv_shortcut(x) : x);
+  Tensor out = conv2(norm2(h, UnaryOp::kSilu, t), conv_shortcut.weight.defined() ? conv_shortcut(x) : as_tensor(x));
   // diffusers divides by output_scale_factor; only SD variants with a factor other than 1 pay for it.
   if (output_scale != 1.0f) out = ops::div(out, Tensor::full({1}, output_scale, out.device()));
   return out;
 }
+
+Tensor ResnetBlock::forward(const Tensor& x, const UNetConditioning& cond) const { return forward_impl(x, cond); }
+Tensor ResnetBlock::forward(const ops::ChannelConcat& x, const UNetConditioning& cond) const { return forward_impl(x, cond); }
 
 // --- Attention ----------------------------------------------------------------------------------------
 
@@ -174,9 +185,9 @@ Tensor UpBlock::forward(const Tensor& x, const UNetConditioning& cond, std::vect
   Tensor h = x;
   for (size_t j = 0; j < resnets.size(); ++j) {
     ATELIER_CHECK(!skips.empty(), "UNet up block ran out of skip connections");
-    h = ops::concat({h, skips.back()}, 1);
+    // [h, skip] along channels, never written where the device reads both where they lie
+    h = resnets[j].forward(ops::ChannelConcat(h, skips.back()), cond);
     skips.pop_back();
-    h = resnets[j].forward(h, cond);
     if (!attentions.empty()) h = attentions[j].forward(h, cond);
   }
   if (upsampler.weight.defined()) {

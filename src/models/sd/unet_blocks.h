@@ -57,6 +57,13 @@ struct ResnetBlock {
   void build(const ParamSource& p, int64_t in, int64_t out, int64_t temb, int groups, float eps);
   // x [B, in, H, W] -> [B, out, H, W]
   Tensor forward(const Tensor& x, const UNetConditioning& cond) const;
+  // The same of two inputs side by side along channels, [B, in1 + in2, H, W] (an up block's running tensor and its
+  // skip): their only readers, norm1 and the shortcut, read them where they lie where the device can.
+  Tensor forward(const ops::ChannelConcat& x, const UNetConditioning& cond) const;
+
+ private:
+  template <class X>
+  Tensor forward_impl(const X& x, const UNetConditioning& cond) const;
 };
 
 // Multi-head attention with bias-free q/k/v projections; the output projection is left to the caller, who
