@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_allocator.h"
+#include "backend/cuda/cuda_conv_narrow.h"
 #include "backend/cuda/cuda_event_timing.h"
 
 namespace atelier::cuda {
@@ -159,6 +160,8 @@ class CudaBackend final : public Backend {
   void set_conv_gemm(ConvGemm mode) { conv_gemm_ = mode; }
   int64_t conv_gemm_calls() const { return conv_gemm_calls_.load(); }  // convolutions the GEMM path ran
   void set_upsample_phases(UpsamplePhases mode) { upsample_phases_ = mode; }
+  // The few-channel convolution kernels (cuda_conv_narrow.h): a timed candidate (kAuto), never, or forced.
+  void set_narrow_conv(NarrowConv mode) { narrow_conv_ = mode; }
   int64_t upsample_phase_calls() const { return upsample_phase_calls_.load(); }  // upsamplers run as phase convolutions
   // "cudnn <version>" or "im2col+gemm (cuDNN not loaded: <why>)": what kAuto uses on this machine.
   std::string conv_impl_name();
@@ -263,6 +266,8 @@ class CudaBackend final : public Backend {
                         const Tensor& addend);
   bool conv_own_args(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
                      const Tensor& addend, OwnConvArgs& a, const Tensor& x2 = {}) const;
+  bool narrow_conv_args(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
+                        const Tensor& addend, NarrowConvArgs& a) const;
   int conv_path_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
                        const Tensor& addend, const std::vector<std::function<bool()>>& candidates, const std::vector<const char*>& names);
   // The own kernel's split-K workspace (allocated at the first call, then kept).
@@ -338,6 +343,7 @@ class CudaBackend final : public Backend {
   void make_phase_weights(PhaseWeights& e, const Tensor& w, const Tensor& bias);
   std::unordered_map<const void*, PhaseWeights> phase_weights_;
   UpsamplePhases upsample_phases_ = upsample_phases_default();
+  NarrowConv narrow_conv_ = narrow_conv_default();
   // Whether the phases are faster than `plain` for this shape (timed at its first eager call).
   bool upsample_phase_choice(const Tensor& out, const Tensor& x, const Tensor& bias, const std::function<bool()>& phases,
                              const std::function<bool()>& plain);

@@ -583,6 +583,14 @@ bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvSh
     return true;
   };
   if (conv_impl_ != ConvImpl::kAuto) return cudnn();
+  // The few-channel kernels (cuda_conv_narrow.cu: conv_in, conv_out), where they take the case.
+  NarrowConvArgs narrow_args;
+  const bool narrow_takes = narrow_conv_ != NarrowConv::kOff && narrow_conv_args(out, xn, wn, bias, p, addend, narrow_args);
+  const auto narrow = [&] {
+    NvtxRange range("conv2d_narrow");
+    return launch_conv_narrow(narrow_args, stream_);
+  };
+  if (narrow_takes && narrow_conv_ == NarrowConv::kForce && narrow()) return true;
   // The implicit-GEMM kernel of our own (cuda_gemm_wgmma.cu), where it takes the case.
   OwnConvArgs own_args;
   const OwnConv own_mode = own_conv_mode();
@@ -603,6 +611,7 @@ bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvSh
     if (conv_gemm_ == ConvGemm::kForce) return gemm_path();
     candidates.push_back(gemm_path), names.push_back("GEMM");
   }
+  if (narrow_takes && narrow_conv_ == NarrowConv::kAuto) candidates.push_back(narrow), names.push_back("narrow kernel");
   if (own_takes && own_mode == OwnConv::kAuto) {
     candidates.push_back([&] { return own(1); }), names.push_back("own kernel");
     if (own_conv_split() != 1)
@@ -666,6 +675,24 @@ bool CudaBackend::conv2d_concat(Tensor& out, const Tensor& a, const Tensor& b, c
                  shape_str(wn.shape()).c_str(), shape_str(out.shape()).c_str(), times.c_str(), names[best]);
   });
   return candidates[size_t(pick)]() || (pick != 0 && joined());
+}
+
+// The few-channel kernels' arguments for out = conv(x, w) + bias; false where they do not take the case: an addend,
+// groups, strides or dilations other than 1, a bias in another dtype, x / out not dense channels-last, and the kernels'
+// own conditions (conv_narrow_takes).
+bool CudaBackend::narrow_conv_args(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
+                                   const Tensor& addend, NarrowConvArgs& a) const {
+  const DType dt = out.dtype();
+  if (addend.defined() || p.groups != 1 || p.stride_h != 1 || p.stride_w != 1 || p.dilation_h != 1 || p.dilation_w != 1 ||
+      x.dtype() != dt || wn.dtype() != dt || !x.is_channels_last() || !out.is_channels_last() || !wn.is_contiguous() ||
+      (bias.defined() && (bias.dtype() != dt || !bias.is_contiguous())))
+    return false;
+  a.x = x.raw(), a.w = wn.raw(), a.bias = bias.defined() ? bias.raw() : nullptr, a.out = out.raw();
+  a.dtype = dt;
+  a.n = x.size(0), a.c = x.size(1), a.h = x.size(2), a.w_in = x.size(3);
+  a.o = out.size(1), a.ho = out.size(2), a.wo = out.size(3), a.kh = wn.size(1), a.kw = wn.size(2);
+  a.pad_h = p.pad_h, a.pad_w = p.pad_w;
+  return conv_narrow_takes(a);
 }
 
 // The general path: per sample, blocks of output pixels are unfolded into a column matrix [groups, kc, width]
