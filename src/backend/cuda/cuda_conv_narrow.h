@@ -32,8 +32,8 @@ bool conv_narrow_takes(const NarrowConvArgs& a);
 // Enqueues it; false (nothing enqueued) where conv_narrow_takes does not hold.
 bool launch_conv_narrow(const NarrowConvArgs& a, cudaStream_t stream);
 
-// Whether conv2d offers these kernels: kAuto (default) as one more candidate timed per shape, kOff never, kForce
-// wherever they take the case (tests). ATELIER_NARROW_CONV=0 | force.
+// Whether conv2d offers these kernels: kAuto as one more candidate timed per shape, kOff never (the default until
+// they have run on a GPU), kForce wherever they take the case (tests). ATELIER_NARROW_CONV=1 | force.
 enum class NarrowConv { kAuto, kOff, kForce };
 NarrowConv narrow_conv_default();
 int64_t conv_narrow_launches();  // kernels enqueued so far (tests: which path ran)
