@@ -272,6 +272,7 @@ class CudaBackend final : public Backend {
                        const Tensor& addend, const std::vector<std::function<bool()>>& candidates, const std::vector<const char*>& names);
   // The own kernel's split-K workspace (allocated at the first call, then kept).
   void* conv_split_workspace();
+  bool launch_own_conv(OwnConvArgs args, int split);
   // Group norm of x (+ offset) into out (cuda_group_norm_nhwc.cu); false, enqueuing nothing, where its kernels do not
   // apply (either not channels-last, different dtypes, channel counts or buffers they cannot take). With x2, the norm
   // of x and x2 side by side along channels (out's channels: x's, then x2's), read where they lie (the one-kernel

@@ -598,10 +598,7 @@ bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvSh
   // split > 1: split-K (each tile's k-steps on `split` SMs), for shapes of few tiles.
   const auto own = [&](int split) {
     NvtxRange range("conv2d_own");
-    OwnConvArgs a = own_args;
-    a.split = split;
-    a.split_workspace = split > 1 ? conv_split_workspace() : nullptr;
-    return launch_conv_implicit(a, cc_major_, stream_);
+    return launch_own_conv(own_args, split);
   };
   if (own_takes && own_mode == OwnConv::kForce && own(std::max(1, own_conv_split()))) return true;
   std::vector<std::function<bool()>> candidates{cudnn};
@@ -644,10 +641,7 @@ bool CudaBackend::conv2d_concat(Tensor& out, const Tensor& a, const Tensor& b, c
   if (!conv_own_args(out, a, wn, bias, p, addend, own_args, b)) return false;
   const auto own = [&](int split) {
     NvtxRange own_range("conv2d_own_concat");
-    OwnConvArgs args = own_args;
-    args.split = split;
-    args.split_workspace = split > 1 ? conv_split_workspace() : nullptr;
-    return launch_conv_implicit(args, cc_major_, stream_);
+    return launch_own_conv(own_args, split);
   };
   const int64_t n = a.size(0), h = a.size(2), wd = a.size(3), c1 = a.size(1), c = c1 + b.size(1);
   const auto joined = [&] {
@@ -675,6 +669,13 @@ bool CudaBackend::conv2d_concat(Tensor& out, const Tensor& a, const Tensor& b, c
                  shape_str(wn.shape()).c_str(), shape_str(out.shape()).c_str(), times.c_str(), names[best]);
   });
   return candidates[size_t(pick)]() || (pick != 0 && joined());
+}
+
+// The own implicit-GEMM kernel for args in `split` parts per tile (1: unsplit; the workspace is the backend's).
+bool CudaBackend::launch_own_conv(OwnConvArgs args, int split) {
+  args.split = split;
+  args.split_workspace = split > 1 ? conv_split_workspace() : nullptr;
+  return launch_conv_implicit(args, cc_major_, stream_);
 }
 
 // The few-channel kernels' arguments for out = conv(x, w) + bias; false where they do not take the case: an addend,
