@@ -33,7 +33,7 @@ bool conv_narrow_takes(const NarrowConvArgs& a);
 bool launch_conv_narrow(const NarrowConvArgs& a, cudaStream_t stream);
 
 // Whether conv2d offers these kernels: kAuto as one more candidate timed per shape, kOff never (the default until
-// they have run on a GPU), kForce wherever they take the case (tests). ATELIER_NARROW_CONV=1 | force.
+// they are shown faster in the models: docs/cuda.md, session 59), kForce wherever they take the case (tests). ATELIER_NARROW_CONV=1 | force.
 enum class NarrowConv { kAuto, kOff, kForce };
 NarrowConv narrow_conv_default();
 int64_t conv_narrow_launches();  // kernels enqueued so far (tests: which path ran)
