@@ -111,7 +111,7 @@ class CudaBackend final : public Backend {
   void conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
               const Tensor& addend) override;
   // The own implicit-GEMM kernel reading a's k-steps from one tensor map and b's from a second, timed per shape
-  // against the concatenation and conv2d's own choice (cuda_conv_concat.cu).
+  // against the concatenation and conv2d's own choice (cuda_conv.cu).
   bool conv2d_concat(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
                      const Tensor& addend) override;
   // Channels-last where the convolutions run channels-last: 16-bit data on cuDNN (ConvImpl kAuto or kCudnn,

@@ -653,12 +653,12 @@ bool CudaBackend::conv2d_concat(Tensor& out, const Tensor& a, const Tensor& b, c
     const ConvShape s{n, c, h, wd, out.size(1), wn.size(1), wn.size(2), out.size(2), out.size(3)};
     return conv2d_nhwc_packed(out, x, s, wn, bias, p, addend);
   };
+  if (own_conv_mode() == OwnConv::kForce) return own(std::max(1, own_conv_split())) || joined();
   std::vector<std::function<bool()>> candidates{joined, [&] { return own(1); }};
   std::vector<const char*> names{"concatenated", "own kernel, two inputs"};
   if (own_conv_split() != 1)
     for (int split : conv_implicit_splits(own_args))
       candidates.push_back([&own, split] { return own(split); }), names.push_back(split_candidate_name(split));
-  if (own_conv_mode() == OwnConv::kForce) return own(std::max(1, own_conv_split())) || joined();
   const auto key = std::make_tuple(a.shape(), b.shape(), wn.shape(), p.stride_h, p.stride_w, p.pad_h, p.pad_w, bias.defined(),
                                    addend.defined());
   const int pick = conv_concat_choices_.fastest(key, stream_, candidates, [&](const std::vector<float>& ms, int best) {
