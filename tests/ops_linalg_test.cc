@@ -442,6 +442,25 @@ TEST(OpsChannelConcat, ReadersSeeTheConcatenationMadeOnce) {
   EXPECT_THROW(ops::conv2d(ops::ChannelConcat(a, b), random_tensor({5, 15, 3, 3}, 39), Tensor(), p), Error);  // w's channels
 }
 
+// conv2 plus a 1x1 shortcut in one op: on the CPU (which declines Backend::conv2d_shortcut) the shortcut's output is
+// conv2's addend, the same values as composing the two convolutions; from one tensor or a skip concatenation's parts.
+TEST(OpsConvShortcut, Conv2PlusTheShortcut) {
+  Conv2dParams p;
+  p.pad_h = p.pad_w = 1;
+  const Tensor h = random_tensor({2, 5, 3, 4}, 41), w = random_tensor({5, 5, 3, 3}, 42), b = random_tensor({5}, 43);
+  const Tensor a = random_tensor({2, 6, 3, 4}, 44), c = random_tensor({2, 10, 3, 4}, 45), joined = ops::concat({a, c}, 1);
+  const Tensor ws = random_tensor({5, 16, 1, 1}, 46), bs = random_tensor({5}, 47);
+  const std::vector<float> want = ops::conv2d(h, w, b, p, ops::conv2d(joined, ws, bs, Conv2dParams{})).to_vector();
+  EXPECT_EQ(ops::conv2d_with_shortcut(h, w, b, p, joined, ws, bs).to_vector(), want);
+  EXPECT_EQ(ops::conv2d_with_shortcut(h, w, b, p, ops::ChannelConcat(a, c), ws, bs).to_vector(), want);
+  // Without biases.
+  EXPECT_EQ(ops::conv2d_with_shortcut(h, w, Tensor(), p, joined, ws, Tensor()).to_vector(),
+            ops::conv2d(h, w, Tensor(), p, ops::conv2d(joined, ws, Tensor(), Conv2dParams{})).to_vector());
+  EXPECT_THROW(ops::conv2d_with_shortcut(h, w, b, p, joined, random_tensor({5, 16, 3, 3}, 48), bs), Error);  // not 1x1
+  EXPECT_THROW(ops::conv2d_with_shortcut(h, w, b, p, random_tensor({2, 16, 3, 5}, 49), ws, bs), Error);   // 3x5 against 3x4
+  EXPECT_THROW(ops::conv2d_with_shortcut(h, w, b, p, joined, random_tensor({4, 16, 1, 1}, 50), bs), Error);  // 4 outputs, not 5
+}
+
 std::vector<double> ref_layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, bool rms) {
   std::vector<double> xv = to_double(x);
   const int64_t d = x.size(-1);

@@ -250,6 +250,16 @@ class Backend {
     (void)out, (void)a, (void)b, (void)w, (void)bias, (void)p, (void)addend;
     return false;
   }
+  // out [N, O, Ho, Wo] = conv2d(h, w, bias, p) + conv2d(x, ws [O, Cs, 1, 1], bs) with x = [s1, s2] side by side along
+  // channels (s2 may be undefined: s1 alone), x [N, Cs, Ho, Wo]: a resnet's second convolution and its 1x1 shortcut,
+  // whose sum is all the block needs. h, s1, s2 and out channels-last, one dtype; bias and bs optional. A backend may
+  // accumulate both products in one pass (the shortcut's output never written). False (this default) where it does
+  // not: nothing was written, and ops::conv2d_with_shortcut runs the shortcut and then conv2 with it as the addend.
+  virtual bool conv2d_shortcut(Tensor& out, const Tensor& h, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
+                               const Tensor& s1, const Tensor& s2, const Tensor& ws, const Tensor& bs) {
+    (void)out, (void)h, (void)w, (void)bias, (void)p, (void)s1, (void)s2, (void)ws, (void)bs;
+    return false;
+  }
   // out [N, O, 2H, 2W] = conv2d(x upsampled 2x by nearest neighbour, w [O, C, 3, 3], bias [O] optional) with stride
   // 1 and padding 1 (the upsamplers of SD's UNet and VAE), x [N, C, H, W] and out both channels-last, w in out's
   // dtype. A backend may compute it without the upsampled tensor: per output phase (row and column parity) it is a

@@ -139,6 +139,15 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dPar
 // The same of x.first() and x.second() side by side, without their concatenation where the device reads them in
 // place (Backend::conv2d_concat); the same values either way.
 Tensor conv2d(const ChannelConcat& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& addend = {});
+// h [N, C, H, W], w [O, C, kh, kw], b [O] optional; x [N, Cs, Ho, Wo], ws [O, Cs, 1, 1], bs [O] optional ->
+// [N, O, Ho, Wo] = conv2d(h, w, b, p) + conv2d(x, ws, bs): a resnet's second convolution plus its 1x1 shortcut. Where
+// the device accumulates both in one pass (Backend::conv2d_shortcut) the shortcut's output is never written; else
+// the shortcut runs first and joins conv2's output pass as its addend. The sums differ in one 16-bit rounding (the
+// shortcut's output) and the order of the bias additions.
+Tensor conv2d_with_shortcut(const Tensor& h, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& x,
+                            const Tensor& ws, const Tensor& bs);
+Tensor conv2d_with_shortcut(const Tensor& h, const Tensor& w, const Tensor& b, const Conv2dParams& p, const ChannelConcat& x,
+                            const Tensor& ws, const Tensor& bs);
 // x [N, C, H, W], w [O, C/g, kh, kw], b [O] optional -> [N, O, Ho, Wo] = conv2d(upsample_nearest2d(x, 2), w, b, p), the
 // convolution of the 2H x 2W upsampled input: an upsampler (nearest 2x, then a convolution). Where the device computes
 // the 3x3 stride-1 padding-1 case without the upsampled tensor (Backend::upsample2x_conv2d) it does; the FLOPs counted

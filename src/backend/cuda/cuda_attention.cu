@@ -532,8 +532,8 @@ bool CudaBackend::attention_flash(Tensor& out, const Tensor& q, const Tensor& k,
 bool CudaBackend::cudnn_sdpa_available(std::string* why) {
   {
     std::lock_guard<std::mutex> lock(engines_mu_);
-    if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
-    if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(conv_->library(), conv_->handle(), stream_);
+    const ConvEngine& conv = conv_engine_locked();
+    if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(conv.library(), conv.handle(), stream_);
   }
   if (!sdpa_->available() && why) *why = conv_->available() ? sdpa_->why_unavailable() : "cuDNN not loaded: " + conv_->why_unavailable();
   return sdpa_->available();

@@ -153,10 +153,20 @@ GemmEngine& CudaBackend::gemm_engine() {
 
 void CudaBackend::run_gemm(const GemmCall& call) { gemm_engine().run(call, allow_tf32_); }
 
+ConvEngine& CudaBackend::conv_engine_locked() {
+  if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
+  return *conv_;
+}
+
+ConvEngine& CudaBackend::conv_engine() {
+  std::lock_guard<std::mutex> lock(engines_mu_);
+  return conv_engine_locked();
+}
+
 std::string CudaBackend::conv_impl_name() {
   std::lock_guard<std::mutex> lock(engines_mu_);
-  if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
-  return conv_->available() ? "cudnn " + conv_->version() : "im2col+gemm (cuDNN not loaded: " + conv_->why_unavailable() + ")";
+  const ConvEngine& conv = conv_engine_locked();
+  return conv.available() ? "cudnn " + conv.version() : "im2col+gemm (cuDNN not loaded: " + conv.why_unavailable() + ")";
 }
 
 namespace {

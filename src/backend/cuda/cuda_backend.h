@@ -114,6 +114,11 @@ class CudaBackend final : public Backend {
   // against the concatenation and conv2d's own choice (cuda_conv.cu).
   bool conv2d_concat(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, const Conv2dParams& p,
                      const Tensor& addend) override;
+  // The own implicit-GEMM kernel with the shortcut's k-steps after conv2's taps (weights and biases packed once per
+  // weight), timed per shape against the shortcut followed by conv2 with it as the addend; false (ops runs that)
+  // where the latter is faster or the kernel does not take the case (cuda_conv_shortcut.cu).
+  bool conv2d_shortcut(Tensor& out, const Tensor& h, const Tensor& w, const Tensor& bias, const Conv2dParams& p, const Tensor& s1,
+                       const Tensor& s2, const Tensor& ws, const Tensor& bs) override;
   // Channels-last where the convolutions run channels-last: 16-bit data on cuDNN (ConvImpl kAuto or kCudnn,
   // ATELIER_CONV_NHWC not 0); f32 and forced NCHW/im2col keep NCHW.
   bool prefers_channels_last(DType dtype) const override;
@@ -196,6 +201,11 @@ class CudaBackend final : public Backend {
   // group_norm_concat and conv2d_concat read a skip concatenation's parts where they lie; off: both decline and
   // ops concatenate (ATELIER_CONCAT_IN_PLACE=0; A/B runs and the tests' reference path).
   void set_concat_in_place(bool on) { concat_in_place_ = on; }
+  // conv2d_shortcut: kAuto times the folded kernel per shape against the separate shortcut, kOff declines
+  // (ATELIER_FOLD_SHORTCUT=0), kForce folds wherever the kernel takes the case (=force; tests).
+  enum class FoldShortcut { kAuto, kOff, kForce };
+  void set_fold_shortcut(FoldShortcut mode) { fold_shortcut_ = mode; }
+  int64_t folded_shortcuts() const { return folded_shortcuts_.load(); }  // conv2d_shortcut calls that ran folded
   // norm_modulate_fp8 in one pass (the vector kernel quantizes the rows it holds); off: norm_modulate, then
   // quantize_rows_fp8, as Backend's default (the parity test compares the two; the same bytes). Also
   // ATELIER_FUSED_FP8_NORM=0.
@@ -296,6 +306,10 @@ class CudaBackend final : public Backend {
     }
     return e;
   }
+  // The cuDNN engine (convolutions; its handle serves the SDPA engines too), made at its first use: conv_engine()
+  // takes engines_mu_, conv_engine_locked() is for a caller that holds it.
+  ConvEngine& conv_engine();
+  ConvEngine& conv_engine_locked();
   // A tensor of `like`'s shape in `dtype` (a cast copy, or `like` itself when it already has it).
   Tensor as_dtype(const Tensor& like, DType dtype);
 
@@ -314,7 +328,7 @@ class CudaBackend final : public Backend {
   DeviceAllocator alloc_;
   PinnedStaging staging_;
   std::unique_ptr<GemmEngine> gemm_;
-  std::unique_ptr<ConvEngine> conv_;
+  std::unique_ptr<ConvEngine> conv_;  // conv_engine(): made at its first use
   std::unique_ptr<CudnnSdpa> sdpa_;  // created with conv_ (it shares cuDNN's handle), lazily
   std::unique_ptr<CudnnSdpaFp8> sdpa_fp8_;  // likewise
   std::mutex engines_mu_;
@@ -354,6 +368,24 @@ class CudaBackend final : public Backend {
   TimedChoice<std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int, int, int, int, bool, bool>>
       conv_concat_choices_;
   std::atomic<int64_t> upsample_phase_calls_{0};
+  // conv2d_shortcut's packed operands per conv2 weight (under nhwc_mu_): [O, kh, kw, C] and the shortcut's [O, Cs]
+  // side by side along k as [O, kh * kw * C + Cs], and the two biases' sum [O] (rounded once).
+  struct ShortcutWeights {
+    std::weak_ptr<Buffer> source;
+    const void* shortcut_source = nullptr;
+    const void* bias_source = nullptr;
+    const void* shortcut_bias_source = nullptr;
+    Tensor weight, bias;
+  };
+  ShortcutWeights shortcut_weights(const Tensor& w, const Tensor& bias, const Tensor& ws, const Tensor& bs);
+  std::unordered_map<const void*, ShortcutWeights> shortcut_weights_;
+  // conv2d_shortcut's per shape (h's, s1's, s2's or none, w's and ws's, paddings, biases present) -> 0: separate
+  TimedChoice<std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>,
+                         int, int, bool, bool>>
+      conv_shortcut_choices_;
+  FoldShortcut fold_shortcut_ = fold_shortcut_default();
+  static FoldShortcut fold_shortcut_default();
+  std::atomic<int64_t> folded_shortcuts_{0};
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   int flash_block_rows_ = 0;
   int flash_key_tile_ = 0;

@@ -331,16 +331,14 @@ bool fusable_epilogue(const Tensor& out, const Tensor& bias, const Tensor& adden
   return true;
 }
 
-// The conv choice's name of the own kernel's split-K candidate of `split` parts (kept for the process: the names
-// are the choice's key and its log's words).
+}  // namespace
+
 const char* split_candidate_name(int split) {
   static std::mutex mu;
   static std::map<int, std::string> names;
   std::lock_guard<std::mutex> lock(mu);
   return names.try_emplace(split, "own kernel, split-K " + std::to_string(split)).first->second.c_str();
 }
-
-}  // namespace
 
 // --- ConvEngine ------------------------------------------------------------------------------------------------
 
@@ -503,12 +501,9 @@ void CudaBackend::conv2d(Tensor& out, const Tensor& x_in, const Tensor& w_in, co
   const DType dt = out.dtype();
   const Tensor x = as_dtype(x_in, dt), w = as_dtype(w_in, dt);
   if (conv_impl_ != ConvImpl::kIm2col) {
-    {
-      std::lock_guard<std::mutex> lock(engines_mu_);
-      if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
-    }
+    const ConvEngine& conv = conv_engine();  // conv_ from here on
     // The channels-last path where this device keeps activations so (ungrouped 16-bit convolutions on cuDNN).
-    const bool nhwc = prefers_channels_last(dt) && p.groups == 1 && conv_->available();
+    const bool nhwc = prefers_channels_last(dt) && p.groups == 1 && conv.available();
     if (nhwc && conv2d_nhwc(out, x, w, bias, p, w_in.dtype() == dt, addend)) return;
   }
   // The NCHW paths (legacy cuDNN, im2col) on contiguous buffers; channels-last operands go through copies.
@@ -632,10 +627,7 @@ bool CudaBackend::conv2d_concat(Tensor& out, const Tensor& a, const Tensor& b, c
   if (a.dtype() != dt || b.dtype() != dt || w.dtype() != dt || !prefers_channels_last(dt)) return false;
   NvtxRange range("conv2d_concat");
   DeviceGuard guard(index_);
-  {
-    std::lock_guard<std::mutex> lock(engines_mu_);
-    if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
-  }
+  conv_engine();  // the concatenated candidate's cuDNN path uses conv_
   const Tensor wn = nhwc_weight(w, /*persistent=*/true);
   OwnConvArgs own_args;
   if (!conv_own_args(out, a, wn, bias, p, addend, own_args, b)) return false;

@@ -37,6 +37,10 @@ inline bool multiplies_input(int64_t kh, int64_t kw, const Conv2dParams& p) {
   return kh == 1 && kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0;
 }
 
+// The conv choices' name of the own kernel's split-K candidate of `split` parts (kept for the process: the names
+// are the choices' keys and their logs' words; cuda_conv.cu).
+const char* split_candidate_name(int split);
+
 class ConvEngine {
  public:
   ConvEngine(int device, cudaStream_t stream);

@@ -121,11 +121,7 @@ bool CudaBackend::upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& 
     return false;
   NvtxRange range("upsample2x_conv2d");
   DeviceGuard guard(index_);
-  {
-    std::lock_guard<std::mutex> lock(engines_mu_);
-    if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
-  }
-  if (!conv_->available()) return false;
+  if (!conv_engine().available()) return false;
   const PhaseWeights pw = phase_weights(w, bias);
   const auto phases = [&] {
     Tensor y = Tensor::empty_channels_last({n, kPhases * o, h + 1, wd + 1}, dt, device());

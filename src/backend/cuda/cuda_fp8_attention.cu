@@ -332,8 +332,8 @@ bool CudaBackend::rope_attention_fp8_rows(Tensor& out, Tensor& rows8, Tensor& ro
 bool CudaBackend::cudnn_sdpa_fp8(std::string* why) {
   {
     std::lock_guard<std::mutex> lock(engines_mu_);
-    if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
-    if (!sdpa_fp8_) sdpa_fp8_ = std::make_unique<CudnnSdpaFp8>(conv_->library(), conv_->handle(), stream_);
+    const ConvEngine& conv = conv_engine_locked();
+    if (!sdpa_fp8_) sdpa_fp8_ = std::make_unique<CudnnSdpaFp8>(conv.library(), conv.handle(), stream_);
   }
   if (!sdpa_fp8_->available() && why)
     *why = conv_->available() ? sdpa_fp8_->why_unavailable() : "cuDNN not loaded: " + conv_->why_unavailable();

@@ -154,6 +154,11 @@ struct Params {
   // first conv_c1_steps k-steps from x, the rest from x2 (its own channels, from 0). conv_c_steps: x alone.
   int conv_c1_steps;
   CUtensorMap x2;
+  // A 1x1 shortcut accumulated with the convolution (a resnet's conv2 and its conv_shortcut): k-steps from
+  // conv_tap_steps (kh x kw x conv_c_steps) on read the shortcut's input at the output pixels themselves, its first
+  // conv_sc1_steps from x3 and the rest from x4 (two parts side by side). Without one conv_tap_steps is k_steps.
+  int conv_kh, conv_tap_steps, conv_sc1_steps;
+  CUtensorMap x3, x4;
   // Split-K: parts per tile (1: none), work units (tiles x split), the parts' f32 slots and the tiles' flags.
   int split, units;
   float* partial;
@@ -215,20 +220,30 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
     if constexpr (is_conv(E)) {
       const int pixels = p.conv_ho * p.conv_wo, r = m0 % pixels;
       img = m0 / pixels, oy = r / p.conv_wo, ox = r % p.conv_wo;
-      const int tap = u.k0 / p.conv_c_steps;
-      chunk = u.k0 - tap * p.conv_c_steps, ti = tap / p.conv_kw, tj = tap - ti * p.conv_kw;
+      if (u.k0 >= p.conv_tap_steps) {  // a split-K part that starts in the shortcut's k-steps
+        ti = p.conv_kh, chunk = u.k0 - p.conv_tap_steps;
+      } else {
+        const int tap = u.k0 / p.conv_c_steps;
+        chunk = u.k0 - tap * p.conv_c_steps, ti = tap / p.conv_kw, tj = tap - ti * p.conv_kw;
+      }
     }
     for (int ks = u.k0; ks < u.k0 + u.steps; ++ks) {
       tma::wait(&empty[s], phase);
       tma::arrive_expect_tx(&full[s], kStageBytes<BN>);  // zero-filled parts of a box count too
       uint8_t* stage = ring + s * kStageBytes<BN>;
       if constexpr (is_conv(E)) {
-        const bool second = chunk >= p.conv_c1_steps;  // never with one input
-        tma::load_4d(stage, second ? &p.x2 : &p.x, (second ? chunk - p.conv_c1_steps : chunk) * kBK, ox + tj - p.conv_pw,
-                     oy + ti - p.conv_ph, img, &full[s]);
-        if (++chunk == p.conv_c_steps) {
-          chunk = 0;
-          if (++tj == p.conv_kw) tj = 0, ++ti;
+        if (ti < p.conv_kh) {
+          const bool second = chunk >= p.conv_c1_steps;  // never with one input
+          tma::load_4d(stage, second ? &p.x2 : &p.x, (second ? chunk - p.conv_c1_steps : chunk) * kBK, ox + tj - p.conv_pw,
+                       oy + ti - p.conv_ph, img, &full[s]);
+          if (++chunk == p.conv_c_steps) {
+            chunk = 0;
+            if (++tj == p.conv_kw) tj = 0, ++ti;  // ti == conv_kh: the shortcut's k-steps follow, if any
+          }
+        } else {  // the shortcut's: its input at the tile's own pixels (ho == h, wo == w)
+          const bool second = chunk >= p.conv_sc1_steps;  // never with one shortcut input
+          tma::load_4d(stage, second ? &p.x4 : &p.x3, (second ? chunk - p.conv_sc1_steps : chunk) * kBK, ox, oy, img, &full[s]);
+          ++chunk;
         }
       } else {
         tma::load_2d(stage, &p.x, ks * kBK, m0, &full[s]);
@@ -667,14 +682,21 @@ bool launch_gemm_linear(const OwnGemmArgs& a, int cc_major, cudaStream_t stream)
 }
 
 namespace {
+// The product's k: the taps' channels, and the shortcut's after them where there is one.
+int64_t conv_k(const OwnConvArgs& a) { return a.kh * a.kw * a.c + (a.shortcut ? a.sc_c : 0); }
+
 // conv_implicit_takes with the input box of a tile (conv_box) where it holds.
 bool conv_takes_with_box(const OwnConvArgs& a, int cc_major, cuuint32_t (&box)[3]) {
   if (a.input2 && (a.c1 <= 0 || a.c1 >= a.c || a.c1 % kBK != 0 || reinterpret_cast<uintptr_t>(a.input2) % 16 != 0)) return false;
+  if (a.shortcut &&
+      (a.sc_c <= 0 || a.sc_c % kBK != 0 || a.ho != a.h || a.wo != a.w || reinterpret_cast<uintptr_t>(a.shortcut) % 16 != 0 ||
+       (a.shortcut2 && (a.sc_c1 <= 0 || a.sc_c1 >= a.sc_c || a.sc_c1 % kBK != 0 || reinterpret_cast<uintptr_t>(a.shortcut2) % 16 != 0))))
+    return false;
   if (a.c % kBK != 0 || a.kh < 1 || a.kw < 1 || a.ho != a.h + 2 * a.pad_h - a.kh + 1 || a.wo != a.w + 2 * a.pad_w - a.kw + 1 ||
       a.ho < 1 || a.wo < 1 || reinterpret_cast<uintptr_t>(a.input) % 16 != 0 || reinterpret_cast<uintptr_t>(a.weight) % 16 != 0 ||
       !conv_box(a.ho, a.wo, box))
     return false;
-  return takes(cc_major, a.max_smem, a.n * a.ho * a.wo, a.kh * a.kw * a.c, a.o, a.o, {a.out, a.bias, a.residual});
+  return takes(cc_major, a.max_smem, a.n * a.ho * a.wo, conv_k(a), a.o, a.o, {a.out, a.bias, a.residual});
 }
 
 // The convolution's output tiles and k-steps.
@@ -682,7 +704,7 @@ int64_t conv_tiles(const OwnConvArgs& a) {
   const int64_t m = a.n * a.ho * a.wo;
   return tile_160(a.o) ? tile_count<Epi::kConv, 160>(m, a.o) : tile_count<Epi::kConv, 128>(m, a.o);
 }
-int64_t conv_k_steps(const OwnConvArgs& a) { return (a.kh * a.kw * a.c + kBK - 1) / kBK; }
+int64_t conv_k_steps(const OwnConvArgs& a) { return (conv_k(a) + kBK - 1) / kBK; }
 
 // Whether `split` parts per tile fit the workspace, the flags and the k-steps.
 bool split_fits(const OwnConvArgs& a, int split) {
@@ -721,7 +743,7 @@ bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t strea
   if (!conv_takes_with_box(a, cc_major, box)) return false;
   if (a.split > 1 && (!split_fits(a, a.split) || !a.split_workspace || reinterpret_cast<uintptr_t>(a.split_workspace) % 256 != 0))
     return false;
-  const int64_t m = a.n * a.ho * a.wo, k = a.kh * a.kw * a.c;
+  const int64_t m = a.n * a.ho * a.wo, k = conv_k(a);
   Params p{};
   p.split = std::max(1, a.split);
   if (p.split > 1) {
@@ -733,6 +755,10 @@ bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t strea
   if (!make_map_4d(p.x, a.input, a.n, a.h, a.w, c1, box) || !make_map(p.w, a.weight, a.o, k, k, wide ? 160 : 128) ||
       (a.input2 && !make_map_4d(p.x2, a.input2, a.n, a.h, a.w, a.c - c1, box)))
     return false;
+  const int64_t sc1 = a.shortcut2 ? a.sc_c1 : a.sc_c;  // the shortcut's first part's channels
+  if (a.shortcut && (!make_map_4d(p.x3, a.shortcut, a.n, a.h, a.w, sc1, box) ||
+                     (a.shortcut2 && !make_map_4d(p.x4, a.shortcut2, a.n, a.h, a.w, a.sc_c - sc1, box))))
+    return false;
   // The staged epilogue's output (and residual) maps need 16-byte aligned rows; else the 4-byte stores.
   const bool staged = make_staged_maps(p, a.out, a.residual, m, a.o, a.o);
   p.bias = static_cast<const __nv_bfloat16*>(a.bias);
@@ -742,6 +768,7 @@ bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t strea
   p.m = int(m), p.n = int(a.o);
   p.conv_c_steps = int(a.c / kBK), p.conv_c1_steps = int(c1 / kBK), p.conv_kw = int(a.kw), p.conv_ph = a.pad_h, p.conv_pw = a.pad_w;
   p.conv_ho = int(a.ho), p.conv_wo = int(a.wo);
+  p.conv_kh = int(a.kh), p.conv_tap_steps = int(a.kh * a.kw * a.c / kBK), p.conv_sc1_steps = int(sc1 / kBK);
   return staged ? launch_linear_form<Epi::kConv>(p, m, k, wide, a.sm_count, stream)
                 : launch_linear_form<Epi::kConvDirect>(p, m, k, wide, a.sm_count, stream);
 }

@@ -50,6 +50,13 @@ struct OwnConvArgs {
   // [0, c1) in rows of c1, input2 [c1, c) in rows of c - c1; c1 a multiple of 64. Null: input alone (rows of c).
   const void* input2 = nullptr;
   int64_t c1 = 0;
+  // A 1x1 shortcut convolution accumulated with this one (a resnet's conv2 and its conv_shortcut, the shortcut's
+  // output never written): shortcut [n][ho][wo][sc_c1] and shortcut2 [n][ho][wo][sc_c - sc_c1] side by side (null:
+  // shortcut alone, rows of sc_c), sc_c and sc_c1 multiples of 64, ho == h and wo == w. The weight's rows then hold
+  // kh * kw * c + sc_c columns, the shortcut's last; bias is the two biases' sum.
+  const void* shortcut = nullptr;
+  const void* shortcut2 = nullptr;
+  int64_t sc_c = 0, sc_c1 = 0;
   const void* weight = nullptr;
   const void* bias = nullptr;
   const void* residual = nullptr;

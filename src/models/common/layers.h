@@ -99,6 +99,12 @@ struct Conv2d {
   Tensor operator()(const Tensor& x, const Tensor& addend = {}) const { return ops::conv2d(x, weight, bias, params, addend); }
   // The same of two inputs side by side along channels (a skip concatenation, read where its parts lie)
   Tensor operator()(const ops::ChannelConcat& x, const Tensor& addend = {}) const { return ops::conv2d(x, weight, bias, params, addend); }
+  // h [N, in, H, W] -> [N, out, Ho, Wo] plus `shortcut` (a 1x1 convolution) of x [N, Cs, Ho, Wo] (a tensor or two
+  // parts side by side): a resnet's second convolution and its shortcut in one op (ops::conv2d_with_shortcut)
+  template <class X>
+  Tensor with_shortcut(const Tensor& h, const Conv2d& shortcut, const X& x) const {
+    return ops::conv2d_with_shortcut(h, weight, bias, params, x, shortcut.weight, shortcut.bias);
+  }
   // x [N, in, H, W] -> [N, out, Ho, Wo] of x upsampled 2x (nearest): an upsampler (ops::upsample2x_conv2d)
   Tensor upsampled2x(const Tensor& x) const { return ops::upsample2x_conv2d(x, weight, bias, params); }
 };

@@ -73,8 +73,10 @@ Tensor ResnetBlock::forward_impl(const X& x, const UNetConditioning& cond) const
   const Tensor h = conv1(norm1(x, UnaryOp::kSilu));
   // diffusers adds the time bias to h and normalises the sum; norm2 is the sum's only reader, so the bias joins
   // there (no pass over h of its own; in f32 inside the norm instead of one more 16-bit rounding of h + t).
-  // The residual joins in conv2's output pass (diffusers adds it after: the same sum, rounded once more there).
-  Tensor out = conv2(norm2(h, UnaryOp::kSilu, t), conv_shortcut.weight.defined() ? conv_shortcut(x) : as_tensor(x));
+  // The residual joins in conv2's output pass (diffusers adds it after: the same sum, rounded once more there); a
+  // shortcut convolution's products join conv2's own where the device can (ops::conv2d_with_shortcut).
+  const Tensor h2 = norm2(h, UnaryOp::kSilu, t);
+  Tensor out = conv_shortcut.weight.defined() ? conv2.with_shortcut(h2, conv_shortcut, x) : conv2(h2, as_tensor(x));
   // diffusers divides by output_scale_factor; only SD variants with a factor other than 1 pay for it.
   if (output_scale != 1.0f) out = ops::div(out, Tensor::full({1}, output_scale, out.device()));
   return out;

@@ -58,9 +58,10 @@ void VaeResnet::bind(VaeParamSource& p, const std::string& key, int64_t in, int6
 
 Tensor VaeResnet::operator()(const Tensor& x) const {
   const Tensor h = conv1(norm1(x, UnaryOp::kSilu));
-  const Tensor shortcut = conv_shortcut.weight.defined() ? conv_shortcut(x) : x;
-  // dropout is 0 at inference, output_scale_factor 1 in the VAE; the residual joins in conv2's output pass
-  return conv2(norm2(h, UnaryOp::kSilu), shortcut);
+  // dropout is 0 at inference, output_scale_factor 1 in the VAE; the residual joins in conv2's output pass, a
+  // shortcut convolution's products conv2's own where the device can (ops::conv2d_with_shortcut)
+  const Tensor h2 = norm2(h, UnaryOp::kSilu);
+  return conv_shortcut.weight.defined() ? conv2.with_shortcut(h2, conv_shortcut, x) : conv2(h2, x);
 }
 
 // --- attention -----------------------------------------------------------------------------------
