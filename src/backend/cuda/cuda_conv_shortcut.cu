@@ -80,10 +80,15 @@ bool CudaBackend::conv2d_shortcut(Tensor& out, const Tensor& h, const Tensor& w,
   own_args.sc_c = s1.size(1) + (s2.defined() ? s2.size(1) : 0);
   if (s1.size(0) != out.size(0) || s1.size(2) != out.size(2) || s1.size(3) != out.size(3) || !conv_implicit_takes(own_args, cc_major_))
     return false;
-  const ShortcutWeights packed = shortcut_weights(w, bias, ws, bs);
-  own_args.weight = packed.weight.raw();
-  own_args.bias = packed.bias.defined() ? packed.bias.raw() : nullptr;
+  // The packed operands at the first folded launch: never under a capture that meets an untimed shape (that
+  // answers "separate" without running a candidate), so the packing copies are never recorded into a graph.
+  ShortcutWeights packed;
   const auto folded = [&](int split) {
+    if (!packed.weight.defined()) {
+      packed = shortcut_weights(w, bias, ws, bs);
+      own_args.weight = packed.weight.raw();
+      own_args.bias = packed.bias.defined() ? packed.bias.raw() : nullptr;
+    }
     NvtxRange own_range("conv2d_own_shortcut");
     return launch_own_conv(own_args, split);
   };
