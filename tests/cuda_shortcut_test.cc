@@ -30,7 +30,7 @@ struct FoldScope {
   ~FoldScope() {
     cuda::set_own_conv(own_conv);
     cuda::set_own_conv_split(split);
-    test::cuda_be().set_fold_shortcut(Fold::kAuto);
+    test::cuda_be().set_fold_shortcut(cuda::CudaBackend::fold_shortcut_default());
   }
 };
 

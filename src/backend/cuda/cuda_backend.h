@@ -201,10 +201,11 @@ class CudaBackend final : public Backend {
   // group_norm_concat and conv2d_concat read a skip concatenation's parts where they lie; off: both decline and
   // ops concatenate (ATELIER_CONCAT_IN_PLACE=0; A/B runs and the tests' reference path).
   void set_concat_in_place(bool on) { concat_in_place_ = on; }
-  // conv2d_shortcut: kAuto times the folded kernel per shape against the separate shortcut, kOff declines
-  // (ATELIER_FOLD_SHORTCUT=0), kForce folds wherever the kernel takes the case (=force; tests).
+  // conv2d_shortcut: kAuto times the folded kernel per shape against the separate shortcut (ATELIER_FOLD_SHORTCUT=1),
+  // kOff declines (=0), kForce folds wherever the kernel takes the case (=force; tests).
   enum class FoldShortcut { kAuto, kOff, kForce };
   void set_fold_shortcut(FoldShortcut mode) { fold_shortcut_ = mode; }
+  static FoldShortcut fold_shortcut_default();  // the environment's (ATELIER_FOLD_SHORTCUT), else the default
   int64_t folded_shortcuts() const { return folded_shortcuts_.load(); }  // conv2d_shortcut calls that ran folded
   // norm_modulate_fp8 in one pass (the vector kernel quantizes the rows it holds); off: norm_modulate, then
   // quantize_rows_fp8, as Backend's default (the parity test compares the two; the same bytes). Also
@@ -384,7 +385,6 @@ class CudaBackend final : public Backend {
                          int, int, bool, bool>>
       conv_shortcut_choices_;
   FoldShortcut fold_shortcut_ = fold_shortcut_default();
-  static FoldShortcut fold_shortcut_default();
   std::atomic<int64_t> folded_shortcuts_{0};
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   int flash_block_rows_ = 0;
