@@ -340,6 +340,20 @@ const char* split_candidate_name(int split) {
   return names.try_emplace(split, "own kernel, split-K " + std::to_string(split)).first->second.c_str();
 }
 
+std::vector<int> add_split_candidates(const OwnConvArgs& a, const std::function<bool(int)>& own,
+                                      std::vector<std::function<bool()>>& candidates, std::vector<const char*>& names) {
+  if (own_conv_split() == 1) return {};
+  std::vector<int> splits = conv_implicit_splits(a);
+  for (int split : splits) candidates.push_back([own, split] { return own(split); }), names.push_back(split_candidate_name(split));
+  return splits;
+}
+
+std::string candidate_times(const std::vector<float>& ms, const std::vector<const char*>& names) {
+  std::string times;
+  for (size_t i = 0; i < ms.size(); ++i) times += std::string(i ? ", " : "") + names[i] + " " + std::to_string(ms[i]) + " ms";
+  return times;
+}
+
 // --- ConvEngine ------------------------------------------------------------------------------------------------
 
 struct ConvEngine::Plan {
@@ -606,9 +620,7 @@ bool CudaBackend::conv2d_nhwc_packed(Tensor& out, const Tensor& xn, const ConvSh
   if (narrow_takes && narrow_conv_ == NarrowConv::kAuto) candidates.push_back(narrow), names.push_back("narrow kernel");
   if (own_takes && own_mode == OwnConv::kAuto) {
     candidates.push_back([&] { return own(1); }), names.push_back("own kernel");
-    if (own_conv_split() != 1)
-      for (int split : conv_implicit_splits(own_args))
-        candidates.push_back([&own, split] { return own(split); }), names.push_back(split_candidate_name(split));
+    add_split_candidates(own_args, own, candidates, names);
   }
   if (candidates.size() == 1) return cudnn();
   const int pick = conv_path_choice(out, xn, wn, bias, p, addend, candidates, names);
@@ -648,17 +660,13 @@ bool CudaBackend::conv2d_concat(Tensor& out, const Tensor& a, const Tensor& b, c
   if (own_conv_mode() == OwnConv::kForce) return own(std::max(1, own_conv_split())) || joined();
   std::vector<std::function<bool()>> candidates{joined, [&] { return own(1); }};
   std::vector<const char*> names{"concatenated", "own kernel, two inputs"};
-  if (own_conv_split() != 1)
-    for (int split : conv_implicit_splits(own_args))
-      candidates.push_back([&own, split] { return own(split); }), names.push_back(split_candidate_name(split));
+  add_split_candidates(own_args, own, candidates, names);
   const auto key = std::make_tuple(a.shape(), b.shape(), wn.shape(), p.stride_h, p.stride_w, p.pad_h, p.pad_w, bias.defined(),
                                    addend.defined());
   const int pick = conv_concat_choices_.fastest(key, stream_, candidates, [&](const std::vector<float>& ms, int best) {
     if (!cudnn_graph::log_enabled()) return;  // ATELIER_CUDNN_LOG=1, beside conv2d's [conv path] lines
-    std::string times;
-    for (size_t i = 0; i < ms.size(); ++i) times += std::string(i ? ", " : "") + names[i] + " " + std::to_string(ms[i]) + " ms";
     std::fprintf(stderr, "[conv concat] x%s + %s w%s -> %s: %s: %s\n", shape_str(a.shape()).c_str(), shape_str(b.shape()).c_str(),
-                 shape_str(wn.shape()).c_str(), shape_str(out.shape()).c_str(), times.c_str(), names[best]);
+                 shape_str(wn.shape()).c_str(), shape_str(out.shape()).c_str(), candidate_times(ms, names).c_str(), names[best]);
   });
   return candidates[size_t(pick)]() || (pick != 0 && joined());
 }

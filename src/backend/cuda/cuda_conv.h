@@ -12,10 +12,12 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_allocator.h"
@@ -37,9 +39,17 @@ inline bool multiplies_input(int64_t kh, int64_t kw, const Conv2dParams& p) {
   return kh == 1 && kw == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0;
 }
 
+struct OwnConvArgs;
+
 // The conv choices' name of the own kernel's split-K candidate of `split` parts (kept for the process: the names
 // are the choices' keys and their logs' words; cuda_conv.cu).
 const char* split_candidate_name(int split);
+// Appends the own kernel's split-K forms for `a` (conv_implicit_splits; none where own_conv_split() is 1) to a timed
+// choice's candidates, each `own(split)`, and their names; returns their part counts in that order.
+std::vector<int> add_split_candidates(const OwnConvArgs& a, const std::function<bool(int)>& own,
+                                      std::vector<std::function<bool()>>& candidates, std::vector<const char*>& names);
+// A timed choice's log words: "name t ms, name t ms, ...".
+std::string candidate_times(const std::vector<float>& ms, const std::vector<const char*>& names);
 
 class ConvEngine {
  public:

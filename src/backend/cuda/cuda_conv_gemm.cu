@@ -197,11 +197,9 @@ int CudaBackend::conv_path_choice(const Tensor& out, const Tensor& x, const Tens
                                    int(out.dtype()), bias.defined(), addend.defined(), listed);
   return conv_choices_.fastest(key, stream_, candidates, [&](const std::vector<float>& ms, int pick) {
     if (!cudnn_graph::log_enabled()) return;  // ATELIER_CUDNN_LOG=1: beside the cuDNN plans' lines
-    std::string times;
-    for (size_t i = 0; i < ms.size(); ++i) times += std::string(i ? ", " : "") + names[i] + " " + std::to_string(ms[i]) + " ms";
     std::fprintf(stderr, "[conv path] x%s w[%lld,%lld] stride %d pad %d -> %s: %s: %s\n", shape_str(x.shape()).c_str(),
-                 (long long)wn.size(1), (long long)wn.size(2), p.stride_h, p.pad_h, shape_str(out.shape()).c_str(), times.c_str(),
-                 names[pick]);
+                 (long long)wn.size(1), (long long)wn.size(2), p.stride_h, p.pad_h, shape_str(out.shape()).c_str(),
+                 candidate_times(ms, names).c_str(), names[pick]);
   });
 }
 

@@ -113,22 +113,17 @@ bool CudaBackend::conv2d_shortcut(Tensor& out, const Tensor& h, const Tensor& w,
   };
   std::vector<std::function<bool()>> candidates{separate, [&] { return folded(1); }};
   std::vector<const char*> names{"separate", "own kernel, folded"};
-  if (own_conv_split() != 1)
-    for (int split : conv_implicit_splits(own_args))
-      candidates.push_back([&folded, split] { return folded(split); }), names.push_back(split_candidate_name(split));
+  const std::vector<int> splits = add_split_candidates(own_args, folded, candidates, names);
   const auto key = std::make_tuple(h.shape(), s1.shape(), s2.defined() ? s2.shape() : Shape{}, w.shape(), ws.shape(), p.pad_h, p.pad_w,
                                    bias.defined(), bs.defined());
   const int pick = conv_shortcut_choices_.fastest(key, stream_, candidates, [&](const std::vector<float>& ms, int best) {
     if (!cudnn_graph::log_enabled()) return;  // ATELIER_CUDNN_LOG=1, beside conv2d's [conv path] lines
-    std::string times;
-    for (size_t i = 0; i < ms.size(); ++i) times += std::string(i ? ", " : "") + names[i] + " " + std::to_string(ms[i]) + " ms";
     std::fprintf(stderr, "[conv shortcut] h%s w%s + x%s%s w%s -> %s: %s: %s\n", shape_str(h.shape()).c_str(), shape_str(w.shape()).c_str(),
                  shape_str(s1.shape()).c_str(), s2.defined() ? (" + " + shape_str(s2.shape())).c_str() : "", shape_str(ws.shape()).c_str(),
-                 shape_str(out.shape()).c_str(), times.c_str(), names[best]);
+                 shape_str(out.shape()).c_str(), candidate_times(ms, names).c_str(), names[best]);
   });
   if (pick == 0) return false;  // separate: ops runs it (under capture an untimed shape lands here too)
-  const int split = pick == 1 ? 1 : conv_implicit_splits(own_args)[size_t(pick - 2)];
-  return ran_folded(split);
+  return ran_folded(pick == 1 ? 1 : splits[size_t(pick - 2)]);
 }
 
 }  // namespace atelier::cuda
