@@ -378,7 +378,7 @@ class CudaBackend final : public Backend {
     const void* shortcut_bias_source = nullptr;
     Tensor weight, bias;
   };
-  ShortcutWeights shortcut_weights(const Tensor& w, const Tensor& bias, const Tensor& ws, const Tensor& bs);
+  ShortcutWeights shortcut_weights(const Tensor& w, const Tensor& wn, const Tensor& bias, const Tensor& ws, const Tensor& bs);
   std::unordered_map<const void*, ShortcutWeights> shortcut_weights_;
   // conv2d_shortcut's per shape (h's, s1's, s2's or none, w's and ws's, paddings, biases present) -> 0: separate
   TimedChoice<std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>,

@@ -29,10 +29,11 @@ CudaBackend::FoldShortcut CudaBackend::fold_shortcut_default() {
   return FoldShortcut::kOff;
 }
 
-// w [O, C, kh, kw], ws [O, Cs, 1, 1] (one dtype), bias and bs [O] optional -> the packed weight [O, kh * kw * C + Cs]
-// and the biases' sum [O] (undefined without either), cached per conv2 weight.
-CudaBackend::ShortcutWeights CudaBackend::shortcut_weights(const Tensor& w, const Tensor& bias, const Tensor& ws, const Tensor& bs) {
-  const Tensor wn = nhwc_weight(w, /*persistent=*/true);  // takes nhwc_mu_ itself
+// w [O, C, kh, kw] and its channels-last copy wn [O, kh, kw, C], ws [O, Cs, 1, 1] (one dtype), bias and bs [O]
+// optional -> the packed weight [O, kh * kw * C + Cs] and the biases' sum [O] (undefined without either), cached per
+// conv2 weight.
+CudaBackend::ShortcutWeights CudaBackend::shortcut_weights(const Tensor& w, const Tensor& wn, const Tensor& bias, const Tensor& ws,
+                                                           const Tensor& bs) {
   const int64_t o = w.size(0), k = wn.numel() / o, ks = ws.numel() / o;
   const size_t elem = dtype_size(w.dtype());
   std::lock_guard<std::mutex> lock(nhwc_mu_);
@@ -85,7 +86,7 @@ bool CudaBackend::conv2d_shortcut(Tensor& out, const Tensor& h, const Tensor& w,
   ShortcutWeights packed;
   const auto folded = [&](int split) {
     if (!packed.weight.defined()) {
-      packed = shortcut_weights(w, bias, ws, bs);
+      packed = shortcut_weights(w, wn, bias, ws, bs);
       own_args.weight = packed.weight.raw();
       own_args.bias = packed.bias.defined() ? packed.bias.raw() : nullptr;
     }
