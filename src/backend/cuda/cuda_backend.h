@@ -165,6 +165,10 @@ class CudaBackend final : public Backend {
   void set_conv_gemm(ConvGemm mode) { conv_gemm_ = mode; }
   int64_t conv_gemm_calls() const { return conv_gemm_calls_.load(); }  // convolutions the GEMM path ran
   void set_upsample_phases(UpsamplePhases mode) { upsample_phases_ = mode; }
+  // Whether the own implicit-GEMM kernel's product over the four phases is one of the upsamplers' candidates
+  // (cuda_conv_upsample.cu); the default from ATELIER_OWN_PHASES (=1: on).
+  void set_own_phases(bool on) { own_phases_ = on; }
+  static bool own_phases_default();
   // The few-channel convolution kernels (cuda_conv_narrow.h): a timed candidate (kAuto), never, or forced.
   void set_narrow_conv(NarrowConv mode) { narrow_conv_ = mode; }
   int64_t upsample_phase_calls() const { return upsample_phase_calls_.load(); }  // upsamplers run as phase convolutions
@@ -359,12 +363,14 @@ class CudaBackend final : public Backend {
   void make_phase_weights(PhaseWeights& e, const Tensor& w, const Tensor& bias);
   std::unordered_map<const void*, PhaseWeights> phase_weights_;
   UpsamplePhases upsample_phases_ = upsample_phases_default();
+  bool own_phases_ = own_phases_default();
   NarrowConv narrow_conv_ = narrow_conv_default();
-  // Whether the phases are faster than `plain` for this shape (timed at its first eager call).
-  bool upsample_phase_choice(const Tensor& out, const Tensor& x, const Tensor& bias, const std::function<bool()>& phases,
-                             const std::function<bool()>& plain);
-  // (x shape, out channels, dtype, bias?) -> the phases are faster
-  TimedChoice<std::tuple<std::vector<int64_t>, int64_t, int, bool>> upsample_phase_choices_;
+  // Which of the candidates (0: upsample, then convolve; then the phases' paths) is fastest for this shape (timed
+  // at its first eager call).
+  int upsample_phase_choice(const Tensor& out, const Tensor& x, const Tensor& bias, const std::vector<std::function<bool()>>& candidates,
+                            const std::vector<const char*>& names);
+  // (x shape, out channels, dtype, bias?, the candidates' names) -> the fastest candidate's index
+  TimedChoice<std::tuple<std::vector<int64_t>, int64_t, int, bool, std::string>> upsample_phase_choices_;
   // conv2d_concat's per shape (the parts', the packed weight's, strides, paddings, bias and addend present).
   TimedChoice<std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int, int, int, int, bool, bool>>
       conv_concat_choices_;

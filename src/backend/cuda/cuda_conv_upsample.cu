@@ -8,7 +8,10 @@
 // phase (a, b)'s output (i, j) is its pixel (i + a, j + b) with the phase's weights, so the four phases' weights
 // are stacked as 4 * O output channels. One shuffle pass then writes each phase's channels to its output pixels.
 // The convolution goes through conv2d_nhwc_packed (cuDNN or the GEMM path, whichever is timed faster for its
-// shape); the extra (H + W + 1) / (H * W) of the padded rim costs 27% at 8x8 and 3% at 64x64.
+// shape); the extra (H + W + 1) / (H * W) of the padded rim costs 27% at 8x8 and 3% at 64x64. On sm_90 the own
+// implicit-GEMM kernel also takes the four phases as one product without the rim: each phase's tiles start their
+// taps at the phase's offset, and their staged output leaves through a 5-D tensor map that puts pixel (i, j) at
+// (2i + a, 2j + b), so no shuffle pass follows either (OwnConvArgs::upsample_phases).
 //
 // Why: the UNet's three upsampler convolutions took 0.25 ms of a CFG UNet call and 1.4 ms at 16 rows, the VAE's
 // 0.9 ms of its 6.7 ms decode plus 0.12 ms of upsample passes (docs/performance.md, session 23).
@@ -19,6 +22,7 @@
 #include "backend/cuda/cuda_conv.h"
 #include "backend/cuda/cuda_device.cuh"
 #include "backend/cuda/cuda_event_timing.h"
+#include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/cuda/cuda_nvtx.h"
 #include "backend/cuda/cudnn_graph_api.h"
 
@@ -71,7 +75,25 @@ __global__ void phase_shuffle_kernel(uint4* out, const uint4* y, int64_t total_v
   out[idx] = y[(pixel * kPhases + phase) * o_vecs + v];
 }
 
+// The own implicit-GEMM kernel's arguments for the four phases at once (OwnConvArgs::upsample_phases): x [N, C, H, W]
+// and out [N, O, 2H, 2W] dense channels-last bf16, the phase weights [4 O, 2, 2, C] and bias [4 O] (or undefined);
+// false where the kernel does not take the case.
+bool own_phase_args(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, int sm_count, size_t max_smem,
+                    int cc_major, OwnConvArgs& a) {
+  if (out.dtype() != DType::BF16 || own_conv_mode() == OwnConv::kOff) return false;
+  a.upsample_phases = true;
+  a.input = x.raw(), a.weight = weight.raw(), a.out = out.raw();
+  a.bias = bias.defined() ? bias.raw() : nullptr;
+  a.n = x.size(0), a.c = x.size(1), a.h = a.ho = x.size(2), a.w = a.wo = x.size(3);
+  a.o = weight.size(0), a.kh = a.kw = kPhaseTaps, a.pad_h = a.pad_w = 1;
+  a.sm_count = sm_count, a.max_smem = max_smem;
+  return conv_implicit_takes(a, cc_major);
+}
+
 }  // namespace
+
+// Off by default until its GPU test has run (docs/cuda.md, session 61): ATELIER_OWN_PHASES=1 makes it a candidate.
+bool CudaBackend::own_phases_default() { return env_is("ATELIER_OWN_PHASES", "1"); }
 
 UpsamplePhases upsample_phases_default() {
   if (env_is("ATELIER_UPSAMPLE_PHASES", "0")) return UpsamplePhases::kOff;
@@ -110,8 +132,12 @@ void CudaBackend::make_phase_weights(PhaseWeights& e, const Tensor& w, const Ten
   }
 }
 
+
 // out [N, O, 2H, 2W] = conv3x3(upsample2x(x), w) + bias, x [N, C, H, W] and out channels-last (the file's comment).
-// Where the phases are not timed faster for the shape, false: ops::upsample2x_conv2d upsamples and convolves.
+// The phases run as one convolution (cuDNN or the GEMM path) and a shuffle pass, or as the own kernel's product
+// that stores each phase's pixels where they go (no padded rim, no shuffle; ATELIER_OWN_CONV=force forces it where
+// the phases are forced). Where neither is timed faster for the shape, false: ops::upsample2x_conv2d upsamples and
+// convolves.
 bool CudaBackend::upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   const DType dt = out.dtype();
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3), o = out.size(1);
@@ -123,7 +149,7 @@ bool CudaBackend::upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& 
   DeviceGuard guard(index_);
   if (!conv_engine().available()) return false;
   const PhaseWeights pw = phase_weights(w, bias);
-  const auto phases = [&] {
+  const auto packed = [&] {
     Tensor y = Tensor::empty_channels_last({n, kPhases * o, h + 1, wd + 1}, dt, device());
     Conv2dParams pp;
     pp.pad_h = pp.pad_w = 1;
@@ -136,29 +162,50 @@ bool CudaBackend::upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& 
     ATELIER_CUDA_LAUNCHED();
     return true;
   };
-  if (upsample_phases_ == UpsamplePhases::kAuto && !upsample_phase_choice(out, x, bias, phases, [&] {
-        Tensor up = Tensor::empty_channels_last({n, c, 2 * h, 2 * wd}, dt, device());
-        upsample_nearest2d_channels_last(up, x, 2);
-        conv2d(out, up, w, bias, Conv2dParams{1, 1, 1, 1}, Tensor());
-        return true;
-      }))
-    return false;
-  if (!phases()) return false;
-  upsample_phase_calls_.fetch_add(1);
-  return true;
+  OwnConvArgs own_args;
+  const bool own_takes = own_phases_ && conv_impl_ == ConvImpl::kAuto &&
+                         own_phase_args(out, x, pw.weight, pw.bias, sm_count_, max_smem_optin_, cc_major_, own_args);
+  const auto own = [&](int split) { return launch_own_conv(own_args, split); };
+  bool ran = false;
+  if (upsample_phases_ == UpsamplePhases::kForce) {
+    ran = own_takes && own_conv_mode() == OwnConv::kForce ? own(std::max(1, own_conv_split())) : packed();
+  } else {
+    std::vector<std::function<bool()>> candidates{[&] {
+                                                    Tensor up = Tensor::empty_channels_last({n, c, 2 * h, 2 * wd}, dt, device());
+                                                    upsample_nearest2d_channels_last(up, x, 2);
+                                                    conv2d(out, up, w, bias, Conv2dParams{1, 1, 1, 1}, Tensor());
+                                                    return true;
+                                                  },
+                                                  packed};
+    std::vector<const char*> names{"upsample + conv", "phases"};
+    if (own_takes) {
+      candidates.push_back([&] { return own(1); });
+      names.push_back("phases, own kernel");
+      add_split_candidates(own_args, own, candidates, names);
+    }
+    const int pick = upsample_phase_choice(out, x, bias, candidates, names);
+    if (pick == 0) return false;
+    ran = candidates[size_t(pick)]();
+  }
+  if (ran) upsample_phase_calls_.fetch_add(1);
+  return ran;
 }
 
-// Per shape, whether the phases are faster than upsampling then convolving (TimedChoice: timed at the shape's first
-// eager call; under capture an unknown shape takes the plain path). The phases read 16/9 of the weights (52 MB against
-// 29 MB at SD's 1280 channels), so where few output pixels leave the convolution bound by its weights' bytes (batch 1
-// or 2 at SD's 8x8 level) they might lose; at every SD shape timed on the H200 they win (docs/performance.md).
-bool CudaBackend::upsample_phase_choice(const Tensor& out, const Tensor& x, const Tensor& bias, const std::function<bool()>& phases,
-                                        const std::function<bool()>& plain) {
-  const auto key = std::make_tuple(x.shape(), out.size(1), int(out.dtype()), bias.defined());
-  return upsample_phase_choices_.second_is_faster(key, stream_, plain, phases, [&](float plain_ms, float phases_ms, bool use_phases) {
+// Per shape, the fastest of the candidates (TimedChoice: timed at the shape's first eager call; under capture an
+// unknown shape takes the plain path). The phases read 16/9 of the weights (52 MB against 29 MB at SD's 1280
+// channels), so where few output pixels leave the convolution bound by its weights' bytes (batch 1 or 2 at SD's 8x8
+// level) they might lose; at every SD shape timed on the H200 they win (docs/performance.md). The names are part of
+// the key: the answer is an index into this list, and the switches (ATELIER_OWN_CONV, the tests' setters) change
+// which paths it holds.
+int CudaBackend::upsample_phase_choice(const Tensor& out, const Tensor& x, const Tensor& bias,
+                                       const std::vector<std::function<bool()>>& candidates, const std::vector<const char*>& names) {
+  std::string listed;
+  for (const char* name : names) listed += std::string(name) + ";";
+  const auto key = std::make_tuple(x.shape(), out.size(1), int(out.dtype()), bias.defined(), listed);
+  return upsample_phase_choices_.fastest(key, stream_, candidates, [&](const std::vector<float>& ms, int pick) {
     if (cudnn_graph::log_enabled())  // ATELIER_CUDNN_LOG=1, beside the convolutions' choices
-      std::fprintf(stderr, "[upsample conv] x%s -> %lld channels: upsample + conv %.4f ms, phases %.4f ms: %s\n",
-                   shape_str(x.shape()).c_str(), (long long)out.size(1), double(plain_ms), double(phases_ms), use_phases ? "phases" : "plain");
+      std::fprintf(stderr, "[upsample conv] x%s -> %lld channels: %s: %s\n", shape_str(x.shape()).c_str(), (long long)out.size(1),
+                   candidate_times(ms, names).c_str(), names[pick]);
   });
 }
 

@@ -159,6 +159,10 @@ struct Params {
   // conv_sc1_steps from x3 and the rest from x4 (two parts side by side). Without one conv_tap_steps is k_steps.
   int conv_kh, conv_tap_steps, conv_sc1_steps;
   CUtensorMap x3, x4;
+  // An upsampler's four output phases as one product (OwnConvArgs::upsample_phases): columns per phase (0: not
+  // such a product). Phase q = c0 / conv_phase_cols = 2a + b starts its taps a rows and b columns past the padding's
+  // origin, and out_map is then 5-D (out_phase_map).
+  int conv_phase_cols;
   // Split-K: parts per tile (1: none), work units (tiles x split), the parts' f32 slots and the tiles' flags.
   int split, units;
   float* partial;
@@ -219,7 +223,11 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
     int ti = 0, tj = 0, chunk = 0;
     if constexpr (is_conv(E)) {
       const int pixels = p.conv_ho * p.conv_wo, r = m0 % pixels;
-      img = m0 / pixels, oy = r / p.conv_wo, ox = r % p.conv_wo;
+      img = m0 / pixels, oy = r / p.conv_wo - p.conv_ph, ox = r % p.conv_wo - p.conv_pw;  // the taps' origin
+      if (p.conv_phase_cols) {
+        const int q = c0 / p.conv_phase_cols;
+        oy += q >> 1, ox += q & 1;
+      }
       if (u.k0 >= p.conv_tap_steps) {  // a split-K part that starts in the shortcut's k-steps
         ti = p.conv_kh, chunk = u.k0 - p.conv_tap_steps;
       } else {
@@ -234,15 +242,16 @@ __device__ __forceinline__ void produce(const Params& p, uint8_t* ring, uint64_t
       if constexpr (is_conv(E)) {
         if (ti < p.conv_kh) {
           const bool second = chunk >= p.conv_c1_steps;  // never with one input
-          tma::load_4d(stage, second ? &p.x2 : &p.x, (second ? chunk - p.conv_c1_steps : chunk) * kBK, ox + tj - p.conv_pw,
-                       oy + ti - p.conv_ph, img, &full[s]);
+          tma::load_4d(stage, second ? &p.x2 : &p.x, (second ? chunk - p.conv_c1_steps : chunk) * kBK, ox + tj, oy + ti, img,
+                       &full[s]);
           if (++chunk == p.conv_c_steps) {
             chunk = 0;
             if (++tj == p.conv_kw) tj = 0, ++ti;  // ti == conv_kh: the shortcut's k-steps follow, if any
           }
         } else {  // the shortcut's: its input at the tile's own pixels (ho == h, wo == w)
           const bool second = chunk >= p.conv_sc1_steps;  // never with one shortcut input
-          tma::load_4d(stage, second ? &p.x4 : &p.x3, (second ? chunk - p.conv_sc1_steps : chunk) * kBK, ox, oy, img, &full[s]);
+          tma::load_4d(stage, second ? &p.x4 : &p.x3, (second ? chunk - p.conv_sc1_steps : chunk) * kBK, ox + p.conv_pw,
+                       oy + p.conv_ph, img, &full[s]);
           ++chunk;
         }
       } else {
@@ -457,8 +466,15 @@ __device__ __forceinline__ void epilogue_staged(const float (&acc)[2][BN / 2], c
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int b = 0; b < BN / kBoxCols; ++b)
-        tma::store_2d(&p.out_map, c0 + kBoxCols * b, m0 + kBoxHalfRows * h, staged + (h * (BN / kBoxCols) + b) * kOutBoxBytes);
+      for (int b = 0; b < BN / kBoxCols; ++b) {
+        const uint8_t* box = staged + (h * (BN / kBoxCols) + b) * kOutBoxBytes;
+        if (p.conv_phase_cols) {  // phase q's rows (image row, column) land at out's (2 row + a, 2 column + b)
+          const int q = c0 / p.conv_phase_cols, row = m0 + kBoxHalfRows * h;
+          tma::store_5d(&p.out_map, c0 - q * p.conv_phase_cols + kBoxCols * b, q & 1, row % p.conv_wo, q >> 1, row / p.conv_wo, box);
+        } else {
+          tma::store_2d(&p.out_map, c0 + kBoxCols * b, m0 + kBoxHalfRows * h, box);
+        }
+      }
     tma::bulk_commit();
   }
 }
@@ -685,6 +701,15 @@ namespace {
 // The product's k: the taps' channels, and the shortcut's after them where there is one.
 int64_t conv_k(const OwnConvArgs& a) { return a.kh * a.kw * a.c + (a.shortcut ? a.sc_c : 0); }
 
+// An upsampler's phases (OwnConvArgs::upsample_phases): a 2x2 kernel, padding 1, the input's size, whole tiles per
+// phase, whole output boxes per 64 rows (make_phase_out_map), and nothing else read.
+bool phases_take(const OwnConvArgs& a) {
+  const int64_t cols = a.o / 4, box_w = std::min<int64_t>(a.wo, kBoxHalfRows);
+  return a.kh == 2 && a.kw == 2 && a.pad_h == 1 && a.pad_w == 1 && a.ho == a.h && a.wo == a.w && a.o % 4 == 0 &&
+         cols % (tile_160(a.o) ? 160 : 128) == 0 && kBoxHalfRows % box_w == 0 && a.wo % box_w == 0 && !a.residual && !a.input2 &&
+         !a.shortcut;
+}
+
 // conv_implicit_takes with the input box of a tile (conv_box) where it holds.
 bool conv_takes_with_box(const OwnConvArgs& a, int cc_major, cuuint32_t (&box)[3]) {
   if (a.input2 && (a.c1 <= 0 || a.c1 >= a.c || a.c1 % kBK != 0 || reinterpret_cast<uintptr_t>(a.input2) % 16 != 0)) return false;
@@ -692,8 +717,9 @@ bool conv_takes_with_box(const OwnConvArgs& a, int cc_major, cuuint32_t (&box)[3
       (a.sc_c <= 0 || a.sc_c % kBK != 0 || a.ho != a.h || a.wo != a.w || reinterpret_cast<uintptr_t>(a.shortcut) % 16 != 0 ||
        (a.shortcut2 && (a.sc_c1 <= 0 || a.sc_c1 >= a.sc_c || a.sc_c1 % kBK != 0 || reinterpret_cast<uintptr_t>(a.shortcut2) % 16 != 0))))
     return false;
-  if (a.c % kBK != 0 || a.kh < 1 || a.kw < 1 || a.ho != a.h + 2 * a.pad_h - a.kh + 1 || a.wo != a.w + 2 * a.pad_w - a.kw + 1 ||
-      a.ho < 1 || a.wo < 1 || reinterpret_cast<uintptr_t>(a.input) % 16 != 0 || reinterpret_cast<uintptr_t>(a.weight) % 16 != 0 ||
+  if (a.upsample_phases && !phases_take(a)) return false;
+  const bool same_size = a.upsample_phases || (a.ho == a.h + 2 * a.pad_h - a.kh + 1 && a.wo == a.w + 2 * a.pad_w - a.kw + 1);
+  if (a.c % kBK != 0 || a.kh < 1 || a.kw < 1 || !same_size || a.ho < 1 || a.wo < 1 || reinterpret_cast<uintptr_t>(a.input) % 16 != 0 || reinterpret_cast<uintptr_t>(a.weight) % 16 != 0 ||
       !conv_box(a.ho, a.wo, box))
     return false;
   return takes(cc_major, a.max_smem, a.n * a.ho * a.wo, conv_k(a), a.o, a.o, {a.out, a.bias, a.residual});
@@ -759,8 +785,12 @@ bool launch_conv_implicit(const OwnConvArgs& a, int cc_major, cudaStream_t strea
   if (a.shortcut && (!make_map_4d(p.x3, a.shortcut, a.n, a.h, a.w, sc1, box) ||
                      (a.shortcut2 && !make_map_4d(p.x4, a.shortcut2, a.n, a.h, a.w, a.sc_c - sc1, box))))
     return false;
-  // The staged epilogue's output (and residual) maps need 16-byte aligned rows; else the 4-byte stores.
-  const bool staged = make_staged_maps(p, a.out, a.residual, m, a.o, a.o);
+  // The staged epilogue's output (and residual) maps need 16-byte aligned rows; else the 4-byte stores (not for the
+  // phases, whose pixels only the 5-D map places).
+  const bool staged = a.upsample_phases ? make_phase_out_map(p.out_map, a.out, a.n, a.h, a.w, a.o / 4)
+                                        : make_staged_maps(p, a.out, a.residual, m, a.o, a.o);
+  if (a.upsample_phases && !staged) return false;
+  p.conv_phase_cols = a.upsample_phases ? int(a.o / 4) : 0;
   p.bias = static_cast<const __nv_bfloat16*>(a.bias);
   p.residual = static_cast<const __nv_bfloat16*>(a.residual);
   p.out = static_cast<__nv_bfloat16*>(a.out);

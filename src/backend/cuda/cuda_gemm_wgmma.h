@@ -57,6 +57,11 @@ struct OwnConvArgs {
   const void* shortcut = nullptr;
   const void* shortcut2 = nullptr;
   int64_t sc_c = 0, sc_c1 = 0;
+  // An upsampler's four output phases as one product (cuda_conv_upsample.cu): o = 4 x out's channels, the weight's
+  // rows phase q = 2a + b major, kh = kw = 2, pad 1, ho == h and wo == w. Phase (a, b)'s taps start a rows and b
+  // columns past the padding's origin, and its pixel (i, j) is out's (2i + a, 2j + b) of [n][2h][2w][o / 4]. No
+  // residual, second input or shortcut.
+  bool upsample_phases = false;
   const void* weight = nullptr;
   const void* bias = nullptr;
   const void* residual = nullptr;

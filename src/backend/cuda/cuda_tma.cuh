@@ -86,6 +86,13 @@ __device__ __forceinline__ void store_2d(const void* tensor_map, int c0, int c1,
                "r"(c0), "r"(c1), "r"(smem_u32(src))
                : "memory");
 }
+// store_2d's form for a 5-D tensor map (coordinates innermost first, in elements).
+__device__ __forceinline__ void store_5d(const void* tensor_map, int c0, int c1, int c2, int c3, int c4, const void* src) {
+  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(tensor_map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_u32(src))
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's bulk groups still read their shared memory (it may be written again).
 template <int N>
