@@ -161,7 +161,7 @@ struct Params {
   CUtensorMap x3, x4;
   // An upsampler's four output phases as one product (OwnConvArgs::upsample_phases): columns per phase (0: not
   // such a product). Phase q = c0 / conv_phase_cols = 2a + b starts its taps a rows and b columns past the padding's
-  // origin, and out_map is then 5-D (out_phase_map).
+  // origin, and out_map is then 5-D (make_phase_out_map).
   int conv_phase_cols;
   // Split-K: parts per tile (1: none), work units (tiles x split), the parts' f32 slots and the tiles' flags.
   int split, units;
@@ -719,8 +719,8 @@ bool conv_takes_with_box(const OwnConvArgs& a, int cc_major, cuuint32_t (&box)[3
     return false;
   if (a.upsample_phases && !phases_take(a)) return false;
   const bool same_size = a.upsample_phases || (a.ho == a.h + 2 * a.pad_h - a.kh + 1 && a.wo == a.w + 2 * a.pad_w - a.kw + 1);
-  if (a.c % kBK != 0 || a.kh < 1 || a.kw < 1 || !same_size || a.ho < 1 || a.wo < 1 || reinterpret_cast<uintptr_t>(a.input) % 16 != 0 || reinterpret_cast<uintptr_t>(a.weight) % 16 != 0 ||
-      !conv_box(a.ho, a.wo, box))
+  if (a.c % kBK != 0 || a.kh < 1 || a.kw < 1 || !same_size || a.ho < 1 || a.wo < 1 || reinterpret_cast<uintptr_t>(a.input) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(a.weight) % 16 != 0 || !conv_box(a.ho, a.wo, box))
     return false;
   return takes(cc_major, a.max_smem, a.n * a.ho * a.wo, conv_k(a), a.o, a.o, {a.out, a.bias, a.residual});
 }
