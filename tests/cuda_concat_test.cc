@@ -64,12 +64,8 @@ TEST(CudaConcat, ChannelsLastPartsInOnePassMatchTheCpu) {
 }
 
 // Restores the switches the in-place tests turn.
-struct InPlaceScope {
-  cuda::OwnConv own_conv = cuda::own_conv_mode();
-  int split = cuda::own_conv_split();
+struct InPlaceScope : test::OwnConvScope {
   ~InPlaceScope() {
-    cuda::set_own_conv(own_conv);
-    cuda::set_own_conv_split(split);
     if (backend_available(cuda0())) test::cuda_be().set_concat_in_place(true);
   }
 };

@@ -24,12 +24,8 @@ using test::to_gpu;
 using Fold = cuda::CudaBackend::FoldShortcut;
 
 // Restores the switches the tests turn.
-struct FoldScope {
-  cuda::OwnConv own_conv = cuda::own_conv_mode();
-  int split = cuda::own_conv_split();
+struct FoldScope : test::OwnConvScope {
   ~FoldScope() {
-    cuda::set_own_conv(own_conv);
-    cuda::set_own_conv_split(split);
     test::cuda_be().set_fold_shortcut(cuda::CudaBackend::fold_shortcut_default());
   }
 };

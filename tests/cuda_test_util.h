@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_gemm_wgmma.h"
 #include "backend/ops.h"
 #include "test_util.h"
 
@@ -42,6 +43,17 @@ struct Fp8AttentionScope {
   ~Fp8AttentionScope() { cuda_be().set_fp8_attention(cuda::CudaBackend::fp8_attention_default()); }
   Fp8AttentionScope(const Fp8AttentionScope&) = delete;
   Fp8AttentionScope& operator=(const Fp8AttentionScope&) = delete;
+};
+
+// The own implicit-GEMM kernel's switches (its mode and forced split-K parts) as they were, restored when the scope
+// ends: the base of the tests' scopes that turn them.
+struct OwnConvScope {
+  cuda::OwnConv own_conv = cuda::own_conv_mode();
+  int split = cuda::own_conv_split();
+  ~OwnConvScope() {
+    cuda::set_own_conv(own_conv);
+    cuda::set_own_conv_split(split);
+  }
 };
 
 // Output rounding allowance per dtype: one unit roundoff of the stored result.

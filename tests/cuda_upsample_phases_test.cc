@@ -23,12 +23,8 @@ using test::random_tensor;
 using test::to_gpu;
 
 // Restores the switches the tests turn.
-struct PhasesScope {
-  cuda::OwnConv own_conv = cuda::own_conv_mode();
-  int split = cuda::own_conv_split();
+struct PhasesScope : test::OwnConvScope {
   ~PhasesScope() {
-    cuda::set_own_conv(own_conv);
-    cuda::set_own_conv_split(split);
     test::cuda_be().set_upsample_phases(cuda::upsample_phases_default());
     test::cuda_be().set_own_phases(cuda::CudaBackend::own_phases_default());
   }
