@@ -166,7 +166,7 @@ class CudaBackend final : public Backend {
   int64_t conv_gemm_calls() const { return conv_gemm_calls_.load(); }  // convolutions the GEMM path ran
   void set_upsample_phases(UpsamplePhases mode) { upsample_phases_ = mode; }
   // Whether the own implicit-GEMM kernel's product over the four phases is one of the upsamplers' candidates
-  // (cuda_conv_upsample.cu); the default from ATELIER_OWN_PHASES (=1: on).
+  // (cuda_conv_upsample.cu); on unless ATELIER_OWN_PHASES=0.
   void set_own_phases(bool on) { own_phases_ = on; }
   static bool own_phases_default();
   // The few-channel convolution kernels (cuda_conv_narrow.h): a timed candidate (kAuto), never, or forced.
@@ -205,7 +205,7 @@ class CudaBackend final : public Backend {
   // group_norm_concat and conv2d_concat read a skip concatenation's parts where they lie; off: both decline and
   // ops concatenate (ATELIER_CONCAT_IN_PLACE=0; A/B runs and the tests' reference path).
   void set_concat_in_place(bool on) { concat_in_place_ = on; }
-  // conv2d_shortcut: kAuto times the folded kernel per shape against the separate shortcut (ATELIER_FOLD_SHORTCUT=1),
+  // conv2d_shortcut: kAuto (the default) times the folded kernel per shape against the separate shortcut,
   // kOff declines (=0), kForce folds wherever the kernel takes the case (=force; tests).
   enum class FoldShortcut { kAuto, kOff, kForce };
   void set_fold_shortcut(FoldShortcut mode) { fold_shortcut_ = mode; }
