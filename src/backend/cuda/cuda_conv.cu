@@ -354,6 +354,12 @@ std::string candidate_times(const std::vector<float>& ms, const std::vector<cons
   return times;
 }
 
+std::string candidate_names_key(const std::vector<const char*>& names) {
+  std::string listed;
+  for (const char* name : names) listed += std::string(name) + ";";
+  return listed;
+}
+
 // --- ConvEngine ------------------------------------------------------------------------------------------------
 
 struct ConvEngine::Plan {

@@ -50,6 +50,9 @@ std::vector<int> add_split_candidates(const OwnConvArgs& a, const std::function<
                                       std::vector<std::function<bool()>>& candidates, std::vector<const char*>& names);
 // A timed choice's log words: "name t ms, name t ms, ...".
 std::string candidate_times(const std::vector<float>& ms, const std::vector<const char*>& names);
+// The candidates' names as part of a timed choice's key ("a;b;..."): its answer is an index into that list, and the
+// switches change which paths the list holds.
+std::string candidate_names_key(const std::vector<const char*>& names);
 
 class ConvEngine {
  public:

@@ -191,10 +191,8 @@ void* CudaBackend::conv_split_workspace() {
 int CudaBackend::conv_path_choice(const Tensor& out, const Tensor& x, const Tensor& wn, const Tensor& bias, const Conv2dParams& p,
                                   const Tensor& addend, const std::vector<std::function<bool()>>& candidates,
                                   const std::vector<const char*>& names) {
-  std::string listed;
-  for (const char* name : names) listed += std::string(name) + ";";
   const auto key = std::make_tuple(out.shape(), x.shape(), int(wn.size(1)), int(wn.size(2)), p.stride_h, p.stride_w, p.pad_h, p.pad_w,
-                                   int(out.dtype()), bias.defined(), addend.defined(), listed);
+                                   int(out.dtype()), bias.defined(), addend.defined(), candidate_names_key(names));
   return conv_choices_.fastest(key, stream_, candidates, [&](const std::vector<float>& ms, int pick) {
     if (!cudnn_graph::log_enabled()) return;  // ATELIER_CUDNN_LOG=1: beside the cuDNN plans' lines
     std::fprintf(stderr, "[conv path] x%s w[%lld,%lld] stride %d pad %d -> %s: %s: %s\n", shape_str(x.shape()).c_str(),

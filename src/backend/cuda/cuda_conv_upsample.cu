@@ -133,7 +133,6 @@ void CudaBackend::make_phase_weights(PhaseWeights& e, const Tensor& w, const Ten
   }
 }
 
-
 // out [N, O, 2H, 2W] = conv3x3(upsample2x(x), w) + bias, x [N, C, H, W] and out channels-last (the file's comment).
 // The phases run as one convolution (cuDNN or the GEMM path) and a shuffle pass, or as the own kernel's product
 // that stores each phase's pixels where they go (no padded rim, no shuffle; ATELIER_OWN_CONV=force forces it where
@@ -196,13 +195,11 @@ bool CudaBackend::upsample2x_conv2d(Tensor& out, const Tensor& x, const Tensor& 
 // unknown shape takes the plain path). The phases read 16/9 of the weights (52 MB against 29 MB at SD's 1280
 // channels), so where few output pixels leave the convolution bound by its weights' bytes (batch 1 or 2 at SD's 8x8
 // level) they might lose; at every SD shape timed on the H200 they win (docs/performance.md). The names are part of
-// the key: the answer is an index into this list, and the switches (ATELIER_OWN_CONV, the tests' setters) change
-// which paths it holds.
+// the key (candidate_names_key): the switches (ATELIER_OWN_CONV, ATELIER_OWN_PHASES, the tests' setters) change which
+// paths it holds.
 int CudaBackend::upsample_phase_choice(const Tensor& out, const Tensor& x, const Tensor& bias,
                                        const std::vector<std::function<bool()>>& candidates, const std::vector<const char*>& names) {
-  std::string listed;
-  for (const char* name : names) listed += std::string(name) + ";";
-  const auto key = std::make_tuple(x.shape(), out.size(1), int(out.dtype()), bias.defined(), listed);
+  const auto key = std::make_tuple(x.shape(), out.size(1), int(out.dtype()), bias.defined(), candidate_names_key(names));
   return upsample_phase_choices_.fastest(key, stream_, candidates, [&](const std::vector<float>& ms, int pick) {
     if (cudnn_graph::log_enabled())  // ATELIER_CUDNN_LOG=1, beside the convolutions' choices
       std::fprintf(stderr, "[upsample conv] x%s -> %lld channels: %s: %s\n", shape_str(x.shape()).c_str(), (long long)out.size(1),

@@ -37,13 +37,20 @@ bool make_staged_maps(Params& p, const void* out, const void* residual, int64_t 
   return make_linear_out_map(p.out_map, out, m, n, ldo) && (!residual || make_linear_out_map(p.res_map, residual, m, n, ldo));
 }
 
+// The width of the phases' output boxes of kBoxHalfRows product rows over rows of w pixels: whole rows (w divides
+// 64) or 64-pixel parts of one (64 divides w); 0 where w splits neither way.
+int64_t phase_box_width(int64_t w) {
+  const int64_t box_w = std::min<int64_t>(w, kBoxHalfRows);
+  return box_w > 0 && kBoxHalfRows % box_w == 0 && w % box_w == 0 ? box_w : 0;
+}
+
 // An upsampler's output [n][2h][2w][c] (dense channels-last) for the four phases' staged tiles: dims {c, column
 // parity, w, row parity, n h}, so that phase (a, b)'s product row (image row i, column j) is out's pixel (2i + a,
-// 2j + b), in kBoxCols-channel x kBoxHalfRows-row boxes (whole rows of w, or 64-pixel parts of one). False where w
-// splits no such way or a pixel is not 16-byte aligned.
+// 2j + b), in kBoxCols-channel x kBoxHalfRows-row boxes (phase_box_width). False where w splits no such way or a
+// pixel is not 16-byte aligned.
 bool make_phase_out_map(CUtensorMap& map, const void* base, int64_t n, int64_t h, int64_t w, int64_t c) {
-  const int64_t box_w = std::min<int64_t>(w, kBoxHalfRows);
-  if (c % 8 != 0 || kBoxHalfRows % box_w != 0 || w % box_w != 0) return false;
+  const int64_t box_w = phase_box_width(w);
+  if (c % 8 != 0 || box_w == 0) return false;
   const cuuint64_t pixel = cuuint64_t(c) * 2;
   return encode_map<5>(map, base, {cuuint64_t(c), 2, cuuint64_t(w), 2, cuuint64_t(n * h)},
                        {pixel, 2 * pixel, 2 * cuuint64_t(w) * pixel, 4 * cuuint64_t(w) * pixel},
