@@ -12,6 +12,13 @@ Standard library only (it runs on the GPU machine's python3). Prints a JSON repo
                           between spans and after its last (tail), and the samples of each model call
   worker_busy             per worker, concurrent phase: seconds and counts of admissions (text encoding),
                           model calls and VAE decodes, prompt cache hits and misses
+  sequential_stages_s     the one-at-a-time phase per request, from the server's own histograms: queue wait,
+                          each stage (text encoding, model calls, VAE decode, image encoding) and the server's
+                          end-to-end latency; the client's time per image less that latency is the transport
+                          (HTTP, server-sent events, base64)
+  concurrent_stages_s     the same sums over the concurrent phase divided by its images: a device stage's share
+                          is its wall time per image; image encoding (a host pool beside the device), queue
+                          waits and latencies overlap, so they are means per request, not shares of the wall
 
 Every request has its own prompt (a shared negative prompt, as clients send), so the server's prompt cache
 saves the negative prompt's encoding and nothing else.
@@ -67,6 +74,25 @@ def run_job(base, body):
     raise RuntimeError(f"job {job['id']}: the event stream ended before the job did")
 
 
+def histogram_sums(stats):
+    """{series name: (sum, count)} of every histogram of seconds in /v1/stats, a stage's series named by its label."""
+    out = {}
+    for name, fam in stats.get("metrics", {}).items():
+        for ser in fam.get("series", []):
+            if "sum" not in ser or not name.endswith("_seconds"):
+                continue
+            label = ",".join(f"{v}" for v in ser.get("labels", {}).values())
+            key = name.replace("atelier_", "") + (f"{{{label}}}" if label else "")
+            out[key] = (ser["sum"], ser["count"])
+    return out
+
+
+def per_request(before, after, n):
+    """Seconds per request of each histogram over a phase of n requests (those that moved)."""
+    b, a = histogram_sums(before), histogram_sums(after)
+    return {k: round((s - b.get(k, (0, 0))[0]) / n, 4) for k, (s, c) in sorted(a.items()) if c != b.get(k, (0, 0))[1]}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--atelier", required=True)
@@ -108,10 +134,12 @@ def main():
             for th in threads: th.start()
             for th in threads: th.join()
 
+        seq_stats0 = call(base, "GET", "/v1/stats")
         t = time.time()
         for i in range(a.sequential):
             run_job(base, with_seed(body, 200 + i))
         seq = (time.time() - t) / a.sequential
+        seq_stages = per_request(seq_stats0, call(base, "GET", "/v1/stats"), a.sequential)
 
         util = []
         stop = threading.Event()
@@ -173,9 +201,10 @@ def main():
         report = {
             "devices": a.devices, "poll_ms": a.poll_ms, "size": a.size, "steps": a.steps, "max_batch": a.max_batch,
             "first_request_s": round(load_s, 2),
-            "sequential_s_per_image": round(seq, 4), "concurrent": a.concurrent,
+            "sequential_s_per_image": round(seq, 4), "sequential_stages_s": seq_stages, "concurrent": a.concurrent,
             "concurrent_total_s": round(conc_total, 2), "concurrent_s_per_image": round(conc, 4),
             "images_per_min_concurrent": round(60 / conc, 1), "speedup": round(seq / conc, 2),
+            "concurrent_stages_s": per_request(stats0, stats, a.concurrent),
             "errors": errors[:5], "error_count": len(errors),
             "nvml_util_pct_mean": [round(sum(g) / len(g), 1) for g in zip(*steady)] if steady else None,
             "engine_busy": busy,
