@@ -279,6 +279,25 @@ TEST(ClipText, BatchOfTwoMatchesEachPrompt) {
   EXPECT_REL_L2_LE(out->select(0, 1).to_vector(), test::golden("sd15-tiny", "text.cond").to_vector(), kGoldenTol);
 }
 
+// A sequence shorter than the model's positions takes the top-left corner of the causal mask made at load
+// time: with a causal mask, each position of a prefix sees what it sees in the whole sequence.
+TEST(ClipText, ShortSequencesSeeTheirPrefixAsInTheWholeSequence) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  const SdTiny f{dir};
+  const WeightStore store = open_store({f.folder_weights().string()});
+  const ClipTextModel model = load_model(store, ClipLayout::kTransformers, f.config());
+  const Tensor ids = golden_ids("sd15-tiny", "tokens.0");
+  auto whole = model.forward(ids);
+  ASSERT_TRUE(whole.has_value()) << whole.status().message();
+  for (int64_t len : {1, 5, 40}) {
+    auto prefix = model.forward(ops::contiguous(ids.narrow(1, 0, len)));
+    ASSERT_TRUE(prefix.has_value()) << prefix.status().message();
+    ASSERT_EQ(prefix->shape(), (Shape{1, len, 32}));
+    SCOPED_TRACE(std::to_string(len) + " tokens");
+    EXPECT_REL_L2_LE(prefix->to_vector(), ops::contiguous(whole->narrow(1, 0, len)).to_vector(), 1e-5);
+  }
+}
+
 TEST(ClipText, RejectsBadInputs) {
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
   const SdTiny f{dir};

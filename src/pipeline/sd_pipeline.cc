@@ -109,7 +109,8 @@ Expected<std::vector<Tensor>> SdPipeline::encode_prompts(const std::vector<std::
       }
     Tensor host_ids = Tensor::empty({int64_t(rows.size()), int64_t(len)}, DType::I32);
     std::memcpy(host_ids.raw(), ids.data(), ids.size() * sizeof(int32_t));
-    ATELIER_ASSIGN_OR_RETURN(Tensor hidden, m.text_encoder->forward(host_ids.to(dev), clip_skip));
+    // Host ids: the encoder checks them there and its recorded calls copy them in (no round trip through the device).
+    ATELIER_ASSIGN_OR_RETURN(Tensor hidden, m.text_encoder->forward(host_ids, clip_skip));
     for (size_t r = 0; r < rows.size(); ++r) {
       Tensor row = hidden.narrow(0, int64_t(r), 1);
       const std::vector<float>& w = tokens[rows[r]].weights;

@@ -1,5 +1,7 @@
 #include "models/clip/clip_text_model.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <utility>
@@ -109,6 +111,8 @@ Expected<ClipTextModel> ClipTextModel::load(const WeightStore& store, ClipLayout
     w.layer_norm(m.final_layer_norm_, "final_layer_norm", d, config.layer_norm_eps);
     ATELIER_RETURN_IF_ERROR(w.finish());
     ATELIER_RETURN_IF_ERROR(load_projection(store, layout, config, device, dtype, m.text_projection_));
+    m.causal_mask_ = m.causal_mask(config.max_position_embeddings);
+    m.set_graph_options(default_graph_options());
     return m;
   });
 }
@@ -144,6 +148,10 @@ Tensor ClipTextModel::embed(const Tensor& ids) const {
 }
 
 Tensor ClipTextModel::causal_mask(int64_t seq) const {
+  if (causal_mask_.defined()) {
+    const int64_t longest = causal_mask_.size(2);
+    return seq == longest ? causal_mask_ : ops::contiguous(causal_mask_.narrow(2, 0, seq).narrow(3, 0, seq));
+  }
   // Additive: a token attends to itself and the tokens before it.
   std::vector<float> m(size_t(seq * seq), 0.0f);
   for (int64_t i = 0; i < seq; ++i)
@@ -171,14 +179,37 @@ Tensor ClipTextModel::pool(const Tensor& host_ids, const Tensor& last) const {
   return ops::concat(rows, 0);
 }
 
+GraphRunner::Options ClipTextModel::default_graph_options() {
+  const char* env = std::getenv("ATELIER_TEXT_GRAPHS");
+  return {.max_entries = 6, .enabled = !(env && std::string(env) == "0"), .batch_buckets = {1, 2, 4, 8, 16, 32, 64}};
+}
+
+GraphRunner& ClipTextModel::graphs(int clip_skip) const {
+  ATELIER_CHECK(!graphs_.empty(), "CLIP text encoder: not loaded");
+  const int depth = std::clamp(int(layers_.size()) - (clip_skip - 1), 0, int(graphs_.size()) - 1);
+  return *graphs_[size_t(depth)];
+}
+
+void ClipTextModel::set_graph_options(GraphRunner::Options options) {
+  graphs_.clear();
+  for (size_t depth = 0; depth <= layers_.size(); ++depth) graphs_.push_back(std::make_shared<GraphRunner>(options));
+}
+
+Tensor ClipTextModel::run(const Tensor& ids, int depth) const {
+  const Tensor mask = causal_mask(ids.size(1));
+  Tensor x = embed(ids);
+  for (int i = 0; i < depth; ++i) x = layer_forward(layers_[size_t(i)], x, mask);
+  return final_layer_norm_(x);
+}
+
 Expected<Tensor> ClipTextModel::forward(const Tensor& ids, int clip_skip) const {
   ATELIER_ASSIGN_OR_RETURN(const int depth, layers_for_skip(clip_skip));
   ATELIER_RETURN_IF_ERROR(check_ids(ids));
   return catch_expected<Tensor>([&]() -> Expected<Tensor> {
-    const Tensor mask = causal_mask(ids.size(1));
-    Tensor x = embed(ids);
-    for (int i = 0; i < depth; ++i) x = layer_forward(layers_[size_t(i)], x, mask);
-    return final_layer_norm_(x);
+    if (size_t(depth) >= graphs_.size()) return run(ids, depth);  // not made by load(): no runners
+    // The ids are the recording's input; the mask and the weights outlive it. A recording is per depth
+    // (graphs_), since the runner tells calls apart by their inputs' shapes only.
+    return graphs_[size_t(depth)]->run({ids}, device_, [this, depth](const std::vector<Tensor>& in) { return run(in[0], depth); });
   });
 }
 

@@ -7,9 +7,11 @@
 // penultimate layer, so an SD 2.x single file loads with default_skip 2, and clip_skip 1 on it gives what
 // diffusers gives with the converted text encoder (which simply has one layer fewer).
 #pragma once
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "backend/graph_runner.h"
 #include "models/clip/clip_config.h"
 #include "models/clip/clip_keymaps.h"
 #include "models/common/layers.h"
@@ -55,7 +57,16 @@ class ClipTextModel {
   bool has_projection() const { return text_projection_.weight.defined(); }
   Device device() const { return device_; }
 
-  // ids [B, S] i32/i64 (S <= max_position_embeddings, on any device) -> last_hidden_state [B, S, D].
+  // The recorded-execution cache of forward() for one clip skip (see backend/graph_runner.h): a prompt's
+  // encoding is ~110 small launches, most of its time on a GPU (~3.5 ms on an H200 eager). A server encodes
+  // 1..64 prompts at once; the buckets keep that to a few recordings of a few MB each.
+  GraphRunner& graphs(int clip_skip = 1) const;
+  void set_graph_options(GraphRunner::Options options);
+  // The buckets above; recording off with ATELIER_TEXT_GRAPHS=0 (or every recording with ATELIER_GRAPHS=0).
+  static GraphRunner::Options default_graph_options();
+
+  // ids [B, S] i32/i64 (S <= max_position_embeddings, on any device) -> last_hidden_state [B, S, D]. On a device
+  // that records its work (CUDA) a shape's calls after the first replay one graph per clip skip (graphs()).
   Expected<Tensor> forward(const Tensor& ids, int clip_skip = 1) const;
   // ids [B, S] -> hidden [B, S, D] per options, pooled [B, D] or [B, projection_dim]. Pooling position as in
   // transformers: argmax(ids) when eos_token_id is 2, else the first position whose id is eos_token_id.
@@ -70,8 +81,10 @@ class ClipTextModel {
   Tensor embed(const Tensor& ids) const;
   // x [B, S, D], mask [1, 1, S, S] -> [B, S, D]
   Tensor layer_forward(const ClipEncoderLayer& layer, const Tensor& x, const Tensor& mask) const;
-  // Additive causal mask [1, 1, S, S] on the model's device.
+  // Additive causal mask [1, 1, S, S] on the model's device (a view of causal_mask_ when S is the longest).
   Tensor causal_mask(int64_t seq) const;
+  // The layers up to `depth` and the final norm: forward() once its inputs are checked.
+  Tensor run(const Tensor& ids, int depth) const;
   // host_ids [B, S], last [B, S, D] (after the final norm) -> [B, D] rows at the pooling positions
   Tensor pool(const Tensor& host_ids, const Tensor& last) const;
 
@@ -84,6 +97,11 @@ class ClipTextModel {
   std::vector<ClipEncoderLayer> layers_;
   LayerNorm final_layer_norm_;
   Linear text_projection_;  // [projection_dim, D], no bias; undefined when the checkpoint has none
+  // [1, 1, P, P] for P = max_position_embeddings, made once on the device: a recorded call may not upload a
+  // host buffer (it would be frozen into the recording and freed after it).
+  Tensor causal_mask_;
+  // One runner per layer depth (index: depth, 0 = the embeddings), shared by copies of the model as its weights are.
+  std::vector<std::shared_ptr<GraphRunner>> graphs_;
 };
 
 // A1111's prompt emphasis "(word:1.2)": hidden [B, S, D], weights [B, S] (host f32) -> hidden with each token's
