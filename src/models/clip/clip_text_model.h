@@ -81,7 +81,8 @@ class ClipTextModel {
   Tensor embed(const Tensor& ids) const;
   // x [B, S, D], mask [1, 1, S, S] -> [B, S, D]
   Tensor layer_forward(const ClipEncoderLayer& layer, const Tensor& x, const Tensor& mask) const;
-  // Additive causal mask [1, 1, S, S] on the model's device (a view of causal_mask_ when S is the longest).
+  // Additive causal mask [1, 1, S, S] on the model's device: causal_mask_ itself at the longest S, else its
+  // top-left corner (a copy made on the device, so that a recorded call may make it).
   Tensor causal_mask(int64_t seq) const;
   // The layers up to `depth` and the final norm: forward() once its inputs are checked.
   Tensor run(const Tensor& ids, int depth) const;
