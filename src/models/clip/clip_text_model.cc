@@ -1,6 +1,5 @@
 #include "models/clip/clip_text_model.h"
 
-#include <algorithm>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -185,9 +184,9 @@ GraphRunner::Options ClipTextModel::default_graph_options() {
 }
 
 GraphRunner& ClipTextModel::graphs(int clip_skip) const {
-  ATELIER_CHECK(!graphs_.empty(), "CLIP text encoder: not loaded");
-  const int depth = std::clamp(int(layers_.size()) - (clip_skip - 1), 0, int(graphs_.size()) - 1);
-  return *graphs_[size_t(depth)];
+  const Expected<int> depth = layers_for_skip(clip_skip);
+  ATELIER_CHECK(depth.has_value(), depth.status().message());
+  return *graphs_[size_t(*depth)];
 }
 
 void ClipTextModel::set_graph_options(GraphRunner::Options options) {
@@ -206,7 +205,6 @@ Expected<Tensor> ClipTextModel::forward(const Tensor& ids, int clip_skip) const 
   ATELIER_ASSIGN_OR_RETURN(const int depth, layers_for_skip(clip_skip));
   ATELIER_RETURN_IF_ERROR(check_ids(ids));
   return catch_expected<Tensor>([&]() -> Expected<Tensor> {
-    if (size_t(depth) >= graphs_.size()) return run(ids, depth);  // not made by load(): no runners
     // The ids are the recording's input; the mask and the weights outlive it. A recording is per depth
     // (graphs_), since the runner tells calls apart by their inputs' shapes only.
     return graphs_[size_t(depth)]->run({ids}, device_, [this, depth](const std::vector<Tensor>& in) { return run(in[0], depth); });

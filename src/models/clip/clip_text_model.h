@@ -73,6 +73,7 @@ class ClipTextModel {
   Expected<ClipTextOutput> forward_with_pooled(const Tensor& ids, const ClipPooledOptions& options = {}) const;
 
  private:
+  ClipTextModel() = default;  // made only by load(), which binds the weights and the runners
   // Index of the deepest layer run for `clip_skip`, as a count of layers; error when out of range.
   Expected<int> layers_for_skip(int clip_skip) const;
   // ids [B, S] (host copy) -> validated; error names the problem.
