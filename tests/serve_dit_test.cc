@@ -163,7 +163,10 @@ TEST(ServeDit, A1111FluxTakesDistilledGuidanceAndRunsNoCfgUnlessAsked) {
   fo.cfg_explicit = true;
   auto model = load_flux_model(fixture_model("flux-tiny"));
   ASSERT_TRUE(model) << model.status().message();
-  auto direct = FluxPipeline(*model).generate(g, fo);
+  // On one OpenMP thread, as the server's CPU worker computes here (tiny_options: cpu_threads 1): OpenBLAS's
+  // kernels round differently on the row blocks another thread count splits a product into (seen on an AVX-512
+  // EPYC, whose OpenBLAS core is Haswell's), so only the same thread count gives the same pixels.
+  const auto direct = ::atelier::test::on_one_omp_thread([&] { return FluxPipeline(*model).generate(g, fo); });
   ASSERT_TRUE(direct) << direct.status().message();
   EXPECT_EQ(served.pixels, direct->images[0].image.pixels);
 
