@@ -2,13 +2,16 @@
 // longjmp; so that no C++ destructor is skipped, every function that calls setjmp keeps its mutable state
 // in a heap context object created before setjmp, and creates no C++ objects with destructors after it.
 #include <png.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <csetjmp>
 #include <cstring>
 #include <memory>
 
 #include "io/image.h"
 #include "io/image_codecs.h"
+#include "io/png_deflate.h"
 #include "io/text_encoding.h"
 
 namespace atelier {
@@ -18,6 +21,11 @@ constexpr size_t kMaxKeywordBytes = 79;  // PNG spec limit for text chunk keywor
 constexpr size_t kPngSignatureBytes = 8;
 // Text chunks a hostile file can make us inflate: libpng's default cap is 8 MB per chunk; keep it.
 constexpr png_alloc_size_t kMaxChunkBytes = png_alloc_size_t(8) << 20;
+// The image data's zlib stream goes out in IDAT chunks of at most this many bytes (any size up to 2^31-1 is
+// valid; smaller chunks let a streaming reader start sooner).
+constexpr size_t kIdatChunkBytes = size_t(256) << 10;
+constexpr png_byte kIdat[5] = {'I', 'D', 'A', 'T', '\0'};
+constexpr png_byte kIend[5] = {'I', 'E', 'N', 'D', '\0'};
 
 struct PngContext {
   std::string_view in;      // decoding: the file
@@ -31,6 +39,7 @@ struct PngContext {
   std::vector<std::string> keys, values;
   std::vector<png_text> chunks;
   std::vector<bool> is_itxt;
+  std::string idat;         // encoding: the image data's zlib stream, made before libpng writes the file
 };
 
 void on_error(png_structp png, png_const_charp msg) {
@@ -193,9 +202,11 @@ bool encode_png_guarded(const Image& img, PngContext* ctx) {
                PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
   if (!ctx->chunks.empty()) png_set_text(png, info, ctx->chunks.data(), int(ctx->chunks.size()));
   png_write_info(png, info);  // text chunks go before the image data, where every reader looks
-  for (int y = 0; y < img.height; ++y)
-    png_write_row(png, const_cast<png_bytep>(img.pixels.data() + size_t(y) * size_t(img.width) * size_t(img.channels)));
-  png_write_end(png, nullptr);
+  // The image data was filtered and compressed on every core (io/png_deflate.h); libpng frames it.
+  for (size_t off = 0; off < ctx->idat.size(); off += kIdatChunkBytes)
+    png_write_chunk(png, kIdat, reinterpret_cast<png_const_bytep>(ctx->idat.data()) + off,
+                    std::min(kIdatChunkBytes, ctx->idat.size() - off));
+  png_write_chunk(png, kIend, nullptr, 0);
   png_destroy_write_struct(&png, &info);
   return true;
 }
@@ -218,6 +229,8 @@ Expected<std::string> encode_png(const Image& img, const TextChunks& text_chunks
   ATELIER_RETURN_IF_ERROR(prepare_text(text_chunks, ctx.get()));
   bool ok = false;
   try {
+    const std::string rows = png_filter_rows(img.pixels.data(), img.width, img.height, img.channels);
+    ATELIER_ASSIGN_OR_RETURN(ctx->idat, zlib_compress_parallel(rows, kPngDeflateLevel, Z_FILTERED));
     ok = encode_png_guarded(img, ctx.get());
   } catch (const std::bad_alloc&) {
     return Status(ErrorCode::kResourceExhausted, "out of memory encoding PNG");
