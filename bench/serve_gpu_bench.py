@@ -106,13 +106,15 @@ def main():
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--poll-ms", type=float, default=0, help="poll every N ms instead of reading the job's events")
     ap.add_argument("--stats-out", default="", help="also write the server's /v1/stats after the concurrent phase here")
+    ap.add_argument("--server-args", default="", help="more arguments for `atelier serve`, e.g. \"--host-threads 1\"")
     a = ap.parse_args()
     global POLL_S
     POLL_S = a.poll_ms / 1000
 
     server = subprocess.Popen(a.launcher.split() + [a.atelier, "serve", "--model", "sd15=builtin:sd15", "--tokenizer", a.tokenizer,
                                "--devices", a.devices, "--port", "0", "--max-queue", str(4 * a.concurrent),
-                               "--max-batch", str(a.max_batch), "--http-threads", str(2 * a.concurrent + 8)],
+                               "--max-batch", str(a.max_batch), "--http-threads", str(2 * a.concurrent + 8)]
+                              + a.server_args.split(),
                               stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
     try:
         line = server.stdout.readline()
