@@ -133,7 +133,7 @@ std::string png_filter_rows(const uint8_t* pixels, int width, int height, int ch
       uint8_t* prior = padded[1].data();
       const uint8_t* row = pixels + size_t(y) * n;
       std::memcpy(cur + bpp, row, n);
-      if (y > 0) std::memcpy(prior + bpp, row - n, n);  // above the first row: zeros, as assigned
+      if (y > 0) std::memcpy(prior + bpp, row - n, n);  // above the first row: zeros
       else std::memset(prior + bpp, 0, n);
       filter_row(cur, prior, n, bpp, dst + size_t(y) * (1 + n));
     }

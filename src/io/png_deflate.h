@@ -5,6 +5,7 @@
 // CPU, a third of a lone server request's latency (docs/performance.md, "Session 62"); the image data is
 // independent per row for filtering, and deflate can restart at any byte when each strip is primed with the
 // 32 KiB before it, so the work splits without changing what a decoder sees.
+// Measured there (session 63): 8 ms on 8 threads for what took libpng 40-50.
 //
 // The output is a function of the input alone (strip boundaries are fixed byte counts, not thread counts), so
 // the same image gives the same file on any machine.

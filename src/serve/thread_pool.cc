@@ -57,9 +57,10 @@ void ThreadPool::run() {
       team = team_size(int(threads_.size()), running_ + int(tasks_.size()));
     }
     // Each task is one image's work, whose PNG encoding runs OpenMP regions (io/png_deflate.h). The pool's
-    // threads share the pool's cores: a lone image is encoded by all of them (a 512² PNG in a few ms instead
-    // of 40-50), a burst gives each image one thread, so the teams never take the cores the device workers
-    // need to keep their GPUs fed. Tasks still queued count as sharers: the first of a burst takes one thread.
+    // threads share the pool's cores: a lone image is encoded by all of them (a 512² PNG in 8 ms instead of
+    // 31-36 on one thread, 16-core host, docs/performance.md "Session 63"), a burst gives each image one
+    // thread, so the teams never take the cores the device workers need to keep their GPUs fed. Tasks still
+    // queued count as sharers: the first of a burst takes one thread.
     omp_set_num_threads(team);
     task();  // tasks catch their own errors (they report into a job)
     std::lock_guard<std::mutex> lock(mu_);
