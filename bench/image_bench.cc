@@ -6,13 +6,13 @@
 //   ./build/bench/image_bench --benchmark_filter=Png
 #include <benchmark/benchmark.h>
 #include <omp.h>
-#include <png.h>
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "io/image.h"
+#include "libpng_reference.h"  // tests/
 
 namespace atelier {
 namespace {
@@ -64,21 +64,13 @@ BENCHMARK(BM_PngEncode)
 // The reference: libpng's simplified API (one thread; level 6 and adaptive filters, its defaults).
 void BM_LibpngEncode(benchmark::State& state) {
   const Image img = bench_image(int(state.range(0)), int(state.range(1)));
-  png_image image{};
-  image.version = PNG_IMAGE_VERSION;
-  image.width = png_uint_32(img.width);
-  image.height = png_uint_32(img.height);
-  image.format = PNG_FORMAT_RGB;
-  png_alloc_size_t size = 0;
-  png_image_write_get_memory_size(image, size, 0, img.pixels.data(), 0, nullptr);
-  std::string out(size, '\0');
+  size_t bytes = 0;
   for (auto _ : state) {
-    png_alloc_size_t n = out.size();
-    if (!png_image_write_to_memory(&image, out.data(), &n, 0, img.pixels.data(), 0, nullptr))
-      state.SkipWithError(image.message);
-    size = n;
+    const std::string png = test::libpng_encode_rgb(img);
+    if (png.empty()) state.SkipWithError("libpng failed");
+    bytes = png.size();
   }
-  report(state, img, size);
+  report(state, img, bytes);
 }
 BENCHMARK(BM_LibpngEncode)
     ->ArgsProduct({{512, 1024}, {0, kNoise}})
