@@ -15,6 +15,10 @@ else
   atelier=${BUILD_DIR:-build}/atelier
   fixtures=$(pwd)/../shared/fixtures
 fi
+# Every run plans each shape afresh, as before choices were kept across processes (backend/choice_store.h): an A/B
+# of a switch that changes a candidate kernel must not take the other setting's stored choice. Set it to a folder
+# to measure the stored path.
+export ATELIER_PLAN_CACHE=${ATELIER_PLAN_CACHE:-0}
 for name in libcudnn.so.9 libcublasLt.so.13 libcublas.so.13; do
   if ! ldconfig -p 2>/dev/null | grep -q "$name"; then
     found=$(find /usr/local/cuda/lib64 /usr/lib /opt -name "$name" 2>/dev/null | head -1)

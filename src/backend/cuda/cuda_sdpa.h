@@ -12,6 +12,10 @@
 // CUDA graph capture: a shape met for the first time while the stream is being recorded is not planned (no
 // timing during a capture) and runs on our kernel; cached plans only enqueue kernels.
 //
+// Each shape's choice (our kernel, or cuDNN's engine by its global index) is also kept on disk for later
+// processes (backend/choice_store.h): a shape that our kernel won is then run on it without building a cuDNN
+// graph, and one that cuDNN won builds its plans but times none.
+//
 // Environment: ATELIER_CUDNN_SDPA=0 switches the path off; ATELIER_CUDNN_LOG=1 prints one line per planned
 // shape (plans, engine, times of cuDNN and of our kernel, the choice) to stderr.
 #pragma once
@@ -25,6 +29,7 @@
 #include <mutex>
 #include <string>
 
+#include "backend/choice_store.h"
 #include "backend/cuda/cuda_allocator.h"
 #include "core/tensor.h"
 
@@ -77,6 +82,7 @@ class CudnnSdpa {
   std::string why_;
   std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::unique_ptr<ChoiceStore> choices_;  // earlier processes' choices, for this card, driver, cuDNN and binary
 };
 
 }  // namespace atelier::cuda

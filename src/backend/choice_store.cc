@@ -1,0 +1,98 @@
+#include "backend/choice_store.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "io/file.h"
+
+namespace atelier {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kFormatVersion = 1;
+constexpr uint64_t kMaxStoreBytes = uint64_t(16) << 20;  // thousands of shapes take well under 1 MB
+constexpr uint64_t kFnvOffset = 1469598103934665603ull, kFnvPrime = 1099511628211ull;
+
+// The file's name: a hash of the fingerprint, so that stores of different cards or builds sit side by side.
+std::string file_name(const std::string& fingerprint) {
+  uint64_t h = kFnvOffset;
+  for (unsigned char c : fingerprint) h = (h ^ c) * kFnvPrime;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "plans-%016llx.json", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+}  // namespace
+
+ChoiceStore::ChoiceStore(std::string dir, std::string fingerprint) : fingerprint_(std::move(fingerprint)) {
+  if (dir.empty()) return;
+  path_ = (fs::path(dir) / file_name(fingerprint_)).string();
+  choices_ = read_file();
+}
+
+std::map<std::string, int64_t> ChoiceStore::read_file() const {
+  std::map<std::string, int64_t> out;
+  auto bytes = atelier::read_file(path_, "plan cache", kMaxStoreBytes);
+  if (!bytes) return out;  // none yet (or unreadable): planned afresh
+  const nlohmann::json j = nlohmann::json::parse(*bytes, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.value("version", 0) != kFormatVersion || !j.contains("fingerprint") ||
+      j["fingerprint"] != fingerprint_ || !j.contains("choices") || !j["choices"].is_object())
+    return out;  // another format or a hash collision: ignored, replaced at the next write
+  for (const auto& [key, value] : j["choices"].items())
+    if (value.is_number_integer()) out[key] = value.get<int64_t>();
+  return out;
+}
+
+std::optional<int64_t> ChoiceStore::get(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = choices_.find(key);
+  if (it == choices_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool ChoiceStore::put(const std::string& key, int64_t value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  choices_[key] = value;
+  if (path_.empty()) return false;
+  // What other processes wrote since this one read the file joins ours (ours win on the same key).
+  for (const auto& [k, v] : read_file()) choices_.emplace(k, v);
+  std::error_code ec;
+  fs::create_directories(fs::path(path_).parent_path(), ec);
+  const std::string tmp = path_ + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return false;
+    f << nlohmann::json{{"version", kFormatVersion}, {"fingerprint", fingerprint_}, {"choices", choices_}}.dump(1);
+    if (!f.good()) return false;
+  }
+  fs::rename(tmp, path_, ec);  // atomic: a reader sees the old file or the new one
+  if (ec) fs::remove(tmp, ec);
+  return !ec;
+}
+
+std::string ChoiceStore::default_dir() {
+  const char* set = std::getenv("ATELIER_PLAN_CACHE");
+  if (set && std::string(set) == "0") return {};
+  if (set && *set) return set;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return (fs::path(xdg) / "atelier").string();
+  if (const char* home = std::getenv("HOME"); home && *home) return (fs::path(home) / ".cache" / "atelier").string();
+  return {};
+}
+
+std::string ChoiceStore::executable_identity() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "unknown executable";
+  const auto size = fs::file_size(exe, ec);
+  const auto mtime = fs::last_write_time(exe, ec).time_since_epoch().count();
+  return exe.string() + " " + std::to_string(ec ? 0 : size) + " " + std::to_string(mtime);
+}
+
+}  // namespace atelier

@@ -1,0 +1,106 @@
+// Per-shape choices kept across processes (backend/choice_store.h): what one store writes, another store of the
+// same fingerprint (a later process) reads; other fingerprints, broken files and writers racing each other lose
+// nothing but choices.
+#include "backend/choice_store.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace atelier {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh folder under the test's temporary directory, removed at the end.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("atelier_choice_store_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+TEST(ChoiceStore, ALaterStoreOfTheSameFingerprintReadsTheChoices) {
+  TempDir dir;
+  {
+    ChoiceStore first(dir.path.string(), "card A; driver 1");
+    EXPECT_FALSE(first.get("sdpa 1 2 3").has_value());
+    EXPECT_TRUE(first.put("sdpa 1 2 3", -1));
+    EXPECT_TRUE(first.put("sdpa 4 5 6", 17));
+    EXPECT_EQ(first.get("sdpa 4 5 6"), 17);
+  }
+  ChoiceStore later(dir.path.string(), "card A; driver 1");
+  EXPECT_EQ(later.get("sdpa 1 2 3"), -1);
+  EXPECT_EQ(later.get("sdpa 4 5 6"), 17);
+  EXPECT_FALSE(later.get("sdpa 7 8 9").has_value());
+}
+
+TEST(ChoiceStore, AnotherFingerprintSeesNoneOfThem) {
+  TempDir dir;
+  ChoiceStore a(dir.path.string(), "card A; driver 1");
+  ASSERT_TRUE(a.put("k", 3));
+  ChoiceStore b(dir.path.string(), "card A; driver 2");
+  EXPECT_FALSE(b.get("k").has_value());
+  EXPECT_NE(a.path(), b.path());
+  ASSERT_TRUE(b.put("k", 5));  // beside a's file, not over it
+  EXPECT_EQ(ChoiceStore(dir.path.string(), "card A; driver 1").get("k"), 3);
+}
+
+TEST(ChoiceStore, ABrokenFileIsIgnoredAndReplaced) {
+  TempDir dir;
+  const std::string path = ChoiceStore(dir.path.string(), "fp").path();
+  fs::create_directories(dir.path);
+  for (const char* bad : {"{not json", "[1, 2]", R"({"version": 1, "fingerprint": "other", "choices": {"k": 1}})",
+                          R"({"version": 99, "fingerprint": "fp", "choices": {"k": 1}})"}) {
+    std::ofstream(path, std::ios::trunc) << bad;
+    ChoiceStore s(dir.path.string(), "fp");
+    EXPECT_FALSE(s.get("k").has_value()) << bad;
+    ASSERT_TRUE(s.put("j", 2)) << bad;
+    EXPECT_EQ(ChoiceStore(dir.path.string(), "fp").get("j"), 2) << bad;
+  }
+}
+
+// Two processes planning at once: each writes what it chose, and neither loses the other's choices.
+TEST(ChoiceStore, WritersMergeWhatOthersWroteSince) {
+  TempDir dir;
+  ChoiceStore one(dir.path.string(), "fp"), two(dir.path.string(), "fp");
+  ASSERT_TRUE(one.put("a", 1));
+  ASSERT_TRUE(two.put("b", 2));
+  ASSERT_TRUE(one.put("c", 3));
+  ChoiceStore later(dir.path.string(), "fp");
+  EXPECT_EQ(later.get("a"), 1);
+  EXPECT_EQ(later.get("b"), 2);
+  EXPECT_EQ(later.get("c"), 3);
+}
+
+TEST(ChoiceStore, EmptyFolderKeepsNothingAndTheEnvironmentChoosesTheFolder) {
+  ChoiceStore off("", "fp");
+  EXPECT_FALSE(off.enabled());
+  EXPECT_FALSE(off.put("k", 1));
+  EXPECT_EQ(off.get("k"), 1);  // still this process's choice
+
+  const char* saved = std::getenv("ATELIER_PLAN_CACHE");
+  const std::string restore = saved ? saved : "";
+  const char* saved_xdg = std::getenv("XDG_CACHE_HOME");
+  const std::string restore_xdg = saved_xdg ? saved_xdg : "";
+  setenv("ATELIER_PLAN_CACHE", "0", 1);
+  EXPECT_EQ(ChoiceStore::default_dir(), "");
+  setenv("ATELIER_PLAN_CACHE", "/some/dir", 1);
+  EXPECT_EQ(ChoiceStore::default_dir(), "/some/dir");
+  unsetenv("ATELIER_PLAN_CACHE");
+  setenv("XDG_CACHE_HOME", "/xdg", 1);
+  EXPECT_EQ(ChoiceStore::default_dir(), "/xdg/atelier");
+  unsetenv("XDG_CACHE_HOME");
+  if (saved) setenv("ATELIER_PLAN_CACHE", restore.c_str(), 1);
+  if (saved_xdg) setenv("XDG_CACHE_HOME", restore_xdg.c_str(), 1);
+  EXPECT_FALSE(ChoiceStore::executable_identity().empty());
+}
+
+}  // namespace
+}  // namespace atelier
