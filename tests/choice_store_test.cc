@@ -4,27 +4,19 @@
 #include "backend/choice_store.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+
+#include "test_util.h"
 
 namespace atelier {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh folder under the test's temporary directory, removed at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("atelier_choice_store_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using test::TempDir;
 
 TEST(ChoiceStore, ALaterStoreOfTheSameFingerprintReadsTheChoices) {
   TempDir dir;

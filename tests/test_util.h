@@ -2,6 +2,7 @@
 #pragma once
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -23,6 +24,24 @@ namespace atelier::test {
 std::optional<std::filesystem::path> fixtures_root();
 // fixtures_root()/name when it exists.
 std::optional<std::filesystem::path> fixture(const std::string& name);
+
+// A fresh folder under the system's temporary directory, named after the process and the running test, removed
+// (with what the test put there) when it goes out of scope.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path = std::filesystem::temp_directory_path() /
+           ("atelier_" + std::string(info ? info->name() : "test") + "_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
 
 // The largest difference of two images' 8-bit values (256 when their sizes differ).
 inline int max_pixel_diff(const Image& a, const Image& b) {

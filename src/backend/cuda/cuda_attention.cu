@@ -533,7 +533,7 @@ bool CudaBackend::cudnn_sdpa_available(std::string* why) {
   {
     std::lock_guard<std::mutex> lock(engines_mu_);
     const ConvEngine& conv = conv_engine_locked();
-    if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(conv.library(), conv.handle(), stream_);
+    if (!sdpa_) sdpa_ = std::make_unique<CudnnSdpa>(conv.library(), conv.handle(), stream_, choices_.get());
   }
   if (!sdpa_->available() && why) *why = conv_->available() ? sdpa_->why_unavailable() : "cuDNN not loaded: " + conv_->why_unavailable();
   return sdpa_->available();

@@ -153,8 +153,29 @@ GemmEngine& CudaBackend::gemm_engine() {
 
 void CudaBackend::run_gemm(const GemmCall& call) { gemm_engine().run(call, allow_tf32_); }
 
+namespace {
+// What a kept choice holds for: the card, the driver, the libraries that supply candidates, this binary.
+std::string choice_fingerprint(int device, const ConvEngine& conv) {
+  cudaDeviceProp prop{};
+  int driver = 0;
+  cudaGetDeviceProperties(&prop, device);
+  cudaDriverGetVersion(&driver);
+  return std::string(prop.name) + " sm_" + std::to_string(prop.major * 10 + prop.minor) + " x" +
+         std::to_string(prop.multiProcessorCount) + "; driver " + std::to_string(driver) + "; cudnn " +
+         (conv.available() ? conv.version() : std::string("none")) + "; cublasLt " + std::to_string(cublasLtGetVersion()) +
+         "; " + ChoiceStore::executable_identity();
+}
+}  // namespace
+
 ConvEngine& CudaBackend::conv_engine_locked() {
-  if (!conv_) conv_ = std::make_unique<ConvEngine>(index_, stream_);
+  if (!conv_) {
+    conv_ = std::make_unique<ConvEngine>(index_, stream_);
+    choices_ = std::make_unique<ChoiceStore>(ChoiceStore::default_dir(), choice_fingerprint(index_, *conv_));
+    conv_choices_.keep_in(choices_.get(), "conv path");
+    upsample_phase_choices_.keep_in(choices_.get(), "upsampler phases");
+    conv_concat_choices_.keep_in(choices_.get(), "conv concat");
+    conv_shortcut_choices_.keep_in(choices_.get(), "conv shortcut");
+  }
   return *conv_;
 }
 

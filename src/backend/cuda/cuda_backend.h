@@ -334,6 +334,9 @@ class CudaBackend final : public Backend {
   PinnedStaging staging_;
   std::unique_ptr<GemmEngine> gemm_;
   std::unique_ptr<ConvEngine> conv_;  // conv_engine(): made at its first use
+  // Choices kept across processes (backend/choice_store.h) for this card, driver, cuDNN, cuBLASLt and binary: the
+  // TimedChoice members below and the SDPA engine's. Made with conv_ (cuDNN's version is part of what they hold for).
+  std::unique_ptr<ChoiceStore> choices_;
   std::unique_ptr<CudnnSdpa> sdpa_;  // created with conv_ (it shares cuDNN's handle), lazily
   std::unique_ptr<CudnnSdpaFp8> sdpa_fp8_;  // likewise
   std::mutex engines_mu_;

@@ -6,7 +6,12 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
+
+#include "backend/choice_store.h"
 
 #include "backend/cuda/cuda_common.h"
 
@@ -113,21 +118,62 @@ inline bool stream_capturing(cudaStream_t stream) {
   return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
 }
 
+namespace timed_choice_detail {
+// A TimedChoice key as text, for the choices kept across processes: numbers, strings and vectors of them.
+inline void append(std::string& s, const std::string& v) { s += v; }
+template <typename T>
+  requires std::is_arithmetic_v<T>
+void append(std::string& s, T v) {
+  s += std::to_string(v);
+}
+template <typename T>
+void append(std::string& s, const std::vector<T>& v) {
+  s += '[';
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    append(s, v[i]);
+  }
+  s += ']';
+}
+template <typename... T>
+std::string key_text(const std::tuple<T...>& key) {
+  std::string s;
+  std::apply([&s](const auto&... part) { ((append(s, part), s += ' '), ...); }, key);
+  return s;
+}
+}  // namespace timed_choice_detail
+
 // Per key (a shape), which of a few candidates is fastest: all timed in turns (time_in_turns, each run once before,
 // so that planning and tuning are not timed) at the key's first eager call, the answer kept. Under capture an unknown
 // key answers 0 (the first) without deciding. `log`, where given, sees every time (-1: failed) and the answer. The
-// candidates write the same outputs: whichever ran last left the right result.
+// candidates write the same outputs: whichever ran last left the right result. With a store (keep_in), answers are
+// kept for later processes too, and an answer an earlier process kept is taken without timing.
 template <typename Key>
 class TimedChoice {
  public:
   using Log = std::function<void(const std::vector<float>&, int)>;
   int fastest(const Key& key, cudaStream_t stream, const std::vector<std::function<bool()>>& candidates, const Log& log = {}) {
+    ChoiceStore* store = nullptr;
+    std::string stored_key;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = answers_.find(key);
       if (it != answers_.end()) return it->second;
+      store = store_;
+      // The candidate count is part of the key: a stored index always names one of today's candidates.
+      if (store) stored_key = site_ + " " + timed_choice_detail::key_text(key) + "of " + std::to_string(candidates.size());
     }
+    // Under capture nothing is decided, stored answers included: the winner's first run may plan (a cuDNN plan,
+    // a workspace), which a recording cannot hold.
     if (stream_capturing(stream)) return 0;
+    if (store) {
+      const std::optional<int64_t> kept = store->get(stored_key);
+      if (kept && *kept >= 0 && *kept < int64_t(candidates.size())) {
+        std::lock_guard<std::mutex> lock(mu_);
+        answers_[key] = int(*kept);
+        return int(*kept);
+      }
+    }
     EventPair events;
     int answer = 0;
     if (events.ok) {
@@ -135,6 +181,7 @@ class TimedChoice {
       for (size_t i = 1; i < ms.size(); ++i)  // ties go to the earlier candidate
         if (ms[i] >= 0.0f && (ms[answer] < 0.0f || ms[i] < ms[answer])) answer = int(i);
       if (log) log(ms, answer);
+      if (store) store->put(stored_key, answer);
     }
     std::lock_guard<std::mutex> lock(mu_);
     answers_[key] = answer;
@@ -149,10 +196,19 @@ class TimedChoice {
     return fastest(key, stream, {first, second}, both) == 1;
   }
 
+  // Answers are also kept in `store` (not owned; null: this process only), under `site` (names the choice).
+  void keep_in(ChoiceStore* store, std::string site) {
+    std::lock_guard<std::mutex> lock(mu_);
+    store_ = store;
+    site_ = std::move(site);
+  }
+
  private:
   static constexpr int kRounds = 2, kRuns = 3;
   std::mutex mu_;
   std::map<Key, int> answers_;
+  ChoiceStore* store_ = nullptr;
+  std::string site_;
 };
 
 }  // namespace atelier::cuda

@@ -1,8 +1,6 @@
 // Attention through cuDNN's fused SDPA node: see cuda_sdpa.h.
 #include "backend/cuda/cuda_sdpa.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -96,26 +94,15 @@ bool execute_sdpa(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor
                  workspace, why);
 }
 
-// What a stored choice is valid for: the card, the driver, cuDNN's version, this binary.
-std::string choice_fingerprint(void* library) {
-  int dev = 0, driver = 0;
-  cudaDeviceProp prop{};
-  cudaGetDevice(&dev);
-  cudaGetDeviceProperties(&prop, dev);
-  cudaDriverGetVersion(&driver);
-  using GetVersion = size_t (*)();
-  const auto cudnn_version = reinterpret_cast<GetVersion>(library ? dlsym(library, "cudnnGetVersion") : nullptr);
-  return std::string("cudnn sdpa; ") + prop.name + " sm_" + std::to_string(prop.major * 10 + prop.minor) + " x" +
-         std::to_string(prop.multiProcessorCount) + "; driver " + std::to_string(driver) + "; cudnn " +
-         std::to_string(cudnn_version ? cudnn_version() : 0) + "; " + ChoiceStore::executable_identity();
-}
-
 // The stored value of a shape whose faster path is our kernel (cuDNN's are engine indices, >= 0).
 constexpr int64_t kStoredOurs = -1;
 
 std::string stored_key(const std::array<int64_t, 20>& key) {
   std::string s = "sdpa";
-  for (int64_t v : key) s += " " + std::to_string(v);
+  for (int64_t v : key) {
+    s += ' ';
+    s += std::to_string(v);
+  }
   return s;
 }
 
@@ -134,9 +121,9 @@ struct CudnnSdpa::Plan {
   Candidate chosen;
 };
 
-CudnnSdpa::CudnnSdpa(void* library, void* handle, cudaStream_t stream) : handle_(handle), stream_(stream) {
+CudnnSdpa::CudnnSdpa(void* library, void* handle, cudaStream_t stream, ChoiceStore* choices)
+    : handle_(handle), stream_(stream), choices_(choices) {
   api_ = load_api_for(library, handle, cudnn_sdpa_enabled(), "off by ATELIER_CUDNN_SDPA=0", &why_);  // (why_ is constructed by now)
-  choices_ = std::make_unique<ChoiceStore>(api_ ? ChoiceStore::default_dir() : std::string(), choice_fingerprint(library));
 }
 
 CudnnSdpa::~CudnnSdpa() { plans_.clear(); }
@@ -157,8 +144,9 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
     return plan;  // use_cudnn stays false: remembered
   };
   // An earlier process's choice: our kernel needs no cuDNN graph at all; cuDNN's engine is found among the plans.
-  const std::optional<int64_t> stored = choices_->get(stored_key(key));
-  if (stored && *stored == kStoredOurs && ours) {
+  constexpr int64_t kNothingStored = -2;
+  const int64_t stored = choices_ ? choices_->get(stored_key(key)).value_or(kNothingStored) : kNothingStored;
+  if (stored == kStoredOurs && ours) {
     counters().ours.fetch_add(1);
     if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa] %s: our kernel (stored choice)\n", what.c_str());
     return plan;
@@ -171,13 +159,13 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
   std::vector<Candidate> candidates = plan_candidates(a, handle, plan->graph.graph, kMaxCandidates, &why);
   if (candidates.empty()) return decline(why);
 
-  if (stored && *stored >= 0) {
+  if (stored >= 0) {
     for (Candidate& c : candidates)
-      if (c.engine.index == *stored) {
+      if (c.engine.index == stored) {
         plan->use_cudnn = true;
         plan->chosen = std::move(c);
         counters().cudnn.fetch_add(1);
-        if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa] %s: engine %lld (stored choice)\n", what.c_str(), (long long)*stored);
+        if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa] %s: engine %lld (stored choice)\n", what.c_str(), (long long)stored);
         return plan;
       }
   }
@@ -198,7 +186,7 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
   plan->use_cudnn = ours_ms < 0.0f || candidates[best].ms < kMinGain * ours_ms;
   plan->chosen = std::move(candidates[best]);
   (plan->use_cudnn ? counters().cudnn : counters().ours).fetch_add(1);
-  choices_->put(stored_key(key), plan->use_cudnn ? plan->chosen.engine.index : kStoredOurs);
+  if (choices_) choices_->put(stored_key(key), plan->use_cudnn ? plan->chosen.engine.index : kStoredOurs);
   if (log_enabled())
     std::fprintf(stderr, "[cudnn sdpa] %s: %zu plans, engine %lld, workspace %lld B, %.4f ms; ours %.4f ms -> %s\n",
                  what.c_str(), candidates.size(), (long long)plan->chosen.engine.index, (long long)plan->chosen.workspace,

@@ -57,8 +57,9 @@ std::string sdpa_shape_text(const Tensor& q, const Tensor& k);
 
 class CudnnSdpa {
  public:
-  // library: cuDNN's dlopen handle; handle: the device's cudnnHandle_t, bound to `stream`. Neither is owned.
-  CudnnSdpa(void* library, void* handle, cudaStream_t stream);
+  // library: cuDNN's dlopen handle; handle: the device's cudnnHandle_t, bound to `stream`; choices: the backend's
+  // store of choices kept across processes (null: none). None is owned.
+  CudnnSdpa(void* library, void* handle, cudaStream_t stream, ChoiceStore* choices);
   ~CudnnSdpa();
   bool available() const { return api_ != nullptr; }
   const std::string& why_unavailable() const { return why_; }
@@ -82,7 +83,7 @@ class CudnnSdpa {
   std::string why_;
   std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
-  std::unique_ptr<ChoiceStore> choices_;  // earlier processes' choices, for this card, driver, cuDNN and binary
+  ChoiceStore* choices_ = nullptr;  // earlier processes' choices, for this card, driver, cuDNN and binary
 };
 
 }  // namespace atelier::cuda
