@@ -9,7 +9,8 @@
 // versions, the binary itself: a rebuilt binary starts afresh, so a changed kernel is always measured). A file of
 // another fingerprint, or one that does not parse, is ignored and replaced; a choice is only ever a speed
 // decision between candidates that compute the same thing, so a stale or lost file costs time, never a result.
-// Writers merge what other processes wrote since (read, merge, write a temporary file, rename).
+// Writers merge what other processes wrote since (read, merge, write a temporary file, rename); two writing at the
+// same instant can still drop the other's newest entries, which are then timed again by a later process.
 //
 // Environment: ATELIER_PLAN_CACHE=0 turns stores off; ATELIER_PLAN_CACHE=DIR keeps them in DIR; otherwise
 // $XDG_CACHE_HOME/atelier, else $HOME/.cache/atelier.

@@ -6,13 +6,13 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "backend/choice_store.h"
-
 #include "backend/cuda/cuda_common.h"
 
 namespace atelier::cuda {
