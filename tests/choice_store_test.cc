@@ -71,6 +71,16 @@ TEST(ChoiceStore, WritersMergeWhatOthersWroteSince) {
   EXPECT_EQ(later.get("c"), 3);
 }
 
+// Keys from shapes: parts separated by spaces, sequences bracketed, so that different shapes never share a key.
+TEST(ChoiceStore, KeysSpellTheirPartsUnambiguously) {
+  const std::vector<int64_t> a{1, 2}, b{3}, c{1}, d{2, 3};
+  EXPECT_EQ(choice_key("conv path", std::make_tuple(a, 7, true, std::string("x y")), "of", size_t(3)),
+            "conv path [1,2] 7 1 x y of 3");
+  EXPECT_EQ(choice_key("sdpa", std::array<int64_t, 3>{2, 8, 40}), "sdpa [2,8,40]");
+  EXPECT_NE(choice_key(a, b), choice_key(c, d));
+  EXPECT_EQ(choice_key(), "");
+}
+
 TEST(ChoiceStore, EmptyFolderKeepsNothingAndTheEnvironmentChoosesTheFolder) {
   ChoiceStore off("", "fp");
   EXPECT_FALSE(off.enabled());

@@ -29,6 +29,17 @@ Expected<ClipTextModel> load_tiny_clip(const std::filesystem::path& dir, DType d
   return ClipTextModel::load(store, ClipLayout::kTransformers, cfg, cuda0(), dtype);
 }
 
+// The model with its recordings, and a copy sharing its weights with recording off (the eager reference).
+struct GraphedAndEager {
+  ClipTextModel graphed, eager;
+};
+Expected<GraphedAndEager> graphed_and_eager(const std::filesystem::path& dir, DType dtype) {
+  ATELIER_ASSIGN_OR_RETURN(ClipTextModel graphed, load_tiny_clip(dir, dtype));
+  ClipTextModel eager = graphed;
+  eager.set_graph_options({.enabled = false});
+  return GraphedAndEager{std::move(graphed), std::move(eager)};
+}
+
 // [rows, 77] i32 on the host: the fixture's prompt with a few ids changed per row and call.
 Tensor prompt_ids(int64_t rows, int salt) {
   const std::vector<float> base = test::golden("sd15-tiny", "tokens.0").to_vector();
@@ -46,20 +57,20 @@ TEST(CudaGraph, ClipTextReplayEqualsEagerAtEachClipSkip) {
   ATELIER_REQUIRE_CUDA();
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
   for (DType dt : {DType::F32, DType::BF16}) {
-    auto graphed = load_tiny_clip(dir, dt);
-    ASSERT_TRUE(graphed.has_value()) << graphed.status().message();
-    ClipTextModel eager = *graphed;  // shares the weights; recording off
-    eager.set_graph_options({.enabled = false});
+    auto models = graphed_and_eager(dir, dt);
+    ASSERT_TRUE(models.has_value()) << models.status().message();
+    ClipTextModel& graphed = models->graphed;
+    ClipTextModel& eager = models->eager;
     double worst = 0;
     for (int call = 0; call < 5; ++call)
       for (int skip : {1, 2}) {
         const Tensor ids = prompt_ids(1, call).to(cuda0());
-        auto a = graphed->forward(ids, skip);
+        auto a = graphed.forward(ids, skip);
         auto b = eager.forward(ids, skip);
         ASSERT_TRUE(a.has_value() && b.has_value());
         worst = std::max(worst, test::rel_l2(a->to_vector(), b->to_vector()));
       }
-    const GraphRunner::Stats last = graphed->graphs(1).stats(), penultimate = graphed->graphs(2).stats();
+    const GraphRunner::Stats last = graphed.graphs(1).stats(), penultimate = graphed.graphs(2).stats();
     std::printf("[ figures  ] CLIP %s: replay vs eager worst rel L2 %.3g over 5 calls at clip skip 1 and 2; "
                 "%lld + %lld captures, %lld + %lld replays\n",
                 std::string(dtype_name(dt)).c_str(), worst, (long long)last.captures, (long long)penultimate.captures,
@@ -80,14 +91,14 @@ TEST(CudaGraph, ClipTextBucketsShareOneRecording) {
   ATELIER_REQUIRE_CUDA();
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
   for (DType dt : {DType::F32, DType::BF16}) {
-    auto graphed = load_tiny_clip(dir, dt);
-    ASSERT_TRUE(graphed.has_value()) << graphed.status().message();
-    ClipTextModel eager = *graphed;
-    eager.set_graph_options({.enabled = false});
+    auto models = graphed_and_eager(dir, dt);
+    ASSERT_TRUE(models.has_value()) << models.status().message();
+    ClipTextModel& graphed = models->graphed;
+    ClipTextModel& eager = models->eager;
     const double tol = dt == DType::F32 ? 1e-5 : 1e-2;  // rows of a 4-row call against a 3-row call's
     for (int call = 0; call < 3; ++call) {
       const Tensor ids = prompt_ids(3, call);  // host ids: the runner copies them to the device
-      auto a = graphed->forward(ids);
+      auto a = graphed.forward(ids);
       auto b = eager.forward(ids);
       ASSERT_TRUE(a.has_value() && b.has_value());
       ASSERT_EQ(a->shape(), b->shape());
@@ -95,10 +106,10 @@ TEST(CudaGraph, ClipTextBucketsShareOneRecording) {
       EXPECT_REL_L2_LE(a->to_vector(), b->to_vector(), tol);
     }
     const Tensor four = prompt_ids(4, 9);
-    auto a = graphed->forward(four), b = eager.forward(four);
+    auto a = graphed.forward(four), b = eager.forward(four);
     ASSERT_TRUE(a.has_value() && b.has_value());
     EXPECT_EQ(a->to_vector(), b->to_vector()) << "a 4-row replay of the 4-row recording";
-    const GraphRunner::Stats s = graphed->graphs().stats();
+    const GraphRunner::Stats s = graphed.graphs().stats();
     EXPECT_EQ(s.captures, 1);
     EXPECT_EQ(s.replays, 2);
     EXPECT_EQ(s.capture_failures, 0) << s.last_failure;

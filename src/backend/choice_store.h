@@ -15,13 +15,62 @@
 // Environment: ATELIER_PLAN_CACHE=0 turns stores off; ATELIER_PLAN_CACHE=DIR keeps them in DIR; otherwise
 // $XDG_CACHE_HOME/atelier, else $HOME/.cache/atelier.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
 
 namespace atelier {
+
+namespace choice_key_detail {
+inline void append(std::string& s, const std::string& v) { s += v; }
+inline void append(std::string& s, const char* v) { s += v; }
+template <typename T>
+  requires std::is_arithmetic_v<T>
+void append(std::string& s, T v) {
+  s += std::to_string(v);
+}
+// A sequence in brackets, so that ([1, 2], [3]) and ([1], [2, 3]) read differently.
+template <typename Seq>
+void append_sequence(std::string& s, const Seq& seq) {
+  s += '[';
+  bool first = true;
+  for (const auto& v : seq) {
+    if (!first) s += ',';
+    first = false;
+    append(s, v);
+  }
+  s += ']';
+}
+template <typename T>
+void append(std::string& s, const std::vector<T>& v) {
+  append_sequence(s, v);
+}
+template <typename T, size_t N>
+void append(std::string& s, const std::array<T, N>& v) {
+  append_sequence(s, v);
+}
+// A tuple's parts, separated by spaces.
+template <typename... T>
+void append(std::string& s, const std::tuple<T...>& t) {
+  bool first = true;
+  std::apply([&](const auto&... part) { ((s += first ? "" : " ", first = false, append(s, part)), ...); }, t);
+}
+}  // namespace choice_key_detail
+
+// A ChoiceStore key from the parts that name a choice (strings, numbers, and vectors, arrays and tuples of them),
+// separated by spaces: choice_key("sdpa", shape) -> "sdpa [2,8,4096,40]".
+template <typename... Parts>
+std::string choice_key(const Parts&... parts) {
+  std::string s;
+  choice_key_detail::append(s, std::tie(parts...));
+  return s;
+}
 
 class ChoiceStore {
  public:

@@ -8,8 +8,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <tuple>
-#include <type_traits>
 #include <vector>
 
 #include "backend/choice_store.h"
@@ -118,31 +116,6 @@ inline bool stream_capturing(cudaStream_t stream) {
   return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
 }
 
-namespace timed_choice_detail {
-// A TimedChoice key as text, for the choices kept across processes: numbers, strings and vectors of them.
-inline void append(std::string& s, const std::string& v) { s += v; }
-template <typename T>
-  requires std::is_arithmetic_v<T>
-void append(std::string& s, T v) {
-  s += std::to_string(v);
-}
-template <typename T>
-void append(std::string& s, const std::vector<T>& v) {
-  s += '[';
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ',';
-    append(s, v[i]);
-  }
-  s += ']';
-}
-template <typename... T>
-std::string key_text(const std::tuple<T...>& key) {
-  std::string s;
-  std::apply([&s](const auto&... part) { ((append(s, part), s += ' '), ...); }, key);
-  return s;
-}
-}  // namespace timed_choice_detail
-
 // Per key (a shape), which of a few candidates is fastest: all timed in turns (time_in_turns, each run once before,
 // so that planning and tuning are not timed) at the key's first eager call, the answer kept. Under capture an unknown
 // key answers 0 (the first) without deciding. `log`, where given, sees every time (-1: failed) and the answer. The
@@ -161,7 +134,7 @@ class TimedChoice {
       if (it != answers_.end()) return it->second;
       store = store_;
       // The candidate count is part of the key: a stored index always names one of today's candidates.
-      if (store) stored_key = site_ + " " + timed_choice_detail::key_text(key) + "of " + std::to_string(candidates.size());
+      if (store) stored_key = choice_key(site_, key, "of", candidates.size());
     }
     // Under capture nothing is decided, stored answers included: the winner's first run may plan (a cuDNN plan,
     // a workspace), which a recording cannot hold.

@@ -97,14 +97,7 @@ bool execute_sdpa(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor
 // The stored value of a shape whose faster path is our kernel (cuDNN's are engine indices, >= 0).
 constexpr int64_t kStoredOurs = -1;
 
-std::string stored_key(const std::array<int64_t, 20>& key) {
-  std::string s = "sdpa";
-  for (int64_t v : key) {
-    s += ' ';
-    s += std::to_string(v);
-  }
-  return s;
-}
+std::string stored_key(const std::array<int64_t, 20>& key) { return choice_key("sdpa", key); }
 
 }  // namespace sdpa_detail
 
