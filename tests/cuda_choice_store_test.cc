@@ -1,16 +1,25 @@
-// TimedChoice with a store of choices kept across processes (cuda_event_timing.h, backend/choice_store.h): the
-// first process times its candidates and keeps the answer; a later one (a new TimedChoice on a new store of the same
-// file) takes it without running any candidate; a different candidate list is timed afresh. Skips without a GPU.
+// Choices kept across processes (backend/choice_store.h) by TimedChoice (cuda_event_timing.h), cuBLASLt's
+// algorithm per product (GemmEngine) and cuDNN's convolution plans (ConvGraph): the first process times its
+// candidates and keeps the answer; a later one (new engines on a new store of the same file) takes it without
+// timing anything and computes the same result; a different candidate list, or an answer that names no candidate,
+// is timed afresh. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "backend/choice_store.h"
+#include "backend/cuda/cuda_conv.h"
+#include "backend/cuda/cuda_conv_graph.h"
 #include "backend/cuda/cuda_event_timing.h"
+#include "backend/cuda/cuda_gemm.h"
 #include "cuda_test_util.h"
+#include "ops_test_util.h"
 #include "test_util.h"
 
 namespace atelier {
@@ -68,6 +77,204 @@ TEST(CudaTimedChoice, ALaterProcessTakesTheKeptAnswerWithoutTiming) {
   cudaFree(buf);
   cudaStreamDestroy(stream);
 }
+
+
+// y as host f32 values (y on cuda:0, after the stream's work).
+std::vector<float> host_values(const Tensor& y) {
+  EXPECT_EQ(cudaStreamSynchronize(test::cuda_be().stream()), cudaSuccess);
+  const Tensor h = ops::cast(ops::to_device(y, Device::cpu()), DType::F32);
+  return std::vector<float>(h.data<float>(), h.data<float>() + h.numel());
+}
+
+// Rewrites every answer kept in the store files of `dir` to `value` (an answer that names no candidate).
+void overwrite_answers(const std::filesystem::path& dir, int64_t value) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(entry.path());
+    nlohmann::json j = nlohmann::json::parse(in);
+    for (auto& [key, answer] : j["choices"].items()) answer = value;
+    std::ofstream(entry.path()) << j.dump();
+  }
+}
+
+// What each engine test starts from: cuda:0's stream, an allocator on it, an empty store folder, and the stores
+// that one process after another opens there.
+class CudaKeptChoices : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ATELIER_REQUIRE_CUDA();
+    stream = test::cuda_be().stream();
+    alloc = std::make_unique<cuda::DeviceAllocator>(0, stream);
+  }
+  // What the next process opens.
+  ChoiceStore* next_store() {
+    stores_.push_back(std::make_unique<ChoiceStore>(dir.path.string(), "card; driver; cudnn; cublasLt; binary"));
+    return stores_.back().get();
+  }
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<cuda::DeviceAllocator> alloc;
+  test::TempDir dir;
+
+ private:
+  std::vector<std::unique_ptr<ChoiceStore>> stores_;
+};
+
+// C [m, n] += A [m, k] B[n, k]^T in bf16 with f32 accumulation (a residual product: timed from 1 GFLOP on).
+struct ResidualProduct {
+  static constexpr int64_t kM = 1024, kN = 1024, kK = 1024;  // 2.1 GFLOP
+  Tensor a = test::to_gpu(test::random_tensor({kM, kK}, 11), DType::BF16);
+  Tensor b = test::to_gpu(test::random_tensor({kN, kK}, 12, 1.0f / 32), DType::BF16);
+  // Runs the product on `engine` into a new C of the same values each time; C's values after it.
+  std::vector<float> run(cuda::GemmEngine& engine) const {
+    const Tensor c = test::to_gpu(test::random_tensor({kM, kN}, 13), DType::BF16);
+    cuda::GemmCall call;
+    call.m = kM, call.n = kN, call.k = kK;
+    call.a = {a.raw(), DType::BF16, kK, 0, false};
+    call.b = {b.raw(), DType::BF16, kK, 0, true};
+    call.c = c.raw(), call.c_dtype = DType::BF16, call.ldc = kN, call.beta = 1.0f;
+    EXPECT_EQ(cudaStreamSynchronize(test::cuda_be().stream()), cudaSuccess);
+    engine.run(call, false);
+    return host_values(c);
+  }
+};
+
+TEST_F(CudaKeptChoices, ALaterProcessTakesTheKeptGemmAlgorithmWithoutTiming) {
+  const ResidualProduct product;
+  cuda::GemmEngine first(0, stream, *alloc);
+  first.keep_choices_in(next_store());
+  const std::vector<float> want = product.run(first);
+  ASSERT_EQ(first.tune_counts().timed, 1) << "a 2.1 GFLOP residual product is timed at its first call";
+  EXPECT_EQ(first.tune_counts().from_store, 0);
+
+  cuda::GemmEngine later(0, stream, *alloc);
+  later.keep_choices_in(next_store());
+  const std::vector<float> got = product.run(later);
+  EXPECT_EQ(later.tune_counts().timed, 0) << "a kept answer was timed again";
+  EXPECT_EQ(later.tune_counts().from_store, 1);
+  EXPECT_EQ(got, want) << "the kept algorithm computed other bits than the one the first process chose";
+
+  // An answer that names none of today's candidates is ignored: the shape is timed afresh.
+  overwrite_answers(dir.path, 1000);
+  cuda::GemmEngine stale(0, stream, *alloc);
+  stale.keep_choices_in(next_store());
+  product.run(stale);
+  EXPECT_EQ(stale.tune_counts().timed, 1);
+  EXPECT_EQ(stale.tune_counts().from_store, 0);
+}
+
+// A channels-last 3x3 convolution at an SD shape (cuDNN offers several plans for it) on a ConvEngine of its own.
+struct SdConvolution {
+  static constexpr int64_t kN = 2, kC = 320, kH = 32, kW = 32;
+  const cuda::ConvShape shape{kN, kC, kH, kW, kC, 3, 3, kH, kW};
+  const Conv2dParams params{1, 1, 1, 1, 1, 1, 1};
+  Tensor x = test::to_gpu(test::random_tensor({kN, kH, kW, kC}, 21), DType::BF16);                  // NHWC
+  Tensor w = test::to_gpu(test::random_tensor({kC, 3, 3, kC}, 22, 1.0f / 54), DType::BF16);         // [O, kh, kw, C]
+  Tensor addend = test::to_gpu(test::random_tensor({kN, kH, kW, kC}, 23), DType::BF16);             // NHWC
+  Tensor empty_y() const { return Tensor::empty({kN, kH, kW, kC}, DType::BF16, test::cuda0()); }
+};
+
+bool graph_api_ready(const cuda::ConvEngine& engine) {
+  return engine.available() && cuda::conv_graph_enabled() && cuda::conv_graph_autotune() &&
+         engine.version().find("(graph API") != std::string::npos;
+}
+
+TEST_F(CudaKeptChoices, ALaterProcessTakesTheKeptConvolutionPlanWithoutTiming) {
+  const SdConvolution conv;
+  const auto run = [&](cuda::ConvEngine& engine) {
+    Tensor y = conv.empty_y();
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(engine.forward(y.raw(), conv.x.raw(), conv.w.raw(), DType::BF16, conv.shape, conv.params, false, *alloc, true));
+    return host_values(y);
+  };
+
+  cuda::ConvEngine first(0, stream);
+  if (!graph_api_ready(first)) GTEST_SKIP() << "cuDNN's graph API is not in use: " << first.version();
+  first.keep_choices_in(next_store());
+  cuda::ConvGraphStats before = cuda::conv_graph_stats();
+  const std::vector<float> want = run(first);
+  cuda::ConvGraphStats after = cuda::conv_graph_stats();
+  ASSERT_EQ(after.plans - before.plans, 1);
+  EXPECT_EQ(after.from_store - before.from_store, 0);
+  std::printf("[ conv     ] first process: %lld shape timed\n", (long long)(after.autotuned - before.autotuned));
+
+  cuda::ConvEngine later(0, stream);
+  later.keep_choices_in(next_store());
+  before = cuda::conv_graph_stats();
+  const std::vector<float> got = run(later);
+  after = cuda::conv_graph_stats();
+  EXPECT_EQ(after.plans - before.plans, 1);
+  EXPECT_EQ(after.from_store - before.from_store, 1);
+  EXPECT_EQ(after.autotuned - before.autotuned, 0) << "a kept plan was timed again";
+  EXPECT_EQ(got, want) << "the kept plan computed other bits than the one the first process chose";
+
+  // A kept answer that names no configuration the heuristics offer: planned (and timed) afresh.
+  overwrite_answers(dir.path, int64_t(1) << 40);
+  cuda::ConvEngine stale(0, stream);
+  stale.keep_choices_in(next_store());
+  before = cuda::conv_graph_stats();
+  EXPECT_EQ(run(stale), want);
+  after = cuda::conv_graph_stats();
+  EXPECT_EQ(after.from_store - before.from_store, 0);
+  EXPECT_EQ(after.plans - before.plans, 1);
+}
+
+// The fused epilogue's verdict (kept, or the separate pass) is kept too: a later process that finds "not fused"
+// builds no fused plan and runs neither the comparison nor the check; one that finds a kept fused plan times
+// nothing but still checks the plan's result once.
+class CudaKeptFusedVerdict : public CudaKeptChoices {
+ protected:
+  // agree: whether the result check passes (else the first process refuses the fusion).
+  void check_a_later_process_keeps_the_verdict(bool agree) {
+    const SdConvolution conv;
+    const size_t y_bytes = conv.addend.nbytes();
+    std::shared_ptr<Buffer> slow = alloc->allocate(size_t(256) << 20);  // the separate pass's stand-in: a long memset
+    int separate_calls = 0, checks = 0;
+    const auto fused_run = [&](cuda::ConvEngine& engine) {
+      Tensor y = conv.empty_y();
+      cuda::ConvEpilogue e;
+      e.addend = conv.addend.raw();
+      // A separate pass slower than any fused kernel, so that a fused plan that agrees is kept by measure.
+      e.separate = [&] { ++separate_calls, cudaMemsetAsync(slow->data(), 0, slow->bytes(), stream); };
+      // The check: fused = plain + addend to rounding (y holds the plain plan's output here), or a refusal.
+      e.agrees = [&](const void* fused_y) {
+        ++checks;
+        if (!agree) return false;
+        std::vector<uint16_t> f(y_bytes / 2), plain(y_bytes / 2);
+        cudaStreamSynchronize(stream);
+        cudaMemcpy(f.data(), fused_y, y_bytes, cudaMemcpyDeviceToHost);
+        cudaMemcpy(plain.data(), y.raw(), y_bytes, cudaMemcpyDeviceToHost);
+        const std::vector<float> add = host_values(conv.addend);
+        for (size_t i = 0; i < f.size(); ++i)
+          if (std::fabs(bf16_to_float(f[i]) - (bf16_to_float(plain[i]) + add[i])) > 0.05f) return false;
+        return true;
+      };
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      return engine.forward_fused(y.raw(), conv.x.raw(), conv.w.raw(), DType::BF16, conv.shape, conv.params, *alloc, e);
+    };
+
+    cuda::ConvEngine first(0, stream);
+    if (!graph_api_ready(first) || cuda::conv_fused_epilogue() != cuda::ConvFusedEpilogue::kAuto)
+      GTEST_SKIP() << "cuDNN's graph API with measured fusion is not in use: " << first.version();
+    first.keep_choices_in(next_store());
+    const bool fused = fused_run(first);
+    if (agree && !fused && checks == 0) GTEST_SKIP() << "cuDNN offers no fused plan for this convolution";
+    EXPECT_EQ(fused, agree) << "a fused plan that agrees beats a 256 MiB memset, and one that does not is refused";
+    EXPECT_GT(separate_calls, 1) << "the first process compared the fused plan with the separate pass";
+
+    separate_calls = checks = 0;
+    cuda::ConvEngine later(0, stream);
+    later.keep_choices_in(next_store());
+    const cuda::ConvGraphStats before = cuda::conv_graph_stats();
+    EXPECT_EQ(fused_run(later), fused);
+    const cuda::ConvGraphStats after = cuda::conv_graph_stats();
+    EXPECT_EQ(after.autotuned - before.autotuned, 0) << "a kept plan was timed again";
+    EXPECT_GE(after.from_store - before.from_store, 1);
+    EXPECT_EQ(checks, fused ? 1 : 0) << (fused ? "a kept fused plan's result is checked once" : "a refused fusion is not tried again");
+    EXPECT_EQ(separate_calls, fused ? 1 : 0) << "the later process compared the fused plan again";
+  }
+};
+
+TEST_F(CudaKeptFusedVerdict, AFusedPlanThatAgreesIsKeptAndOnlyCheckedAgain) { check_a_later_process_keeps_the_verdict(true); }
+TEST_F(CudaKeptFusedVerdict, ARefusedFusionIsNotTriedAgain) { check_a_later_process_keeps_the_verdict(false); }
 
 }  // namespace
 }  // namespace atelier

@@ -143,6 +143,8 @@ GemmEngine& CudaBackend::gemm_engine() {
   std::lock_guard<std::mutex> lock(engines_mu_);
   if (!gemm_) {
     gemm_ = std::make_unique<GemmEngine>(index_, stream_, alloc_);
+    conv_engine_locked();  // makes the choice store, whose fingerprint names cuDNN's version too
+    gemm_->keep_choices_in(choices_.get());
     if (cc_major_ == 9)  // the kernel is sm_90's (wgmma, TMA)
       gemm_->set_own_kernel([this](const GemmCall& call, void* out) {
         return run_own_linear_call(call, out, cc_major_, sm_count_, max_smem_optin_, stream_);
@@ -171,6 +173,7 @@ ConvEngine& CudaBackend::conv_engine_locked() {
   if (!conv_) {
     conv_ = std::make_unique<ConvEngine>(index_, stream_);
     choices_ = std::make_unique<ChoiceStore>(ChoiceStore::default_dir(), choice_fingerprint(index_, *conv_));
+    conv_->keep_choices_in(choices_.get());
     conv_choices_.keep_in(choices_.get(), "conv path");
     upsample_phase_choices_.keep_in(choices_.get(), "upsampler phases");
     conv_concat_choices_.keep_in(choices_.get(), "conv concat");

@@ -399,6 +399,10 @@ ConvEngine::ConvEngine(int device, cudaStream_t stream) : device_(device), strea
 
 ConvEngine::~ConvEngine() { plans_.clear(); }  // the handle lives as long as the process
 
+void ConvEngine::keep_choices_in(ChoiceStore* store) {
+  if (graph_) graph_->keep_choices_in(store);
+}
+
 void* ConvEngine::library() const { return api_ ? api_->library : nullptr; }
 
 std::string ConvEngine::version() const {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/choice_store.h"
 #include "backend/cuda/cuda_allocator.h"
 
 namespace atelier::cuda {
@@ -78,6 +79,8 @@ class ConvEngine {
   // forward() and the epilogue as its own pass.
   bool forward_fused(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p,
                      DeviceAllocator& alloc, const ConvEpilogue& epilogue);
+  // The graph path's plan choices are also kept in `store` (not owned; null: this process only).
+  void keep_choices_in(ChoiceStore* store);
 
  private:
   struct Plan;

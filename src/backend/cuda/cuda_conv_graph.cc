@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -52,7 +53,7 @@ std::atomic<ConvFusedEpilogue>& fused_epilogue_mode() {
 }
 
 struct Counters {
-  std::atomic<int64_t> plans{0}, declined{0}, autotuned{0}, runs{0}, fused_plans{0}, fused_declined{0}, fused_runs{0};
+  std::atomic<int64_t> plans{0}, declined{0}, autotuned{0}, runs{0}, fused_plans{0}, fused_declined{0}, fused_runs{0}, from_store{0};
 };
 Counters& counters() {
   static Counters c;
@@ -175,9 +176,34 @@ struct PlanningBudget {
   bool over() const { return std::chrono::steady_clock::now() > deadline; }
 };
 
-// The finalized plans a shape's graph offers, and what was offered and refused on the way (for the log).
+// Where a configuration came from: its heuristics mode and place in that mode's list, and its engine. Kept in the
+// choice store for the plan chosen, so that a later process finalizes that configuration only (the store's
+// fingerprint pins the card and cuDNN's version, so the heuristics list the same configurations; the engine is
+// checked all the same).
+struct PlanOrigin {
+  int64_t engine = -1;
+  bool fallback = false;
+  int position = 0;
+};
+constexpr int kPositionBits = 15;  // places in a heuristics list (kMaxEngineConfigs) fit with room to spare
+static_assert(kMaxEngineConfigs < (1 << kPositionBits));
+// A stored answer for a fused shape: its epilogue runs as the separate pass (slower fused, or a different result).
+constexpr int64_t kStoredNotFused = -1;
+constexpr int64_t kNothingStored = -2;
+
+int64_t stored_value(const PlanOrigin& o) {
+  return (o.engine << (kPositionBits + 1)) | (int64_t(o.position) << 1) | (o.fallback ? 1 : 0);
+}
+std::optional<PlanOrigin> stored_origin(int64_t v) {
+  if (v < 0) return std::nullopt;
+  return PlanOrigin{v >> (kPositionBits + 1), (v & 1) != 0, int((v >> 1) & ((1 << kPositionBits) - 1))};
+}
+
+// The finalized plans a shape's graph offers, where each came from, and what was offered and refused on the way
+// (for the log).
 struct CandidateSearch {
   std::vector<Candidate> list;
+  std::vector<PlanOrigin> origins;  // list[i]'s
   int offered = 0, refused = 0;
   std::string why = "heuristics gave no engine configuration";
 };
@@ -190,7 +216,9 @@ CandidateSearch find_candidates(const CudnnGraphApi& a, cudnnHandle_t handle, co
   const size_t wanted = conv_graph_autotune() ? (fused ? kMaxFusedCandidates : kMaxTimedCandidates) : 1;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     if (!found.list.empty()) break;
+    int position = -1;
     for (Descriptor& cfg : engine_configs(a, graph, mode, &found.why)) {
+      ++position;
       if (found.list.size() >= wanted) break;
       ++found.offered;
       Candidate c;
@@ -211,8 +239,30 @@ CandidateSearch find_candidates(const CudnnGraphApi& a, cudnnHandle_t handle, co
         budget.cut = true;
         break;
       }
-      if (make_plan(a, handle, c, &found.why)) found.list.push_back(std::move(c));
+      const PlanOrigin origin{c.engine.index, mode == CUDNN_HEUR_MODE_FALLBACK, position};
+      if (make_plan(a, handle, c, &found.why)) {
+        found.list.push_back(std::move(c));
+        found.origins.push_back(origin);
+      }
     }
+  }
+  return found;
+}
+
+// The configuration an earlier process chose, finalized: found at its place in its heuristics mode's list, with
+// the same engine; an empty list when the heuristics no longer offer it there (the caller then searches afresh).
+CandidateSearch stored_candidate(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& graph, const PlanOrigin& o) {
+  CandidateSearch found;
+  std::vector<Descriptor> configs = engine_configs(a, graph, o.fallback ? CUDNN_HEUR_MODE_FALLBACK : CUDNN_HEUR_MODE_A, &found.why);
+  if (size_t(o.position) >= configs.size()) return found;
+  Candidate c;
+  c.engine = engine_info(a, configs[size_t(o.position)]);
+  if (c.engine.index != o.engine || !c.engine.acceptable) return found;
+  c.cfg = std::move(configs[size_t(o.position)]);
+  ++found.offered;
+  if (make_plan(a, handle, c, &found.why)) {
+    found.list.push_back(std::move(c));
+    found.origins.push_back(o);
   }
   return found;
 }
@@ -312,7 +362,7 @@ using namespace conv_graph_detail;
 ConvGraphStats conv_graph_stats() {
   const Counters& c = counters();
   return ConvGraphStats{c.plans.load(),       c.declined.load(),       c.autotuned.load(), c.runs.load(),
-                        c.fused_plans.load(), c.fused_declined.load(), c.fused_runs.load()};
+                        c.fused_plans.load(), c.fused_declined.load(), c.fused_runs.load(), c.from_store.load()};
 }
 
 ConvFusedEpilogue conv_fused_epilogue() { return fused_epilogue_mode().load(); }
@@ -365,41 +415,63 @@ ConvGraph::Plan* ConvGraph::plan_for(void* y, const void* x, const void* w, DTyp
       std::fprintf(stderr, "[cudnn graph] %s: %s (%s)\n", what.c_str(), fused ? "separate epilogue" : "legacy path", why.c_str());
     return nullptr;
   };
+  // An earlier process's answer, where answers are timed ones (autotuning on; a fused epilogue kept by measure).
+  const bool storable = choices_ && conv_graph_autotune() && (!fused || conv_fused_epilogue() == ConvFusedEpilogue::kAuto);
+  const std::string stored_key = storable ? choice_key("cudnn conv", key) : std::string();
+  const int64_t stored = storable ? choices_->get(stored_key).value_or(kNothingStored) : kNothingStored;
+  if (fused && stored == kStoredNotFused) {
+    counters().from_store.fetch_add(1);
+    return decline("stored choice");
+  }
 
   Builder b(a);
   plan->graph = build_graph(b, handle, dtype, s, p, epilogue);
   if (!b.ok()) return decline(b.why());
-  CandidateSearch found = find_candidates(a, handle, plan->graph.graph, fused, budget);
+  const std::optional<PlanOrigin> kept = stored_origin(stored);
+  CandidateSearch found;
+  if (kept) found = stored_candidate(a, handle, plan->graph.graph, *kept);
+  const bool from_store = !found.list.empty();
+  if (from_store) counters().from_store.fetch_add(1);
+  if (!from_store) found = find_candidates(a, handle, plan->graph.graph, fused, budget);
   std::vector<Candidate>& candidates = found.list;
   if (candidates.empty())
     return decline(std::to_string(found.offered) + " configurations, " + std::to_string(found.refused) +
                    (fused ? " refused for numerics or runtime compilation; " : " refused for numerics; ") + found.why);
   float first_ms = -1.0f;  // the heuristics' first choice, for the log
-  const int best = fastest_candidate(a, handle, stream_, candidates, ops, alloc, budget, &first_ms);
+  const int best = from_store ? 0 : fastest_candidate(a, handle, stream_, candidates, ops, alloc, budget, &first_ms);
   if (best < 0) return decline("every plan failed to execute");
   const std::string timings = log_enabled() ? candidate_timings(candidates) : std::string();
   plan->chosen = std::move(candidates[size_t(best)]);
-  std::string why_not;
-  if (fused && !keep_fused(*plan, y, x, w, dtype, s, p, alloc, *epilogue, &why_not))
-    return decline(why_not);  // remembered: plan->valid stays false
+  if (fused) {
+    std::string why_not;
+    const FusedVerdict verdict = keep_fused(*plan, y, x, w, dtype, s, p, alloc, *epilogue, !from_store, &why_not);
+    if (verdict != FusedVerdict::kKeep) {
+      if (storable && (verdict == FusedVerdict::kSlower || verdict == FusedVerdict::kDiffers))
+        choices_->put(stored_key, kStoredNotFused);
+      return decline(why_not);  // remembered: plan->valid stays false
+    }
+  }
   plan->valid = true;
   (fused ? counters().fused_plans : counters().plans).fetch_add(1);
+  if (storable && !from_store) choices_->put(stored_key, stored_value(found.origins[size_t(best)]));
   if (log_enabled())
     std::fprintf(stderr,
                  "[cudnn graph] %s: %d configurations (%d refused for numerics), %zu plans; engine %lld%s, workspace %lld B, "
-                 "%.4f ms (heuristics' first: %.4f ms)%s; engine:ms%s\n",
+                 "%.4f ms (heuristics' first: %.4f ms)%s%s; engine:ms%s\n",
                  what.c_str(), found.offered, found.refused, candidates.size(), (long long)plan->chosen.engine.index,
                  plan->chosen.engine.runtime_compiled ? " (runtime-compiled)" : "", (long long)plan->chosen.workspace,
-                 double(plan->chosen.ms), double(first_ms), budget.cut ? ", planning budget reached" : "", timings.c_str());
+                 double(plan->chosen.ms), double(first_ms), budget.cut ? ", planning budget reached" : "",
+                 from_store ? ", stored choice" : "", timings.c_str());
   return plan;
 }
 
-bool ConvGraph::keep_fused(Plan& fused, void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
-                           const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue& epilogue, std::string* why) {
+ConvGraph::FusedVerdict ConvGraph::keep_fused(Plan& fused, void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
+                                              const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue& epilogue,
+                                              bool timed, std::string* why) {
   Plan* plain = plan_for(y, x, w, dtype, s, p, alloc, nullptr);
   if (!plain || !epilogue.separate || !epilogue.agrees) {
     *why = plain ? "no separate pass to compare it with" : "no plain graph-API plan to compare it with";
-    return false;
+    return FusedVerdict::kNotCompared;
   }
   const CudnnGraphApi& a = *api_;
   const auto handle = static_cast<cudnnHandle_t>(handle_);
@@ -411,7 +483,7 @@ bool ConvGraph::keep_fused(Plan& fused, void* y, const void* x, const void* w, D
     scratch = alloc.allocate(y_bytes);
   } catch (const Error&) {
     *why = "no memory to compare it with the separate pass";
-    return false;
+    return FusedVerdict::kNotCompared;
   }
   void* wsp = ws ? ws->data() : nullptr;
   std::string ignored;
@@ -423,7 +495,7 @@ bool ConvGraph::keep_fused(Plan& fused, void* y, const void* x, const void* w, D
     epilogue.separate();
     return true;
   };
-  if (conv_fused_epilogue() == ConvFusedEpilogue::kAuto) {
+  if (timed && conv_fused_epilogue() == ConvFusedEpilogue::kAuto) {
     EventPair events;
     const std::vector<float> ms = events.ok ? time_in_turns(events, stream_, kConfirmRounds, kTimedRuns,
                                                             {[&] { return fused_into(y); }, separate})
@@ -433,7 +505,7 @@ bool ConvGraph::keep_fused(Plan& fused, void* y, const void* x, const void* w, D
                    shape_text(dtype, s, p, &epilogue).c_str(), double(ms[0]), double(ms[1]));
     if (ms[0] < 0.0f || (ms[1] >= 0.0f && ms[0] >= ms[1])) {
       *why = "slower than the plain plan and the separate pass";
-      return false;
+      return FusedVerdict::kSlower;
     }
   }
   // The fused plan's result must be the separate pass's (to rounding): cuDNN's fused engines returned wrong sums
@@ -441,9 +513,9 @@ bool ConvGraph::keep_fused(Plan& fused, void* y, const void* x, const void* w, D
   // in images.
   if (!fused_into(scratch->data()) || !separate() || !epilogue.agrees(scratch->data())) {
     *why = "its result differs from the plain plan and the separate pass";
-    return false;
+    return FusedVerdict::kDiffers;
   }
-  return true;
+  return FusedVerdict::kKeep;
 }
 
 bool ConvGraph::forward(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p,

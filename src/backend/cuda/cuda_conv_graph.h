@@ -52,6 +52,7 @@ struct ConvGraphStats {
   int64_t fused_plans = 0;     // shapes whose bias/addend run inside cuDNN's kernel
   int64_t fused_declined = 0;  // shapes whose epilogue runs as a separate pass (no plan, slower, or different)
   int64_t fused_runs = 0;      // convolutions executed with a fused epilogue
+  int64_t from_store = 0;      // shapes planned from an earlier process's choice (ConvGraph::keep_choices_in), untimed
 };
 ConvGraphStats conv_graph_stats();
 
@@ -99,6 +100,10 @@ class ConvGraph {
   // path keeps (the caller then runs the plain convolution and its separate pass).
   bool forward(void* y, const void* x, const void* w, DType dtype, const ConvShape& s, const Conv2dParams& p,
                DeviceAllocator& alloc, const ConvEpilogue* epilogue = nullptr);
+  // Each shape's timed answer (the plan chosen; a fused epilogue not kept) is also kept in `store` (not owned;
+  // null: this process only), and an earlier process's answer is taken there: only that plan is finalized,
+  // nothing is timed (a kept fused plan's result is still checked against the separate pass).
+  void keep_choices_in(ChoiceStore* store) { choices_ = store; }
 
  private:
   struct Plan;
@@ -108,14 +113,18 @@ class ConvGraph {
   Plan* plan_for(void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
                  const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue* epilogue);
   // Whether the fused plan `fused` (just chosen for its key) is kept: faster than the plain plan plus the
-  // separate pass (kAuto only), and the same result. Synchronises (planning only); *why says why not.
-  bool keep_fused(Plan& fused, void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
-                  const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue& epilogue, std::string* why);
+  // separate pass (kAuto, unless `timed` is false: an earlier process measured it), and the same result.
+  // Synchronises (planning only); *why says why not.
+  enum class FusedVerdict { kKeep, kSlower, kDiffers, kNotCompared };
+  FusedVerdict keep_fused(Plan& fused, void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
+                          const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue& epilogue, bool timed,
+                          std::string* why);
 
   const CudnnGraphApi* api_ = nullptr;
   void* handle_ = nullptr;  // cudnnHandle_t
   cudaStream_t stream_;
   std::string why_;
+  ChoiceStore* choices_ = nullptr;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 

@@ -138,6 +138,7 @@ struct GemmEngine::Plan {
   std::vector<std::pair<cublasLtMatmulAlgo_t, size_t>> candidates;
   bool tuned = false;
   bool own = false;  // the own kernel measured faster than every timed algorithm
+  std::string site;  // names the plan's kind and shape in the choice store ("gemm [...]", "gemm fp8 [...]")
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -182,6 +183,7 @@ GemmEngine::Plan* GemmEngine::plan_for(const GemmCall& call, bool allow_tf32, in
   auto plan = std::make_unique<Plan>();
   Plan* p = plan.get();
   plans_.emplace(key, std::move(plan));
+  p->site = choice_key("gemm", key);
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   if (cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return nullptr;
   const cublasOperation_t op_a = call.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -266,7 +268,9 @@ bool gemm_autotune() {
 
 // Times the plan's candidate algorithms (the output into a scratch buffer, so that a beta = 1 accumulation is
 // not disturbed) and keeps the fastest, as cudnn.benchmark does for convolutions: cuBLASLt's first heuristic
-// choice is not always its fastest algorithm for a shape.
+// choice is not always its fastest algorithm for a shape. An earlier process's answer for the same candidates
+// (the store's fingerprint pins the card and cuBLASLt's version, so the heuristics list the same algorithms) is
+// taken without timing.
 void GemmEngine::tune(Plan* p, double flops, bool residual, size_t out_bytes, const AlgoRun& run, const std::function<bool(void*)>& own) {
   if (stream_capturing(stream_)) return;  // tuned at the shape's next eager call
   p->tuned = true;
@@ -274,6 +278,22 @@ void GemmEngine::tune(Plan* p, double flops, bool residual, size_t out_bytes, co
   const bool all = flops >= min_tuned_flops(residual) && p->candidates.size() >= 2;
   const bool with_own = own && flops >= kMinOwnTunedFlops;
   if (!all && !with_own) return;
+  const size_t timed = all ? p->candidates.size() : 1;  // cuBLASLt's; then the own kernel's where it is one
+  // The answer: a candidate's index, or `timed` for the own kernel. The key names what was timed.
+  const std::string stored_key = choice_key(p->site, "of", timed, with_own ? "and own" : "alone");
+  if (const std::optional<int64_t> kept = choices_ ? choices_->get(stored_key) : std::nullopt;
+      kept && *kept >= 0 && size_t(*kept) <= timed && (size_t(*kept) < timed || with_own)) {
+    ++from_store_;
+    p->own = size_t(*kept) == timed;
+    if (!p->own) {
+      p->algo = p->candidates[size_t(*kept)].first;
+      p->workspace = p->candidates[size_t(*kept)].second;
+    }
+    if (gemm_log())
+      std::fprintf(stderr, "[atelier gemm] %.3g GFLOP%s: %s (stored choice)\n", flops / 1e9, residual ? " +residual" : "",
+                   p->own ? "own kernel" : ("candidate " + std::to_string(*kept) + " of " + std::to_string(timed)).c_str());
+    return;
+  }
   std::shared_ptr<Buffer> scratch;
   try {
     scratch = alloc_.allocate(out_bytes);
@@ -282,11 +302,11 @@ void GemmEngine::tune(Plan* p, double flops, bool residual, size_t out_bytes, co
   }
   EventPair ev;
   std::vector<std::function<bool()>> runs;
-  const size_t timed = all ? p->candidates.size() : 1;  // cuBLASLt's; then the own kernel's where it is one
   for (size_t i = 0; i < timed; ++i)
     runs.push_back([&, algo = p->candidates[i].first, ws = p->candidates[i].second] { return run(algo, ws, scratch->data()); });
   if (with_own) runs.push_back([&] { return own(scratch->data()); });
   const std::vector<float> ms = time_in_turns(ev, stream_, kTimingRounds, kTimedRuns, runs);
+  ++timed_;
   float best = -1.0f;
   size_t chosen = 0;
   for (size_t i = 0; i < timed; ++i) {
@@ -299,6 +319,7 @@ void GemmEngine::tune(Plan* p, double flops, bool residual, size_t out_bytes, co
   }
   const float own_ms = with_own ? ms.back() : -1.0f;
   p->own = own_ms >= 0.0f && (best < 0.0f || own_ms < best);
+  if (choices_ && (best >= 0.0f || p->own)) choices_->put(stored_key, p->own ? int64_t(timed) : int64_t(chosen));
   if (gemm_log() && best >= 0.0f)
     std::fprintf(stderr, "[atelier gemm] tuned %.3g GFLOP%s: candidate %zu of %zu (%s), %.1f TFLOP/s; the heuristics' first %.1f; own kernel %.1f%s\n",
                  flops / 1e9, residual ? " +residual" : "", chosen, timed, describe_algo(p->algo).c_str(), flops / (best * 1e9),
@@ -385,6 +406,7 @@ GemmEngine::Plan* GemmEngine::plan_for_fp8(const Fp8GemmCall& call, int epilogue
   auto plan = std::make_unique<Plan>();
   Plan* p = plan.get();
   fp8_plans_.emplace(key, std::move(plan));
+  p->site = choice_key("gemm fp8", key);
   if (cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return nullptr;
   const cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;
   const cublasLtEpilogue_t epi = cublasLtEpilogue_t(epilogue);

@@ -17,6 +17,7 @@
 #include <atomic>
 
 #include "backend/backend.h"
+#include "backend/choice_store.h"
 #include "backend/cuda/cuda_allocator.h"
 
 namespace atelier::cuda {
@@ -94,6 +95,14 @@ class GemmEngine {
   // false where it does not take the call (run_own_linear_call). Plans where it measured fastest run it.
   using OwnRun = std::function<bool(const GemmCall& call, void* out)>;
   void set_own_kernel(OwnRun run) { own_ = std::move(run); }
+  // Tuned answers are also kept in `store` (not owned; null: this process only) and taken from it untimed
+  // (backend/choice_store.h). Set before the first product.
+  void keep_choices_in(ChoiceStore* store) { choices_ = store; }
+  // Shapes whose candidates this engine timed, and shapes that took a stored answer instead (tests, diagnostics).
+  struct TuneCounts {
+    int64_t timed = 0, from_store = 0;
+  };
+  TuneCounts tune_counts() const { return {timed_.load(), from_store_.load()}; }
 
  private:
   struct Plan;
@@ -124,6 +133,8 @@ class GemmEngine {
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<Buffer> workspace_;
   OwnRun own_;
+  ChoiceStore* choices_ = nullptr;
+  std::atomic<int64_t> timed_{0}, from_store_{0};
   std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
   std::map<Key, std::unique_ptr<Plan>> fp8_plans_;
