@@ -156,7 +156,7 @@ TEST(Bench, JsonOnTinyFixtureHasEveryField) {
   const auto r = run_cli("bench --model " + q(dir / "model") + " --width 64 --height 64 --steps 3 --warmup 1 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
-  for (const char* k : {"model", "device", "backend", "width", "height", "batch", "unet_batch", "steps", "unet_ms",
+  for (const char* k : {"model", "device", "backend", "width", "height", "batch", "unet_batch", "steps", "warmup_s", "unet_ms",
                         "it_per_s", "s_per_image", "images_per_min", "stages_s", "unet_flops_per_call",
                         "unet_tflops_per_s", "vae_decode_flops", "gemm_ceiling", "pct_of_ceiling", "gpu_busy_pct",
                         "op_time_pct", "nvml_util_pct", "energy_per_call_j", "energy_per_image_j", "mean_power_w",
@@ -166,6 +166,9 @@ TEST(Bench, JsonOnTinyFixtureHasEveryField) {
   EXPECT_EQ(j["unet_batch"], 2);  // CFG doubles the batch
   EXPECT_EQ(j["model_calls"], 3);
   EXPECT_EQ(j["unet_ms"]["calls"], 3);
+  // The warm-up (one UNet call and a VAE decode) took at least one call's time, and is not the timed run's.
+  EXPECT_GE(j["warmup_s"].get<double>(), j["unet_ms"]["min"].get<double>() / 1e3);
+  EXPECT_LT(j["warmup_s"].get<double>(), 60.0);
   EXPECT_GT(j["unet_ms"]["mean"].get<double>(), 0.0);
   EXPECT_LE(j["unet_ms"]["min"].get<double>(), j["unet_ms"]["mean"].get<double>());
   EXPECT_GT(j["it_per_s"].get<double>(), 0.0);

@@ -3,6 +3,7 @@
 // parameter counts of the full-size configurations (computed, nothing allocated).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "pipeline/dit_bench.h"
@@ -97,6 +98,10 @@ void expect_report(const BenchReport& r) {
   EXPECT_EQ(j["model_call"], "transformer");
   EXPECT_EQ(j["unet_ms"]["calls"], kSteps);
   EXPECT_NE(r.to_text().find("transformer call"), std::string::npos);
+  // The warm-up (one step and a decode) took at least a call's time and is reported apart from the timed run.
+  EXPECT_GE(r.warmup_s, *std::min_element(r.unet_ms.begin(), r.unet_ms.end()) / 1e3);
+  EXPECT_EQ(j["warmup_s"], r.warmup_s);
+  EXPECT_NE(r.to_text().find("warmup 1 ("), std::string::npos) << r.to_text();
   // The backend's counters over the timed run (the CPU backend's: host allocations, reserved bytes).
   EXPECT_TRUE(j["timed_run_counters"].contains("host_allocations")) << j["timed_run_counters"].dump();
 }

@@ -95,6 +95,7 @@ Status run_flux(DitRun& run, trace::Recorder& rec) {
       return Status::ok();
     }));
   }
+  run.report.warmup_s = trace::total_seconds(rec.events(), kBenchWarmupRange);
   rec.clear();  // the figures are the timed run's alone
   TimedRunSampler mem{backend_for(run.dev)};
   const auto nvml = start_nvml_sampler(run.dev);
@@ -159,6 +160,7 @@ Status run_zimage(DitRun& run, trace::Recorder& rec) {
     ATELIER_ASSIGN_OR_RETURN(Tensor x, pipe.denoise(seeded(o.seed, latent, Device::cpu()), cond, uncond, guidance, o.warmup));
     ATELIER_RETURN_IF_ERROR(warm_up_decodes(run.dev, [&] { return pipe.decode(x).status(); }));
   }
+  run.report.warmup_s = trace::total_seconds(rec.events(), kBenchWarmupRange);
   rec.clear();
   TimedRunSampler mem{backend_for(run.dev)};
   const auto nvml = start_nvml_sampler(run.dev);

@@ -346,6 +346,7 @@ Expected<BenchReport> run_sd_bench(const BenchOptions& o) {
       ATELIER_ASSIGN_OR_RETURN(Samplers s, make_samplers(m, o, latent1, dev, &x));
       ATELIER_RETURN_IF_ERROR(warm_up(pipe, o, x, context));
     }
+    r.warmup_s = trace::total_seconds(rec.events(), kWarmupRange);
     rec.clear();  // the figures are the timed run's alone
     const auto nvml = start_nvml_sampler(dev);
     TimedRunSampler mem{backend_for(dev)};

@@ -92,6 +92,9 @@ struct BenchReport {
   float cfg_scale = 0;
   std::string sampler;
   double load_s = 0;
+  // The untimed warm-up's wall time (0 without one): on a GPU mostly each shape's planning at its first call
+  // (candidates built and timed; much shorter where an earlier process's choices are kept, backend/choice_store.h).
+  double warmup_s = 0;
   // --- measured (empty when only the ceiling was asked for)
   bool ran = false;
   std::vector<double> unet_ms;          // each timed UNet call

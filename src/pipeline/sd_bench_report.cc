@@ -65,7 +65,7 @@ nlohmann::json BenchReport::to_json() const {
   j.update({{"model", model}, {"model_kind", model_kind}, {"model_call", model_call},
             {"conditioning", conditioning.empty() ? nlohmann::json(nullptr) : nlohmann::json(conditioning)}, {"width", width}, {"height", height}, {"batch", batch},
             {"unet_batch", unet_batch}, {"steps", steps}, {"cfg_scale", cfg_scale}, {"sampler", sampler},
-            {"warmup", warmup}, {"load_s", load_s},
+            {"warmup", warmup}, {"load_s", load_s}, {"warmup_s", warmup_s},
             {"unet_ms", {{"mean", unet_ms_mean}, {"min", unet_ms_min}, {"median", unet_ms_median}, {"calls", unet_ms.size()},
                          {"each", unet_ms}}},
             {"model_calls", model_calls}, {"it_per_s", it_per_s}, {"s_per_image", s_per_image},
@@ -97,7 +97,8 @@ std::string BenchReport::to_text() const {
   line("model", model + " (" + model_kind + "), loaded in " + fmt::sprintf("%.2f s", load_s));
   line("run", device + " (" + std::to_string(host_threads) + " host threads), " + std::to_string(width) + "x" + std::to_string(height) + ", batch " + std::to_string(batch) +
                   " (" + model_call + " batch " + std::to_string(unet_batch) + "), " + std::to_string(steps) + " steps " + sampler +
-                  ", cfg " + fmt::sprintf("%g", cfg_scale) + ", warmup " + std::to_string(warmup));
+                  ", cfg " + fmt::sprintf("%g", cfg_scale) + ", warmup " + std::to_string(warmup) +
+                  (warmup > 0 ? fmt::sprintf(" (%.2f s)", warmup_s) : std::string()));
   if (!conditioning.empty()) line("conditioning", conditioning);
   line(model_call + " call", fmt::sprintf("%.2f ms", unet_ms_mean) + " mean, " + fmt::sprintf("%.2f", unet_ms_min) + " min, " +
                         fmt::sprintf("%.2f", unet_ms_median) + " median over " + std::to_string(unet_ms.size()) + " calls");
