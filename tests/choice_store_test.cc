@@ -5,9 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <thread>
 
 #include "test_util.h"
 
@@ -69,6 +73,40 @@ TEST(ChoiceStore, WritersMergeWhatOthersWroteSince) {
   EXPECT_EQ(later.get("a"), 1);
   EXPECT_EQ(later.get("b"), 2);
   EXPECT_EQ(later.get("c"), 3);
+}
+
+// Two stores of one file in one process (two GPUs of the same kind: one backend and store each) writing at once:
+// every write leaves a whole file that parses, so a later store reads the choices instead of discarding a torn file.
+TEST(ChoiceStore, StoresOfOneFileInOneProcessWriteWholeFiles) {
+  TempDir dir;
+  constexpr int kPuts = 300;
+  ChoiceStore a(dir.path.string(), "card A; driver 1"), b(dir.path.string(), "card A; driver 1");
+  std::atomic<bool> done{false};
+  int torn = 0, reads = 0;
+  std::thread reader([&] {  // what a third process reading the file meanwhile sees
+    while (!done) {
+      std::ifstream in(a.path());
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (text.empty()) continue;
+      ++reads;
+      torn += !nlohmann::json::accept(text);
+    }
+  });
+  std::thread ta([&] { for (int i = 0; i < kPuts; ++i) a.put("a " + std::to_string(i), i); });
+  std::thread tb([&] { for (int i = 0; i < kPuts; ++i) b.put("b " + std::to_string(i), i); });
+  ta.join();
+  tb.join();
+  done = true;
+  reader.join();
+  EXPECT_EQ(torn, 0) << "of " << reads << " reads of the file while both wrote";
+  // The last writer's file holds at least its own choices (racing merges may drop some of the other's).
+  ChoiceStore later(dir.path.string(), "card A; driver 1");
+  const bool a_whole = later.get("a " + std::to_string(kPuts - 1)) == kPuts - 1;
+  const bool b_whole = later.get("b " + std::to_string(kPuts - 1)) == kPuts - 1;
+  EXPECT_TRUE(a_whole || b_whole) << "the file no longer parses: a write was torn by the other store's";
+  int left = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path)) left += entry.path().extension() != ".json";
+  EXPECT_EQ(left, 0) << "a temporary file was left behind";
 }
 
 // Keys from shapes: parts separated by spaces, sequences bracketed, so that different shapes never share a key.

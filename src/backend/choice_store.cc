@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -65,7 +66,10 @@ bool ChoiceStore::put(const std::string& key, int64_t value) {
   for (const auto& [k, v] : read_file()) choices_.emplace(k, v);
   std::error_code ec;
   fs::create_directories(fs::path(path_).parent_path(), ec);
-  const std::string tmp = path_ + ".tmp" + std::to_string(::getpid());
+  // A temporary file of this write alone: stores of one file in one process (two GPUs of one kind) write at once,
+  // and a name shared by the process let one's truncation tear the file the other had just renamed into place.
+  static std::atomic<uint64_t> writes{0};
+  const std::string tmp = path_ + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(writes.fetch_add(1));
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) return false;
