@@ -432,7 +432,7 @@ ConvGraph::Plan* ConvGraph::plan_for(void* y, const void* x, const void* w, DTyp
   if (kept) found = stored_candidate(a, handle, plan->graph.graph, *kept);
   const bool from_store = !found.list.empty();
   if (from_store) counters().from_store.fetch_add(1);
-  if (!from_store) found = find_candidates(a, handle, plan->graph.graph, fused, budget);
+  else found = find_candidates(a, handle, plan->graph.graph, fused, budget);
   std::vector<Candidate>& candidates = found.list;
   if (candidates.empty())
     return decline(std::to_string(found.offered) + " configurations, " + std::to_string(found.refused) +
