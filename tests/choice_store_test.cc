@@ -110,6 +110,36 @@ TEST(ChoiceStore, StoresOfOneFileInOneProcessWriteWholeFiles) {
 }
 
 // Keys from shapes: parts separated by spaces, sequences bracketed, so that different shapes never share a key.
+TEST(ChoiceStore, TextsAreKeptBesideTheChoicesForTheirKeyAndFingerprintOnly) {
+  TempDir dir;
+  const std::string plan = std::string("{\"engine\": 5,\n \"kernel\": \"") + std::string(3 << 20, 'k') + "\"}";  // MBs, newlines
+  {
+    ChoiceStore first(dir.path.string(), "card A; cudnn 9");
+    EXPECT_FALSE(first.get_text("sdpa [2,8] plan 5").has_value());
+    ASSERT_TRUE(first.put_text("sdpa [2,8] plan 5", plan));
+    ASSERT_TRUE(first.put_text("sdpa [2,9] plan 5", ""));
+  }
+  ChoiceStore later(dir.path.string(), "card A; cudnn 9");
+  EXPECT_EQ(later.get_text("sdpa [2,8] plan 5"), plan);
+  EXPECT_EQ(later.get_text("sdpa [2,9] plan 5"), "");
+  EXPECT_FALSE(later.get_text("sdpa [2,8] plan 6").has_value()) << "a text of another answer";
+  EXPECT_FALSE(ChoiceStore(dir.path.string(), "card B; cudnn 9").get_text("sdpa [2,8] plan 5").has_value());
+  EXPECT_FALSE(later.put_text("two\nlines", "x")) << "a key is one line of the text's file";
+  EXPECT_TRUE(later.get("sdpa [2,8] plan 5") == std::nullopt) << "texts are not choices";
+
+  // A file whose first line names another key (two keys of one hash) gives its text to that key only.
+  fs::path file;
+  for (const auto& e : fs::recursive_directory_iterator(dir.path))
+    if (e.is_regular_file() && e.path().extension() == ".txt" && fs::file_size(e.path()) > 1000) file = e.path();
+  ASSERT_FALSE(file.empty());
+  std::ofstream(file, std::ios::trunc) << "sdpa [7,7] plan 5\n" << plan;
+  EXPECT_FALSE(later.get_text("sdpa [2,8] plan 5").has_value());
+
+  ChoiceStore off("", "card A; cudnn 9");
+  EXPECT_FALSE(off.put_text("k", "x"));
+  EXPECT_FALSE(off.get_text("k").has_value());
+}
+
 TEST(ChoiceStore, KeysSpellTheirPartsUnambiguously) {
   const std::vector<int64_t> a{1, 2}, b{3}, c{1}, d{2, 3};
   EXPECT_EQ(choice_key("conv path", std::make_tuple(a, 7, true, std::string("x y")), "of", size_t(3)),

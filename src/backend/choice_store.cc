@@ -21,13 +21,36 @@ constexpr int kFormatVersion = 1;
 constexpr uint64_t kMaxStoreBytes = uint64_t(16) << 20;  // thousands of shapes take well under 1 MB
 constexpr uint64_t kFnvOffset = 1469598103934665603ull, kFnvPrime = 1099511628211ull;
 
-// The file's name: a hash of the fingerprint, so that stores of different cards or builds sit side by side.
-std::string file_name(const std::string& fingerprint) {
+constexpr uint64_t kMaxTextBytes = uint64_t(64) << 20;   // a serialized plan with its kernels: well under this
+
+std::string fnv_hex(const std::string& s) {
   uint64_t h = kFnvOffset;
-  for (unsigned char c : fingerprint) h = (h ^ c) * kFnvPrime;
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "plans-%016llx.json", static_cast<unsigned long long>(h));
+  for (unsigned char c : s) h = (h ^ c) * kFnvPrime;
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
+}
+
+// The file's name: a hash of the fingerprint, so that stores of different cards or builds sit side by side.
+std::string file_name(const std::string& fingerprint) { return "plans-" + fnv_hex(fingerprint) + ".json"; }
+
+// Writes `bytes` to `path` through a temporary file of this write alone, renamed into place (atomic: a reader sees
+// the old file or the new one). Stores of one file in one process (two GPUs of one kind) write at once, and a name
+// shared by the process let one's truncation tear the file the other had just renamed into place.
+bool write_atomically(const std::string& path, const std::string& bytes) {
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  static std::atomic<uint64_t> writes{0};
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(writes.fetch_add(1));
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return false;
+    f << bytes;
+    if (!f.good()) return false;
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) fs::remove(tmp, ec);
+  return !ec;
 }
 
 }  // namespace
@@ -64,21 +87,29 @@ bool ChoiceStore::put(const std::string& key, int64_t value) {
   if (path_.empty()) return false;
   // What other processes wrote since this one read the file joins ours (ours win on the same key).
   for (const auto& [k, v] : read_file()) choices_.emplace(k, v);
-  std::error_code ec;
-  fs::create_directories(fs::path(path_).parent_path(), ec);
-  // A temporary file of this write alone: stores of one file in one process (two GPUs of one kind) write at once,
-  // and a name shared by the process let one's truncation tear the file the other had just renamed into place.
-  static std::atomic<uint64_t> writes{0};
-  const std::string tmp = path_ + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(writes.fetch_add(1));
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return false;
-    f << nlohmann::json{{"version", kFormatVersion}, {"fingerprint", fingerprint_}, {"choices", choices_}}.dump(1);
-    if (!f.good()) return false;
-  }
-  fs::rename(tmp, path_, ec);  // atomic: a reader sees the old file or the new one
-  if (ec) fs::remove(tmp, ec);
-  return !ec;
+  return write_atomically(path_, nlohmann::json{{"version", kFormatVersion}, {"fingerprint", fingerprint_}, {"choices", choices_}}.dump(1));
+}
+
+// <store file without ".json">.texts/<hash of the key>.txt, holding the key's line and then the text (the key is
+// checked on reading: two keys of one hash do not take each other's text).
+std::string ChoiceStore::text_path(const std::string& key) const {
+  fs::path folder = path_;
+  folder.replace_extension(".texts");
+  return (folder / (fnv_hex(key) + ".txt")).string();
+}
+
+std::optional<std::string> ChoiceStore::get_text(const std::string& key) const {
+  if (path_.empty()) return std::nullopt;
+  auto bytes = atelier::read_file(text_path(key), "plan cache text", kMaxTextBytes);
+  if (!bytes) return std::nullopt;
+  const std::string head = key + "\n";
+  if (bytes->compare(0, head.size(), head) != 0) return std::nullopt;
+  return bytes->substr(head.size());
+}
+
+bool ChoiceStore::put_text(const std::string& key, const std::string& text) {
+  if (path_.empty() || key.find('\n') != std::string::npos) return false;
+  return write_atomically(text_path(key), key + "\n" + text);
 }
 
 std::string ChoiceStore::default_dir() {

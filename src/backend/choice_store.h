@@ -84,6 +84,12 @@ class ChoiceStore {
   // Records the choice and writes the file; false when it could not be written (the choice still holds here).
   bool put(const std::string& key, int64_t value);
 
+  // Texts kept beside the choices (a library's serialized plan, which spares a later process its compilation): one
+  // file per key in a folder named like the store's file, written once and read when asked for. A key should name
+  // the choice it belongs to, so that a text outlives no answer it was written for.
+  std::optional<std::string> get_text(const std::string& key) const;
+  bool put_text(const std::string& key, const std::string& text);
+
   // The folder the environment asks for ("" when stores are off or no home is known).
   static std::string default_dir();
   // An identity of the running executable (its path, size and modification time): part of every fingerprint.
@@ -91,6 +97,7 @@ class ChoiceStore {
 
  private:
   std::map<std::string, int64_t> read_file() const;
+  std::string text_path(const std::string& key) const;
 
   std::string fingerprint_, path_;
   mutable std::mutex mu_;
