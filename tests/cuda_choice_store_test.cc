@@ -1,11 +1,12 @@
 // Choices kept across processes (backend/choice_store.h) by TimedChoice (cuda_event_timing.h), cuBLASLt's
-// algorithm per product (GemmEngine) and cuDNN's convolution plans (ConvGraph): the first process times its
-// candidates and keeps the answer; a later one (new engines on a new store of the same file) takes it without
-// timing anything and computes the same result; a different candidate list, or an answer that names no candidate,
-// is timed afresh. Skips without a GPU.
+// algorithm per product (GemmEngine), cuDNN's convolution plans (ConvGraph) and its SDPA plans (CudnnSdpa): the
+// first process times its candidates and keeps the answer; a later one (new engines on a new store of the same
+// file) takes it without timing anything and computes the same result; a different candidate list, or an answer
+// that names no candidate, is timed afresh. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "backend/cuda/cuda_conv_graph.h"
 #include "backend/cuda/cuda_event_timing.h"
 #include "backend/cuda/cuda_gemm.h"
+#include "backend/cuda/cuda_sdpa.h"
 #include "cuda_test_util.h"
 #include "ops_test_util.h"
 #include "test_util.h"
@@ -89,11 +91,25 @@ std::vector<float> host_values(const Tensor& y) {
 // Rewrites every answer kept in the store files of `dir` to `value` (an answer that names no candidate).
 void overwrite_answers(const std::filesystem::path& dir, int64_t value) {
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (!entry.is_regular_file() || entry.path().extension() != ".json") continue;  // the serialized plans' folder
     std::ifstream in(entry.path());
     nlohmann::json j = nlohmann::json::parse(in);
     for (auto& [key, answer] : j["choices"].items()) answer = value;
     std::ofstream(entry.path()) << j.dump();
   }
+}
+
+// The serialized plans kept in the store folder `dir` (files of the .texts folders), and their removal.
+int kept_plan_texts(const std::filesystem::path& dir) {
+  int n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) n += e.path().extension() == ".txt";
+  return n;
+}
+void remove_plan_texts(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> texts;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.path().extension() == ".txt") texts.push_back(e.path());
+  for (const auto& t : texts) std::filesystem::remove(t);
 }
 
 // What each engine test starts from: cuda:0's stream, an allocator on it, an empty store folder, and the stores
@@ -194,7 +210,9 @@ TEST_F(CudaKeptChoices, ALaterProcessTakesTheKeptConvolutionPlanWithoutTiming) {
   cuda::ConvGraphStats after = cuda::conv_graph_stats();
   ASSERT_EQ(after.plans - before.plans, 1);
   EXPECT_EQ(after.from_store - before.from_store, 0);
-  std::printf("[ conv     ] first process: %lld shape timed\n", (long long)(after.autotuned - before.autotuned));
+  const int texts = kept_plan_texts(dir.path);
+  std::printf("[ conv     ] first process: %lld shape timed, %d serialized plan(s) kept\n",
+              (long long)(after.autotuned - before.autotuned), texts);
 
   cuda::ConvEngine later(0, stream);
   later.keep_choices_in(next_store());
@@ -203,8 +221,20 @@ TEST_F(CudaKeptChoices, ALaterProcessTakesTheKeptConvolutionPlanWithoutTiming) {
   after = cuda::conv_graph_stats();
   EXPECT_EQ(after.plans - before.plans, 1);
   EXPECT_EQ(after.from_store - before.from_store, 1);
+  EXPECT_EQ(after.deserialized - before.deserialized, texts) << "a kept serialized plan was not restored";
   EXPECT_EQ(after.autotuned - before.autotuned, 0) << "a kept plan was timed again";
   EXPECT_EQ(got, want) << "the kept plan computed other bits than the one the first process chose";
+
+  // Without the serialized plan, the kept configuration alone is finalized: the same bits, still untimed.
+  remove_plan_texts(dir.path);
+  cuda::ConvEngine unserialized(0, stream);
+  unserialized.keep_choices_in(next_store());
+  before = cuda::conv_graph_stats();
+  EXPECT_EQ(run(unserialized), want);
+  after = cuda::conv_graph_stats();
+  EXPECT_EQ(after.from_store - before.from_store, 1);
+  EXPECT_EQ(after.deserialized - before.deserialized, 0);
+  EXPECT_EQ(after.autotuned - before.autotuned, 0);
 
   // A kept answer that names no configuration the heuristics offer: planned (and timed) afresh.
   overwrite_answers(dir.path, int64_t(1) << 40);
@@ -215,6 +245,65 @@ TEST_F(CudaKeptChoices, ALaterProcessTakesTheKeptConvolutionPlanWithoutTiming) {
   after = cuda::conv_graph_stats();
   EXPECT_EQ(after.from_store - before.from_store, 0);
   EXPECT_EQ(after.plans - before.plans, 1);
+}
+
+// cuDNN's SDPA plan for an SD self-attention shape, against a stand-in for our kernel that is far slower (a long
+// memset), so that cuDNN's plan is chosen and kept. A later process restores that plan (serialized, else its one
+// configuration finalized) and times nothing.
+TEST_F(CudaKeptChoices, ALaterProcessTakesTheKeptAttentionPlanWithoutTiming) {
+  constexpr int64_t kB = 2, kH = 8, kS = 1024, kD = 64;
+  const Tensor q = test::to_gpu(test::random_tensor({kB, kH, kS, kD}, 31), DType::BF16);
+  const Tensor k = test::to_gpu(test::random_tensor({kB, kH, kS, kD}, 32), DType::BF16);
+  const Tensor v = test::to_gpu(test::random_tensor({kB, kH, kS, kD}, 33), DType::BF16);
+  std::shared_ptr<Buffer> slow = alloc->allocate(kSlowBytes);
+  const std::function<bool()> ours = [&] { return cudaMemsetAsync(slow->data(), 0, kSlowBytes, stream) == cudaSuccess; };
+  const auto run = [&](cuda::CudnnSdpa& sdpa) {
+    Tensor out = Tensor::empty({kB, kH, kS, kD}, DType::BF16, test::cuda0());
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(sdpa.forward(out, q, k, v, 0.125f, *alloc, ours)) << "cuDNN's plan lost to a 256 MiB memset";
+    return host_values(out);
+  };
+
+  const cuda::ConvEngine conv(0, stream);  // cuDNN's library, and a handle on the stream
+  cuda::CudnnSdpa first(conv.library(), conv.handle(), stream, next_store());
+  if (!first.available()) GTEST_SKIP() << "cuDNN's SDPA node is not available here: " << first.why_unavailable();
+  cuda::SdpaStats before = cuda::sdpa_stats();
+  const std::vector<float> want = run(first);
+  cuda::SdpaStats after = cuda::sdpa_stats();
+  ASSERT_EQ(after.timed - before.timed, 1);
+  EXPECT_EQ(after.from_store - before.from_store, 0);
+
+  // Where cuDNN serializes the plan, its text is kept beside the answer and a later process restores it.
+  const int texts = kept_plan_texts(dir.path);
+  std::printf("[ sdpa     ] first process: %d serialized plan(s) kept\n", texts);
+
+  cuda::CudnnSdpa later(conv.library(), conv.handle(), stream, next_store());
+  before = cuda::sdpa_stats();
+  const std::vector<float> got = run(later);
+  after = cuda::sdpa_stats();
+  EXPECT_EQ(after.timed - before.timed, 0) << "a kept plan was timed again";
+  EXPECT_EQ(after.from_store - before.from_store, 1);
+  EXPECT_EQ(after.deserialized - before.deserialized, texts) << "a kept serialized plan was not restored";
+  EXPECT_EQ(got, want) << "the kept plan computed other bits than the one the first process chose";
+
+  // Without the serialized plan, the kept configuration alone is finalized: the same bits, still untimed.
+  remove_plan_texts(dir.path);
+  cuda::CudnnSdpa unserialized(conv.library(), conv.handle(), stream, next_store());
+  before = cuda::sdpa_stats();
+  EXPECT_EQ(run(unserialized), want);
+  after = cuda::sdpa_stats();
+  EXPECT_EQ(after.timed - before.timed, 0);
+  EXPECT_EQ(after.from_store - before.from_store, 1);
+  EXPECT_EQ(after.deserialized - before.deserialized, 0);
+
+  // A kept answer that names no configuration the heuristics offer: planned and timed afresh.
+  overwrite_answers(dir.path, int64_t(1) << 40);
+  cuda::CudnnSdpa stale(conv.library(), conv.handle(), stream, next_store());
+  before = cuda::sdpa_stats();
+  EXPECT_EQ(run(stale), want);
+  after = cuda::sdpa_stats();
+  EXPECT_EQ(after.from_store - before.from_store, 0);
+  EXPECT_EQ(after.timed - before.timed, 1);
 }
 
 // The fused epilogue's verdict (kept, or the separate pass) is kept too: a later process that finds "not fused"

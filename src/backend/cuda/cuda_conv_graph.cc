@@ -53,7 +53,8 @@ std::atomic<ConvFusedEpilogue>& fused_epilogue_mode() {
 }
 
 struct Counters {
-  std::atomic<int64_t> plans{0}, declined{0}, autotuned{0}, runs{0}, fused_plans{0}, fused_declined{0}, fused_runs{0}, from_store{0};
+  std::atomic<int64_t> plans{0}, declined{0}, autotuned{0}, runs{0}, fused_plans{0}, fused_declined{0}, fused_runs{0}, from_store{0},
+      deserialized{0};
 };
 Counters& counters() {
   static Counters c;
@@ -176,34 +177,15 @@ struct PlanningBudget {
   bool over() const { return std::chrono::steady_clock::now() > deadline; }
 };
 
-// Where a configuration came from: its heuristics mode and place in that mode's list, and its engine. Kept in the
-// choice store for the plan chosen, so that a later process finalizes that configuration only (the store's
-// fingerprint pins the card and cuDNN's version, so the heuristics list the same configurations; the engine is
-// checked all the same).
-struct PlanOrigin {
-  int64_t engine = -1;
-  bool fallback = false;
-  int position = 0;
-};
-constexpr int kPositionBits = 15;  // places in a heuristics list (kMaxEngineConfigs) fit with room to spare
-static_assert(kMaxEngineConfigs < (1 << kPositionBits));
 // A stored answer for a fused shape: its epilogue runs as the separate pass (slower fused, or a different result).
+// (A plan's stored answer is its PlanOrigin's stored_value, never negative.)
 constexpr int64_t kStoredNotFused = -1;
 constexpr int64_t kNothingStored = -2;
-
-int64_t stored_value(const PlanOrigin& o) {
-  return (o.engine << (kPositionBits + 1)) | (int64_t(o.position) << 1) | (o.fallback ? 1 : 0);
-}
-std::optional<PlanOrigin> stored_origin(int64_t v) {
-  if (v < 0) return std::nullopt;
-  return PlanOrigin{v >> (kPositionBits + 1), (v & 1) != 0, int((v >> 1) & ((1 << kPositionBits) - 1))};
-}
 
 // The finalized plans a shape's graph offers, where each came from, and what was offered and refused on the way
 // (for the log).
 struct CandidateSearch {
   std::vector<Candidate> list;
-  std::vector<PlanOrigin> origins;  // list[i]'s
   int offered = 0, refused = 0;
   std::string why = "heuristics gave no engine configuration";
 };
@@ -239,30 +221,9 @@ CandidateSearch find_candidates(const CudnnGraphApi& a, cudnnHandle_t handle, co
         budget.cut = true;
         break;
       }
-      const PlanOrigin origin{c.engine.index, mode == CUDNN_HEUR_MODE_FALLBACK, position};
-      if (make_plan(a, handle, c, &found.why)) {
-        found.list.push_back(std::move(c));
-        found.origins.push_back(origin);
-      }
+      c.origin = PlanOrigin{c.engine.index, mode == CUDNN_HEUR_MODE_FALLBACK, position};
+      if (make_plan(a, handle, c, &found.why)) found.list.push_back(std::move(c));
     }
-  }
-  return found;
-}
-
-// The configuration an earlier process chose, finalized: found at its place in its heuristics mode's list, with
-// the same engine; an empty list when the heuristics no longer offer it there (the caller then searches afresh).
-CandidateSearch stored_candidate(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& graph, const PlanOrigin& o) {
-  CandidateSearch found;
-  std::vector<Descriptor> configs = engine_configs(a, graph, o.fallback ? CUDNN_HEUR_MODE_FALLBACK : CUDNN_HEUR_MODE_A, &found.why);
-  if (size_t(o.position) >= configs.size()) return found;
-  Candidate c;
-  c.engine = engine_info(a, configs[size_t(o.position)]);
-  if (c.engine.index != o.engine || !c.engine.acceptable) return found;
-  c.cfg = std::move(configs[size_t(o.position)]);
-  ++found.offered;
-  if (make_plan(a, handle, c, &found.why)) {
-    found.list.push_back(std::move(c));
-    found.origins.push_back(o);
   }
   return found;
 }
@@ -362,7 +323,8 @@ using namespace conv_graph_detail;
 ConvGraphStats conv_graph_stats() {
   const Counters& c = counters();
   return ConvGraphStats{c.plans.load(),       c.declined.load(),       c.autotuned.load(), c.runs.load(),
-                        c.fused_plans.load(), c.fused_declined.load(), c.fused_runs.load(), c.from_store.load()};
+                        c.fused_plans.load(), c.fused_declined.load(), c.fused_runs.load(), c.from_store.load(),
+                        c.deserialized.load()};
 }
 
 ConvFusedEpilogue conv_fused_epilogue() { return fused_epilogue_mode().load(); }
@@ -409,6 +371,7 @@ ConvGraph::Plan* ConvGraph::plan_for(void* y, const void* x, const void* w, DTyp
   const Operands ops = operands(y, x, w, epilogue);
   const std::string what = log_enabled() ? shape_text(dtype, s, p, epilogue) : std::string();
   PlanningBudget budget;
+  const auto started = std::chrono::steady_clock::now();
   auto decline = [&](const std::string& why) -> Plan* {
     (fused ? counters().fused_declined : counters().declined).fetch_add(1);
     if (log_enabled())
@@ -424,15 +387,28 @@ ConvGraph::Plan* ConvGraph::plan_for(void* y, const void* x, const void* w, DTyp
     return decline("stored choice");
   }
 
+  // The graph is built when needed: a plan kept serialized runs without it.
   Builder b(a);
-  plan->graph = build_graph(b, handle, dtype, s, p, epilogue);
-  if (!b.ok()) return decline(b.why());
-  const std::optional<PlanOrigin> kept = stored_origin(stored);
+  bool built = false;
+  const auto graph = [&]() -> const Descriptor* {
+    if (!built) plan->graph = build_graph(b, handle, dtype, s, p, epilogue), built = true;
+    return b.ok() ? &plan->graph.graph : nullptr;
+  };
   CandidateSearch found;
-  if (kept) found = stored_candidate(a, handle, plan->graph.graph, *kept);
+  bool restored = false;
+  if (stored >= 0) {
+    ++found.offered;
+    if (std::optional<Candidate> c = kept_plan(a, handle, *choices_, stored_key, stored, graph, &restored, &found.why))
+      found.list.push_back(std::move(*c));
+  }
   const bool from_store = !found.list.empty();
-  if (from_store) counters().from_store.fetch_add(1);
-  else found = find_candidates(a, handle, plan->graph.graph, fused, budget);
+  if (from_store) {
+    counters().from_store.fetch_add(1);
+    if (restored) counters().deserialized.fetch_add(1);
+  } else {
+    if (!graph()) return decline(b.why());
+    found = find_candidates(a, handle, *graph(), fused, budget);
+  }
   std::vector<Candidate>& candidates = found.list;
   if (candidates.empty())
     return decline(std::to_string(found.offered) + " configurations, " + std::to_string(found.refused) +
@@ -453,15 +429,21 @@ ConvGraph::Plan* ConvGraph::plan_for(void* y, const void* x, const void* w, DTyp
   }
   plan->valid = true;
   (fused ? counters().fused_plans : counters().plans).fetch_add(1);
-  if (storable && !from_store) choices_->put(stored_key, stored_value(found.origins[size_t(best)]));
+  if (storable && !from_store) {
+    choices_->put(stored_key, stored_value(plan->chosen.origin));
+    std::string why;
+    if (!keep_plan_text(a, *choices_, stored_key, stored_value(plan->chosen.origin), plan->chosen.plan, &why) && log_enabled())
+      std::fprintf(stderr, "[cudnn graph] %s: plan not kept serialized (%s)\n", what.c_str(), why.c_str());
+  }
   if (log_enabled())
     std::fprintf(stderr,
                  "[cudnn graph] %s: %d configurations (%d refused for numerics), %zu plans; engine %lld%s, workspace %lld B, "
-                 "%.4f ms (heuristics' first: %.4f ms)%s%s; engine:ms%s\n",
+                 "%.4f ms (heuristics' first: %.4f ms)%s%s, planned in %.1f ms; engine:ms%s\n",
                  what.c_str(), found.offered, found.refused, candidates.size(), (long long)plan->chosen.engine.index,
                  plan->chosen.engine.runtime_compiled ? " (runtime-compiled)" : "", (long long)plan->chosen.workspace,
                  double(plan->chosen.ms), double(first_ms), budget.cut ? ", planning budget reached" : "",
-                 from_store ? ", stored choice" : "", timings.c_str());
+                 from_store ? (restored ? ", stored choice (serialized plan)" : ", stored choice") : "",
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count(), timings.c_str());
   return plan;
 }
 

@@ -53,6 +53,7 @@ struct ConvGraphStats {
   int64_t fused_declined = 0;  // shapes whose epilogue runs as a separate pass (no plan, slower, or different)
   int64_t fused_runs = 0;      // convolutions executed with a fused epilogue
   int64_t from_store = 0;      // shapes planned from an earlier process's choice (ConvGraph::keep_choices_in), untimed
+  int64_t deserialized = 0;    // of those, plans restored from their serialized form (nothing finalized)
 };
 ConvGraphStats conv_graph_stats();
 

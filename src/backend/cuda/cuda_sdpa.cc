@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include "backend/cuda/cudnn_graph_api.h"
@@ -23,7 +25,7 @@ constexpr int kTimingRounds = 3;      // turns (time_in_turns): each candidate's
 constexpr float kMinGain = 0.97f;
 
 struct Counters {
-  std::atomic<int64_t> cudnn{0}, ours{0}, declined{0}, runs{0};
+  std::atomic<int64_t> cudnn{0}, ours{0}, declined{0}, runs{0}, timed{0}, from_store{0}, deserialized{0};
 };
 Counters& counters() {
   static Counters c;
@@ -94,7 +96,7 @@ bool execute_sdpa(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor
                  workspace, why);
 }
 
-// The stored value of a shape whose faster path is our kernel (cuDNN's are engine indices, >= 0).
+// The stored value of a shape whose faster path is our kernel (cuDNN's are its plan's PlanOrigin, >= 0).
 constexpr int64_t kStoredOurs = -1;
 
 std::string stored_key(const std::array<int64_t, 20>& key) { return choice_key("sdpa", key); }
@@ -105,7 +107,8 @@ using namespace sdpa_detail;
 
 SdpaStats sdpa_stats() {
   const Counters& c = counters();
-  return SdpaStats{c.cudnn.load(), c.ours.load(), c.declined.load(), c.runs.load()};
+  return SdpaStats{c.cudnn.load(), c.ours.load(), c.declined.load(), c.runs.load(), c.timed.load(), c.from_store.load(),
+                   c.deserialized.load()};
 }
 
 struct CudnnSdpa::Plan {
@@ -136,14 +139,16 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
     if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa] %s: our kernel (cuDNN declined: %s)\n", what.c_str(), why.c_str());
     return plan;  // use_cudnn stays false: remembered
   };
-  // An earlier process's choice: our kernel needs no cuDNN graph at all; cuDNN's engine is found among the plans.
+  // An earlier process's choice: our kernel needs no cuDNN graph at all; cuDNN's plan is restored (take_kept).
   constexpr int64_t kNothingStored = -2;
   const int64_t stored = choices_ ? choices_->get(stored_key(key)).value_or(kNothingStored) : kNothingStored;
   if (stored == kStoredOurs && ours) {
     counters().ours.fetch_add(1);
+    counters().from_store.fetch_add(1);
     if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa] %s: our kernel (stored choice)\n", what.c_str());
     return plan;
   }
+  if (stored >= 0 && take_kept(*plan, key, stored, out, q, k, v)) return plan;
 
   Builder b(a);
   plan->graph = build_graph(b, handle, out, q, k, v);
@@ -151,17 +156,6 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
   std::string why;
   std::vector<Candidate> candidates = plan_candidates(a, handle, plan->graph.graph, kMaxCandidates, &why);
   if (candidates.empty()) return decline(why);
-
-  if (stored >= 0) {
-    for (Candidate& c : candidates)
-      if (c.engine.index == stored) {
-        plan->use_cudnn = true;
-        plan->chosen = std::move(c);
-        counters().cudnn.fetch_add(1);
-        if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa] %s: engine %lld (stored choice)\n", what.c_str(), (long long)stored);
-        return plan;
-      }
-  }
 
   // Time each candidate, and our kernel, on the real buffers (the caller's real call overwrites `out`).
   EventPair events;
@@ -173,18 +167,57 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
     runs.push_back([&, cp = &c] { return execute_sdpa(a, handle, cp->plan, out, q, k, v, scale, ws ? ws->data() : nullptr, &why); });
   if (ours) runs.push_back(ours);
   const std::vector<float> ms = time_in_turns(events, stream_, kTimingRounds, kTimedRuns, runs);
+  counters().timed.fetch_add(1);
   const size_t best = fastest(candidates, ms);
   if (best == candidates.size()) return decline("every plan failed to execute (" + why + ")");
   const float ours_ms = ours ? ms.back() : -1.0f;
   plan->use_cudnn = ours_ms < 0.0f || candidates[best].ms < kMinGain * ours_ms;
   plan->chosen = std::move(candidates[best]);
   (plan->use_cudnn ? counters().cudnn : counters().ours).fetch_add(1);
-  if (choices_) choices_->put(stored_key(key), plan->use_cudnn ? plan->chosen.engine.index : kStoredOurs);
+  if (choices_) keep_choice(*plan, key);
   if (log_enabled())
     std::fprintf(stderr, "[cudnn sdpa] %s: %zu plans, engine %lld, workspace %lld B, %.4f ms; ours %.4f ms -> %s\n",
                  what.c_str(), candidates.size(), (long long)plan->chosen.engine.index, (long long)plan->chosen.workspace,
                  double(plan->chosen.ms), double(ours_ms), plan->use_cudnn ? "cuDNN" : "ours");
   return plan;
+}
+
+// An earlier process's cuDNN plan for the shape, untimed (cudnn_graph::kept_plan); false when there is none to take
+// (another cuDNN release, or an answer that names no configuration the heuristics offer): the caller then times the
+// shape afresh.
+bool CudnnSdpa::take_kept(Plan& plan, const Key& key, int64_t stored, const Tensor& out, const Tensor& q, const Tensor& k,
+                          const Tensor& v) {
+  const auto handle = static_cast<cudnnHandle_t>(handle_);
+  const auto start = std::chrono::steady_clock::now();
+  Builder b(*api_);
+  const auto graph = [&]() -> const Descriptor* {
+    plan.graph = build_graph(b, handle, out, q, k, v);
+    return b.ok() ? &plan.graph.graph : nullptr;
+  };
+  bool restored = false;
+  std::string why;
+  std::optional<Candidate> c = kept_plan(*api_, handle, *choices_, stored_key(key), stored, graph, &restored, &why);
+  if (!c) return false;
+  plan.use_cudnn = true;
+  plan.chosen = std::move(*c);
+  counters().cudnn.fetch_add(1);
+  counters().from_store.fetch_add(1);
+  if (restored) counters().deserialized.fetch_add(1);
+  if (log_enabled())
+    std::fprintf(stderr, "[cudnn sdpa] %s: engine %lld (stored choice: %s, %.1f ms)\n", sdpa_shape_text(q, k).c_str(),
+                 (long long)plan.chosen.engine.index, restored ? "serialized plan" : "configuration finalized",
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  return true;
+}
+
+// Keeps the shape's choice for later processes, and cuDNN's plan in its serialized form where cuDNN gives one.
+void CudnnSdpa::keep_choice(const Plan& plan, const Key& key) {
+  const int64_t value = plan.use_cudnn ? stored_value(plan.chosen.origin) : kStoredOurs;
+  choices_->put(stored_key(key), value);
+  std::string why;
+  if (plan.use_cudnn && !keep_plan_text(*api_, *choices_, stored_key(key), value, plan.chosen.plan, &why) && log_enabled())
+    std::fprintf(stderr, "[cudnn sdpa] engine %lld: plan not kept serialized (%s)\n", (long long)plan.chosen.engine.index,
+                 why.c_str());
 }
 
 bool CudnnSdpa::forward(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale, DeviceAllocator& alloc,

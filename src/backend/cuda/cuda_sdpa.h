@@ -14,7 +14,9 @@
 //
 // Each shape's choice (our kernel, or cuDNN's engine by its global index) is also kept on disk for later
 // processes (backend/choice_store.h): a shape that our kernel won is then run on it without building a cuDNN
-// graph, and one that cuDNN won builds its plans but times none.
+// graph, and one that cuDNN won restores the plan from the serialized form kept beside the choice (runtime-compiled
+// engines are not compiled again), else finalizes only the configuration chosen (cudnn_graph::stored_candidate);
+// either way it times nothing.
 //
 // Environment: ATELIER_CUDNN_SDPA=0 switches the path off; ATELIER_CUDNN_LOG=1 prints one line per planned
 // shape (plans, engine, times of cuDNN and of our kernel, the choice) to stderr.
@@ -43,6 +45,9 @@ struct SdpaStats {
   int64_t ours_shapes = 0;   // shapes planned where our kernel measured faster
   int64_t declined = 0;      // shapes cuDNN could not plan (or failed to run)
   int64_t runs = 0;          // attention calls executed by cuDNN
+  int64_t timed = 0;         // shapes whose plans (and our kernel) were timed
+  int64_t from_store = 0;    // shapes that took an earlier process's choice, untimed
+  int64_t deserialized = 0;  // of those on cuDNN, plans restored from their serialized form (nothing finalized)
 };
 SdpaStats sdpa_stats();
 
@@ -76,6 +81,8 @@ class CudnnSdpa {
   using Key = std::array<int64_t, 20>;
   Plan* plan_for(const Key& key, Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                  DeviceAllocator& alloc, const std::function<bool()>& ours);
+  bool take_kept(Plan& plan, const Key& key, int64_t stored, const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v);
+  void keep_choice(const Plan& plan, const Key& key);
 
   const CudnnGraphApi* api_ = nullptr;
   void* handle_ = nullptr;  // cudnnHandle_t

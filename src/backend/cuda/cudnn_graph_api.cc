@@ -255,12 +255,10 @@ std::vector<Descriptor> engine_configs(const CudnnGraphApi& a, const Descriptor&
   return cfgs;
 }
 
-bool make_plan(const CudnnGraphApi& a, cudnnHandle_t handle, Candidate& c, std::string* why) {
-  Builder b(a);
-  c.plan = b.create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
-  b.set_handle(c.plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle);
-  b.set_descriptor(c.plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, c.cfg, "plan engine config");
-  b.finalize(c.plan, "plan finalize");
+namespace {
+// c.workspace from the finalized c.plan (b's pending failure, if any, reported instead); false with *why when the
+// plan failed or needs more than kMaxWorkspace.
+bool read_workspace(const CudnnGraphApi& a, Builder& b, Candidate& c, std::string* why) {
   int64_t count = 0;
   if (b.ok())
     b.check(a.cudnnBackendGetAttribute(c.plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &count,
@@ -276,6 +274,46 @@ bool make_plan(const CudnnGraphApi& a, cudnnHandle_t handle, Candidate& c, std::
   }
   return true;
 }
+}  // namespace
+
+bool make_plan(const CudnnGraphApi& a, cudnnHandle_t handle, Candidate& c, std::string* why) {
+  Builder b(a);
+  c.plan = b.create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+  b.set_handle(c.plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle);
+  b.set_descriptor(c.plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, c.cfg, "plan engine config");
+  b.finalize(c.plan, "plan finalize");
+  return read_workspace(a, b, c, why);
+}
+
+std::string serialize_plan(const CudnnGraphApi& a, const Descriptor& plan, std::string* why) {
+  Builder b(a);
+  int64_t count = 0;
+  b.check(a.cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0, &count,
+                                     nullptr),
+          "plan JSON size");
+  std::string text(size_t(std::max<int64_t>(count, 0)), '\0');
+  if (b.ok() && count > 0)
+    b.check(a.cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, count,
+                                       &count, text.data()),
+            "plan JSON");
+  if (!b.ok() || count <= 0) {
+    *why = b.ok() ? "the plan has no serialized form" : b.why();
+    return {};
+  }
+  text.resize(size_t(count));
+  while (!text.empty() && text.back() == '\0') text.pop_back();  // the count may include a terminator
+  return text;
+}
+
+bool deserialize_plan(const CudnnGraphApi& a, cudnnHandle_t handle, const std::string& text, Candidate& c, std::string* why) {
+  Builder b(a);
+  c.plan = b.create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+  b.set_handle(c.plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle);
+  b.set(c.plan, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, int64_t(text.size()), text.data(),
+        "plan JSON");
+  b.finalize(c.plan, "plan finalize from JSON");
+  return read_workspace(a, b, c, why);
+}
 
 std::vector<Candidate> plan_candidates(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& graph,
                                        size_t max_candidates, std::string* why) {
@@ -283,15 +321,90 @@ std::vector<Candidate> plan_candidates(const CudnnGraphApi& a, cudnnHandle_t han
   *why = "heuristics gave no engine configuration";
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     if (!candidates.empty()) break;
+    int position = -1;
     for (Descriptor& cfg : engine_configs(a, graph, mode, why)) {
+      ++position;
       if (candidates.size() >= max_candidates) break;
       Candidate c;
       c.engine = engine_info(a, cfg);
+      c.origin = PlanOrigin{c.engine.index, mode == CUDNN_HEUR_MODE_FALLBACK, position};
       c.cfg = std::move(cfg);
       if (make_plan(a, handle, c, why)) candidates.push_back(std::move(c));
     }
   }
   return candidates;
+}
+
+namespace {
+constexpr int kPositionBits = 15;  // places in a heuristics list (kMaxEngineConfigs) fit with room to spare
+static_assert(kMaxEngineConfigs < (1 << kPositionBits));
+}  // namespace
+
+int64_t stored_value(const PlanOrigin& o) {
+  return (o.engine << (kPositionBits + 1)) | (int64_t(o.position) << 1) | (o.fallback ? 1 : 0);
+}
+
+std::optional<PlanOrigin> stored_origin(int64_t v) {
+  if (v < 0) return std::nullopt;
+  return PlanOrigin{v >> (kPositionBits + 1), (v & 1) != 0, int((v >> 1) & ((1 << kPositionBits) - 1))};
+}
+
+std::optional<Candidate> stored_candidate(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& graph,
+                                          const PlanOrigin& o, std::string* why) {
+  std::vector<Descriptor> configs = engine_configs(a, graph, o.fallback ? CUDNN_HEUR_MODE_FALLBACK : CUDNN_HEUR_MODE_A, why);
+  if (o.position < 0 || size_t(o.position) >= configs.size()) {
+    *why = "the stored configuration is no longer offered";
+    return std::nullopt;
+  }
+  Candidate c;
+  c.engine = engine_info(a, configs[size_t(o.position)]);
+  if (c.engine.index != o.engine || !c.engine.acceptable) {
+    *why = "the stored configuration's place holds another engine";
+    return std::nullopt;
+  }
+  c.origin = o;
+  c.cfg = std::move(configs[size_t(o.position)]);
+  if (!make_plan(a, handle, c, why)) return std::nullopt;
+  return c;
+}
+
+std::string plan_text_key(const std::string& answer_key, int64_t answer) { return choice_key(answer_key, "plan", answer); }
+
+bool keep_plan_text(const CudnnGraphApi& a, ChoiceStore& store, const std::string& answer_key, int64_t answer,
+                    const Descriptor& plan, std::string* why) {
+  const std::string text = serialize_plan(a, plan, why);
+  if (text.empty()) return false;
+  if (!store.put_text(plan_text_key(answer_key, answer), text)) {
+    *why = "the serialized plan could not be written";
+    return false;
+  }
+  return true;
+}
+
+std::optional<Candidate> kept_plan(const CudnnGraphApi& a, cudnnHandle_t handle, const ChoiceStore& store,
+                                   const std::string& answer_key, int64_t answer,
+                                   const std::function<const Descriptor*()>& graph, bool* restored, std::string* why) {
+  *restored = false;
+  const std::optional<PlanOrigin> o = stored_origin(answer);
+  if (!o) {
+    *why = "no stored plan";
+    return std::nullopt;
+  }
+  if (const std::optional<std::string> text = store.get_text(plan_text_key(answer_key, answer))) {
+    Candidate c;
+    c.engine.index = o->engine;
+    c.origin = *o;
+    if (deserialize_plan(a, handle, *text, c, why)) {
+      *restored = true;
+      return c;
+    }
+  }
+  const Descriptor* g = graph();
+  if (!g) {
+    *why = "the graph did not build";
+    return std::nullopt;
+  }
+  return stored_candidate(a, handle, *g, *o, why);
 }
 
 int64_t max_workspace(const std::vector<Candidate>& candidates) {

@@ -6,13 +6,15 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include "backend/choice_store.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_event_timing.h"
 
 #include <array>
 #include <cstdint>
-#include <memory>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -140,20 +142,58 @@ EngineInfo engine_info(const CudnnGraphApi& a, const Descriptor& cfg);
 std::vector<Descriptor> engine_configs(const CudnnGraphApi& a, const Descriptor& graph, cudnnBackendHeurMode_t mode,
                                        std::string* why);
 
+// Where a configuration came from: its heuristics mode and place in that mode's list, and its engine. Kept in the
+// choice store (backend/choice_store.h) for the plan chosen, so that a later process finalizes that configuration
+// only: the store's fingerprint pins the card and cuDNN's version, so the heuristics list the same configurations
+// (the engine is checked all the same).
+struct PlanOrigin {
+  int64_t engine = -1;
+  bool fallback = false;
+  int position = 0;
+};
+// A PlanOrigin as one non-negative stored value, and back (nullopt for a negative value: the callers' own answers,
+// such as "not fused" or "our kernel", are negative).
+int64_t stored_value(const PlanOrigin& o);
+std::optional<PlanOrigin> stored_origin(int64_t v);
+
 // One execution plan that finalized, with what it needs.
 struct Candidate {
   Descriptor cfg, plan;
   int64_t workspace = 0;
   EngineInfo engine;
+  PlanOrigin origin;
   float ms = -1.0f;  // timed mean per run; negative: not timed
 };
 // Finalizes c.plan from c.cfg; false (with *why) when it fails or needs more than kMaxWorkspace.
 bool make_plan(const CudnnGraphApi& a, cudnnHandle_t handle, Candidate& c, std::string* why);
+// A finalized plan's serialized form (cuDNN's JSON representation, which holds a runtime-compiled engine's kernel),
+// or "" with *why.
+std::string serialize_plan(const CudnnGraphApi& a, const Descriptor& plan, std::string* why);
+// c.plan (and c.workspace) restored from serialize_plan's text without finalizing an engine configuration: false
+// with *why when cuDNN refuses the text (another release, another card) or the plan needs more than kMaxWorkspace.
+bool deserialize_plan(const CudnnGraphApi& a, cudnnHandle_t handle, const std::string& text, Candidate& c, std::string* why);
 
 // Execution plans for `graph`: the first `max_candidates` configurations of heuristics mode A that finalize
 // (FALLBACK's when A gives none); empty with *why when there are none.
 std::vector<Candidate> plan_candidates(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& graph,
                                        size_t max_candidates, std::string* why);
+// The configuration an earlier process chose (stored_origin), finalized: nullopt (with *why) when the heuristics no
+// longer offer that engine at that place, or its plan does not finalize; the caller then searches afresh.
+std::optional<Candidate> stored_candidate(const CudnnGraphApi& a, cudnnHandle_t handle, const Descriptor& graph,
+                                          const PlanOrigin& o, std::string* why);
+// The key of a plan's serialized form in a ChoiceStore, beside the answer `answer` (a stored_value) of `answer_key`:
+// it names the answer, so that a changed answer never takes an older plan.
+std::string plan_text_key(const std::string& answer_key, int64_t answer);
+// Keeps `plan`'s serialized form beside the answer; false (with *why) where cuDNN gives none or it is not written.
+bool keep_plan_text(const CudnnGraphApi& a, ChoiceStore& store, const std::string& answer_key, int64_t answer,
+                    const Descriptor& plan, std::string* why);
+// An earlier process's plan for the answer `answer` of `answer_key`, untimed: restored from its kept serialized form
+// (no graph, heuristics or compilation: a runtime-compiled engine's ~70 ms become ~2 ms), else its configuration
+// finalized from the graph that `graph` builds (null when it cannot). nullopt (with *why) when neither works: the
+// caller then plans afresh. *restored: whether the serialized form served.
+std::optional<Candidate> kept_plan(const CudnnGraphApi& a, cudnnHandle_t handle, const ChoiceStore& store,
+                                   const std::string& answer_key, int64_t answer,
+                                   const std::function<const Descriptor*()>& graph, bool* restored, std::string* why);
 // The largest workspace the candidates need.
 int64_t max_workspace(const std::vector<Candidate>& candidates);
 // Records each candidate's time (ms[i], time_in_turns's order) and returns the fastest one's index, or
