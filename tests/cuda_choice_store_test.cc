@@ -3,6 +3,7 @@
 // first process times its candidates and keeps the answer; a later one (new engines on a new store of the same
 // file) takes it without timing anything and computes the same result; a different candidate list, or an answer
 // that names no candidate, is timed afresh. Skips without a GPU.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -365,6 +366,20 @@ class CudaKeptFusedVerdict : public CudaKeptChoices {
 
 TEST_F(CudaKeptFusedVerdict, AFusedPlanThatAgreesIsKeptAndOnlyCheckedAgain) { check_a_later_process_keeps_the_verdict(true); }
 TEST_F(CudaKeptFusedVerdict, ARefusedFusionIsNotTriedAgain) { check_a_later_process_keeps_the_verdict(false); }
+
+// The backend's start-up thread (CudaBackend::prewarm) loads cuDNN's engine libraries from cuDNN's own folder, so that
+// the first plan does not open them.
+TEST(CudaStartup, CudnnEngineLibrariesAreLoadedFromCudnnsFolder) {
+  ATELIER_REQUIRE_CUDA();
+  const cuda::ConvEngine conv(0, test::cuda_be().stream());  // loads cuDNN (no plan yet)
+  if (!conv.available()) GTEST_SKIP() << "cuDNN is not loaded: " << conv.why_unavailable();
+  cuda::load_cudnn_engine_libraries();
+  for (const char* name : {"libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9"}) {
+    void* lib = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
+    EXPECT_NE(lib, nullptr) << name << " was not loaded";
+    if (lib) dlclose(lib);
+  }
+}
 
 }  // namespace
 }  // namespace atelier

@@ -3,8 +3,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_conv.h"
@@ -40,6 +43,30 @@ bool env_flag(const char* name) {
   return v && *v && std::strcmp(v, "0") != 0;
 }
 
+// The backends' start-up threads, joined at exit: a process that ends while one still loads a library must not tear
+// down static state (the CUDA runtime's, the libraries') under it. Made before the first thread starts, so it is
+// destroyed after everything made later.
+class StartupThreads {
+ public:
+  void start(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads_.emplace_back(std::move(fn));
+  }
+  ~StartupThreads() {
+    for (std::thread& t : threads_)
+      if (t.joinable()) t.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::thread> threads_;
+};
+
+StartupThreads& startup_threads() {
+  static StartupThreads threads;
+  return threads;
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
@@ -60,6 +87,20 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
   fused_fp8_norm_modulate_ = !env_is("ATELIER_FUSED_FP8_NORM", "0");
   specialized_norm_modulate_ = !env_is("ATELIER_NORM_MODULATE_SPECIALIZED", "0");
   fp8_attention_ = fp8_attention_default();
+  // The libraries' start-up runs beside whatever the process does next (a checkpoint's load) instead of at the first
+  // product and convolution: ~0.1 s of a process's first image whose choices are kept (docs/performance.md, "Session
+  // 65"). ATELIER_PREWARM=0: at first use instead.
+  if (!env_is("ATELIER_PREWARM", "0")) startup_threads().start([this] { prewarm(); });
+}
+
+void CudaBackend::prewarm() noexcept {
+  try {
+    DeviceGuard guard(index_);
+    gemm_engine();  // cuBLASLt's handle; cuDNN's library and handle; the choice store's file
+    load_cudnn_engine_libraries();
+  } catch (...) {
+    // Whatever failed here fails again, and is reported, at its first real use.
+  }
 }
 
 bool CudaBackend::fp8_attention_default() { return !env_is("ATELIER_FP8_ATTENTION", "0"); }

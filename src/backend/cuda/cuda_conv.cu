@@ -92,6 +92,23 @@ const CudnnApi* load_cudnn(std::string* why) {
   return api;
 }
 
+}  // namespace
+
+void load_cudnn_engine_libraries() {
+  const CudnnApi* api = load_cudnn(nullptr);
+  Dl_info info{};
+  if (!api || !dladdr(reinterpret_cast<void*>(api->cudnnGetVersion), &info) || !info.dli_fname) return;
+  const std::string path = info.dli_fname;
+  if (path.find('/') == std::string::npos) return;  // no folder known: cuDNN finds its libraries itself
+  const std::string folder = path.substr(0, path.find_last_of('/') + 1);
+  // cuDNN 9's sub-libraries that planning opens; the handles are kept (cuDNN finds the libraries loaded).
+  for (const char* name : {"libcudnn_graph.so.9", "libcudnn_heuristic.so.9", "libcudnn_engines_precompiled.so.9",
+                           "libcudnn_engines_runtime_compiled.so.9", "libcudnn_cnn.so.9"})
+    dlopen((folder + name).c_str(), RTLD_NOW | RTLD_LOCAL);
+}
+
+namespace {
+
 cudnnDataType_t cudnn_type(DType t) {
   switch (t) {
     case DType::BF16: return CUDNN_DATA_BFLOAT16;

@@ -55,6 +55,10 @@ std::string candidate_times(const std::vector<float>& ms, const std::vector<cons
 // switches change which paths the list holds.
 std::string candidate_names_key(const std::vector<const char*>& names);
 
+// Loads cuDNN's engine libraries (which cuDNN itself opens at its first plan: ~0.07 s, session 65) from the folder
+// that cuDNN was loaded from, so that a start-up thread pays for them; nothing where cuDNN did not load.
+void load_cudnn_engine_libraries();
+
 class ConvEngine {
  public:
   ConvEngine(int device, cudaStream_t stream);
