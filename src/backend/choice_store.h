@@ -11,6 +11,8 @@
 // decision between candidates that compute the same thing, so a stale or lost file costs time, never a result.
 // Writers merge what other processes wrote since (read, merge, write a temporary file, rename); two writing at the
 // same instant can still drop the other's newest entries, which are then timed again by a later process.
+// Texts (put_text: a library's serialized plan) sit beside the file, in a folder of the same name ending ".texts",
+// one file per key.
 //
 // Environment: ATELIER_PLAN_CACHE=0 turns stores off; ATELIER_PLAN_CACHE=DIR keeps them in DIR; otherwise
 // $XDG_CACHE_HOME/atelier, else $HOME/.cache/atelier.
