@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -138,6 +139,38 @@ TEST(ChoiceStore, TextsAreKeptBesideTheChoicesForTheirKeyAndFingerprintOnly) {
   ChoiceStore off("", "card A; cudnn 9");
   EXPECT_FALSE(off.put_text("k", "x"));
   EXPECT_FALSE(off.get_text("k").has_value());
+}
+
+TEST(ChoiceStore, ANewStoreRemovesStoresUnusedForAMonthAndKeepsTheOthers) {
+  TempDir dir;
+  const auto age = [](const std::string& path, int days) {
+    fs::last_write_time(path, fs::file_time_type::clock::now() - std::chrono::hours(24 * days));
+  };
+  ChoiceStore old_binary(dir.path.string(), "card A; binary 1");
+  ASSERT_TRUE(old_binary.put("k", 1));
+  ASSERT_TRUE(old_binary.put_text("k plan 1", "serialized"));
+  ChoiceStore recent(dir.path.string(), "card B; binary 1");
+  ASSERT_TRUE(recent.put("k", 2));
+  age(old_binary.path(), 40);
+  age(recent.path(), 20);
+  std::ofstream(dir.path / "notes.txt") << "not a store";
+  age((dir.path / "notes.txt").string(), 400);
+
+  ChoiceStore current(dir.path.string(), "card A; binary 2");
+  EXPECT_TRUE(fs::exists(old_binary.path())) << "nothing is removed before the new store writes its file";
+  ASSERT_TRUE(current.put("k", 3));
+  EXPECT_FALSE(fs::exists(old_binary.path()));
+  EXPECT_FALSE(fs::exists(fs::path(old_binary.path()).replace_extension(".texts"))) << "the old store's texts go with it";
+  EXPECT_TRUE(fs::exists(recent.path()));
+  EXPECT_TRUE(fs::exists(dir.path / "notes.txt")) << "only stores are removed";
+  EXPECT_EQ(ChoiceStore(dir.path.string(), "card B; binary 1").get("k"), 2);
+
+  // Opening a store marks it as in use: a month-old store opened today is not removed by the next new one.
+  age(recent.path(), 40);
+  ChoiceStore reopened(dir.path.string(), "card B; binary 1");
+  ChoiceStore another(dir.path.string(), "card A; binary 3");
+  ASSERT_TRUE(another.put("k", 4));
+  EXPECT_TRUE(fs::exists(recent.path()));
 }
 
 TEST(ChoiceStore, KeysSpellTheirPartsUnambiguously) {

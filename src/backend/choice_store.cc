@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <system_error>
+#include <vector>
 
 #include "io/file.h"
 
@@ -33,6 +35,26 @@ std::string fnv_hex(const std::string& s) {
 
 // The file's name: a hash of the fingerprint, so that stores of different cards or builds sit side by side.
 std::string file_name(const std::string& fingerprint) { return "plans-" + fnv_hex(fingerprint) + ".json"; }
+
+// Stores (files and their .texts folders) left unused this long are removed when a store writes its file first: each
+// rebuilt binary and new driver starts a store of its own (~1 MB with SD 1.5's serialized plans), and nothing else
+// would ever remove the old ones. A store in use is touched at every opening, so only abandoned ones age.
+constexpr auto kUnusedStoreAge = std::chrono::hours(24 * 30);
+
+void remove_unused_stores(const fs::path& dir, const fs::path& keep) {
+  std::error_code ec;
+  const auto cutoff = fs::file_time_type::clock::now() - kUnusedStoreAge;
+  std::vector<fs::path> old;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& p = it->path();
+    if (p.filename().string().rfind("plans-", 0) != 0 || p.stem() == keep.stem()) continue;
+    if (p.extension() != ".json" && p.extension() != ".texts") continue;
+    std::error_code tec;
+    const auto when = fs::last_write_time(p.extension() == ".texts" ? fs::path(p).replace_extension(".json") : p, tec);
+    if (tec || when < cutoff) old.push_back(p);  // a folder without its file is left over too
+  }
+  for (const fs::path& p : old) fs::remove_all(p, ec);
+}
 
 // Writes `bytes` to `path` through a temporary file of this write alone, renamed into place (atomic: a reader sees
 // the old file or the new one). Stores of one file in one process (two GPUs of one kind) write at once, and a name
@@ -59,6 +81,8 @@ ChoiceStore::ChoiceStore(std::string dir, std::string fingerprint) : fingerprint
   if (dir.empty()) return;
   path_ = (fs::path(dir) / file_name(fingerprint_)).string();
   choices_ = read_file();
+  std::error_code ec;
+  if (!choices_.empty()) fs::last_write_time(path_, fs::file_time_type::clock::now(), ec);  // in use (see kUnusedStoreAge)
 }
 
 std::map<std::string, int64_t> ChoiceStore::read_file() const {
@@ -87,6 +111,8 @@ bool ChoiceStore::put(const std::string& key, int64_t value) {
   if (path_.empty()) return false;
   // What other processes wrote since this one read the file joins ours (ours win on the same key).
   for (const auto& [k, v] : read_file()) choices_.emplace(k, v);
+  std::error_code ec;
+  if (!fs::exists(path_, ec)) remove_unused_stores(fs::path(path_).parent_path(), path_);
   return write_atomically(path_, nlohmann::json{{"version", kFormatVersion}, {"fingerprint", fingerprint_}, {"choices", choices_}}.dump(1));
 }
 

@@ -12,7 +12,8 @@
 // Writers merge what other processes wrote since (read, merge, write a temporary file, rename); two writing at the
 // same instant can still drop the other's newest entries, which are then timed again by a later process.
 // Texts (put_text: a library's serialized plan) sit beside the file, in a folder of the same name ending ".texts",
-// one file per key.
+// one file per key. Opening a store marks its file as in use; a new store's first write removes the stores of the
+// folder left unused for 30 days (old binaries' and drivers').
 //
 // Environment: ATELIER_PLAN_CACHE=0 turns stores off; ATELIER_PLAN_CACHE=DIR keeps them in DIR; otherwise
 // $XDG_CACHE_HOME/atelier, else $HOME/.cache/atelier.
