@@ -12,11 +12,11 @@
 // CUDA graph capture: a shape met for the first time while the stream is being recorded is not planned (no
 // timing during a capture) and runs on our kernel; cached plans only enqueue kernels.
 //
-// Each shape's choice (our kernel, or cuDNN's engine by its global index) is also kept on disk for later
-// processes (backend/choice_store.h): a shape that our kernel won is then run on it without building a cuDNN
-// graph, and one that cuDNN won restores the plan from the serialized form kept beside the choice (runtime-compiled
-// engines are not compiled again), else finalizes only the configuration chosen (cudnn_graph::stored_candidate);
-// either way it times nothing.
+// Each shape's choice (our kernel, or cuDNN's configuration: its place in the heuristics' list and its engine) is
+// also kept on disk for later processes (backend/choice_store.h). A shape that our kernel won then runs on it
+// without building a cuDNN graph. One that cuDNN won restores the plan from the serialized form kept beside the
+// choice (runtime-compiled engines are not compiled again), else finalizes only the configuration chosen
+// (cudnn_graph::stored_candidate); either way it times nothing.
 //
 // Environment: ATELIER_CUDNN_SDPA=0 switches the path off; ATELIER_CUDNN_LOG=1 prints one line per planned
 // shape (plans, engine, times of cuDNN and of our kernel, the choice) to stderr.
