@@ -430,9 +430,8 @@ ConvGraph::Plan* ConvGraph::plan_for(void* y, const void* x, const void* w, DTyp
   plan->valid = true;
   (fused ? counters().fused_plans : counters().plans).fetch_add(1);
   if (storable && !from_store) {
-    choices_->put(stored_key, stored_value(plan->chosen.origin));
     std::string why;
-    if (!keep_plan_text(a, *choices_, stored_key, stored_value(plan->chosen.origin), plan->chosen.plan, &why) && log_enabled())
+    if (!keep_plan(a, *choices_, stored_key, plan->chosen, &why) && log_enabled())
       std::fprintf(stderr, "[cudnn graph] %s: plan not kept serialized (%s)\n", what.c_str(), why.c_str());
   }
   if (log_enabled())

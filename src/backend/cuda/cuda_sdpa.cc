@@ -212,10 +212,12 @@ bool CudnnSdpa::take_kept(Plan& plan, const Key& key, int64_t stored, const Tens
 
 // Keeps the shape's choice for later processes, and cuDNN's plan in its serialized form where cuDNN gives one.
 void CudnnSdpa::keep_choice(const Plan& plan, const Key& key) {
-  const int64_t value = plan.use_cudnn ? stored_value(plan.chosen.origin) : kStoredOurs;
-  choices_->put(stored_key(key), value);
+  if (!plan.use_cudnn) {
+    choices_->put(stored_key(key), kStoredOurs);
+    return;
+  }
   std::string why;
-  if (plan.use_cudnn && !keep_plan_text(*api_, *choices_, stored_key(key), value, plan.chosen.plan, &why) && log_enabled())
+  if (!keep_plan(*api_, *choices_, stored_key(key), plan.chosen, &why) && log_enabled())
     std::fprintf(stderr, "[cudnn sdpa] engine %lld: plan not kept serialized (%s)\n", (long long)plan.chosen.engine.index,
                  why.c_str());
 }

@@ -370,9 +370,11 @@ std::optional<Candidate> stored_candidate(const CudnnGraphApi& a, cudnnHandle_t 
 
 std::string plan_text_key(const std::string& answer_key, int64_t answer) { return choice_key(answer_key, "plan", answer); }
 
-bool keep_plan_text(const CudnnGraphApi& a, ChoiceStore& store, const std::string& answer_key, int64_t answer,
-                    const Descriptor& plan, std::string* why) {
-  const std::string text = serialize_plan(a, plan, why);
+bool keep_plan(const CudnnGraphApi& a, ChoiceStore& store, const std::string& answer_key, const Candidate& chosen,
+               std::string* why) {
+  const int64_t answer = stored_value(chosen.origin);
+  store.put(answer_key, answer);
+  const std::string text = serialize_plan(a, chosen.plan, why);
   if (text.empty()) return false;
   if (!store.put_text(plan_text_key(answer_key, answer), text)) {
     *why = "the serialized plan could not be written";

@@ -184,9 +184,10 @@ std::optional<Candidate> stored_candidate(const CudnnGraphApi& a, cudnnHandle_t 
 // The key of a plan's serialized form in a ChoiceStore, beside the answer `answer` (a stored_value) of `answer_key`:
 // it names the answer, so that a changed answer never takes an older plan.
 std::string plan_text_key(const std::string& answer_key, int64_t answer);
-// Keeps `plan`'s serialized form beside the answer; false (with *why) where cuDNN gives none or it is not written.
-bool keep_plan_text(const CudnnGraphApi& a, ChoiceStore& store, const std::string& answer_key, int64_t answer,
-                    const Descriptor& plan, std::string* why);
+// Keeps `chosen` as the answer of `answer_key` (its origin's stored_value) and, beside it, its plan's serialized form;
+// false (with *why) where cuDNN gives no serialized form or it is not written (the answer is kept all the same).
+bool keep_plan(const CudnnGraphApi& a, ChoiceStore& store, const std::string& answer_key, const Candidate& chosen,
+               std::string* why);
 // An earlier process's plan for the answer `answer` of `answer_key`, untimed: restored from its kept serialized form
 // (no graph, heuristics or compilation: a runtime-compiled engine's ~70 ms become ~2 ms), else its configuration
 // finalized from the graph that `graph` builds (null when it cannot). nullopt (with *why) when neither works: the
