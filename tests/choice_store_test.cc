@@ -13,6 +13,8 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "test_util.h"
 
@@ -36,6 +38,22 @@ TEST(ChoiceStore, ALaterStoreOfTheSameFingerprintReadsTheChoices) {
   EXPECT_EQ(later.get("sdpa 1 2 3"), -1);
   EXPECT_EQ(later.get("sdpa 4 5 6"), 17);
   EXPECT_FALSE(later.get("sdpa 7 8 9").has_value());
+}
+
+TEST(ChoiceStore, ChoicesOfAKindAreFoundByTheirKeysPrefix) {
+  TempDir dir;
+  {
+    ChoiceStore first(dir.path.string(), "fp");
+    for (const auto& [key, value] : {std::pair<const char*, int64_t>{"cudnn conv [2,320]", 7}, {"cudnn conu", 1},
+                                     {"cudnn conv [1,4]", -1}, {"gemm [1]", 3}, {"cudnn con", 2}})
+      ASSERT_TRUE(first.put(key, value));
+  }
+  const ChoiceStore later(dir.path.string(), "fp");
+  using Entries = std::vector<std::pair<std::string, int64_t>>;
+  EXPECT_EQ(later.with_prefix("cudnn conv"), (Entries{{"cudnn conv [1,4]", -1}, {"cudnn conv [2,320]", 7}}));
+  EXPECT_EQ(later.with_prefix("gemm"), (Entries{{"gemm [1]", 3}}));
+  EXPECT_TRUE(later.with_prefix("sdpa").empty());
+  EXPECT_EQ(later.with_prefix("").size(), 5u);
 }
 
 TEST(ChoiceStore, AnotherFingerprintSeesNoneOfThem) {

@@ -56,24 +56,6 @@ void remove_unused_stores(const fs::path& dir, const fs::path& keep) {
   for (const fs::path& p : old) fs::remove_all(p, ec);
 }
 
-// Writes `bytes` to `path` through a temporary file of this write alone, renamed into place (atomic: a reader sees
-// the old file or the new one). Stores of one file in one process (two GPUs of one kind) write at once, and a name
-// shared by the process let one's truncation tear the file the other had just renamed into place.
-bool write_atomically(const std::string& path, const std::string& bytes) {
-  std::error_code ec;
-  fs::create_directories(fs::path(path).parent_path(), ec);
-  static std::atomic<uint64_t> writes{0};
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(writes.fetch_add(1));
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return false;
-    f << bytes;
-    if (!f.good()) return false;
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) fs::remove(tmp, ec);
-  return !ec;
-}
 
 }  // namespace
 
@@ -105,6 +87,14 @@ std::optional<int64_t> ChoiceStore::get(const std::string& key) const {
   return it->second;
 }
 
+std::vector<std::pair<std::string, int64_t>> ChoiceStore::with_prefix(const std::string& prefix) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (auto it = choices_.lower_bound(prefix); it != choices_.end() && it->first.starts_with(prefix); ++it)
+    out.emplace_back(it->first, it->second);
+  return out;
+}
+
 bool ChoiceStore::put(const std::string& key, int64_t value) {
   std::lock_guard<std::mutex> lock(mu_);
   choices_[key] = value;
@@ -113,7 +103,7 @@ bool ChoiceStore::put(const std::string& key, int64_t value) {
   for (const auto& [k, v] : read_file()) choices_.emplace(k, v);
   std::error_code ec;
   if (!fs::exists(path_, ec)) remove_unused_stores(fs::path(path_).parent_path(), path_);
-  return write_atomically(path_, nlohmann::json{{"version", kFormatVersion}, {"fingerprint", fingerprint_}, {"choices", choices_}}.dump(1));
+  return write_file_atomically(path_, nlohmann::json{{"version", kFormatVersion}, {"fingerprint", fingerprint_}, {"choices", choices_}}.dump(1));
 }
 
 // <store file without ".json">.texts/<hash of the key>.txt, holding the key's line and then the text (the key is
@@ -135,17 +125,10 @@ std::optional<std::string> ChoiceStore::get_text(const std::string& key) const {
 
 bool ChoiceStore::put_text(const std::string& key, const std::string& text) {
   if (path_.empty() || key.find('\n') != std::string::npos) return false;
-  return write_atomically(text_path(key), key + "\n" + text);
+  return write_file_atomically(text_path(key), key + "\n" + text);
 }
 
-std::string ChoiceStore::default_dir() {
-  const char* set = std::getenv("ATELIER_PLAN_CACHE");
-  if (set && std::string(set) == "0") return {};
-  if (set && *set) return set;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return (fs::path(xdg) / "atelier").string();
-  if (const char* home = std::getenv("HOME"); home && *home) return (fs::path(home) / ".cache" / "atelier").string();
-  return {};
-}
+std::string ChoiceStore::default_dir() { return default_cache_dir(); }
 
 std::string ChoiceStore::executable_identity() {
   std::error_code ec;

@@ -26,6 +26,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace atelier {
@@ -84,6 +85,8 @@ class ChoiceStore {
   bool enabled() const { return !path_.empty(); }
   const std::string& path() const { return path_; }
   std::optional<int64_t> get(const std::string& key) const;
+  // The kept choices whose keys start with `prefix`, in key order (a start-up warm-up looks for one of a kind).
+  std::vector<std::pair<std::string, int64_t>> with_prefix(const std::string& prefix) const;
   // Records the choice and writes the file; false when it could not be written (the choice still holds here).
   bool put(const std::string& key, int64_t value);
 

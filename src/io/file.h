@@ -18,4 +18,14 @@ constexpr uint64_t kMaxReadFileBytes = uint64_t(512) << 20;
 Expected<std::string> read_file(const std::string& path, std::string_view what = "file",
                                 uint64_t max_bytes = kMaxReadFileBytes);
 
+// Writes `bytes` to `path` (its folders made as needed) through a temporary file of this write alone, renamed into
+// place: a reader sees the old file or the new one, never a torn one, also when two threads or processes write it at
+// once. False when it could not be written (nothing is left behind).
+bool write_file_atomically(const std::string& path, const std::string& bytes);
+
+// The folder of Atelier's caches (the kept plan choices, backend/choice_store.h; the model hashes, io/hash.h):
+// ATELIER_PLAN_CACHE=DIR, else $XDG_CACHE_HOME/atelier, else $HOME/.cache/atelier; "" (no cache) with
+// ATELIER_PLAN_CACHE=0 or when no home is known.
+std::string default_cache_dir();
+
 }  // namespace atelier
