@@ -10,6 +10,7 @@ PACKAGES=(
   libopenblas-dev
   libcpp-httplib-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libpng-dev libjpeg62-turbo-dev libwebp-dev
+  libssl-dev  # libcrypto: SHA-256 of model files (the A1111 model hash)
   libsentencepiece-dev libhiredis-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   valgrind

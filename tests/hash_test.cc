@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/file.h"
 
 #include "test_util.h"
 
@@ -66,6 +70,64 @@ TEST(Hash, FileAndModelHash) {
   fs::remove(p);
   EXPECT_EQ(file_sha256(p.string()).status().code(), ErrorCode::kNotFound);
   EXPECT_FALSE(model_hash(fs::temp_directory_path().string()).has_value());  // a folder without a UNet
+}
+
+// The model hash cache: a file's digest is read again only when the file's size or modification time changed.
+TEST(Hash, ModelHashesAreKeptUntilTheFileChanges) {
+  const test::TempDir dir;
+  const fs::path file = dir.path / "model.safetensors", cache = dir.path / "cache";
+  fs::create_directories(dir.path);
+  std::ofstream(file, std::ios::binary) << std::string(100000, 'x');
+  const std::string real = sha256_hex(std::string(100000, 'x'));
+  EXPECT_EQ(model_hash(file.string(), cache.string()).value(), real.substr(0, 10));
+  const std::string cache_file = model_hash_cache_path(cache.string());
+  ASSERT_TRUE(fs::exists(cache_file)) << "the digest was not kept";
+
+  // A kept digest is taken without reading the file: one planted in the cache comes back.
+  const auto plant = [&](const std::string& digest) {
+    nlohmann::json j = nlohmann::json::parse(read_file(cache_file).value());
+    ASSERT_EQ(j["files"].size(), 1u);
+    j["files"].begin().value()["sha256"] = digest;
+    std::ofstream(cache_file, std::ios::trunc) << j.dump();
+  };
+  const std::string planted(64, 'a');
+  plant(planted);
+  EXPECT_EQ(model_hash(file.string(), cache.string()).value(), planted.substr(0, 10));
+
+  // The file changed (same size, a later modification time): read again, and the cache corrected.
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << std::string(100000, 'y');
+  fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(5));
+  const std::string changed = sha256_hex(std::string(100000, 'y'));
+  EXPECT_EQ(model_hash(file.string(), cache.string()).value(), changed.substr(0, 10));
+  EXPECT_EQ(model_hash(file.string(), cache.string()).value(), changed.substr(0, 10));
+
+  // A digest that is not one, or a cache that is not ours, is ignored and replaced.
+  plant("not a digest");
+  EXPECT_EQ(model_hash(file.string(), cache.string()).value(), changed.substr(0, 10));
+  std::ofstream(cache_file, std::ios::trunc) << "{broken";
+  EXPECT_EQ(model_hash(file.string(), cache.string()).value(), changed.substr(0, 10));
+  EXPECT_TRUE(nlohmann::json::parse(read_file(cache_file).value(), nullptr, false).is_object());
+
+  // No cache folder: nothing kept, nowhere.
+  fs::remove(cache_file);
+  EXPECT_EQ(model_hash(file.string(), "").value(), changed.substr(0, 10));
+  EXPECT_FALSE(fs::exists(cache_file));
+  EXPECT_FALSE(fs::exists(model_hash_cache_path("")));
+}
+
+TEST(Hash, ModelHashTasksHashBesideTheCallerAndStopWhenAsked) {
+  const test::TempDir dir;
+  fs::create_directories(dir.path);
+  const fs::path file = dir.path / "model.safetensors";
+  std::ofstream(file, std::ios::binary) << std::string(3 << 20, 'z');  // several read chunks
+  const std::string want = sha256_hex(std::string(3 << 20, 'z'));
+  ModelHashTask task(file.string(), true);
+  ASSERT_TRUE(task.valid());
+  EXPECT_EQ(task.get().value(), want.substr(0, 10));
+  EXPECT_FALSE(ModelHashTask(file.string(), false).valid());
+  const std::atomic<bool> stop{true};
+  EXPECT_EQ(file_sha256(file.string(), &stop).status().code(), ErrorCode::kCancelled);
+  EXPECT_EQ(model_hash(file.string(), "", &stop).status().code(), ErrorCode::kCancelled);
 }
 
 TEST(Hash, FixtureModelHashes) {

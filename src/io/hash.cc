@@ -1,34 +1,28 @@
 #include "io/hash.h"
 
-#include <algorithm>
+#include <openssl/evp.h>
+
+#include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <system_error>
 #include <vector>
 
 namespace atelier {
 namespace {
 
-// FIPS 180-4 section 4.2.2: first 32 bits of the fractional parts of the cube roots of the first 64 primes.
-constexpr uint32_t kRoundConstants[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+namespace fs = std::filesystem;
 
-// Section 5.3.3: first 32 bits of the fractional parts of the square roots of the first 8 primes.
-constexpr std::array<uint32_t, 8> kInitialHash = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                                  0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-
-constexpr size_t kLengthFieldBytes = 8;      // message length in bits, big-endian, ends the padding
-constexpr size_t kFileChunkBytes = 1 << 20;  // streaming read size
-
-inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+constexpr size_t kFileChunkBytes = size_t(1) << 20;  // streaming read size
+constexpr int kHashCacheVersion = 1;
+// The cache holds a line per checkpoint file; more entries than any model folder would hold are not kept (the
+// oldest are dropped first).
+constexpr size_t kMaxCachedHashes = 4096;
+constexpr uint64_t kMaxHashCacheBytes = uint64_t(4) << 20;
 
 std::string to_hex(const uint8_t* p, size_t n) {
   static const char* kDigits = "0123456789abcdef";
@@ -40,68 +34,94 @@ std::string to_hex(const uint8_t* p, size_t n) {
   return s;
 }
 
-}  // namespace
+// What identifies a file's contents without reading them: its size and modification time (nanoseconds).
+struct FileStamp {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+};
 
-Sha256::Sha256() : h_(kInitialHash) {}
-
-void Sha256::compress(const uint8_t* block) {
-  uint32_t w[64];
-  for (int t = 0; t < 16; ++t)
-    w[t] = uint32_t(block[4 * t]) << 24 | uint32_t(block[4 * t + 1]) << 16 | uint32_t(block[4 * t + 2]) << 8 |
-           uint32_t(block[4 * t + 3]);
-  for (int t = 16; t < 64; ++t) {
-    const uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
-    const uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
-    w[t] = w[t - 16] + s0 + w[t - 7] + s1;
-  }
-  uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
-  for (int t = 0; t < 64; ++t) {
-    const uint32_t S1 = rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25);
-    const uint32_t ch = (e & f) ^ (~e & g);
-    const uint32_t t1 = h + S1 + ch + kRoundConstants[t] + w[t];
-    const uint32_t S0 = rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22);
-    const uint32_t maj = (a & b) ^ (a & c) ^ (b & c);
-    const uint32_t t2 = S0 + maj;
-    h = g; g = f; f = e; e = d + t1;
-    d = c; c = b; b = a; a = t1 + t2;
-  }
-  h_[0] += a; h_[1] += b; h_[2] += c; h_[3] += d;
-  h_[4] += e; h_[5] += f; h_[6] += g; h_[7] += h;
+std::optional<FileStamp> stamp_of(const std::string& file) {
+  std::error_code ec;
+  const uint64_t size = fs::file_size(file, ec);
+  if (ec) return std::nullopt;
+  const auto mtime = fs::last_write_time(file, ec);
+  if (ec) return std::nullopt;
+  return FileStamp{size, int64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(mtime.time_since_epoch()).count())};
 }
 
-void Sha256::update(const void* data, size_t bytes) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  total_bytes_ += bytes;
-  if (buf_len_ > 0) {  // top up a partial block first
-    const size_t take = std::min(bytes, kBlockBytes - buf_len_);
-    std::memcpy(buf_.data() + buf_len_, p, take);
-    buf_len_ += take;
-    p += take;
-    bytes -= take;
-    if (buf_len_ < kBlockBytes) return;
-    compress(buf_.data());
-    buf_len_ = 0;
+// The cache's entries ({"files": {path: {"size", "mtime_ns", "sha256", "used"}}}); empty when it is missing or not
+// ours (it is then replaced at the next write).
+nlohmann::json read_hash_cache(const std::string& path) {
+  auto bytes = read_file(path, "model hash cache", kMaxHashCacheBytes);
+  if (!bytes) return nlohmann::json::object();
+  nlohmann::json j = nlohmann::json::parse(*bytes, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.value("version", 0) != kHashCacheVersion || !j.contains("files") || !j["files"].is_object())
+    return nlohmann::json::object();
+  return j["files"];
+}
+
+std::optional<std::string> cached_digest(const nlohmann::json& files, const std::string& key, const FileStamp& st) {
+  const auto it = files.find(key);
+  if (it == files.end() || !it->is_object()) return std::nullopt;
+  const nlohmann::json& e = *it;
+  if (e.value("size", uint64_t(0)) != st.size || e.value("mtime_ns", int64_t(0)) != st.mtime_ns) return std::nullopt;
+  const std::string digest = e.value("sha256", std::string());
+  if (digest.size() != 2 * Sha256::kDigestBytes || digest.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return std::nullopt;
+  return digest;
+}
+
+// Adds (or refreshes) `key`'s entry, merged with what other processes wrote since; the least recently hashed entries
+// go beyond kMaxCachedHashes. A cache that cannot be written costs the next process a hash, nothing else.
+void keep_digest(const std::string& cache_path, const std::string& key, const FileStamp& st, const std::string& digest) {
+  static std::mutex mu;  // one writer per process; processes merge through the rename
+  std::lock_guard<std::mutex> lock(mu);
+  nlohmann::json files = read_hash_cache(cache_path);
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  files[key] = {{"size", st.size}, {"mtime_ns", st.mtime_ns}, {"sha256", digest}, {"used", now}};
+  while (files.size() > kMaxCachedHashes) {
+    auto oldest = files.begin();
+    for (auto it = files.begin(); it != files.end(); ++it)
+      if (it->is_object() && it->value("used", int64_t(0)) < oldest->value("used", int64_t(0))) oldest = it;
+    files.erase(oldest);
   }
-  for (; bytes >= kBlockBytes; bytes -= kBlockBytes, p += kBlockBytes) compress(p);
-  if (bytes > 0) std::memcpy(buf_.data(), p, bytes);
-  buf_len_ = bytes;
+  write_file_atomically(cache_path, nlohmann::json{{"version", kHashCacheVersion}, {"files", files}}.dump(1));
+}
+
+// The SHA-256 of `file`, from the cache in `cache_dir` when it holds the file unchanged, else read (and kept there).
+Expected<std::string> cached_file_sha256(const std::string& file, const std::string& cache_dir, const std::atomic<bool>* stop) {
+  const std::optional<FileStamp> st = cache_dir.empty() ? std::nullopt : stamp_of(file);
+  if (!st) return file_sha256(file, stop);
+  std::error_code ec;
+  const fs::path canonical = fs::canonical(file, ec);
+  const std::string key = ec ? file : canonical.string();
+  const std::string cache_path = model_hash_cache_path(cache_dir);
+  if (std::optional<std::string> d = cached_digest(read_hash_cache(cache_path), key, *st)) return *d;
+  ATELIER_ASSIGN_OR_RETURN(std::string digest, file_sha256(file, stop));
+  // Kept only if the file did not change while it was read.
+  if (const std::optional<FileStamp> after = stamp_of(file); after && after->size == st->size && after->mtime_ns == st->mtime_ns)
+    keep_digest(cache_path, key, *st, digest);
+  return digest;
+}
+
+}  // namespace
+
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
+  if (!ctx_ || EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1)
+    throw Error(internal_error("SHA-256: OpenSSL's digest could not be set up"));
+}
+
+Sha256::~Sha256() { EVP_MD_CTX_free(ctx_); }
+
+void Sha256::update(const void* data, size_t bytes) {
+  if (bytes > 0 && EVP_DigestUpdate(ctx_, data, bytes) != 1) throw Error(internal_error("SHA-256: OpenSSL's update failed"));
 }
 
 std::array<uint8_t, Sha256::kDigestBytes> Sha256::finish() {
-  const uint64_t bit_length = total_bytes_ * 8;
-  // Padding: a 1 bit, zeros up to 8 bytes short of a block boundary, then the length.
-  uint8_t pad[kBlockBytes + kLengthFieldBytes] = {0x80};
-  const size_t pad_len = (buf_len_ < kBlockBytes - kLengthFieldBytes ? kBlockBytes : 2 * kBlockBytes) -
-                         kLengthFieldBytes - buf_len_;
-  uint8_t len_be[kLengthFieldBytes];
-  for (size_t i = 0; i < kLengthFieldBytes; ++i) len_be[i] = uint8_t(bit_length >> (8 * (7 - i)));
-  const uint64_t saved_total = total_bytes_;
-  update(pad, pad_len);
-  update(len_be, kLengthFieldBytes);
-  total_bytes_ = saved_total;
   std::array<uint8_t, kDigestBytes> out{};
-  for (size_t i = 0; i < 8; ++i)
-    for (size_t j = 0; j < 4; ++j) out[4 * i + j] = uint8_t(h_[i] >> (8 * (3 - j)));
+  unsigned int n = 0;
+  if (EVP_DigestFinal_ex(ctx_, out.data(), &n) != 1 || n != kDigestBytes)
+    throw Error(internal_error("SHA-256: OpenSSL's final step failed"));
   return out;
 }
 
@@ -116,7 +136,7 @@ std::string sha256_hex(std::string_view data) {
   return h.hex_digest();
 }
 
-Expected<std::string> file_sha256(const std::string& path) {
+Expected<std::string> file_sha256(const std::string& path, const std::atomic<bool>* stop) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return not_found(path + ": no such file");
   if (!std::filesystem::is_regular_file(path, ec)) return invalid_argument(path + ": not a regular file");
@@ -125,13 +145,24 @@ Expected<std::string> file_sha256(const std::string& path) {
   std::vector<uint8_t> chunk(kFileChunkBytes);
   Sha256 h;
   size_t n = 0;
-  while ((n = std::fread(chunk.data(), 1, chunk.size(), f.get())) > 0) h.update(chunk.data(), n);
+  while ((n = std::fread(chunk.data(), 1, chunk.size(), f.get())) > 0) {
+    if (stop && stop->load(std::memory_order_relaxed)) return cancelled(path + ": hashing stopped");
+    h.update(chunk.data(), n);
+  }
   if (std::ferror(f.get())) return invalid_argument(path + ": read error");
   return h.hex_digest();
 }
 
-Expected<std::string> model_hash(const std::string& path) {
-  namespace fs = std::filesystem;
+ModelHashTask::ModelHashTask(const std::string& path, bool enabled) {
+  if (enabled)
+    result_ = std::async(std::launch::async, [path, stop = stop_] { return model_hash(path, default_cache_dir(), stop.get()); });
+}
+
+ModelHashTask::~ModelHashTask() { stop_->store(true); }  // then the future's destructor waits for the thread
+
+std::string model_hash_cache_path(const std::string& cache_dir) { return (fs::path(cache_dir) / "model-hashes.json").string(); }
+
+Expected<std::string> model_hash(const std::string& path, const std::string& cache_dir, const std::atomic<bool>* stop) {
   std::error_code ec;
   std::string file = path;
   if (fs::is_directory(path, ec)) {
@@ -151,7 +182,7 @@ Expected<std::string> model_hash(const std::string& path) {
       return not_found(path + ": diffusers folder without unet/ or transformer/ diffusion_pytorch_model(.fp16)"
                        ".safetensors (or a shard index) to hash");
   }
-  ATELIER_ASSIGN_OR_RETURN(std::string full, file_sha256(file));
+  ATELIER_ASSIGN_OR_RETURN(std::string full, cached_file_sha256(file, cache_dir, stop));
   return full.substr(0, kModelHashDigits);
 }
 

@@ -143,6 +143,7 @@ Status load_diffusers(FluxModel& m, const fs::path& root, const FluxLoadOptions&
   m.layout = "diffusers";
   ATELIER_ASSIGN_OR_RETURN(auto files, component_weight_files(root / "transformer", "diffusion_pytorch_model"));
   ATELIER_ASSIGN_OR_RETURN(auto store, WeightStore::open(files));
+  ModelHashTask hash(files.front(), o.compute_hash);  // beside the load
   ATELIER_ASSIGN_OR_RETURN(auto cfg, FluxConfig::from_file((root / "transformer" / "config.json").string()));
   ATELIER_ASSIGN_OR_RETURN(auto tr, FluxTransformer::load(store, FluxLayout::kDiffusers, cfg, o.device, flux_model_dtype(o), "", o.fp8));
   if (o.fp8) tr.quantize_fp8();
@@ -156,8 +157,8 @@ Status load_diffusers(FluxModel& m, const fs::path& root, const FluxLoadOptions&
   ATELIER_RETURN_IF_ERROR(load_vae(m, o.vae.empty() ? (root / "vae").string() : o.vae, o));
   ATELIER_ASSIGN_OR_RETURN(auto sched, read_json_file((root / "scheduler" / "scheduler_config.json").string()));
   ATELIER_RETURN_IF_ERROR(load_scheduler(m, sched));
-  if (o.compute_hash) {
-    ATELIER_ASSIGN_OR_RETURN(m.hash, model_hash(files.front()));
+  if (hash.valid()) {
+    ATELIER_ASSIGN_OR_RETURN(m.hash, hash.get());
   }
   return Status::ok();
 }
@@ -165,6 +166,7 @@ Status load_diffusers(FluxModel& m, const fs::path& root, const FluxLoadOptions&
 Status load_bfl(FluxModel& m, const fs::path& file, const FluxLoadOptions& o) {
   m.layout = "single-file (BFL)";
   ATELIER_ASSIGN_OR_RETURN(auto store, WeightStore::open({file.string()}));
+  ModelHashTask hash(file.string(), o.compute_hash);  // beside the load
   const auto prefix = flux_bfl_prefix(store);
   if (!prefix) return unsupported(file.string() + " holds no FLUX transformer in BFL layout (double_blocks.0.img_attn.qkv)");
   std::optional<FluxConfig> cfg;
@@ -184,8 +186,8 @@ Status load_bfl(FluxModel& m, const fs::path& file, const FluxLoadOptions& o) {
   ATELIER_RETURN_IF_ERROR(set_text_encoders(m, {o.clip_l, o.clip_tokenizer, o.t5, o.t5_tokenizer}, o));
   ATELIER_RETURN_IF_ERROR(load_vae(m, o.vae, o));
   ATELIER_RETURN_IF_ERROR(load_scheduler(m, builtin_scheduler(cfg->guidance_embeds)));
-  if (o.compute_hash) {
-    ATELIER_ASSIGN_OR_RETURN(m.hash, model_hash(file.string()));
+  if (hash.valid()) {
+    ATELIER_ASSIGN_OR_RETURN(m.hash, hash.get());
   }
   return Status::ok();
 }

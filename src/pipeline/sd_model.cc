@@ -66,6 +66,7 @@ Status load_diffusers(SdModel& m, const fs::path& root, const SdLoadOptions& o) 
   ATELIER_ASSIGN_OR_RETURN(auto index, read_json_file((root / "model_index.json").string()));
   (void)index;
   m.layout = "diffusers";
+  ModelHashTask hash(root.string(), o.compute_hash);  // beside the load
   // Text encoder.
   ATELIER_ASSIGN_OR_RETURN(auto te_files, component_weight_files(root / "text_encoder", "model"));
   ATELIER_ASSIGN_OR_RETURN(auto te_store, WeightStore::open(te_files));
@@ -104,8 +105,8 @@ Status load_diffusers(SdModel& m, const fs::path& root, const SdLoadOptions& o) 
   const std::string pt = m.scheduler_config.value("prediction_type", std::string("epsilon"));
   m.prediction = pt == "v_prediction" ? Prediction::kV : Prediction::kEpsilon;
   m.default_size = unet_cfg.sample_size * vae_cfg.downscale_factor();
-  if (o.compute_hash) {
-    ATELIER_ASSIGN_OR_RETURN(m.hash, model_hash(root.string()));
+  if (hash.valid()) {
+    ATELIER_ASSIGN_OR_RETURN(m.hash, hash.get());
   }
   return Status::ok();
 }
@@ -113,6 +114,7 @@ Status load_diffusers(SdModel& m, const fs::path& root, const SdLoadOptions& o) 
 Status load_single_file(SdModel& m, const fs::path& file, const SdLoadOptions& o) {
   ATELIER_ASSIGN_OR_RETURN(auto store, WeightStore::open({file.string()}));
   m.layout = "single-file (CompVis)";
+  ModelHashTask hash(file.string(), o.compute_hash);  // beside the load
   auto clip_layout = detect_clip_layout(store);
   if (!clip_layout || *clip_layout == ClipLayout::kTransformers)
     return unsupported(file.string() + " is not an SD 1.x/2.x single-file checkpoint: no text encoder under "
@@ -150,8 +152,8 @@ Status load_single_file(SdModel& m, const fs::path& file, const SdLoadOptions& o
   auto tok = load_tokenizer({o.tokenizer_dir, sibling.string()});
   if (tok) m.tokenizer.emplace(std::move(*tok));
   else if (o.require_tokenizer) return tok.status();
-  if (o.compute_hash) {
-    ATELIER_ASSIGN_OR_RETURN(m.hash, model_hash(file.string()));
+  if (hash.valid()) {
+    ATELIER_ASSIGN_OR_RETURN(m.hash, hash.get());
   }
   return Status::ok();
 }
