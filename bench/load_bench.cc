@@ -1,0 +1,112 @@
+// Weight loading throughput: how long a full-size checkpoint takes from its file to a device, the part of a CLI
+// `generate` (and of a server's model load) before any planning or denoising. Writes SD 1.5's UNet (860 M parameters,
+// diffusers' key names) as one safetensors file of deterministic values into DIR (once; kept for later runs), then
+// times UNet::load from it onto the device in that device's default dtype, the way `generate` loads a diffusers
+// folder. The file is read from the page cache after the first run (the write leaves it there too): the figure is
+// the loader's own rate, not the disk's.
+//   ./build/bench/load_bench [--device cpu|cuda[:N]] [--dir DIR] [--file-dtype f16|bf16|f32] [--runs N]
+// Prints one line per run: seconds, GB/s of file bytes, parameters per second.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/ops.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "io/safetensors.h"
+#include "models/common/weights.h"
+#include "models/sd/unet.h"
+#include "pipeline/builtin_models.h"
+#include "pipeline/sd_model.h"
+
+namespace atelier {
+namespace {
+
+struct Options {
+  std::string device = "cpu", dir = "/tmp/atelier-load-bench", file_dtype = "f16";
+  int runs = 3;
+};
+
+Expected<Options> parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) return invalid_argument("load_bench: " + a + " needs a value");
+    const std::string v = argv[++i];
+    if (a == "--device") o.device = v;
+    else if (a == "--dir") o.dir = v;
+    else if (a == "--file-dtype") o.file_dtype = v;
+    else if (a == "--runs") o.runs = std::max(1, std::atoi(v.c_str()));
+    else return invalid_argument("load_bench: unknown flag " + a + " (--device, --dir, --file-dtype, --runs)");
+  }
+  if (o.file_dtype != "f16" && o.file_dtype != "bf16" && o.file_dtype != "f32")
+    return invalid_argument("load_bench: --file-dtype takes f16, bf16 or f32");
+  return o;
+}
+
+// Small deterministic values (|v| < 1/16, as trained weights mostly are), written as f32 then cast to the file dtype.
+Tensor parameter(const Shape& shape, uint64_t seed, DType dtype) {
+  Tensor t = Tensor::empty(shape, DType::F32);
+  float* p = t.data<float>();
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    p[i] = float(int64_t(s >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 27);
+  }
+  return dtype == DType::F32 ? t : ops::cast(t, dtype);
+}
+
+// The UNet's file in `dir` (written when missing); its size in bytes.
+Expected<std::pair<std::string, size_t>> ensure_checkpoint(const UNetConfig& config, const Options& o) {
+  const std::string path = o.dir + "/sd15-unet-" + o.file_dtype + ".safetensors";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    std::filesystem::create_directories(o.dir, ec);
+    ATELIER_ASSIGN_OR_RETURN(auto shapes, UNet::parameter_shapes(config));
+    const DType dtype = o.file_dtype == "f32" ? DType::F32 : o.file_dtype == "bf16" ? DType::BF16 : DType::F16;
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    uint64_t seed = 0;
+    for (const auto& [key, shape] : shapes) tensors.emplace_back(key, parameter(shape, ++seed, dtype));
+    std::fprintf(stderr, "load_bench: writing %zu tensors to %s\n", tensors.size(), path.c_str());
+    ATELIER_RETURN_IF_ERROR(write_safetensors(path, tensors));
+  }
+  return std::make_pair(path, size_t(std::filesystem::file_size(path)));
+}
+
+Status run(const Options& o) {
+  ATELIER_ASSIGN_OR_RETURN(Device device, Device::parse(o.device));
+  ATELIER_ASSIGN_OR_RETURN(BuiltinSdConfig config, builtin_sd_config("sd15"));
+  ATELIER_ASSIGN_OR_RETURN(auto file, ensure_checkpoint(config.unet, o));
+  const DType dtype = default_model_dtype(device);
+  std::printf("load_bench: SD 1.5 UNet, %s file of %.3f GB -> %s in %s\n", o.file_dtype.c_str(), file.second / 1e9,
+              o.device.c_str(), std::string(dtype_name(dtype)).c_str());
+  for (int r = 0; r < o.runs; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    ATELIER_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open({file.first}));
+    ATELIER_ASSIGN_OR_RETURN(UNet unet, UNet::load(store, UNetLayout::kDiffusers, config.unet, device, dtype));
+    backend_for(device).synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("run %d: %.3f s, %.2f GB/s of file, %.0f M parameters/s\n", r + 1, s, file.second / 1e9 / s,
+                store.count_params() / 1e6 / s);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+}  // namespace atelier
+
+int main(int argc, char** argv) {
+  atelier::Expected<atelier::Options> o = atelier::parse(argc, argv);
+  const atelier::Status st = o ? atelier::run(*o) : o.status();
+  if (!st.is_ok()) {
+    std::fprintf(stderr, "%s\n", st.message().c_str());
+    return 1;
+  }
+  return 0;
+}
