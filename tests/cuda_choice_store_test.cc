@@ -116,7 +116,7 @@ void remove_plan_texts(const std::filesystem::path& dir) {
 // What each engine test starts from: cuda:0's stream, an allocator on it, an empty store folder, and the stores
 // that one process after another opens there.
 class CudaKeptChoices : public ::testing::Test {
- protected:
+ public:  // check_a_kept_plan_is_taken runs processes on them
   void SetUp() override {
     ATELIER_REQUIRE_CUDA();
     stream = test::cuda_be().stream();
@@ -158,6 +158,8 @@ TEST_F(CudaKeptChoices, ALaterProcessTakesTheKeptGemmAlgorithmWithoutTiming) {
   const ResidualProduct product;
   cuda::GemmEngine first(0, stream, *alloc);
   first.keep_choices_in(next_store());
+  EXPECT_TRUE(first.warm_up()) << "cuBLASLt's warm-up product failed";
+  EXPECT_EQ(first.tune_counts().timed, 0) << "the warm-up product was timed as a shape";
   const std::vector<float> want = product.run(first);
   ASSERT_EQ(first.tune_counts().timed, 1) << "a 2.1 GFLOP residual product is timed at its first call";
   EXPECT_EQ(first.tune_counts().from_store, 0);
@@ -194,63 +196,85 @@ bool graph_api_ready(const cuda::ConvEngine& engine) {
          engine.version().find("(graph API") != std::string::npos;
 }
 
+// What one process's planning of a shape did, by a plan engine's counters: plans made afresh, plans taken from the
+// store (and of those, restored from their serialized form), shapes whose candidates were timed.
+struct KeptCounts {
+  int64_t fresh = 0, from_store = 0, deserialized = 0, timed = 0;
+  KeptCounts operator-(const KeptCounts& o) const {
+    return {fresh - o.fresh, from_store - o.from_store, deserialized - o.deserialized, timed - o.timed};
+  }
+};
+
+// A kept cuDNN plan over four processes, each a new engine on the next store: `process(store)` makes it, runs the
+// shape and returns the output's values; `counts()` reads the engine kind's counters. The first process plans the
+// shape afresh and keeps its plan (and the plan's text, where cuDNN serializes it); a later one restores that plan,
+// times nothing and computes the same bits; without the text it finalizes the kept configuration alone, still
+// untimed; a kept answer that names no configuration the heuristics offer is planned afresh. `after_first(texts)`
+// runs between the first process and the later ones.
+void check_a_kept_plan_is_taken(CudaKeptChoices& t, const char* what, const std::function<std::vector<float>(ChoiceStore*)>& process,
+                                const std::function<KeptCounts()>& counts, const std::function<void(int texts)>& after_first = {}) {
+  KeptCounts before = counts();
+  const std::vector<float> want = process(t.next_store());
+  KeptCounts d = counts() - before;
+  ASSERT_EQ(d.fresh, 1);
+  EXPECT_EQ(d.from_store, 0);
+  const int texts = kept_plan_texts(t.dir.path);
+  std::printf("[ %-8s ] first process: %lld shape(s) timed, %d serialized plan(s) kept\n", what, (long long)d.timed, texts);
+  if (after_first) after_first(texts);
+
+  before = counts();
+  const std::vector<float> got = process(t.next_store());
+  d = counts() - before;
+  EXPECT_EQ(d.fresh, 0);
+  EXPECT_EQ(d.from_store, 1);
+  EXPECT_EQ(d.deserialized, texts) << "a kept serialized plan was not restored";
+  EXPECT_EQ(d.timed, 0) << "a kept plan was timed again";
+  EXPECT_EQ(got, want) << "the kept plan computed other bits than the one the first process chose";
+
+  remove_plan_texts(t.dir.path);
+  before = counts();
+  EXPECT_EQ(process(t.next_store()), want);
+  d = counts() - before;
+  EXPECT_EQ(d.from_store, 1);
+  EXPECT_EQ(d.deserialized, 0);
+  EXPECT_EQ(d.timed, 0);
+
+  overwrite_answers(t.dir.path, int64_t(1) << 40);
+  before = counts();
+  EXPECT_EQ(process(t.next_store()), want);
+  d = counts() - before;
+  EXPECT_EQ(d.from_store, 0);
+  EXPECT_EQ(d.fresh, 1);
+}
+
 TEST_F(CudaKeptChoices, ALaterProcessTakesTheKeptConvolutionPlanWithoutTiming) {
+  if (cuda::ConvEngine probe(0, stream); !graph_api_ready(probe)) GTEST_SKIP() << "cuDNN's graph API is not in use: " << probe.version();
   const SdConvolution conv;
-  const auto run = [&](cuda::ConvEngine& engine) {
+  const auto process = [&](ChoiceStore* store) {
+    cuda::ConvEngine engine(0, stream);
+    engine.keep_choices_in(store);
     Tensor y = conv.empty_y();
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_TRUE(engine.forward(y.raw(), conv.x.raw(), conv.w.raw(), DType::BF16, conv.shape, conv.params, false, *alloc, true));
     return host_values(y);
   };
-
-  cuda::ConvEngine first(0, stream);
-  if (!graph_api_ready(first)) GTEST_SKIP() << "cuDNN's graph API is not in use: " << first.version();
-  first.keep_choices_in(next_store());
-  cuda::ConvGraphStats before = cuda::conv_graph_stats();
-  const std::vector<float> want = run(first);
-  cuda::ConvGraphStats after = cuda::conv_graph_stats();
-  ASSERT_EQ(after.plans - before.plans, 1);
-  EXPECT_EQ(after.from_store - before.from_store, 0);
-  const int texts = kept_plan_texts(dir.path);
-  std::printf("[ conv     ] first process: %lld shape timed, %d serialized plan(s) kept\n",
-              (long long)(after.autotuned - before.autotuned), texts);
-
-  cuda::ConvEngine later(0, stream);
-  later.keep_choices_in(next_store());
-  before = cuda::conv_graph_stats();
-  const std::vector<float> got = run(later);
-  after = cuda::conv_graph_stats();
-  EXPECT_EQ(after.plans - before.plans, 1);
-  EXPECT_EQ(after.from_store - before.from_store, 1);
-  EXPECT_EQ(after.deserialized - before.deserialized, texts) << "a kept serialized plan was not restored";
-  EXPECT_EQ(after.autotuned - before.autotuned, 0) << "a kept plan was timed again";
-  EXPECT_EQ(got, want) << "the kept plan computed other bits than the one the first process chose";
-
-  // Without the serialized plan, the kept configuration alone is finalized: the same bits, still untimed.
-  remove_plan_texts(dir.path);
-  cuda::ConvEngine unserialized(0, stream);
-  unserialized.keep_choices_in(next_store());
-  before = cuda::conv_graph_stats();
-  EXPECT_EQ(run(unserialized), want);
-  after = cuda::conv_graph_stats();
-  EXPECT_EQ(after.from_store - before.from_store, 1);
-  EXPECT_EQ(after.deserialized - before.deserialized, 0);
-  EXPECT_EQ(after.autotuned - before.autotuned, 0);
-
-  // A kept answer that names no configuration the heuristics offer: planned (and timed) afresh.
-  overwrite_answers(dir.path, int64_t(1) << 40);
-  cuda::ConvEngine stale(0, stream);
-  stale.keep_choices_in(next_store());
-  before = cuda::conv_graph_stats();
-  EXPECT_EQ(run(stale), want);
-  after = cuda::conv_graph_stats();
-  EXPECT_EQ(after.from_store - before.from_store, 0);
-  EXPECT_EQ(after.plans - before.plans, 1);
+  const auto counts = [] {
+    const cuda::ConvGraphStats s = cuda::conv_graph_stats();
+    return KeptCounts{s.plans - s.from_store, s.from_store, s.deserialized, s.autotuned};
+  };
+  // The start-up thread's warm-up restores one kept plan on a handle of its own; with nothing kept it restores none.
+  const auto warm_up = [&](int texts) {
+    cuda::ConvEngine warm(0, stream);
+    warm.keep_choices_in(next_store());
+    EXPECT_EQ(warm.warm_up(), texts > 0);
+    cuda::ConvEngine unkept(0, stream);
+    EXPECT_FALSE(unkept.warm_up()) << "an engine without a store restored a plan";
+  };
+  check_a_kept_plan_is_taken(*this, "conv", process, counts, warm_up);
 }
 
 // cuDNN's SDPA plan for an SD self-attention shape, against a stand-in for our kernel that is far slower (a long
-// memset), so that cuDNN's plan is chosen and kept. A later process restores that plan (serialized, else its one
-// configuration finalized) and times nothing.
+// memset), so that cuDNN's plan is chosen and kept.
 TEST_F(CudaKeptChoices, ALaterProcessTakesTheKeptAttentionPlanWithoutTiming) {
   constexpr int64_t kB = 2, kH = 8, kS = 1024, kD = 64;
   const Tensor q = test::to_gpu(test::random_tensor({kB, kH, kS, kD}, 31), DType::BF16);
@@ -258,53 +282,21 @@ TEST_F(CudaKeptChoices, ALaterProcessTakesTheKeptAttentionPlanWithoutTiming) {
   const Tensor v = test::to_gpu(test::random_tensor({kB, kH, kS, kD}, 33), DType::BF16);
   std::shared_ptr<Buffer> slow = alloc->allocate(kSlowBytes);
   const std::function<bool()> ours = [&] { return cudaMemsetAsync(slow->data(), 0, kSlowBytes, stream) == cudaSuccess; };
-  const auto run = [&](cuda::CudnnSdpa& sdpa) {
+  const cuda::ConvEngine conv(0, stream);  // cuDNN's library, and a handle on the stream
+  if (cuda::CudnnSdpa probe(conv.library(), conv.handle(), stream, nullptr); !probe.available())
+    GTEST_SKIP() << "cuDNN's SDPA node is not available here: " << probe.why_unavailable();
+  const auto process = [&](ChoiceStore* store) {
+    cuda::CudnnSdpa sdpa(conv.library(), conv.handle(), stream, store);
     Tensor out = Tensor::empty({kB, kH, kS, kD}, DType::BF16, test::cuda0());
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_TRUE(sdpa.forward(out, q, k, v, 0.125f, *alloc, ours)) << "cuDNN's plan lost to a 256 MiB memset";
     return host_values(out);
   };
-
-  const cuda::ConvEngine conv(0, stream);  // cuDNN's library, and a handle on the stream
-  cuda::CudnnSdpa first(conv.library(), conv.handle(), stream, next_store());
-  if (!first.available()) GTEST_SKIP() << "cuDNN's SDPA node is not available here: " << first.why_unavailable();
-  cuda::SdpaStats before = cuda::sdpa_stats();
-  const std::vector<float> want = run(first);
-  cuda::SdpaStats after = cuda::sdpa_stats();
-  ASSERT_EQ(after.timed - before.timed, 1);
-  EXPECT_EQ(after.from_store - before.from_store, 0);
-
-  // Where cuDNN serializes the plan, its text is kept beside the answer and a later process restores it.
-  const int texts = kept_plan_texts(dir.path);
-  std::printf("[ sdpa     ] first process: %d serialized plan(s) kept\n", texts);
-
-  cuda::CudnnSdpa later(conv.library(), conv.handle(), stream, next_store());
-  before = cuda::sdpa_stats();
-  const std::vector<float> got = run(later);
-  after = cuda::sdpa_stats();
-  EXPECT_EQ(after.timed - before.timed, 0) << "a kept plan was timed again";
-  EXPECT_EQ(after.from_store - before.from_store, 1);
-  EXPECT_EQ(after.deserialized - before.deserialized, texts) << "a kept serialized plan was not restored";
-  EXPECT_EQ(got, want) << "the kept plan computed other bits than the one the first process chose";
-
-  // Without the serialized plan, the kept configuration alone is finalized: the same bits, still untimed.
-  remove_plan_texts(dir.path);
-  cuda::CudnnSdpa unserialized(conv.library(), conv.handle(), stream, next_store());
-  before = cuda::sdpa_stats();
-  EXPECT_EQ(run(unserialized), want);
-  after = cuda::sdpa_stats();
-  EXPECT_EQ(after.timed - before.timed, 0);
-  EXPECT_EQ(after.from_store - before.from_store, 1);
-  EXPECT_EQ(after.deserialized - before.deserialized, 0);
-
-  // A kept answer that names no configuration the heuristics offer: planned and timed afresh.
-  overwrite_answers(dir.path, int64_t(1) << 40);
-  cuda::CudnnSdpa stale(conv.library(), conv.handle(), stream, next_store());
-  before = cuda::sdpa_stats();
-  EXPECT_EQ(run(stale), want);
-  after = cuda::sdpa_stats();
-  EXPECT_EQ(after.from_store - before.from_store, 0);
-  EXPECT_EQ(after.timed - before.timed, 1);
+  const auto counts = [] {
+    const cuda::SdpaStats s = cuda::sdpa_stats();
+    return KeptCounts{s.timed, s.from_store, s.deserialized, s.timed};
+  };
+  check_a_kept_plan_is_taken(*this, "sdpa", process, counts);
 }
 
 // The fused epilogue's verdict (kept, or the separate pass) is kept too: a later process that finds "not fused"

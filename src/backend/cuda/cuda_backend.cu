@@ -89,15 +89,21 @@ CudaBackend::CudaBackend(int index, const cudaDeviceProp& prop)
   fp8_attention_ = fp8_attention_default();
   // The libraries' start-up runs beside whatever the process does next (a checkpoint's load) instead of at the first
   // product and convolution: ~0.1 s of a process's first image whose choices are kept (docs/performance.md, "Session
-  // 65"). ATELIER_PREWARM=0: at first use instead.
-  if (!env_is("ATELIER_PREWARM", "0")) startup_threads().start([this] { prewarm(); });
+  // 65"). ATELIER_PREWARM=0: at first use instead; =libs: the engines and libraries only, no warm-up product or plan.
+  if (!env_is("ATELIER_PREWARM", "0")) startup_threads().start([this] { prewarm(!env_is("ATELIER_PREWARM", "libs")); });
 }
 
-void CudaBackend::prewarm() noexcept {
+void CudaBackend::prewarm(bool first_calls) noexcept {
   try {
     DeviceGuard guard(index_);
-    gemm_engine();  // cuBLASLt's handle; cuDNN's library and handle; the choice store's file
+    GemmEngine& gemm = gemm_engine();  // cuBLASLt's handle; cuDNN's library and handle; the choice store's file
     load_cudnn_engine_libraries();
+    if (!first_calls) return;
+    // The libraries' first calls, which cost the process's first product and first convolution ~50-70 ms each
+    // beyond their handles (docs/performance.md, "Session 65"): cuBLASLt's first heuristics query and kernel, and
+    // cuDNN's first plan restored from its serialized form.
+    gemm.warm_up();
+    conv_engine().warm_up();
   } catch (...) {
     // Whatever failed here fails again, and is reported, at its first real use.
   }

@@ -243,8 +243,9 @@ class CudaBackend final : public Backend {
   void drop_batch() noexcept;     // ends the open batch's capture without running its work
   // The cuBLASLt engine of this device, made at first use.
   GemmEngine& gemm_engine();
-  // The start-up thread's work: the engines made and cuDNN's engine libraries loaded before their first use.
-  void prewarm() noexcept;
+  // The start-up thread's work: the engines made and cuDNN's engine libraries loaded before their first use; with
+  // first_calls, also the libraries' first calls (GemmEngine::warm_up, ConvEngine::warm_up).
+  void prewarm(bool first_calls) noexcept;
   // Attention through two batched GEMMs and a masked softmax, in chunks of queries (any dtype/head dims).
   void attention_gemm(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, float scale);
   // The tensor-core flash kernel; returns false when the inputs are outside what it supports.

@@ -420,6 +420,17 @@ void ConvEngine::keep_choices_in(ChoiceStore* store) {
   if (graph_) graph_->keep_choices_in(store);
 }
 
+bool ConvEngine::warm_up() {
+  if (!graph_ || !graph_->available() || !conv_graph_enabled()) return false;
+  DeviceGuard guard(device_);
+  if (!warm_handle_) {
+    cudnnHandle_t h = nullptr;
+    if (api_->cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) return false;
+    warm_handle_ = h;
+  }
+  return graph_->warm_up(warm_handle_);
+}
+
 void* ConvEngine::library() const { return api_ ? api_->library : nullptr; }
 
 std::string ConvEngine::version() const {

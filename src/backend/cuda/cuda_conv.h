@@ -85,6 +85,9 @@ class ConvEngine {
                      DeviceAllocator& alloc, const ConvEpilogue& epilogue);
   // The graph path's plan choices are also kept in `store` (not owned; null: this process only).
   void keep_choices_in(ChoiceStore* store);
+  // cuDNN's one-time costs of restoring a kept plan, paid ahead on a handle of the engine's own (ConvGraph::warm_up);
+  // safe beside the engine's use from another thread. False when nothing was restored.
+  bool warm_up();
 
  private:
   struct Plan;
@@ -95,7 +98,8 @@ class ConvEngine {
   int device_;
   cudaStream_t stream_;
   const CudnnApi* api_ = nullptr;
-  void* handle_ = nullptr;  // cudnnHandle_t
+  void* handle_ = nullptr;       // cudnnHandle_t
+  void* warm_handle_ = nullptr;  // warm_up's, made there; like handle_, it lives as long as the process
   std::string version_, why_;
   std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_;

@@ -353,6 +353,25 @@ ConvGraph::ConvGraph(void* library, void* handle, cudaStream_t stream) : handle_
 
 ConvGraph::~ConvGraph() { plans_.clear(); }
 
+struct ConvGraph::WarmPlan {
+  Candidate plan;
+};
+
+bool ConvGraph::warm_up(void* handle) {
+  if (!api_ || !choices_ || !handle) return false;
+  for (const auto& [key, answer] : choices_->with_prefix(choice_key("cudnn conv"))) {
+    if (answer < 0) continue;  // a refused fusion: no plan
+    const std::optional<std::string> text = choices_->get_text(cudnn_graph::plan_text_key(key, answer));
+    if (!text) continue;
+    auto warm = std::make_unique<WarmPlan>();
+    std::string why;
+    if (!cudnn_graph::deserialize_plan(*api_, static_cast<cudnnHandle_t>(handle), *text, warm->plan, &why)) return false;
+    warm_plan_ = std::move(warm);
+    return true;
+  }
+  return false;
+}
+
 ConvGraph::Plan* ConvGraph::plan_for(void* y, const void* x, const void* w, DType dtype, const ConvShape& s,
                                      const Conv2dParams& p, DeviceAllocator& alloc, const ConvEpilogue* epilogue) {
   const Key key = key_for(dtype, s, p, epilogue);

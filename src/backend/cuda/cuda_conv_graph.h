@@ -105,9 +105,15 @@ class ConvGraph {
   // null: this process only), and an earlier process's answer is taken there: only that plan is finalized,
   // nothing is timed (a kept fused plan's result is still checked against the separate pass).
   void keep_choices_in(ChoiceStore* store) { choices_ = store; }
+  // Restores one kept convolution plan from its serialized form on `handle` (a cudnnHandle_t of the caller's: the
+  // start-up thread runs beside the engine's use of its own), so that cuDNN's one-time costs of restoring a plan are
+  // not paid by the process's first convolution. The plan is kept to the end (releasing it could unload a module
+  // during another thread's graph capture). False when the store keeps no such plan or cuDNN refuses it.
+  bool warm_up(void* handle);
 
  private:
   struct Plan;
+  struct WarmPlan;
   using Key = std::array<int64_t, 18>;
   // The cached plan of a shape (with `epilogue`'s operands, when it has any), planning it on first use; null
   // when it has none (remembered) or when the stream is capturing and the shape is new (not remembered).
@@ -127,6 +133,7 @@ class ConvGraph {
   std::string why_;
   ChoiceStore* choices_ = nullptr;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::unique_ptr<WarmPlan> warm_plan_;  // warm_up's plan
 };
 
 }  // namespace atelier::cuda

@@ -158,8 +158,57 @@ GemmEngine::GemmEngine(int device, cudaStream_t stream, DeviceAllocator& alloc) 
 
 GemmEngine::~GemmEngine() {
   plans_.clear();
+  if (warm_up_memory_) cudaFree(warm_up_memory_);
   if (blas_) cublasDestroy(blas_);
   if (lt_) cublasLtDestroy(lt_);
+}
+
+bool GemmEngine::warm_up() {
+  // A square bf16 product [n, n] x [n, n]^T + bias: the layout and epilogue of a linear layer, SD's and the DiTs'
+  // most common product. Its own stream and no workspace, so that it shares nothing with the engine's stream; its
+  // buffers stay until the engine goes (a cudaFree here could meet another thread's graph capture).
+  constexpr int64_t kN = 256;
+  constexpr size_t kMatrixBytes = size_t(kN * kN) * 2;
+  DeviceGuard guard(device_);
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaStream_t stream = nullptr;
+  void*& mem = warm_up_memory_;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t layout = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  bool ok = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess &&
+            (mem || cudaMalloc(&mem, 3 * kMatrixBytes + kN * 2) == cudaSuccess) &&
+            cudaMemsetAsync(mem, 0, 3 * kMatrixBytes + kN * 2, stream) == cudaSuccess &&
+            cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, kN, kN, kN) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
+  if (ok) {
+    char* base = static_cast<char*>(mem);
+    const void *a = base, *b = base + kMatrixBytes, *bias = base + 3 * kMatrixBytes;
+    void* c = base + 2 * kMatrixBytes;
+    const cublasOperation_t trans = CUBLAS_OP_T, none = CUBLAS_OP_N;
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+    const uint64_t no_workspace = 0;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace, sizeof(no_workspace));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const float alpha = 1.0f, beta = 0.0f;
+    ok = cublasLtMatmulAlgoGetHeuristic(lt_, desc, layout, layout, layout, layout, pref, 1, &result, &found) ==
+             CUBLAS_STATUS_SUCCESS &&
+         found == 1 &&
+         cublasLtMatmul(lt_, desc, &alpha, a, layout, b, layout, &beta, c, layout, c, layout, &result.algo, nullptr, 0,
+                        stream) == CUBLAS_STATUS_SUCCESS &&
+         cudaStreamSynchronize(stream) == cudaSuccess;
+  }
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (layout) cublasLtMatrixLayoutDestroy(layout);
+  if (desc) cublasLtMatmulDescDestroy(desc);
+  if (stream) cudaStreamDestroy(stream);
+  return ok;
 }
 
 GemmEngine::Plan* GemmEngine::plan_for(const GemmCall& call, bool allow_tf32, int epilogue) {

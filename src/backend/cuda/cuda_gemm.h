@@ -103,6 +103,11 @@ class GemmEngine {
     int64_t timed = 0, from_store = 0;
   };
   TuneCounts tune_counts() const { return {timed_.load(), from_store_.load()}; }
+  // Pays cuBLASLt's one-time costs (its heuristics' first query, its first kernel's loading) ahead of the first real
+  // product: one small bf16 product with a bias epilogue on a stream and buffers of its own, waited for. The
+  // backend's start-up thread calls it while the weights load; a real product meanwhile waits for it (the engine's
+  // lock). False when something failed (the first real product then pays as before).
+  bool warm_up();
 
  private:
   struct Plan;
@@ -132,6 +137,7 @@ class GemmEngine {
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::shared_ptr<Buffer> workspace_;
+  void* warm_up_memory_ = nullptr;  // warm_up's operands (cudaMalloc)
   OwnRun own_;
   ChoiceStore* choices_ = nullptr;
   std::atomic<int64_t> timed_{0}, from_store_{0};
