@@ -148,11 +148,14 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
     if (log_enabled()) std::fprintf(stderr, "[cudnn sdpa] %s: our kernel (stored choice)\n", what.c_str());
     return plan;
   }
-  if (stored >= 0 && take_kept(*plan, key, stored, out, q, k, v)) return plan;
+  bool graph_built = false;
+  if (stored >= 0 && take_kept(*plan, key, stored, out, q, k, v, &graph_built)) return plan;
 
-  Builder b(a);
-  plan->graph = build_graph(b, handle, out, q, k, v);
-  if (!b.ok()) return decline(b.why());
+  if (!graph_built) {
+    Builder b(a);
+    plan->graph = build_graph(b, handle, out, q, k, v);
+    if (!b.ok()) return decline(b.why());
+  }
   std::string why;
   std::vector<Candidate> candidates = plan_candidates(a, handle, plan->graph.graph, kMaxCandidates, &why);
   if (candidates.empty()) return decline(why);
@@ -186,12 +189,13 @@ CudnnSdpa::Plan* CudnnSdpa::plan_for(const Key& key, Tensor& out, const Tensor& 
 // (another cuDNN release, or an answer that names no configuration the heuristics offer): the caller then times the
 // shape afresh.
 bool CudnnSdpa::take_kept(Plan& plan, const Key& key, int64_t stored, const Tensor& out, const Tensor& q, const Tensor& k,
-                          const Tensor& v) {
+                          const Tensor& v, bool* graph_built) {
   const auto handle = static_cast<cudnnHandle_t>(handle_);
   const auto start = std::chrono::steady_clock::now();
   Builder b(*api_);
   const auto graph = [&]() -> const Descriptor* {
     plan.graph = build_graph(b, handle, out, q, k, v);
+    *graph_built = b.ok();
     return b.ok() ? &plan.graph.graph : nullptr;
   };
   bool restored = false;

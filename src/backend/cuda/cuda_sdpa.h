@@ -81,7 +81,9 @@ class CudnnSdpa {
   using Key = std::array<int64_t, 20>;
   Plan* plan_for(const Key& key, Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                  DeviceAllocator& alloc, const std::function<bool()>& ours);
-  bool take_kept(Plan& plan, const Key& key, int64_t stored, const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v);
+  // *graph_built: whether plan.graph was built (and built well) on the way, so that a caller planning afresh reuses it.
+  bool take_kept(Plan& plan, const Key& key, int64_t stored, const Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                 bool* graph_built);
   void keep_choice(const Plan& plan, const Key& key);
 
   const CudnnGraphApi* api_ = nullptr;
