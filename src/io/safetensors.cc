@@ -19,6 +19,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "io/float_convert.h"
 #include "io/json_util.h"
 
 namespace atelier {
@@ -93,25 +94,6 @@ void convert_elements(const char* src, DType from, char* dst, DType to, int64_t 
       case DType::BF16: { const uint16_t h = float_to_bf16(float(v)); std::memcpy(dst + i * 2, &h, 2); break; }
       default: break;  // callers only pass float targets
     }
-  }
-}
-
-// Fast path for the common case (f16 weights -> f32 compute): no double round trip, no switch per element.
-void f16_to_f32(const char* src, float* dst, int64_t n) {
-#pragma omp parallel for if (n >= kParallelMinElements) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t v;
-    std::memcpy(&v, src + i * 2, 2);
-    dst[i] = f16_to_float(v);
-  }
-}
-
-void bf16_to_f32(const char* src, float* dst, int64_t n) {
-#pragma omp parallel for if (n >= kParallelMinElements) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t v;
-    std::memcpy(&v, src + i * 2, 2);
-    dst[i] = bf16_to_float(v);
   }
 }
 
@@ -349,10 +331,14 @@ Expected<Tensor> SafeTensorsFile::load(const TensorInfo& info, DType dtype) cons
     const int64_t n = t.numel();
     if (dtype == info.dtype) {
       if (info.end > info.begin) std::memcpy(t.raw(), src, info.end - info.begin);
-    } else if (info.dtype == DType::F16 && dtype == DType::F32) {
-      f16_to_f32(src, t.data<float>(), n);
+    } else if (info.dtype == DType::F16 && dtype == DType::F32) {  // the common cases: io/float_convert.h
+      convert_f16_to_f32(src, t.data<float>(), n);
     } else if (info.dtype == DType::BF16 && dtype == DType::F32) {
-      bf16_to_f32(src, t.data<float>(), n);
+      convert_bf16_to_f32(src, t.data<float>(), n);
+    } else if (info.dtype == DType::F16 && dtype == DType::BF16) {
+      convert_f16_to_bf16(src, static_cast<uint16_t*>(t.raw()), n);
+    } else if (info.dtype == DType::F32 && dtype == DType::BF16) {
+      convert_f32_to_bf16(src, static_cast<uint16_t*>(t.raw()), n);
     } else {
       convert_elements(src, info.dtype, static_cast<char*>(t.raw()), dtype, n);
     }
