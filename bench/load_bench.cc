@@ -4,7 +4,8 @@
 // times UNet::load from it onto the device in that device's default dtype, the way `generate` loads a diffusers
 // folder. The file is read from the page cache after the first run (the write leaves it there too): the figure is
 // the loader's own rate, not the disk's.
-//   ./build/bench/load_bench [--device cpu|cuda[:N]] [--dir DIR] [--file-dtype f16|bf16|f32] [--runs N]
+//   ./build/bench/load_bench [--device cpu|cuda[:N]] [--dir DIR] [--file-dtype f16|bf16|f32] [--dtype f16|bf16|f32]
+//                            [--runs N]
 // Prints one line per run: seconds, GB/s of file bytes, parameters per second.
 #include <chrono>
 #include <cstdio>
@@ -30,6 +31,7 @@ namespace {
 
 struct Options {
   std::string device = "cpu", dir = "/tmp/atelier-load-bench", file_dtype = "f16";
+  std::string dtype;  // the loaded weights' dtype; "" = the device's default (f32 on the CPU, bf16 on CUDA)
   int runs = 3;
 };
 
@@ -42,13 +44,17 @@ Expected<Options> parse(int argc, char** argv) {
     if (a == "--device") o.device = v;
     else if (a == "--dir") o.dir = v;
     else if (a == "--file-dtype") o.file_dtype = v;
+    else if (a == "--dtype") o.dtype = v;
     else if (a == "--runs") o.runs = std::max(1, std::atoi(v.c_str()));
-    else return invalid_argument("load_bench: unknown flag " + a + " (--device, --dir, --file-dtype, --runs)");
+    else return invalid_argument("load_bench: unknown flag " + a + " (--device, --dir, --file-dtype, --dtype, --runs)");
   }
-  if (o.file_dtype != "f16" && o.file_dtype != "bf16" && o.file_dtype != "f32")
-    return invalid_argument("load_bench: --file-dtype takes f16, bf16 or f32");
+  for (const std::string* d : {&o.file_dtype, &o.dtype})
+    if (!d->empty() && *d != "f16" && *d != "bf16" && *d != "f32")
+      return invalid_argument("load_bench: --file-dtype and --dtype take f16, bf16 or f32");
   return o;
 }
+
+DType dtype_of(const std::string& name) { return name == "f32" ? DType::F32 : name == "bf16" ? DType::BF16 : DType::F16; }
 
 // Small deterministic values (|v| < 1/16, as trained weights mostly are), written as f32 then cast to the file dtype.
 Tensor parameter(const Shape& shape, uint64_t seed, DType dtype) {
@@ -69,7 +75,7 @@ Expected<std::pair<std::string, size_t>> ensure_checkpoint(const UNetConfig& con
   if (!std::filesystem::exists(path, ec)) {
     std::filesystem::create_directories(o.dir, ec);
     ATELIER_ASSIGN_OR_RETURN(auto shapes, UNet::parameter_shapes(config));
-    const DType dtype = o.file_dtype == "f32" ? DType::F32 : o.file_dtype == "bf16" ? DType::BF16 : DType::F16;
+    const DType dtype = dtype_of(o.file_dtype);
     std::vector<std::pair<std::string, Tensor>> tensors;
     uint64_t seed = 0;
     for (const auto& [key, shape] : shapes) tensors.emplace_back(key, parameter(shape, ++seed, dtype));
@@ -83,7 +89,7 @@ Status run(const Options& o) {
   ATELIER_ASSIGN_OR_RETURN(Device device, Device::parse(o.device));
   ATELIER_ASSIGN_OR_RETURN(BuiltinSdConfig config, builtin_sd_config("sd15"));
   ATELIER_ASSIGN_OR_RETURN(auto file, ensure_checkpoint(config.unet, o));
-  const DType dtype = default_model_dtype(device);
+  const DType dtype = o.dtype.empty() ? default_model_dtype(device) : dtype_of(o.dtype);
   std::printf("load_bench: SD 1.5 UNet, %s file of %.3f GB -> %s in %s\n", o.file_dtype.c_str(), file.second / 1e9,
               o.device.c_str(), std::string(dtype_name(dtype)).c_str());
   for (int r = 0; r < o.runs; ++r) {
