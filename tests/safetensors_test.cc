@@ -128,6 +128,36 @@ TEST(SafeTensors, RoundTripEveryDType) {
   fs::remove(path);
 }
 
+// A view reads the mapping in the file's dtype, outlives the caller's handle of the file, and refuses foreign infos.
+TEST(SafeTensors, ViewsReadTheMappingAndKeepTheFileOpen) {
+  const fs::path path = temp_path("views.safetensors");
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -0.5f};
+  ASSERT_TRUE(write_safetensors(path.string(), {{"w", tensor_from_bytes({2, 3}, DType::F16, as_bytes<uint16_t>(
+                                                   {float_to_f16(1.5f), float_to_f16(-2.0f), float_to_f16(3.25f),
+                                                    float_to_f16(0.0f), float_to_f16(7.0f), float_to_f16(-0.5f)}))}})
+                  .is_ok());
+  Tensor view;
+  {
+    auto file = SafeTensorsFile::open(path.string());
+    ASSERT_TRUE(file.has_value());
+    const TensorInfo* info = (*file)->find("w");
+    ASSERT_NE(info, nullptr);
+    auto v = (*file)->view(*info);
+    ASSERT_TRUE(v.has_value());
+    view = *v;
+    EXPECT_EQ(view.raw(), (*file)->raw(*info)) << "a view is the mapping itself, not a copy";
+    TensorInfo foreign = *info;
+    foreign.begin += 2;
+    EXPECT_FALSE((*file)->view(foreign).has_value());
+  }  // the caller's handle is gone; the view keeps the mapping
+  fs::remove(path);
+  ASSERT_EQ(view.dtype(), DType::F16);
+  ASSERT_EQ(view.shape(), (Shape{2, 3}));
+  std::vector<uint16_t> h(6);
+  std::memcpy(h.data(), view.raw(), 12);
+  for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(f16_to_float(h[i]), values[i]) << i;
+}
+
 TEST(SafeTensors, F8NaNAndSubnormals) {
   auto f = SafeTensorsFile::from_bytes(
       make_file(R"({"x":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", std::string("\x7f\xff\x07\x08", 4)));

@@ -349,6 +349,16 @@ Expected<Tensor> SafeTensorsFile::load(const TensorInfo& info, DType dtype) cons
   return out;
 }
 
+Expected<Tensor> SafeTensorsFile::view(const TensorInfo& info) const {
+  const TensorInfo* own = find(info.name);
+  if (own == nullptr || own->begin != info.begin || own->end != info.end || own->dtype != info.dtype)
+    return invalid_argument(path_ + ": tensor info for '" + info.name + "' does not belong to this file");
+  auto file = shared_from_this();  // the mapping lives as long as the view
+  auto buf = std::make_shared<Buffer>(const_cast<void*>(raw(info)), info.end - info.begin, Device::cpu(),
+                                      [file](void*) {});
+  return Tensor(std::move(buf), info.shape, info.dtype);
+}
+
 namespace {
 
 // A packed host copy of `t` with its own dtype (the writer stores bytes as they are).

@@ -22,7 +22,7 @@ struct TensorInfo {
   size_t end = 0;
 };
 
-class SafeTensorsFile {
+class SafeTensorsFile : public std::enable_shared_from_this<SafeTensorsFile> {
  public:
   // Maps and validates `path`.
   static Expected<std::shared_ptr<SafeTensorsFile>> open(const std::string& path);
@@ -40,6 +40,10 @@ class SafeTensorsFile {
   // Copies one tensor to a host Tensor of `dtype` (float dtypes convert; integer dtypes load as-is or to f32).
   Expected<Tensor> load(const std::string& name, DType dtype = DType::F32) const;
   Expected<Tensor> load(const TensorInfo& info, DType dtype = DType::F32) const;
+  // A host tensor of `info` in the file's dtype that reads the file's mapping itself (no copy), keeping the file
+  // open while it lives: for a copy to a device, which then reads the mapping once instead of a host copy of it.
+  // READ-ONLY: the mapping is (writing through it faults).
+  Expected<Tensor> view(const TensorInfo& info) const;
 
  private:
   SafeTensorsFile() = default;

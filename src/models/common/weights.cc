@@ -71,6 +71,12 @@ Expected<Tensor> WeightStore::read(const std::string& key, DType dtype) const {
   return files_[e->file]->load(*e->info, dtype);
 }
 
+Expected<Tensor> WeightStore::view(const std::string& key) const {
+  const Entry* e = find(key);
+  if (!e) return not_found("tensor '" + key + "' is not in the weights");
+  return files_[e->file]->view(*e->info);
+}
+
 int64_t WeightStore::count_params(const std::string& prefix) const {
   int64_t n = 0;
   for (const auto& k : keys_with_prefix(prefix)) n += numel_of(find(k)->info->shape);
@@ -123,7 +129,10 @@ void WeightLoader::load(Tensor& field, const std::string& key, const Shape& shap
     shared_->errors.push_back("tensor '" + fk + "' has shape " + shape_str(info->shape) + ", expected " + shape_str(shape));
     return;
   }
-  auto host = store_->read(fk, dtype);
+  // A device copy in the file's own dtype reads the file's mapping directly (one pass over the bytes instead of a host
+  // copy and then the copy to the device); anything else is converted into a host tensor first.
+  const bool direct = !device_.is_cpu() && info->dtype == dtype;
+  auto host = direct ? store_->view(fk) : store_->read(fk, dtype);
   if (!host) {
     shared_->errors.push_back(host.status().message());
     return;
