@@ -7,6 +7,7 @@
 //   ./build/bench/load_bench [--device cpu|cuda[:N]] [--dir DIR] [--file-dtype f16|bf16|f32] [--dtype f16|bf16|f32]
 //                            [--runs N]
 // Prints one line per run: seconds, GB/s of file bytes, parameters per second.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -85,6 +86,28 @@ Expected<std::pair<std::string, size_t>> ensure_checkpoint(const UNetConfig& con
   return std::make_pair(path, size_t(std::filesystem::file_size(path)));
 }
 
+// The loader's device copies of a few tensors (the first ones and the largest) against the file read on the host: a
+// load that is fast but wrong fails here.
+Status check_loaded_values(const WeightStore& store, const UNetConfig& config, Device device, DType dtype) {
+  ATELIER_ASSIGN_OR_RETURN(auto shapes, UNet::parameter_shapes(config));
+  constexpr size_t kFirst = 8;
+  std::vector<std::pair<std::string, Shape>> picked(shapes.begin(), shapes.begin() + std::min(kFirst, shapes.size()));
+  picked.push_back(*std::max_element(shapes.begin(), shapes.end(),
+                                     [](const auto& a, const auto& b) { return numel_of(a.second) < numel_of(b.second); }));
+  WeightLoader loader(store, device, dtype);
+  std::vector<Tensor> loaded(picked.size());
+  for (size_t i = 0; i < picked.size(); ++i) loader.tensor(loaded[i], picked[i].first, picked[i].second);
+  ATELIER_RETURN_IF_ERROR(loader.finish());
+  for (size_t i = 0; i < picked.size(); ++i) {
+    ATELIER_ASSIGN_OR_RETURN(Tensor want, store.read(picked[i].first, dtype));
+    const Tensor got = loaded[i].to(Device::cpu());
+    if (got.nbytes() != want.nbytes() || std::memcmp(got.raw(), want.raw(), want.nbytes()) != 0)
+      return internal_error("load_bench: " + picked[i].first + " on " + device.str() + " differs from the file");
+  }
+  std::printf("checked: %zu tensors on %s equal the file's values\n", picked.size(), device.str().c_str());
+  return Status::ok();
+}
+
 Status run(const Options& o) {
   ATELIER_ASSIGN_OR_RETURN(Device device, Device::parse(o.device));
   ATELIER_ASSIGN_OR_RETURN(BuiltinSdConfig config, builtin_sd_config("sd15"));
@@ -101,7 +124,8 @@ Status run(const Options& o) {
     std::printf("run %d: %.3f s, %.2f GB/s of file, %.0f M parameters/s\n", r + 1, s, file.second / 1e9 / s,
                 store.count_params() / 1e6 / s);
   }
-  return Status::ok();
+  ATELIER_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open({file.first}));
+  return check_loaded_values(store, config.unet, device, dtype);
 }
 
 }  // namespace
