@@ -86,40 +86,34 @@ ATELIER_F16C void bf16_to_f32_vec(const uint8_t* s, float* d, int64_t begin, int
   for (; i < end; ++i) d[i] = bf16_to_float(load_u16(s, i));
 }
 
+// dst[i] = scalar(src, i) over [0, n), through `vec` (the same values, eight at a time) where the CPU has it.
+template <typename Dst, typename Scalar>
+void convert(const void* src, Dst* dst, int64_t n, void (*vec)(const uint8_t*, Dst*, int64_t, int64_t), const Scalar& scalar) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  in_blocks(n, [&](int64_t b, int64_t e) {
+    if (vector_forms()) return vec(s, dst, b, e);
+    for (int64_t i = b; i < e; ++i) dst[i] = scalar(s, i);
+  });
+}
+
 }  // namespace
 
 bool float_convert_vectorized() { return vector_forms(); }
 
 void convert_f16_to_f32(const void* src, float* dst, int64_t n) {
-  const auto* s = static_cast<const uint8_t*>(src);
-  in_blocks(n, [&](int64_t b, int64_t e) {
-    if (vector_forms()) return f16_to_f32_vec(s, dst, b, e);
-    for (int64_t i = b; i < e; ++i) dst[i] = f16_to_float(load_u16(s, i));
-  });
+  convert(src, dst, n, f16_to_f32_vec, [](const uint8_t* s, int64_t i) { return f16_to_float(load_u16(s, i)); });
 }
 
 void convert_f16_to_bf16(const void* src, uint16_t* dst, int64_t n) {
-  const auto* s = static_cast<const uint8_t*>(src);
-  in_blocks(n, [&](int64_t b, int64_t e) {
-    if (vector_forms()) return f16_to_bf16_vec(s, dst, b, e);
-    for (int64_t i = b; i < e; ++i) dst[i] = float_to_bf16(f16_to_float(load_u16(s, i)));
-  });
+  convert(src, dst, n, f16_to_bf16_vec, [](const uint8_t* s, int64_t i) { return float_to_bf16(f16_to_float(load_u16(s, i))); });
 }
 
 void convert_f32_to_bf16(const void* src, uint16_t* dst, int64_t n) {
-  const auto* s = static_cast<const uint8_t*>(src);
-  in_blocks(n, [&](int64_t b, int64_t e) {
-    if (vector_forms()) return f32_to_bf16_vec(s, dst, b, e);
-    for (int64_t i = b; i < e; ++i) dst[i] = float_to_bf16(load_f32(s, i));
-  });
+  convert(src, dst, n, f32_to_bf16_vec, [](const uint8_t* s, int64_t i) { return float_to_bf16(load_f32(s, i)); });
 }
 
 void convert_bf16_to_f32(const void* src, float* dst, int64_t n) {
-  const auto* s = static_cast<const uint8_t*>(src);
-  in_blocks(n, [&](int64_t b, int64_t e) {
-    if (vector_forms()) return bf16_to_f32_vec(s, dst, b, e);
-    for (int64_t i = b; i < e; ++i) dst[i] = bf16_to_float(load_u16(s, i));
-  });
+  convert(src, dst, n, bf16_to_f32_vec, [](const uint8_t* s, int64_t i) { return bf16_to_float(load_u16(s, i)); });
 }
 
 }  // namespace atelier
