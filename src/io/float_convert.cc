@@ -55,44 +55,39 @@ ATELIER_F16C __m128i bf16_of(__m256 f) {
   return _mm256_castsi256_si128(packed);
 }
 
+// The vector kernels: [begin, end) in groups of kLanes (end - begin a multiple of it).
 ATELIER_F16C void f16_to_f32_vec(const uint8_t* s, float* d, int64_t begin, int64_t end) {
-  int64_t i = begin;
-  for (; i + kLanes <= end; i += kLanes)
+  for (int64_t i = begin; i < end; i += kLanes)
     _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i * 2))));
-  for (; i < end; ++i) d[i] = f16_to_float(load_u16(s, i));
 }
 
 ATELIER_F16C void f16_to_bf16_vec(const uint8_t* s, uint16_t* d, int64_t begin, int64_t end) {
-  int64_t i = begin;
-  for (; i + kLanes <= end; i += kLanes)
+  for (int64_t i = begin; i < end; i += kLanes)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
                      bf16_of(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i * 2)))));
-  for (; i < end; ++i) d[i] = float_to_bf16(f16_to_float(load_u16(s, i)));
 }
 
 ATELIER_F16C void f32_to_bf16_vec(const uint8_t* s, uint16_t* d, int64_t begin, int64_t end) {
-  int64_t i = begin;
-  for (; i + kLanes <= end; i += kLanes)
+  for (int64_t i = begin; i < end; i += kLanes)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), bf16_of(_mm256_loadu_ps(reinterpret_cast<const float*>(s + i * 4))));
-  for (; i < end; ++i) d[i] = float_to_bf16(load_f32(s, i));
 }
 
 ATELIER_F16C void bf16_to_f32_vec(const uint8_t* s, float* d, int64_t begin, int64_t end) {
-  int64_t i = begin;
-  for (; i + kLanes <= end; i += kLanes) {
+  for (int64_t i = begin; i < end; i += kLanes) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i * 2)));
     _mm256_storeu_ps(d + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
   }
-  for (; i < end; ++i) d[i] = bf16_to_float(load_u16(s, i));
 }
 
-// dst[i] = scalar(src, i) over [0, n), through `vec` (the same values, eight at a time) where the CPU has it.
+// dst[i] = scalar(src, i) over [0, n), through `vec` (the same values, eight at a time) where the CPU has it; the
+// values past a block's last whole group of eight by the scalar form.
 template <typename Dst, typename Scalar>
 void convert(const void* src, Dst* dst, int64_t n, void (*vec)(const uint8_t*, Dst*, int64_t, int64_t), const Scalar& scalar) {
   const auto* s = static_cast<const uint8_t*>(src);
   in_blocks(n, [&](int64_t b, int64_t e) {
-    if (vector_forms()) return vec(s, dst, b, e);
-    for (int64_t i = b; i < e; ++i) dst[i] = scalar(s, i);
+    const int64_t vec_end = vector_forms() ? b + (e - b) / kLanes * kLanes : b;
+    if (vec_end > b) vec(s, dst, b, vec_end);
+    for (int64_t i = vec_end; i < e; ++i) dst[i] = scalar(s, i);
   });
 }
 
