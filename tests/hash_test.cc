@@ -104,6 +104,12 @@ TEST(Hash, ModelHashesAreKeptUntilTheFileChanges) {
   // A digest that is not one, or a cache that is not ours, is ignored and replaced.
   plant("not a digest");
   EXPECT_EQ(model_hash(file.string(), cache.string()).value(), changed.substr(0, 10));
+  {  // an entry that is not an object, beside the file's own
+    nlohmann::json j = nlohmann::json::parse(read_file(cache_file).value());
+    j["files"]["/elsewhere/model.safetensors"] = 5;
+    std::ofstream(cache_file, std::ios::trunc) << j.dump();
+  }
+  EXPECT_EQ(model_hash(file.string(), cache.string()).value(), changed.substr(0, 10));
   std::ofstream(cache_file, std::ios::trunc) << "{broken";
   EXPECT_EQ(model_hash(file.string(), cache.string()).value(), changed.substr(0, 10));
   EXPECT_TRUE(nlohmann::json::parse(read_file(cache_file).value(), nullptr, false).is_object());

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -38,6 +39,7 @@ std::string to_hex(const uint8_t* p, size_t n) {
 struct FileStamp {
   uint64_t size = 0;
   int64_t mtime_ns = 0;
+  bool operator==(const FileStamp&) const = default;
 };
 
 std::optional<FileStamp> stamp_of(const std::string& file) {
@@ -57,12 +59,14 @@ nlohmann::json read_hash_cache(const std::string& path) {
   nlohmann::json j = nlohmann::json::parse(*bytes, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || j.value("version", 0) != kHashCacheVersion || !j.contains("files") || !j["files"].is_object())
     return nlohmann::json::object();
-  return j["files"];
+  nlohmann::json files = j["files"];
+  for (auto it = files.begin(); it != files.end();) it = it->is_object() ? std::next(it) : files.erase(it);  // not ours
+  return files;
 }
 
 std::optional<std::string> cached_digest(const nlohmann::json& files, const std::string& key, const FileStamp& st) {
   const auto it = files.find(key);
-  if (it == files.end() || !it->is_object()) return std::nullopt;
+  if (it == files.end()) return std::nullopt;
   const nlohmann::json& e = *it;
   if (e.value("size", uint64_t(0)) != st.size || e.value("mtime_ns", int64_t(0)) != st.mtime_ns) return std::nullopt;
   const std::string digest = e.value("sha256", std::string());
@@ -82,7 +86,7 @@ void keep_digest(const std::string& cache_path, const std::string& key, const Fi
   while (files.size() > kMaxCachedHashes) {
     auto oldest = files.begin();
     for (auto it = files.begin(); it != files.end(); ++it)
-      if (it->is_object() && it->value("used", int64_t(0)) < oldest->value("used", int64_t(0))) oldest = it;
+      if (it->value("used", int64_t(0)) < oldest->value("used", int64_t(0))) oldest = it;
     files.erase(oldest);
   }
   write_file_atomically(cache_path, nlohmann::json{{"version", kHashCacheVersion}, {"files", files}}.dump(1));
@@ -99,8 +103,7 @@ Expected<std::string> cached_file_sha256(const std::string& file, const std::str
   if (std::optional<std::string> d = cached_digest(read_hash_cache(cache_path), key, *st)) return *d;
   ATELIER_ASSIGN_OR_RETURN(std::string digest, file_sha256(file, stop));
   // Kept only if the file did not change while it was read.
-  if (const std::optional<FileStamp> after = stamp_of(file); after && after->size == st->size && after->mtime_ns == st->mtime_ns)
-    keep_digest(cache_path, key, *st, digest);
+  if (stamp_of(file) == st) keep_digest(cache_path, key, *st, digest);
   return digest;
 }
 
@@ -155,10 +158,10 @@ Expected<std::string> file_sha256(const std::string& path, const std::atomic<boo
 
 ModelHashTask::ModelHashTask(const std::string& path, bool enabled) {
   if (enabled)
-    result_ = std::async(std::launch::async, [path, stop = stop_] { return model_hash(path, default_cache_dir(), stop.get()); });
+    result_ = std::async(std::launch::async, [path, stop = &stop_] { return model_hash(path, default_cache_dir(), stop); });
 }
 
-ModelHashTask::~ModelHashTask() { stop_->store(true); }  // then the future's destructor waits for the thread
+ModelHashTask::~ModelHashTask() { stop_.store(true); }  // then result_'s destructor waits for the thread
 
 std::string model_hash_cache_path(const std::string& cache_dir) { return (fs::path(cache_dir) / "model-hashes.json").string(); }
 

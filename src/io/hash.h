@@ -16,7 +16,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <future>
-#include <memory>
 #include <string>
 #include <string_view>
 
@@ -71,7 +70,7 @@ class ModelHashTask {
   Expected<std::string> get() { return result_.get(); }
 
  private:
-  std::shared_ptr<std::atomic<bool>> stop_ = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<bool> stop_{false};  // before result_: it outlives the thread, which result_'s destructor joins
   std::future<Expected<std::string>> result_;
 };
 // The cache file of model_hash in `cache_dir`.
