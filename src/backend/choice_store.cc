@@ -1,13 +1,8 @@
 #include "backend/choice_store.h"
 
-#include <unistd.h>
-
-#include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <vector>
@@ -55,7 +50,6 @@ void remove_unused_stores(const fs::path& dir, const fs::path& keep) {
   }
   for (const fs::path& p : old) fs::remove_all(p, ec);
 }
-
 
 }  // namespace
 

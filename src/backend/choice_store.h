@@ -16,7 +16,7 @@
 // folder left unused for 30 days (old binaries' and drivers').
 //
 // Environment: ATELIER_PLAN_CACHE=0 turns stores off; ATELIER_PLAN_CACHE=DIR keeps them in DIR; otherwise
-// $XDG_CACHE_HOME/atelier, else $HOME/.cache/atelier.
+// $XDG_CACHE_HOME/atelier, else $HOME/.cache/atelier (io/file.h's default_cache_dir, the model hashes' folder too).
 #pragma once
 #include <array>
 #include <cstdint>
