@@ -5,8 +5,12 @@
 // folder. The file is read from the page cache after the first run (the write leaves it there too): the figure is
 // the loader's own rate, not the disk's.
 //   ./build/bench/load_bench [--device cpu|cuda[:N]] [--dir DIR] [--file-dtype f16|bf16|f32] [--dtype f16|bf16|f32]
-//                            [--runs N]
+//                            [--runs N] [--host-side]
 // Prints one line per run: seconds, GB/s of file bytes, parameters per second.
+// --host-side times, instead, the host's part of a GPU load on any machine: every tensor of the file in --dtype,
+// written a staging slot (8 MB, reused) at a time as CudaBackend::upload has it converted into its pinned buffers,
+// against the way before session 67 (the whole tensor converted into a new host tensor, then copied into the slots).
+// The copy engine's part is left out: on a GPU it overlaps the next slot's fill.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,12 +38,17 @@ struct Options {
   std::string device = "cpu", dir = "/tmp/atelier-load-bench", file_dtype = "f16";
   std::string dtype;  // the loaded weights' dtype; "" = the device's default (f32 on the CPU, bf16 on CUDA)
   int runs = 3;
+  bool host_side = false;
 };
 
 Expected<Options> parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--host-side") {
+      o.host_side = true;
+      continue;
+    }
     if (i + 1 >= argc) return invalid_argument("load_bench: " + a + " needs a value");
     const std::string v = argv[++i];
     if (a == "--device") o.device = v;
@@ -47,7 +56,7 @@ Expected<Options> parse(int argc, char** argv) {
     else if (a == "--file-dtype") o.file_dtype = v;
     else if (a == "--dtype") o.dtype = v;
     else if (a == "--runs") o.runs = std::max(1, std::atoi(v.c_str()));
-    else return invalid_argument("load_bench: unknown flag " + a + " (--device, --dir, --file-dtype, --dtype, --runs)");
+    else return invalid_argument("load_bench: unknown flag " + a + " (--device, --dir, --file-dtype, --dtype, --runs, --host-side)");
   }
   for (const std::string* d : {&o.file_dtype, &o.dtype})
     if (!d->empty() && *d != "f16" && *d != "bf16" && *d != "f32")
@@ -108,11 +117,48 @@ Status check_loaded_values(const WeightStore& store, const UNetConfig& config, D
   return Status::ok();
 }
 
+// Seconds to put every tensor of `file` in `dtype` through one reused slot of a staging ring's size, either converted
+// straight into it (`pieces`) or through a whole host tensor first.
+Expected<double> time_host_side(const SafeTensorsFile& file, DType dtype, bool pieces) {
+  constexpr size_t kSlotBytes = size_t(8) << 20;  // cuda::PinnedStaging::kSlotBytes
+  std::vector<char> slot(kSlotBytes);
+  const auto start = std::chrono::steady_clock::now();
+  for (const TensorInfo& info : file.tensors()) {
+    const size_t bytes = size_t(numel_of(info.shape)) * dtype_size(dtype);
+    Tensor whole;
+    if (!pieces) {
+      ATELIER_ASSIGN_OR_RETURN(whole, file.load(info, dtype));
+    }
+    for (size_t off = 0; off < bytes; off += kSlotBytes) {
+      const size_t len = std::min(kSlotBytes, bytes - off);
+      if (pieces) ATELIER_RETURN_IF_ERROR(file.read_range(info, dtype, off, len, slot.data()));
+      else std::memcpy(slot.data(), static_cast<const char*>(whole.raw()) + off, len);
+    }
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+Status run_host_side(const Options& o, const std::pair<std::string, size_t>& file, DType dtype) {
+  std::printf("load_bench: host side of a GPU load, %s file of %.3f GB into %s slots\n", o.file_dtype.c_str(),
+              file.second / 1e9, std::string(dtype_name(dtype)).c_str());
+  for (int r = 0; r < o.runs; ++r) {
+    for (const bool pieces : {false, true}) {
+      // Opened again for each: a load maps the file afresh, and the first touch of each page costs a fault.
+      ATELIER_ASSIGN_OR_RETURN(auto st, SafeTensorsFile::open(file.first));
+      ATELIER_ASSIGN_OR_RETURN(double s, time_host_side(*st, dtype, pieces));
+      std::printf("run %d, %s: %.3f s, %.2f GB/s of file\n", r + 1,
+                  pieces ? "converted into the slots" : "host tensor, then copied", s, file.second / 1e9 / s);
+    }
+  }
+  return Status::ok();
+}
+
 Status run(const Options& o) {
   ATELIER_ASSIGN_OR_RETURN(Device device, Device::parse(o.device));
   ATELIER_ASSIGN_OR_RETURN(BuiltinSdConfig config, builtin_sd_config("sd15"));
   ATELIER_ASSIGN_OR_RETURN(auto file, ensure_checkpoint(config.unet, o));
   const DType dtype = o.dtype.empty() ? default_model_dtype(device) : dtype_of(o.dtype);
+  if (o.host_side) return run_host_side(o, file, dtype);
   std::printf("load_bench: SD 1.5 UNet, %s file of %.3f GB -> %s in %s\n", o.file_dtype.c_str(), file.second / 1e9,
               o.device.c_str(), std::string(dtype_name(dtype)).c_str());
   for (int r = 0; r < o.runs; ++r) {

@@ -1,12 +1,16 @@
 // Contiguous copies on cuda:0 as kernels (CudaBackend::copy, CudaBackend::copy_many; cuda_copy.cu): the same bits as
 // the CPU's copies for plain runs of bytes of every size (whole 16-byte chunks, a partial last chunk, a few bytes),
 // up to eight of them per launch, the pairs the kernel does not take (casts, strided views) between launches, and
-// the driver's copies where ATELIER_DRIVER_COPIES is on. Skips with the reason without a GPU.
+// the driver's copies where ATELIER_DRIVER_COPIES is on; uploads a fill writes in pieces (Tensor::from_host). Skips with the reason without a GPU.
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_upload.h"
 #include "backend/ops.h"
+#include "io/safetensors.h"
 #include "cuda_test_util.h"
 #include "ops_test_util.h"
 #include "test_util.h"
@@ -119,6 +123,64 @@ TEST(CudaCopy, SmallUploadsRideInAKernelsParameters) {
   const int64_t before = cuda::inline_uploads();
   EXPECT_EQ(values(random_tensor({5}, 97).to(cuda0())), random_tensor({5}, 97).to_vector());
   EXPECT_EQ(cuda::inline_uploads() - before, 0);
+}
+
+// Tensor::from_host on the GPU (CudaBackend::upload): the fill is asked for the tensor's bytes in order, in pieces no
+// larger than a staging slot that cover it exactly (one piece for a tensor of a kernel's parameters), and the device
+// ends up with what it wrote: under a slot, one slot, and several with a partial last one.
+TEST(CudaCopy, UploadsFilledInPiecesHoldWhatTheFillWrote) {
+  ATELIER_REQUIRE_CUDA();
+  DriverCopiesScope restore;
+  auto pattern = [](size_t i) { return uint8_t((i * 131u + (i >> 13)) & 0xff); };
+  constexpr size_t kSlot = cuda::PinnedStaging::kSlotBytes;
+  for (const size_t bytes : {size_t(600), size_t(5000), kSlot, 2 * kSlot + 4098}) {
+    SCOPED_TRACE(std::to_string(bytes) + " bytes");
+    std::vector<std::pair<size_t, size_t>> pieces;
+    const int64_t inline_before = cuda::inline_uploads();
+    const Tensor dev = Tensor::from_host({int64_t(bytes / 2)}, DType::BF16, cuda0(), [&](void* dst, size_t off, size_t len) {
+      pieces.emplace_back(off, len);
+      for (size_t i = 0; i < len; ++i) static_cast<uint8_t*>(dst)[i] = pattern(off + i);
+    });
+    EXPECT_EQ(cuda::inline_uploads() - inline_before, bytes <= cuda::kInlineUploadBytes ? 1 : 0);
+    size_t next = 0;
+    for (const auto& [off, len] : pieces) {
+      EXPECT_EQ(off, next);
+      EXPECT_LE(len, kSlot);
+      next += len;
+    }
+    EXPECT_EQ(next, bytes);
+    EXPECT_EQ(pieces.size(), (bytes + kSlot - 1) / kSlot);
+    const Tensor host = dev.to(Device::cpu());
+    const auto* got = static_cast<const uint8_t*>(host.raw());
+    size_t wrong = 0;
+    for (size_t i = 0; i < bytes; ++i) wrong += got[i] != pattern(i);
+    EXPECT_EQ(wrong, 0u);
+  }
+}
+
+// A checkpoint's tensor loaded onto the GPU, converted on its way through the staging slots (f16 -> bf16 over three
+// slots) or copied as stored (bf16), has the bits of the same load on the CPU.
+TEST(CudaCopy, CheckpointTensorsLoadOntoTheGpuAsOnTheCpu) {
+  ATELIER_REQUIRE_CUDA();
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.path);
+  const std::string path = (dir.path / "w.safetensors").string();
+  const int64_t n = int64_t(cuda::PinnedStaging::kSlotBytes) + 12345;  // bf16: 2 slots and a part of a third
+  const Tensor values32 = random_tensor({n}, 98);
+  ASSERT_TRUE(write_safetensors(path, {{"h", ops::cast(values32, DType::F16)}, {"b", ops::cast(values32, DType::BF16)}}).is_ok());
+  auto file = SafeTensorsFile::open(path);
+  ASSERT_TRUE(file.has_value()) << file.status().message();
+  for (const char* name : {"h", "b"}) {
+    SCOPED_TRACE(name);
+    const TensorInfo* info = (*file)->find(name);
+    ASSERT_NE(info, nullptr);
+    auto cpu = (*file)->load(*info, DType::BF16);
+    auto gpu = (*file)->load(*info, DType::BF16, cuda0());
+    ASSERT_TRUE(cpu.has_value() && gpu.has_value());
+    EXPECT_EQ(gpu->device(), cuda0());
+    const Tensor back = gpu->to(Device::cpu());
+    EXPECT_EQ(std::memcmp(back.raw(), cpu->raw(), cpu->nbytes()), 0);
+  }
 }
 
 }  // namespace

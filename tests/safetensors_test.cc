@@ -128,34 +128,60 @@ TEST(SafeTensors, RoundTripEveryDType) {
   fs::remove(path);
 }
 
-// A view reads the mapping in the file's dtype, outlives the caller's handle of the file, and refuses foreign infos.
-TEST(SafeTensors, ViewsReadTheMappingAndKeepTheFileOpen) {
-  const fs::path path = temp_path("views.safetensors");
-  const std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -0.5f};
-  ASSERT_TRUE(write_safetensors(path.string(), {{"w", tensor_from_bytes({2, 3}, DType::F16, as_bytes<uint16_t>(
-                                                   {float_to_f16(1.5f), float_to_f16(-2.0f), float_to_f16(3.25f),
-                                                    float_to_f16(0.0f), float_to_f16(7.0f), float_to_f16(-0.5f)}))}})
+// read_range gives a tensor in pieces, as a GPU's staging buffers ask for it: whatever the cut, the pieces put
+// together are load()'s bytes, for the vector conversions (on every core, with tails), the generic one and a plain
+// copy. Pieces off element boundaries or past the end are errors, and a forged TensorInfo is refused.
+TEST(SafeTensors, RangesReadInPiecesEqualTheWholeLoad) {
+  const fs::path path = temp_path("ranges.safetensors");
+  constexpr int64_t kElements = 300007;  // past the conversions' and the copy's thresholds for threads; odd: tails
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<uint16_t> f16(kElements), bf16(kElements);
+  std::vector<float> f32(kElements);
+  std::vector<double> f64(kElements);
+  for (int64_t i = 0; i < kElements; ++i) {
+    f32[size_t(i)] = normal(rng);
+    f16[size_t(i)] = float_to_f16(f32[size_t(i)]);
+    bf16[size_t(i)] = float_to_bf16(f32[size_t(i)]);
+    f64[size_t(i)] = double(f32[size_t(i)]) * 1.000001;
+  }
+  const Shape shape = {kElements};
+  ASSERT_TRUE(write_safetensors(path.string(), {{"f16", tensor_from_bytes(shape, DType::F16, as_bytes(f16))},
+                                                {"bf16", tensor_from_bytes(shape, DType::BF16, as_bytes(bf16))},
+                                                {"f32", tensor_from_bytes(shape, DType::F32, as_bytes(f32))},
+                                                {"f64", tensor_from_bytes(shape, DType::F64, as_bytes(f64))}})
                   .is_ok());
-  Tensor view;
-  {
-    auto file = SafeTensorsFile::open(path.string());
-    ASSERT_TRUE(file.has_value());
-    const TensorInfo* info = (*file)->find("w");
+  auto f = SafeTensorsFile::open(path.string());
+  ASSERT_TRUE(f.has_value()) << f.status().message();
+  const std::vector<std::pair<std::string, DType>> cases = {
+      {"f16", DType::BF16}, {"f16", DType::F32}, {"f32", DType::BF16}, {"bf16", DType::F32},
+      {"f64", DType::F16},  {"bf16", DType::BF16}, {"f32", DType::F32}};
+  for (const auto& [name, dtype] : cases) {
+    SCOPED_TRACE(name + " -> " + std::string(dtype_name(dtype)));
+    const TensorInfo* info = (*f)->find(name);
     ASSERT_NE(info, nullptr);
-    auto v = (*file)->view(*info);
-    ASSERT_TRUE(v.has_value());
-    view = *v;
-    EXPECT_EQ(view.raw(), (*file)->raw(*info)) << "a view is the mapping itself, not a copy";
-    TensorInfo foreign = *info;
-    foreign.begin += 2;
-    EXPECT_FALSE((*file)->view(foreign).has_value());
-  }  // the caller's handle is gone; the view keeps the mapping
+    auto whole = (*f)->load(*info, dtype);
+    ASSERT_TRUE(whole.has_value()) << whole.status().message();
+    const size_t es = dtype_size(dtype), total = whole->nbytes();
+    if (info->dtype == dtype) EXPECT_EQ(std::memcmp(whole->raw(), (*f)->raw(*info), total), 0) << "a plain copy";
+    std::vector<char> pieces(total, 0);
+    size_t offset = 0;
+    for (size_t len : {size_t(1), size_t(7), size_t(4099), size_t(131072), size_t(100)}) {
+      ASSERT_TRUE((*f)->read_range(*info, dtype, offset, len * es, pieces.data() + offset).is_ok());
+      offset += len * es;
+    }
+    ASSERT_TRUE((*f)->read_range(*info, dtype, offset, total - offset, pieces.data() + offset).is_ok());
+    EXPECT_EQ(std::memcmp(pieces.data(), whole->raw(), total), 0);
+    EXPECT_FALSE((*f)->read_range(*info, dtype, es + 1, es, pieces.data()).is_ok()) << "off an element boundary";
+    EXPECT_FALSE((*f)->read_range(*info, dtype, total - es, 2 * es, pieces.data()).is_ok()) << "past the end";
+    EXPECT_TRUE((*f)->read_range(*info, dtype, total, 0, pieces.data()).is_ok()) << "an empty piece at the end";
+  }
+  TensorInfo forged = *(*f)->find("f32");
+  forged.shape = {kElements * 2};  // the same bytes claiming more elements: would read past them
+  EXPECT_FALSE((*f)->load(forged, DType::F32).has_value());
+  float sink = 0.0f;
+  EXPECT_FALSE((*f)->read_range(forged, DType::F32, 0, sizeof sink, &sink).is_ok());
   fs::remove(path);
-  ASSERT_EQ(view.dtype(), DType::F16);
-  ASSERT_EQ(view.shape(), (Shape{2, 3}));
-  std::vector<uint16_t> h(6);
-  std::memcpy(h.data(), view.raw(), 12);
-  for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(f16_to_float(h[i]), values[i]) << i;
 }
 
 TEST(SafeTensors, F8NaNAndSubnormals) {

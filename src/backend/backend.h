@@ -87,6 +87,9 @@ class Backend {
   virtual std::shared_ptr<Buffer> allocate(size_t bytes) = 0;
   // Copies between this device and the host (either direction); both tensors contiguous, same bytes.
   virtual void copy_between_devices(Tensor& dst, const Tensor& src) = 0;
+  // dst (contiguous, on this device) = the bytes `fill` writes (Tensor::from_host). A device in host memory has
+  // them written in place, in one piece.
+  virtual void upload(Tensor& dst, const HostFill& fill) { fill(dst.raw(), 0, dst.nbytes()); }
   virtual void synchronize() {}
   // A mark in this device's queue after everything enqueued so far, and a wait for the host until the device
   // has passed it: a host loop can enqueue step n + 1 before it waits for step n, so that the device does not

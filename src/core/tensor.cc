@@ -56,6 +56,12 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device dev) {
   return Tensor(backend_for(dev).allocate(bytes), shape, dtype);
 }
 
+Tensor Tensor::from_host(const Shape& shape, DType dtype, Device dev, const HostFill& fill) {
+  Tensor t = empty(shape, dtype, dev);
+  if (t.nbytes() > 0) backend_for(dev).upload(t, fill);
+  return t;
+}
+
 Tensor Tensor::empty_channels_last(const Shape& nchw, DType dtype, Device dev) {
   ATELIER_CHECK(nchw.size() == 4, "empty_channels_last: [N, C, H, W] expected, got " + shape_str(nchw));
   const Tensor nhwc = empty({nchw[0], nchw[2], nchw[3], nchw[1]}, dtype, dev);

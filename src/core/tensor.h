@@ -49,6 +49,11 @@ class Buffer {
 
 using Shape = std::vector<int64_t>;
 
+// Writes bytes [offset, offset + bytes) of a new tensor's contents to `dst` (host memory): how Tensor::from_host
+// gets a tensor's bytes (a checkpoint's values, converted as they are written). A device may ask for the contents in
+// pieces, in order; each piece starts and ends on an element boundary.
+using HostFill = std::function<void(void* dst, size_t offset, size_t bytes)>;
+
 int64_t numel_of(const Shape& s);
 std::string shape_str(const Shape& s);
 Shape contiguous_strides(const Shape& s);
@@ -65,6 +70,9 @@ class Tensor {
   // Host f32 tensor holding a copy of `values` (size must equal numel).
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape);
   static Tensor full(const Shape& shape, float value, Device dev = Device::cpu());
+  // New contiguous tensor on `dev` whose bytes `fill` writes (see HostFill): on the CPU straight into the tensor, on
+  // a GPU into pinned staging buffers, each sent while the next is filled. No host copy of the whole tensor is made.
+  static Tensor from_host(const Shape& shape, DType dtype, Device dev, const HostFill& fill);
   // New uninitialised [N, C, H, W] tensor stored channels-last: element (n, c, h, w) at
   // ((n * H + h) * W + w) * C + c, the layout the GPU's convolutions read and write without transposes.
   static Tensor empty_channels_last(const Shape& nchw, DType dtype, Device dev);

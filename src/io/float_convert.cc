@@ -12,6 +12,8 @@ namespace {
 
 constexpr int64_t kBlock = int64_t(1) << 16;               // values per OpenMP task
 constexpr int64_t kParallelMinElements = int64_t(1) << 16;  // below this, threads cost more than they save
+constexpr size_t kCopyBlockBytes = size_t(256) << 10;       // bytes per OpenMP task of copy_bytes
+constexpr size_t kParallelMinCopyBytes = size_t(1) << 20;   // below this one thread copies
 constexpr int64_t kLanes = 8;                               // f32 values in an AVX2 register
 
 #define ATELIER_F16C __attribute__((target("avx2,f16c")))
@@ -109,6 +111,17 @@ void convert_f32_to_bf16(const void* src, uint16_t* dst, int64_t n) {
 
 void convert_bf16_to_f32(const void* src, float* dst, int64_t n) {
   convert(src, dst, n, bf16_to_f32_vec, [](const uint8_t* s, int64_t i) { return bf16_to_float(load_u16(s, i)); });
+}
+
+void copy_bytes(const void* src, void* dst, size_t bytes) {
+  const auto* s = static_cast<const char*>(src);
+  auto* d = static_cast<char*>(dst);
+  const int64_t blocks = int64_t((bytes + kCopyBlockBytes - 1) / kCopyBlockBytes);
+#pragma omp parallel for if (bytes >= kParallelMinCopyBytes) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const size_t begin = size_t(b) * kCopyBlockBytes;
+    std::memcpy(d + begin, s + begin, std::min(kCopyBlockBytes, bytes - begin));
+  }
 }
 
 }  // namespace atelier

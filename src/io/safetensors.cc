@@ -313,10 +313,11 @@ Expected<Tensor> SafeTensorsFile::load(const std::string& name, DType dtype) con
   return load(*info, dtype);
 }
 
-Expected<Tensor> SafeTensorsFile::load(const TensorInfo& info, DType dtype) const {
+Status SafeTensorsFile::check_load(const TensorInfo& info, DType dtype) const {
   // `info` may come from a caller; only trust it when it is one of ours.
   const TensorInfo* own = find(info.name);
-  if (own == nullptr || own->begin != info.begin || own->end != info.end || own->dtype != info.dtype)
+  if (own == nullptr || own->begin != info.begin || own->end != info.end || own->dtype != info.dtype ||
+      own->shape != info.shape)
     return invalid_argument(path_ + ": tensor info for '" + info.name + "' does not belong to this file");
   const std::string where = path_ + ": tensor '" + info.name + "': ";
   if (dtype != info.dtype && !is_float_dtype(dtype))
@@ -324,39 +325,53 @@ Expected<Tensor> SafeTensorsFile::load(const TensorInfo& info, DType dtype) cons
                        std::string(dtype_name(dtype)) + " (integer targets need the same dtype; any dtype loads as f32/f16/bf16/f64)");
   if (dtype == DType::F8E4M3 && info.dtype != DType::F8E4M3)
     return unsupported(where + "converting to f8e4m3 is not supported");
+  return Status::ok();
+}
+
+Expected<Tensor> SafeTensorsFile::load(const TensorInfo& info, DType dtype, Device device) const {
+  if (Status st = check_load(info, dtype); !st.is_ok()) return st;
   Expected<Tensor> out = Status(ErrorCode::kInternal, "unset");
   Status st = catch_status([&]() -> Status {
-    Tensor t = Tensor::empty(info.shape, dtype, Device::cpu());
-    const char* src = static_cast<const char*>(raw(info));
-    const int64_t n = t.numel();
-    if (dtype == info.dtype) {
-      if (info.end > info.begin) std::memcpy(t.raw(), src, info.end - info.begin);
-    } else if (info.dtype == DType::F16 && dtype == DType::F32) {  // the common cases: io/float_convert.h
-      convert_f16_to_f32(src, t.data<float>(), n);
-    } else if (info.dtype == DType::BF16 && dtype == DType::F32) {
-      convert_bf16_to_f32(src, t.data<float>(), n);
-    } else if (info.dtype == DType::F16 && dtype == DType::BF16) {
-      convert_f16_to_bf16(src, static_cast<uint16_t*>(t.raw()), n);
-    } else if (info.dtype == DType::F32 && dtype == DType::BF16) {
-      convert_f32_to_bf16(src, static_cast<uint16_t*>(t.raw()), n);
-    } else {
-      convert_elements(src, info.dtype, static_cast<char*>(t.raw()), dtype, n);
-    }
-    out = std::move(t);
+    out = Tensor::from_host(info.shape, dtype, device, [&](void* dst, size_t offset, size_t bytes) {
+      convert_range(info, dtype, offset, bytes, dst);
+    });
     return Status::ok();
   });
   if (!st.is_ok()) return st;
   return out;
 }
 
-Expected<Tensor> SafeTensorsFile::view(const TensorInfo& info) const {
-  const TensorInfo* own = find(info.name);
-  if (own == nullptr || own->begin != info.begin || own->end != info.end || own->dtype != info.dtype)
-    return invalid_argument(path_ + ": tensor info for '" + info.name + "' does not belong to this file");
-  auto file = shared_from_this();  // the mapping lives as long as the view
-  auto buf = std::make_shared<Buffer>(const_cast<void*>(raw(info)), info.end - info.begin, Device::cpu(),
-                                      [file](void*) {});
-  return Tensor(std::move(buf), info.shape, info.dtype);
+Status SafeTensorsFile::read_range(const TensorInfo& info, DType dtype, size_t offset, size_t bytes, void* dst) const {
+  if (Status st = check_load(info, dtype); !st.is_ok()) return st;
+  const size_t out_size = dtype_size(dtype), total = size_t(numel_of(info.shape)) * out_size;
+  if (offset % out_size != 0 || bytes % out_size != 0 || offset > total || bytes > total - offset)
+    return invalid_argument(path_ + ": tensor '" + info.name + "': bytes [" + std::to_string(offset) + ", +" +
+                            std::to_string(bytes) + ") are not whole " + std::string(dtype_name(dtype)) +
+                            " elements inside its " + std::to_string(total));
+  convert_range(info, dtype, offset, bytes, dst);
+  return Status::ok();
+}
+
+// check_load(info, dtype) has passed; the range is whole elements inside the tensor (a device's staging pieces are).
+void SafeTensorsFile::convert_range(const TensorInfo& info, DType dtype, size_t offset, size_t bytes, void* dst) const {
+  const size_t out_size = dtype_size(dtype);
+  ATELIER_CHECK(offset % out_size == 0 && bytes % out_size == 0 && offset + bytes <= size_t(numel_of(info.shape)) * out_size,
+                "safetensors: a piece of '" + info.name + "' off its element boundaries or past its end");
+  const int64_t first = int64_t(offset / out_size), n = int64_t(bytes / out_size);
+  const char* src = static_cast<const char*>(raw(info)) + size_t(first) * dtype_size(info.dtype);
+  if (dtype == info.dtype) {
+    copy_bytes(src, dst, bytes);
+  } else if (info.dtype == DType::F16 && dtype == DType::F32) {  // the common cases: io/float_convert.h
+    convert_f16_to_f32(src, static_cast<float*>(dst), n);
+  } else if (info.dtype == DType::BF16 && dtype == DType::F32) {
+    convert_bf16_to_f32(src, static_cast<float*>(dst), n);
+  } else if (info.dtype == DType::F16 && dtype == DType::BF16) {
+    convert_f16_to_bf16(src, static_cast<uint16_t*>(dst), n);
+  } else if (info.dtype == DType::F32 && dtype == DType::BF16) {
+    convert_f32_to_bf16(src, static_cast<uint16_t*>(dst), n);
+  } else {
+    convert_elements(src, info.dtype, static_cast<char*>(dst), dtype, n);
+  }
 }
 
 namespace {

@@ -22,7 +22,7 @@ struct TensorInfo {
   size_t end = 0;
 };
 
-class SafeTensorsFile : public std::enable_shared_from_this<SafeTensorsFile> {
+class SafeTensorsFile {
  public:
   // Maps and validates `path`.
   static Expected<std::shared_ptr<SafeTensorsFile>> open(const std::string& path);
@@ -37,17 +37,22 @@ class SafeTensorsFile : public std::enable_shared_from_this<SafeTensorsFile> {
   const nlohmann::json& metadata() const { return metadata_; }
   // Raw bytes of one tensor inside the mapping.
   const void* raw(const TensorInfo& t) const;
-  // Copies one tensor to a host Tensor of `dtype` (float dtypes convert; integer dtypes load as-is or to f32).
+  // Copies one tensor to a new Tensor of `dtype` on `device` (float dtypes convert; integer dtypes load as-is or to
+  // f32). The values are converted as they are written to the device (Tensor::from_host): a GPU load passes through
+  // no host copy of the tensor.
   Expected<Tensor> load(const std::string& name, DType dtype = DType::F32) const;
-  Expected<Tensor> load(const TensorInfo& info, DType dtype = DType::F32) const;
-  // A host tensor of `info` in the file's dtype that reads the file's mapping itself (no copy), keeping the file
-  // open while it lives: for a copy to a device, which then reads the mapping once instead of a host copy of it.
-  // READ-ONLY: the mapping is (writing through it faults).
-  Expected<Tensor> view(const TensorInfo& info) const;
+  Expected<Tensor> load(const TensorInfo& info, DType dtype = DType::F32, Device device = Device::cpu()) const;
+  // Bytes [offset, offset + bytes) of what load(info, dtype) holds, written to host memory at dst: whole elements of
+  // `dtype` inside the tensor, else an error.
+  Status read_range(const TensorInfo& info, DType dtype, size_t offset, size_t bytes, void* dst) const;
 
  private:
   SafeTensorsFile() = default;
   Status parse();
+  // Whether load(info, dtype) may run: `info` is this file's and `dtype` a target its dtype converts to.
+  Status check_load(const TensorInfo& info, DType dtype) const;
+  // read_range after its checks.
+  void convert_range(const TensorInfo& info, DType dtype, size_t offset, size_t bytes, void* dst) const;
   std::string path_;
   const char* base_ = nullptr;   // start of the whole file image
   size_t size_ = 0;

@@ -214,6 +214,12 @@ void PinnedStaging::ensure() {
 }
 
 void PinnedStaging::host_to_device(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  host_to_device(dst, bytes, [src](void* slot, size_t off, size_t len) {
+    std::memcpy(slot, static_cast<const char*>(src) + off, len);
+  }, stream);
+}
+
+void PinnedStaging::host_to_device(void* dst, size_t bytes, const HostFill& fill, cudaStream_t stream) {
   refuse_while_recording(stream);
   std::lock_guard<std::mutex> lock(mu_);
   DeviceGuard guard(device_);
@@ -223,7 +229,7 @@ void PinnedStaging::host_to_device(void* dst, const void* src, size_t bytes, cud
     const int s = next_;
     next_ = (next_ + 1) % kSlots;
     ATELIER_CUDA_OK(cudaEventSynchronize(done_[s]));  // the slot's previous transfer has finished
-    std::memcpy(slots_[s], static_cast<const char*>(src) + off, len);
+    fill(slots_[s], off, len);
     ATELIER_CUDA_OK(cudaMemcpyAsync(static_cast<char*>(dst) + off, slots_[s], len, cudaMemcpyHostToDevice, stream));
     ATELIER_CUDA_OK(cudaEventRecord(done_[s], stream));
   }

@@ -88,6 +88,9 @@ class PinnedStaging {
   explicit PinnedStaging(int device) : device_(device) {}
   ~PinnedStaging();
   void host_to_device(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+  // dst[0, bytes) = what `fill` writes (HostFill), a slot at a time: fill writes the next piece while the copy
+  // engine sends the last. `fill` runs under the ring's lock: it must not copy to a device itself.
+  void host_to_device(void* dst, size_t bytes, const HostFill& fill, cudaStream_t stream);
   void device_to_host(void* dst, const void* src, size_t bytes, cudaStream_t stream);
 
  private:

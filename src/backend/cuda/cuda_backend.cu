@@ -179,6 +179,26 @@ void CudaBackend::copy_between_devices(Tensor& dst, const Tensor& src) {
   }
 }
 
+// dst: contiguous, on this device. The pieces `fill` writes go through the pinned staging ring, so a checkpoint's
+// tensor is converted straight into the buffers the copy engine reads (no host copy of the whole tensor first).
+void CudaBackend::upload(Tensor& dst, const HostFill& fill) {
+  ATELIER_CHECK(dst.device() == device() && dst.is_contiguous(), "upload: a contiguous tensor on " + device().str() +
+                                                                      " expected, got one on " + dst.device().str());
+  const size_t bytes = dst.nbytes();
+  if (bytes == 0) return;
+  DeviceGuard guard(index_);
+  if (bytes <= kInlineUploadBytes) {  // a bias or a norm's scale: in a kernel's parameters where it can
+    char small[kInlineUploadBytes];
+    fill(small, 0, bytes);
+    if (upload_inline(dst.raw(), small, bytes, stream_)) return;
+    BatchPause pause(*this);
+    staging_.host_to_device(dst.raw(), small, bytes, stream_);
+    return;
+  }
+  BatchPause pause(*this);
+  staging_.host_to_device(dst.raw(), bytes, fill, stream_);
+}
+
 Tensor CudaBackend::as_dtype(const Tensor& like, DType dtype) {
   if (!like.defined() || like.dtype() == dtype) return like;
   Tensor t = Tensor::empty(like.shape(), dtype, device());

@@ -63,6 +63,7 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<Buffer> allocate(size_t bytes) override { return alloc_.allocate(bytes); }
   void copy_between_devices(Tensor& dst, const Tensor& src) override;
+  void upload(Tensor& dst, const HostFill& fill) override;
   void synchronize() override;
   uint64_t mark_queue() override;  // an event recorded on the stream, from a ring of kQueueMarks
   void wait_for_mark(uint64_t mark) override;

@@ -65,16 +65,10 @@ bool WeightStore::any_with_prefix(const std::string& prefix) const {
   return it != index_->end() && it->first.compare(0, prefix.size(), prefix) == 0;
 }
 
-Expected<Tensor> WeightStore::read(const std::string& key, DType dtype) const {
+Expected<Tensor> WeightStore::read(const std::string& key, DType dtype, Device device) const {
   const Entry* e = find(key);
   if (!e) return not_found("tensor '" + key + "' is not in the weights");
-  return files_[e->file]->load(*e->info, dtype);
-}
-
-Expected<Tensor> WeightStore::view(const std::string& key) const {
-  const Entry* e = find(key);
-  if (!e) return not_found("tensor '" + key + "' is not in the weights");
-  return files_[e->file]->view(*e->info);
+  return files_[e->file]->load(*e->info, dtype, device);
 }
 
 int64_t WeightStore::count_params(const std::string& prefix) const {
@@ -129,16 +123,12 @@ void WeightLoader::load(Tensor& field, const std::string& key, const Shape& shap
     shared_->errors.push_back("tensor '" + fk + "' has shape " + shape_str(info->shape) + ", expected " + shape_str(shape));
     return;
   }
-  // A device copy in the file's own dtype reads the file's mapping directly (one pass over the bytes instead of a host
-  // copy and then the copy to the device); anything else is converted into a host tensor first.
-  const bool direct = !device_.is_cpu() && info->dtype == dtype;
-  auto host = direct ? store_->view(fk) : store_->read(fk, dtype);
-  if (!host) {
-    shared_->errors.push_back(host.status().message());
+  auto t = store_->read(fk, dtype, device_);  // converted as it is written to the device
+  if (!t) {
+    shared_->errors.push_back(t.status().message());
     return;
   }
-  Tensor t = host->reshape(shape);
-  field = device_.is_cpu() ? t : t.to(device_);
+  field = t->reshape(shape);
   ++shared_->loaded;
 }
 

@@ -39,10 +39,8 @@ class WeightStore {
   // Keys starting with `prefix`.
   std::vector<std::string> keys_with_prefix(const std::string& prefix) const;
   bool any_with_prefix(const std::string& prefix) const;
-  // Reads `key` as a host tensor in `dtype`.
-  Expected<Tensor> read(const std::string& key, DType dtype = DType::F32) const;
-  // `key` in its file's dtype, as a read-only host view of the file's mapping (SafeTensorsFile::view).
-  Expected<Tensor> view(const std::string& key) const;
+  // Reads `key` as a tensor in `dtype` on `device` (SafeTensorsFile::load: no host copy on the way to a GPU).
+  Expected<Tensor> read(const std::string& key, DType dtype = DType::F32, Device device = Device::cpu()) const;
   const std::vector<std::string>& files() const { return paths_; }
   // Total elements of the tensors under `prefix` (parameter counts for `atelier info`).
   int64_t count_params(const std::string& prefix = "") const;
