@@ -18,8 +18,8 @@ void convert_f32_to_bf16(const void* src, uint16_t* dst, int64_t n);
 void convert_bf16_to_f32(const void* src, float* dst, int64_t n);
 
 // dst[0, bytes) = src[0, bytes), on every core for large copies: a tensor in the dtype it is stored in, from the file's
-// mapping into a device's staging buffer (SD 1.5's bf16 UNet from the page cache: 19-20 GB/s on one core of the
-// development machine, 27 GB/s on its two; `load_bench --host-side`).
+// mapping into a device's staging buffer (SD 1.5's 1.7 GB bf16 UNet from the page cache into a reused 8 MB slot:
+// 0.14-0.18 s on one core of the development machine, 0.09-0.11 s on its two; `load_bench --host-side`).
 void copy_bytes(const void* src, void* dst, size_t bytes);
 
 // Whether the vector forms run on this CPU (AVX2 and F16C); the scalar forms otherwise.
