@@ -124,6 +124,25 @@ TEST(FluxCli, TrueCfgOnlyWhenAsked) {
   EXPECT_NE(info->find("CFG scale: 2"), std::string::npos) << *info;
 }
 
+// --init-image on a FLUX model: img2img from the golden run's own image at strength 0.5 (2 of the 4 steps), a new image
+// whose infotext names the strength; a strength that leaves no step is refused.
+TEST(FluxCli, InitImageRunsImg2Img) {
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  const fs::path golden = out_path("img2img_init"), out = out_path("img2img");
+  ASSERT_EQ(run_cli("generate --model " + q(dir / "model") + kRunFlags + " --output " + q(golden)).exit_code, 0);
+  const auto r = run_cli("generate --model " + q(dir / "model") + kRunFlags + " --init-image " + q(golden) +
+                         " --strength 0.5 --output " + q(out));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GT(max_pixel_error(out), 1);  // not the txt2img image
+  auto info = read_infotext(read_file(out));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_NE(info->find("Denoising strength: 0.5"), std::string::npos) << *info;
+  const auto none = run_cli("generate --model " + q(dir / "model") + kRunFlags + " --init-image " + q(golden) +
+                            " --strength 0.1 --output " + q(out_path("img2img_none")));
+  EXPECT_NE(none.exit_code, 0) << none.output;
+  EXPECT_NE(none.output.find("strength"), std::string::npos) << none.output;
+}
+
 TEST(FluxCli, BflFileAloneNamesMissingParts) {
   ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
   const auto r = run_cli("generate --model " + q(dir / "flux-tiny-transformer.bfl.safetensors") + kRunFlags +

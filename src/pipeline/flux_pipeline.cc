@@ -7,6 +7,8 @@
 
 #include "backend/ops.h"
 #include "io/infotext.h"
+#include "pipeline/init_image.h"
+#include "sampling/sampler.h"
 
 namespace atelier {
 
@@ -41,7 +43,8 @@ Tensor ids_tensor(const std::vector<int32_t>& ids) {
 // Repeats a [1, ...] tensor b times along dim 0.
 Tensor repeat_rows(const Tensor& t, int b) { return b == 1 ? t : ops::concat(std::vector<Tensor>(size_t(b), t), 0); }
 
-InfotextParams infotext_params(const FluxModel& m, const GenerateRequest& r, const FluxOptions& o, int64_t seed, bool cfg) {
+InfotextParams infotext_params(const FluxModel& m, const GenerateRequest& r, const FluxOptions& o, int64_t seed, bool cfg,
+                               bool img2img) {
   InfotextParams kv = {{"Steps", std::to_string(r.steps)},
                        {"Sampler", "Euler"},
                        {"Schedule type", "Simple"},
@@ -51,6 +54,7 @@ InfotextParams infotext_params(const FluxModel& m, const GenerateRequest& r, con
                        {"Size", std::to_string(r.width) + "x" + std::to_string(r.height)}};
   if (!m.hash.empty()) kv.push_back({"Model hash", m.hash});
   kv.push_back({"Model", m.name});
+  if (img2img) kv.push_back({"Denoising strength", trim_float(r.strength)});
   if (r.rng == "cpu") kv.push_back({"RNG", "CPU"});
   kv.push_back({"Version", std::string("atelier ") + ATELIER_VERSION});
   return kv;
@@ -115,6 +119,7 @@ struct FluxPipeline::EncodedItem {
   FluxOptions o;
   bool cfg = false;
   FluxPrompt cond, uncond;
+  Tensor init;  // img2img: the init image [1, 3, H, W] in [0, 1] at the request's size (host); undefined for txt2img
 };
 
 Status FluxPipeline::encode_items(std::vector<EncodedItem>& items) const {
@@ -216,20 +221,35 @@ Tensor FluxPipeline::decode(const Tensor& packed, int64_t h, int64_t w) const {
   return img;
 }
 
-Expected<FluxPipeline::EncodedItem> FluxPipeline::prepare(const GenerateRequest& request, const FluxOptions& options) const {
+Expected<FluxPipeline::EncodedItem> FluxPipeline::prepare(const GenerateRequest& request, const FluxOptions& options,
+                                                          const Image* init_image) const {
   const FluxModel& m = *model_;
   ATELIER_RETURN_IF_ERROR(request.validate());
   ATELIER_RETURN_IF_ERROR(options.validate());
-  if (!request.init_image.empty()) return unsupported("FLUX img2img is not supported yet (txt2img only)");
   GenerateRequest r = request;
+  EncodedItem item;
   if (r.width == 0) r.width = m.default_size;
   if (r.height == 0) r.height = m.default_size;
   if (r.width % kFluxSizeMultiple != 0 || r.height % kFluxSizeMultiple != 0) {
     return invalid_argument("FLUX image sides must be multiples of 16, got " + std::to_string(r.width) + "x" + std::to_string(r.height));
   }
+  if (init_image || !r.init_image.empty()) {
+    // (validate() checks the strength only for a path: an image in memory comes without one.)
+    if (!(r.strength > 0 && r.strength <= 1) || sampling::img2img_steps(r.steps, r.strength) < 1) {
+      return invalid_argument("img2img strength " + std::to_string(r.strength) + " with " + std::to_string(r.steps) +
+                              " steps: the strength must be in (0, 1] and leave at least one of the steps to run");
+    }
+    Image loaded;
+    if (!init_image) {
+      ATELIER_ASSIGN_OR_RETURN(loaded, read_image(r.init_image));
+      init_image = &loaded;
+    }
+    const std::string label = r.init_image.empty() ? "init image" : "init image " + r.init_image;
+    // The request's size (the model's by default, as FluxImg2ImgPipeline's 1024), not the image's: it is resized.
+    ATELIER_ASSIGN_OR_RETURN(item.init, init_image_tensor(*init_image, r, kFluxSizeMultiple, label));
+  }
   if (r.seed < 0) r.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
   ATELIER_RETURN_IF_ERROR(parse_rng_kind(r.rng).status());
-  EncodedItem item;
   item.r = r, item.o = options, item.cfg = runs_cfg(r, options);
   return item;
 }
@@ -238,10 +258,13 @@ bool FluxPipeline::batch_compatible(const FluxBatchItem& a, const FluxBatchItem&
   const int side = model_->default_size;
   const auto size = [side](int v) { return v == 0 ? side : v; };
   const auto cfg = [](const FluxBatchItem& i) { return runs_cfg(i.request, i.options); };
+  // img2img rows share the scheduler's first step: one strength (the steps it leaves) for all or txt2img for all.
+  const auto img2img = [](const FluxBatchItem& i) { return i.init_image != nullptr || !i.request.init_image.empty(); };
   return a.request.batch_count == 1 && b.request.batch_count == 1 && size(a.request.width) == size(b.request.width) &&
          size(a.request.height) == size(b.request.height) && a.request.steps == b.request.steps &&
          a.options.max_sequence_length == b.options.max_sequence_length && cfg(a) == cfg(b) &&
-         (!cfg(a) || a.request.cfg_scale == b.request.cfg_scale);
+         (!cfg(a) || a.request.cfg_scale == b.request.cfg_scale) && img2img(a) == img2img(b) &&
+         (!img2img(a) || a.request.strength == b.request.strength);
 }
 
 Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_index, const ProgressCallback& progress,
@@ -256,12 +279,23 @@ Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_i
   // Rows in the items' order: noise from each image's seed, and its item's prompts and guidance.
   std::vector<Tensor> rows, t5, pooled, neg_t5, neg_pooled;
   std::vector<float> guidance;
+  ATELIER_ASSIGN_OR_RETURN(auto sched, make_scheduler(first.steps, h, w));
+  if (items.front().init.defined()) {  // batch_compatible: every item img2img at one strength
+    ATELIER_RETURN_IF_ERROR(sched.set_begin_index(first.steps - sampling::img2img_steps(first.steps, first.strength)));
+  }
   for (const EncodedItem& item : items) {
     const int64_t seed0 = item.r.seed + int64_t(batch_index) * item.r.batch_size;
     ATELIER_ASSIGN_OR_RETURN(RngKind rng, parse_rng_kind(item.r.rng));
     for (int i = 0; i < item.r.batch_size; ++i) {
       auto gen = make_generator(rng, uint64_t(seed0 + i));
-      rows.push_back(flux_pack_latents(randn_tensor(*gen, {1, channels, h, w}).to(dev)));
+      Tensor latents;
+      if (item.init.defined()) {  // the VAE's sample, then the noise, from the image's generator
+        const Tensor x0 = vae_encode_sample(*m.vae, item.init, *gen, dev);
+        latents = sched.scale_noise(x0, randn_tensor(*gen, {1, channels, h, w}).to(dev));
+      } else {
+        latents = randn_tensor(*gen, {1, channels, h, w}).to(dev);
+      }
+      rows.push_back(flux_pack_latents(latents));
       t5.push_back(item.cond.t5), pooled.push_back(item.cond.pooled), guidance.push_back(item.o.guidance);
       if (cfg) neg_t5.push_back(item.uncond.t5), neg_pooled.push_back(item.uncond.pooled);
     }
@@ -269,7 +303,6 @@ Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_i
   // Every row's prompts stacked (a request's rows repeat its own), as denoise would repeat a one-row prompt.
   const FluxPrompt cond{ops::concat(t5, 0), ops::concat(pooled, 0)};
   const FluxPrompt uncond = cfg ? FluxPrompt{ops::concat(neg_t5, 0), ops::concat(neg_pooled, 0)} : FluxPrompt{};
-  ATELIER_ASSIGN_OR_RETURN(auto sched, make_scheduler(first.steps, h, w));
   Tensor x;
   {
     trace::Scope denoise_range(stage::kDenoise, Category::kStage, batch_index);
@@ -287,7 +320,8 @@ Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_i
       GeneratedImage g;
       g.seed = seed;
       g.image = image_from_tensor(pixels, row);
-      g.infotext = build_infotext(item.r.prompt, item.r.negative_prompt, infotext_params(m, item.r, item.o, seed, cfg));
+      g.infotext = build_infotext(item.r.prompt, item.r.negative_prompt, infotext_params(m, item.r, item.o, seed, cfg,
+                                                                                             item.init.defined()));
       GenerateRequest per_image = item.r;
       per_image.seed = seed;
       g.info = {{"settings", per_image.to_json()}, {"flux", item.o.to_json()}, {"sampler", "flow_match_euler"},
@@ -300,9 +334,9 @@ Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_i
 }
 
 Expected<GenerateResult> FluxPipeline::generate(const GenerateRequest& request, const FluxOptions& options,
-                                                const ProgressCallback& progress) const {
+                                                const ProgressCallback& progress, const Image* init_image) const {
   std::vector<EncodedItem> items(1);
-  ATELIER_ASSIGN_OR_RETURN(items[0], prepare(request, options));
+  ATELIER_ASSIGN_OR_RETURN(items[0], prepare(request, options, init_image));
   const GenerateRequest& r = items[0].r;
   GenerateResult result;
   const Expected<StageTimes> times = timed_stages([&]() -> Status {
@@ -326,9 +360,9 @@ Expected<std::vector<GenerateResult>> FluxPipeline::generate_batch(const std::ve
   for (size_t k = 0; k < batch.size(); ++k) {
     if (!batch_compatible(batch[0], batch[k])) {
       return invalid_argument("FLUX batch: request " + std::to_string(k) +
-                              " differs from the first in size, steps, T5 length, CFG or batch count");
+                              " differs from the first in size, steps, T5 length, CFG, img2img strength or batch count");
     }
-    ATELIER_ASSIGN_OR_RETURN(items[k], prepare(batch[k].request, batch[k].options));
+    ATELIER_ASSIGN_OR_RETURN(items[k], prepare(batch[k].request, batch[k].options, batch[k].init_image));
   }
   std::vector<std::vector<GeneratedImage>> images;
   const Expected<StageTimes> times = timed_stages([&]() -> Status {

@@ -1,4 +1,4 @@
-// FLUX.1 txt2img with diffusers' FluxPipeline semantics:
+// FLUX.1 txt2img with diffusers' FluxPipeline semantics, img2img with FluxImg2ImgPipeline's (below):
 //   prompt -> CLIP-L pooled output [1, 768] and T5 states [1, max_sequence_length, 4096] (txt_ids zeros);
 //   noise [B, 16, h, w] (h = 2 * (H / 16)) drawn per image from its seed, packed 2x2 into [B, h/2 * w/2, 64]
 //   with img_ids (0, row, col); sigmas np.linspace(1, 1/steps, steps) shifted with mu from the packed
@@ -6,6 +6,10 @@
 //   cfg_scale > 1, true CFG against the negative prompt: neg + cfg * (pos - neg)), x += (sigma_next - sigma) * v;
 //   then unpack, z / scaling_factor + shift_factor, VAE decode, (image / 2 + 0.5).clamp(0, 1).
 // The guidance value is FLUX.1-dev's distilled guidance (an input of the model, no second pass).
+// img2img (FluxImg2ImgPipeline's semantics): the init image resized to the request's size (by default the model's, as
+// there, not the image's), VAE-encoded with a sample drawn from the image's generator, then noised to the first sigma
+// the strength leaves (sigma * noise + (1 - sigma) * latents, the noise drawn after the sample); the last
+// int(steps x strength) steps of the same schedule run.
 #pragma once
 #include <memory>
 #include <string>
@@ -39,6 +43,7 @@ struct FluxPrompt {
 struct FluxBatchItem {
   GenerateRequest request;
   FluxOptions options;
+  const Image* init_image = nullptr;  // img2img from an image in memory (the server's); not owned, outlives the call
 };
 
 class FluxPipeline {
@@ -46,10 +51,11 @@ class FluxPipeline {
   explicit FluxPipeline(std::shared_ptr<FluxModel> model) : model_(std::move(model)) {}
   const FluxModel& model() const { return *model_; }
 
-  // Runs the request (txt2img; batch_size images per batch, seeds seed, seed+1, ...). StepProgress.latents
-  // points at the packed latents [B, L, 64] after each step.
+  // Runs the request (batch_size images per batch, seeds seed, seed+1, ...): txt2img, or img2img from `init_image`
+  // or else the request's init_image path. StepProgress.latents points at the packed latents [B, L, 64] after each
+  // step.
   Expected<GenerateResult> generate(const GenerateRequest& request, const FluxOptions& options,
-                                    const ProgressCallback& progress = {}) const;
+                                    const ProgressCallback& progress = {}, const Image* init_image = nullptr) const;
   // Requests denoised together in one batch of model calls (the server's batching of concurrent FLUX requests):
   // each item's images are what generate() gives for it alone; results in the items' order, each with the whole
   // batch's stage times. Items must be batch_compatible (a batch_count of 1 each). StepProgress.latents: every
@@ -57,7 +63,7 @@ class FluxPipeline {
   Expected<std::vector<GenerateResult>> generate_batch(const std::vector<FluxBatchItem>& items,
                                                        const ProgressCallback& progress = {}) const;
   // Whether b's images can be rows of a's model calls: one batch each (batch_count 1), the same size (after this
-  // model's default), steps, T5 length and CFG (off, or on at one scale).
+  // model's default), steps, T5 length, CFG (off, or on at one scale) and img2img strength (or txt2img for both).
   bool batch_compatible(const FluxBatchItem& a, const FluxBatchItem& b) const;
 
   // --- stages -------------------------------------------------------------------------------------
@@ -78,9 +84,10 @@ class FluxPipeline {
   // encoders first when an offload dropped them and dropping them after when the model offloads
   // (FluxLoadOptions::offload).
   Status encode_items(std::vector<EncodedItem>& items) const;
-  // The request validated, with this model's defaults (size, a random seed) filled in and its CFG decided; prompts
-  // not yet encoded.
-  Expected<EncodedItem> prepare(const GenerateRequest& request, const FluxOptions& options) const;
+  // The request validated, with this model's defaults (size, a random seed) filled in, its CFG decided and its init
+  // image (`init_image`, else the request's path) read and resized; prompts not yet encoded.
+  Expected<EncodedItem> prepare(const GenerateRequest& request, const FluxOptions& options,
+                                const Image* init_image) const;
   // One batch of model calls over the items' rows: noise from each item's seeds, denoise, decode, finished images
   // (images[i]: item i's).
   Status run_rows(const std::vector<EncodedItem>& items, int batch_index, const ProgressCallback& progress,

@@ -3,7 +3,7 @@
 
 #include "backend/ops.h"
 #include "io/infotext.h"
-#include "pipeline/image_resize.h"
+#include "pipeline/init_image.h"
 #include "pipeline/sd_pipeline.h"
 #include "sampling/sampler_names.h"
 
@@ -58,11 +58,7 @@ Expected<GenerationPlan> SdPipeline::plan(const GenerateRequest& r, const Image*
       init_image = &loaded;
     }
     const std::string label = r.init_image.empty() ? "init image" : "init image " + r.init_image;
-    if (p.request.width == 0) p.request.width = init_image->width / kLatentFactor * kLatentFactor;
-    if (p.request.height == 0) p.request.height = init_image->height / kLatentFactor * kLatentFactor;
-    if (p.request.width < kLatentFactor || p.request.height < kLatentFactor)
-      return invalid_argument(label + " is smaller than 8x8");
-    p.init_image = tensor_from_image(resize_image(*init_image, p.request.width, p.request.height));
+    ATELIER_ASSIGN_OR_RETURN(p.init_image, init_image_tensor(*init_image, p.request, kLatentFactor, label));
   }
   if (p.request.width == 0) p.request.width = m.default_size;
   if (p.request.height == 0) p.request.height = m.default_size;

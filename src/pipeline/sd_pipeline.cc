@@ -9,7 +9,7 @@
 
 #include "backend/ops.h"
 #include "io/infotext.h"
-#include "pipeline/image_resize.h"
+#include "pipeline/init_image.h"
 #include "pipeline/sd_batch.h"
 #include "sampling/sampler_names.h"
 #include "tokenizers/prompt_weights.h"
@@ -208,16 +208,7 @@ Tensor SdPipeline::decode(const Tensor& latents) const {
 }
 
 Tensor SdPipeline::encode_image(const Tensor& image01, NoiseGenerator& gen) const {
-  trace::Scope range(stage::kVaeEncode, Category::kStage);
-  const Vae& vae = *model_->vae;
-  const Device dev = model_->unet->device();
-  const Tensor x = ops::affine(image01.to(dev), 2.0f, -1.0f);  // diffusers' normalize: 2 * x - 1
-  const int f = vae.config().downscale_factor();
-  const Shape lat = {x.size(0), vae.config().latent_channels, x.size(2) / f, x.size(3) / f};
-  const Tensor noise = randn_tensor(gen, lat).to(dev);  // latent_dist.sample(generator) draws first
-  Tensor latents = vae.image_to_latents(x, noise);
-  backend_for(dev).synchronize();
-  return latents;
+  return vae_encode_sample(*model_->vae, image01, gen, model_->unet->device());
 }
 
 }  // namespace atelier

@@ -114,8 +114,8 @@ Status validate_request(const ServeRequest& r, const ServeLimits& limits) {
 Status validate_for_model(ServeRequest& r, ModelFamily family) {
   if (family == ModelFamily::kSd) return Status::ok();
   const char* what = family == ModelFamily::kFlux ? "FLUX" : "Z-Image";
-  if (r.init_image)
-    return invalid_argument(std::string("init_image: ") + what + " models take txt2img only on this server (img2img is SD's)");
+  if (r.init_image && family != ModelFamily::kFlux)
+    return invalid_argument(std::string("init_image: ") + what + " models take txt2img only (img2img is SD's and FLUX's)");
   for (auto [name, v] : {std::pair{"width", r.gen.width}, std::pair{"height", r.gen.height}})
     if (v % kFluxSizeMultiple != 0)  // 0 = the model's default size
       return invalid_argument(std::string(name) + ": " + what + " models take multiples of " +

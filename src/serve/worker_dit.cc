@@ -44,6 +44,7 @@ FluxBatchItem flux_item(const ServeRequest& r) {
   item.options.guidance = r.guidance;
   item.options.max_sequence_length = r.max_sequence_length;
   item.options.cfg_explicit = true;  // validate_for_model set cfg_scale to 1 (no CFG) unless the client gave it
+  item.init_image = r.init_image ? &*r.init_image : nullptr;  // the job keeps its request while the batch runs
   return item;
 }
 
@@ -126,7 +127,8 @@ void Worker::run_dit_job() {
       return FluxPipeline(model.flux).generate_batch(items, progress);
     }
     const ServeRequest& r = batch.front().job->request();
-    Expected<GenerateResult> one = model.flux ? FluxPipeline(model.flux).generate(r.gen, flux_item(r).options, progress)
+    const FluxBatchItem item = model.flux ? flux_item(r) : FluxBatchItem{};
+    Expected<GenerateResult> one = model.flux ? FluxPipeline(model.flux).generate(r.gen, item.options, progress, item.init_image)
                                               : ZImagePipeline(model.zimage).generate(r.gen, progress);
     if (!one) return one.status();
     return std::vector<GenerateResult>{std::move(*one)};

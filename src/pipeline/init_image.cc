@@ -1,0 +1,30 @@
+#include "pipeline/init_image.h"
+
+#include "backend/ops.h"
+#include "core/trace.h"
+#include "pipeline/image_resize.h"
+#include "pipeline/stage_names.h"
+
+namespace atelier {
+
+Expected<Tensor> init_image_tensor(const Image& image, GenerateRequest& r, int multiple, const std::string& label) {
+  if (r.width == 0) r.width = image.width / multiple * multiple;
+  if (r.height == 0) r.height = image.height / multiple * multiple;
+  if (r.width < multiple || r.height < multiple) {
+    return invalid_argument(label + " is smaller than " + std::to_string(multiple) + "x" + std::to_string(multiple));
+  }
+  return tensor_from_image(resize_image(image, r.width, r.height));
+}
+
+Tensor vae_encode_sample(const Vae& vae, const Tensor& image01, NoiseGenerator& gen, Device device) {
+  trace::Scope range(stage::kVaeEncode, trace::Category::kStage);
+  const Tensor x = ops::affine(image01.to(device), 2.0f, -1.0f);  // diffusers' normalize: 2 * x - 1
+  const int f = vae.config().downscale_factor();
+  const Shape lat = {x.size(0), vae.config().latent_channels, x.size(2) / f, x.size(3) / f};
+  const Tensor noise = randn_tensor(gen, lat).to(device);  // latent_dist.sample(generator) draws first
+  Tensor latents = vae.image_to_latents(x, noise);
+  backend_for(device).synchronize();
+  return latents;
+}
+
+}  // namespace atelier

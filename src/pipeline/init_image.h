@@ -1,0 +1,25 @@
+// img2img's init image, shared by the SD and FLUX pipelines: the request's size taken from the image where the
+// request leaves it open, the image resized to it, and its VAE encoding with the sample drawn from the image's
+// generator (diffusers' retrieve_latents with sample_mode "sample": the draw comes before the starting noise's).
+#pragma once
+#include <string>
+
+#include "core/rng.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "io/image.h"
+#include "models/vae/vae.h"
+#include "pipeline/request.h"
+
+namespace atelier {
+
+// `image` as the pipeline's input [1, 3, H, W] in [0, 1], resized (Lanczos) to the request's size. A width or height
+// of 0 in `r` becomes the image's, rounded down to a multiple of `multiple` (the model's size step); an image smaller
+// than one step is an error naming `label`.
+Expected<Tensor> init_image_tensor(const Image& image, GenerateRequest& r, int multiple, const std::string& label);
+
+// image01 [B, 3, H, W] in [0, 1] (any device) -> scaled latents [B, latent, H/f, W/f] on `device`:
+// (mean + std * noise - shift) * scale with the noise drawn from `gen` first.
+Tensor vae_encode_sample(const Vae& vae, const Tensor& image01, NoiseGenerator& gen, Device device);
+
+}  // namespace atelier
