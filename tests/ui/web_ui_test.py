@@ -8,7 +8,7 @@ preview and an ETA; a running job is cancelled from its card; "Reuse" fills the 
 parameters; a 400 (width 100), a 429 (full queue) and a 401 (API key) show readable messages; the dashboard
 says it has no GPU metrics on a CPU worker; the layout fits 375 px; a stopped server shows "Server
 unreachable"; with the flux-tiny fixture served beside it, a FLUX model's CFG field reads "Guidance" and is sent
-as FLUX's distilled guidance. Screenshots of each check go to --artifacts.
+as FLUX's distilled guidance, and a start image runs FLUX img2img. Screenshots of each check go to --artifacts.
 
 Run by ctest (label `ui`); exits 77 (SKIP_RETURN_CODE) with the reason when chromium, chromedriver,
 selenium or the fixture is missing, 1 when a check fails.
@@ -322,9 +322,10 @@ class UiTest:
     def check_flux_guidance(self, url):
         Select(self.el("#model")).select_by_value("flux")
         self.wait("the Guidance label", lambda: self.el("#cfg-label").text == "Guidance")
-        # Flow-matching Euler, txt2img only: no sampler, schedule, CLIP skip or start image to choose.
-        for css in ("#sampler", "#schedule", "#clip_skip", "fieldset.img2img"):
+        # Flow-matching Euler: no sampler, schedule or CLIP skip to choose; a start image (FLUX img2img) is.
+        for css in ("#sampler", "#schedule", "#clip_skip"):
             assert not self.el(css).is_displayed(), css + " is shown for a FLUX model"
+        assert self.el("fieldset.img2img").is_displayed(), "no start image field for a FLUX model"
         self.form_for_job("a blue fox", 2, seed=77, preview=False)
         self.set_value("width", 64)
         self.set_value("height", 64)
@@ -335,6 +336,16 @@ class UiTest:
             info = json.load(r)["images"][0]["infotext"]
         # The field went out as "guidance": no true CFG (CFG scale 1), the distilled guidance 2.5.
         assert "Distilled CFG Scale: 2.5" in info and "CFG scale: 1," in info, "infotext: " + info
+        # The same with a start image (check_img2img's): FLUX img2img at the chosen strength.
+        self.set_value("strength", 0.5)
+        self.el("#init_image").send_keys(os.path.abspath(os.path.join(self.artifacts, "img2img_start.png")))
+        self.wait("the start image preview", lambda: self.el("#init-preview").is_displayed())
+        job_id = self.submit_job()
+        self.wait_job_state(job_id, ("done",))
+        with urllib.request.urlopen(url + "/v1/jobs/" + job_id) as r:
+            info = json.load(r)["images"][0]["infotext"]
+        assert "Denoising strength: 0.5" in info and "Distilled CFG Scale: 2.5" in info, "infotext: " + info
+        self.el("#init-clear").click()
         Select(self.el("#model")).select_by_value("tiny")
         self.wait("the CFG scale label", lambda: self.el("#cfg-label").text == "CFG scale")
         for css in ("#sampler", "#schedule", "#clip_skip", "fieldset.img2img"):
