@@ -179,9 +179,10 @@ TEST(ServeDit, A1111FluxTakesDistilledGuidanceAndRunsNoCfgUnlessAsked) {
   EXPECT_NE(cfg["info"].get<std::string>().find("CFG scale: 4,"), std::string::npos);
 }
 
-// A1111's img2img on a FLUX model: the served image is the pipeline's img2img of the same image, strength and seed (the
-// init image resized to the request's size), and its infotext names the strength.
-TEST(ServeDit, A1111Img2ImgOnFluxIsThePipelinesImg2Img) {
+// img2img on FLUX (A1111's API) and Z-Image (the native API) models: each served image is the pipeline's img2img of the
+// same image, strength and seed (FLUX: the init image resized to the request's size; Z-Image: at the image's), and its
+// infotext names the strength.
+TEST(ServeDit, DitImg2ImgIsThePipelinesImg2Img) {
   REQUIRE_DIT_FIXTURES();
   auto s = RunningServer::start(dit_options());
   ASSERT_TRUE(s);
@@ -216,6 +217,26 @@ TEST(ServeDit, A1111Img2ImgOnFluxIsThePipelinesImg2Img) {
   ASSERT_TRUE(direct) << direct.status().message();
   EXPECT_EQ(served.pixels, direct->images[0].image.pixels);
   EXPECT_NE(served.pixels, init.pixels);
+
+  // Z-Image through the native API with no size asked for: the init image's, rounded down to multiples of 16 (48x32).
+  const nlohmann::json zbody = {{"prompt", kPrompt}, {"init_image", base64_encode(*png)}, {"strength", 0.5},
+                                {"steps", 4}, {"seed", 7}, {"cfg_scale", 0}, {"model", "zimage"}};
+  const std::string zid = post_json(*c, "/v1/jobs", zbody, &status)["id"];
+  ASSERT_EQ(status, 202);
+  const nlohmann::json zjob = test::wait_job(*c, zid);
+  ASSERT_EQ(zjob["state"], "done") << zjob.dump().substr(0, 300);
+  const Image zserved = decode_b64_image(zjob["images"][0]["data"]);
+  EXPECT_EQ(zserved.width, 48);
+  EXPECT_EQ(zserved.height, 32);
+  EXPECT_NE(zjob["images"][0]["infotext"].get<std::string>().find("Denoising strength: 0.5"), std::string::npos);
+  GenerateRequest zg = g;
+  zg.width = zg.height = 0;
+  zg.cfg_scale = 0.0f;
+  auto zmodel = load_zimage_model(fixture_model("zimage-tiny"), ZImageLoadOptions{});
+  ASSERT_TRUE(zmodel) << zmodel.status().message();
+  const auto zdirect = ::atelier::test::on_one_omp_thread([&] { return ZImagePipeline(*zmodel).generate(zg, {}, &init); });
+  ASSERT_TRUE(zdirect) << zdirect.status().message();
+  EXPECT_EQ(zserved.pixels, zdirect->images[0].image.pixels);
 }
 
 // `atelier serve --dtype fp8 --offload`: the served FLUX image is the one the pipeline draws with FP8 blocks (the
@@ -418,9 +439,10 @@ TEST(ServeDit, RequestsTheseModelsCannotRunAreRefused) {
   expect_400("/v1/jobs", j, "guidance");
   const auto png = encode_png(Image{32, 32, 3, std::vector<uint8_t>(32 * 32 * 3, 200)});
   ASSERT_TRUE(png);
-  expect_400("/sdapi/v1/img2img",
-             {{"prompt", "x"}, {"init_images", {base64_encode(*png)}}, {"override_settings", {{"sd_model_checkpoint", "zimage"}}}},
-             "txt2img only");
+  expect_400("/sdapi/v1/img2img",  // 4 steps at strength 0.2 leave none
+             {{"prompt", "x"}, {"init_images", {base64_encode(*png)}}, {"steps", 4}, {"denoising_strength", 0.2},
+              {"override_settings", {{"sd_model_checkpoint", "zimage"}}}},
+             "denoising_strength");
   // Still serving.
   int status = 0;
   post_json(*c, "/v1/jobs", flux_job(1), &status);

@@ -349,6 +349,10 @@ TEST_F(ServeApi, MalformedRequestsAre400AndHarmless) {
   const char kHugePng[] = "\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\x01\x86\xa0\0\x01\x86\xa0\x08\x02\0\0\0";
   const std::string fake_png(kHugePng, sizeof(kHugePng) - 1);
   const std::string huge_png = base64_encode(fake_png);
+  // A real 1100x1000 upload with no size asked for: img2img runs at the image's size, past the server's pixel limit.
+  const auto large = encode_png(Image{1100, 1000, 3, std::vector<uint8_t>(size_t(1100) * 1000 * 3, 90)});
+  ASSERT_TRUE(large);
+  const std::string big_png = base64_encode(*large);
   struct Case {
     std::string path, body, expect;
   };
@@ -384,6 +388,7 @@ TEST_F(ServeApi, MalformedRequestsAre400AndHarmless) {
       {"/v1/jobs", R"({"init_image": "aGVsbG8gd29ybGQ="})", "init_image"},
       {"/v1/jobs", "{\"init_image\": \"" + huge_png + "\"}", "init_image"},
       {"/v1/jobs", R"({"init_image": "data:image/png,xyz"})", "init_image"},
+      {"/v1/jobs", "{\"init_image\": \"" + big_png + "\"}", "width x height"},
       {"/v1/jobs", R"({"timeout_s": -1})", "timeout_s"},
       {"/v1/jobs", R"({"guidance": "high"})", "guidance"},
       {"/v1/jobs", R"({"guidance": 1000})", "guidance"},

@@ -233,21 +233,8 @@ Expected<FluxPipeline::EncodedItem> FluxPipeline::prepare(const GenerateRequest&
   if (r.width % kFluxSizeMultiple != 0 || r.height % kFluxSizeMultiple != 0) {
     return invalid_argument("FLUX image sides must be multiples of 16, got " + std::to_string(r.width) + "x" + std::to_string(r.height));
   }
-  if (init_image || !r.init_image.empty()) {
-    // (validate() checks the strength only for a path: an image in memory comes without one.)
-    if (!(r.strength > 0 && r.strength <= 1) || sampling::img2img_steps(r.steps, r.strength) < 1) {
-      return invalid_argument("img2img strength " + std::to_string(r.strength) + " with " + std::to_string(r.steps) +
-                              " steps: the strength must be in (0, 1] and leave at least one of the steps to run");
-    }
-    Image loaded;
-    if (!init_image) {
-      ATELIER_ASSIGN_OR_RETURN(loaded, read_image(r.init_image));
-      init_image = &loaded;
-    }
-    const std::string label = r.init_image.empty() ? "init image" : "init image " + r.init_image;
-    // The request's size (the model's by default, as FluxImg2ImgPipeline's 1024), not the image's: it is resized.
-    ATELIER_ASSIGN_OR_RETURN(item.init, init_image_tensor(*init_image, r, kFluxSizeMultiple, label));
-  }
+  // The request's size (the model's by default, as FluxImg2ImgPipeline's 1024), not the image's: it is resized.
+  ATELIER_ASSIGN_OR_RETURN(item.init, request_init_image(r, init_image, kFluxSizeMultiple));
   if (r.seed < 0) r.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
   ATELIER_RETURN_IF_ERROR(parse_rng_kind(r.rng).status());
   item.r = r, item.o = options, item.cfg = runs_cfg(r, options);

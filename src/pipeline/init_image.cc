@@ -4,6 +4,7 @@
 #include "core/trace.h"
 #include "pipeline/image_resize.h"
 #include "pipeline/stage_names.h"
+#include "sampling/sampler.h"
 
 namespace atelier {
 
@@ -14,6 +15,21 @@ Expected<Tensor> init_image_tensor(const Image& image, GenerateRequest& r, int m
     return invalid_argument(label + " is smaller than " + std::to_string(multiple) + "x" + std::to_string(multiple));
   }
   return tensor_from_image(resize_image(image, r.width, r.height));
+}
+
+Expected<Tensor> request_init_image(GenerateRequest& r, const Image* given, int multiple) {
+  if (!given && r.init_image.empty()) return Tensor();
+  if (!(r.strength > 0 && r.strength <= 1) || sampling::img2img_steps(r.steps, r.strength) < 1) {
+    return invalid_argument("img2img strength " + std::to_string(r.strength) + " with " + std::to_string(r.steps) +
+                            " steps: the strength must be in (0, 1] and leave at least one of the steps to run "
+                            "(img2img runs the last int(steps x strength))");
+  }
+  Image loaded;
+  if (!given) {
+    ATELIER_ASSIGN_OR_RETURN(loaded, read_image(r.init_image));
+    given = &loaded;
+  }
+  return init_image_tensor(*given, r, multiple, r.init_image.empty() ? "init image" : "init image " + r.init_image);
 }
 
 Tensor vae_encode_sample(const Vae& vae, const Tensor& image01, NoiseGenerator& gen, Device device) {

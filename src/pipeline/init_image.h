@@ -18,6 +18,11 @@ namespace atelier {
 // than one step is an error naming `label`.
 Expected<Tensor> init_image_tensor(const Image& image, GenerateRequest& r, int multiple, const std::string& label);
 
+// The start image of a request: `given` (an image in memory, the server's) or else the one at the request's init_image
+// path, through init_image_tensor; an undefined tensor for txt2img (neither). The strength must be in (0, 1] and leave
+// at least one of the steps to run (img2img runs the last int(steps x strength)).
+Expected<Tensor> request_init_image(GenerateRequest& r, const Image* given, int multiple);
+
 // image01 [B, 3, H, W] in [0, 1] (any device) -> scaled latents [B, latent, H/f, W/f] on `device`:
 // (mean + std * noise - shift) * scale with the noise drawn from `gen` first.
 Tensor vae_encode_sample(const Vae& vae, const Tensor& image01, NoiseGenerator& gen, Device device);

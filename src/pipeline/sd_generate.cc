@@ -51,15 +51,7 @@ Expected<GenerationPlan> SdPipeline::plan(const GenerateRequest& r, const Image*
   p.sampler_name = std::string(sampling::sampler_name(p.spec.kind));
   p.schedule_name = std::string(sampling::schedule_name(p.spec.schedule));
   ATELIER_ASSIGN_OR_RETURN(p.rng, parse_rng_kind(r.rng));
-  if (init_image || !r.init_image.empty()) {
-    Image loaded;
-    if (!init_image) {
-      ATELIER_ASSIGN_OR_RETURN(loaded, read_image(r.init_image));
-      init_image = &loaded;
-    }
-    const std::string label = r.init_image.empty() ? "init image" : "init image " + r.init_image;
-    ATELIER_ASSIGN_OR_RETURN(p.init_image, init_image_tensor(*init_image, p.request, kLatentFactor, label));
-  }
+  ATELIER_ASSIGN_OR_RETURN(p.init_image, request_init_image(p.request, init_image, kLatentFactor));  // size: the image's
   if (p.request.width == 0) p.request.width = m.default_size;
   if (p.request.height == 0) p.request.height = m.default_size;
   if (p.request.seed < 0) p.request.seed = int64_t(std::random_device{}() % kMaxRandomSeed);

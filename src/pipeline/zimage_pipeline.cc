@@ -6,6 +6,8 @@
 
 #include "backend/ops.h"
 #include "io/infotext.h"
+#include "pipeline/init_image.h"
+#include "sampling/sampler.h"
 #include "tokenizers/chat_template.h"
 
 namespace atelier {
@@ -62,27 +64,33 @@ Expected<Tensor> ZImagePipeline::encode_prompt(const std::string& prompt) const 
   return features[0];
 }
 
-Expected<Tensor> ZImagePipeline::denoise(const Tensor& noise, const Tensor& cond, const Tensor& uncond, float guidance,
-                                         int steps, ZImageRunTrace* trace, const ProgressCallback& progress) const {
+Expected<sampling::FlowMatchEuler> ZImagePipeline::make_scheduler(int steps, int64_t h, int64_t w) const {
   const ZImageModel& m = *model_;
-  const bool cfg = guidance > 1.0f;  // diffusers: do_classifier_free_guidance = guidance_scale > 1
-  if (noise.dim() != 4 || noise.size(0) != 1)
-    return invalid_argument("Z-Image: noise must be [1, C, h, w], got " + shape_str(noise.shape()));
-  if (cfg && !uncond.defined()) return invalid_argument("Z-Image: guidance > 1 needs the negative prompt's features");
   // The sigmas ZImagePipeline hands the scheduler: linspace(1, 1/steps, steps), as FLUX's.
   sampling::FlowMatchPlanOptions po;
   po.sigmas = sampling::flux_sigmas(steps);
-  if (m.scheduler.use_dynamic_shifting)
-    po.mu = sampling::flow_match_mu(m.scheduler, (noise.size(2) / 2) * (noise.size(3) / 2));
-  ATELIER_ASSIGN_OR_RETURN(auto sched, sampling::FlowMatchEuler::create(m.scheduler, steps, po));
+  if (m.scheduler.use_dynamic_shifting) po.mu = sampling::flow_match_mu(m.scheduler, (h / 2) * (w / 2));
+  return sampling::FlowMatchEuler::create(m.scheduler, steps, po);
+}
+
+Expected<Tensor> ZImagePipeline::denoise(const Tensor& start, const Tensor& cond, const Tensor& uncond, float guidance,
+                                         int steps, ZImageRunTrace* trace, const ProgressCallback& progress,
+                                         int begin_index) const {
+  const ZImageModel& m = *model_;
+  const bool cfg = guidance > 1.0f;  // diffusers: do_classifier_free_guidance = guidance_scale > 1
+  if (start.dim() != 4 || start.size(0) != 1)
+    return invalid_argument("Z-Image: the start latents must be [1, C, h, w], got " + shape_str(start.shape()));
+  if (cfg && !uncond.defined()) return invalid_argument("Z-Image: guidance > 1 needs the negative prompt's features");
+  ATELIER_ASSIGN_OR_RETURN(auto sched, make_scheduler(steps, start.size(2), start.size(3)));
+  if (begin_index != 0) ATELIER_RETURN_IF_ERROR(sched.set_begin_index(begin_index));
   if (trace) {
     trace->sigmas = sched.sigmas();
     trace->timesteps = sched.timesteps();
   }
   trace::Scope range(stage::kDenoise, Category::kStage);
   return catch_expected<Tensor>([&]() -> Expected<Tensor> {
-    Tensor x = ops::contiguous(noise.to(m.transformer->device()));
-    const int total = sched.num_inference_steps();
+    Tensor x = ops::contiguous(start.to(m.transformer->device()));
+    const int total = sched.num_inference_steps() - sched.step_index();
     for (int i = 0; !sched.done(); ++i) {
       trace::Scope call(stage::kModelCall, Category::kCall, i);
       const float t = (kTimestepScale - sched.timestep()) / kTimestepScale;
@@ -118,16 +126,32 @@ Expected<Tensor> ZImagePipeline::decode(const Tensor& latents) const {
   });
 }
 
-Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request, const ProgressCallback& progress) const {
+Expected<Tensor> ZImagePipeline::start_latents(const Tensor& init, NoiseGenerator& gen, const Shape& shape, int steps,
+                                               int begin) const {
+  if (!init.defined()) return randn_tensor(gen, shape);
+  return catch_expected<Tensor>([&]() -> Expected<Tensor> {
+    const Vae& vae = *model_->vae;
+    const Tensor x0 = vae_encode_sample(vae, init, gen, vae.device());  // the sample first, then the noise
+    const Tensor noise = randn_tensor(gen, shape).to(vae.device());
+    ATELIER_ASSIGN_OR_RETURN(auto sched, make_scheduler(steps, shape[2], shape[3]));
+    ATELIER_RETURN_IF_ERROR(sched.set_begin_index(begin));
+    return sched.scale_noise(ops::cast(x0, DType::F32), noise);
+  });
+}
+
+Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request, const ProgressCallback& progress,
+                                                  const Image* init_image) const {
   const ZImageModel& m = *model_;
   GenerateRequest r = request;
+  ATELIER_RETURN_IF_ERROR(r.validate());
+  // img2img: [1, 3, H, W] in [0, 1] at the request's size, which is the image's unless given.
+  ATELIER_ASSIGN_OR_RETURN(const Tensor init, request_init_image(r, init_image, kSizeMultiple));
   if (r.width == 0) r.width = kDefaultSize;
   if (r.height == 0) r.height = kDefaultSize;
-  ATELIER_RETURN_IF_ERROR(r.validate());
   if (r.width % kSizeMultiple || r.height % kSizeMultiple)
     return invalid_argument("Z-Image: width and height must be multiples of 16, got " + std::to_string(r.width) + "x" +
                             std::to_string(r.height));
-  if (!r.init_image.empty()) return unsupported("Z-Image: img2img is not supported yet (txt2img only)");
+  const int begin = init.defined() ? r.steps - sampling::img2img_steps(r.steps, r.strength) : 0;
   ATELIER_ASSIGN_OR_RETURN(RngKind rng, parse_rng_kind(r.rng));
   if (r.seed < 0) r.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
   const bool cfg = r.cfg_scale > 1.0f;
@@ -144,14 +168,14 @@ Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request
     for (int i = 0; i < count; ++i) {
       const int64_t seed = r.seed + i;  // A1111: consecutive seeds
       auto gen = make_generator(rng, uint64_t(seed));
-      const Tensor noise = randn_tensor(*gen, latent_shape);
+      ATELIER_ASSIGN_OR_RETURN(const Tensor start, start_latents(init, *gen, latent_shape, r.steps, begin));
       auto per_step = [&](const StepProgress& p) {
         if (!progress) return true;
         StepProgress q = p;
         q.batch_index = i;
         return progress(q);
       };
-      ATELIER_ASSIGN_OR_RETURN(Tensor latents, denoise(noise, cond, uncond, r.cfg_scale, r.steps, nullptr, per_step));
+      ATELIER_ASSIGN_OR_RETURN(Tensor latents, denoise(start, cond, uncond, r.cfg_scale, r.steps, nullptr, per_step, begin));
       ATELIER_ASSIGN_OR_RETURN(Tensor image, decode(latents));
       trace::Scope encode_range(stage::kImageEncode, Category::kStage, i);
       GeneratedImage g;
@@ -161,6 +185,7 @@ Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request
                            {"CFG scale", trim_float(r.cfg_scale)}, {"Shift", trim_float(m.scheduler.shift)},
                            {"Seed", std::to_string(seed)}, {"Size", std::to_string(r.width) + "x" + std::to_string(r.height)},
                            {"Model", m.name}};
+      if (init.defined()) kv.push_back({"Denoising strength", trim_float(r.strength)});
       if (rng == RngKind::kCpu) kv.push_back({"RNG", "CPU"});
       kv.push_back({"Version", std::string("atelier ") + ATELIER_VERSION});
       g.infotext = build_infotext(r.prompt, cfg ? r.negative_prompt : "", kv);

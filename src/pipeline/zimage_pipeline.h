@@ -98,17 +98,28 @@ class ZImagePipeline {
   Expected<Tensor> encode_prompt(const std::string& prompt) const;
   // The same for several prompts with one use of the text encoder (one load and drop when offloading).
   Expected<std::vector<Tensor>> encode_prompts(const std::vector<std::string>& prompts) const;
-  // noise [1, C, h, w], cond [L, D], uncond [L', D] (used when guidance > 1) -> final latents [1, C, h, w].
-  // `progress` (may be empty) is called after every step with call = step + 1.
-  Expected<Tensor> denoise(const Tensor& noise, const Tensor& cond, const Tensor& uncond, float guidance, int steps,
-                           ZImageRunTrace* trace = nullptr, const ProgressCallback& progress = {}) const;
+  // The scheduler of a `steps`-step run at latent size h x w (what denoise runs).
+  Expected<sampling::FlowMatchEuler> make_scheduler(int steps, int64_t h, int64_t w) const;
+  // start [1, C, h, w] (noise; for img2img the noised image), cond [L, D], uncond [L', D] (used when guidance > 1)
+  // -> final latents [1, C, h, w], running the schedule's steps from `begin_index` (img2img: steps - int(steps x
+  // strength)). `progress` (may be empty) is called after every step with call = 1, 2, ... of the steps run.
+  Expected<Tensor> denoise(const Tensor& start, const Tensor& cond, const Tensor& uncond, float guidance, int steps,
+                           ZImageRunTrace* trace = nullptr, const ProgressCallback& progress = {},
+                           int begin_index = 0) const;
   // latents [1, C, h, w] -> image [1, 3, 8h, 8w] in [0, 1]
   Expected<Tensor> decode(const Tensor& latents) const;
   // A whole request: seeds, noise from the request's RNG, every image of every batch, infotext and sidecar
   // info. Sampler and schedule settings do not apply (flow-matching Euler only).
-  Expected<GenerateResult> generate(const GenerateRequest& request, const ProgressCallback& progress = {}) const;
+  // img2img from `init_image`, else from the request's init_image path when set (ZImageImg2ImgPipeline's semantics:
+  // the size is the image's by default, rounded down to multiples of 16; the VAE sample, then the noise, from each
+  // image's generator; scale_noise at the first step the strength leaves).
+  Expected<GenerateResult> generate(const GenerateRequest& request, const ProgressCallback& progress = {},
+                                    const Image* init_image = nullptr) const;
 
  private:
+  // One image's start latents [1, C, h, w] (`shape`) from its generator: noise, or for img2img (`init` defined) the
+  // init image's VAE sample (drawn first) noised to the sigma of step `begin` of `steps`.
+  Expected<Tensor> start_latents(const Tensor& init, NoiseGenerator& gen, const Shape& shape, int steps, int begin) const;
   // The chat-templated prompt's token ids and mask.
   Expected<QwenEncoding> tokenize(const std::string& prompt) const;
 

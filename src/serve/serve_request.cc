@@ -59,8 +59,12 @@ const char* api_family_name(ApiFamily f) {
 }
 
 int64_t ServeRequest::pixels() const {
-  const int64_t w = gen.width ? gen.width : kApiDefaultSide, h = gen.height ? gen.height : kApiDefaultSide;
-  return w * h;
+  // An img2img side left open is the init image's for SD and Z-Image (FLUX takes its model's): count the image's, at
+  // most what the run makes, so that a large upload cannot pass the server's pixel limit unseen.
+  const auto side = [&](int asked, int image_side) -> int64_t {
+    return asked ? asked : init_image ? image_side : kApiDefaultSide;
+  };
+  return side(gen.width, init_image ? init_image->width : 0) * side(gen.height, init_image ? init_image->height : 0);
 }
 
 double ServeRequest::work() const {
@@ -114,8 +118,6 @@ Status validate_request(const ServeRequest& r, const ServeLimits& limits) {
 Status validate_for_model(ServeRequest& r, ModelFamily family) {
   if (family == ModelFamily::kSd) return Status::ok();
   const char* what = family == ModelFamily::kFlux ? "FLUX" : "Z-Image";
-  if (r.init_image && family != ModelFamily::kFlux)
-    return invalid_argument(std::string("init_image: ") + what + " models take txt2img only (img2img is SD's and FLUX's)");
   for (auto [name, v] : {std::pair{"width", r.gen.width}, std::pair{"height", r.gen.height}})
     if (v % kFluxSizeMultiple != 0)  // 0 = the model's default size
       return invalid_argument(std::string(name) + ": " + what + " models take multiples of " +

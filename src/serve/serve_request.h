@@ -51,7 +51,7 @@ struct ServeRequest {
   double cost = 1.0;
 
   int images() const { return gen.batch_size * gen.batch_count; }
-  // Pixels of one image, with "model default" (0) counted as kApiDefaultSide.
+  // Pixels of one image, with "model default" (0) counted as kApiDefaultSide, or as the init image's side for img2img.
   int64_t pixels() const;
   // Estimated work: model calls x images x pixels x cost (the router's unit; Heun counts ~2 calls per step).
   double work() const;

@@ -127,9 +127,9 @@ void Worker::run_dit_job() {
       return FluxPipeline(model.flux).generate_batch(items, progress);
     }
     const ServeRequest& r = batch.front().job->request();
-    const FluxBatchItem item = model.flux ? flux_item(r) : FluxBatchItem{};
-    Expected<GenerateResult> one = model.flux ? FluxPipeline(model.flux).generate(r.gen, item.options, progress, item.init_image)
-                                              : ZImagePipeline(model.zimage).generate(r.gen, progress);
+    const Image* init = r.init_image ? &*r.init_image : nullptr;
+    Expected<GenerateResult> one = model.flux ? FluxPipeline(model.flux).generate(r.gen, flux_item(r).options, progress, init)
+                                              : ZImagePipeline(model.zimage).generate(r.gen, progress, init);
     if (!one) return one.status();
     return std::vector<GenerateResult>{std::move(*one)};
   }();

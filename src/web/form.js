@@ -53,19 +53,13 @@
     return families[$('model').value] || 'sd';
   }
 
-  // Whether the selected model takes a start image (img2img): SD and FLUX models; Z-Image is txt2img only.
-  function takesStartImage() {
-    return family() !== 'zimage';
-  }
-
   // What the selected model takes. FLUX models take a distilled guidance value (sent as "guidance") rather than
   // classifier-free guidance; Z-Image-Turbo runs with CFG off (0). Both run flow-matching Euler: no sampler,
-  // schedule or CLIP skip to choose; Z-Image no start image either.
+  // schedule or CLIP skip to choose. Every family takes a start image (img2img).
   function updateModelControls() {
     const f = family();
     $('cfg-label').textContent = f === 'flux' ? 'Guidance' : f === 'zimage' ? 'CFG scale (Turbo: 0)' : 'CFG scale';
     for (const id of ['sampler', 'schedule', 'clip_skip']) $(id).closest('.field').hidden = f !== 'sd';
-    document.querySelector('fieldset.img2img').hidden = !takesStartImage();
   }
 
   function onPresetChange() {
@@ -143,7 +137,7 @@
     const seed = mode === 'last' ? Number(localStorage.getItem(LAST_SEED_STORAGE) || -1) : numberOf('seed');
     body.seed = mode === 'random' || seed === undefined ? -1 : seed;
     body.preview = $('preview').checked;
-    if (initImage && takesStartImage()) {
+    if (initImage) {
       body.init_image = initImage;
       if (numberOf('strength') !== undefined) body.strength = numberOf('strength');
     }

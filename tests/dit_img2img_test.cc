@@ -1,9 +1,10 @@
-// FLUX img2img (FluxImg2ImgPipeline's semantics) on the flux-tiny model: the run takes the last int(steps x strength)
+// img2img on the diffusion transformers. FLUX (FluxImg2ImgPipeline's semantics) on the flux-tiny model: the run takes the last int(steps x strength)
 // steps of the txt2img schedule, starting from the init image's VAE sample noised to that step's sigma (the sample
 // drawn from the image's generator before the noise); it stays near the image where little strength is asked and
 // txt2img of the same seed does not; strengths that leave no step, and batches mixing img2img with txt2img or two
-// strengths, are refused. No diffusers fixture holds a FLUX img2img run: exactness rests on the parts' own goldens
-// (VAE encode through SD's img2img golden, the schedule, the denoise), composed as this test composes them.
+// strengths, are refused. Z-Image (ZImageImg2ImgPipeline's) the same way on zimage-tiny, at the image's size by default.
+// No diffusers fixture holds a DiT img2img run: exactness rests on the parts' own goldens (VAE encode through SD's
+// img2img golden, the schedules, the denoise loops), composed as these tests compose them.
 #include <cmath>
 #include <iostream>
 
@@ -11,6 +12,7 @@
 #include "core/rng.h"
 #include "pipeline/flux_pipeline.h"
 #include "pipeline/init_image.h"
+#include "pipeline/zimage_pipeline.h"
 #include "sampling/sampler.h"
 #include "test_util.h"
 
@@ -139,6 +141,51 @@ TEST(FluxImg2Img, RefusesStrengthsWithoutStepsAndMixedBatches) {
   const auto mixed = pipe.generate_batch({a, b});
   ASSERT_FALSE(mixed.has_value());
   EXPECT_NE(mixed.status().message().find("img2img"), std::string::npos) << mixed.status().message();
+}
+
+std::shared_ptr<const ZImageModel> load_zimage(const std::filesystem::path& dir) {
+  ZImageLoadOptions o;
+  o.max_sequence_length = kMaxSeq;
+  return load_zimage_model((dir / "model").string(), o).value();
+}
+
+// Z-Image: the last int(steps x strength) steps from the image's sample noised to that step's sigma, at the image's
+// size when none is asked for (rounded down to multiples of 16); the same run composed from the stages.
+TEST(ZImageImg2Img, RunsTheLastStepsAtTheImagesSize) {
+  ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
+  const auto model = load_zimage(dir);
+  const ZImagePipeline pipe(model);
+  const Image init = gradient_image(kSide + 8);  // 72x72: runs at 64x64
+  GenerateRequest r = request(8, 0.5f);
+  r.width = r.height = 0;
+  r.cfg_scale = 0.0f;
+  int calls = 0;
+  const auto got = pipe.generate(r, [&](const StepProgress& p) {
+    ++calls;
+    EXPECT_EQ(p.total_calls, 4);
+    return true;
+  }, &init);
+  ASSERT_TRUE(got.has_value()) << got.status().message();
+  EXPECT_EQ(calls, 4);
+  const Image& img = got->images[0].image;
+  EXPECT_EQ(img.width, kSide);
+  EXPECT_EQ(img.height, kSide);
+  EXPECT_NE(got->images[0].infotext.find("Denoising strength: 0.5"), std::string::npos) << got->images[0].infotext;
+
+  GenerateRequest sized = r;
+  const Tensor image01 = init_image_tensor(init, sized, 16, "init").value();
+  auto gen = make_generator(RngKind::kCpu, kSeed);
+  const Tensor x0 = vae_encode_sample(*model->vae, image01, *gen, Device::cpu());
+  const Tensor noise = randn_tensor(*gen, x0.shape());
+  auto sched = pipe.make_scheduler(8, kSide / 8, kSide / 8).value();
+  ASSERT_TRUE(sched.set_begin_index(4).is_ok());
+  const Tensor start = sched.scale_noise(x0, noise);
+  const Tensor cond = pipe.encode_prompt(kPrompt).value();
+  const Tensor x = pipe.denoise(start, cond, Tensor(), 0.0f, 8, nullptr, {}, 4).value();
+  EXPECT_LE(test::max_pixel_diff(img, image_from_tensor(pipe.decode(x).value(), 0)), 1);
+
+  r.strength = 0.1f;  // 8 steps x 0.1 leaves none
+  EXPECT_FALSE(pipe.generate(r, {}, &init).has_value());
 }
 
 }  // namespace
