@@ -229,6 +229,11 @@ TEST(ServeDit, DitImg2ImgIsThePipelinesImg2Img) {
   EXPECT_EQ(zserved.width, 48);
   EXPECT_EQ(zserved.height, 32);
   EXPECT_NE(zjob["images"][0]["infotext"].get<std::string>().find("Denoising strength: 0.5"), std::string::npos);
+  // Its progress counts the 2 steps strength 0.5 leaves of 4, from the first event on.
+  EXPECT_EQ(zjob["total_steps"], 2);
+  const std::string events = test::read_events(*c, zid);
+  ASSERT_NE(events.find("\"total_steps\":2"), std::string::npos) << events.substr(0, 600);
+  EXPECT_EQ(events.find("\"total_steps\":4"), std::string::npos) << events.substr(0, 600);
   GenerateRequest zg = g;
   zg.width = zg.height = 0;
   zg.cfg_scale = 0.0f;

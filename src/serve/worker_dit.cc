@@ -6,6 +6,7 @@
 
 #include "pipeline/flux_pipeline.h"
 #include "pipeline/zimage_pipeline.h"
+#include "sampling/sampler.h"
 #include "serve/job_output.h"
 #include "serve/worker.h"
 
@@ -48,8 +49,13 @@ FluxBatchItem flux_item(const ServeRequest& r) {
   return item;
 }
 
+// Model calls of one progress sequence: the steps img2img leaves (the last int(steps x strength)), or all of them.
+int dit_calls(const ServeRequest& r) {
+  return r.init_image ? sampling::img2img_steps(r.gen.steps, r.gen.strength) : r.gen.steps;
+}
+
 // Progress sequences of a request: FLUX denoises each batch of batch_size images together, Z-Image one image at a
-// time; each sequence reports `steps` model calls.
+// time; each sequence reports dit_calls model calls.
 int dit_sequences(const LoadedModel& m, const GenerateRequest& g) {
   return m.flux ? g.batch_count : g.batch_size * g.batch_count;
 }
@@ -87,7 +93,7 @@ void Worker::run_dit_job() {
   for (const DitJob& d : batch) {
     first_row.push_back(rows);
     rows += model.flux ? d.job->request().gen.batch_size : 1;
-    d.job->set_progress(0, d.job->request().gen.steps * sequences);
+    d.job->set_progress(0, dit_calls(d.job->request()) * sequences);
   }
   std::vector<bool> ended(batch.size(), false);  // cancelled or timed out during the batch (its rows run on)
   std::vector<int> previews(batch.size(), 0);
