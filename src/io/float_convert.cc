@@ -12,8 +12,8 @@ namespace {
 
 constexpr int64_t kBlock = int64_t(1) << 16;               // values per OpenMP task
 constexpr int64_t kParallelMinElements = int64_t(1) << 16;  // below this, threads cost more than they save
-constexpr size_t kCopyBlockBytes = size_t(256) << 10;       // bytes per OpenMP task of copy_bytes
-constexpr size_t kParallelMinCopyBytes = size_t(1) << 20;   // below this one thread copies
+constexpr int64_t kCopyBlockBytes = int64_t(256) << 10;     // bytes per OpenMP task of copy_bytes
+constexpr int64_t kParallelMinCopyBytes = int64_t(1) << 20; // below this one thread copies
 constexpr int64_t kLanes = 8;                               // f32 values in an AVX2 register
 
 #define ATELIER_F16C __attribute__((target("avx2,f16c")))
@@ -23,12 +23,13 @@ bool vector_forms() {
   return on;
 }
 
-// fn(begin, end) over [0, n) in blocks, on every core for large n.
+// fn(begin, end) over [0, n) in blocks of `block`, on every core from `parallel_min` on (the conversions: values;
+// copy_bytes: bytes).
 template <typename Fn>
-void in_blocks(int64_t n, const Fn& fn) {
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for if (n >= kParallelMinElements) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) fn(b * kBlock, std::min(n, (b + 1) * kBlock));
+void in_blocks(int64_t n, const Fn& fn, int64_t block = kBlock, int64_t parallel_min = kParallelMinElements) {
+  const int64_t blocks = (n + block - 1) / block;
+#pragma omp parallel for if (n >= parallel_min) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) fn(b * block, std::min(n, (b + 1) * block));
 }
 
 uint16_t load_u16(const uint8_t* p, int64_t i) {
@@ -116,12 +117,8 @@ void convert_bf16_to_f32(const void* src, float* dst, int64_t n) {
 void copy_bytes(const void* src, void* dst, size_t bytes) {
   const auto* s = static_cast<const char*>(src);
   auto* d = static_cast<char*>(dst);
-  const int64_t blocks = int64_t((bytes + kCopyBlockBytes - 1) / kCopyBlockBytes);
-#pragma omp parallel for if (bytes >= kParallelMinCopyBytes) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const size_t begin = size_t(b) * kCopyBlockBytes;
-    std::memcpy(d + begin, s + begin, std::min(kCopyBlockBytes, bytes - begin));
-  }
+  in_blocks(int64_t(bytes), [&](int64_t b, int64_t e) { std::memcpy(d + b, s + b, size_t(e - b)); }, kCopyBlockBytes,
+            kParallelMinCopyBytes);
 }
 
 }  // namespace atelier

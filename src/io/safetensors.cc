@@ -333,7 +333,7 @@ Expected<Tensor> SafeTensorsFile::load(const TensorInfo& info, DType dtype, Devi
   Expected<Tensor> out = Status(ErrorCode::kInternal, "unset");
   Status st = catch_status([&]() -> Status {
     out = Tensor::from_host(info.shape, dtype, device, [&](void* dst, size_t offset, size_t bytes) {
-      convert_range(info, dtype, offset, bytes, dst);
+      if (Status piece = convert_range(info, dtype, offset, bytes, dst); !piece.is_ok()) throw Error(piece);
     });
     return Status::ok();
   });
@@ -343,20 +343,17 @@ Expected<Tensor> SafeTensorsFile::load(const TensorInfo& info, DType dtype, Devi
 
 Status SafeTensorsFile::read_range(const TensorInfo& info, DType dtype, size_t offset, size_t bytes, void* dst) const {
   if (Status st = check_load(info, dtype); !st.is_ok()) return st;
+  return convert_range(info, dtype, offset, bytes, dst);
+}
+
+// check_load(info, dtype) has passed. The range must be whole elements inside the tensor (a device's staging pieces
+// are): else an error, and nothing written.
+Status SafeTensorsFile::convert_range(const TensorInfo& info, DType dtype, size_t offset, size_t bytes, void* dst) const {
   const size_t out_size = dtype_size(dtype), total = size_t(numel_of(info.shape)) * out_size;
   if (offset % out_size != 0 || bytes % out_size != 0 || offset > total || bytes > total - offset)
     return invalid_argument(path_ + ": tensor '" + info.name + "': bytes [" + std::to_string(offset) + ", +" +
                             std::to_string(bytes) + ") are not whole " + std::string(dtype_name(dtype)) +
                             " elements inside its " + std::to_string(total));
-  convert_range(info, dtype, offset, bytes, dst);
-  return Status::ok();
-}
-
-// check_load(info, dtype) has passed; the range is whole elements inside the tensor (a device's staging pieces are).
-void SafeTensorsFile::convert_range(const TensorInfo& info, DType dtype, size_t offset, size_t bytes, void* dst) const {
-  const size_t out_size = dtype_size(dtype);
-  ATELIER_CHECK(offset % out_size == 0 && bytes % out_size == 0 && offset + bytes <= size_t(numel_of(info.shape)) * out_size,
-                "safetensors: a piece of '" + info.name + "' off its element boundaries or past its end");
   const int64_t first = int64_t(offset / out_size), n = int64_t(bytes / out_size);
   const char* src = static_cast<const char*>(raw(info)) + size_t(first) * dtype_size(info.dtype);
   if (dtype == info.dtype) {
@@ -372,6 +369,7 @@ void SafeTensorsFile::convert_range(const TensorInfo& info, DType dtype, size_t 
   } else {
     convert_elements(src, info.dtype, static_cast<char*>(dst), dtype, n);
   }
+  return Status::ok();
 }
 
 namespace {

@@ -51,8 +51,8 @@ class SafeTensorsFile {
   Status parse();
   // Whether load(info, dtype) may run: `info` is this file's and `dtype` a target its dtype converts to.
   Status check_load(const TensorInfo& info, DType dtype) const;
-  // read_range after its checks.
-  void convert_range(const TensorInfo& info, DType dtype, size_t offset, size_t bytes, void* dst) const;
+  // read_range after check_load: the range's own check, then the conversion.
+  Status convert_range(const TensorInfo& info, DType dtype, size_t offset, size_t bytes, void* dst) const;
   std::string path_;
   const char* base_ = nullptr;   // start of the whole file image
   size_t size_ = 0;
