@@ -155,12 +155,11 @@ void CudaBackend::copy_between_devices(Tensor& dst, const Tensor& src) {
   const bool src_host = src.device().is_cpu(), dst_host = dst.device().is_cpu();
   if (src_host && dst_host) {
     std::memcpy(dst.raw(), src.raw(), bytes);
-  } else if (src_host) {
-    CudaBackend& to = cuda_backend(dst.device().index);
-    DeviceGuard guard(to.index_);
-    if (upload_inline(dst.raw(), src.raw(), bytes, to.stream_)) return;  // in a kernel's parameters: batches take it
-    BatchPause pause(to);  // the staging slots are reused once their event passes: not something a graph can hold
-    to.staging_.host_to_device(dst.raw(), src.raw(), bytes, to.stream_);
+  } else if (src_host) {  // upload's paths: a kernel's parameters for a few bytes, else the staging ring
+    const char* host = static_cast<const char*>(src.raw());
+    cuda_backend(dst.device().index).upload(dst, [host](void* slot, size_t off, size_t len) {
+      std::memcpy(slot, host + off, len);
+    });
   } else if (dst_host) {
     CudaBackend& from = cuda_backend(src.device().index);
     BatchPause pause(from);
@@ -187,11 +186,11 @@ void CudaBackend::upload(Tensor& dst, const HostFill& fill) {
   const size_t bytes = dst.nbytes();
   if (bytes == 0) return;
   DeviceGuard guard(index_);
-  if (bytes <= kInlineUploadBytes) {  // a bias or a norm's scale: in a kernel's parameters where it can
+  if (bytes <= kInlineUploadBytes) {  // a step's timesteps, a bias: in a kernel's parameters (batches take it) where it can
     char small[kInlineUploadBytes];
     fill(small, 0, bytes);
     if (upload_inline(dst.raw(), small, bytes, stream_)) return;
-    BatchPause pause(*this);
+    BatchPause pause(*this);  // the staging slots are reused once their event passes: not something a graph can hold
     staging_.host_to_device(dst.raw(), small, bytes, stream_);
     return;
   }
