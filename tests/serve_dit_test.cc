@@ -57,6 +57,18 @@ nlohmann::json flux_job(int steps = kFluxSteps) {
           {"seed", kSeed},    {"rng", "cpu"},      {"max_sequence_length", kFluxMaxSeq}};
 }
 
+// What the A1111 tests' requests (64², seed 7, no CFG) ask the pipeline for run directly: A1111's GPU-style noise
+// (rng cuda) and T5 at its default length, as the server fills them in.
+GenerateRequest a1111_request(int steps) {
+  GenerateRequest g;
+  g.prompt = kPrompt;
+  g.width = g.height = 64;
+  g.steps = steps;
+  g.seed = 7;
+  g.cfg_scale = 1.0f;
+  return g;
+}
+
 TEST(ServeDit, RegistryKnowsTheFamiliesAndWantsDitFolders) {
   REQUIRE_DIT_FIXTURES();
   EXPECT_EQ(detect_model_family(fixture_model("flux-tiny")), ModelFamily::kFlux);
@@ -151,13 +163,8 @@ TEST(ServeDit, A1111FluxTakesDistilledGuidanceAndRunsNoCfgUnlessAsked) {
   EXPECT_NE(info.find("Distilled CFG Scale: 2"), std::string::npos) << info;
   EXPECT_NE(info.find("CFG scale: 1,"), std::string::npos) << info;
 
-  // The same request run by the pipeline: A1111's GPU-style noise (rng cuda), T5 at its default length.
-  GenerateRequest g;
-  g.prompt = kPrompt;
-  g.width = g.height = 64;
-  g.steps = 2;
-  g.seed = 7;
-  g.cfg_scale = 1.0f;
+  // The same request run by the pipeline.
+  const GenerateRequest g = a1111_request(2);
   FluxOptions fo;
   fo.guidance = guidance;
   fo.cfg_explicit = true;
@@ -201,13 +208,8 @@ TEST(ServeDit, DitImg2ImgIsThePipelinesImg2Img) {
   const Image served = decode_b64_image(res["images"][0]);
   EXPECT_NE(res["info"].get<std::string>().find("Denoising strength: 0.5"), std::string::npos) << res["info"];
 
-  GenerateRequest g;
-  g.prompt = kPrompt;
-  g.width = g.height = 64;
-  g.steps = 4;
-  g.seed = 7;
+  GenerateRequest g = a1111_request(4);
   g.strength = 0.5f;
-  g.cfg_scale = 1.0f;
   FluxOptions fo;
   fo.cfg_explicit = true;
   auto model = load_flux_model(fixture_model("flux-tiny"));
