@@ -8,22 +8,37 @@
 
 namespace atelier {
 
-Expected<Tensor> init_image_tensor(const Image& image, GenerateRequest& r, int multiple, const std::string& label) {
+Status size_from_image(const Image& image, GenerateRequest& r, int multiple, const std::string& label) {
   if (r.width == 0) r.width = image.width / multiple * multiple;
   if (r.height == 0) r.height = image.height / multiple * multiple;
   if (r.width < multiple || r.height < multiple) {
     return invalid_argument(label + " is smaller than " + std::to_string(multiple) + "x" + std::to_string(multiple));
   }
-  return tensor_from_image(resize_image(image, r.width, r.height));
+  return Status::ok();
 }
 
-Expected<Tensor> request_init_image(GenerateRequest& r, const Image* given, int multiple) {
-  if (!given && r.init_image.empty()) return Tensor();
+Expected<Tensor> init_image_tensor(const Image& image, GenerateRequest& r, int multiple, const std::string& label) {
+  ATELIER_RETURN_IF_ERROR(size_from_image(image, r, multiple, label));
+  ATELIER_ASSIGN_OR_RETURN(const ResizeMode mode, parse_resize_mode(r.resize_mode));
+  return tensor_from_image(resize_image(image, r.width, r.height, mode));
+}
+
+Status check_img2img_strength(const GenerateRequest& r) {
   if (!(r.strength > 0 && r.strength <= 1) || sampling::img2img_steps(r.steps, r.strength) < 1) {
     return invalid_argument("img2img strength " + std::to_string(r.strength) + " with " + std::to_string(r.steps) +
                             " steps: the strength must be in (0, 1] and leave at least one of the steps to run "
                             "(img2img runs the last int(steps x strength))");
   }
+  return Status::ok();
+}
+
+Expected<Tensor> request_init_image(GenerateRequest& r, const Image* given, int multiple) {
+  if (!r.mask.empty()) {
+    return invalid_argument("a mask (inpainting) is supported for Stable Diffusion 1.x/2.x models only; "
+                            "send img2img without a mask");
+  }
+  if (!given && r.init_image.empty()) return Tensor();
+  ATELIER_RETURN_IF_ERROR(check_img2img_strength(r));
   Image loaded;
   if (!given) {
     ATELIER_ASSIGN_OR_RETURN(loaded, read_image(r.init_image));

@@ -13,14 +13,21 @@
 
 namespace atelier {
 
-// `image` as the pipeline's input [1, 3, H, W] in [0, 1], resized (Lanczos) to the request's size. A width or height
-// of 0 in `r` becomes the image's, rounded down to a multiple of `multiple` (the model's size step); an image smaller
-// than one step is an error naming `label`.
+// A width or height of 0 in `r` becomes the image's, rounded down to a multiple of `multiple` (the model's size
+// step); an image smaller than one step is an error naming `label`.
+Status size_from_image(const Image& image, GenerateRequest& r, int multiple, const std::string& label);
+
+// `image` as the pipeline's input [1, 3, H, W] in [0, 1], resized (Lanczos) to the request's size by its resize
+// mode, the request sized by size_from_image first.
 Expected<Tensor> init_image_tensor(const Image& image, GenerateRequest& r, int multiple, const std::string& label);
+
+// The strength must be in (0, 1] and leave at least one of the steps to run.
+Status check_img2img_strength(const GenerateRequest& r);
 
 // The start image of a request: `given` (an image in memory, the server's) or else the one at the request's init_image
 // path, through init_image_tensor; an undefined tensor for txt2img (neither). The strength must be in (0, 1] and leave
-// at least one of the steps to run (img2img runs the last int(steps x strength)).
+// at least one of the steps to run (img2img runs the last int(steps x strength)). A mask path is an error: the
+// families that call this have no inpainting (SD's is pipeline/inpaint.h).
 Expected<Tensor> request_init_image(GenerateRequest& r, const Image* given, int multiple);
 
 // image01 [B, 3, H, W] in [0, 1] (any device) -> scaled latents [B, latent, H/f, W/f] on `device`:

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "pipeline/image_resize.h"
+#include "pipeline/inpaint.h"
 #include "sampling/sampler.h"
 
 namespace atelier {
@@ -38,6 +40,12 @@ Status GenerateRequest::validate() const {
   if (batch_size < 1 || batch_size > kMaxBatch)
     return invalid_argument("batch size must be from 1 to " + std::to_string(kMaxBatch));
   if (batch_count < 1 || batch_count > 1000) return invalid_argument("batch count must be from 1 to 1000");
+  ATELIER_RETURN_IF_ERROR(parse_resize_mode(resize_mode).status());
+  ATELIER_RETURN_IF_ERROR(parse_inpaint_fill(inpaint_fill).status());
+  if (mask_blur_x < 0 || mask_blur_x > kMaxMaskBlur || mask_blur_y < 0 || mask_blur_y > kMaxMaskBlur)
+    return invalid_argument("mask blur must be from 0 to " + std::to_string(kMaxMaskBlur) + " pixels");
+  if (inpaint_padding < 0 || inpaint_padding > kMaxInpaintPadding)
+    return invalid_argument("inpaint padding must be from 0 to " + std::to_string(kMaxInpaintPadding) + " pixels");
   return Status::ok();
 }
 
@@ -51,8 +59,23 @@ nlohmann::json GenerateRequest::to_json() const {
   if (!init_image.empty()) {
     j["init_image"] = init_image;
     j["strength"] = strength;
+    j["resize_mode"] = resize_mode;
+  }
+  if (!mask.empty()) {
+    j["mask"] = mask;
+    add_inpaint_settings(j);
   }
   return j;
+}
+
+void GenerateRequest::add_inpaint_settings(nlohmann::json& j) const {
+  j["mask_blur_x"] = mask_blur_x;
+  j["mask_blur_y"] = mask_blur_y;
+  j["inpaint_fill"] = inpaint_fill;
+  j["inpaint_only_masked"] = inpaint_only_masked;
+  j["inpaint_padding"] = inpaint_padding;
+  j["mask_invert"] = mask_invert;
+  j["mask_round"] = mask_round;
 }
 
 }  // namespace atelier

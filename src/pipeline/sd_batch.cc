@@ -1,5 +1,6 @@
 #include "pipeline/sd_batch.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,46 @@ Tensor stack_rows(const std::vector<Tensor>& rows) {
   return Tensor(first.buffer(), shape, first.dtype(), first.offset());
 }
 
+// The x0 estimate of the sample's next update as a * sample + b * model output: what holding it to the kept latents
+// needs (every sampler here estimates x0 so, unless clip_sample clamps it).
+Expected<std::pair<double, double>> x0_coefficients(const sampling::Sampler& sampler) {
+  using sampling::Operand;
+  const sampling::LinearExpr d = sampler.update().denoised;
+  for (Operand o : {Operand::kNoise, Operand::kClamped, Operand::kSaved0, Operand::kSaved1})
+    if (d.uses(o) || !d.uses(Operand::kModelOutput))
+      return invalid_argument(std::string("inpainting: the ") + std::string(sampling::sampler_name(sampler.kind())) +
+                              " sampler's x0 estimate is not linear in the sample and the model output here "
+                              "(clip_sample); use another sampler");
+  return std::pair<double, double>{d[Operand::kSample], d[Operand::kModelOutput]};
+}
+
+Status check_kept(const DenoiseSample& s) {
+  const KeptRegion& k = s.kept;
+  if (k.keep.shape() != s.x.shape() || k.inpainted.shape() != s.x.shape() || k.latents.shape() != s.x.shape())
+    return invalid_argument("denoise_batch_step: an inpainting mask or its latents differ from the sample's shape");
+  return x0_coefficients(*s.sampler).status();
+}
+
+// eps [S, C, h, w] (the guided predictions), x [S, C, h, w] -> the predictions with each inpainted sample's held where it
+// is kept to the one whose x0 estimate a x + b eps is the init latents z: (z - a x) / b. Its other rows as they are.
+Tensor hold_kept(std::span<DenoiseSample* const> samples, const Tensor& x, const Tensor& eps) {
+  if (std::none_of(samples.begin(), samples.end(), [](const DenoiseSample* s) { return s->kept.defined(); })) return eps;
+  std::vector<Tensor> rows;
+  for (size_t s = 0; s < samples.size(); ++s) {
+    const DenoiseSample& d = *samples[s];
+    Tensor row = eps.narrow(0, int64_t(s), 1);
+    if (d.kept.defined()) {
+      const auto [a, b] = x0_coefficients(*d.sampler).value();  // checked by check_samples
+      const Tensor target = ops::lincomb({d.kept.latents, x.narrow(0, int64_t(s), 1)}, {float(1.0 / b), float(-a / b)});
+      // eps * inpainted + target * keep: exactly one of the two where the mask is 0 or 1
+      row = ops::binary(ops::binary(row, d.kept.inpainted, BinaryOp::kMul), ops::binary(target, d.kept.keep, BinaryOp::kMul),
+                        BinaryOp::kAdd);
+    }
+    rows.push_back(row);
+  }
+  return rows.size() == 1 ? rows.front() : ops::concat(rows, 0);
+}
+
 Status check_samples(const UNet& unet, std::span<DenoiseSample* const> samples) {
   if (samples.empty()) return invalid_argument("denoise_batch_step: no samples");
   const DenoiseSample& first = *samples.front();
@@ -44,6 +85,7 @@ Status check_samples(const UNet& unet, std::span<DenoiseSample* const> samples) 
       return invalid_argument("denoise_batch_step: samples of different latent or conditioning shapes (" +
                               shape_str(first.x.shape()) + " vs " + shape_str(s->x.shape()) + ")");
     if (!(s->x.device() == unet.device())) return invalid_argument("denoise_batch_step: latents on another device");
+    if (s->kept.defined()) ATELIER_RETURN_IF_ERROR(check_kept(*s));
   }
   return Status::ok();
 }
@@ -102,6 +144,13 @@ bool sync_each_call() {
   return on;
 }
 
+Tensor final_latents(const DenoiseSample& sample) {
+  const KeptRegion& k = sample.kept;
+  if (!k.defined()) return sample.x;
+  return ops::binary(ops::binary(sample.x, k.inpainted, BinaryOp::kMul), ops::binary(k.latents, k.keep, BinaryOp::kMul),
+                     BinaryOp::kAdd);
+}
+
 bool batch_compatible(const DenoiseSample& a, const DenoiseSample& b) {
   return a.x.shape() == b.x.shape() && a.cond.shape() == b.cond.shape() && a.x.dtype() == b.x.dtype();
 }
@@ -136,7 +185,7 @@ Expected<BatchStepOutput> denoise_batch_step(const UNet& unet, std::span<Denoise
   trace::Scope step_range(stage::kSamplerStep, trace::Category::kCall);  // CFG combine + sampler update
   BatchStepOutput result;
   backend.run_batched([&] {
-    const Tensor eps = guided_prediction(out, samples, guided);
+    const Tensor eps = hold_kept(samples, in.x, guided_prediction(out, samples, guided));
     result.x = sampling::apply_step(span, in.x, eps, want_denoised ? &result.denoised : nullptr);
   });
   for (int64_t s = 0; s < S; ++s) {

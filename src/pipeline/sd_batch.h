@@ -8,6 +8,7 @@
 //   UNet over the rows [in_0 .. in_{S-1}, in_g for every guided sample g] with the timestep of each
 //   sample's next call and the context rows [cond_0 .. cond_{S-1}, uncond_g ...]
 //   eps_s  = u_s + g_s * (c_s - u_s) for guided samples (diffusers' order of operations), c_s otherwise
+//   eps_s  = for an inpainted sample (KeptRegion), where it is kept: the prediction whose x0 estimate is the init latents
 //   x_s    = the sampler's update of x_s with eps_s         (sampling::apply_step, one fused op per output)
 // A sample is "guided" when its cfg_scale > 1 (diffusers: do_classifier_free_guidance = guidance_scale > 1).
 // On the device, the work before the UNet call (scaled rows, timesteps, contexts) and after it (combine, update)
@@ -23,6 +24,16 @@
 
 namespace atelier {
 
+// Inpainting's kept region of a sample (A1111's mask and init_latent; pipeline/inpaint.h): where `keep` is 1, the
+// sample's x0 estimate is held to the init image's latents at every model call (A1111's CFGDenoiser blends its
+// denoised output so), and its final latents take them (final_latents).
+struct KeptRegion {
+  Tensor keep;       // [1, C, h, w] 1 = kept, 0 = inpainted (A1111's mask)
+  Tensor inpainted;  // [1, C, h, w] 1 - keep (A1111's nmask)
+  Tensor latents;    // [1, C, h, w] the init image's latents (scaled, as the UNet sees them)
+  bool defined() const { return keep.defined(); }
+};
+
 // One sample being denoised. The batch step reads and replaces `x` (and `denoised` when asked for).
 struct DenoiseSample {
   sampling::Sampler* sampler = nullptr;  // not owned; its noise source must be set when it draws noise
@@ -31,6 +42,7 @@ struct DenoiseSample {
   Tensor uncond;                         // [1, T, D] negative-prompt conditioning; may be undefined unless guided
   float cfg_scale = 1.0f;
   Tensor denoised;                       // [1, C, h, w] x0 estimate after the last step (when requested)
+  KeptRegion kept;                       // inpainting; undefined otherwise
 
   bool guided() const { return cfg_scale > 1.0f; }
   bool done() const { return sampler->done(); }
@@ -40,6 +52,10 @@ struct BatchStepOutput {
   Tensor x;         // [S, C, h, w] the samples after this call (row s = samples[s]; each sample's x is a view)
   Tensor denoised;  // [S, C, h, w] x0 estimates, defined when requested
 };
+
+// The latents to decode once `sample` is done: x, or for inpainting x where it was inpainted and the init image's
+// latents where it was kept (A1111: samples * nmask + init_latent * mask). [1, C, h, w]
+Tensor final_latents(const DenoiseSample& sample);
 
 // Samples that may share one model call: same latent shape, same conditioning shape.
 bool batch_compatible(const DenoiseSample& a, const DenoiseSample& b);

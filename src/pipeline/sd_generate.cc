@@ -32,6 +32,20 @@ InfotextParams infotext_params(const SdModel& m, const GenerationPlan& p, int64_
   if (!m.hash.empty()) kv.push_back({"Model hash", m.hash});
   kv.push_back({"Model", m.name});
   if (p.init_image.defined()) kv.push_back({"Denoising strength", trim_float(r.strength)});
+  if (p.inpaint) {  // A1111's extra generation parameters of an inpainting
+    if (r.mask_invert) kv.push_back({"Mask mode", "Inpaint not masked"});
+    if (r.mask_blur_x != r.mask_blur_y) {
+      kv.push_back({"Mask blur x", std::to_string(r.mask_blur_x)});
+      kv.push_back({"Mask blur y", std::to_string(r.mask_blur_y)});
+    } else if (r.mask_blur_x > 0) {
+      kv.push_back({"Mask blur", std::to_string(r.mask_blur_x)});
+    }
+    if (p.inpaint->paste_to) {
+      kv.push_back({"Inpaint area", "Only masked"});
+      kv.push_back({"Masked area padding", std::to_string(r.inpaint_padding)});
+    }
+    if (p.inpaint->fill != InpaintFill::kOriginal) kv.push_back({"Masked content", a1111_inpaint_fill_name(p.inpaint->fill)});
+  }
   if (r.clip_skip > 1) kv.push_back({"Clip skip", std::to_string(r.clip_skip)});
   if (p.rng == RngKind::kCpu) kv.push_back({"RNG", "CPU"});
   kv.push_back({"Version", std::string("atelier ") + ATELIER_VERSION});
@@ -40,7 +54,7 @@ InfotextParams infotext_params(const SdModel& m, const GenerationPlan& p, int64_
 
 }  // namespace
 
-Expected<GenerationPlan> SdPipeline::plan(const GenerateRequest& r, const Image* init_image) const {
+Expected<GenerationPlan> SdPipeline::plan(const GenerateRequest& r, const Image* init_image, const Image* mask) const {
   const SdModel& m = *model_;
   ATELIER_RETURN_IF_ERROR(r.validate());
   GenerationPlan p;
@@ -51,7 +65,13 @@ Expected<GenerationPlan> SdPipeline::plan(const GenerateRequest& r, const Image*
   p.sampler_name = std::string(sampling::sampler_name(p.spec.kind));
   p.schedule_name = std::string(sampling::schedule_name(p.spec.schedule));
   ATELIER_ASSIGN_OR_RETURN(p.rng, parse_rng_kind(r.rng));
-  ATELIER_ASSIGN_OR_RETURN(p.init_image, request_init_image(p.request, init_image, kLatentFactor));  // size: the image's
+  const int f = m.vae->config().downscale_factor();
+  ATELIER_ASSIGN_OR_RETURN(p.inpaint, request_inpaint(p.request, init_image, mask, kLatentFactor, f));
+  if (p.inpaint) {
+    p.init_image = tensor_from_image(p.inpaint->model_image);
+  } else {
+    ATELIER_ASSIGN_OR_RETURN(p.init_image, request_init_image(p.request, init_image, kLatentFactor));  // size: the image's
+  }
   if (p.request.width == 0) p.request.width = m.default_size;
   if (p.request.height == 0) p.request.height = m.default_size;
   if (p.request.seed < 0) p.request.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
@@ -75,7 +95,13 @@ Expected<PreparedSample> SdPipeline::prepare_sample(const GenerationPlan& p, int
   out.sampler->set_noise_source([gen, dev](const Shape& shape) { return randn_tensor(*gen, shape).to(dev); });
   if (p.init_image.defined()) {  // img2img: VAE sample, then the noise, from the same generator
     ATELIER_RETURN_IF_ERROR(out.sampler->set_strength(r.strength));
-    const Tensor lat = encode_image(p.init_image, *gen);
+    Tensor lat = encode_image(p.init_image, *gen);
+    if (p.inpaint) {
+      lat = fill_masked_latents(*p.inpaint, lat, p.rng, out.seed);
+      Tensor keep = p.inpaint->keep_mask(int(lat.size(1)), dev);
+      if (keep.dtype() != lat.dtype()) keep = ops::cast(keep, lat.dtype());
+      out.kept = {keep, ops::affine(keep, -1.0f, 1.0f), lat};
+    }
     const Tensor noise = randn_tensor(*gen, latent_shape).to(dev);
     const sampling::NoiseRule rule = out.sampler->noise_rule();
     out.latents = ops::lincomb({lat, noise}, {rule.x0, rule.noise});
@@ -92,10 +118,13 @@ GeneratedImage SdPipeline::finish_image(const GenerationPlan& p, const Tensor& i
   GeneratedImage g;
   g.seed = seed;
   g.image = image_from_tensor(images01, row);
+  if (p.inpaint) g.image = p.inpaint->composite(g.image);
   g.infotext = build_infotext(r.prompt, r.negative_prompt, infotext_params(m, p, seed));
   GenerateRequest per_image = r;
   per_image.seed = seed;
-  g.info = {{"settings", per_image.to_json()}, {"sampler", p.sampler_name}, {"schedule", p.schedule_name},
+  nlohmann::json settings = per_image.to_json();
+  if (p.inpaint && r.mask.empty()) r.add_inpaint_settings(settings);  // an uploaded mask: no path to_json would show
+  g.info = {{"settings", settings}, {"sampler", p.sampler_name}, {"schedule", p.schedule_name},
             {"model", {{"name", m.name}, {"hash", m.hash}, {"path", m.path}, {"family", sd_family_name(m.family)},
                        {"prediction", prediction_name(m.prediction)}}},
             {"device", m.unet->device().str()}, {"infotext", g.infotext}};
@@ -120,16 +149,18 @@ Expected<GenerateResult> SdPipeline::generate(const GenerateRequest& request, co
       std::vector<PreparedSample> prepared;
       std::vector<sampling::Sampler*> samplers;
       std::vector<Tensor> rows;
+      std::vector<KeptRegion> kept;
       for (int i = 0; i < bs; ++i) {
         ATELIER_ASSIGN_OR_RETURN(PreparedSample s, prepare_sample(p, batch * bs + i));
         samplers.push_back(s.sampler.get());
         rows.push_back(s.latents);
+        if (p.inpaint) kept.push_back(s.kept);
         prepared.push_back(std::move(s));
       }
       Tensor x = ops::concat(rows, 0);
       {
         trace::Scope denoise_range(stage::kDenoise, Category::kStage, batch);
-        ATELIER_ASSIGN_OR_RETURN(x, denoise(samplers, x, cond, uncond, r.cfg_scale, batch, progress, nullptr));
+        ATELIER_ASSIGN_OR_RETURN(x, denoise(samplers, x, cond, uncond, r.cfg_scale, batch, progress, nullptr, kept));
       }
       const Tensor images = decode(x);
       trace::Scope encode_range(stage::kImageEncode, Category::kStage, batch);

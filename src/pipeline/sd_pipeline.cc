@@ -128,12 +128,14 @@ Expected<std::vector<Tensor>> SdPipeline::encode_prompts(const std::vector<std::
 
 Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samplers, Tensor x, const Tensor& cond,
                                      const Tensor& uncond, float cfg_scale, int batch_index,
-                                     const ProgressCallback& progress, StageTimes* times) const {
+                                     const ProgressCallback& progress, StageTimes* times,
+                                     const std::vector<KeptRegion>& kept) const {
   const UNet& unet = *model_->unet;
   const int64_t batch = x.size(0);
   ATELIER_CHECK(int64_t(samplers.size()) == batch, "denoise: one sampler per latent row");
   ATELIER_CHECK(cond.size(0) == batch && (cfg_scale <= 1.0f || uncond.size(0) == batch),
                 "denoise: one conditioning row per latent row");
+  ATELIER_CHECK(kept.empty() || int64_t(kept.size()) == batch, "denoise: no kept region, or one per latent row");
   // The request's samples as one batch of the step-level batcher (pipeline/sd_batch.h).
   std::vector<DenoiseSample> samples(static_cast<size_t>(batch));
   std::vector<DenoiseSample*> ptrs;
@@ -149,6 +151,7 @@ Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samp
     d.cond = contexts.narrow(0, b, 1);
     if (guided) d.uncond = one_buffer ? contexts.narrow(0, batch + b, 1) : uncond.narrow(0, b, 1);
     d.cfg_scale = cfg_scale;
+    if (!kept.empty()) d.kept = kept[size_t(b)];
     ptrs.push_back(&d);
   }
   const int total = samplers.front()->calls_remaining();
@@ -194,7 +197,13 @@ Expected<Tensor> SdPipeline::denoise(const std::vector<sampling::Sampler*>& samp
     }
   }
   if (in_flight) ATELIER_RETURN_IF_ERROR(finish(*in_flight));
-  return x;
+  if (kept.empty()) return x;
+  std::vector<Tensor> rows;
+  for (DenoiseSample& d : samples) {
+    d.x = x.narrow(0, int64_t(rows.size()), 1);
+    rows.push_back(final_latents(d));
+  }
+  return ops::concat(rows, 0);
 }
 
 Tensor SdPipeline::decode(const Tensor& latents) const {

@@ -16,7 +16,9 @@
 #include "core/trace.h"
 #include "pipeline/stage_names.h"
 #include "io/image.h"
+#include "pipeline/inpaint.h"
 #include "pipeline/request.h"
+#include "pipeline/sd_batch.h"
 #include "pipeline/sd_model.h"
 #include "sampling/sampler.h"
 
@@ -67,6 +69,7 @@ struct GenerationPlan {
   std::string schedule_name;        // "default" | "karras" | "exponential"
   RngKind rng = RngKind::kCuda;
   Tensor init_image;                // [1, 3, H, W] in [0, 1] for img2img; undefined for txt2img
+  std::shared_ptr<const InpaintPlan> inpaint;  // img2img with a mask; null otherwise
 
   int image_count() const { return request.batch_size * request.batch_count; }
   // A1111: consecutive seeds, one per image across all batches.
@@ -80,6 +83,7 @@ struct PreparedSample {
   std::shared_ptr<NoiseGenerator> generator;
   Tensor latents;  // [1, C, h, w]
   int64_t seed = 0;
+  KeptRegion kept;  // inpainting: the mask and init latents its denoising holds to; undefined otherwise
 };
 
 class SdPipeline {
@@ -93,11 +97,15 @@ class SdPipeline {
   // --- stages -------------------------------------------------------------------------------------
   // Validates `request` and resolves it for this model. img2img takes `init_image` when given (the server's
   // decoded upload), else reads request.init_image (a path); the image is resized to the request's size.
-  Expected<GenerationPlan> plan(const GenerateRequest& request, const Image* init_image = nullptr) const;
+  // Inpainting likewise takes `mask` or request.mask (pipeline/inpaint.h).
+  Expected<GenerationPlan> plan(const GenerateRequest& request, const Image* init_image = nullptr,
+                                const Image* mask = nullptr) const;
   // Image `index` of `plan` (0 .. image_count-1): sampler + generator seeded with seed_of(index), initial
-  // latents drawn from it (img2img: the VAE sample noise first, then the add_noise draw, as diffusers).
+  // latents drawn from it (img2img: the VAE sample noise first, then the add_noise draw, as diffusers; inpainting:
+  // the masked latents filled as asked before the noise is added).
   Expected<PreparedSample> prepare_sample(const GenerationPlan& plan, int index) const;
-  // images01 [B, 3, H, W] in [0, 1] (decode()), row `row` -> the image with its infotext and info.
+  // images01 [B, 3, H, W] in [0, 1] (decode()), row `row` -> the image with its infotext and info (inpainting:
+  // composited over the original, InpaintPlan::composite).
   GeneratedImage finish_image(const GenerationPlan& plan, const Tensor& images01, int row, int64_t seed) const;
   // text -> [1, 77, D] conditioning (clip_skip in A1111 numbering; emphasis = A1111 (word:1.2) weights).
   Expected<Tensor> encode_prompt(const std::string& text, int clip_skip, bool emphasis) const;
@@ -106,11 +114,13 @@ class SdPipeline {
   // launches instead of one per prompt.
   Expected<std::vector<Tensor>> encode_prompts(const std::vector<std::string>& texts, int clip_skip, bool emphasis) const;
   // Runs every sampler to the end. x [B, C, h, w] initial latents (row b belongs to samplers[b]);
-  // cond/uncond [B, 77, D]; cfg_scale <= 1 skips the unconditional rows (diffusers' rule).
+  // cond/uncond [B, 77, D]; cfg_scale <= 1 skips the unconditional rows (diffusers' rule). `kept`: empty, or one
+  // KeptRegion per row (inpainting; undefined ones for rows without), whose final latents are returned blended.
   // Opens the trace ranges model_call / unet / sampler_step per call; `times` (optional) gets call_ms.
   Expected<Tensor> denoise(const std::vector<sampling::Sampler*>& samplers, Tensor x, const Tensor& cond,
                            const Tensor& uncond, float cfg_scale, int batch_index,
-                           const ProgressCallback& progress, StageTimes* times) const;
+                           const ProgressCallback& progress, StageTimes* times,
+                           const std::vector<KeptRegion>& kept = {}) const;
   // latents [B, C, h, w] (scaled, as the denoiser sees them) -> images [B, 3, H, W] in [0, 1]
   Tensor decode(const Tensor& latents) const;
   // image [1, 3, H, W] in [0, 1] + a generator (draws the VAE sample noise) -> scaled latents [1, C, h, w]
