@@ -84,6 +84,40 @@ TEST(Cli, BatchWritesOneFilePerImageWithConsecutiveSeeds) {
   EXPECT_EQ(nlohmann::json::parse(side)["settings"]["seed"], 103);
 }
 
+// --mask: the first image, inpainted where a mask is white (its left half); the right half comes back unchanged.
+TEST(Cli, MaskInpaintsTheInitImage) {
+  ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
+  const fs::path d = temp_dir("inpaint");
+  const std::string base = "generate --model " + q(dir / "model") + " --width 64 --height 64 --steps 4 --seed 3 ";
+  ASSERT_EQ(run_cli(base + "--output " + q(d / "start.png")).exit_code, 0);
+  Image mask{64, 64, 1, std::vector<uint8_t>(64 * 64, 0)};
+  for (int y = 0; y < 64; ++y)
+    for (int x = 0; x < 32; ++x) mask.pixels[size_t(y) * 64 + x] = 255;
+  ASSERT_TRUE(write_png((d / "mask.png").string(), mask).is_ok());
+  const auto r = run_cli(base + "--init-image " + q(d / "start.png") + " --mask " + q(d / "mask.png") +
+                         " --mask-blur 0 --inpaint-fill latent_noise --output " + q(d / "out.png"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto start = read_image((d / "start.png").string()), out = read_image((d / "out.png").string());
+  ASSERT_TRUE(start && out);
+  int changed_left = 0;
+  for (int y = 0; y < 64; ++y)
+    for (int x = 0; x < 64; ++x)
+      for (int c = 0; c < 3; ++c) {
+        const size_t i = (size_t(y) * 64 + x) * 3 + c;
+        if (x >= 32) ASSERT_EQ(out->pixels[i], start->pixels[i]) << x << "," << y;
+        else changed_left += out->pixels[i] != start->pixels[i];
+      }
+  EXPECT_GT(changed_left, 32 * 64);
+  std::ifstream side(d / "out.json");
+  const auto j = nlohmann::json::parse(side);
+  EXPECT_EQ(j["settings"]["inpaint_fill"], "latent_noise");
+  EXPECT_EQ(j["settings"]["mask_blur_x"], 0);
+  const auto bad = run_cli(base + "--init-image " + q(d / "start.png") + " --mask " + q(d / "mask.png") +
+                           " --inpaint-fill smear --output " + q(d / "bad.png"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("unknown inpaint fill 'smear'"), std::string::npos) << bad.output;
+}
+
 TEST(Cli, InfoDescribesBothLayouts) {
   ATELIER_REQUIRE_FIXTURE(dir, "sd15-tiny");
   auto r = run_cli("info " + q(dir / "model"));

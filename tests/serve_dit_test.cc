@@ -450,6 +450,10 @@ TEST(ServeDit, RequestsTheseModelsCannotRunAreRefused) {
              {{"prompt", "x"}, {"init_images", {base64_encode(*png)}}, {"steps", 4}, {"denoising_strength", 0.2},
               {"override_settings", {{"sd_model_checkpoint", "zimage"}}}},
              "denoising_strength");
+  expect_400("/sdapi/v1/img2img",  // inpainting is SD's
+             {{"prompt", "x"}, {"init_images", {base64_encode(*png)}}, {"mask", base64_encode(*png)},
+              {"override_settings", {{"sd_model_checkpoint", "zimage"}}}},
+             "mask: inpainting is supported for Stable Diffusion 1.x/2.x models, not Z-Image ones");
   // Still serving.
   int status = 0;
   post_json(*c, "/v1/jobs", flux_job(1), &status);

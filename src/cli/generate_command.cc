@@ -40,6 +40,24 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
   c->add_option("--prediction", r.prediction, "Override the detected prediction type: epsilon or v");
   c->add_option("--init-image", r.init_image, "img2img: the starting image (PNG, JPEG, WebP)");
   c->add_option("--strength", r.strength, "img2img denoising strength in (0, 1]")->capture_default_str();
+  c->add_option("--resize-mode", r.resize_mode,
+                "img2img, an init image of another aspect ratio: resize (stretch), crop (cover, cut the overflow), "
+                "fill (fit inside, fill the bands with its edges)")
+      ->capture_default_str();
+  c->add_option("--mask", r.mask, "Inpainting (SD models): a mask of the init image's size, white where to inpaint");
+  c->add_option("--mask-blur", r.mask_blur_x, "Inpainting: Gaussian blur of the mask, in pixels")
+      ->each([&r](const std::string&) { r.mask_blur_y = r.mask_blur_x; })
+      ->capture_default_str();
+  c->add_option("--inpaint-fill", r.inpaint_fill,
+                "Inpainting: what the masked area starts from: original, fill (the colours around it), latent_noise, "
+                "latent_nothing")
+      ->capture_default_str();
+  c->add_flag("--inpaint-only-masked", r.inpaint_only_masked,
+              "Inpainting: generate only the box around the mask (plus --inpaint-padding), at the full size, and paste "
+              "it back (A1111's \"Only masked\")");
+  c->add_option("--inpaint-padding", r.inpaint_padding, "Inpainting: pixels around the mask's box with --inpaint-only-masked")
+      ->capture_default_str();
+  c->add_flag("--mask-invert", r.mask_invert, "Inpainting: inpaint where the mask is black instead");
   c->add_option("--batch-size", r.batch_size, "Images per batch")->capture_default_str();
   c->add_option("--batch-count", r.batch_count, "Batches, one after another")->capture_default_str();
   c->add_flag("--emphasis", r.emphasis, "Read A1111 (word:1.2) / [word] emphasis (default: literal, as diffusers)");

@@ -17,6 +17,7 @@ namespace atelier::serve {
 namespace {
 
 constexpr int kA1111DefaultSteps = 50;
+constexpr int kA1111LatentUpscaleMode = 3;  // resize_mode 3: "Just resize (latent upscale)"
 
 std::string lower(std::string s) {
   for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -32,6 +33,50 @@ Status read_scheduler(FieldReader& f, std::string& schedule) {
   if (l == "automatic" || l == "default") schedule = "default";
   else if (l == "karras" || l == "exponential") schedule = l;
   else return invalid_argument("scheduler: '" + s + "' is not supported; supported: Automatic, Karras, Exponential");
+  return Status::ok();
+}
+
+// A flag A1111 declares as a bool or an int 0/1 (inpaint_full_res, inpainting_mask_invert): either is accepted.
+Status read_flag(FieldReader& f, const char* key, bool& out) {
+  const nlohmann::json* v = f.get(key);
+  if (!v) return Status::ok();
+  if (v->is_number_integer() && (*v == 0 || *v == 1)) {
+    out = *v == 1;
+    return Status::ok();
+  }
+  return f.boolean(key, out);
+}
+
+// img2img's resize_mode and inpainting fields (A1111's StableDiffusionProcessingImg2Img; its API's defaults: the
+// masked area "fill"ed, only the masked area generated, no padding) and the mask upload.
+Status read_a1111_img2img(FieldReader& f, ServeRequest& r, const ServeLimits& limits) {
+  GenerateRequest& g = r.gen;
+  static const char* const kResizeModes[] = {"resize", "crop", "fill"};
+  int resize_mode = 0;
+  if (const nlohmann::json* v = f.get("resize_mode"); v && *v == kA1111LatentUpscaleMode)
+    return unsupported("resize_mode: 3 (just resize, latent upscale) is not supported; use 0, 1 or 2");
+  ATELIER_RETURN_IF_ERROR(f.integer("resize_mode", 0, 2, resize_mode));
+  g.resize_mode = kResizeModes[resize_mode];
+  static const char* const kFills[] = {"fill", "original", "latent_noise", "latent_nothing"};
+  int fill = 0;
+  ATELIER_RETURN_IF_ERROR(f.integer("inpainting_fill", 0, 3, fill));
+  g.inpaint_fill = kFills[fill];
+  g.inpaint_only_masked = true;
+  g.inpaint_padding = 0;
+  ATELIER_RETURN_IF_ERROR(read_flag(f, "inpaint_full_res", g.inpaint_only_masked));
+  ATELIER_RETURN_IF_ERROR(f.integer("inpaint_full_res_padding", 0, kMaxInpaintPadding, g.inpaint_padding));
+  ATELIER_RETURN_IF_ERROR(read_flag(f, "inpainting_mask_invert", g.mask_invert));
+  ATELIER_RETURN_IF_ERROR(f.boolean("mask_round", g.mask_round));
+  int blur = g.mask_blur_x;
+  ATELIER_RETURN_IF_ERROR(f.integer("mask_blur", 0, kMaxMaskBlur, blur));  // both axes, unless given apart
+  g.mask_blur_x = g.mask_blur_y = blur;
+  ATELIER_RETURN_IF_ERROR(f.integer("mask_blur_x", 0, kMaxMaskBlur, g.mask_blur_x));
+  ATELIER_RETURN_IF_ERROR(f.integer("mask_blur_y", 0, kMaxMaskBlur, g.mask_blur_y));
+  if (const nlohmann::json* m = f.get("mask")) {
+    if (!m->is_string()) return invalid_argument("mask: expected a base64 image, got " + describe_json_value(*m));
+    ATELIER_ASSIGN_OR_RETURN(Image mask, decode_upload(m->get_ref<const std::string&>(), "mask", limits));
+    r.mask = std::move(mask);
+  }
   return Status::ok();
 }
 
@@ -80,8 +125,8 @@ Expected<ServeRequest> parse_a1111(const nlohmann::json& body, const ServeLimits
     ATELIER_RETURN_IF_ERROR(os.choice("emphasis", {"Original", "None"}, emphasis));
     if (!emphasis.empty()) g.emphasis = emphasis == "Original";
   }
-  if (f.has("mask")) return unsupported("mask: inpainting is not supported yet; send img2img without a mask");
   if (!img2img) return r;
+  ATELIER_RETURN_IF_ERROR(read_a1111_img2img(f, r, limits));
   const nlohmann::json* init = f.get("init_images");
   if (!init) return invalid_argument("init_images: img2img needs one base64 image");
   if (!init->is_array() || init->empty() || !(*init)[0].is_string())
@@ -134,7 +179,8 @@ void generate(ServerContext& ctx, const httplib::Request& req, httplib::Response
   ctx.store.erase((*job)->id());  // answered: nobody polls a synchronous job, so its result is not kept
   const Job& j = **job;
   nlohmann::json params = *body;
-  if (params.contains("init_images")) params["init_images"] = nullptr;  // not echoed back: they can be large
+  for (const char* upload : {"init_images", "mask"})  // not echoed back: they can be large
+    if (params.contains(upload)) params[upload] = nullptr;
   const Status err = j.error();
   if (j.state() == JobState::kFailed)
     return send_error(res, failed_job_status(err), err.message());

@@ -18,7 +18,8 @@ constexpr int kKeepAliveEvery = 10;  // event waits between SSE keep-alive comme
 const std::set<std::string> kNativeFields = {
     "prompt", "negative_prompt", "model", "width", "height", "steps", "cfg_scale", "sampler", "schedule", "seed", "rng",
     "clip_skip", "batch_size", "batch_count", "emphasis", "init_image", "strength", "preview", "timeout_s",
-    "output_format", "guidance", "max_sequence_length"};
+    "output_format", "guidance", "max_sequence_length", "resize_mode", "mask", "mask_blur", "inpaint_fill",
+    "inpaint_only_masked", "inpaint_padding", "mask_invert"};
 
 Expected<ServeRequest> parse_native(const nlohmann::json& body, const ServeLimits& limits) {
   ServeRequest r;
@@ -52,6 +53,18 @@ Expected<ServeRequest> parse_native(const nlohmann::json& body, const ServeLimit
     if (!init->is_string()) return invalid_argument("init_image: expected a base64 string, got " + describe_json_value(*init));
     ATELIER_ASSIGN_OR_RETURN(Image img, decode_upload(init->get_ref<const std::string&>(), "init_image", limits));
     r.init_image = std::move(img);
+  }
+  ATELIER_RETURN_IF_ERROR(f.choice("resize_mode", {"resize", "crop", "fill"}, g.resize_mode));
+  ATELIER_RETURN_IF_ERROR(f.integer("mask_blur", 0, kMaxMaskBlur, g.mask_blur_x));
+  g.mask_blur_y = g.mask_blur_x;
+  ATELIER_RETURN_IF_ERROR(f.choice("inpaint_fill", {"fill", "original", "latent_noise", "latent_nothing"}, g.inpaint_fill));
+  ATELIER_RETURN_IF_ERROR(f.boolean("inpaint_only_masked", g.inpaint_only_masked));
+  ATELIER_RETURN_IF_ERROR(f.integer("inpaint_padding", 0, kMaxInpaintPadding, g.inpaint_padding));
+  ATELIER_RETURN_IF_ERROR(f.boolean("mask_invert", g.mask_invert));
+  if (const nlohmann::json* mask = f.get("mask")) {
+    if (!mask->is_string()) return invalid_argument("mask: expected a base64 image, got " + describe_json_value(*mask));
+    ATELIER_ASSIGN_OR_RETURN(Image img, decode_upload(mask->get_ref<const std::string&>(), "mask", limits));
+    r.mask = std::move(img);
   }
   return r;
 }

@@ -101,6 +101,11 @@ Status validate_request(const ServeRequest& r, const ServeLimits& limits) {
   if (r.init_image && sampling::img2img_steps(g.steps, g.strength) < 1)
     return invalid_argument("denoising_strength: " + std::to_string(g.strength) + " with " + std::to_string(g.steps) +
                             " steps leaves no step to run (img2img runs the last int(steps x strength)); raise either");
+  if (r.mask && !r.init_image) return invalid_argument("mask: inpainting needs the image to inpaint (init_images)");
+  if (r.mask && (r.mask->width != r.init_image->width || r.mask->height != r.init_image->height))
+    return invalid_argument("mask: " + std::to_string(r.mask->width) + "x" + std::to_string(r.mask->height) +
+                            " but the init image is " + std::to_string(r.init_image->width) + "x" +
+                            std::to_string(r.init_image->height) + "; send a mask of the image's size");
   if (g.emphasis) {  // A1111 (word:1.2) syntax: a malformed prompt is a 400 now, not a failed job later
     for (auto [name, text] : {std::pair{"prompt", &g.prompt}, std::pair{"negative_prompt", &g.negative_prompt}}) {
       if (auto chunks = parse_prompt_attention(*text); !chunks)
@@ -118,6 +123,9 @@ Status validate_request(const ServeRequest& r, const ServeLimits& limits) {
 Status validate_for_model(ServeRequest& r, ModelFamily family) {
   if (family == ModelFamily::kSd) return Status::ok();
   const char* what = family == ModelFamily::kFlux ? "FLUX" : "Z-Image";
+  if (r.mask)
+    return invalid_argument(std::string("mask: inpainting is supported for Stable Diffusion 1.x/2.x models, not ") + what +
+                            " ones; send img2img without a mask");
   for (auto [name, v] : {std::pair{"width", r.gen.width}, std::pair{"height", r.gen.height}})
     if (v % kFluxSizeMultiple != 0)  // 0 = the model's default size
       return invalid_argument(std::string(name) + ": " + what + " models take multiples of " +

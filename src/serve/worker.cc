@@ -261,7 +261,7 @@ void Worker::admit(const JobPtr& job) {
   aj->job = job;
   aj->model = model->sd;
   aj->pipe = std::make_shared<SdPipeline>(aj->model);
-  auto plan = aj->pipe->plan(r.gen, r.init_image ? &*r.init_image : nullptr);
+  auto plan = aj->pipe->plan(r.gen, r.init_image ? &*r.init_image : nullptr, r.mask ? &*r.mask : nullptr);
   if (!plan) return fail(plan.status());
   aj->plan = std::move(*plan);
   const GenerateRequest& g = aj->plan.request;
@@ -289,6 +289,7 @@ void Worker::admit(const JobPtr& job) {
     d.cond = *cond;
     d.uncond = uncond;
     d.cfg_scale = g.cfg_scale;
+    d.kept = p.kept;
     aj->samples.push_back(std::move(d));
   }
   aj->total_calls = aj->samples.front().sampler->calls_remaining();
@@ -614,7 +615,7 @@ void Worker::retire(std::vector<std::unique_ptr<ActiveJob>>& finished) {
     const size_t end = begin + size_t(decode_chunk(int64_t(same - begin)));
     const auto t0 = Clock::now();
     std::vector<Tensor> latents;
-    for (size_t r = begin; r < end; ++r) latents.push_back(finished[rows[r].job]->samples[rows[r].sample].x);
+    for (size_t r = begin; r < end; ++r) latents.push_back(final_latents(finished[rows[r].job]->samples[rows[r].sample]));
     const Tensor batch = latents.size() == 1 ? latents.front() : ops::concat(latents, 0);
     const Tensor images01 = finished[rows[begin].job]->pipe->decode(batch).to(Device::cpu());
     const double dt = since(t0);
