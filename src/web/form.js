@@ -1,5 +1,5 @@
 // The generation form: choices loaded from the server (models, samplers, schedules), size presets, seed
-// modes, the img2img start image (file or drop), the request body it produces, the last settings kept in
+// modes, the img2img start image (file or drop) and the inpainting mask, the request body it produces, the last settings kept in
 // localStorage, and filling it back from a gallery entry's parameters.
 'use strict';
 (function (A) {
@@ -14,6 +14,7 @@
 
   const $ = (id) => document.getElementById(id);
   let initImage = null;  // data URL of the start image, or null
+  let maskImage = null;  // data URL of the inpainting mask, or null
   let families = {};  // model id -> family, from GET /v1/models
 
   function numberOf(id) {
@@ -55,11 +56,12 @@
 
   // What the selected model takes. FLUX models take a distilled guidance value (sent as "guidance") rather than
   // classifier-free guidance; Z-Image-Turbo runs with CFG off (0). Both run flow-matching Euler: no sampler,
-  // schedule or CLIP skip to choose. Every family takes a start image (img2img).
+  // schedule or CLIP skip to choose. Every family takes a start image (img2img); SD models a mask too (inpainting).
   function updateModelControls() {
     const f = family();
     $('cfg-label').textContent = f === 'flux' ? 'Guidance' : f === 'zimage' ? 'CFG scale (Turbo: 0)' : 'CFG scale';
     for (const id of ['sampler', 'schedule', 'clip_skip']) $(id).closest('.field').hidden = f !== 'sd';
+    for (const field of document.querySelectorAll('.field.inpaint')) field.hidden = f !== 'sd';
   }
 
   function onPresetChange() {
@@ -85,24 +87,33 @@
     if (mode === 'random') seed.value = '';
   }
 
-  function setInitImage(dataUrl) {
-    initImage = dataUrl;
-    $('init-preview').hidden = !dataUrl;
-    $('init-clear').hidden = !dataUrl;
-    if (dataUrl) $('init-preview').src = dataUrl;
-    else $('init-preview').removeAttribute('src');
-    if (!dataUrl) $('init_image').value = '';
+  // An uploaded image slot: the start image ('init') or the mask ('mask'), its preview and its remove button.
+  const SLOTS = {
+    init: {input: 'init_image', preview: 'init-preview', clear: 'init-clear', what: 'start image',
+           set: (v) => { initImage = v; }},
+    mask: {input: 'mask_image', preview: 'mask-preview', clear: 'mask-clear', what: 'mask', set: (v) => { maskImage = v; }},
+  };
+
+  function setImage(slot, dataUrl) {
+    const s = SLOTS[slot];
+    s.set(dataUrl);
+    $(s.preview).hidden = !dataUrl;
+    $(s.clear).hidden = !dataUrl;
+    if (dataUrl) $(s.preview).src = dataUrl;
+    else $(s.preview).removeAttribute('src');
+    if (!dataUrl) $(s.input).value = '';
   }
 
-  function readInitFile(file) {
+  function readImageFile(slot, file) {
     if (!file) return;
+    const what = SLOTS[slot].what;
     if (!/^image\/(png|jpeg|webp)$/.test(file.type))
-      return A.showAlert('The start image must be a PNG, JPEG or WebP file (this one is "' + (file.type || 'unknown') + '").', 'http');
+      return A.showAlert('The ' + what + ' must be a PNG, JPEG or WebP file (this one is "' + (file.type || 'unknown') + '").', 'http');
     if (file.size > MAX_INIT_IMAGE_BYTES)
-      return A.showAlert('The start image is too large (' + Math.round(file.size / 1048576) + ' MiB; at most 24 MiB).', 'http');
+      return A.showAlert('The ' + what + ' is too large (' + Math.round(file.size / 1048576) + ' MiB; at most 24 MiB).', 'http');
     const reader = new FileReader();
-    reader.onload = () => setInitImage(reader.result);
-    reader.onerror = () => A.showAlert('Could not read the start image file.', 'http');
+    reader.onload = () => setImage(slot, reader.result);
+    reader.onerror = () => A.showAlert('Could not read the ' + what + ' file.', 'http');
     reader.readAsDataURL(file);
   }
 
@@ -116,10 +127,12 @@
     zone.addEventListener('drop', (e) => {
       e.preventDefault();
       zone.classList.remove('dragging');
-      if (e.dataTransfer.files.length) readInitFile(e.dataTransfer.files[0]);
+      if (e.dataTransfer.files.length) readImageFile('init', e.dataTransfer.files[0]);
     });
-    $('init_image').addEventListener('change', (e) => readInitFile(e.target.files[0]));
-    $('init-clear').addEventListener('click', () => setInitImage(null));
+    for (const slot of Object.keys(SLOTS)) {
+      $(SLOTS[slot].input).addEventListener('change', (e) => readImageFile(slot, e.target.files[0]));
+      $(SLOTS[slot].clear).addEventListener('click', () => setImage(slot, null));
+    }
   }
 
   // The POST /v1/jobs body (seed resolved from the seed mode). Invalid values are sent as typed: the
@@ -140,6 +153,12 @@
     if (initImage) {
       body.init_image = initImage;
       if (numberOf('strength') !== undefined) body.strength = numberOf('strength');
+      if (maskImage && family() === 'sd') {
+        body.mask = maskImage;
+        if (numberOf('mask_blur') !== undefined) body.mask_blur = numberOf('mask_blur');
+        body.inpaint_fill = $('inpaint_fill').value;
+        body.inpaint_only_masked = $('inpaint_only_masked').checked;
+      }
     }
     return body;
   }

@@ -99,10 +99,11 @@
     persist();
   }
 
-  // The start image is not kept with the entry (it may be megabytes); its strength is.
+  // The start image and the mask are not kept with the entry (they may be megabytes); their settings are.
   function stripped(params) {
     const p = Object.assign({}, params);
     delete p.init_image;
+    delete p.mask;
     return p;
   }
 

@@ -25,6 +25,8 @@ import time
 import traceback
 import urllib.error
 import urllib.request
+import struct
+import zlib
 
 SKIP = 77
 CHROMIUM = "/usr/bin/chromium"
@@ -271,6 +273,30 @@ class UiTest:
         self.el("#init-clear").click()
         assert not self.el("#init-preview").is_displayed(), "the start image was not removed"
 
+    def check_inpaint(self, url):
+        # The img2img start image again with a mask of its size (white left half): an SD inpainting whose right half
+        # comes back as the start image's, with the mask's settings in its infotext.
+        start = os.path.abspath(os.path.join(self.artifacts, "img2img_start.png"))
+        with open(start, "rb") as f:
+            width, height = struct.unpack(">II", f.read()[16:24])
+        mask = os.path.abspath(os.path.join(self.artifacts, "inpaint_mask.png"))
+        write_gray_png(mask, width, height, lambda x, y: 255 if x < width // 2 else 0)
+        assert self.el("#mask_image").is_displayed(), "no mask field for an SD model"
+        self.form_for_job("inpaint", 4, seed=5)
+        self.el("#init_image").send_keys(start)
+        self.el("#mask_image").send_keys(mask)
+        self.wait("the mask preview", lambda: self.el("#mask-preview").is_displayed())
+        self.set_value("mask_blur", 2)
+        Select(self.el("#inpaint_fill")).select_by_value("latent_noise")
+        job_id = self.submit_job()
+        self.wait_job_state(job_id, ("done", "failed"))
+        with urllib.request.urlopen(url + "/v1/jobs/" + job_id) as r:
+            info = json.load(r)["images"][0]["infotext"]
+        assert "Mask blur: 2" in info and "Masked content: latent noise" in info, "infotext: " + info
+        self.el("#mask-clear").click()
+        self.el("#init-clear").click()
+        assert not self.el("#mask-preview").is_displayed(), "the mask was not removed"
+
     def check_bad_request(self):
         self.form_for_job("bad size", 4)
         self.set_value("width", 100)
@@ -312,10 +338,11 @@ class UiTest:
             "return Array.from(document.querySelectorAll('.job[data-state=\"queued\"] .job-status'))"
             ".some((s) => /^Queued: (next in line|\\d+ job)/.test(s.textContent))"))
         self.shot("queue_full_alert")
-        for button in self.d.find_elements(By.CSS_SELECTOR, ".job-cancel"):
-            if button.is_displayed():
-                button.click()
+        # Each visible Cancel button clicked in the page, again until every job has ended: a click re-renders the job
+        # cards, so buttons found before it may be gone (stale) by the time they would be clicked from here.
         self.wait("every job to end", lambda: self.js(
+            "document.querySelectorAll('.job-cancel').forEach((b) => {"
+            "  if (b.offsetParent !== null && !b.dataset.clicked) { b.dataset.clicked = '1'; b.click(); } });"
             "return Array.from(document.querySelectorAll('.job'))"
             "  .every((j) => ['done', 'failed', 'cancelled'].includes(j.dataset.state))"))
 
@@ -323,7 +350,7 @@ class UiTest:
         Select(self.el("#model")).select_by_value("flux")
         self.wait("the Guidance label", lambda: self.el("#cfg-label").text == "Guidance")
         # Flow-matching Euler: no sampler, schedule or CLIP skip to choose; a start image (FLUX img2img) is.
-        for css in ("#sampler", "#schedule", "#clip_skip"):
+        for css in ("#sampler", "#schedule", "#clip_skip", "#mask_image"):
             assert not self.el(css).is_displayed(), css + " is shown for a FLUX model"
         assert self.el("fieldset.img2img").is_displayed(), "no start image field for a FLUX model"
         self.form_for_job("a blue fox", 2, seed=77, preview=False)
@@ -455,6 +482,7 @@ def main():
         t.run("cancel", t.check_cancel)
         t.run("reuse", t.check_reuse)
         t.run("img2img", t.check_img2img)
+        t.run("inpaint", lambda: t.check_inpaint(server.url))
         t.run("bad_request", t.check_bad_request)
         t.run("queue_full", t.check_queue_full)
         t.run("phone_layout", lambda: t.check_phone_layout(server.url))
@@ -477,6 +505,16 @@ def main():
         return 1
     print("all web UI checks passed")
     return 0
+
+
+def write_gray_png(path, width, height, value):
+    """An 8-bit gray PNG whose pixel (x, y) is value(x, y): the standard library's zlib, no imaging package."""
+    rows = b"".join(b"\x00" + bytes(value(x, y) for x in range(width)) for y in range(height))
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xffffffff)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)) +
+                chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 
 
 if __name__ == "__main__":
