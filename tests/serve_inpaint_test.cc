@@ -143,6 +143,56 @@ TEST_F(ServeInpaint, NativeJobTakesAMask) {
   EXPECT_NE(infotext.find("Masked content: latent nothing"), std::string::npos) << infotext;
 }
 
+// OpenAI's images edit: a multipart form; the mask's fully transparent pixels are repainted, the rest kept.
+TEST_F(ServeInpaint, OpenAIEditRepaintsTheTransparentArea) {
+  const Image init = picture();
+  Image mask{kSide, kSide, 4, std::vector<uint8_t>(size_t(kSide) * kSide * 4, 255)};
+  for (int y = 0; y < kSide / 2; ++y)
+    for (int x = 0; x < kSide; ++x) mask.pixels[(size_t(y) * kSide + x) * 4 + 3] = 0;  // the top half: edit
+  const httplib::MultipartFormDataItems form = {
+      {"prompt", "a red circle", "", ""},
+      {"image", encode_png(init).value(), "image.png", "image/png"},
+      {"mask", encode_png(mask).value(), "mask.png", "image/png"},
+      {"size", "64x64", "", ""},
+      {"n", "2", "", ""},
+      {"steps", "3", "", ""},
+      {"seed", "11", "", ""},
+  };
+  auto res = client_->Post("/v1/images/edits", form);
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body.substr(0, 300);
+  const auto j = parse(res->body);
+  ASSERT_EQ(j["data"].size(), 2u);
+  for (const auto& item : j["data"]) {
+    const Image out = decode_b64_image(item["b64_json"]);
+    ASSERT_EQ(out.width, kSide);
+    int changed_top = 0;
+    for (int y = 0; y < kSide; ++y)
+      for (int x = 0; x < kSide; ++x)
+        for (int c = 0; c < 3; ++c) {
+          if (y >= kSide / 2 + 10) ASSERT_EQ(at(out, x, y, c), at(init, x, y, c)) << x << "," << y;  // blur 4: 10 rows
+          if (y < kSide / 2 - 10) changed_top += at(out, x, y, c) != at(init, x, y, c);
+        }
+    EXPECT_GT(changed_top, kSide * (kSide / 2 - 10));  // strength 1: the masked area drawn anew
+  }
+  // Refusals: a JSON body, no image, a mask without alpha, a text where a number goes.
+  auto json = client_->Post("/v1/images/edits", R"({"prompt": "x"})", "application/json");
+  ASSERT_TRUE(json);
+  EXPECT_EQ(json->status, 400);
+  EXPECT_NE(json->body.find("multipart/form-data"), std::string::npos) << json->body;
+  const auto refused = [&](const httplib::MultipartFormDataItems& items, const std::string& words) {
+    auto r = client_->Post("/v1/images/edits", items);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_NE(r->body.find(words), std::string::npos) << r->body;
+  };
+  refused({{"prompt", "x", "", ""}}, "image: required");
+  refused({{"prompt", "x", "", ""}, {"image", encode_png(init).value(), "i.png", "image/png"},
+           {"mask", encode_png(init).value(), "m.png", "image/png"}},
+          "mask: needs an alpha channel");
+  refused({{"prompt", "x", "", ""}, {"image", encode_png(init).value(), "i.png", "image/png"}, {"n", "two", "", ""}}, "n");
+}
+
 TEST_F(ServeInpaint, MalformedMasksAre400AndHarmless) {
   const std::string init = b64_png(picture());
   struct Case {

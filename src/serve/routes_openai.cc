@@ -1,4 +1,6 @@
-// The OpenAI images API: POST /v1/images/generations.
+// The OpenAI images API: POST /v1/images/generations, and POST /v1/images/edits (multipart/form-data: `image`, an
+// optional `mask` whose fully transparent pixels mark what to repaint, and the generations' fields as form fields;
+// SD models inpaint through it, every family runs img2img without a mask).
 //   {prompt, model, n, size "WxH" | "auto", response_format "b64_json" | "url", output_format png|jpeg|webp,
 //    stream, partial_images 0..3}  -> {created, data: [{b64_json, revised_prompt}], output_format, size}
 // With stream: true the answer is a server-sent-event stream: "image_generation.partial_image" events
@@ -65,6 +67,63 @@ Expected<ServeRequest> parse_openai(const nlohmann::json& body, const ServeLimit
   ATELIER_RETURN_IF_ERROR(f.string("sampler", g.sampler, 64));
   ATELIER_RETURN_IF_ERROR(f.integer("seed", int64_t(-1), int64_t(0xffffffffffffLL), g.seed));
   if (!*stream) r.partial_images = 0;
+  return r;
+}
+
+// Form fields of an edit whose values are numbers or booleans in JSON (a form sends every value as text).
+const std::set<std::string> kFormNumbers = {"n", "steps", "cfg_scale", "guidance", "seed", "partial_images", "strength"};
+const std::set<std::string> kFormBooleans = {"stream"};
+constexpr float kEditMaskStrength = 1.0f;  // a masked edit repaints its area from noise; without a mask, img2img's 0.75
+
+// The text fields of a multipart form as the JSON body parse_openai reads: numbers and booleans where those fields
+// take them (a value that is neither stays text, and the field's reader says what it expected).
+nlohmann::json form_fields(const httplib::Request& req) {
+  nlohmann::json body = nlohmann::json::object();
+  for (const auto& [name, item] : req.files) {
+    if (!item.filename.empty()) continue;  // a file
+    nlohmann::json v = item.content;
+    if (kFormNumbers.count(name)) {
+      const auto n = nlohmann::json::parse(item.content, nullptr, false);
+      if (!n.is_discarded() && n.is_number()) v = n;
+    } else if (kFormBooleans.count(name) && (item.content == "true" || item.content == "false")) {
+      v = item.content == "true";
+    }
+    body[name] = v;
+  }
+  return body;
+}
+
+// OpenAI's edit mask (an RGBA PNG of the image's size; where alpha is 0 the image is edited) -> the engine's: one
+// channel, 255 = repaint.
+Expected<Image> edit_mask(const Image& upload) {
+  if (upload.channels != 2 && upload.channels != 4)
+    return invalid_argument("mask: needs an alpha channel (an RGBA PNG, fully transparent where the image is to be edited)");
+  Image m{upload.width, upload.height, 1, std::vector<uint8_t>(size_t(upload.width) * upload.height)};
+  for (size_t i = 0; i < m.pixels.size(); ++i) m.pixels[i] = upload.pixels[i * size_t(upload.channels) + (upload.channels - 1)] == 0 ? 255 : 0;
+  return m;
+}
+
+// POST /v1/images/edits -> the request: the generations' fields, the image (img2img) and its mask (inpainting).
+Expected<ServeRequest> parse_openai_edit(const httplib::Request& req, const ServeLimits& limits, bool* stream, bool* as_url) {
+  if (!req.is_multipart_form_data())
+    return invalid_argument("expected multipart/form-data with the fields image, prompt and optionally mask "
+                            "(OpenAI's images edit)");
+  const nlohmann::json body = form_fields(req);
+  FieldReader f(body);
+  float strength = 0;
+  ATELIER_RETURN_IF_ERROR(f.number("strength", 0.0, 1.0, strength));
+  ATELIER_ASSIGN_OR_RETURN(ServeRequest r, parse_openai(body, limits, stream, as_url));
+  const char* image_field = req.has_file("image") ? "image" : "image[]";  // the SDK's name for a list of images
+  if (!req.has_file(image_field) || req.get_file_value(image_field).filename.empty())
+    return invalid_argument("image: required (the picture to edit, a PNG, JPEG or WebP file)");
+  ATELIER_ASSIGN_OR_RETURN(Image image, decode_upload_bytes(req.get_file_value(image_field).content, "image", limits));
+  r.init_image = std::move(image);
+  if (req.has_file("mask")) {
+    ATELIER_ASSIGN_OR_RETURN(Image upload, decode_upload_bytes(req.get_file_value("mask").content, "mask", limits));
+    ATELIER_ASSIGN_OR_RETURN(Image mask, edit_mask(upload));
+    r.mask = std::move(mask);
+  }
+  r.gen.strength = f.has("strength") ? strength : r.mask ? kEditMaskStrength : r.gen.strength;
   return r;
 }
 
@@ -142,11 +201,9 @@ void stream(ServerContext& ctx, const JobPtr& job, std::shared_ptr<void> slot, h
 }  // namespace
 
 void add_openai_routes(httplib::Server& http, ServerContext& ctx) {
-  http.Post("/v1/images/generations", [&ctx](const httplib::Request& req, httplib::Response& res) {
-    auto body = json_body(req);
-    if (!body) return send_error(res, body.status());
-    bool streaming = false, as_url = false;
-    auto r = parse_openai(*body, ctx.options.limits, &streaming, &as_url);
+  // Generations (a JSON body) and edits (a multipart form) answer alike.
+  const auto run = [&ctx](Expected<ServeRequest> r, bool streaming, bool as_url, const httplib::Request& req,
+                          httplib::Response& res) {
     if (!r) return send_error(res, r.status());
     std::shared_ptr<void> slot = ctx.hold_connection(res);  // held while the job runs
     if (!slot) return;
@@ -156,6 +213,18 @@ void add_openai_routes(httplib::Server& http, ServerContext& ctx) {
     if (!ctx.wait(*job)) return send_error(res, 503, "the server is shutting down");
     ctx.store.erase((*job)->id());  // answered: the result is not kept for polling
     respond(ctx, **job, as_url ? base_url(req) : std::string(), res);
+  };
+  http.Post("/v1/images/generations", [&ctx, run](const httplib::Request& req, httplib::Response& res) {
+    auto body = json_body(req);
+    if (!body) return send_error(res, body.status());
+    bool streaming = false, as_url = false;
+    auto r = parse_openai(*body, ctx.options.limits, &streaming, &as_url);
+    run(std::move(r), streaming, as_url, req, res);
+  });
+  http.Post("/v1/images/edits", [&ctx, run](const httplib::Request& req, httplib::Response& res) {
+    bool streaming = false, as_url = false;
+    auto r = parse_openai_edit(req, ctx.options.limits, &streaming, &as_url);
+    run(std::move(r), streaming, as_url, req, res);
   });
   // The images answered by URL: public (unguessable names), for kImageUrlLifetime.
   http.Get(R"(/v1/images/files/([0-9a-f]{32}\.(png|jpg|webp)))", [&ctx](const httplib::Request& req, httplib::Response& res) {

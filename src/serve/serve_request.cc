@@ -162,6 +162,13 @@ Expected<std::pair<int, int>> peek_image_size(std::string_view b) {
 
 Expected<Image> decode_upload(std::string_view text, const std::string& field, const ServeLimits& limits) {
   ATELIER_ASSIGN_OR_RETURN(std::string bytes, base64_decode(text, field, limits.max_upload_bytes));
+  return decode_upload_bytes(bytes, field, limits);
+}
+
+Expected<Image> decode_upload_bytes(std::string_view bytes, const std::string& field, const ServeLimits& limits) {
+  if (bytes.size() > limits.max_upload_bytes)
+    return invalid_argument(field + ": " + std::to_string(bytes.size()) + " bytes is more than this server accepts (" +
+                            std::to_string(limits.max_upload_bytes) + ")");
   auto size = peek_image_size(bytes);
   if (!size) return invalid_argument(field + ": " + size.status().message());
   const auto [w, h] = *size;

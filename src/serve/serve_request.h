@@ -70,6 +70,8 @@ Status validate_for_model(ServeRequest& r, ModelFamily family);
 // base64 (or data URL) -> decoded image, refusing oversized data and images before their pixels are
 // allocated (the dimensions are read from the header first).
 Expected<Image> decode_upload(std::string_view base64, const std::string& field, const ServeLimits& limits);
+// The same for an image file's bytes (a multipart upload).
+Expected<Image> decode_upload_bytes(std::string_view bytes, const std::string& field, const ServeLimits& limits);
 
 // Width and height from a PNG, JPEG or WebP header without decoding the pixels.
 Expected<std::pair<int, int>> peek_image_size(std::string_view bytes);
