@@ -14,7 +14,6 @@ namespace {
 using test::decode_b64_image;
 using test::parse;
 using test::post_json;
-using test::RunningServer;
 
 constexpr int kSide = 64;
 
@@ -44,25 +43,10 @@ std::string b64_png(const Image& img) { return base64_encode(encode_png(img).val
 
 uint8_t at(const Image& img, int x, int y, int c) { return img.pixels[(size_t(y) * img.width + x) * img.channels + c]; }
 
-class ServeInpaint : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (test::tiny_model_path().empty()) return;
-    server_ = RunningServer::start(test::tiny_options()).release();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override {
-    ATELIER_REQUIRE_TINY_MODEL();
-    ASSERT_NE(server_, nullptr);
-    client_ = server_->client();
-  }
-  static RunningServer* server_;
-  std::unique_ptr<httplib::Client> client_;
+class ServeInpaint : public test::SharedServerSuite<ServeInpaint> {
+ public:
+  static ServeOptions options() { return test::tiny_options(); }
 };
-RunningServer* ServeInpaint::server_ = nullptr;
 
 // A whole-picture inpainting through A1111's API is the pipeline's, pixel for pixel, and keeps the unmasked pixels.
 TEST_F(ServeInpaint, A1111MaskedImg2ImgIsThePipelinesInpainting) {

@@ -26,28 +26,15 @@ nlohmann::json small_job(int64_t seed, int steps = 1, int side = 32) {
   return {{"prompt", "a red circle"}, {"width", side}, {"height", side}, {"steps", steps}, {"seed", seed}};
 }
 
-// One server for the API tests in this file (started once: loading the model is the slow part).
-class ServeApi : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (test::tiny_model_path().empty()) return;
+// One server for the API tests in this file, with two CPU workers.
+class ServeApi : public test::SharedServerSuite<ServeApi> {
+ public:
+  static ServeOptions options() {
     ServeOptions o = test::tiny_options();
     o.devices = "cpu,cpu";
-    server_ = RunningServer::start(o).release();
+    return o;
   }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override {
-    ATELIER_REQUIRE_TINY_MODEL();
-    ASSERT_NE(server_, nullptr);
-    client_ = server_->client();
-  }
-  static RunningServer* server_;
-  std::unique_ptr<httplib::Client> client_;
 };
-RunningServer* ServeApi::server_ = nullptr;
 
 TEST_F(ServeApi, HealthReadinessMetricsStats) {
   auto h = client_->Get("/healthz");

@@ -63,6 +63,29 @@ struct RunningServer {
   }
 };
 
+// One server for every test of a suite, started once (loading the model is the slow part) on Suite::options():
+// `class MySuite : public test::SharedServerSuite<MySuite> { static ServeOptions options(); };`. Each test skips
+// with the reason without the tiny model, and gets its own client.
+template <class Suite>
+class SharedServerSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (tiny_model_path().empty()) return;
+    server_ = RunningServer::start(Suite::options()).release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ATELIER_REQUIRE_TINY_MODEL();
+    ASSERT_NE(server_, nullptr);
+    client_ = server_->client();
+  }
+  static inline RunningServer* server_ = nullptr;
+  std::unique_ptr<httplib::Client> client_;
+};
+
 inline nlohmann::json parse(const std::string& body) {
   auto j = nlohmann::json::parse(body, nullptr, false);
   EXPECT_FALSE(j.is_discarded()) << "not JSON: " << body.substr(0, 200);
