@@ -42,6 +42,15 @@ TEST(RedisClient, RequestCodecRoundTrips) {
   img.width = 2, img.height = 1, img.channels = 3;
   img.pixels = {1, 2, 3, 4, 5, 6};
   r.init_image = img;
+  r.mask = Image{2, 1, 1, {0, 255}};
+  r.gen.resize_mode = "crop";
+  r.gen.inpaint_fill = "latent_noise";
+  r.gen.mask_blur_x = 3;
+  r.gen.mask_blur_y = 5;
+  r.gen.inpaint_only_masked = true;
+  r.gen.inpaint_padding = 12;
+  r.gen.mask_invert = true;
+  r.gen.mask_round = false;
   auto back = decode_request(encode_request(r).dump());
   ASSERT_TRUE(back) << back.status().message();
   EXPECT_EQ(back->gen.prompt, r.gen.prompt);
@@ -56,6 +65,17 @@ TEST(RedisClient, RequestCodecRoundTrips) {
   EXPECT_EQ(back->cost, 6.0);  // the worker's load estimate
   ASSERT_TRUE(back->init_image);
   EXPECT_EQ(back->init_image->pixels, img.pixels);
+  ASSERT_TRUE(back->mask);  // inpainting: the mask and every setting of it
+  EXPECT_EQ(back->mask->pixels, r.mask->pixels);
+  const GenerateRequest& g = back->gen;
+  EXPECT_EQ(g.resize_mode, "crop");
+  EXPECT_EQ(g.inpaint_fill, "latent_noise");
+  EXPECT_EQ(g.mask_blur_x, 3);
+  EXPECT_EQ(g.mask_blur_y, 5);
+  EXPECT_TRUE(g.inpaint_only_masked);
+  EXPECT_EQ(g.inpaint_padding, 12);
+  EXPECT_TRUE(g.mask_invert);
+  EXPECT_FALSE(g.mask_round);
   EXPECT_FALSE(decode_request("[1]"));
   EXPECT_FALSE(decode_request(R"({"model": "tiny", "steps": "many"})"));
   EXPECT_FALSE(decode_request(R"({"prompt": "no model"})"));

@@ -32,10 +32,11 @@ nlohmann::json encode_request(const ServeRequest& r) {
                       {"preview", r.preview}, {"partial_images", r.partial_images}, {"timeout_s", r.timeout_s},
                       {"api", api_family_name(r.api)}, {"output_format", r.output_format},
                       {"guidance", r.guidance}, {"max_sequence_length", r.max_sequence_length}, {"cost", r.cost}};
-  if (r.init_image) {
-    auto png = encode_png(*r.init_image);
-    if (png) j["init_image_png"] = base64_encode(*png);
-  }
+  for (auto [key, image] : {std::pair{"init_image_png", &r.init_image}, std::pair{"mask_png", &r.mask}})
+    if (*image)
+      if (auto png = encode_png(**image)) j[key] = base64_encode(*png);
+  j["resize_mode"] = g.resize_mode;
+  if (r.mask) g.add_inpaint_settings(j);
   return j;
 }
 
@@ -71,12 +72,21 @@ Expected<ServeRequest> decode_request(const std::string& text) {
   std::string api = "native";
   ATELIER_RETURN_IF_ERROR(read(j, "api", api));
   r.api = api == "a1111" ? ApiFamily::kA1111 : api == "openai" ? ApiFamily::kOpenAI : ApiFamily::kNative;
-  std::string init;
-  ATELIER_RETURN_IF_ERROR(read(j, "init_image_png", init));
-  if (!init.empty()) {
-    ATELIER_ASSIGN_OR_RETURN(std::string png, base64_decode(init, "init_image_png", kMaxInitImageBytes));
-    ATELIER_ASSIGN_OR_RETURN(Image img, decode_image(png, "init_image_png"));
-    r.init_image = std::move(img);
+  ATELIER_RETURN_IF_ERROR(read(j, "resize_mode", g.resize_mode));
+  ATELIER_RETURN_IF_ERROR(read(j, "mask_blur_x", g.mask_blur_x));  // inpainting: GenerateRequest::add_inpaint_settings'
+  ATELIER_RETURN_IF_ERROR(read(j, "mask_blur_y", g.mask_blur_y));
+  ATELIER_RETURN_IF_ERROR(read(j, "inpaint_fill", g.inpaint_fill));
+  ATELIER_RETURN_IF_ERROR(read(j, "inpaint_only_masked", g.inpaint_only_masked));
+  ATELIER_RETURN_IF_ERROR(read(j, "inpaint_padding", g.inpaint_padding));
+  ATELIER_RETURN_IF_ERROR(read(j, "mask_invert", g.mask_invert));
+  ATELIER_RETURN_IF_ERROR(read(j, "mask_round", g.mask_round));
+  for (auto [key, image] : {std::pair{"init_image_png", &r.init_image}, std::pair{"mask_png", &r.mask}}) {
+    std::string b64;
+    ATELIER_RETURN_IF_ERROR(read(j, key, b64));
+    if (b64.empty()) continue;
+    ATELIER_ASSIGN_OR_RETURN(std::string png, base64_decode(b64, key, kMaxInitImageBytes));
+    ATELIER_ASSIGN_OR_RETURN(Image img, decode_image(png, key));
+    *image = std::move(img);
   }
   if (r.model.empty()) return invalid_argument("job request: no model");
   return r;
