@@ -62,6 +62,8 @@
     $('cfg-label').textContent = f === 'flux' ? 'Guidance' : f === 'zimage' ? 'CFG scale (Turbo: 0)' : 'CFG scale';
     for (const id of ['sampler', 'schedule', 'clip_skip']) $(id).closest('.field').hidden = f !== 'sd';
     for (const field of document.querySelectorAll('.field.inpaint')) field.hidden = f !== 'sd';
+    $('mask-paint').hidden = f !== 'sd' || !initImage;  // painting needs the start image under it
+    if (!$('mask-paint').hidden) A.maskPainter.render();
   }
 
   function onPresetChange() {
@@ -90,7 +92,11 @@
   // An uploaded image slot: the start image ('init') or the mask ('mask'), its preview and its remove button.
   const SLOTS = {
     init: {input: 'init_image', preview: 'init-preview', clear: 'init-clear', what: 'start image',
-           set: (v) => { initImage = v; }},
+           set: (v) => {
+             initImage = v;
+             A.maskPainter.setImage(v);
+             updateModelControls();
+           }},
     mask: {input: 'mask_image', preview: 'mask-preview', clear: 'mask-clear', what: 'mask', set: (v) => { maskImage = v; }},
   };
 
@@ -153,8 +159,9 @@
     if (initImage) {
       body.init_image = initImage;
       if (numberOf('strength') !== undefined) body.strength = numberOf('strength');
-      if (maskImage && family() === 'sd') {
-        body.mask = maskImage;
+      const mask = maskImage || A.maskPainter.mask();  // a mask file, else what is painted on the image
+      if (mask && family() === 'sd') {
+        body.mask = mask;
         if (numberOf('mask_blur') !== undefined) body.mask_blur = numberOf('mask_blur');
         body.inpaint_fill = $('inpaint_fill').value;
         body.inpaint_only_masked = $('inpaint_only_masked').checked;
@@ -224,6 +231,7 @@
     $('model').addEventListener('change', updateModelControls);
     $('gen-form').addEventListener('change', save);
     initDrop();
+    A.maskPainter.init();
     restore();
   }
 

@@ -46,6 +46,7 @@ try:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.common.action_chains import ActionChains
 except ImportError as e:  # checked before anything else: the test cannot run at all
     skip("python3-selenium is not installed for /usr/bin/python3 (%s); scripts/setup.sh installs it" % e)
 
@@ -294,8 +295,26 @@ class UiTest:
             info = json.load(r)["images"][0]["infotext"]
         assert "Mask blur: 2" in info and "Masked content: latent noise" in info, "infotext: " + info
         self.el("#mask-clear").click()
-        self.el("#init-clear").click()
         assert not self.el("#mask-preview").is_displayed(), "the mask was not removed"
+        # Painted instead: a stroke across the start image on its canvas becomes a mask of the image's size.
+        canvas = self.el("#mask-canvas")
+        assert canvas.is_displayed(), "no canvas to paint the mask on"
+        w = canvas.size["width"]
+        ActionChains(self.d).move_to_element_with_offset(canvas, -w // 3, -w // 4).click_and_hold() \
+            .move_by_offset(w // 3, 0).move_by_offset(w // 3, 0).release().perform()
+        assert self.js("return Atelier.maskPainter.strokeCount()") == 1, "the stroke was not recorded"
+        self.shot("inpaint_painted")
+        job_id = self.submit_job()
+        self.wait_job_state(job_id, ("done", "failed"))
+        with urllib.request.urlopen(url + "/v1/jobs/" + job_id) as r:
+            info = json.load(r)["images"][0]["infotext"]
+        assert "Mask blur: 2" in info, "the painted mask was not sent: " + info
+        self.el("#mask-paint-clear").click()
+        assert self.js("return Atelier.maskPainter.mask()") is None, "the painting was not cleared"
+        button = self.el("#init-clear")  # in the middle of the view: the page's alert bar covers its top
+        self.js("arguments[0].scrollIntoView({block: 'center'})", button)
+        button.click()
+        assert not self.el("#mask-canvas").is_displayed(), "the canvas stays without a start image"
 
     def check_bad_request(self):
         self.form_for_job("bad size", 4)
@@ -350,7 +369,7 @@ class UiTest:
         Select(self.el("#model")).select_by_value("flux")
         self.wait("the Guidance label", lambda: self.el("#cfg-label").text == "Guidance")
         # Flow-matching Euler: no sampler, schedule or CLIP skip to choose; a start image (FLUX img2img) is.
-        for css in ("#sampler", "#schedule", "#clip_skip", "#mask_image"):
+        for css in ("#sampler", "#schedule", "#clip_skip", "#mask_image", "#mask-canvas"):
             assert not self.el(css).is_displayed(), css + " is shown for a FLUX model"
         assert self.el("fieldset.img2img").is_displayed(), "no start image field for a FLUX model"
         self.form_for_job("a blue fox", 2, seed=77, preview=False)
