@@ -37,11 +37,12 @@ Tensor stack_rows(const std::vector<Tensor>& rows) {
 Expected<std::pair<double, double>> x0_coefficients(const sampling::Sampler& sampler) {
   using sampling::Operand;
   const sampling::LinearExpr d = sampler.update().denoised;
-  for (Operand o : {Operand::kNoise, Operand::kClamped, Operand::kSaved0, Operand::kSaved1})
-    if (d.uses(o) || !d.uses(Operand::kModelOutput))
-      return invalid_argument(std::string("inpainting: the ") + std::string(sampling::sampler_name(sampler.kind())) +
-                              " sampler's x0 estimate is not linear in the sample and the model output here "
-                              "(clip_sample); use another sampler");
+  bool linear = d.uses(Operand::kModelOutput);
+  for (Operand o : {Operand::kNoise, Operand::kClamped, Operand::kSaved0, Operand::kSaved1}) linear = linear && !d.uses(o);
+  if (!linear)
+    return invalid_argument(std::string("inpainting: the ") + std::string(sampling::sampler_name(sampler.kind())) +
+                            " sampler's x0 estimate is not linear in the sample and the model output here "
+                            "(clip_sample); use another sampler");
   return std::pair<double, double>{d[Operand::kSample], d[Operand::kModelOutput]};
 }
 
@@ -61,6 +62,7 @@ Tensor hold_kept(std::span<DenoiseSample* const> samples, const Tensor& x, const
     const DenoiseSample& d = *samples[s];
     Tensor row = eps.narrow(0, int64_t(s), 1);
     if (d.kept.defined()) {
+      row = ops::contiguous(row);  // the UNet's output may be channels-last; the masks are packed NCHW
       const auto [a, b] = x0_coefficients(*d.sampler).value();  // checked by check_samples
       const Tensor target = ops::lincomb({d.kept.latents, x.narrow(0, int64_t(s), 1)}, {float(1.0 / b), float(-a / b)});
       // eps * inpainted + target * keep: exactly one of the two where the mask is 0 or 1
