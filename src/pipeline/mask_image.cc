@@ -42,6 +42,7 @@ Image gaussian_pass(const Image& src, double sigma, bool horizontal) {
   for (int i = 0; i < k; ++i) sum += w[size_t(i)] = std::exp(-double((i - half) * (i - half)) / (2 * sigma * sigma));
   for (double& v : w) v /= sum;
   Image out = gray_image(src.width, src.height);
+#pragma omp parallel for schedule(static)
   for (int y = 0; y < src.height; ++y)
     for (int x = 0; x < src.width; ++x) {
       double acc = 0;
@@ -68,8 +69,9 @@ void box_pass(FloatImage& img, double r, bool horizontal) {
   const int l = int(std::floor(r));
   const double a = r - l, norm = 1.0 / (2.0 * r + 1.0);
   const int n = horizontal ? img.width : img.height, lines = horizontal ? img.height : img.width;
-  std::vector<double> line(static_cast<size_t>(n)), prefix(static_cast<size_t>(n) + 1);
-  for (int li = 0; li < lines; ++li)
+#pragma omp parallel for schedule(static)
+  for (int li = 0; li < lines; ++li) {
+    std::vector<double> line(static_cast<size_t>(n)), prefix(static_cast<size_t>(n) + 1);
     for (int c = 0; c < img.channels; ++c) {
       for (int i = 0; i < n; ++i) line[size_t(i)] = horizontal ? img.at(i, li, c) : img.at(li, i, c);
       prefix[0] = 0;
@@ -90,6 +92,7 @@ void box_pass(FloatImage& img, double r, bool horizontal) {
         else img.at(li, i, c) = s * norm;
       }
     }
+  }
 }
 
 // PIL's GaussianBlur(radius): three extended box blurs whose variance sums to radius^2.
@@ -194,6 +197,7 @@ Image fill_masked_area(const Image& rgb, const Image& mask) {
   for (const auto& [radius, repeats] : kFillLayers) {
     FloatImage layer = kept;
     gaussian_blur(layer, radius);
+#pragma omp parallel for schedule(static)
     for (int y = 0; y < h; ++y)
       for (int x = 0; x < w; ++x) {
         const double sa = layer.at(x, y, 3) / 255.0;
