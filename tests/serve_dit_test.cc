@@ -189,7 +189,7 @@ TEST(ServeDit, A1111FluxTakesDistilledGuidanceAndRunsNoCfgUnlessAsked) {
 // img2img on FLUX (A1111's API) and Z-Image (the native API) models: each served image is the pipeline's img2img of the
 // same image, strength and seed (FLUX: the init image resized to the request's size; Z-Image: at the image's), and its
 // infotext names the strength.
-TEST(ServeDit, DitImg2ImgIsThePipelinesImg2Img) {
+TEST(ServeDit, DitImg2ImgAndFluxInpaintingAreThePipelines) {
   REQUIRE_DIT_FIXTURES();
   auto s = RunningServer::start(dit_options());
   ASSERT_TRUE(s);
@@ -219,6 +219,17 @@ TEST(ServeDit, DitImg2ImgIsThePipelinesImg2Img) {
   ASSERT_TRUE(direct) << direct.status().message();
   EXPECT_EQ(served.pixels, direct->images[0].image.pixels);
   EXPECT_NE(served.pixels, init.pixels);
+  // With a mask (its left half white): FLUX inpainting, the pipeline's too.
+  Image mask{48, 40, 1, std::vector<uint8_t>(48 * 40, 0)};
+  for (int y = 0; y < 40; ++y) std::fill_n(&mask.pixels[size_t(y) * 48], 24, uint8_t(255));
+  nlohmann::json masked = body;
+  masked["mask"] = base64_encode(encode_png(mask).value());
+  const nlohmann::json mres = post_json(*c, "/sdapi/v1/img2img", masked, &status);
+  ASSERT_EQ(status, 200) << mres.dump().substr(0, 300);
+  const auto mdirect = ::atelier::test::on_one_omp_thread([&] { return FluxPipeline(*model).generate(g, fo, {}, &init, &mask); });
+  ASSERT_TRUE(mdirect) << mdirect.status().message();
+  EXPECT_EQ(decode_b64_image(mres["images"][0]).pixels, mdirect->images[0].image.pixels);
+  EXPECT_NE(mdirect->images[0].image.pixels, direct->images[0].image.pixels);
 
   // Z-Image through the native API with no size asked for: the init image's, rounded down to multiples of 16 (48x32).
   const nlohmann::json zbody = {{"prompt", kPrompt}, {"init_image", base64_encode(*png)}, {"strength", 0.5},
@@ -453,7 +464,7 @@ TEST(ServeDit, RequestsTheseModelsCannotRunAreRefused) {
   expect_400("/sdapi/v1/img2img",  // inpainting is SD's
              {{"prompt", "x"}, {"init_images", {base64_encode(*png)}}, {"mask", base64_encode(*png)},
               {"override_settings", {{"sd_model_checkpoint", "zimage"}}}},
-             "mask: inpainting is supported for Stable Diffusion 1.x/2.x models, not Z-Image ones");
+             "mask: inpainting is supported for Stable Diffusion and FLUX models, not Z-Image ones");
   // Still serving.
   int status = 0;
   post_json(*c, "/v1/jobs", flux_job(1), &status);

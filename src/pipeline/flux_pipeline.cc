@@ -7,7 +7,9 @@
 
 #include "backend/ops.h"
 #include "io/infotext.h"
+#include "pipeline/image_resize.h"
 #include "pipeline/init_image.h"
+#include "pipeline/mask_image.h"
 #include "sampling/sampler.h"
 
 namespace atelier {
@@ -120,6 +122,7 @@ struct FluxPipeline::EncodedItem {
   bool cfg = false;
   FluxPrompt cond, uncond;
   Tensor init;  // img2img: the init image [1, 3, H, W] in [0, 1] at the request's size (host); undefined for txt2img
+  Tensor mask;  // inpainting: flux_latent_mask [1, 1, h, w] (host); undefined otherwise
 };
 
 Status FluxPipeline::encode_items(std::vector<EncodedItem>& items) const {
@@ -159,9 +162,44 @@ Expected<sampling::FlowMatchEuler> FluxPipeline::make_scheduler(int steps, int64
   return sampling::FlowMatchEuler::create(model_->scheduler, steps, o);
 }
 
+Tensor flux_latent_mask(const Image& upload, int width, int height, int64_t h, int64_t w) {
+  constexpr int kBinarizeAt = 128;  // VaeImageProcessor's binarize: v / 255 >= 0.5
+  const Image m = resize_image(mask_from_upload(upload, true), width, height);
+  std::vector<float> out(size_t(h * w));
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x) {  // torch's nearest: source index floor(dst * in / out)
+      const int64_t sy = y * height / h, sx = x * width / w;
+      out[size_t(y * w + x)] = m.pixels[size_t(sy * width + sx)] >= kBinarizeAt ? 1.0f : 0.0f;
+    }
+  return Tensor::from_vector(out, {1, 1, h, w});
+}
+
+namespace {
+
+// x [B, L, 64] after a step -> its inpainted rows' kept latents replaced by the image's latents noised to the
+// scheduler's current sigma with the row's initial noise (the image's latents once the last step is done):
+// FluxInpaintPipeline's (1 - mask) * init_latents_proper + mask * latents.
+Tensor blend_inpaint(const std::vector<FluxInpaintRow>& rows, const Tensor& x, const sampling::FlowMatchEuler& s) {
+  std::vector<Tensor> out;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    Tensor row = ops::contiguous(x.narrow(0, int64_t(b), 1));
+    const FluxInpaintRow& r = rows[b];
+    if (r.defined()) {
+      const Tensor proper = s.done() ? r.image_latents : s.scale_noise(r.image_latents, r.noise);
+      const Tensor kept = ops::affine(r.mask, -1.0f, 1.0f);
+      row = ops::binary(ops::binary(proper, kept, BinaryOp::kMul), ops::binary(row, r.mask, BinaryOp::kMul), BinaryOp::kAdd);
+    }
+    out.push_back(row);
+  }
+  return out.size() == 1 ? out.front() : ops::concat(out, 0);
+}
+
+}  // namespace
+
 Expected<Tensor> FluxPipeline::denoise(sampling::FlowMatchEuler& s, Tensor x, const FluxPrompt& cond,
                                        const FluxPrompt* uncond, const std::vector<float>& guidance, float cfg_scale,
-                                       int64_t h, int64_t w, int batch_index, const ProgressCallback& progress) const {
+                                       int64_t h, int64_t w, int batch_index, const ProgressCallback& progress,
+                                       const std::vector<FluxInpaintRow>& inpaint) const {
   const FluxTransformer& tr = *model_->transformer;
   const Device dev = tr.device();
   const int b = int(x.size(0));
@@ -170,6 +208,7 @@ Expected<Tensor> FluxPipeline::denoise(sampling::FlowMatchEuler& s, Tensor x, co
       (uncond && (!rows_ok(uncond->t5.size(0)) || !rows_ok(uncond->pooled.size(0))))) {
     return invalid_argument("FLUX denoise: guidance and prompts need one row or one per sample (" + std::to_string(b) + ")");
   }
+  if (!inpaint.empty() && int64_t(inpaint.size()) != b) return invalid_argument("FLUX denoise: inpainting rows for every row");
   FluxInputs in;
   in.img_ids = flux_image_ids(h, w).to(dev);
   in.txt_ids = Tensor::zeros({cond.t5.size(1), 3}, DType::F32, dev);
@@ -196,6 +235,7 @@ Expected<Tensor> FluxPipeline::denoise(sampling::FlowMatchEuler& s, Tensor x, co
       v = ops::add(vn, ops::affine(ops::sub(v, vn), cfg_scale));  // neg + cfg * (pos - neg)
     }
     x = s.step(x, v);
+    if (!inpaint.empty()) x = blend_inpaint(inpaint, x, s);
     if (progress) {
       StepProgress sp;
       sp.batch_index = batch_index;
@@ -222,7 +262,7 @@ Tensor FluxPipeline::decode(const Tensor& packed, int64_t h, int64_t w) const {
 }
 
 Expected<FluxPipeline::EncodedItem> FluxPipeline::prepare(const GenerateRequest& request, const FluxOptions& options,
-                                                          const Image* init_image) const {
+                                                          const Image* init_image, const Image* mask) const {
   const FluxModel& m = *model_;
   ATELIER_RETURN_IF_ERROR(request.validate());
   ATELIER_RETURN_IF_ERROR(options.validate());
@@ -234,7 +274,20 @@ Expected<FluxPipeline::EncodedItem> FluxPipeline::prepare(const GenerateRequest&
     return invalid_argument("FLUX image sides must be multiples of 16, got " + std::to_string(r.width) + "x" + std::to_string(r.height));
   }
   // The request's size (the model's by default, as FluxImg2ImgPipeline's 1024), not the image's: it is resized.
+  const std::string mask_path = r.mask;
+  r.mask.clear();  // read here, not by request_init_image (which refuses masks for the families without inpainting)
   ATELIER_ASSIGN_OR_RETURN(item.init, request_init_image(r, init_image, kFluxSizeMultiple));
+  if (mask || !mask_path.empty()) {
+    if (!item.init.defined()) return invalid_argument("a mask (inpainting) needs an init image to inpaint");
+    Image loaded;
+    if (!mask) {
+      ATELIER_ASSIGN_OR_RETURN(loaded, read_image(mask_path));
+      mask = &loaded;
+    }
+    const int f = m.vae->config().downscale_factor();
+    item.mask = flux_latent_mask(*mask, r.width, r.height, r.height / f, r.width / f);
+    r.mask = mask_path;
+  }
   if (r.seed < 0) r.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
   ATELIER_RETURN_IF_ERROR(parse_rng_kind(r.rng).status());
   item.r = r, item.o = options, item.cfg = runs_cfg(r, options);
@@ -270,19 +323,28 @@ Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_i
   if (items.front().init.defined()) {  // batch_compatible: every item img2img at one strength
     ATELIER_RETURN_IF_ERROR(sched.set_begin_index(first.steps - sampling::img2img_steps(first.steps, first.strength)));
   }
+  std::vector<FluxInpaintRow> inpaint;  // one per row when any item inpaints
+  const bool inpainting = std::any_of(items.begin(), items.end(), [](const EncodedItem& i) { return i.mask.defined(); });
   for (const EncodedItem& item : items) {
     const int64_t seed0 = item.r.seed + int64_t(batch_index) * item.r.batch_size;
     ATELIER_ASSIGN_OR_RETURN(RngKind rng, parse_rng_kind(item.r.rng));
     for (int i = 0; i < item.r.batch_size; ++i) {
       auto gen = make_generator(rng, uint64_t(seed0 + i));
       Tensor latents;
+      FluxInpaintRow row;
       if (item.init.defined()) {  // the VAE's sample, then the noise, from the image's generator
         const Tensor x0 = vae_encode_sample(*m.vae, item.init, *gen, dev);
-        latents = sched.scale_noise(x0, randn_tensor(*gen, {1, channels, h, w}).to(dev));
+        const Tensor noise = randn_tensor(*gen, {1, channels, h, w}).to(dev);
+        latents = sched.scale_noise(x0, noise);
+        if (item.mask.defined()) {
+          const Tensor mask = ops::concat(std::vector<Tensor>(size_t(channels), item.mask), 1).to(dev);
+          row = {flux_pack_latents(mask), flux_pack_latents(x0), flux_pack_latents(noise)};
+        }
       } else {
         latents = randn_tensor(*gen, {1, channels, h, w}).to(dev);
       }
       rows.push_back(flux_pack_latents(latents));
+      if (inpainting) inpaint.push_back(row);
       t5.push_back(item.cond.t5), pooled.push_back(item.cond.pooled), guidance.push_back(item.o.guidance);
       if (cfg) neg_t5.push_back(item.uncond.t5), neg_pooled.push_back(item.uncond.pooled);
     }
@@ -294,7 +356,7 @@ Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_i
   {
     trace::Scope denoise_range(stage::kDenoise, Category::kStage, batch_index);
     ATELIER_ASSIGN_OR_RETURN(x, denoise(sched, ops::concat(rows, 0), cond, cfg ? &uncond : nullptr, guidance,
-                                        first.cfg_scale, h, w, batch_index, progress));
+                                        first.cfg_scale, h, w, batch_index, progress, inpaint));
   }
   const Tensor pixels = decode(x, h, w);
   trace::Scope encode_range(stage::kImageEncode, Category::kStage, batch_index);
@@ -314,6 +376,7 @@ Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_i
       g.info = {{"settings", per_image.to_json()}, {"flux", item.o.to_json()}, {"sampler", "flow_match_euler"},
                 {"model", {{"name", m.name}, {"hash", m.hash}, {"path", m.path}, {"family", "flux"}, {"layout", m.layout}}},
                 {"device", dev.str()}, {"infotext", g.infotext}};
+      if (item.mask.defined()) g.info["inpainting"] = "FluxInpaintPipeline";
       images[k].push_back(std::move(g));
     }
   }
@@ -321,9 +384,10 @@ Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_i
 }
 
 Expected<GenerateResult> FluxPipeline::generate(const GenerateRequest& request, const FluxOptions& options,
-                                                const ProgressCallback& progress, const Image* init_image) const {
+                                                const ProgressCallback& progress, const Image* init_image,
+                                                const Image* mask) const {
   std::vector<EncodedItem> items(1);
-  ATELIER_ASSIGN_OR_RETURN(items[0], prepare(request, options, init_image));
+  ATELIER_ASSIGN_OR_RETURN(items[0], prepare(request, options, init_image, mask));
   const GenerateRequest& r = items[0].r;
   GenerateResult result;
   const Expected<StageTimes> times = timed_stages([&]() -> Status {
@@ -349,7 +413,7 @@ Expected<std::vector<GenerateResult>> FluxPipeline::generate_batch(const std::ve
       return invalid_argument("FLUX batch: request " + std::to_string(k) +
                               " differs from the first in size, steps, T5 length, CFG, img2img strength or batch count");
     }
-    ATELIER_ASSIGN_OR_RETURN(items[k], prepare(batch[k].request, batch[k].options, batch[k].init_image));
+    ATELIER_ASSIGN_OR_RETURN(items[k], prepare(batch[k].request, batch[k].options, batch[k].init_image, batch[k].mask));
   }
   std::vector<std::vector<GeneratedImage>> images;
   const Expected<StageTimes> times = timed_stages([&]() -> Status {

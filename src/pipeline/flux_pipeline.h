@@ -10,6 +10,11 @@
 // there, not the image's), VAE-encoded with a sample drawn from the image's generator, then noised to the first sigma
 // the strength leaves (sigma * noise + (1 - sigma) * latents, the noise drawn after the sample); the last
 // int(steps x strength) steps of the same schedule run.
+// Inpainting (FluxInpaintPipeline's semantics, for FLUX.1-dev/schnell, not the Fill model): img2img with a mask of the
+// image's size (white = repaint; its luma, or its alpha where not all opaque) resized to the request's size (Lanczos),
+// binarized at 0.5 and taken to the latent size by nearest neighbour; after every step the kept latents are replaced
+// by the image's latents noised to the next step's sigma with the initial noise (at the last step, the latents
+// themselves). As there, the decoded image is not composited over the original.
 #pragma once
 #include <memory>
 #include <string>
@@ -44,6 +49,15 @@ struct FluxBatchItem {
   GenerateRequest request;
   FluxOptions options;
   const Image* init_image = nullptr;  // img2img from an image in memory (the server's); not owned, outlives the call
+  const Image* mask = nullptr;        // inpainting (with init_image), likewise
+};
+
+// Inpainting's data for one row of a batch (packed [1, L, 64] each); undefined tensors for a row without a mask.
+struct FluxInpaintRow {
+  Tensor mask;           // 1 = repainted, 0 = kept
+  Tensor image_latents;  // the init image's VAE latents
+  Tensor noise;          // the row's initial noise
+  bool defined() const { return mask.defined(); }
 };
 
 class FluxPipeline {
@@ -54,8 +68,10 @@ class FluxPipeline {
   // Runs the request (batch_size images per batch, seeds seed, seed+1, ...): txt2img, or img2img from `init_image`
   // or else the request's init_image path. StepProgress.latents points at the packed latents [B, L, 64] after each
   // step.
+  // `mask` (or else the request's mask path) inpaints the init image.
   Expected<GenerateResult> generate(const GenerateRequest& request, const FluxOptions& options,
-                                    const ProgressCallback& progress = {}, const Image* init_image = nullptr) const;
+                                    const ProgressCallback& progress = {}, const Image* init_image = nullptr,
+                                    const Image* mask = nullptr) const;
   // Requests denoised together in one batch of model calls (the server's batching of concurrent FLUX requests):
   // each item's images are what generate() gives for it alone; results in the items' order, each with the whole
   // batch's stage times. Items must be batch_compatible (a batch_count of 1 each). StepProgress.latents: every
@@ -71,10 +87,12 @@ class FluxPipeline {
   // The scheduler for `steps` steps at latent size h x w (unpacked latent rows and columns).
   Expected<sampling::FlowMatchEuler> make_scheduler(int steps, int64_t h, int64_t w) const;
   // x [B, L, 64] packed initial latents; cond (and uncond when cfg_scale > 1), one row or B -> final packed latents.
-  // guidance: one value, or one per row.
+  // guidance: one value, or one per row. `inpaint`: empty, or one FluxInpaintRow per row (inpainting's blend after
+  // every step).
   Expected<Tensor> denoise(sampling::FlowMatchEuler& scheduler, Tensor x, const FluxPrompt& cond,
                            const FluxPrompt* uncond, const std::vector<float>& guidance, float cfg_scale, int64_t h,
-                           int64_t w, int batch_index, const ProgressCallback& progress) const;
+                           int64_t w, int batch_index, const ProgressCallback& progress,
+                           const std::vector<FluxInpaintRow>& inpaint = {}) const;
   // packed [B, L, 64] -> images [B, 3, 8h, 8w] in [0, 1].
   Tensor decode(const Tensor& packed, int64_t h, int64_t w) const;
 
@@ -87,7 +105,7 @@ class FluxPipeline {
   // The request validated, with this model's defaults (size, a random seed) filled in, its CFG decided and its init
   // image (`init_image`, else the request's path) read and resized; prompts not yet encoded.
   Expected<EncodedItem> prepare(const GenerateRequest& request, const FluxOptions& options,
-                                const Image* init_image) const;
+                                const Image* init_image, const Image* mask) const;
   // One batch of model calls over the items' rows: noise from each item's seeds, denoise, decode, finished images
   // (images[i]: item i's).
   Status run_rows(const std::vector<EncodedItem>& items, int batch_index, const ProgressCallback& progress,
@@ -101,5 +119,8 @@ Tensor flux_pack_latents(const Tensor& latents);
 Tensor flux_unpack_latents(const Tensor& packed, int64_t h, int64_t w);
 // Position ids of the packed latents: [(h/2)*(w/2), 3] f32 rows (0, row, col), host.
 Tensor flux_image_ids(int64_t h, int64_t w);
+// An inpainting mask upload -> FluxInpaintPipeline's latent mask [1, 1, h, w] (host, 0/1): resized to width x height
+// (Lanczos), binarized at 0.5, nearest-neighbour to the latent size h x w.
+Tensor flux_latent_mask(const Image& upload, int width, int height, int64_t h, int64_t w);
 
 }  // namespace atelier

@@ -34,7 +34,7 @@ Status check_img2img_strength(const GenerateRequest& r) {
 
 Expected<Tensor> request_init_image(GenerateRequest& r, const Image* given, int multiple) {
   if (!r.mask.empty()) {
-    return invalid_argument("a mask (inpainting) is supported for Stable Diffusion 1.x/2.x models only; "
+    return invalid_argument("a mask (inpainting) is supported for Stable Diffusion and FLUX models only; "
                             "send img2img without a mask");
   }
   if (!given && r.init_image.empty()) return Tensor();

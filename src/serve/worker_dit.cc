@@ -46,6 +46,7 @@ FluxBatchItem flux_item(const ServeRequest& r) {
   item.options.max_sequence_length = r.max_sequence_length;
   item.options.cfg_explicit = true;  // validate_for_model set cfg_scale to 1 (no CFG) unless the client gave it
   item.init_image = r.init_image ? &*r.init_image : nullptr;  // the job keeps its request while the batch runs
+  item.mask = r.mask ? &*r.mask : nullptr;
   return item;
 }
 
@@ -134,7 +135,8 @@ void Worker::run_dit_job() {
     }
     const ServeRequest& r = batch.front().job->request();
     const Image* init = r.init_image ? &*r.init_image : nullptr;
-    Expected<GenerateResult> one = model.flux ? FluxPipeline(model.flux).generate(r.gen, flux_item(r).options, progress, init)
+    const Image* mask = r.mask ? &*r.mask : nullptr;
+    Expected<GenerateResult> one = model.flux ? FluxPipeline(model.flux).generate(r.gen, flux_item(r).options, progress, init, mask)
                                               : ZImagePipeline(model.zimage).generate(r.gen, progress, init);
     if (!one) return one.status();
     return std::vector<GenerateResult>{std::move(*one)};

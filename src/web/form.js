@@ -56,13 +56,16 @@
 
   // What the selected model takes. FLUX models take a distilled guidance value (sent as "guidance") rather than
   // classifier-free guidance; Z-Image-Turbo runs with CFG off (0). Both run flow-matching Euler: no sampler,
-  // schedule or CLIP skip to choose. Every family takes a start image (img2img); SD models a mask too (inpainting).
+  // schedule or CLIP skip to choose. Every family takes a start image (img2img); SD and FLUX models a mask too.
   function updateModelControls() {
     const f = family();
     $('cfg-label').textContent = f === 'flux' ? 'Guidance' : f === 'zimage' ? 'CFG scale (Turbo: 0)' : 'CFG scale';
     for (const id of ['sampler', 'schedule', 'clip_skip']) $(id).closest('.field').hidden = f !== 'sd';
-    for (const field of document.querySelectorAll('.field.inpaint')) field.hidden = f !== 'sd';
-    $('mask-paint').hidden = f !== 'sd' || !initImage;  // painting needs the start image under it
+    // Inpainting: SD models (with A1111's mask settings) and FLUX (FluxInpaintPipeline's: no settings); not Z-Image.
+    const inpaints = f === 'sd' || f === 'flux';
+    for (const field of document.querySelectorAll('.field.inpaint')) field.hidden = !inpaints;
+    for (const field of document.querySelectorAll('.field.inpaint-sd')) field.hidden = f !== 'sd';
+    $('mask-paint').hidden = !inpaints || !initImage;  // painting needs the start image under it
     if (!$('mask-paint').hidden) A.maskPainter.render();
   }
 
@@ -160,8 +163,8 @@
       body.init_image = initImage;
       if (numberOf('strength') !== undefined) body.strength = numberOf('strength');
       const mask = maskImage || A.maskPainter.mask();  // a mask file, else what is painted on the image
+      if (mask && family() !== 'zimage') body.mask = mask;
       if (mask && family() === 'sd') {
-        body.mask = mask;
         if (numberOf('mask_blur') !== undefined) body.mask_blur = numberOf('mask_blur');
         body.inpaint_fill = $('inpaint_fill').value;
         body.inpaint_only_masked = $('inpaint_only_masked').checked;

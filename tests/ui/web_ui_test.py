@@ -369,8 +369,9 @@ class UiTest:
         Select(self.el("#model")).select_by_value("flux")
         self.wait("the Guidance label", lambda: self.el("#cfg-label").text == "Guidance")
         # Flow-matching Euler: no sampler, schedule or CLIP skip to choose; a start image (FLUX img2img) is.
-        for css in ("#sampler", "#schedule", "#clip_skip", "#mask_image", "#mask-canvas"):
+        for css in ("#sampler", "#schedule", "#clip_skip", "#mask_blur", "#inpaint_fill"):
             assert not self.el(css).is_displayed(), css + " is shown for a FLUX model"
+        assert self.el("#mask_image").is_displayed(), "no mask field for a FLUX model (FLUX inpaints)"
         assert self.el("fieldset.img2img").is_displayed(), "no start image field for a FLUX model"
         self.form_for_job("a blue fox", 2, seed=77, preview=False)
         self.set_value("width", 64)
@@ -391,7 +392,18 @@ class UiTest:
         with urllib.request.urlopen(url + "/v1/jobs/" + job_id) as r:
             info = json.load(r)["images"][0]["infotext"]
         assert "Denoising strength: 0.5" in info and "Distilled CFG Scale: 2.5" in info, "infotext: " + info
-        self.el("#init-clear").click()
+        # FLUX inpainting: a stroke painted over the start image; the job runs with the mask (a 400 otherwise would
+        # fail it: the mask has the image's size).
+        canvas = self.el("#mask-canvas")
+        assert canvas.is_displayed(), "no canvas to paint a FLUX mask on"
+        ActionChains(self.d).move_to_element(canvas).click_and_hold().move_by_offset(20, 0).release().perform()
+        assert self.js("return Atelier.form.values().mask !== undefined"), "the FLUX job would go without the mask"
+        job_id = self.submit_job()
+        self.wait_job_state(job_id, ("done",))
+        self.el("#mask-paint-clear").click()
+        button = self.el("#init-clear")
+        self.js("arguments[0].scrollIntoView({block: 'center'})", button)
+        button.click()
         Select(self.el("#model")).select_by_value("tiny")
         self.wait("the CFG scale label", lambda: self.el("#cfg-label").text == "CFG scale")
         for css in ("#sampler", "#schedule", "#clip_skip", "fieldset.img2img"):
