@@ -1,4 +1,4 @@
-// img2img on the diffusion transformers. FLUX (FluxImg2ImgPipeline's semantics) on the flux-tiny model: the run takes the last int(steps x strength)
+// img2img (and FLUX inpainting, at the end) on the diffusion transformers. FLUX (FluxImg2ImgPipeline's semantics) on the flux-tiny model: the run takes the last int(steps x strength)
 // steps of the txt2img schedule, starting from the init image's VAE sample noised to that step's sigma (the sample
 // drawn from the image's generator before the noise); it stays near the image where little strength is asked and
 // txt2img of the same seed does not; strengths that leave no step, and batches mixing img2img with txt2img or two
@@ -186,6 +186,71 @@ TEST(ZImageImg2Img, RunsTheLastStepsAtTheImagesSize) {
 
   r.strength = 0.1f;  // 8 steps x 0.1 leaves none
   EXPECT_FALSE(pipe.generate(r, {}, &init).has_value());
+}
+
+
+// FLUX inpainting (FluxInpaintPipeline's semantics): the latent mask (resized, binarized, nearest), a white mask giving
+// img2img exactly, and after every step the kept latents being the image's latents noised to the next sigma with the
+// initial noise (the latents themselves after the last), the repainted ones not.
+constexpr int kInpaintSteps = 6;
+constexpr float kInpaintStrength = 0.7f;
+
+// White (`top`) over the top `rows` rows, `bottom` below.
+Image mask(int rows, uint8_t top = 255, uint8_t bottom = 0) {
+  Image m{kSide, kSide, 1, std::vector<uint8_t>(size_t(kSide) * kSide, bottom)};
+  std::fill(m.pixels.begin(), m.pixels.begin() + rows * kSide, top);
+  return m;
+}
+
+std::vector<float> rows_of(const Tensor& t, int64_t from, int64_t n) { return ops::contiguous(t.narrow(2, from, n)).to_vector(); }
+
+TEST(FluxInpaint, LatentMaskIsResizedBinarizedAndNearest) {
+  const Tensor m = flux_latent_mask(mask(kSide / 2), kSide, kSide, 8, 8);
+  ASSERT_EQ(m.shape(), (Shape{1, 1, 8, 8}));
+  const std::vector<float> v = m.to_vector();
+  for (int y = 0; y < 8; ++y) EXPECT_EQ(v[size_t(y * 8 + 3)], y < 4 ? 1.0f : 0.0f) << y;
+  // Binarized at 0.5: 127 is kept, 128 repainted.
+  EXPECT_EQ(flux_latent_mask(mask(kSide, 127), kSide, kSide, 8, 8).to_vector()[0], 0.0f);
+  EXPECT_EQ(flux_latent_mask(mask(kSide, 128), kSide, kSide, 8, 8).to_vector()[0], 1.0f);
+}
+
+TEST(FluxInpaint, WhiteMaskIsImg2ImgExactly) {
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  const FluxPipeline pipe(load_flux_model((dir / "model").string(), FluxLoadOptions{}).value());
+  const Image init = gradient_image(kSide), white = mask(kSide);
+  const auto img2img = pipe.generate(request(kInpaintSteps, kInpaintStrength), options(), {}, &init).value();
+  const auto inpainted = pipe.generate(request(kInpaintSteps, kInpaintStrength), options(), {}, &init, &white).value();
+  EXPECT_EQ(inpainted.images[0].image.pixels, img2img.images[0].image.pixels);
+  EXPECT_EQ(inpainted.images[0].info["inpainting"], "FluxInpaintPipeline");
+}
+
+TEST(FluxInpaint, KeptLatentsFollowTheNoisedImage) {
+  ATELIER_REQUIRE_FIXTURE(dir, "flux-tiny");
+  const auto model = load_flux_model((dir / "model").string(), FluxLoadOptions{}).value();
+  const FluxPipeline pipe(model);
+  const Image init = gradient_image(kSide), top = mask(kSide / 2);  // the top half repainted: latent rows 0-3 of 8
+  const int64_t h = kSide / 8, w = kSide / 8;
+  std::vector<Tensor> after;  // the unpacked latents after each step
+  ASSERT_TRUE(pipe.generate(request(kInpaintSteps, kInpaintStrength), options(), [&](const StepProgress& p) {
+    after.push_back(flux_unpack_latents(ops::clone(*p.latents), h, w));
+    return true;
+  }, &init, &top).has_value());
+  const int run = sampling::img2img_steps(kInpaintSteps, kInpaintStrength);
+  ASSERT_EQ(int(after.size()), run);
+  // The image's latents and the noise as the pipeline draws them (img2img's order), and the sigmas the steps reach.
+  GenerateRequest sized = request(kInpaintSteps, kInpaintStrength);
+  auto gen = make_generator(RngKind::kCpu, kSeed);
+  const Tensor x0 = vae_encode_sample(*model->vae, init_image_tensor(init, sized, kFluxSizeMultiple, "init").value(), *gen,
+                                      Device::cpu());
+  const Tensor noise = randn_tensor(*gen, x0.shape());
+  auto sched = pipe.make_scheduler(kInpaintSteps, h, w).value();
+  ASSERT_TRUE(sched.set_begin_index(kInpaintSteps - run).is_ok());
+  for (int k = 0; k < run; ++k) {
+    sched.advance();
+    const Tensor proper = sched.done() ? x0 : sched.scale_noise(x0, noise);
+    EXPECT_LE(test::max_abs_diff(rows_of(after[size_t(k)], h / 2, h / 2), rows_of(proper, h / 2, h / 2)), 1e-6) << k;
+    EXPECT_GT(test::max_abs_diff(rows_of(after[size_t(k)], 0, h / 2), rows_of(proper, 0, h / 2)), 1e-3) << k;
+  }
 }
 
 }  // namespace
