@@ -205,13 +205,13 @@ Image mask(int rows, uint8_t top = 255, uint8_t bottom = 0) {
 std::vector<float> rows_of(const Tensor& t, int64_t from, int64_t n) { return ops::contiguous(t.narrow(2, from, n)).to_vector(); }
 
 TEST(FluxInpaint, LatentMaskIsResizedBinarizedAndNearest) {
-  const Tensor m = flux_latent_mask(mask(kSide / 2), kSide, kSide, 8, 8);
+  const Tensor m = binarized_latent_mask(mask(kSide / 2), kSide, kSide, 8, 8);
   ASSERT_EQ(m.shape(), (Shape{1, 1, 8, 8}));
   const std::vector<float> v = m.to_vector();
   for (int y = 0; y < 8; ++y) EXPECT_EQ(v[size_t(y * 8 + 3)], y < 4 ? 1.0f : 0.0f) << y;
   // Binarized at 0.5: 127 is kept, 128 repainted.
-  EXPECT_EQ(flux_latent_mask(mask(kSide, 127), kSide, kSide, 8, 8).to_vector()[0], 0.0f);
-  EXPECT_EQ(flux_latent_mask(mask(kSide, 128), kSide, kSide, 8, 8).to_vector()[0], 1.0f);
+  EXPECT_EQ(binarized_latent_mask(mask(kSide, 127), kSide, kSide, 8, 8).to_vector()[0], 0.0f);
+  EXPECT_EQ(binarized_latent_mask(mask(kSide, 128), kSide, kSide, 8, 8).to_vector()[0], 1.0f);
 }
 
 TEST(FluxInpaint, WhiteMaskIsImg2ImgExactly) {

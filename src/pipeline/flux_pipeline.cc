@@ -7,9 +7,7 @@
 
 #include "backend/ops.h"
 #include "io/infotext.h"
-#include "pipeline/image_resize.h"
 #include "pipeline/init_image.h"
-#include "pipeline/mask_image.h"
 #include "sampling/sampler.h"
 
 namespace atelier {
@@ -122,7 +120,7 @@ struct FluxPipeline::EncodedItem {
   bool cfg = false;
   FluxPrompt cond, uncond;
   Tensor init;  // img2img: the init image [1, 3, H, W] in [0, 1] at the request's size (host); undefined for txt2img
-  Tensor mask;  // inpainting: flux_latent_mask [1, 1, h, w] (host); undefined otherwise
+  Tensor mask;  // inpainting: binarized_latent_mask [1, 1, h, w] (host); undefined otherwise
 };
 
 Status FluxPipeline::encode_items(std::vector<EncodedItem>& items) const {
@@ -162,39 +160,6 @@ Expected<sampling::FlowMatchEuler> FluxPipeline::make_scheduler(int steps, int64
   return sampling::FlowMatchEuler::create(model_->scheduler, steps, o);
 }
 
-Tensor flux_latent_mask(const Image& upload, int width, int height, int64_t h, int64_t w) {
-  constexpr int kBinarizeAt = 128;  // VaeImageProcessor's binarize: v / 255 >= 0.5
-  const Image m = resize_image(mask_from_upload(upload, true), width, height);
-  std::vector<float> out(size_t(h * w));
-  for (int64_t y = 0; y < h; ++y)
-    for (int64_t x = 0; x < w; ++x) {  // torch's nearest: source index floor(dst * in / out)
-      const int64_t sy = y * height / h, sx = x * width / w;
-      out[size_t(y * w + x)] = m.pixels[size_t(sy * width + sx)] >= kBinarizeAt ? 1.0f : 0.0f;
-    }
-  return Tensor::from_vector(out, {1, 1, h, w});
-}
-
-namespace {
-
-// x [B, L, 64] after a step -> its inpainted rows' kept latents replaced by the image's latents noised to the
-// scheduler's current sigma with the row's initial noise (the image's latents once the last step is done):
-// FluxInpaintPipeline's (1 - mask) * init_latents_proper + mask * latents.
-Tensor blend_inpaint(const std::vector<FluxInpaintRow>& rows, const Tensor& x, const sampling::FlowMatchEuler& s) {
-  std::vector<Tensor> out;
-  for (size_t b = 0; b < rows.size(); ++b) {
-    Tensor row = ops::contiguous(x.narrow(0, int64_t(b), 1));
-    const FluxInpaintRow& r = rows[b];
-    if (r.defined()) {
-      const Tensor proper = s.done() ? r.image_latents : s.scale_noise(r.image_latents, r.noise);
-      const Tensor kept = ops::affine(r.mask, -1.0f, 1.0f);
-      row = ops::binary(ops::binary(proper, kept, BinaryOp::kMul), ops::binary(row, r.mask, BinaryOp::kMul), BinaryOp::kAdd);
-    }
-    out.push_back(row);
-  }
-  return out.size() == 1 ? out.front() : ops::concat(out, 0);
-}
-
-}  // namespace
 
 Expected<Tensor> FluxPipeline::denoise(sampling::FlowMatchEuler& s, Tensor x, const FluxPrompt& cond,
                                        const FluxPrompt* uncond, const std::vector<float>& guidance, float cfg_scale,
@@ -235,7 +200,11 @@ Expected<Tensor> FluxPipeline::denoise(sampling::FlowMatchEuler& s, Tensor x, co
       v = ops::add(vn, ops::affine(ops::sub(v, vn), cfg_scale));  // neg + cfg * (pos - neg)
     }
     x = s.step(x, v);
-    if (!inpaint.empty()) x = blend_inpaint(inpaint, x, s);
+    if (!inpaint.empty()) {
+      std::vector<Tensor> rows;
+      for (size_t r = 0; r < inpaint.size(); ++r) rows.push_back(blend_flow_inpaint(x.narrow(0, int64_t(r), 1), inpaint[r], s));
+      x = rows.size() == 1 ? rows.front() : ops::concat(rows, 0);
+    }
     if (progress) {
       StepProgress sp;
       sp.batch_index = batch_index;
@@ -285,7 +254,7 @@ Expected<FluxPipeline::EncodedItem> FluxPipeline::prepare(const GenerateRequest&
       mask = &loaded;
     }
     const int f = m.vae->config().downscale_factor();
-    item.mask = flux_latent_mask(*mask, r.width, r.height, r.height / f, r.width / f);
+    item.mask = binarized_latent_mask(*mask, r.width, r.height, r.height / f, r.width / f);
     r.mask = mask_path;
   }
   if (r.seed < 0) r.seed = int64_t(std::random_device{}() % kMaxRandomSeed);

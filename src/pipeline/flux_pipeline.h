@@ -20,6 +20,7 @@
 #include <string>
 
 #include "pipeline/flux_model.h"
+#include "pipeline/inpaint.h"
 #include "pipeline/sd_pipeline.h"
 
 namespace atelier {
@@ -52,13 +53,8 @@ struct FluxBatchItem {
   const Image* mask = nullptr;        // inpainting (with init_image), likewise
 };
 
-// Inpainting's data for one row of a batch (packed [1, L, 64] each); undefined tensors for a row without a mask.
-struct FluxInpaintRow {
-  Tensor mask;           // 1 = repainted, 0 = kept
-  Tensor image_latents;  // the init image's VAE latents
-  Tensor noise;          // the row's initial noise
-  bool defined() const { return mask.defined(); }
-};
+// Inpainting's data for one row of a batch: packed [1, L, 64] tensors (pipeline/inpaint.h).
+using FluxInpaintRow = FlowInpaintRow;
 
 class FluxPipeline {
  public:
@@ -119,8 +115,6 @@ Tensor flux_pack_latents(const Tensor& latents);
 Tensor flux_unpack_latents(const Tensor& packed, int64_t h, int64_t w);
 // Position ids of the packed latents: [(h/2)*(w/2), 3] f32 rows (0, row, col), host.
 Tensor flux_image_ids(int64_t h, int64_t w);
-// An inpainting mask upload -> FluxInpaintPipeline's latent mask [1, 1, h, w] (host, 0/1): resized to width x height
-// (Lanczos), binarized at 0.5, nearest-neighbour to the latent size h x w.
-Tensor flux_latent_mask(const Image& upload, int width, int height, int64_t h, int64_t w);
+
 
 }  // namespace atelier

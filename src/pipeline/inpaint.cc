@@ -168,4 +168,25 @@ Tensor fill_masked_latents(const InpaintPlan& plan, const Tensor& latents, RngKi
   return ops::binary(kept, ops::binary(noise, inpainted, BinaryOp::kMul), BinaryOp::kAdd);
 }
 
+Tensor binarized_latent_mask(const Image& upload, int width, int height, int64_t h, int64_t w) {
+  constexpr int kBinarizeAt = 128;  // v / 255 >= 0.5
+  const Image m = resize_image(mask_from_upload(upload, true), width, height);
+  std::vector<float> out(size_t(h * w));
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x) {  // torch's nearest: source index floor(dst * in / out)
+      const int64_t sy = y * height / h, sx = x * width / w;
+      out[size_t(y * w + x)] = m.pixels[size_t(sy * width + sx)] >= kBinarizeAt ? 1.0f : 0.0f;
+    }
+  return Tensor::from_vector(out, {1, 1, h, w});
+}
+
+Tensor blend_flow_inpaint(const Tensor& x, const FlowInpaintRow& row, const sampling::FlowMatchEuler& s) {
+  if (!row.defined()) return x;
+  const Tensor proper = s.done() ? row.image_latents : s.scale_noise(row.image_latents, row.noise);
+  const Tensor kept = ops::affine(row.mask, -1.0f, 1.0f);
+  // exactly one of the two where the mask is 0 or 1
+  return ops::binary(ops::binary(proper, kept, BinaryOp::kMul), ops::binary(ops::contiguous(x), row.mask, BinaryOp::kMul),
+                     BinaryOp::kAdd);
+}
+
 }  // namespace atelier

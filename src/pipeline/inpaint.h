@@ -23,6 +23,7 @@
 #include "io/image.h"
 #include "pipeline/mask_image.h"
 #include "pipeline/request.h"
+#include "sampling/flow_match.h"
 
 namespace atelier {
 
@@ -64,5 +65,24 @@ Expected<std::shared_ptr<const InpaintPlan>> request_inpaint(GenerateRequest& r,
 // latents [1, C, h, w]: the masked latents replaced as the fill asks ("latent noise": the first draw of a generator
 // of `kind` seeded with `seed`, A1111's create_random_tensors; "latent nothing": zeros); unchanged for the others.
 Tensor fill_masked_latents(const InpaintPlan& plan, const Tensor& latents, RngKind kind, int64_t seed);
+
+// --- Flow-matching models (FLUX, Z-Image): diffusers' FluxInpaintPipeline's semantics --------------------------
+// A mask upload -> the latent mask [1, 1, h, w] (host, 0/1): resized to width x height (Lanczos), binarized at 0.5
+// (VaeImageProcessor's do_binarize), nearest neighbour to the latent size h x w (torch's interpolate).
+Tensor binarized_latent_mask(const Image& upload, int width, int height, int64_t h, int64_t w);
+
+// One sample's inpainting data, all of the sample's latent shape (FLUX's packed one, or [1, C, h, w]); undefined
+// tensors for a sample without a mask.
+struct FlowInpaintRow {
+  Tensor mask;           // 1 = repainted, 0 = kept
+  Tensor image_latents;  // the init image's VAE latents
+  Tensor noise;          // the sample's initial noise
+  bool defined() const { return mask.defined(); }
+};
+
+// x (one sample, its latent shape) after a step of `s` -> its kept latents replaced by the image's latents noised to
+// the scheduler's current sigma with the initial noise, or by the latents themselves once the last step is done:
+// (1 - mask) * init_latents_proper + mask * latents.
+Tensor blend_flow_inpaint(const Tensor& x, const FlowInpaintRow& row, const sampling::FlowMatchEuler& s);
 
 }  // namespace atelier
