@@ -253,5 +253,38 @@ TEST(FluxInpaint, KeptLatentsFollowTheNoisedImage) {
   }
 }
 
+// Z-Image inpainting, with FLUX's semantics: the kept latents after every step are the image's latents noised to the
+// next sigma with the initial noise (its own latents after the last); a white mask is img2img exactly.
+TEST(ZImageInpaint, KeptLatentsFollowTheNoisedImage) {
+  ATELIER_REQUIRE_FIXTURE(dir, "zimage-tiny");
+  const auto model = load_zimage(dir);
+  const ZImagePipeline pipe(model);
+  const Image init = gradient_image(kSide), top = mask(kSide / 2), white = mask(kSide);
+  GenerateRequest r = request(kInpaintSteps, kInpaintStrength);
+  r.cfg_scale = 0.0f;
+  const int64_t h = kSide / 8;
+  std::vector<Tensor> after;
+  ASSERT_TRUE(pipe.generate(r, [&](const StepProgress& p) {
+    after.push_back(ops::clone(*p.latents));
+    return true;
+  }, &init, &top).has_value());
+  const int run = sampling::img2img_steps(kInpaintSteps, kInpaintStrength);
+  ASSERT_EQ(int(after.size()), run);
+  GenerateRequest sized = r;
+  auto gen = make_generator(RngKind::kCpu, kSeed);
+  const Tensor x0 = vae_encode_sample(*model->vae, init_image_tensor(init, sized, 16, "init").value(), *gen, Device::cpu());
+  const Tensor noise = randn_tensor(*gen, x0.shape());
+  auto sched = pipe.make_scheduler(kInpaintSteps, h, h).value();
+  ASSERT_TRUE(sched.set_begin_index(kInpaintSteps - run).is_ok());
+  for (int k = 0; k < run; ++k) {
+    sched.advance();
+    const Tensor proper = sched.done() ? x0 : sched.scale_noise(x0, noise);
+    EXPECT_LE(test::max_abs_diff(rows_of(after[size_t(k)], h / 2, h / 2), rows_of(proper, h / 2, h / 2)), 1e-6) << k;
+    EXPECT_GT(test::max_abs_diff(rows_of(after[size_t(k)], 0, h / 2), rows_of(proper, 0, h / 2)), 1e-3) << k;
+  }
+  const auto img2img = pipe.generate(r, {}, &init).value(), whole = pipe.generate(r, {}, &init, &white).value();
+  EXPECT_EQ(whole.images[0].image.pixels, img2img.images[0].image.pixels);
+}
+
 }  // namespace
 }  // namespace atelier

@@ -189,7 +189,7 @@ TEST(ServeDit, A1111FluxTakesDistilledGuidanceAndRunsNoCfgUnlessAsked) {
 // img2img on FLUX (A1111's API) and Z-Image (the native API) models: each served image is the pipeline's img2img of the
 // same image, strength and seed (FLUX: the init image resized to the request's size; Z-Image: at the image's), and its
 // infotext names the strength.
-TEST(ServeDit, DitImg2ImgAndFluxInpaintingAreThePipelines) {
+TEST(ServeDit, DitImg2ImgAndInpaintingAreThePipelines) {
   REQUIRE_DIT_FIXTURES();
   auto s = RunningServer::start(dit_options());
   ASSERT_TRUE(s);
@@ -255,6 +255,18 @@ TEST(ServeDit, DitImg2ImgAndFluxInpaintingAreThePipelines) {
   const auto zdirect = ::atelier::test::on_one_omp_thread([&] { return ZImagePipeline(*zmodel).generate(zg, {}, &init); });
   ASSERT_TRUE(zdirect) << zdirect.status().message();
   EXPECT_EQ(zserved.pixels, zdirect->images[0].image.pixels);
+  // Z-Image inpainting too (FLUX's semantics): the native API's mask, the pipeline's image.
+  nlohmann::json zmasked = zbody;
+  zmasked["mask"] = base64_encode(encode_png(mask).value());
+  const std::string zmid = post_json(*c, "/v1/jobs", zmasked, &status)["id"];
+  ASSERT_EQ(status, 202);
+  const nlohmann::json zmjob = test::wait_job(*c, zmid);
+  ASSERT_EQ(zmjob["state"], "done") << zmjob.dump().substr(0, 300);
+  const auto zmdirect =
+      ::atelier::test::on_one_omp_thread([&] { return ZImagePipeline(*zmodel).generate(zg, {}, &init, &mask); });
+  ASSERT_TRUE(zmdirect) << zmdirect.status().message();
+  EXPECT_EQ(decode_b64_image(zmjob["images"][0]["data"]).pixels, zmdirect->images[0].image.pixels);
+  EXPECT_NE(zmdirect->images[0].image.pixels, zdirect->images[0].image.pixels);
 }
 
 // `atelier serve --dtype fp8 --offload`: the served FLUX image is the one the pipeline draws with FP8 blocks (the
@@ -461,10 +473,11 @@ TEST(ServeDit, RequestsTheseModelsCannotRunAreRefused) {
              {{"prompt", "x"}, {"init_images", {base64_encode(*png)}}, {"steps", 4}, {"denoising_strength", 0.2},
               {"override_settings", {{"sd_model_checkpoint", "zimage"}}}},
              "denoising_strength");
-  expect_400("/sdapi/v1/img2img",  // inpainting is SD's
-             {{"prompt", "x"}, {"init_images", {base64_encode(*png)}}, {"mask", base64_encode(*png)},
+  Image small_mask{8, 8, 1, std::vector<uint8_t>(64, 255)};
+  expect_400("/sdapi/v1/img2img",  // a mask of another size than the image
+             {{"prompt", "x"}, {"init_images", {base64_encode(*png)}}, {"mask", base64_encode(encode_png(small_mask).value())},
               {"override_settings", {{"sd_model_checkpoint", "zimage"}}}},
-             "mask: inpainting is supported for Stable Diffusion and FLUX models, not Z-Image ones");
+             "mask: 8x8 but the init image is 32x32");
   // Still serving.
   int status = 0;
   post_json(*c, "/v1/jobs", flux_job(1), &status);

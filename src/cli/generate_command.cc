@@ -44,7 +44,7 @@ void add_generate_command(CLI::App& app, GenerateOptions& o) {
                 "img2img, an init image of another aspect ratio: resize (stretch), crop (cover, cut the overflow), "
                 "fill (fit inside, fill the bands with its edges)")
       ->capture_default_str();
-  c->add_option("--mask", r.mask, "Inpainting (SD and FLUX models): a mask of the init image's size, white where to inpaint");
+  c->add_option("--mask", r.mask, "Inpainting: a mask of the init image's size, white where to inpaint");
   c->add_option("--mask-blur", r.mask_blur_x, "Inpainting: Gaussian blur of the mask, in pixels")
       ->each([&r](const std::string&) { r.mask_blur_y = r.mask_blur_x; })
       ->capture_default_str();

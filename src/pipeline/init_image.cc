@@ -34,8 +34,7 @@ Status check_img2img_strength(const GenerateRequest& r) {
 
 Expected<Tensor> request_init_image(GenerateRequest& r, const Image* given, int multiple) {
   if (!r.mask.empty()) {
-    return invalid_argument("a mask (inpainting) is supported for Stable Diffusion and FLUX models only; "
-                            "send img2img without a mask");
+    return invalid_argument("request_init_image: a mask path must be read by the caller's pipeline");
   }
   if (!given && r.init_image.empty()) return Tensor();
   ATELIER_RETURN_IF_ERROR(check_img2img_strength(r));

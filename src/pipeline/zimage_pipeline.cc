@@ -75,7 +75,7 @@ Expected<sampling::FlowMatchEuler> ZImagePipeline::make_scheduler(int steps, int
 
 Expected<Tensor> ZImagePipeline::denoise(const Tensor& start, const Tensor& cond, const Tensor& uncond, float guidance,
                                          int steps, ZImageRunTrace* trace, const ProgressCallback& progress,
-                                         int begin_index) const {
+                                         int begin_index, const FlowInpaintRow& inpaint) const {
   const ZImageModel& m = *model_;
   const bool cfg = guidance > 1.0f;  // diffusers: do_classifier_free_guidance = guidance_scale > 1
   if (start.dim() != 4 || start.size(0) != 1)
@@ -90,6 +90,9 @@ Expected<Tensor> ZImagePipeline::denoise(const Tensor& start, const Tensor& cond
   trace::Scope range(stage::kDenoise, Category::kStage);
   return catch_expected<Tensor>([&]() -> Expected<Tensor> {
     Tensor x = ops::contiguous(start.to(m.transformer->device()));
+    FlowInpaintRow blend = inpaint;  // beside x (the VAE may live on another device)
+    if (blend.defined())
+      for (Tensor* t : {&blend.mask, &blend.image_latents, &blend.noise}) *t = t->to(m.transformer->device());
     const int total = sched.num_inference_steps() - sched.step_index();
     for (int i = 0; !sched.done(); ++i) {
       trace::Scope call(stage::kModelCall, Category::kCall, i);
@@ -101,7 +104,7 @@ Expected<Tensor> ZImagePipeline::denoise(const Tensor& start, const Tensor& cond
         pred = ops::add(pred, ops::affine(ops::sub(pred, neg), guidance));  // pos + g * (pos - neg)
       }
       const Tensor velocity = ops::affine(pred.squeeze(1).unsqueeze(0), -1.0f);  // the scheduler wants -output
-      x = sched.step(x, velocity);
+      x = blend_flow_inpaint(sched.step(x, velocity), blend, sched);
       if (trace) trace->latents_per_step.push_back(x);
       if (progress) {
         StepProgress p;
@@ -127,25 +130,35 @@ Expected<Tensor> ZImagePipeline::decode(const Tensor& latents) const {
 }
 
 Expected<Tensor> ZImagePipeline::start_latents(const Tensor& init, NoiseGenerator& gen, const Shape& shape, int steps,
-                                               int begin) const {
+                                               int begin, FlowInpaintRow* inpaint) const {
   if (!init.defined()) return randn_tensor(gen, shape);
   return catch_expected<Tensor>([&]() -> Expected<Tensor> {
     const Vae& vae = *model_->vae;
-    const Tensor x0 = vae_encode_sample(vae, init, gen, vae.device());  // the sample first, then the noise
+    const Tensor x0 = ops::cast(vae_encode_sample(vae, init, gen, vae.device()), DType::F32);  // the sample, then the noise
     const Tensor noise = randn_tensor(gen, shape).to(vae.device());
     ATELIER_ASSIGN_OR_RETURN(auto sched, make_scheduler(steps, shape[2], shape[3]));
     ATELIER_RETURN_IF_ERROR(sched.set_begin_index(begin));
-    return sched.scale_noise(ops::cast(x0, DType::F32), noise);
+    if (inpaint) inpaint->image_latents = x0, inpaint->noise = noise;
+    return sched.scale_noise(x0, noise);
   });
 }
 
 Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request, const ProgressCallback& progress,
-                                                  const Image* init_image) const {
+                                                  const Image* init_image, const Image* mask) const {
   const ZImageModel& m = *model_;
   GenerateRequest r = request;
   ATELIER_RETURN_IF_ERROR(r.validate());
   // img2img: [1, 3, H, W] in [0, 1] at the request's size, which is the image's unless given.
+  const std::string mask_path = r.mask;
+  r.mask.clear();  // read below, not by request_init_image
   ATELIER_ASSIGN_OR_RETURN(const Tensor init, request_init_image(r, init_image, kSizeMultiple));
+  r.mask = mask_path;
+  Image loaded_mask;
+  if (!mask && !mask_path.empty()) {
+    ATELIER_ASSIGN_OR_RETURN(loaded_mask, read_image(mask_path));
+    mask = &loaded_mask;
+  }
+  if (mask && !init.defined()) return invalid_argument("a mask (inpainting) needs an init image to inpaint");
   if (r.width == 0) r.width = kDefaultSize;
   if (r.height == 0) r.height = kDefaultSize;
   if (r.width % kSizeMultiple || r.height % kSizeMultiple)
@@ -168,14 +181,22 @@ Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request
     for (int i = 0; i < count; ++i) {
       const int64_t seed = r.seed + i;  // A1111: consecutive seeds
       auto gen = make_generator(rng, uint64_t(seed));
-      ATELIER_ASSIGN_OR_RETURN(const Tensor start, start_latents(init, *gen, latent_shape, r.steps, begin));
+      FlowInpaintRow inpaint;
+      ATELIER_ASSIGN_OR_RETURN(const Tensor start, start_latents(init, *gen, latent_shape, r.steps, begin, &inpaint));
+      if (mask) {
+        const Tensor one = binarized_latent_mask(*mask, r.width, r.height, latent_shape[2], latent_shape[3]);
+        inpaint.mask = ops::concat(std::vector<Tensor>(size_t(latent_shape[1]), one), 1).to(start.device());
+      } else {
+        inpaint = {};
+      }
       auto per_step = [&](const StepProgress& p) {
         if (!progress) return true;
         StepProgress q = p;
         q.batch_index = i;
         return progress(q);
       };
-      ATELIER_ASSIGN_OR_RETURN(Tensor latents, denoise(start, cond, uncond, r.cfg_scale, r.steps, nullptr, per_step, begin));
+      ATELIER_ASSIGN_OR_RETURN(Tensor latents,
+                               denoise(start, cond, uncond, r.cfg_scale, r.steps, nullptr, per_step, begin, inpaint));
       ATELIER_ASSIGN_OR_RETURN(Tensor image, decode(latents));
       trace::Scope encode_range(stage::kImageEncode, Category::kStage, i);
       GeneratedImage g;
@@ -194,6 +215,7 @@ Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request
       g.info = {{"settings", per_image.to_json()}, {"sampler", "flow_match_euler"}, {"schedule", "simple"},
                 {"model", {{"name", m.name}, {"path", m.path}, {"family", "zimage"}, {"layout", m.layout}}},
                 {"device", m.transformer->device().str()}, {"infotext", g.infotext}};
+      if (mask) g.info["inpainting"] = "FluxInpaintPipeline's semantics";
       result.images.push_back(std::move(g));
     }
     return Status::ok();

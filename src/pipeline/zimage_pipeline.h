@@ -23,6 +23,7 @@
 #include "models/qwen3/qwen3_encoder.h"
 #include "models/vae/vae.h"
 #include "models/zimage/zimage_transformer.h"
+#include "pipeline/inpaint.h"
 #include "pipeline/sd_pipeline.h"
 #include "sampling/flow_match.h"
 #include "tokenizers/qwen_tokenizer.h"
@@ -103,23 +104,27 @@ class ZImagePipeline {
   // start [1, C, h, w] (noise; for img2img the noised image), cond [L, D], uncond [L', D] (used when guidance > 1)
   // -> final latents [1, C, h, w], running the schedule's steps from `begin_index` (img2img: steps - int(steps x
   // strength)). `progress` (may be empty) is called after every step with call = 1, 2, ... of the steps run.
+  // `inpaint` (defined: [1, C, h, w] tensors) blends the kept latents after every step (pipeline/inpaint.h).
   Expected<Tensor> denoise(const Tensor& start, const Tensor& cond, const Tensor& uncond, float guidance, int steps,
                            ZImageRunTrace* trace = nullptr, const ProgressCallback& progress = {},
-                           int begin_index = 0) const;
+                           int begin_index = 0, const FlowInpaintRow& inpaint = {}) const;
   // latents [1, C, h, w] -> image [1, 3, 8h, 8w] in [0, 1]
   Expected<Tensor> decode(const Tensor& latents) const;
   // A whole request: seeds, noise from the request's RNG, every image of every batch, infotext and sidecar
   // info. Sampler and schedule settings do not apply (flow-matching Euler only).
   // img2img from `init_image`, else from the request's init_image path when set (ZImageImg2ImgPipeline's semantics:
   // the size is the image's by default, rounded down to multiples of 16; the VAE sample, then the noise, from each
-  // image's generator; scale_noise at the first step the strength leaves).
+  // image's generator; scale_noise at the first step the strength leaves). Inpainting with `mask` (else the request's
+  // mask path) as FLUX's: FluxInpaintPipeline's semantics (pipeline/inpaint.h), there being no Z-Image reference.
   Expected<GenerateResult> generate(const GenerateRequest& request, const ProgressCallback& progress = {},
-                                    const Image* init_image = nullptr) const;
+                                    const Image* init_image = nullptr, const Image* mask = nullptr) const;
 
  private:
   // One image's start latents [1, C, h, w] (`shape`) from its generator: noise, or for img2img (`init` defined) the
-  // init image's VAE sample (drawn first) noised to the sigma of step `begin` of `steps`.
-  Expected<Tensor> start_latents(const Tensor& init, NoiseGenerator& gen, const Shape& shape, int steps, int begin) const;
+  // init image's VAE sample (drawn first) noised to the sigma of step `begin` of `steps`. `inpaint` (optional) gets
+  // the sample and the noise for img2img.
+  Expected<Tensor> start_latents(const Tensor& init, NoiseGenerator& gen, const Shape& shape, int steps, int begin,
+                                 FlowInpaintRow* inpaint = nullptr) const;
   // The chat-templated prompt's token ids and mask.
   Expected<QwenEncoding> tokenize(const std::string& prompt) const;
 

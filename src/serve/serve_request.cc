@@ -123,9 +123,6 @@ Status validate_request(const ServeRequest& r, const ServeLimits& limits) {
 Status validate_for_model(ServeRequest& r, ModelFamily family) {
   if (family == ModelFamily::kSd) return Status::ok();
   const char* what = family == ModelFamily::kFlux ? "FLUX" : "Z-Image";
-  if (r.mask && family == ModelFamily::kZImage)
-    return invalid_argument("mask: inpainting is supported for Stable Diffusion and FLUX models, not Z-Image ones; "
-                            "send img2img without a mask");
   for (auto [name, v] : {std::pair{"width", r.gen.width}, std::pair{"height", r.gen.height}})
     if (v % kFluxSizeMultiple != 0)  // 0 = the model's default size
       return invalid_argument(std::string(name) + ": " + what + " models take multiples of " +

@@ -36,7 +36,7 @@ struct ServeRequest {
   GenerateRequest gen;                 // gen.init_image (a path) is never used by the server
   std::string model;                   // registry name; empty = the server's default model
   std::optional<Image> init_image;     // img2img when set
-  std::optional<Image> mask;           // inpainting (with init_image; SD and FLUX models) when set
+  std::optional<Image> mask;           // inpainting (with init_image) when set
   bool preview = false;                // per-step low-cost previews in the events
   int partial_images = 0;              // OpenAI streaming: partial images to send (0..3)
   double timeout_s = 0;                // 0 = the server's default

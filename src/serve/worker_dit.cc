@@ -137,7 +137,7 @@ void Worker::run_dit_job() {
     const Image* init = r.init_image ? &*r.init_image : nullptr;
     const Image* mask = r.mask ? &*r.mask : nullptr;
     Expected<GenerateResult> one = model.flux ? FluxPipeline(model.flux).generate(r.gen, flux_item(r).options, progress, init, mask)
-                                              : ZImagePipeline(model.zimage).generate(r.gen, progress, init);
+                                              : ZImagePipeline(model.zimage).generate(r.gen, progress, init, mask);
     if (!one) return one.status();
     return std::vector<GenerateResult>{std::move(*one)};
   }();

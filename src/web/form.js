@@ -56,17 +56,15 @@
 
   // What the selected model takes. FLUX models take a distilled guidance value (sent as "guidance") rather than
   // classifier-free guidance; Z-Image-Turbo runs with CFG off (0). Both run flow-matching Euler: no sampler,
-  // schedule or CLIP skip to choose. Every family takes a start image (img2img); SD and FLUX models a mask too.
+  // schedule or CLIP skip to choose. Every family takes a start image (img2img) and a mask (inpainting).
   function updateModelControls() {
     const f = family();
     $('cfg-label').textContent = f === 'flux' ? 'Guidance' : f === 'zimage' ? 'CFG scale (Turbo: 0)' : 'CFG scale';
     for (const id of ['sampler', 'schedule', 'clip_skip']) $(id).closest('.field').hidden = f !== 'sd';
-    // Inpainting: SD models (with A1111's mask settings) and FLUX (FluxInpaintPipeline's: no settings); not Z-Image.
-    const inpaints = f === 'sd' || f === 'flux';
-    for (const field of document.querySelectorAll('.field.inpaint')) field.hidden = !inpaints;
+    // Inpainting: every family; A1111's mask settings are SD's (FLUX and Z-Image inpaint as FluxInpaintPipeline).
     for (const field of document.querySelectorAll('.field.inpaint-sd')) field.hidden = f !== 'sd';
-    $('mask-paint').hidden = !inpaints || !initImage;  // painting needs the start image under it
-    if (!$('mask-paint').hidden) A.maskPainter.render();
+    $('mask-paint').hidden = !initImage;  // painting needs the start image under it
+    if (initImage) A.maskPainter.render();
   }
 
   function onPresetChange() {
@@ -163,7 +161,7 @@
       body.init_image = initImage;
       if (numberOf('strength') !== undefined) body.strength = numberOf('strength');
       const mask = maskImage || A.maskPainter.mask();  // a mask file, else what is painted on the image
-      if (mask && family() !== 'zimage') body.mask = mask;
+      if (mask) body.mask = mask;
       if (mask && family() === 'sd') {
         if (numberOf('mask_blur') !== undefined) body.mask_blur = numberOf('mask_blur');
         body.inpaint_fill = $('inpaint_fill').value;
