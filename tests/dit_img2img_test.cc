@@ -204,14 +204,30 @@ Image mask(int rows, uint8_t top = 255, uint8_t bottom = 0) {
 
 std::vector<float> rows_of(const Tensor& t, int64_t from, int64_t n) { return ops::contiguous(t.narrow(2, from, n)).to_vector(); }
 
+// after[k]: the unpacked latents [1, C, h, w] after step k of a run whose mask repaints the top half. From `sched` at
+// the run's first step: the bottom (kept) rows after each step are the image's latents x0 noised to the next sigma with
+// `noise` (x0 itself after the last), the top rows are not.
+void expect_kept_rows_follow(const std::vector<Tensor>& after, sampling::FlowMatchEuler sched, const Tensor& x0,
+                             const Tensor& noise) {
+  const int64_t h = x0.size(2);
+  for (size_t k = 0; k < after.size(); ++k) {
+    sched.advance();
+    const Tensor proper = sched.done() ? x0 : sched.scale_noise(x0, noise);
+    EXPECT_LE(test::max_abs_diff(rows_of(after[k], h / 2, h / 2), rows_of(proper, h / 2, h / 2)), 1e-6) << k;
+    EXPECT_GT(test::max_abs_diff(rows_of(after[k], 0, h / 2), rows_of(proper, 0, h / 2)), 1e-3) << k;
+  }
+}
+
 TEST(FluxInpaint, LatentMaskIsResizedBinarizedAndNearest) {
-  const Tensor m = binarized_latent_mask(mask(kSide / 2), kSide, kSide, 8, 8);
+  const Tensor m = binarized_latent_mask(mask(kSide / 2), kSide, kSide, 8, 8, 1);
   ASSERT_EQ(m.shape(), (Shape{1, 1, 8, 8}));
   const std::vector<float> v = m.to_vector();
   for (int y = 0; y < 8; ++y) EXPECT_EQ(v[size_t(y * 8 + 3)], y < 4 ? 1.0f : 0.0f) << y;
+  const std::vector<float> two = binarized_latent_mask(mask(kSide / 2), kSide, kSide, 8, 8, 2).to_vector();
+  EXPECT_EQ(std::vector<float>(two.begin() + 64, two.end()), v);  // every channel alike
   // Binarized at 0.5: 127 is kept, 128 repainted.
-  EXPECT_EQ(binarized_latent_mask(mask(kSide, 127), kSide, kSide, 8, 8).to_vector()[0], 0.0f);
-  EXPECT_EQ(binarized_latent_mask(mask(kSide, 128), kSide, kSide, 8, 8).to_vector()[0], 1.0f);
+  EXPECT_EQ(binarized_latent_mask(mask(kSide, 127), kSide, kSide, 8, 8, 1).to_vector()[0], 0.0f);
+  EXPECT_EQ(binarized_latent_mask(mask(kSide, 128), kSide, kSide, 8, 8, 1).to_vector()[0], 1.0f);
 }
 
 TEST(FluxInpaint, WhiteMaskIsImg2ImgExactly) {
@@ -245,12 +261,7 @@ TEST(FluxInpaint, KeptLatentsFollowTheNoisedImage) {
   const Tensor noise = randn_tensor(*gen, x0.shape());
   auto sched = pipe.make_scheduler(kInpaintSteps, h, w).value();
   ASSERT_TRUE(sched.set_begin_index(kInpaintSteps - run).is_ok());
-  for (int k = 0; k < run; ++k) {
-    sched.advance();
-    const Tensor proper = sched.done() ? x0 : sched.scale_noise(x0, noise);
-    EXPECT_LE(test::max_abs_diff(rows_of(after[size_t(k)], h / 2, h / 2), rows_of(proper, h / 2, h / 2)), 1e-6) << k;
-    EXPECT_GT(test::max_abs_diff(rows_of(after[size_t(k)], 0, h / 2), rows_of(proper, 0, h / 2)), 1e-3) << k;
-  }
+  expect_kept_rows_follow(after, sched, x0, noise);
 }
 
 // Z-Image inpainting, with FLUX's semantics: the kept latents after every step are the image's latents noised to the
@@ -276,12 +287,7 @@ TEST(ZImageInpaint, KeptLatentsFollowTheNoisedImage) {
   const Tensor noise = randn_tensor(*gen, x0.shape());
   auto sched = pipe.make_scheduler(kInpaintSteps, h, h).value();
   ASSERT_TRUE(sched.set_begin_index(kInpaintSteps - run).is_ok());
-  for (int k = 0; k < run; ++k) {
-    sched.advance();
-    const Tensor proper = sched.done() ? x0 : sched.scale_noise(x0, noise);
-    EXPECT_LE(test::max_abs_diff(rows_of(after[size_t(k)], h / 2, h / 2), rows_of(proper, h / 2, h / 2)), 1e-6) << k;
-    EXPECT_GT(test::max_abs_diff(rows_of(after[size_t(k)], 0, h / 2), rows_of(proper, 0, h / 2)), 1e-3) << k;
-  }
+  expect_kept_rows_follow(after, sched, x0, noise);
   const auto img2img = pipe.generate(r, {}, &init).value(), whole = pipe.generate(r, {}, &init, &white).value();
   EXPECT_EQ(whole.images[0].image.pixels, img2img.images[0].image.pixels);
 }

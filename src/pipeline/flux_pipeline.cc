@@ -120,7 +120,7 @@ struct FluxPipeline::EncodedItem {
   bool cfg = false;
   FluxPrompt cond, uncond;
   Tensor init;  // img2img: the init image [1, 3, H, W] in [0, 1] at the request's size (host); undefined for txt2img
-  Tensor mask;  // inpainting: binarized_latent_mask [1, 1, h, w] (host); undefined otherwise
+  Tensor mask;  // inpainting: binarized_latent_mask [1, C, h, w] (host); undefined otherwise
 };
 
 Status FluxPipeline::encode_items(std::vector<EncodedItem>& items) const {
@@ -159,7 +159,6 @@ Expected<sampling::FlowMatchEuler> FluxPipeline::make_scheduler(int steps, int64
   o.mu = sampling::flow_match_mu(model_->scheduler, (h / kPatch) * (w / kPatch));
   return sampling::FlowMatchEuler::create(model_->scheduler, steps, o);
 }
-
 
 Expected<Tensor> FluxPipeline::denoise(sampling::FlowMatchEuler& s, Tensor x, const FluxPrompt& cond,
                                        const FluxPrompt* uncond, const std::vector<float>& guidance, float cfg_scale,
@@ -200,11 +199,7 @@ Expected<Tensor> FluxPipeline::denoise(sampling::FlowMatchEuler& s, Tensor x, co
       v = ops::add(vn, ops::affine(ops::sub(v, vn), cfg_scale));  // neg + cfg * (pos - neg)
     }
     x = s.step(x, v);
-    if (!inpaint.empty()) {
-      std::vector<Tensor> rows;
-      for (size_t r = 0; r < inpaint.size(); ++r) rows.push_back(blend_flow_inpaint(x.narrow(0, int64_t(r), 1), inpaint[r], s));
-      x = rows.size() == 1 ? rows.front() : ops::concat(rows, 0);
-    }
+    x = blend_flow_inpaint(x, inpaint, s);
     if (progress) {
       StepProgress sp;
       sp.batch_index = batch_index;
@@ -243,19 +238,12 @@ Expected<FluxPipeline::EncodedItem> FluxPipeline::prepare(const GenerateRequest&
     return invalid_argument("FLUX image sides must be multiples of 16, got " + std::to_string(r.width) + "x" + std::to_string(r.height));
   }
   // The request's size (the model's by default, as FluxImg2ImgPipeline's 1024), not the image's: it is resized.
-  const std::string mask_path = r.mask;
-  r.mask.clear();  // read here, not by request_init_image (which refuses masks for the families without inpainting)
   ATELIER_ASSIGN_OR_RETURN(item.init, request_init_image(r, init_image, kFluxSizeMultiple));
-  if (mask || !mask_path.empty()) {
-    if (!item.init.defined()) return invalid_argument("a mask (inpainting) needs an init image to inpaint");
-    Image loaded;
-    if (!mask) {
-      ATELIER_ASSIGN_OR_RETURN(loaded, read_image(mask_path));
-      mask = &loaded;
-    }
+  Image loaded_mask;
+  ATELIER_ASSIGN_OR_RETURN(mask, request_mask(r, mask, item.init.defined(), loaded_mask));
+  if (mask) {
     const int f = m.vae->config().downscale_factor();
-    item.mask = binarized_latent_mask(*mask, r.width, r.height, r.height / f, r.width / f);
-    r.mask = mask_path;
+    item.mask = binarized_latent_mask(*mask, r.width, r.height, r.height / f, r.width / f, m.vae->config().latent_channels);
   }
   if (r.seed < 0) r.seed = int64_t(std::random_device{}() % kMaxRandomSeed);
   ATELIER_RETURN_IF_ERROR(parse_rng_kind(r.rng).status());
@@ -305,10 +293,7 @@ Status FluxPipeline::run_rows(const std::vector<EncodedItem>& items, int batch_i
         const Tensor x0 = vae_encode_sample(*m.vae, item.init, *gen, dev);
         const Tensor noise = randn_tensor(*gen, {1, channels, h, w}).to(dev);
         latents = sched.scale_noise(x0, noise);
-        if (item.mask.defined()) {
-          const Tensor mask = ops::concat(std::vector<Tensor>(size_t(channels), item.mask), 1).to(dev);
-          row = {flux_pack_latents(mask), flux_pack_latents(x0), flux_pack_latents(noise)};
-        }
+        if (item.mask.defined()) row = {flux_pack_latents(item.mask.to(dev)), flux_pack_latents(x0), flux_pack_latents(noise)};
       } else {
         latents = randn_tensor(*gen, {1, channels, h, w}).to(dev);
       }

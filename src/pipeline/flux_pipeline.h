@@ -116,5 +116,4 @@ Tensor flux_unpack_latents(const Tensor& packed, int64_t h, int64_t w);
 // Position ids of the packed latents: [(h/2)*(w/2), 3] f32 rows (0, row, col), host.
 Tensor flux_image_ids(int64_t h, int64_t w);
 
-
 }  // namespace atelier

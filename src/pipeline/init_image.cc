@@ -33,9 +33,6 @@ Status check_img2img_strength(const GenerateRequest& r) {
 }
 
 Expected<Tensor> request_init_image(GenerateRequest& r, const Image* given, int multiple) {
-  if (!r.mask.empty()) {
-    return invalid_argument("request_init_image: a mask path must be read by the caller's pipeline");
-  }
   if (!given && r.init_image.empty()) return Tensor();
   ATELIER_RETURN_IF_ERROR(check_img2img_strength(r));
   Image loaded;

@@ -26,8 +26,8 @@ Status check_img2img_strength(const GenerateRequest& r);
 
 // The start image of a request: `given` (an image in memory, the server's) or else the one at the request's init_image
 // path, through init_image_tensor; an undefined tensor for txt2img (neither). The strength must be in (0, 1] and leave
-// at least one of the steps to run (img2img runs the last int(steps x strength)). A mask path is an error: each
-// pipeline reads its mask itself (SD: pipeline/inpaint.h; FLUX and Z-Image: their generate).
+// at least one of the steps to run (img2img runs the last int(steps x strength)). (The mask, if any, is
+// read apart: pipeline/inpaint.h request_mask.)
 Expected<Tensor> request_init_image(GenerateRequest& r, const Image* given, int multiple);
 
 // image01 [B, 3, H, W] in [0, 1] (any device) -> scaled latents [B, latent, H/f, W/f] on `device`:

@@ -97,13 +97,28 @@ Image InpaintPlan::composite(const Image& generated) const {
   return atelier::composite(base, top, overlay_mask);
 }
 
+Status check_mask_size(const Image& mask, const Image& image) {
+  if (mask.width == image.width && mask.height == image.height) return Status::ok();
+  return invalid_argument("mask: " + std::to_string(mask.width) + "x" + std::to_string(mask.height) +
+                          " but the init image is " + std::to_string(image.width) + "x" + std::to_string(image.height) +
+                          "; send a mask of the image's size");
+}
+
+Tensor masked_blend(const Tensor& a, const Tensor& mask, const Tensor& b, const Tensor& not_mask) {
+  return ops::binary(ops::binary(a, mask, BinaryOp::kMul), ops::binary(b, not_mask, BinaryOp::kMul), BinaryOp::kAdd);
+}
+
+Expected<const Image*> request_mask(const GenerateRequest& r, const Image* given, bool has_init_image, Image& loaded) {
+  if (!given && r.mask.empty()) return static_cast<const Image*>(nullptr);
+  if (!has_init_image) return invalid_argument("a mask (inpainting) needs an init image to inpaint");
+  if (given) return given;
+  ATELIER_ASSIGN_OR_RETURN(loaded, read_image(r.mask));
+  return static_cast<const Image*>(&loaded);
+}
+
 Expected<InpaintPlan> plan_inpaint(const Image& image, const Image& mask, GenerateRequest& r, int multiple,
                                    int latent_factor) {
-  if (mask.width != image.width || mask.height != image.height) {
-    return invalid_argument("mask: " + std::to_string(mask.width) + "x" + std::to_string(mask.height) +
-                            " but the init image is " + std::to_string(image.width) + "x" + std::to_string(image.height) +
-                            "; send a mask of the image's size");
-  }
+  ATELIER_RETURN_IF_ERROR(check_mask_size(mask, image));
   ATELIER_ASSIGN_OR_RETURN(const ResizeMode mode, parse_resize_mode(r.resize_mode));
   InpaintPlan p;
   ATELIER_ASSIGN_OR_RETURN(p.fill, parse_inpaint_fill(r.inpaint_fill));
@@ -138,55 +153,55 @@ Expected<InpaintPlan> plan_inpaint(const Image& image, const Image& mask, Genera
 
 Expected<std::shared_ptr<const InpaintPlan>> request_inpaint(GenerateRequest& r, const Image* given_image,
                                                              const Image* given_mask, int multiple, int latent_factor) {
-  if (!given_mask && r.mask.empty()) return std::shared_ptr<const InpaintPlan>();
-  if (!given_image && r.init_image.empty()) return invalid_argument("a mask (inpainting) needs an init image to inpaint");
+  Image image, loaded_mask;
+  ATELIER_ASSIGN_OR_RETURN(const Image* mask, request_mask(r, given_mask, given_image || !r.init_image.empty(), loaded_mask));
+  if (!mask) return std::shared_ptr<const InpaintPlan>();
   ATELIER_RETURN_IF_ERROR(check_img2img_strength(r));
-  Image image, mask;
   if (!given_image) {
     ATELIER_ASSIGN_OR_RETURN(image, read_image(r.init_image));
   }
-  if (!given_mask) {
-    ATELIER_ASSIGN_OR_RETURN(mask, read_image(r.mask));
-  }
-  ATELIER_ASSIGN_OR_RETURN(InpaintPlan plan, plan_inpaint(given_image ? *given_image : image,
-                                                          given_mask ? *given_mask : mask, r, multiple, latent_factor));
+  ATELIER_ASSIGN_OR_RETURN(InpaintPlan plan,
+                           plan_inpaint(given_image ? *given_image : image, *mask, r, multiple, latent_factor));
   return std::make_shared<const InpaintPlan>(std::move(plan));
 }
 
-Tensor fill_masked_latents(const InpaintPlan& plan, const Tensor& latents, RngKind kind, int64_t seed) {
-  if (plan.fill != InpaintFill::kLatentNoise && plan.fill != InpaintFill::kLatentNothing) return latents;
-  const Device dev = latents.device();
-  Tensor keep = plan.keep_mask(int(latents.size(1)), dev);
-  if (latents.dtype() != keep.dtype()) keep = ops::cast(keep, latents.dtype());
-  const Tensor kept = ops::binary(latents, keep, BinaryOp::kMul);
-  if (plan.fill == InpaintFill::kLatentNothing) return kept;
+Tensor fill_masked_latents(InpaintFill fill, const Tensor& latents, const Tensor& keep, const Tensor& inpainted,
+                           RngKind kind, int64_t seed) {
+  if (fill == InpaintFill::kLatentNothing) return ops::binary(latents, keep, BinaryOp::kMul);
+  if (fill != InpaintFill::kLatentNoise) return latents;
   const std::unique_ptr<NoiseGenerator> gen = make_generator(kind, uint64_t(seed));
-  Tensor noise = randn_tensor(*gen, latents.shape()).to(dev);
+  Tensor noise = randn_tensor(*gen, latents.shape()).to(latents.device());
   if (noise.dtype() != latents.dtype()) noise = ops::cast(noise, latents.dtype());
-  // latents * keep + noise * (1 - keep): exactly the latents where keep is 1, the noise where it is 0
-  const Tensor inpainted = ops::affine(keep, -1.0f, 1.0f);
-  return ops::binary(kept, ops::binary(noise, inpainted, BinaryOp::kMul), BinaryOp::kAdd);
+  return masked_blend(latents, keep, noise, inpainted);
 }
 
-Tensor binarized_latent_mask(const Image& upload, int width, int height, int64_t h, int64_t w) {
+Tensor binarized_latent_mask(const Image& upload, int width, int height, int64_t h, int64_t w, int64_t channels) {
   constexpr int kBinarizeAt = 128;  // v / 255 >= 0.5
   const Image m = resize_image(mask_from_upload(upload, true), width, height);
-  std::vector<float> out(size_t(h * w));
+  const size_t plane = size_t(h * w);
+  std::vector<float> out(plane * size_t(channels));
   for (int64_t y = 0; y < h; ++y)
     for (int64_t x = 0; x < w; ++x) {  // torch's nearest: source index floor(dst * in / out)
       const int64_t sy = y * height / h, sx = x * width / w;
       out[size_t(y * w + x)] = m.pixels[size_t(sy * width + sx)] >= kBinarizeAt ? 1.0f : 0.0f;
     }
-  return Tensor::from_vector(out, {1, 1, h, w});
+  for (size_t c = 1; c < size_t(channels); ++c) std::copy_n(out.begin(), plane, out.begin() + c * plane);
+  return Tensor::from_vector(out, {1, channels, h, w});
 }
 
-Tensor blend_flow_inpaint(const Tensor& x, const FlowInpaintRow& row, const sampling::FlowMatchEuler& s) {
-  if (!row.defined()) return x;
-  const Tensor proper = s.done() ? row.image_latents : s.scale_noise(row.image_latents, row.noise);
-  const Tensor kept = ops::affine(row.mask, -1.0f, 1.0f);
-  // exactly one of the two where the mask is 0 or 1
-  return ops::binary(ops::binary(proper, kept, BinaryOp::kMul), ops::binary(ops::contiguous(x), row.mask, BinaryOp::kMul),
-                     BinaryOp::kAdd);
+Tensor blend_flow_inpaint(const Tensor& x, const std::vector<FlowInpaintRow>& rows, const sampling::FlowMatchEuler& s) {
+  if (std::none_of(rows.begin(), rows.end(), [](const FlowInpaintRow& r) { return r.defined(); })) return x;
+  std::vector<Tensor> out;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const FlowInpaintRow& r = rows[b];
+    Tensor row = x.narrow(0, int64_t(b), 1);
+    if (r.defined()) {
+      const Tensor proper = s.done() ? r.image_latents : s.scale_noise(r.image_latents, r.noise);
+      row = masked_blend(ops::contiguous(row), r.mask, proper, ops::affine(r.mask, -1.0f, 1.0f));
+    }
+    out.push_back(row);
+  }
+  return out.size() == 1 ? out.front() : ops::concat(out, 0);
 }
 
 }  // namespace atelier

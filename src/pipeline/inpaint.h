@@ -57,6 +57,14 @@ struct InpaintPlan {
 Expected<InpaintPlan> plan_inpaint(const Image& image, const Image& mask, GenerateRequest& r, int multiple,
                                    int latent_factor);
 
+// The request's mask: `given` (an upload) or else the file at r.mask, read into `loaded`; null without either. A mask
+// without a start image (`has_init_image`) is an error.
+Expected<const Image*> request_mask(const GenerateRequest& r, const Image* given, bool has_init_image, Image& loaded);
+// Ok when the mask has the image's size, else an error naming both sizes.
+Status check_mask_size(const Image& mask, const Image& image);
+// a * mask + b * not_mask, with not_mask = 1 - mask: exactly a where the mask is 1 and b where it is 0. Shapes equal.
+Tensor masked_blend(const Tensor& a, const Tensor& mask, const Tensor& b, const Tensor& not_mask);
+
 // The inpainting of a request, or null without a mask: `given_image` / `given_mask` (the server's uploads) or else
 // the files at r.init_image / r.mask. A mask without a start image is an error.
 Expected<std::shared_ptr<const InpaintPlan>> request_inpaint(GenerateRequest& r, const Image* given_image,
@@ -64,12 +72,15 @@ Expected<std::shared_ptr<const InpaintPlan>> request_inpaint(GenerateRequest& r,
 
 // latents [1, C, h, w]: the masked latents replaced as the fill asks ("latent noise": the first draw of a generator
 // of `kind` seeded with `seed`, A1111's create_random_tensors; "latent nothing": zeros); unchanged for the others.
-Tensor fill_masked_latents(const InpaintPlan& plan, const Tensor& latents, RngKind kind, int64_t seed);
+// keep / inpainted: InpaintPlan::keep_mask in the latents' dtype and 1 - it.
+Tensor fill_masked_latents(InpaintFill fill, const Tensor& latents, const Tensor& keep, const Tensor& inpainted,
+                           RngKind kind, int64_t seed);
 
 // --- Flow-matching models (FLUX, Z-Image): diffusers' FluxInpaintPipeline's semantics --------------------------
-// A mask upload -> the latent mask [1, 1, h, w] (host, 0/1): resized to width x height (Lanczos), binarized at 0.5
-// (VaeImageProcessor's do_binarize), nearest neighbour to the latent size h x w (torch's interpolate).
-Tensor binarized_latent_mask(const Image& upload, int width, int height, int64_t h, int64_t w);
+// A mask upload -> the latent mask [1, channels, h, w] (host, 0/1, every channel alike): resized to width x height
+// (Lanczos), binarized at 0.5 (VaeImageProcessor's do_binarize), nearest neighbour to the latent size h x w (torch's
+// interpolate).
+Tensor binarized_latent_mask(const Image& upload, int width, int height, int64_t h, int64_t w, int64_t channels);
 
 // One sample's inpainting data, all of the sample's latent shape (FLUX's packed one, or [1, C, h, w]); undefined
 // tensors for a sample without a mask.
@@ -80,9 +91,9 @@ struct FlowInpaintRow {
   bool defined() const { return mask.defined(); }
 };
 
-// x (one sample, its latent shape) after a step of `s` -> its kept latents replaced by the image's latents noised to
-// the scheduler's current sigma with the initial noise, or by the latents themselves once the last step is done:
-// (1 - mask) * init_latents_proper + mask * latents.
-Tensor blend_flow_inpaint(const Tensor& x, const FlowInpaintRow& row, const sampling::FlowMatchEuler& s);
+// x [B, ...] after a step of `s`, rows: empty or one per sample -> each inpainted sample's kept latents replaced by the
+// image's latents noised to the scheduler's current sigma with the initial noise, or by the latents themselves once
+// the last step is done: (1 - mask) * init_latents_proper + mask * latents. The other rows as they are.
+Tensor blend_flow_inpaint(const Tensor& x, const std::vector<FlowInpaintRow>& rows, const sampling::FlowMatchEuler& s);
 
 }  // namespace atelier

@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "backend/ops.h"
 #include "core/trace.h"
+#include "pipeline/inpaint.h"
 #include "pipeline/stage_names.h"
 #include "sampling/stepper.h"
 
@@ -65,9 +66,7 @@ Tensor hold_kept(std::span<DenoiseSample* const> samples, const Tensor& x, const
       row = ops::contiguous(row);  // the UNet's output may be channels-last; the masks are packed NCHW
       const auto [a, b] = x0_coefficients(*d.sampler).value();  // checked by check_samples
       const Tensor target = ops::lincomb({d.kept.latents, x.narrow(0, int64_t(s), 1)}, {float(1.0 / b), float(-a / b)});
-      // eps * inpainted + target * keep: exactly one of the two where the mask is 0 or 1
-      row = ops::binary(ops::binary(row, d.kept.inpainted, BinaryOp::kMul), ops::binary(target, d.kept.keep, BinaryOp::kMul),
-                        BinaryOp::kAdd);
+      row = masked_blend(row, d.kept.inpainted, target, d.kept.keep);
     }
     rows.push_back(row);
   }
@@ -149,8 +148,7 @@ bool sync_each_call() {
 Tensor final_latents(const DenoiseSample& sample) {
   const KeptRegion& k = sample.kept;
   if (!k.defined()) return sample.x;
-  return ops::binary(ops::binary(sample.x, k.inpainted, BinaryOp::kMul), ops::binary(k.latents, k.keep, BinaryOp::kMul),
-                     BinaryOp::kAdd);
+  return masked_blend(sample.x, k.inpainted, k.latents, k.keep);
 }
 
 bool batch_compatible(const DenoiseSample& a, const DenoiseSample& b) {

@@ -97,10 +97,11 @@ Expected<PreparedSample> SdPipeline::prepare_sample(const GenerationPlan& p, int
     ATELIER_RETURN_IF_ERROR(out.sampler->set_strength(r.strength));
     Tensor lat = encode_image(p.init_image, *gen);
     if (p.inpaint) {
-      lat = fill_masked_latents(*p.inpaint, lat, p.rng, out.seed);
       Tensor keep = p.inpaint->keep_mask(int(lat.size(1)), dev);
       if (keep.dtype() != lat.dtype()) keep = ops::cast(keep, lat.dtype());
-      out.kept = {keep, ops::affine(keep, -1.0f, 1.0f), lat};
+      const Tensor inpainted = ops::affine(keep, -1.0f, 1.0f);
+      lat = fill_masked_latents(p.inpaint->fill, lat, keep, inpainted, p.rng, out.seed);
+      out.kept = {keep, inpainted, lat};
     }
     const Tensor noise = randn_tensor(*gen, latent_shape).to(dev);
     const sampling::NoiseRule rule = out.sampler->noise_rule();

@@ -90,9 +90,11 @@ Expected<Tensor> ZImagePipeline::denoise(const Tensor& start, const Tensor& cond
   trace::Scope range(stage::kDenoise, Category::kStage);
   return catch_expected<Tensor>([&]() -> Expected<Tensor> {
     Tensor x = ops::contiguous(start.to(m.transformer->device()));
-    FlowInpaintRow blend = inpaint;  // beside x (the VAE may live on another device)
-    if (blend.defined())
-      for (Tensor* t : {&blend.mask, &blend.image_latents, &blend.noise}) *t = t->to(m.transformer->device());
+    std::vector<FlowInpaintRow> blend;  // beside x (the VAE may live on another device)
+    if (inpaint.defined()) {
+      blend.push_back(inpaint);
+      for (Tensor* t : {&blend[0].mask, &blend[0].image_latents, &blend[0].noise}) *t = t->to(m.transformer->device());
+    }
     const int total = sched.num_inference_steps() - sched.step_index();
     for (int i = 0; !sched.done(); ++i) {
       trace::Scope call(stage::kModelCall, Category::kCall, i);
@@ -149,16 +151,9 @@ Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request
   GenerateRequest r = request;
   ATELIER_RETURN_IF_ERROR(r.validate());
   // img2img: [1, 3, H, W] in [0, 1] at the request's size, which is the image's unless given.
-  const std::string mask_path = r.mask;
-  r.mask.clear();  // read below, not by request_init_image
   ATELIER_ASSIGN_OR_RETURN(const Tensor init, request_init_image(r, init_image, kSizeMultiple));
-  r.mask = mask_path;
   Image loaded_mask;
-  if (!mask && !mask_path.empty()) {
-    ATELIER_ASSIGN_OR_RETURN(loaded_mask, read_image(mask_path));
-    mask = &loaded_mask;
-  }
-  if (mask && !init.defined()) return invalid_argument("a mask (inpainting) needs an init image to inpaint");
+  ATELIER_ASSIGN_OR_RETURN(mask, request_mask(r, mask, init.defined(), loaded_mask));
   if (r.width == 0) r.width = kDefaultSize;
   if (r.height == 0) r.height = kDefaultSize;
   if (r.width % kSizeMultiple || r.height % kSizeMultiple)
@@ -177,18 +172,16 @@ Expected<GenerateResult> ZImagePipeline::generate(const GenerateRequest& request
     const Tensor cond = features[0];
     const Tensor uncond = cfg ? features[1] : Tensor();
     const Shape latent_shape = {1, m.transformer->config().in_channels, r.height / kLatentFactor, r.width / kLatentFactor};
+    const Tensor latent_mask =  // inpainting: one mask for every image
+        mask ? binarized_latent_mask(*mask, r.width, r.height, latent_shape[2], latent_shape[3], latent_shape[1]) : Tensor();
     const int count = r.batch_size * r.batch_count;
     for (int i = 0; i < count; ++i) {
       const int64_t seed = r.seed + i;  // A1111: consecutive seeds
       auto gen = make_generator(rng, uint64_t(seed));
       FlowInpaintRow inpaint;
-      ATELIER_ASSIGN_OR_RETURN(const Tensor start, start_latents(init, *gen, latent_shape, r.steps, begin, &inpaint));
-      if (mask) {
-        const Tensor one = binarized_latent_mask(*mask, r.width, r.height, latent_shape[2], latent_shape[3]);
-        inpaint.mask = ops::concat(std::vector<Tensor>(size_t(latent_shape[1]), one), 1).to(start.device());
-      } else {
-        inpaint = {};
-      }
+      ATELIER_ASSIGN_OR_RETURN(const Tensor start,
+                               start_latents(init, *gen, latent_shape, r.steps, begin, mask ? &inpaint : nullptr));
+      if (mask) inpaint.mask = latent_mask;
       auto per_step = [&](const StepProgress& p) {
         if (!progress) return true;
         StepProgress q = p;
