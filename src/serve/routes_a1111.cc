@@ -72,12 +72,7 @@ Status read_a1111_img2img(FieldReader& f, ServeRequest& r, const ServeLimits& li
   g.mask_blur_x = g.mask_blur_y = blur;
   ATELIER_RETURN_IF_ERROR(f.integer("mask_blur_x", 0, kMaxMaskBlur, g.mask_blur_x));
   ATELIER_RETURN_IF_ERROR(f.integer("mask_blur_y", 0, kMaxMaskBlur, g.mask_blur_y));
-  if (const nlohmann::json* m = f.get("mask")) {
-    if (!m->is_string()) return invalid_argument("mask: expected a base64 image, got " + describe_json_value(*m));
-    ATELIER_ASSIGN_OR_RETURN(Image mask, decode_upload(m->get_ref<const std::string&>(), "mask", limits));
-    r.mask = std::move(mask);
-  }
-  return Status::ok();
+  return read_image_field(f, "mask", limits, r.mask);
 }
 
 // `d`: the options set through POST /sdapi/v1/options (model, clip skip, noise source, image format).

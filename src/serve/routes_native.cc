@@ -49,11 +49,7 @@ Expected<ServeRequest> parse_native(const nlohmann::json& body, const ServeLimit
   ATELIER_RETURN_IF_ERROR(f.boolean("preview", r.preview));
   ATELIER_RETURN_IF_ERROR(f.number("timeout_s", 0.0, limits.max_timeout_s, r.timeout_s));
   ATELIER_RETURN_IF_ERROR(f.choice("output_format", {"png", "jpeg", "webp"}, r.output_format));
-  if (const nlohmann::json* init = f.get("init_image")) {
-    if (!init->is_string()) return invalid_argument("init_image: expected a base64 string, got " + describe_json_value(*init));
-    ATELIER_ASSIGN_OR_RETURN(Image img, decode_upload(init->get_ref<const std::string&>(), "init_image", limits));
-    r.init_image = std::move(img);
-  }
+  ATELIER_RETURN_IF_ERROR(read_image_field(f, "init_image", limits, r.init_image));
   ATELIER_RETURN_IF_ERROR(f.choice("resize_mode", {"resize", "crop", "fill"}, g.resize_mode));
   ATELIER_RETURN_IF_ERROR(f.integer("mask_blur", 0, kMaxMaskBlur, g.mask_blur_x));
   g.mask_blur_y = g.mask_blur_x;
@@ -61,11 +57,7 @@ Expected<ServeRequest> parse_native(const nlohmann::json& body, const ServeLimit
   ATELIER_RETURN_IF_ERROR(f.boolean("inpaint_only_masked", g.inpaint_only_masked));
   ATELIER_RETURN_IF_ERROR(f.integer("inpaint_padding", 0, kMaxInpaintPadding, g.inpaint_padding));
   ATELIER_RETURN_IF_ERROR(f.boolean("mask_invert", g.mask_invert));
-  if (const nlohmann::json* mask = f.get("mask")) {
-    if (!mask->is_string()) return invalid_argument("mask: expected a base64 image, got " + describe_json_value(*mask));
-    ATELIER_ASSIGN_OR_RETURN(Image img, decode_upload(mask->get_ref<const std::string&>(), "mask", limits));
-    r.mask = std::move(img);
-  }
+  ATELIER_RETURN_IF_ERROR(read_image_field(f, "mask", limits, r.mask));
   return r;
 }
 

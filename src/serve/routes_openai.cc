@@ -1,6 +1,6 @@
 // The OpenAI images API: POST /v1/images/generations, and POST /v1/images/edits (multipart/form-data: `image`, an
-// optional `mask` whose fully transparent pixels mark what to repaint, and the generations' fields as form fields;
-// SD models inpaint through it, every family runs img2img without a mask).
+// optional `mask` whose fully transparent pixels mark what to repaint (inpainting), and the generations' fields as
+// form fields).
 //   {prompt, model, n, size "WxH" | "auto", response_format "b64_json" | "url", output_format png|jpeg|webp,
 //    stream, partial_images 0..3}  -> {created, data: [{b64_json, revised_prompt}], output_format, size}
 // With stream: true the answer is a server-sent-event stream: "image_generation.partial_image" events

@@ -2,6 +2,7 @@
 
 #include <webp/decode.h>
 
+#include "pipeline/inpaint.h"
 #include "sampling/sampler.h"
 #include "sampling/sampler_names.h"
 #include "serve/base64.h"
@@ -102,10 +103,7 @@ Status validate_request(const ServeRequest& r, const ServeLimits& limits) {
     return invalid_argument("denoising_strength: " + std::to_string(g.strength) + " with " + std::to_string(g.steps) +
                             " steps leaves no step to run (img2img runs the last int(steps x strength)); raise either");
   if (r.mask && !r.init_image) return invalid_argument("mask: inpainting needs the image to inpaint (init_images)");
-  if (r.mask && (r.mask->width != r.init_image->width || r.mask->height != r.init_image->height))
-    return invalid_argument("mask: " + std::to_string(r.mask->width) + "x" + std::to_string(r.mask->height) +
-                            " but the init image is " + std::to_string(r.init_image->width) + "x" +
-                            std::to_string(r.init_image->height) + "; send a mask of the image's size");
+  if (r.mask) ATELIER_RETURN_IF_ERROR(check_mask_size(*r.mask, *r.init_image));
   if (g.emphasis) {  // A1111 (word:1.2) syntax: a malformed prompt is a 400 now, not a failed job later
     for (auto [name, text] : {std::pair{"prompt", &g.prompt}, std::pair{"negative_prompt", &g.negative_prompt}}) {
       if (auto chunks = parse_prompt_attention(*text); !chunks)
@@ -160,6 +158,15 @@ Expected<std::pair<int, int>> peek_image_size(std::string_view b) {
 Expected<Image> decode_upload(std::string_view text, const std::string& field, const ServeLimits& limits) {
   ATELIER_ASSIGN_OR_RETURN(std::string bytes, base64_decode(text, field, limits.max_upload_bytes));
   return decode_upload_bytes(bytes, field, limits);
+}
+
+Status read_image_field(const FieldReader& f, const char* key, const ServeLimits& limits, std::optional<Image>& out) {
+  const nlohmann::json* v = f.get(key);
+  if (!v) return Status::ok();
+  if (!v->is_string()) return invalid_argument(std::string(key) + ": expected a base64 image, got " + describe_json_value(*v));
+  ATELIER_ASSIGN_OR_RETURN(Image img, decode_upload(v->get_ref<const std::string&>(), key, limits));
+  out = std::move(img);
+  return Status::ok();
 }
 
 Expected<Image> decode_upload_bytes(std::string_view bytes, const std::string& field, const ServeLimits& limits) {

@@ -12,6 +12,7 @@
 #include "pipeline/flux_pipeline.h"
 #include "pipeline/model_family.h"
 #include "pipeline/request.h"
+#include "serve/json_fields.h"
 
 namespace atelier::serve {
 
@@ -72,6 +73,8 @@ Status validate_for_model(ServeRequest& r, ModelFamily family);
 Expected<Image> decode_upload(std::string_view base64, const std::string& field, const ServeLimits& limits);
 // The same for an image file's bytes (a multipart upload).
 Expected<Image> decode_upload_bytes(std::string_view bytes, const std::string& field, const ServeLimits& limits);
+// The JSON field `key` (a base64 string, when present) decoded into `out` by decode_upload.
+Status read_image_field(const FieldReader& f, const char* key, const ServeLimits& limits, std::optional<Image>& out);
 
 // Width and height from a PNG, JPEG or WebP header without decoding the pixels.
 Expected<std::pair<int, int>> peek_image_size(std::string_view bytes);
